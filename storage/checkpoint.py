@@ -1,0 +1,163 @@
+"""Checkpoints: a table's data and state in one folder, written atomically.
+
+Layout of a checkpoint folder::
+
+    <path>/
+      metadata.json    format version, the table's spec, counts, TED flag
+      state.pt         slot, sampler, writer and rate-limiter state (torch.save)
+      storage/         the written rows [0, hi) as a memmapped TensorDict
+                       (or TorchRL's flat TED layout when ted2flat is on)
+
+The folder is written next to ``path`` under a temporary name and renamed
+into place; an existing checkpoint is first renamed aside and deleted only
+once the new one is in place. A crash at any point leaves either the old or
+the new checkpoint readable: :func:`restore` falls back to the aside copy when
+``path`` itself is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDict
+
+from .errors import CheckpointError, TDReplayError
+from .spec import TableSpec
+from .tensordicts import leaves, nest
+from .writers import RoundRobinWriter
+
+if TYPE_CHECKING:
+    from .table import Table
+
+FORMAT_VERSION = 1
+_ASIDE = ".old-"
+_TMP = ".tmp-"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Path:
+    """Write ``table`` to ``path`` (see the module docstring). Returns ``path``."""
+    if ted2flat is None:
+        ted2flat = table.spec.checkpoint.ted2flat
+    if ted2flat and not isinstance(table.writer, RoundRobinWriter):
+        raise CheckpointError(f"table {table.name!r}: ted2flat needs the round_robin writer", table=table.name)
+    path = path.absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{path.name}{_TMP}{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        # Hold inserts and samples off while data and state are captured together.
+        with table._cond, table._data_lock.read():
+            hi = table.slots.hi
+            state = table.state_dict()
+            meta: dict[str, Any] = {
+                "format_version": FORMAT_VERSION,
+                "created_at": time.time(),
+                "spec": table.spec.model_dump(mode="json"),
+                "hi": hi,
+                "size": table.slots.n_live,
+                "ted2flat": bool(ted2flat),
+            }
+            data = nest(table.backend.read_range(0, hi), hi) if hi else None
+            if data is not None:
+                if ted2flat:
+                    _save_flat(data, tmp / "storage", cursor=table.writer.cursor, full=hi == table.capacity)
+                else:
+                    data.memmap(tmp / "storage", num_threads=0)
+        torch.save(state, tmp / "state.pt")
+        (tmp / "metadata.json").write_text(json.dumps(meta, indent=2))
+        _fsync_dir(tmp)
+        aside = None
+        if path.exists():
+            aside = path.parent / f"{path.name}{_ASIDE}{uuid.uuid4().hex[:8]}"
+            os.rename(path, aside)
+        os.rename(tmp, path)
+        _fsync_dir(path.parent)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+        return path
+    except TDReplayError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except Exception as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"table {table.name!r}: checkpoint to {path} failed: {err}", table=table.name) from err
+
+
+def _save_flat(data: TensorDict, path: Path, *, cursor: int, full: bool) -> None:
+    from torchrl.data.replay_buffers.utils import TED2Flat
+
+    hook = TED2Flat()
+    hook.shift = cursor
+    hook.is_full = full
+    hook(data, path)
+
+
+def _load_flat(path: Path, like: TensorDict) -> TensorDict:
+    from torchrl.data.replay_buffers.utils import Flat2TED
+
+    flat = TensorDict.load_memmap(path)
+    out = like.clone()
+    return Flat2TED()(flat, out)
+
+
+def find(path: Path) -> Path:
+    """The readable checkpoint for ``path``: itself, or the copy set aside by an interrupted swap."""
+    if (path / "metadata.json").exists():
+        return path
+    asides = sorted(path.parent.glob(f"{path.name}{_ASIDE}*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for aside in asides:
+        if (aside / "metadata.json").exists():
+            return aside
+    raise CheckpointError(f"no checkpoint at {path}")
+
+
+def read_metadata(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((find(path) / "metadata.json").read_text())
+    except CheckpointError:
+        raise
+    except Exception as err:
+        raise CheckpointError(f"unreadable checkpoint metadata at {path}: {err}") from err
+
+
+def restore(cls: type[Table], path: Path, root: str | Path | None, *, seed: int | None = None) -> Table:
+    """Rebuild a table from the checkpoint at ``path`` (see :meth:`Table.restore`)."""
+    src = find(path.absolute())
+    meta = read_metadata(src)
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{src}: checkpoint format {meta.get('format_version')} not supported")
+    spec = TableSpec.parse(meta["spec"], source=str(src / "metadata.json"))
+    table = cls.create(spec, root if root is not None else src.parent, seed=seed)
+    try:
+        hi = int(meta["hi"])
+        if hi:
+            like = nest(table.backend.empty(hi), hi)
+            if meta.get("ted2flat"):
+                data = _load_flat(src / "storage", like)
+            else:
+                data = TensorDict.load_memmap(src / "storage")
+            got = leaves(data)
+            table.backend.write(slice(0, hi), {k: got[k].contiguous() for k in table.backend.keys})
+        state = torch.load(src / "state.pt", weights_only=False)
+        table.load_state_dict(state)
+    except Exception as err:
+        table.destroy()
+        if isinstance(err, TDReplayError):
+            raise
+        raise CheckpointError(f"cannot restore {src}: {err}") from err
+    return table

@@ -1,0 +1,118 @@
+"""Reverb's rate limiter: who may insert or sample now.
+
+The limiter sees only counts — items inserted, items sampled, the table's
+size — never data. With ``samples_per_insert`` (SPI) set it keeps::
+
+    min_diff <= inserts * SPI - samples <= max_diff
+    min_diff = SPI * min_size_to_sample - error_buffer
+    max_diff = SPI * min_size_to_sample + error_buffer
+
+An insert of ``n`` items may proceed when the difference stays ``<= max_diff``
+after it; a sample of ``n`` items when the table holds at least
+``min_size_to_sample`` items and the difference stays ``>= min_diff``. Calls
+that cannot proceed wait (see ``Table.extend`` / ``Table.sample``).
+
+    >>> rl = RateLimiter(min_size_to_sample=2, samples_per_insert=1.0, error_buffer=4)
+    >>> rl.can_sample(1, size=0), rl.can_insert(4)
+    (False, True)
+    >>> rl.inserted(4); rl.can_sample(1, size=4), rl.can_insert(4)
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .spec import RateLimiterSpec
+
+
+class RateLimiter:
+    """Counts inserts and samples and says whether either may proceed.
+
+    Args:
+        min_size_to_sample: sampling waits until the table holds this many items.
+        samples_per_insert: target ratio of sampled items to inserted items;
+            ``None`` for no ratio (only the minimum size applies).
+        error_buffer: how far from the target ratio, in sampled items, the
+            counts may drift before one side waits.
+    """
+
+    def __init__(
+        self,
+        min_size_to_sample: int = 1,
+        samples_per_insert: float | None = None,
+        error_buffer: float | None = None,
+    ) -> None:
+        self.min_size_to_sample = min_size_to_sample
+        self.samples_per_insert = samples_per_insert
+        self.error_buffer = error_buffer
+        if samples_per_insert is None:
+            self.min_diff, self.max_diff = -math.inf, math.inf
+        else:
+            eb = error_buffer or 0.0
+            self.min_diff = samples_per_insert * min_size_to_sample - eb
+            self.max_diff = samples_per_insert * min_size_to_sample + eb
+        self.inserts = 0
+        self.samples = 0
+        self.insert_waits = 0
+        self.sample_waits = 0
+
+    @classmethod
+    def from_spec(cls, spec: RateLimiterSpec) -> RateLimiter:
+        return cls(spec.min_size_to_sample, spec.samples_per_insert, spec.error_buffer)
+
+    def _diff(self, inserts: int, samples: int) -> float:
+        return inserts * (self.samples_per_insert or 0.0) - samples
+
+    def can_insert(self, n: int) -> bool:
+        if self.samples_per_insert is None:
+            return True
+        return self._diff(self.inserts + n, self.samples) <= self.max_diff
+
+    def can_sample(self, n: int, size: int) -> bool:
+        if size < self.min_size_to_sample:
+            return False
+        if self.samples_per_insert is None:
+            return True
+        return self._diff(self.inserts, self.samples + n) >= self.min_diff
+
+    def insert_never_fits(self, n: int) -> bool:
+        """True when an insert of ``n`` items could never proceed, whatever is sampled."""
+        if self.samples_per_insert is None:
+            return False
+        return n * self.samples_per_insert > self.max_diff - min(0.0, self.min_diff)
+
+    def sample_never_fits(self, n: int) -> bool:
+        """True when a sample of ``n`` items could never proceed, whatever is inserted."""
+        if self.samples_per_insert is None:
+            return False
+        return n > self.max_diff - self.min_diff + self.samples_per_insert
+
+    def inserted(self, n: int) -> None:
+        self.inserts += n
+
+    def sampled(self, n: int) -> None:
+        self.samples += n
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "inserts": self.inserts,
+            "samples": self.samples,
+            "insert_waits": self.insert_waits,
+            "sample_waits": self.sample_waits,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inserts = int(state["inserts"])
+        self.samples = int(state["samples"])
+        self.insert_waits = int(state.get("insert_waits", 0))
+        self.sample_waits = int(state.get("sample_waits", 0))
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "min_size_to_sample": self.min_size_to_sample,
+            "samples_per_insert": self.samples_per_insert,
+            "error_buffer": self.error_buffer,
+            **self.state_dict(),
+        }

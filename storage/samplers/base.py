@@ -1,0 +1,93 @@
+"""The sampler protocol: samplers see slot indices and priorities, never data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..slots import Slots
+
+
+class Sampler:
+    """Chooses which slots a sample returns.
+
+    The table calls :meth:`on_insert` once new items are live and
+    :meth:`on_remove` before items stop being live (overwritten or evicted);
+    :meth:`ready` says whether :meth:`sample` can return ``n`` slots now.
+    Everything runs under the table's lock.
+
+    Attributes:
+        consumes: items are removed once returned (queues and stacks).
+        needs_episodes: :meth:`on_insert` wants an episode id per item.
+    """
+
+    kind = ""
+    consumes = False
+    needs_episodes = False
+
+    def __init__(self, slots: Slots, generator: torch.Generator | None = None) -> None:
+        self.slots = slots
+        self.generator = generator
+
+    def on_insert(self, index: torch.Tensor, episode: torch.Tensor | None = None) -> None:
+        """``index`` (in insertion order) now holds live items."""
+
+    def on_remove(self, index: torch.Tensor) -> None:
+        """``index`` stops holding live items."""
+
+    def ready(self, n: int) -> bool:
+        """Whether :meth:`sample` can return ``n`` slots now."""
+        return self.slots.n_live > 0
+
+    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``n`` live slots and their importance weights (``None``: all 1)."""
+        raise NotImplementedError
+
+    def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+        from ..errors import InvalidRequest
+
+        raise InvalidRequest(f"the {self.kind!r} sampler has no priorities; use the 'prioritized' sampler")
+
+    def priority(self, index: torch.Tensor) -> torch.Tensor | None:
+        """Priorities of ``index`` (``None`` when the sampler has none)."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def info(self) -> dict[str, Any]:
+        return {"kind": self.kind}
+
+
+def draw_live(slots: Slots, n: int, generator: torch.Generator | None) -> torch.Tensor:
+    """``n`` uniform draws among live slots, with replacement (see :func:`draw_masked`)."""
+    return draw_masked(slots.live, slots.n_live, slots.hi, n, generator)
+
+
+def draw_masked(
+    mask: torch.Tensor, count: int, hi: int, n: int, generator: torch.Generator | None
+) -> torch.Tensor:
+    """``n`` uniform draws, with replacement, among the ``count`` set entries of ``mask[:hi]``.
+
+    When every entry below ``hi`` is set (the common case) this is one
+    ``randint``. Otherwise it draws over ``[0, hi)`` and redraws the misses; when
+    few entries are set it chooses among ``nonzero(mask)`` instead. The cost
+    does not grow with the table unless most of it is unset.
+    """
+    idx = torch.randint(hi, (n,), generator=generator)
+    if count == hi:
+        return idx
+    if count * 4 >= hi:
+        for _ in range(32):
+            miss = (~mask[idx]).nonzero().squeeze(1)
+            if len(miss) == 0:
+                return idx
+            idx[miss] = torch.randint(hi, (len(miss),), generator=generator)
+    where = mask[:hi].nonzero().squeeze(1)
+    miss = (~mask[idx]).nonzero().squeeze(1)
+    idx[miss] = where[torch.randint(len(where), (len(miss),), generator=generator)]
+    return idx

@@ -1,0 +1,69 @@
+"""Queues and stacks: each item returned once, oldest (FIFO) or newest (LIFO) first.
+
+Both consume what they return. Their slot allocation is part of the
+discipline: a queue is a ring whose writer never overwrites an unread item, a
+stack pushes and pops at one end. Inserts into a full queue or stack wait.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import Sampler
+
+
+def _ring(start: int, n: int, capacity: int) -> torch.Tensor:
+    return (torch.arange(start, start + n, dtype=torch.int64)) % capacity
+
+
+class FifoSampler(Sampler):
+    """Oldest first. ``head`` is the slot of the oldest unread item."""
+
+    kind = "fifo"
+    consumes = True
+
+    def __init__(self, slots, generator=None) -> None:
+        super().__init__(slots, generator)
+        self.head = 0
+
+    def ready(self, n: int) -> bool:
+        if self.slots.n_live < n:
+            return False
+        return bool(self.slots.live[_ring(self.head, n, self.slots.capacity)].all())
+
+    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        idx = _ring(self.head, n, self.slots.capacity)
+        self.head = (self.head + n) % self.slots.capacity
+        return idx, None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"head": self.head}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.head = int(state["head"])
+
+    def info(self) -> dict[str, Any]:
+        return {"kind": self.kind, "head": self.head}
+
+
+class LifoSampler(Sampler):
+    """Newest first, popping from the top of the :class:`~tdreplay.storage.writers.StackWriter`."""
+
+    kind = "lifo"
+    consumes = True
+
+    def __init__(self, slots, generator=None, *, stack: Any) -> None:
+        super().__init__(slots, generator)
+        self.stack = stack
+
+    def ready(self, n: int) -> bool:
+        top = self.stack.top
+        return top >= n and bool(self.slots.live[top - n : top].all())
+
+    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        top = self.stack.top
+        idx = torch.arange(top - 1, top - n - 1, -1, dtype=torch.int64)
+        self.stack.top = top - n
+        return idx, None

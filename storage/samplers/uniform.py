@@ -1,0 +1,78 @@
+"""Uniform sampling with replacement, and epochs without replacement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import Sampler, draw_live
+
+
+class UniformSampler(Sampler):
+    """Every live item equally likely, with replacement. O(batch) per call."""
+
+    kind = "uniform"
+
+    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return draw_live(self.slots, n, self.generator), None
+
+
+class WithoutReplacementSampler(Sampler):
+    """Epochs: a random permutation of the live items, returned batch by batch.
+
+    Items inserted during an epoch join the next one; items removed during an
+    epoch are skipped. A batch that runs past the end of an epoch is completed
+    from the next one. Cost per call is O(batch) plus O(size) once per epoch.
+    """
+
+    kind = "without_replacement"
+
+    def __init__(self, slots, generator=None) -> None:
+        super().__init__(slots, generator)
+        self.perm = torch.empty(0, dtype=torch.int64)
+        self.perm_seq = torch.empty(0, dtype=torch.int64)
+        self.pos = 0
+        self.epoch = 0
+
+    def _new_epoch(self) -> None:
+        live = self.slots.live.nonzero().squeeze(1)
+        self.perm = live[torch.randperm(len(live), generator=self.generator)]
+        self.perm_seq = self.slots.seq[self.perm].clone()
+        self.pos = 0
+        self.epoch += 1
+
+    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        parts: list[torch.Tensor] = []
+        need = n
+        fresh_epochs = 0
+        while need > 0:
+            if self.pos >= len(self.perm):
+                self._new_epoch()
+                fresh_epochs += 1
+                if fresh_epochs > 2 or len(self.perm) == 0:
+                    break
+            chunk = self.perm[self.pos : self.pos + need]
+            chunk_seq = self.perm_seq[self.pos : self.pos + need]
+            self.pos += len(chunk)
+            # skip items removed or overwritten since the epoch began
+            ok = self.slots.live[chunk] & (self.slots.seq[chunk] == chunk_seq)
+            chunk = chunk[ok]
+            parts.append(chunk)
+            need -= len(chunk)
+        idx = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        if len(idx) < n:  # fewer live items than n: top up uniformly
+            idx = torch.cat([idx, draw_live(self.slots, n - len(idx), self.generator)])
+        return idx, None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"perm": self.perm.clone(), "perm_seq": self.perm_seq.clone(), "pos": self.pos, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.perm = state["perm"].clone()
+        self.perm_seq = state["perm_seq"].clone()
+        self.pos = int(state["pos"])
+        self.epoch = int(state["epoch"])
+
+    def info(self) -> dict[str, Any]:
+        return {"kind": self.kind, "epoch": self.epoch, "epoch_position": self.pos, "epoch_size": len(self.perm)}

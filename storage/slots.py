@@ -1,0 +1,52 @@
+"""Per-slot bookkeeping shared by a table's parts.
+
+The table, its writer and its sampler agree on the state of every slot:
+
+* ``live``  — holds an item a sampler may return;
+* ``busy``  — claimed by an insert whose data is being copied in (not live yet);
+* ``seq``   — the insert number of the item in the slot (-1: never written),
+  which tells insertion order and lets the slice sampler check contiguity;
+* ``times_sampled`` — how often the item in the slot was returned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class Slots:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.live = torch.zeros(capacity, dtype=torch.bool)
+        self.busy = torch.zeros(capacity, dtype=torch.bool)
+        self.seq = torch.full((capacity,), -1, dtype=torch.int64)
+        self.times_sampled = torch.zeros(capacity, dtype=torch.int64)
+        self.n_live = 0
+        #: slots ``[0, hi)`` have been written at least once
+        self.hi = 0
+        self.next_seq = 0
+
+    def free(self) -> torch.Tensor:
+        """Mask of slots neither live nor busy."""
+        return ~(self.live | self.busy)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "live": self.live.clone(),
+            "seq": self.seq.clone(),
+            "times_sampled": self.times_sampled.clone(),
+            "n_live": self.n_live,
+            "hi": self.hi,
+            "next_seq": self.next_seq,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.live.copy_(state["live"])
+        self.busy.zero_()
+        self.seq.copy_(state["seq"])
+        self.times_sampled.copy_(state["times_sampled"])
+        self.n_live = int(state["n_live"])
+        self.hi = int(state["hi"])
+        self.next_seq = int(state["next_seq"])

@@ -1,0 +1,379 @@
+"""Declarative table schemas: the pydantic models behind ``schemas/*.yaml``.
+
+A :class:`TableSpec` says everything a table is: its name and capacity, the
+fields each item carries (nested keys written with dots, ``next.reward``), the
+storage backend, the sampler, the writer, the rate limiter and the
+checkpoint hooks. A schema file is just another way to call the constructor::
+
+    >>> from tdreplay.storage import TableSpec
+    >>> spec = TableSpec.model_validate({
+    ...     "name": "tiny", "capacity": 8,
+    ...     "fields": {"obs": {"shape": [4], "dtype": "float32"},
+    ...                "next.reward": {"shape": [1], "dtype": "float32"}},
+    ... })
+    >>> spec.sampler.kind, spec.backend.kind
+    ('uniform', 'memmap')
+    >>> sorted(spec.keys())
+    [('next', 'reward'), ('obs',)]
+
+The JSON Schema of the file format, ``schemas/table.schema.json``, is generated
+from these models by ``python -m tdreplay.storage.spec``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import SchemaError
+
+#: dtype names a schema may use, and the torch dtype each stands for.
+DTYPES: dict[str, torch.dtype] = {
+    "bool": torch.bool,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+#: keys a sampled batch adds next to the schema's fields (see ``Table.sample``).
+RESERVED_KEYS = ("index", "sample_info")
+
+_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+
+NestedKey = tuple[str, ...]
+
+
+def split_key(name: str) -> NestedKey:
+    """``"next.reward"`` -> ``("next", "reward")``."""
+    return tuple(name.split("."))
+
+
+def join_key(key: str | tuple[str, ...]) -> str:
+    """``("next", "reward")`` -> ``"next.reward"``; a string passes through."""
+    return key if isinstance(key, str) else ".".join(key)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FieldSpec(_Model):
+    """One field of an item: its per-item shape and dtype."""
+
+    shape: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, description="Per-item shape; [] for a scalar.")
+    dtype: Literal[
+        "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"
+    ] = Field(description="Element type.")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.torch_dtype.itemsize
+
+
+class MemoryBackend(_Model):
+    """Plain in-process tensors (lost when the process exits; checkpoint to keep them)."""
+
+    kind: Literal["memory"] = "memory"
+
+
+class SharedBackend(_Model):
+    """CPU shared-memory tensors: other processes on the host can attach."""
+
+    kind: Literal["shared"] = "shared"
+
+
+class MemmapBackend(_Model):
+    """Memory-mapped files on disk (the default). ``path`` defaults to ``<root>/<table>/storage``."""
+
+    kind: Literal["memmap"] = "memmap"
+    path: str | None = None
+
+
+class H5Backend(_Model):
+    """One HDF5 file. ``path`` defaults to ``<root>/<table>/storage.h5``."""
+
+    kind: Literal["h5"] = "h5"
+    path: str | None = None
+
+
+class RedisBackend(_Model):
+    """tensordict's ``TensorDictStore`` on a Redis (or Dragonfly) server."""
+
+    kind: Literal["redis"] = "redis"
+    host: str = "localhost"
+    port: int = Field(default=6379, ge=1, le=65535)
+    db: int = Field(default=0, ge=0)
+    unix_socket_path: str | None = None
+    prefix: str | None = Field(default=None, description="Key namespace; defaults to 'tdreplay:<table>'.")
+
+
+Backend = Annotated[
+    MemoryBackend | SharedBackend | MemmapBackend | H5Backend | RedisBackend,
+    Field(discriminator="kind"),
+]
+
+
+class UniformSampler(_Model):
+    """Every stored item equally likely, with replacement."""
+
+    kind: Literal["uniform"] = "uniform"
+
+
+class PrioritizedSampler(_Model):
+    """Proportional prioritized replay (Schaul et al.): P(i) ~ p_i^alpha, weights (N P(i))^-beta."""
+
+    kind: Literal["prioritized"] = "prioritized"
+    alpha: float = Field(default=0.6, ge=0)
+    beta: float = Field(default=0.4, ge=0)
+    eps: float = Field(default=1e-6, gt=0, description="Added to every priority so none is zero.")
+    initial_priority: float | None = Field(
+        default=None, gt=0, description="Priority of new items; default: the largest seen so far."
+    )
+
+
+class FifoSampler(_Model):
+    """A queue: each item is returned once, oldest first; inserts wait while it is full."""
+
+    kind: Literal["fifo"] = "fifo"
+
+
+class LifoSampler(_Model):
+    """A stack: each item is returned once, newest first; inserts wait while it is full."""
+
+    kind: Literal["lifo"] = "lifo"
+
+
+class WithoutReplacementSampler(_Model):
+    """Epochs: every item once, in random order, before any repeats."""
+
+    kind: Literal["without_replacement"] = "without_replacement"
+
+
+class SliceSampler(_Model):
+    """Sequences of ``slice_len`` consecutive items that never cross an episode boundary.
+
+    Episodes are told apart by ``traj_key`` (an integer trajectory id per item,
+    e.g. ``collector.traj_ids``) or, when that is not given, by ``end_key`` (a
+    done flag that closes an episode, e.g. ``next.done``).
+    """
+
+    kind: Literal["slice"] = "slice"
+    slice_len: int = Field(ge=1)
+    traj_key: str | None = None
+    end_key: str | None = "next.done"
+
+
+Sampler = Annotated[
+    UniformSampler | PrioritizedSampler | FifoSampler | LifoSampler | WithoutReplacementSampler | SliceSampler,
+    Field(discriminator="kind"),
+]
+
+
+class RoundRobinWriter(_Model):
+    """Writes slots in ring order; when full the oldest item is overwritten."""
+
+    kind: Literal["round_robin"] = "round_robin"
+
+
+class MaxValueWriter(_Model):
+    """Keeps the ``capacity`` items with the largest ``key`` (a scalar per item); others are dropped."""
+
+    kind: Literal["max_value"] = "max_value"
+    key: str
+
+
+Writer = Annotated[RoundRobinWriter | MaxValueWriter, Field(discriminator="kind")]
+
+
+class RateLimiterSpec(_Model):
+    """Reverb's rate limiter.
+
+    Sampling waits until the table holds ``min_size_to_sample`` items. With
+    ``samples_per_insert`` set, the ratio of sampled to inserted items is kept
+    within ``error_buffer`` of it: inserts wait when they run too far ahead of
+    samples, samples wait when they run too far ahead of inserts.
+    """
+
+    min_size_to_sample: int = Field(default=1, ge=1)
+    samples_per_insert: float | None = Field(default=None, gt=0)
+    error_buffer: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _check_buffer(self) -> RateLimiterSpec:
+        if self.samples_per_insert is not None and self.error_buffer is None:
+            raise ValueError("samples_per_insert needs error_buffer (Reverb's SampleToInsertRatio)")
+        return self
+
+
+class CheckpointSpec(_Model):
+    """Checkpoint hooks: TorchRL's ``TED2Flat`` on save and ``Flat2TED`` on load."""
+
+    ted2flat: bool = False
+
+
+class TableSpec(_Model):
+    """A replay table, declared.
+
+    Raises:
+        SchemaError: (from :meth:`from_file` / :meth:`parse`) when the schema is
+            malformed; the message names the file, the field and the problem.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}$")
+    capacity: int = Field(ge=1)
+    fields: dict[str, FieldSpec] = Field(min_length=1, description="Nested keys written with dots.")
+    backend: Backend = Field(default_factory=MemmapBackend)
+    sampler: Sampler = Field(default_factory=UniformSampler)
+    writer: Writer = Field(default_factory=RoundRobinWriter)
+    max_times_sampled: int = Field(default=0, ge=0, description="Remove an item after this many samples; 0: never.")
+    rate_limiter: RateLimiterSpec = Field(default_factory=RateLimiterSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    description: str | None = None
+
+    @field_validator("fields")
+    @classmethod
+    def _check_fields(cls, fields: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
+        keys = set()
+        for name in fields:
+            parts = split_key(name)
+            for part in parts:
+                if not _SEGMENT.match(part):
+                    raise ValueError(f"field name {name!r}: segment {part!r} must match {_SEGMENT.pattern}")
+            if parts[0] in RESERVED_KEYS:
+                raise ValueError(f"field name {name!r} is reserved for sample info")
+            keys.add(parts)
+        for key in keys:  # "next" and "next.reward" cannot both be leaves
+            for i in range(1, len(key)):
+                if key[:i] in keys:
+                    raise ValueError(f"field {join_key(key)!r} is nested under field {join_key(key[:i])!r}")
+        return fields
+
+    @model_validator(mode="after")
+    def _check_parts(self) -> TableSpec:
+        if isinstance(self.writer, MaxValueWriter):
+            self._scalar_field(self.writer.key, "writer.key")
+            if isinstance(self.sampler, FifoSampler | LifoSampler | SliceSampler):
+                raise ValueError(f"sampler {self.sampler.kind!r} needs the round_robin writer")
+        if isinstance(self.sampler, SliceSampler):
+            s = self.sampler
+            if s.slice_len > self.capacity:
+                raise ValueError(f"sampler.slice_len {s.slice_len} exceeds capacity {self.capacity}")
+            if s.traj_key is None and s.end_key is None:
+                raise ValueError("slice sampler needs traj_key or end_key")
+            if s.traj_key is not None:
+                self._scalar_field(s.traj_key, "sampler.traj_key")
+            else:
+                self._scalar_field(s.end_key or "", "sampler.end_key")
+        if isinstance(self.sampler, FifoSampler | LifoSampler) and self.max_times_sampled not in (0, 1):
+            raise ValueError("fifo/lifo samplers return each item once; max_times_sampled must be 0 or 1")
+        return self
+
+    def _scalar_field(self, name: str, where: str) -> None:
+        if name not in self.fields:
+            raise ValueError(f"{where} {name!r} is not a field of the table")
+        if self.fields[name].numel != 1:
+            raise ValueError(f"{where} {name!r} must hold one value per item, has shape {self.fields[name].shape}")
+
+    # ---------------------------------------------------------------- views
+    def keys(self) -> list[NestedKey]:
+        """The nested keys of the fields, in schema order."""
+        return [split_key(n) for n in self.fields]
+
+    def torch_schema(self) -> dict[NestedKey, tuple[list[int], torch.dtype]]:
+        """The ``{key: (shape, dtype)}`` mapping ``TensorDict.from_schema`` takes."""
+        return {split_key(n): (list(f.shape), f.torch_dtype) for n, f in self.fields.items()}
+
+    @property
+    def item_nbytes(self) -> int:
+        """Bytes one item takes in storage."""
+        return sum(f.nbytes for f in self.fields.values())
+
+    # ---------------------------------------------------------------- files
+    @classmethod
+    def parse(cls, data: Any, *, source: str = "<schema>") -> TableSpec:
+        """Validate a decoded schema (a dict), naming ``source`` in any error."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            first = err.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
+            )
+            raise SchemaError(f"{source}: invalid table schema: {problems}", field=loc or None) from None
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TableSpec:
+        """Load a schema from a YAML (``.yaml``/``.yml``) or JSON (``.json``) file.
+
+        Raises:
+            SchemaError: the file is missing, unparsable or invalid; the message
+                names the file, the field and the problem.
+
+        Example:
+            >>> spec = TableSpec.from_file("schemas/cartpole.yaml")  # doctest: +SKIP
+        """
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise SchemaError(f"{path}: cannot read schema: {err.strerror}") from None
+        try:
+            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (yaml.YAMLError, json.JSONDecodeError) as err:
+            raise SchemaError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
+        if not isinstance(data, dict):
+            raise SchemaError(f"{path}: a table schema must be a mapping, got {type(data).__name__}")
+        return cls.parse(data, source=str(path))
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> list[TableSpec]:
+        """Every ``*.yaml``/``*.yml``/``*.json`` schema in a folder (the JSON Schema itself excluded)."""
+        path = Path(path)
+        files = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".json") and not p.name.endswith(".schema.json"))
+        return [cls.from_file(p) for p in files]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the table schema format."""
+    schema = TableSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://tdreplay.dev/schemas/table.schema.json"
+    return schema
+
+
+def main() -> None:  # python -m tdreplay.storage.spec [out]
+    import sys
+
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("schemas/table.schema.json")
+    out.write_text(json.dumps(json_schema(), indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,588 @@
+"""The replay table: a storage plus a sampler, a writer and a rate limiter.
+
+    >>> import tempfile, torch
+    >>> from tensordict import TensorDict
+    >>> from tdreplay.storage import Table, TableSpec
+    >>> spec = TableSpec.model_validate({"name": "demo", "capacity": 100, "fields": {
+    ...     "obs": {"shape": [4], "dtype": "float32"}, "next.reward": {"shape": [1], "dtype": "float32"}}})
+    >>> table = Table.create(spec, root=tempfile.mkdtemp())
+    >>> td = TensorDict({"obs": torch.randn(10, 4), "next": {"reward": torch.ones(10, 1)}}, batch_size=[10])
+    >>> table.extend(td).tolist()
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    >>> batch = table.sample(32)
+    >>> batch["obs"].shape, batch["index"].shape, sorted(batch["sample_info"].keys())
+    (torch.Size([32, 4]), torch.Size([32]), ['priority', 'times_sampled', 'weight'])
+
+Sample info sits beside the fields of every sampled batch:
+
+* ``batch["index"]`` (int64): the slot each row came from; pass it back to
+  :meth:`Table.update_priority`.
+* ``batch["sample_info", "priority"]`` (float32): the item's priority (1 for
+  samplers without priorities).
+* ``batch["sample_info", "weight"]`` (float32): the importance weight (1 unless
+  prioritized).
+* ``batch["sample_info", "times_sampled"]`` (int64): how often the item has now
+  been returned, this sample included.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase, is_tensorclass
+
+from . import spec as S
+from .backends import Backend, allocate
+from .errors import EmptyTableError, InvalidRequest, RateLimitTimeout, SchemaError
+from .rate_limiter import RateLimiter
+from .rwlock import RWLock
+from .samplers import Sampler, make_sampler
+from .slots import Slots
+from .spec import NestedKey, TableSpec, join_key, split_key
+from .tensordicts import leaves, nest
+from .writers import MaxValueWriter, Writer, make_writer
+
+INFO_KEYS: list[NestedKey] = [
+    ("index",),
+    ("sample_info", "priority"),
+    ("sample_info", "weight"),
+    ("sample_info", "times_sampled"),
+]
+INFO_DTYPES = {
+    ("index",): torch.int64,
+    ("sample_info", "priority"): torch.float32,
+    ("sample_info", "weight"): torch.float32,
+    ("sample_info", "times_sampled"): torch.int64,
+}
+
+
+class Table:
+    """A fixed-capacity replay table on a tensordict storage.
+
+    Build one with :meth:`create` (new, empty storage) or :meth:`restore`
+    (from a checkpoint). Every method is thread safe: many threads may extend
+    and sample at once, and a sampled row is never a mix of two inserts.
+
+    Args:
+        spec: what the table is.
+        backend: its allocated storage (see :func:`~tdreplay.storage.backends.allocate`).
+        root: the data root the table lives under.
+        seed: seed of the table's sampling generator (``None``: random).
+    """
+
+    def __init__(self, spec: TableSpec, backend: Backend, *, root: str | Path, seed: int | None = None) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.capacity = spec.capacity
+        self.root = Path(root)
+        self.backend = backend
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        self.slots = Slots(spec.capacity)
+        self.writer: Writer = make_writer(spec, self.slots)
+        self.sampler: Sampler = make_sampler(spec, self.slots, self.writer, self.generator)
+        self.rate_limiter = RateLimiter.from_spec(spec.rate_limiter)
+        self.max_times_sampled = 1 if self.sampler.consumes else spec.max_times_sampled
+        self._schema = spec.torch_schema()
+        self._keys = list(self._schema)
+        self._cond = threading.Condition(threading.Lock())
+        self._data_lock = RWLock()
+        self._listeners: list[Callable[[], None]] = []
+        self._episode_base = 0
+        self._traj_key = self._end_key = None
+        if isinstance(spec.sampler, S.SliceSampler):
+            if spec.sampler.traj_key:
+                self._traj_key = split_key(spec.sampler.traj_key)
+            else:
+                self._end_key = split_key(spec.sampler.end_key or "")
+        self._value_key = split_key(spec.writer.key) if isinstance(self.writer, MaxValueWriter) else None
+        self.closed = False
+        # counters for info/metrics
+        self.created_at = time.time()
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, spec: TableSpec | str | Path, root: str | Path = "./tdreplay-data", *, seed: int | None = None) -> Table:
+        """Allocate a new, empty table (``TensorDict.from_schema`` on the spec's backend).
+
+        Args:
+            spec: a :class:`TableSpec`, or the path of a schema file.
+            root: the data root; file backends put their data under ``<root>/<name>``.
+            seed: seed of the sampling generator.
+
+        Raises:
+            SchemaError: the schema file is invalid.
+            BackendError: the storage could not be allocated.
+        """
+        if not isinstance(spec, TableSpec):
+            spec = TableSpec.from_file(spec)
+        return cls(spec, allocate(spec, root), root=root, seed=seed)
+
+    @classmethod
+    def restore(cls, path: str | Path, root: str | Path | None = None, *, seed: int | None = None) -> Table:
+        """Rebuild a table from a checkpoint written by :meth:`checkpoint`.
+
+        Args:
+            path: the checkpoint folder.
+            root: data root of the restored table (default: the checkpoint's parent).
+
+        Raises:
+            CheckpointError: the folder holds no readable checkpoint.
+        """
+        from .checkpoint import restore
+
+        return restore(cls, Path(path), root, seed=seed)
+
+    # ------------------------------------------------------------ validation
+    def _validate(self, td: Any) -> tuple[dict[NestedKey, torch.Tensor], int]:
+        """Check ``td`` against the schema; return its leaves (CPU, contiguous) and row count."""
+        if is_tensorclass(td):
+            td = td._tensordict
+        if not isinstance(td, TensorDictBase):
+            raise SchemaError(
+                f"table {self.name!r}: extend takes a TensorDict, got {type(td).__name__}",
+                table=self.name, expected="TensorDict", got=type(td).__name__,
+            )
+        if td.batch_dims != 1:
+            raise SchemaError(
+                f"table {self.name!r}: extend needs batch dims [N], got batch_size {list(td.batch_size)}",
+                table=self.name, field="batch_size", expected="[N]", got=list(td.batch_size),
+            )
+        n = td.batch_size[0]
+        if n == 0:
+            raise InvalidRequest(f"table {self.name!r}: extend with no rows", table=self.name, field="batch_size")
+        if n > self.capacity:
+            raise InvalidRequest(
+                f"table {self.name!r}: extend of {n} rows exceeds capacity {self.capacity}",
+                table=self.name, field="batch_size", expected=f"<= {self.capacity}", got=n,
+            )
+        got = leaves(td)
+        missing = [k for k in self._keys if k not in got]
+        if missing:
+            raise SchemaError(
+                f"table {self.name!r}: missing key {join_key(missing[0])!r}",
+                table=self.name, field=join_key(missing[0]), expected="present", got="missing",
+            )
+        extra = [k for k in got if k not in self._schema]
+        if extra:
+            raise SchemaError(
+                f"table {self.name!r}: unexpected key {join_key(extra[0])!r} (not in the schema)",
+                table=self.name, field=join_key(extra[0]), expected="absent", got="present",
+            )
+        data: dict[NestedKey, torch.Tensor] = {}
+        for key, (shape, dtype) in self._schema.items():
+            value = got[key]
+            name = join_key(key)
+            if not isinstance(value, torch.Tensor):
+                raise SchemaError(
+                    f"table {self.name!r}: key {name!r} holds {type(value).__name__}, not a tensor",
+                    table=self.name, field=name, expected="tensor", got=type(value).__name__,
+                )
+            if value.dtype != dtype:
+                raise SchemaError(
+                    f"table {self.name!r}: key {name!r} has dtype {str(value.dtype).removeprefix('torch.')}, "
+                    f"expected {str(dtype).removeprefix('torch.')}",
+                    table=self.name, field=name, expected=dtype, got=value.dtype,
+                )
+            if list(value.shape) != [n, *shape]:
+                raise SchemaError(
+                    f"table {self.name!r}: key {name!r} has shape {list(value.shape)}, expected {[n, *shape]}",
+                    table=self.name, field=name, expected=[n, *shape], got=list(value.shape),
+                )
+            if value.device.type != "cpu":
+                value = value.cpu()
+            data[key] = value.contiguous()
+        return data, n
+
+    # ------------------------------------------------------------ waiting
+    def _wait(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
+        """Wait on the table's condition (held) until ``ready()``; raise on timeout."""
+        if ready():
+            return
+        if what == "insert":
+            self.rate_limiter.insert_waits += 1
+        else:
+            self.rate_limiter.sample_waits += 1
+        if timeout is not None and timeout <= 0:
+            ok = False
+        else:
+            ok = self._cond.wait_for(lambda: self.closed or ready(), timeout)
+        if self.closed:
+            raise EmptyTableError(f"table {self.name!r} was closed while a call waited", table=self.name)
+        if not ok:
+            rl = self.rate_limiter
+            raise RateLimitTimeout(
+                f"table {self.name!r}: {what} timed out after {timeout}s (size {self.slots.n_live}, "
+                f"inserts {rl.inserts}, samples {rl.samples}, min_size_to_sample {rl.min_size_to_sample}, "
+                f"samples_per_insert {rl.samples_per_insert})",
+                table=self.name,
+            )
+
+    def _notify(self) -> None:
+        self._cond.notify_all()
+        for fn in self._listeners:
+            fn()
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` (under the table's lock; keep it short) whenever inserts or samples may proceed."""
+        self._listeners.append(fn)
+
+    # ------------------------------------------------------------ extend
+    def can_insert(self, n: int = 1) -> bool:
+        """Whether an insert of ``n`` items would proceed now, without waiting."""
+        with self._cond:
+            return self.rate_limiter.can_insert(n) and self.writer.can_claim(n)
+
+    def extend(self, td: Any, *, timeout: float | None = None, priority: torch.Tensor | None = None) -> torch.Tensor:
+        """Insert the rows of ``td`` (a TensorDict or tensorclass of batch ``[N]``).
+
+        Waits while the rate limiter (or a full queue/stack) holds inserts back.
+
+        Args:
+            td: the items; exactly the schema's keys, shapes and dtypes.
+            timeout: seconds to wait for the rate limiter; ``None`` waits as long as it takes.
+            priority: initial priorities (prioritized sampler only; default: its initial priority).
+
+        Returns:
+            The slots written, int64 ``[K]`` in the order of ``td``'s rows. ``K == N``
+            except with the max-value writer, which drops items below the table's minimum.
+
+        Raises:
+            SchemaError: a key is missing or extra, or a shape, dtype or the batch dims are wrong.
+                Nothing is written and no counter moves.
+            InvalidRequest: ``N`` is 0 or above capacity, or could never pass the rate limiter.
+            RateLimitTimeout: the insert waited ``timeout`` seconds.
+            BackendError: the storage failed to write.
+        """
+        data, n = self._validate(td)
+        if priority is not None:
+            priority = torch.as_tensor(priority, dtype=torch.float64).reshape(-1)
+            if len(priority) != n:
+                raise InvalidRequest(
+                    f"table {self.name!r}: {len(priority)} priorities for {n} rows",
+                    table=self.name, field="priority", expected=n, got=len(priority),
+                )
+        values = data[self._value_key] if self._value_key else None
+        episode = self._episodes(data, n) if self.sampler.needs_episodes else None
+        with self._cond:
+            if self.rate_limiter.insert_never_fits(n):
+                raise InvalidRequest(
+                    f"table {self.name!r}: an insert of {n} items can never pass the rate limiter "
+                    f"(samples_per_insert {self.rate_limiter.samples_per_insert}, error_buffer "
+                    f"{self.rate_limiter.error_buffer}); send smaller chunks",
+                    table=self.name, field="batch_size",
+                )
+            self._wait(lambda: self.rate_limiter.can_insert(n) and self.writer.can_claim(n), timeout, "insert")
+            claim = self.writer.claim(n, values)
+            index = claim.index
+            k = len(index)
+            if k == 0:
+                return index
+            evicted = index[self.slots.live[index]]
+            if len(evicted):
+                self._remove(evicted)
+            self.slots.busy[index] = True
+            seq = torch.arange(self.slots.next_seq, self.slots.next_seq + k, dtype=torch.int64)
+            self.slots.next_seq += k
+        if claim.rows is not None:
+            data = {key: v.index_select(0, claim.rows) for key, v in data.items()}
+            if episode is not None:
+                episode = episode[claim.rows]
+            if priority is not None:
+                priority = priority[claim.rows]
+        try:
+            with self._data_lock.write():
+                self.backend.write(claim.target, data)
+        except BaseException:
+            with self._cond:  # the slots stay empty; what they held was evicted above
+                self.slots.busy[index] = False
+                self._notify()
+            raise
+        with self._cond:
+            s = self.slots
+            s.busy[index] = False
+            s.live[index] = True
+            s.seq[index] = seq
+            s.times_sampled[index] = 0
+            s.n_live += k
+            s.hi = max(s.hi, int(index.max()) + 1)
+            self.sampler.on_insert(index, episode)
+            if priority is not None:
+                self.sampler.update_priority(index, priority)
+            self.rate_limiter.inserted(k)
+            self.bytes_in += k * self.spec.item_nbytes
+            self._notify()
+        return index
+
+    def _episodes(self, data: Mapping[NestedKey, torch.Tensor], n: int) -> torch.Tensor:
+        """Episode id per item: the trajectory key as given, or counted from end flags."""
+        if self._traj_key is not None:
+            return data[self._traj_key].reshape(n).to(torch.int64)
+        assert self._end_key is not None
+        ends = data[self._end_key].reshape(n).to(torch.int64)
+        with self._cond:
+            base = self._episode_base
+            self._episode_base += int(ends.sum())
+        return base + torch.cumsum(ends, 0) - ends
+
+    def _remove(self, index: torch.Tensor) -> None:
+        """Mark live slots dead (lock held)."""
+        self.slots.live[index] = False
+        self.slots.n_live -= len(index)
+        self.sampler.on_remove(index)
+
+    # ------------------------------------------------------------ sample
+    def can_sample(self, n: int = 1) -> bool:
+        """Whether a sample of ``n`` items would proceed now, without waiting."""
+        with self._cond:
+            return self._sample_ready(n)
+
+    def _sample_ready(self, n: int) -> bool:
+        return self.rate_limiter.can_sample(n, self.slots.n_live) and self.sampler.ready(n)
+
+    def sample(
+        self, batch_size: int, *, timeout: float | None = None, out: TensorDictBase | None = None
+    ) -> TensorDictBase:
+        """Draw ``batch_size`` items.
+
+        Waits while the rate limiter holds samples back (too few items, or
+        too few inserts for ``samples_per_insert``).
+
+        Args:
+            batch_size: number of items; for the slice sampler a multiple of ``slice_len``.
+            timeout: seconds to wait for the rate limiter; ``None`` waits as long as it takes.
+            out: a TensorDict of batch ``[batch_size]`` with the schema's keys (and
+                optionally the sample-info keys) to gather into instead of
+                allocating; e.g. a previous batch.
+
+        Returns:
+            A TensorDict of batch ``[batch_size]``: every field plus ``index`` and
+            ``sample_info`` (see the module docstring).
+
+        Raises:
+            InvalidRequest: ``batch_size`` < 1, above capacity, not a multiple of
+                ``slice_len``, or ``out`` does not fit.
+            RateLimitTimeout: the sample waited ``timeout`` seconds.
+        """
+        n = int(batch_size)
+        if n < 1 or n > self.capacity:
+            raise InvalidRequest(
+                f"table {self.name!r}: batch_size must be in [1, {self.capacity}], got {batch_size}",
+                table=self.name, field="batch_size", expected=f"[1, {self.capacity}]", got=batch_size,
+            )
+        bufs, out_info = self._out_buffers(out, n) if out is not None else (None, set())
+        with self._cond:
+            if self.rate_limiter.sample_never_fits(n):
+                raise InvalidRequest(
+                    f"table {self.name!r}: a sample of {n} items can never pass the rate limiter "
+                    f"(error_buffer {self.rate_limiter.error_buffer}); sample smaller batches",
+                    table=self.name, field="batch_size",
+                )
+            self._wait(lambda: self._sample_ready(n), timeout, "sample")
+            index, weight = self.sampler.sample(n)
+            s = self.slots
+            s.times_sampled.index_add_(0, index, torch.ones_like(index))
+            times = s.times_sampled[index]
+            priority = self.sampler.priority(index)
+            if self.max_times_sampled:
+                done = torch.unique(index[times >= self.max_times_sampled])
+                done = done[s.live[done]]
+                if len(done):
+                    self._remove(done)
+            self.rate_limiter.sampled(n)
+            self.bytes_out += n * self.spec.item_nbytes
+            # Take the read lock before letting go of the table lock: slots just
+            # evicted cannot be overwritten until the gather below is done.
+            self._data_lock.acquire_read()
+            self._notify()
+        try:
+            if bufs is None:
+                bufs = self.backend.empty(n)
+            self.backend.gather(index, bufs)
+        finally:
+            self._data_lock.release_read()
+        info = {
+            ("index",): index,
+            ("sample_info", "priority"): priority if priority is not None else torch.ones(n, dtype=torch.float32),
+            ("sample_info", "weight"): weight if weight is not None else torch.ones(n, dtype=torch.float32),
+            ("sample_info", "times_sampled"): times,
+        }
+        if out is not None:
+            target = out._tensordict if is_tensorclass(out) else out
+            for key, value in info.items():
+                if key in out_info:
+                    target.get(key).copy_(value)
+                else:
+                    target.set(key, value)
+            return out
+        bufs.update(info)
+        return nest(bufs, n)
+
+    def _out_buffers(self, out: TensorDictBase, n: int) -> tuple[dict[NestedKey, torch.Tensor], set[NestedKey]]:
+        if is_tensorclass(out):
+            out = out._tensordict
+        if list(out.batch_size) != [n]:
+            raise InvalidRequest(
+                f"table {self.name!r}: out has batch_size {list(out.batch_size)}, expected [{n}]",
+                table=self.name, field="out", expected=[n], got=list(out.batch_size),
+            )
+        bufs = {}
+        for key, (shape, dtype) in self._schema.items():
+            t = out.get(key, None)
+            if t is None or t.dtype != dtype or list(t.shape) != [n, *shape] or not t.is_contiguous() or t.device.type != "cpu":
+                raise InvalidRequest(
+                    f"table {self.name!r}: out[{join_key(key)!r}] must be a contiguous CPU {dtype} tensor of shape {[n, *shape]}",
+                    table=self.name, field=join_key(key),
+                )
+            bufs[key] = t
+        out_info = {k for k in INFO_KEYS if isinstance(out.get(k, None), torch.Tensor)}
+        return bufs, out_info
+
+    # ------------------------------------------------------------ priorities
+    def update_priority(self, index: Any, priority: Any) -> None:
+        """Set the priorities of slots ``index`` (from ``batch["index"]``).
+
+        Slots overwritten or removed since they were sampled are skipped.
+
+        Raises:
+            InvalidRequest: the sampler has no priorities, the lengths differ, an
+                index is out of range, or a priority is negative or not finite.
+        """
+        index = torch.as_tensor(index).reshape(-1).to(torch.int64)
+        priority = torch.as_tensor(priority).reshape(-1)
+        with self._cond:
+            self.sampler.update_priority(index, priority)
+            self._notify()
+
+    # ------------------------------------------------------------ state
+    @property
+    def size(self) -> int:
+        """Items a sampler may return now."""
+        return self.slots.n_live
+
+    def __len__(self) -> int:
+        return self.slots.n_live
+
+    def info(self) -> dict[str, Any]:
+        """A JSON-ready summary: size, capacity, backend, sampler, writer, counters, limiter."""
+        with self._cond:
+            return {
+                "name": self.name,
+                "size": self.slots.n_live,
+                "capacity": self.capacity,
+                "backend": self.spec.backend.kind,
+                "location": self.backend.location,
+                "item_nbytes": self.spec.item_nbytes,
+                "fields": {k: f.model_dump() for k, f in self.spec.fields.items()},
+                "sampler": self.sampler.info(),
+                "writer": self.writer.info(),
+                "max_times_sampled": self.max_times_sampled,
+                "rate_limiter": self.rate_limiter.info(),
+                "can_sample": self._sample_ready(1),
+                "can_insert": self.rate_limiter.can_insert(1) and self.writer.can_claim(1),
+                "inserts": self.rate_limiter.inserts,
+                "samples": self.rate_limiter.samples,
+                "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out,
+            }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Slot, sampler, writer and rate-limiter state (no data); lock held by the caller or not."""
+        return {
+            "slots": self.slots.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "writer": self.writer.state_dict(),
+            "rate_limiter": self.rate_limiter.state_dict(),
+            "episode_base": self._episode_base,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self._cond:
+            self.slots.load_state_dict(state["slots"])
+            self.writer.load_state_dict(state["writer"])
+            self.sampler.load_state_dict(state["sampler"])
+            self.rate_limiter.load_state_dict(state["rate_limiter"])
+            self._episode_base = int(state.get("episode_base", 0))
+            if "generator" in state:
+                self.generator.set_state(state["generator"])
+            self._notify()
+
+    # ------------------------------------------------------------ persistence
+    def checkpoint(self, path: str | Path, *, ted2flat: bool | None = None) -> Path:
+        """Write data and state to ``path`` atomically (aside, then renamed into place).
+
+        Extends and samples wait while the checkpoint is written. An
+        interrupted checkpoint leaves the previous one at ``path`` intact.
+
+        Args:
+            path: the checkpoint folder (replaced if it exists).
+            ted2flat: store TED data flat with TorchRL's ``TED2Flat`` (default: the spec's setting).
+
+        Returns:
+            The checkpoint folder.
+
+        Raises:
+            CheckpointError: it could not be written (the previous one is kept).
+        """
+        from .checkpoint import checkpoint
+
+        return checkpoint(self, Path(path), ted2flat=ted2flat)
+
+    def export(self, path: str | Path, *, format: str | None = None, progress: bool | None = None) -> Path:
+        """Write the live items, oldest first, to a Parquet or CSV file (see :mod:`tdreplay.storage.export`)."""
+        from .export import export
+
+        return export(self, Path(path), format=format, progress=progress)
+
+    def import_parquet(self, path: str | Path, *, chunk: int = 4096, progress: bool | None = None) -> int:
+        """Extend the table with the rows of a Parquet dataset (see :mod:`tdreplay.storage.export`)."""
+        from .export import import_parquet
+
+        return import_parquet(self, Path(path), chunk=chunk, progress=progress)
+
+    def live_index(self) -> torch.Tensor:
+        """Slots of the live items, oldest first (insertion order)."""
+        with self._cond:
+            live = self.slots.live.nonzero().squeeze(1)
+            return live[torch.argsort(self.slots.seq[live])]
+
+    def read(self, index: torch.Tensor) -> TensorDictBase:
+        """The items in slots ``index`` (no sample info, no counters moved)."""
+        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+        with self._data_lock.read():
+            bufs = self.backend.read(index)
+        return nest(bufs, len(index))
+
+    def close(self) -> None:
+        """Wake any waiting call (it raises) and release the storage handles."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+        with self._data_lock.write():
+            self.backend.flush()
+            self.backend.close()
+
+    def destroy(self) -> None:
+        """Close the table and delete its data."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+        with self._data_lock.write():
+            self.backend.destroy()
+
+    def __repr__(self) -> str:
+        return (
+            f"Table(name={self.name!r}, size={self.slots.n_live}, capacity={self.capacity}, "
+            f"backend={self.spec.backend.kind!r}, sampler={self.sampler.kind!r}, writer={self.writer.kind!r})"
+        )

@@ -1,0 +1,40 @@
+"""Small helpers between nested-key dicts of tensors and TensorDicts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .spec import NestedKey
+
+
+def nest(flat: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
+    """Build a TensorDict of batch ``[n]`` from ``{nested key: tensor}`` without re-validating shapes.
+
+    The tensors must already have ``n`` rows; callers are the table's own
+    gather paths, which allocate them so.
+    """
+    batch = torch.Size([n])
+    tree: dict = {}
+    for key, value in flat.items():
+        node = tree
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = value
+    return _build(tree, batch)
+
+
+def _build(tree: dict, batch: torch.Size) -> TensorDict:
+    return TensorDict._new_unsafe(
+        {k: (_build(v, batch) if isinstance(v, dict) else v) for k, v in tree.items()}, batch_size=batch
+    )
+
+
+def leaves(td: TensorDictBase) -> dict[NestedKey, object]:
+    """``{nested key (tuple): leaf}`` for every leaf of ``td``, tensors or not."""
+    out: dict[NestedKey, object] = {}
+    for key in td.keys(include_nested=True, leaves_only=True):
+        out[key if isinstance(key, tuple) else (key,)] = td.get(key)
+    return out

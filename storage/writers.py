@@ -1,0 +1,189 @@
+"""Writers: which slots an insert fills, and so which items it evicts.
+
+A writer sees the slot state and, for the max-value writer, one scalar per
+new item; it never touches data. :meth:`Writer.claim` returns a
+:class:`Claim`: which rows of the batch are kept, and the slots they go to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import spec as S
+from .slots import Slots
+
+
+@dataclass
+class Claim:
+    #: slots the kept rows go to, in batch order
+    index: torch.Tensor
+    #: the same as a ``slice`` when contiguous (the backends' fast path)
+    target: slice | torch.Tensor
+    #: rows of the batch that are kept; ``None``: all of them
+    rows: torch.Tensor | None = None
+
+
+def _claim_range(start: int, n: int, capacity: int) -> Claim:
+    index = torch.arange(start, start + n, dtype=torch.int64)
+    if start + n <= capacity:
+        return Claim(index, slice(start, start + n))
+    index %= capacity
+    return Claim(index, index)
+
+
+class Writer:
+    kind = ""
+
+    def __init__(self, slots: Slots) -> None:
+        self.slots = slots
+
+    def can_claim(self, n: int) -> bool:
+        return True
+
+    def claim(self, n: int, values: torch.Tensor | None = None) -> Claim:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def info(self) -> dict[str, Any]:
+        return {"kind": self.kind}
+
+
+class RoundRobinWriter(Writer):
+    """Fills slots in ring order from ``cursor``; the oldest item is overwritten.
+
+    With ``overwrite=False`` (queues) an insert waits instead while its slots
+    still hold unread items.
+    """
+
+    kind = "round_robin"
+
+    def __init__(self, slots: Slots, *, overwrite: bool = True) -> None:
+        super().__init__(slots)
+        self.overwrite = overwrite
+        self.cursor = 0
+
+    def can_claim(self, n: int) -> bool:
+        if self.overwrite:
+            # a slot still being written by an earlier insert cannot be reused yet
+            if self.slots.busy.any():
+                return not bool(self.slots.busy[_claim_range(self.cursor, n, self.slots.capacity).index].any())
+            return True
+        return bool(self.slots.free()[_claim_range(self.cursor, n, self.slots.capacity).index].all())
+
+    def claim(self, n: int, values: torch.Tensor | None = None) -> Claim:
+        c = _claim_range(self.cursor, n, self.slots.capacity)
+        self.cursor = (self.cursor + n) % self.slots.capacity
+        return c
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"cursor": self.cursor}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cursor = int(state["cursor"])
+
+    def info(self) -> dict[str, Any]:
+        return {"kind": self.kind, "cursor": self.cursor}
+
+
+class StackWriter(Writer):
+    """Pushes at ``top``; the LIFO sampler pops from there. Waits while full."""
+
+    kind = "stack"
+
+    def __init__(self, slots: Slots) -> None:
+        super().__init__(slots)
+        self.top = 0
+
+    def can_claim(self, n: int) -> bool:
+        return self.top + n <= self.slots.capacity
+
+    def claim(self, n: int, values: torch.Tensor | None = None) -> Claim:
+        c = _claim_range(self.top, n, self.slots.capacity)
+        self.top += n
+        return c
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"top": self.top}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.top = int(state["top"])
+
+    def info(self) -> dict[str, Any]:
+        return {"kind": self.kind, "top": self.top}
+
+
+class MaxValueWriter(Writer):
+    """Keeps the ``capacity`` items with the largest value of ``key``.
+
+    New items fill free slots first; after that an item replaces the stored
+    item with the smallest value when its own is larger, and is dropped
+    otherwise. Pairing the largest newcomers with the smallest residents is
+    exact for a batch. Cost per insert: O(capacity) for the top-k scan.
+    """
+
+    kind = "max_value"
+    needs_values = True
+
+    def __init__(self, slots: Slots, *, key: str) -> None:
+        super().__init__(slots)
+        self.key = key
+        self.values = torch.full((slots.capacity,), float("-inf"), dtype=torch.float64)
+
+    def can_claim(self, n: int) -> bool:
+        return True
+
+    def claim(self, n: int, values: torch.Tensor | None = None) -> Claim:
+        assert values is not None
+        v = values.reshape(-1).to(torch.float64)
+        order = torch.argsort(v, descending=True)
+        free = self.slots.free().nonzero().squeeze(1)
+        take_free = min(len(free), n)
+        rows = [order[:take_free]]
+        index = [free[:take_free]]
+        rest = order[take_free:]
+        if len(rest):
+            # residents that may be replaced: live and not being written
+            resident = torch.where(self.slots.live, self.values, torch.full_like(self.values, float("inf")))
+            m = min(len(rest), self.slots.capacity)
+            low_vals, low_idx = torch.topk(resident, m, largest=False)
+            new_vals = v[rest[:m]]
+            wins = int((new_vals > low_vals).sum())  # a prefix: new sorted desc, old asc
+            rows.append(rest[:wins])
+            index.append(low_idx[:wins])
+        rows_t = torch.cat(rows)
+        index_t = torch.cat(index)
+        self.values[index_t] = v[rows_t]
+        return Claim(index_t, index_t, rows_t)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"values": self.values.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.values.copy_(state["values"])
+
+    def info(self) -> dict[str, Any]:
+        live = self.values[self.slots.live]
+        return {
+            "kind": self.kind, "key": self.key,
+            "min_value": float(live.min()) if len(live) else None,
+            "max_value": float(live.max()) if len(live) else None,
+        }
+
+
+def make_writer(spec: S.TableSpec, slots: Slots) -> Writer:
+    """Build the writer ``spec`` declares (queues and stacks bring their own)."""
+    if isinstance(spec.sampler, S.FifoSampler):
+        return RoundRobinWriter(slots, overwrite=False)
+    if isinstance(spec.sampler, S.LifoSampler):
+        return StackWriter(slots)
+    if isinstance(spec.writer, S.MaxValueWriter):
+        return MaxValueWriter(slots, key=spec.writer.key)
+    return RoundRobinWriter(slots)
