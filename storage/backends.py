@@ -20,6 +20,7 @@ the same bits and viewed back on read.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,9 +38,11 @@ from .spec import (
     MemmapBackend,
     MemoryBackend,
     NestedKey,
-    RedisBackend as RedisSpec,
     SharedBackend,
     TableSpec,
+)
+from .spec import (
+    RedisBackend as RedisSpec,
 )
 
 Rows = slice | torch.Tensor
@@ -67,8 +70,12 @@ class Backend:
         self.spec = spec
         self.capacity = spec.capacity
         self.keys: list[NestedKey] = spec.keys()
-        self.dtypes: dict[NestedKey, torch.dtype] = {k: d for k, (_, d) in spec.torch_schema().items()}
-        self.shapes: dict[NestedKey, list[int]] = {k: s for k, (s, _) in spec.torch_schema().items()}
+        self.dtypes: dict[NestedKey, torch.dtype] = {
+            k: d for k, (_, d) in spec.torch_schema().items()
+        }
+        self.shapes: dict[NestedKey, list[int]] = {
+            k: s for k, (s, _) in spec.torch_schema().items()
+        }
         #: the TensorDict that ``from_schema`` returned
         self.storage = storage
 
@@ -198,10 +205,8 @@ class H5Backend(Backend):
         self.file.flush()
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # already closed
             self.file.close()
-        except Exception:  # already closed
-            pass
 
     def destroy(self) -> None:
         self.close()
@@ -224,7 +229,10 @@ class RedisBackend(Backend):
 
     def _pack(self, data: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
         return TensorDict(
-            {self.flat[k]: (v.view(torch.int16) if v.dtype == torch.bfloat16 else v).contiguous() for k, v in data.items()},
+            {
+                self.flat[k]: (v.view(torch.int16) if v.dtype == torch.bfloat16 else v).contiguous()
+                for k, v in data.items()
+            },
             batch_size=[n],
         )
 
@@ -250,10 +258,8 @@ class RedisBackend(Backend):
         return self.read(torch.arange(start, stop, dtype=torch.int64))
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.storage.close()  # type: ignore[attr-defined]
-        except Exception:
-            pass
 
     def destroy(self) -> None:
         try:
@@ -308,7 +314,9 @@ def allocate(spec: TableSpec, root: str | Path) -> Backend:
         if isinstance(b, MemoryBackend):
             return TensorBackend(spec, TensorDict.from_schema(schema, batch_size=cap))
         if isinstance(b, SharedBackend):
-            return TensorBackend(spec, TensorDict.from_schema(schema, batch_size=cap, storage="shared"))
+            return TensorBackend(
+                spec, TensorDict.from_schema(schema, batch_size=cap, storage="shared")
+            )
         if isinstance(b, MemmapBackend):
             path = Path(b.path) if b.path else table_dir(spec, root) / "storage"
             if path.exists():
@@ -337,5 +345,7 @@ def allocate(spec: TableSpec, root: str | Path) -> Backend:
     except BackendError:
         raise
     except Exception as err:
-        raise BackendError(f"cannot allocate {b.kind} storage for table {spec.name!r}: {err}", table=spec.name) from err
+        raise BackendError(
+            f"cannot allocate {b.kind} storage for table {spec.name!r}: {err}", table=spec.name
+        ) from err
     raise BackendError(f"unknown backend {b.kind!r}", table=spec.name)  # pragma: no cover

@@ -53,8 +53,11 @@ def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Pat
     """Write ``table`` to ``path`` (see the module docstring). Returns ``path``."""
     if ted2flat is None:
         ted2flat = table.spec.checkpoint.ted2flat
-    if ted2flat and not isinstance(table.writer, RoundRobinWriter):
-        raise CheckpointError(f"table {table.name!r}: ted2flat needs the round_robin writer", table=table.name)
+    writer = table.writer
+    if ted2flat and not isinstance(writer, RoundRobinWriter):
+        raise CheckpointError(
+            f"table {table.name!r}: ted2flat needs the round_robin writer", table=table.name
+        )
     path = path.absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{path.name}{_TMP}{uuid.uuid4().hex[:8]}"
@@ -75,7 +78,10 @@ def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Pat
             data = nest(table.backend.read_range(0, hi), hi) if hi else None
             if data is not None:
                 if ted2flat:
-                    _save_flat(data, tmp / "storage", cursor=table.writer.cursor, full=hi == table.capacity)
+                    assert isinstance(writer, RoundRobinWriter)
+                    _save_flat(
+                        data, tmp / "storage", cursor=writer.cursor, full=hi == table.capacity
+                    )
                 else:
                     data.memmap(tmp / "storage", num_threads=0)
         torch.save(state, tmp / "state.pt")
@@ -95,7 +101,9 @@ def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Pat
         raise
     except Exception as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"table {table.name!r}: checkpoint to {path} failed: {err}", table=table.name) from err
+        raise CheckpointError(
+            f"table {table.name!r}: checkpoint to {path} failed: {err}", table=table.name
+        ) from err
 
 
 def _save_flat(data: TensorDict, path: Path, *, cursor: int, full: bool) -> None:
@@ -119,7 +127,9 @@ def find(path: Path) -> Path:
     """The readable checkpoint for ``path``: itself, or the copy set aside by an interrupted swap."""
     if (path / "metadata.json").exists():
         return path
-    asides = sorted(path.parent.glob(f"{path.name}{_ASIDE}*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    asides = sorted(
+        path.parent.glob(f"{path.name}{_ASIDE}*"), key=lambda p: p.stat().st_mtime, reverse=True
+    )
     for aside in asides:
         if (aside / "metadata.json").exists():
             return aside
@@ -135,12 +145,16 @@ def read_metadata(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"unreadable checkpoint metadata at {path}: {err}") from err
 
 
-def restore(cls: type[Table], path: Path, root: str | Path | None, *, seed: int | None = None) -> Table:
+def restore(
+    cls: type[Table], path: Path, root: str | Path | None, *, seed: int | None = None
+) -> Table:
     """Rebuild a table from the checkpoint at ``path`` (see :meth:`Table.restore`)."""
     src = find(path.absolute())
     meta = read_metadata(src)
     if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{src}: checkpoint format {meta.get('format_version')} not supported")
+        raise CheckpointError(
+            f"{src}: checkpoint format {meta.get('format_version')} not supported"
+        )
     spec = TableSpec.parse(meta["spec"], source=str(src / "metadata.json"))
     table = cls.create(spec, root if root is not None else src.parent, seed=seed)
     try:
@@ -152,7 +166,9 @@ def restore(cls: type[Table], path: Path, root: str | Path | None, *, seed: int 
             else:
                 data = TensorDict.load_memmap(src / "storage")
             got = leaves(data)
-            table.backend.write(slice(0, hi), {k: got[k].contiguous() for k in table.backend.keys})
+            table.backend.write(
+                slice(0, hi), {k: torch.as_tensor(got[k]).contiguous() for k in table.backend.keys}
+            )
         state = torch.load(src / "state.pt", weights_only=False)
         table.load_state_dict(state)
     except Exception as err:

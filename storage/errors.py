@@ -52,7 +52,11 @@ class TDReplayError(Exception):
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form used on the wire: ``{"type", "detail", "field", ...}``."""
-        out: dict[str, Any] = {"type": type(self).__name__, "detail": self.message, "field": self.field}
+        out: dict[str, Any] = {
+            "type": type(self).__name__,
+            "detail": self.message,
+            "field": self.field,
+        }
         if self.table is not None:
             out["table"] = self.table
         if self.expected is not None:

@@ -74,9 +74,20 @@ class _Model(BaseModel):
 class FieldSpec(_Model):
     """One field of an item: its per-item shape and dtype."""
 
-    shape: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, description="Per-item shape; [] for a scalar.")
+    shape: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, description="Per-item shape; [] for a scalar."
+    )
     dtype: Literal[
-        "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
     ] = Field(description="Element type.")
 
     @property
@@ -126,7 +137,9 @@ class RedisBackend(_Model):
     port: int = Field(default=6379, ge=1, le=65535)
     db: int = Field(default=0, ge=0)
     unix_socket_path: str | None = None
-    prefix: str | None = Field(default=None, description="Key namespace; defaults to 'tdreplay:<table>'.")
+    prefix: str | None = Field(
+        default=None, description="Key namespace; defaults to 'tdreplay:<table>'."
+    )
 
 
 Backend = Annotated[
@@ -186,7 +199,12 @@ class SliceSampler(_Model):
 
 
 Sampler = Annotated[
-    UniformSampler | PrioritizedSampler | FifoSampler | LifoSampler | WithoutReplacementSampler | SliceSampler,
+    UniformSampler
+    | PrioritizedSampler
+    | FifoSampler
+    | LifoSampler
+    | WithoutReplacementSampler
+    | SliceSampler,
     Field(discriminator="kind"),
 ]
 
@@ -247,7 +265,9 @@ class TableSpec(_Model):
     backend: Backend = Field(default_factory=MemmapBackend)
     sampler: Sampler = Field(default_factory=UniformSampler)
     writer: Writer = Field(default_factory=RoundRobinWriter)
-    max_times_sampled: int = Field(default=0, ge=0, description="Remove an item after this many samples; 0: never.")
+    max_times_sampled: int = Field(
+        default=0, ge=0, description="Remove an item after this many samples; 0: never."
+    )
     rate_limiter: RateLimiterSpec = Field(default_factory=RateLimiterSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     description: str | None = None
@@ -260,14 +280,18 @@ class TableSpec(_Model):
             parts = split_key(name)
             for part in parts:
                 if not _SEGMENT.match(part):
-                    raise ValueError(f"field name {name!r}: segment {part!r} must match {_SEGMENT.pattern}")
+                    raise ValueError(
+                        f"field name {name!r}: segment {part!r} must match {_SEGMENT.pattern}"
+                    )
             if parts[0] in RESERVED_KEYS:
                 raise ValueError(f"field name {name!r} is reserved for sample info")
             keys.add(parts)
         for key in keys:  # "next" and "next.reward" cannot both be leaves
             for i in range(1, len(key)):
                 if key[:i] in keys:
-                    raise ValueError(f"field {join_key(key)!r} is nested under field {join_key(key[:i])!r}")
+                    raise ValueError(
+                        f"field {join_key(key)!r} is nested under field {join_key(key[:i])!r}"
+                    )
         return fields
 
     @model_validator(mode="after")
@@ -279,22 +303,31 @@ class TableSpec(_Model):
         if isinstance(self.sampler, SliceSampler):
             s = self.sampler
             if s.slice_len > self.capacity:
-                raise ValueError(f"sampler.slice_len {s.slice_len} exceeds capacity {self.capacity}")
+                raise ValueError(
+                    f"sampler.slice_len {s.slice_len} exceeds capacity {self.capacity}"
+                )
             if s.traj_key is None and s.end_key is None:
                 raise ValueError("slice sampler needs traj_key or end_key")
             if s.traj_key is not None:
                 self._scalar_field(s.traj_key, "sampler.traj_key")
             else:
                 self._scalar_field(s.end_key or "", "sampler.end_key")
-        if isinstance(self.sampler, FifoSampler | LifoSampler) and self.max_times_sampled not in (0, 1):
-            raise ValueError("fifo/lifo samplers return each item once; max_times_sampled must be 0 or 1")
+        if isinstance(self.sampler, FifoSampler | LifoSampler) and self.max_times_sampled not in (
+            0,
+            1,
+        ):
+            raise ValueError(
+                "fifo/lifo samplers return each item once; max_times_sampled must be 0 or 1"
+            )
         return self
 
     def _scalar_field(self, name: str, where: str) -> None:
         if name not in self.fields:
             raise ValueError(f"{where} {name!r} is not a field of the table")
         if self.fields[name].numel != 1:
-            raise ValueError(f"{where} {name!r} must hold one value per item, has shape {self.fields[name].shape}")
+            raise ValueError(
+                f"{where} {name!r} must hold one value per item, has shape {self.fields[name].shape}"
+            )
 
     # ---------------------------------------------------------------- views
     def keys(self) -> list[NestedKey]:
@@ -320,9 +353,12 @@ class TableSpec(_Model):
             first = err.errors()[0]
             loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
+                f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
+                for e in err.errors()
             )
-            raise SchemaError(f"{source}: invalid table schema: {problems}", field=loc or None) from None
+            raise SchemaError(
+                f"{source}: invalid table schema: {problems}", field=loc or None
+            ) from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> TableSpec:
@@ -343,16 +379,24 @@ class TableSpec(_Model):
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         except (yaml.YAMLError, json.JSONDecodeError) as err:
-            raise SchemaError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
+            raise SchemaError(
+                f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}"
+            ) from None
         if not isinstance(data, dict):
-            raise SchemaError(f"{path}: a table schema must be a mapping, got {type(data).__name__}")
+            raise SchemaError(
+                f"{path}: a table schema must be a mapping, got {type(data).__name__}"
+            )
         return cls.parse(data, source=str(path))
 
     @classmethod
     def from_dir(cls, path: str | Path) -> list[TableSpec]:
         """Every ``*.yaml``/``*.yml``/``*.json`` schema in a folder (the JSON Schema itself excluded)."""
         path = Path(path)
-        files = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".json") and not p.name.endswith(".schema.json"))
+        files = sorted(
+            p
+            for p in path.iterdir()
+            if p.suffix in (".yaml", ".yml", ".json") and not p.name.endswith(".schema.json")
+        )
         return [cls.from_file(p) for p in files]
 
     def to_yaml(self) -> str:

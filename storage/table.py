@@ -75,7 +75,9 @@ class Table:
         seed: seed of the table's sampling generator (``None``: random).
     """
 
-    def __init__(self, spec: TableSpec, backend: Backend, *, root: str | Path, seed: int | None = None) -> None:
+    def __init__(
+        self, spec: TableSpec, backend: Backend, *, root: str | Path, seed: int | None = None
+    ) -> None:
         self.spec = spec
         self.name = spec.name
         self.capacity = spec.capacity
@@ -103,7 +105,9 @@ class Table:
                 self._traj_key = split_key(spec.sampler.traj_key)
             else:
                 self._end_key = split_key(spec.sampler.end_key or "")
-        self._value_key = split_key(spec.writer.key) if isinstance(self.writer, MaxValueWriter) else None
+        self._value_key = (
+            split_key(self.writer.key) if isinstance(self.writer, MaxValueWriter) else None
+        )
         self.closed = False
         # counters for info/metrics
         self.created_at = time.time()
@@ -112,7 +116,13 @@ class Table:
 
     # ------------------------------------------------------------ construction
     @classmethod
-    def create(cls, spec: TableSpec | str | Path, root: str | Path = "./tdreplay-data", *, seed: int | None = None) -> Table:
+    def create(
+        cls,
+        spec: TableSpec | str | Path,
+        root: str | Path = "./tdreplay-data",
+        *,
+        seed: int | None = None,
+    ) -> Table:
         """Allocate a new, empty table (``TensorDict.from_schema`` on the spec's backend).
 
         Args:
@@ -129,7 +139,9 @@ class Table:
         return cls(spec, allocate(spec, root), root=root, seed=seed)
 
     @classmethod
-    def restore(cls, path: str | Path, root: str | Path | None = None, *, seed: int | None = None) -> Table:
+    def restore(
+        cls, path: str | Path, root: str | Path | None = None, *, seed: int | None = None
+    ) -> Table:
         """Rebuild a table from a checkpoint written by :meth:`checkpoint`.
 
         Args:
@@ -151,33 +163,49 @@ class Table:
         if not isinstance(td, TensorDictBase):
             raise SchemaError(
                 f"table {self.name!r}: extend takes a TensorDict, got {type(td).__name__}",
-                table=self.name, expected="TensorDict", got=type(td).__name__,
+                table=self.name,
+                expected="TensorDict",
+                got=type(td).__name__,
             )
         if td.batch_dims != 1:
             raise SchemaError(
                 f"table {self.name!r}: extend needs batch dims [N], got batch_size {list(td.batch_size)}",
-                table=self.name, field="batch_size", expected="[N]", got=list(td.batch_size),
+                table=self.name,
+                field="batch_size",
+                expected="[N]",
+                got=list(td.batch_size),
             )
         n = td.batch_size[0]
         if n == 0:
-            raise InvalidRequest(f"table {self.name!r}: extend with no rows", table=self.name, field="batch_size")
+            raise InvalidRequest(
+                f"table {self.name!r}: extend with no rows", table=self.name, field="batch_size"
+            )
         if n > self.capacity:
             raise InvalidRequest(
                 f"table {self.name!r}: extend of {n} rows exceeds capacity {self.capacity}",
-                table=self.name, field="batch_size", expected=f"<= {self.capacity}", got=n,
+                table=self.name,
+                field="batch_size",
+                expected=f"<= {self.capacity}",
+                got=n,
             )
         got = leaves(td)
         missing = [k for k in self._keys if k not in got]
         if missing:
             raise SchemaError(
                 f"table {self.name!r}: missing key {join_key(missing[0])!r}",
-                table=self.name, field=join_key(missing[0]), expected="present", got="missing",
+                table=self.name,
+                field=join_key(missing[0]),
+                expected="present",
+                got="missing",
             )
         extra = [k for k in got if k not in self._schema]
         if extra:
             raise SchemaError(
                 f"table {self.name!r}: unexpected key {join_key(extra[0])!r} (not in the schema)",
-                table=self.name, field=join_key(extra[0]), expected="absent", got="present",
+                table=self.name,
+                field=join_key(extra[0]),
+                expected="absent",
+                got="present",
             )
         data: dict[NestedKey, torch.Tensor] = {}
         for key, (shape, dtype) in self._schema.items():
@@ -186,18 +214,27 @@ class Table:
             if not isinstance(value, torch.Tensor):
                 raise SchemaError(
                     f"table {self.name!r}: key {name!r} holds {type(value).__name__}, not a tensor",
-                    table=self.name, field=name, expected="tensor", got=type(value).__name__,
+                    table=self.name,
+                    field=name,
+                    expected="tensor",
+                    got=type(value).__name__,
                 )
             if value.dtype != dtype:
                 raise SchemaError(
                     f"table {self.name!r}: key {name!r} has dtype {str(value.dtype).removeprefix('torch.')}, "
                     f"expected {str(dtype).removeprefix('torch.')}",
-                    table=self.name, field=name, expected=dtype, got=value.dtype,
+                    table=self.name,
+                    field=name,
+                    expected=dtype,
+                    got=value.dtype,
                 )
             if list(value.shape) != [n, *shape]:
                 raise SchemaError(
                     f"table {self.name!r}: key {name!r} has shape {list(value.shape)}, expected {[n, *shape]}",
-                    table=self.name, field=name, expected=[n, *shape], got=list(value.shape),
+                    table=self.name,
+                    field=name,
+                    expected=[n, *shape],
+                    got=list(value.shape),
                 )
             if value.device.type != "cpu":
                 value = value.cpu()
@@ -218,7 +255,9 @@ class Table:
         else:
             ok = self._cond.wait_for(lambda: self.closed or ready(), timeout)
         if self.closed:
-            raise EmptyTableError(f"table {self.name!r} was closed while a call waited", table=self.name)
+            raise EmptyTableError(
+                f"table {self.name!r} was closed while a call waited", table=self.name
+            )
         if not ok:
             rl = self.rate_limiter
             raise RateLimitTimeout(
@@ -243,7 +282,9 @@ class Table:
         with self._cond:
             return self.rate_limiter.can_insert(n) and self.writer.can_claim(n)
 
-    def extend(self, td: Any, *, timeout: float | None = None, priority: torch.Tensor | None = None) -> torch.Tensor:
+    def extend(
+        self, td: Any, *, timeout: float | None = None, priority: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Insert the rows of ``td`` (a TensorDict or tensorclass of batch ``[N]``).
 
         Waits while the rate limiter (or a full queue/stack) holds inserts back.
@@ -270,7 +311,10 @@ class Table:
             if len(priority) != n:
                 raise InvalidRequest(
                     f"table {self.name!r}: {len(priority)} priorities for {n} rows",
-                    table=self.name, field="priority", expected=n, got=len(priority),
+                    table=self.name,
+                    field="priority",
+                    expected=n,
+                    got=len(priority),
                 )
         values = data[self._value_key] if self._value_key else None
         episode = self._episodes(data, n) if self.sampler.needs_episodes else None
@@ -280,9 +324,14 @@ class Table:
                     f"table {self.name!r}: an insert of {n} items can never pass the rate limiter "
                     f"(samples_per_insert {self.rate_limiter.samples_per_insert}, error_buffer "
                     f"{self.rate_limiter.error_buffer}); send smaller chunks",
-                    table=self.name, field="batch_size",
+                    table=self.name,
+                    field="batch_size",
                 )
-            self._wait(lambda: self.rate_limiter.can_insert(n) and self.writer.can_claim(n), timeout, "insert")
+            self._wait(
+                lambda: self.rate_limiter.can_insert(n) and self.writer.can_claim(n),
+                timeout,
+                "insert",
+            )
             claim = self.writer.claim(n, values)
             index = claim.index
             k = len(index)
@@ -378,7 +427,10 @@ class Table:
         if n < 1 or n > self.capacity:
             raise InvalidRequest(
                 f"table {self.name!r}: batch_size must be in [1, {self.capacity}], got {batch_size}",
-                table=self.name, field="batch_size", expected=f"[1, {self.capacity}]", got=batch_size,
+                table=self.name,
+                field="batch_size",
+                expected=f"[1, {self.capacity}]",
+                got=batch_size,
             )
         bufs, out_info = self._out_buffers(out, n) if out is not None else (None, set())
         with self._cond:
@@ -386,7 +438,8 @@ class Table:
                 raise InvalidRequest(
                     f"table {self.name!r}: a sample of {n} items can never pass the rate limiter "
                     f"(error_buffer {self.rate_limiter.error_buffer}); sample smaller batches",
-                    table=self.name, field="batch_size",
+                    table=self.name,
+                    field="batch_size",
                 )
             self._wait(lambda: self._sample_ready(n), timeout, "sample")
             index, weight = self.sampler.sample(n)
@@ -413,8 +466,12 @@ class Table:
             self._data_lock.release_read()
         info = {
             ("index",): index,
-            ("sample_info", "priority"): priority if priority is not None else torch.ones(n, dtype=torch.float32),
-            ("sample_info", "weight"): weight if weight is not None else torch.ones(n, dtype=torch.float32),
+            ("sample_info", "priority"): priority
+            if priority is not None
+            else torch.ones(n, dtype=torch.float32),
+            ("sample_info", "weight"): weight
+            if weight is not None
+            else torch.ones(n, dtype=torch.float32),
             ("sample_info", "times_sampled"): times,
         }
         if out is not None:
@@ -428,21 +485,33 @@ class Table:
         bufs.update(info)
         return nest(bufs, n)
 
-    def _out_buffers(self, out: TensorDictBase, n: int) -> tuple[dict[NestedKey, torch.Tensor], set[NestedKey]]:
+    def _out_buffers(
+        self, out: TensorDictBase, n: int
+    ) -> tuple[dict[NestedKey, torch.Tensor], set[NestedKey]]:
         if is_tensorclass(out):
             out = out._tensordict
         if list(out.batch_size) != [n]:
             raise InvalidRequest(
                 f"table {self.name!r}: out has batch_size {list(out.batch_size)}, expected [{n}]",
-                table=self.name, field="out", expected=[n], got=list(out.batch_size),
+                table=self.name,
+                field="out",
+                expected=[n],
+                got=list(out.batch_size),
             )
         bufs = {}
         for key, (shape, dtype) in self._schema.items():
             t = out.get(key, None)
-            if t is None or t.dtype != dtype or list(t.shape) != [n, *shape] or not t.is_contiguous() or t.device.type != "cpu":
+            if (
+                t is None
+                or t.dtype != dtype
+                or list(t.shape) != [n, *shape]
+                or not t.is_contiguous()
+                or t.device.type != "cpu"
+            ):
                 raise InvalidRequest(
                     f"table {self.name!r}: out[{join_key(key)!r}] must be a contiguous CPU {dtype} tensor of shape {[n, *shape]}",
-                    table=self.name, field=join_key(key),
+                    table=self.name,
+                    field=join_key(key),
                 )
             bufs[key] = t
         out_info = {k for k in INFO_KEYS if isinstance(out.get(k, None), torch.Tensor)}
@@ -539,13 +608,17 @@ class Table:
 
         return checkpoint(self, Path(path), ted2flat=ted2flat)
 
-    def export(self, path: str | Path, *, format: str | None = None, progress: bool | None = None) -> Path:
+    def export(
+        self, path: str | Path, *, format: str | None = None, progress: bool | None = None
+    ) -> Path:
         """Write the live items, oldest first, to a Parquet or CSV file (see :mod:`tdreplay.storage.export`)."""
         from .export import export
 
         return export(self, Path(path), format=format, progress=progress)
 
-    def import_parquet(self, path: str | Path, *, chunk: int = 4096, progress: bool | None = None) -> int:
+    def import_parquet(
+        self, path: str | Path, *, chunk: int = 4096, progress: bool | None = None
+    ) -> int:
         """Extend the table with the rows of a Parquet dataset (see :mod:`tdreplay.storage.export`)."""
         from .export import import_parquet
 

@@ -28,7 +28,8 @@ def nest(flat: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
 
 def _build(tree: dict, batch: torch.Size) -> TensorDict:
     return TensorDict._new_unsafe(
-        {k: (_build(v, batch) if isinstance(v, dict) else v) for k, v in tree.items()}, batch_size=batch
+        {k: (_build(v, batch) if isinstance(v, dict) else v) for k, v in tree.items()},
+        batch_size=batch,
     )
 
 

@@ -74,9 +74,13 @@ class RoundRobinWriter(Writer):
         if self.overwrite:
             # a slot still being written by an earlier insert cannot be reused yet
             if self.slots.busy.any():
-                return not bool(self.slots.busy[_claim_range(self.cursor, n, self.slots.capacity).index].any())
+                return not bool(
+                    self.slots.busy[_claim_range(self.cursor, n, self.slots.capacity).index].any()
+                )
             return True
-        return bool(self.slots.free()[_claim_range(self.cursor, n, self.slots.capacity).index].all())
+        return bool(
+            self.slots.free()[_claim_range(self.cursor, n, self.slots.capacity).index].all()
+        )
 
     def claim(self, n: int, values: torch.Tensor | None = None) -> Claim:
         c = _claim_range(self.cursor, n, self.slots.capacity)
@@ -151,7 +155,9 @@ class MaxValueWriter(Writer):
         rest = order[take_free:]
         if len(rest):
             # residents that may be replaced: live and not being written
-            resident = torch.where(self.slots.live, self.values, torch.full_like(self.values, float("inf")))
+            resident = torch.where(
+                self.slots.live, self.values, torch.full_like(self.values, float("inf"))
+            )
             m = min(len(rest), self.slots.capacity)
             low_vals, low_idx = torch.topk(resident, m, largest=False)
             new_vals = v[rest[:m]]
@@ -172,7 +178,8 @@ class MaxValueWriter(Writer):
     def info(self) -> dict[str, Any]:
         live = self.values[self.slots.live]
         return {
-            "kind": self.kind, "key": self.key,
+            "kind": self.kind,
+            "key": self.key,
             "min_value": float(live.min()) if len(live) else None,
             "max_value": float(live.max()) if len(live) else None,
         }

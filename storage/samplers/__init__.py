@@ -14,19 +14,33 @@ from .sumtree import SumTree
 from .uniform import UniformSampler, WithoutReplacementSampler
 
 __all__ = [
-    "FifoSampler", "LifoSampler", "PrioritizedSampler", "Sampler", "SliceSampler", "SumTree",
-    "UniformSampler", "WithoutReplacementSampler", "make_sampler",
+    "FifoSampler",
+    "LifoSampler",
+    "PrioritizedSampler",
+    "Sampler",
+    "SliceSampler",
+    "SumTree",
+    "UniformSampler",
+    "WithoutReplacementSampler",
+    "make_sampler",
 ]
 
 
-def make_sampler(spec: S.TableSpec, slots: Slots, writer: object, generator: torch.Generator | None = None) -> Sampler:
+def make_sampler(
+    spec: S.TableSpec, slots: Slots, writer: object, generator: torch.Generator | None = None
+) -> Sampler:
     """Build the sampler ``spec.sampler`` declares."""
     s = spec.sampler
     if isinstance(s, S.UniformSampler):
         return UniformSampler(slots, generator)
     if isinstance(s, S.PrioritizedSampler):
         return PrioritizedSampler(
-            slots, generator, alpha=s.alpha, beta=s.beta, eps=s.eps, initial_priority=s.initial_priority
+            slots,
+            generator,
+            alpha=s.alpha,
+            beta=s.beta,
+            eps=s.eps,
+            initial_priority=s.initial_priority,
         )
     if isinstance(s, S.FifoSampler):
         return FifoSampler(slots, generator)

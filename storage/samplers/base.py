@@ -47,7 +47,9 @@ class Sampler:
     def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
         from ..errors import InvalidRequest
 
-        raise InvalidRequest(f"the {self.kind!r} sampler has no priorities; use the 'prioritized' sampler")
+        raise InvalidRequest(
+            f"the {self.kind!r} sampler has no priorities; use the 'prioritized' sampler"
+        )
 
     def priority(self, index: torch.Tensor) -> torch.Tensor | None:
         """Priorities of ``index`` (``None`` when the sampler has none)."""

@@ -83,16 +83,22 @@ class PrioritizedSampler(Sampler):
         if index.shape != priority.shape:
             raise InvalidRequest(
                 f"update_priority: {len(index)} indices but {len(priority)} priorities",
-                field="priority", expected=len(index), got=len(priority),
+                field="priority",
+                expected=len(index),
+                got=len(priority),
             )
         if len(index) == 0:
             return
         if not torch.isfinite(priority).all() or (priority < 0).any():
             bad = priority[~torch.isfinite(priority) | (priority < 0)][0].item()
-            raise InvalidRequest(f"update_priority: priorities must be finite and >= 0, got {bad}", field="priority")
+            raise InvalidRequest(
+                f"update_priority: priorities must be finite and >= 0, got {bad}", field="priority"
+            )
         if (index < 0).any() or (index >= self.slots.capacity).any():
             bad = index[(index < 0) | (index >= self.slots.capacity)][0].item()
-            raise InvalidRequest(f"update_priority: index {bad} outside [0, {self.slots.capacity})", field="index")
+            raise InvalidRequest(
+                f"update_priority: index {bad} outside [0, {self.slots.capacity})", field="index"
+            )
         # Items overwritten or removed since they were sampled keep their new
         # occupant's priority: only live slots are updated.
         live = self.slots.live[index]
@@ -111,11 +117,16 @@ class PrioritizedSampler(Sampler):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.priorities.copy_(state["priorities"])
         self.max_priority = float(state["max_priority"])
-        leaves = torch.where(self.slots.live, self._leaf(self.priorities), torch.zeros_like(self.priorities))
+        leaves = torch.where(
+            self.slots.live, self._leaf(self.priorities), torch.zeros_like(self.priorities)
+        )
         self.tree.rebuild(leaves)
 
     def info(self) -> dict[str, Any]:
         return {
-            "kind": self.kind, "alpha": self.alpha, "beta": self.beta,
-            "max_priority": self.max_priority, "total_priority": self.tree.total(),
+            "kind": self.kind,
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "max_priority": self.max_priority,
+            "total_priority": self.tree.total(),
         }

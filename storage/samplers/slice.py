@@ -65,9 +65,13 @@ class SliceSampler(Sampler):
         if n % self.slice_len:
             raise InvalidRequest(
                 f"batch size {n} is not a multiple of slice_len {self.slice_len}",
-                field="batch_size", expected=f"a multiple of {self.slice_len}", got=n,
+                field="batch_size",
+                expected=f"a multiple of {self.slice_len}",
+                got=n,
             )
-        starts = draw_masked(self.valid, self.n_valid, self.slots.hi, n // self.slice_len, self.generator)
+        starts = draw_masked(
+            self.valid, self.n_valid, self.slots.hi, n // self.slice_len, self.generator
+        )
         idx = (starts[:, None] + self._offsets) % self.slots.capacity
         return idx.reshape(-1), None
 

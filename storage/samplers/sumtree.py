@@ -73,4 +73,6 @@ class SumTree:
         for level in range(self.depth - 1, -1, -1):
             lo, hi = 2**level, 2 ** (level + 1)
             self.sums[lo:hi] = self.sums[2 * lo : 2 * hi : 2] + self.sums[2 * lo + 1 : 2 * hi : 2]
-            self.mins[lo:hi] = torch.minimum(self.mins[2 * lo : 2 * hi : 2], self.mins[2 * lo + 1 : 2 * hi : 2])
+            self.mins[lo:hi] = torch.minimum(
+                self.mins[2 * lo : 2 * hi : 2], self.mins[2 * lo + 1 : 2 * hi : 2]
+            )

@@ -66,7 +66,12 @@ class WithoutReplacementSampler(Sampler):
         return idx, None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"perm": self.perm.clone(), "perm_seq": self.perm_seq.clone(), "pos": self.pos, "epoch": self.epoch}
+        return {
+            "perm": self.perm.clone(),
+            "perm_seq": self.perm_seq.clone(),
+            "pos": self.pos,
+            "epoch": self.epoch,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.perm = state["perm"].clone()
@@ -75,4 +80,9 @@ class WithoutReplacementSampler(Sampler):
         self.epoch = int(state["epoch"])
 
     def info(self) -> dict[str, Any]:
-        return {"kind": self.kind, "epoch": self.epoch, "epoch_position": self.pos, "epoch_size": len(self.perm)}
+        return {
+            "kind": self.kind,
+            "epoch": self.epoch,
+            "epoch_position": self.pos,
+            "epoch_size": len(self.perm),
+        }

@@ -1,0 +1,61 @@
+# tdreplay — developer entry points. `make serve` and `make test` set everything up.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+SCHEMA ?= schemas/
+ROOT   ?= ./tdreplay-data
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+.PHONY: setup dev serve demo test lint typecheck check bench schema wheel clean redis
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	# torch first: the CPU build pinned here avoids gigabytes of CUDA wheels
+	$(BIN)/pip install "torch==2.13.0" || $(BIN)/pip install torch --index-url https://download.pytorch.org/whl/cpu
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -e ".[test]"
+	touch $@
+
+setup: $(VENV)/.installed          ## create .venv and install tdreplay (editable) with test tools
+
+redis:                             ## make sure redis-server is installed (the tests start their own)
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; \
+	  else echo "install redis-server (e.g. brew install redis)"; exit 1; fi; }
+
+serve: setup                       ## run the service on the embedded default (memmap, no Redis)
+	$(BIN)/tdreplay serve --schema $(SCHEMA) --root $(ROOT) --host $(HOST) --port $(PORT)
+
+demo: setup                        ## a storage-only walk-through: extend, sample, checkpoint, export
+	$(BIN)/python -m tdreplay.storage.demo --root $(ROOT)
+
+lint: setup
+	$(BIN)/ruff check storage service client codec tests bench
+	$(BIN)/ruff format --check storage service client codec tests bench
+
+typecheck: setup
+	$(BIN)/mypy
+
+test: setup redis lint typecheck   ## lint, type-check and run the test suite
+	$(BIN)/python -m pytest -q
+
+bench: setup                       ## benchmarks (not tests): ratios against baselines in the same run
+	$(BIN)/python bench/run.py
+
+schema: setup                      ## regenerate schemas/table.schema.json from the pydantic models
+	$(BIN)/python -c "from tdreplay.storage.spec import main; main()"
+
+wheel: setup                       ## build the wheel and check it installs and imports in a clean venv
+	$(BIN)/python -m build --wheel --outdir dist .
+	rm -rf /tmp/tdreplay-wheel-check && $(PYTHON) -m venv /tmp/tdreplay-wheel-check
+	/tmp/tdreplay-wheel-check/bin/pip install -q "torch==2.13.0" || true
+	/tmp/tdreplay-wheel-check/bin/pip install -q dist/tdreplay-*.whl
+	cd /tmp && /tmp/tdreplay-wheel-check/bin/python -c "import tdreplay.storage, tdreplay.client, tdreplay.service, tdreplay.codec, importlib.util as u; assert u.find_spec('storage') is None and u.find_spec('service') is None and u.find_spec('client') is None; print('wheel ok')"
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache tdreplay-data

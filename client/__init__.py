@@ -1,0 +1,1 @@
+"""tdreplay.client (under construction)."""

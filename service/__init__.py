@@ -1,0 +1,1 @@
+"""tdreplay.service (under construction)."""

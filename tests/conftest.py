@@ -1,0 +1,136 @@
+"""Shared fixtures: a real redis-server per session, temporary data roots, small specs."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_lib
+import torch
+from tensordict import TensorDict
+
+from tdreplay.storage import TableSpec
+
+BACKENDS = ["memory", "memmap", "h5", "shared", "redis"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """A real ``redis-server`` on a free loopback port, for the whole session."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.fail("redis-server is not installed (make redis installs it)")
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis_lib.Redis(host="127.0.0.1", port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis_lib.ConnectionError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("redis-server did not start")
+            time.sleep(0.05)
+    yield {"host": "127.0.0.1", "port": port, "client": client}
+    proc.terminate()
+    proc.wait(10)
+
+
+def backend_options(kind: str, request: pytest.FixtureRequest) -> dict:
+    """The ``backend`` block of a spec for ``kind``; starts redis when needed."""
+    if kind == "redis":
+        server = request.getfixturevalue("redis_server")
+        return {"kind": "redis", "host": server["host"], "port": server["port"]}
+    return {"kind": kind}
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> dict:
+    """Parametrizes a test over every backend; yields the spec's ``backend`` block."""
+    return backend_options(request.param, request)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+def make_spec(
+    name: str = "t", capacity: int = 64, backend: dict | None = None, **extra
+) -> TableSpec:
+    """A small TED-like table: every field of item ``i`` holds ``i`` (see :func:`rows`)."""
+    fields = {
+        "id": {"shape": [], "dtype": "int64"},
+        "observation": {"shape": [3], "dtype": "float32"},
+        "action": {"shape": [2], "dtype": "bfloat16"},
+        "next.reward": {"shape": [1], "dtype": "float16"},
+        "next.done": {"shape": [1], "dtype": "bool"},
+        "pixels": {"shape": [2, 2], "dtype": "uint8"},
+    }
+    fields.update(extra.pop("fields", {}))
+    return TableSpec.model_validate(
+        {
+            "name": name,
+            "capacity": capacity,
+            "fields": fields,
+            "backend": backend or {"kind": "memory"},
+            **extra,
+        }
+    )
+
+
+def rows(start: int, n: int, *, episode_len: int = 10) -> TensorDict:
+    """Items ``start .. start+n-1``; every field encodes the item id, episodes end every ``episode_len``."""
+    ids = torch.arange(start, start + n, dtype=torch.int64)
+    return TensorDict(
+        {
+            "id": ids,
+            "observation": ids[:, None].float().expand(n, 3).clone(),
+            "action": ids[:, None].bfloat16().expand(n, 2).clone(),
+            "next": {
+                "reward": ids[:, None].half(),
+                "done": (ids % episode_len == episode_len - 1)[:, None],
+            },
+            "pixels": (ids % 251).to(torch.uint8)[:, None, None].expand(n, 2, 2).clone(),
+        },
+        batch_size=[n],
+    )
+
+
+def assert_consistent(batch: TensorDict) -> None:
+    """Every field of every row agrees with its ``id`` (no torn rows)."""
+    ids = batch["id"]
+    assert torch.equal(batch["observation"], ids[:, None].float().expand(-1, 3))
+    assert torch.equal(batch["action"], ids[:, None].bfloat16().expand(-1, 2))
+    assert torch.equal(batch["next", "reward"], ids[:, None].half())
+    assert torch.equal(batch["pixels"], (ids % 251).to(torch.uint8)[:, None, None].expand(-1, 2, 2))
