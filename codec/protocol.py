@@ -5,6 +5,32 @@ messages and errors as JSON. An error body is
 ``{"type": <error class>, "detail": <message>, "field": <key or null>, ...}``
 and ``type`` names one of :data:`ERROR_STATUS`'s classes, which the client
 raises under the same name.
+
+Routes (``{name}``: a table; every data route is named like the storage API)::
+
+    GET    /healthz                               liveness (never needs the token)
+    GET    /readyz                                readiness: tables loaded (never needs the token)
+    GET    /metrics                               Prometheus text format
+    GET    /v1/tables                             {"tables": [info, ...]}
+    POST   /v1/tables                             JSON TableSpec -> 201 info
+    GET    /v1/tables/{name}                      info: size, capacity, backend, sampler, counters, limiter
+    DELETE /v1/tables/{name}                      204
+    POST   /v1/tables/{name}/extend               Arrow IPC body (one record batch); ?timeout=SECONDS
+                                                  header X-Request-Id makes a retry idempotent
+                                                  -> JSON {"index": [...], "rows": K}
+    POST   /v1/tables/{name}/sample               ?batch_size=N&timeout=SECONDS
+                                                  -> Arrow IPC: fields + index + sample_info.*
+    GET    /v1/tables/{name}/stream               ?batch_size=N&count=M&timeout=SECONDS
+                                                  -> chunked Arrow IPC stream, one record batch per sample
+    POST   /v1/tables/{name}/update_priority      JSON {"index": [...], "priority": [...]}
+    POST   /v1/tables/{name}/checkpoint           JSON {"path": "relative/to/root"} -> {"path": ...}
+    POST   /v1/tables/{name}/restore              JSON {"path": "relative/to/root"} -> info
+    POST   /v1/tables/{name}/export               JSON {"format": "parquet"|"csv", "path": optional}
+                                                  path given: written under the data root -> {"path": ...}
+                                                  no path: the file streamed back
+
+With a token configured, every route but ``/healthz`` and ``/readyz`` needs
+``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
