@@ -1,0 +1,53 @@
+"""Dependencies point one way: service -> storage -> codec; client -> codec only.
+
+Each check imports one package in a fresh interpreter and looks at what else
+got loaded, so a stray import anywhere in the package fails it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def loaded_after(module: str) -> set[str]:
+    code = f"import sys, json; import {module}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    [
+        (
+            "tdreplay.codec",
+            ["tdreplay.storage", "tdreplay.service", "tdreplay.client", "fastapi", "uvicorn"],
+        ),
+        (
+            "tdreplay.storage",
+            ["tdreplay.service", "tdreplay.client", "fastapi", "uvicorn", "starlette", "httpx"],
+        ),
+        (
+            "tdreplay.client",
+            ["tdreplay.service", "tdreplay.storage", "fastapi", "uvicorn", "starlette"],
+        ),
+    ],
+)
+def test_import_direction(module: str, forbidden: list[str]) -> None:
+    mods = loaded_after(module)
+    assert module in mods
+    leaked = sorted(m for m in mods for f in forbidden if m == f or m.startswith(f + "."))
+    assert not leaked, f"importing {module} pulled in {leaked}"
+
+
+def test_no_top_level_folder_modules() -> None:
+    """The folders map into the tdreplay namespace; nothing installs `storage`, `service` or `client`."""
+    code = (
+        "import importlib.util as u, os, sys; os.chdir('/'); sys.path = [p for p in sys.path if p not in ('', '.')]; "
+        "print([m for m in ('storage', 'service', 'client', 'codec') if u.find_spec(m) is not None])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
