@@ -307,7 +307,19 @@ class Table:
         """
         data, n = self._validate(td)
         if priority is not None:
+            if self.sampler.kind != "prioritized":
+                raise InvalidRequest(
+                    f"table {self.name!r}: priorities given but the sampler is {self.sampler.kind!r}",
+                    table=self.name,
+                    field="priority",
+                )
             priority = torch.as_tensor(priority, dtype=torch.float64).reshape(-1)
+            if not torch.isfinite(priority).all() or (priority < 0).any():
+                raise InvalidRequest(
+                    f"table {self.name!r}: priorities must be finite and >= 0",
+                    table=self.name,
+                    field="priority",
+                )
             if len(priority) != n:
                 raise InvalidRequest(
                     f"table {self.name!r}: {len(priority)} priorities for {n} rows",
