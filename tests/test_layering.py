@@ -51,3 +51,19 @@ def test_no_top_level_folder_modules() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_subpackage_is_packaged() -> None:
+    """pyproject lists packages explicitly (the folders are mapped); a new subfolder must be listed."""
+    import tomllib
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    config = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = set()
+    for top in ("storage", "service", "client", "codec"):
+        for init in (repo / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(repo).parts
+            found.add(".".join(("tdreplay", *rel)))
+    assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"
