@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -55,9 +57,6 @@ def test_no_top_level_folder_modules() -> None:
 
 def test_every_subpackage_is_packaged() -> None:
     """pyproject lists packages explicitly (the folders are mapped); a new subfolder must be listed."""
-    import tomllib
-    from pathlib import Path
-
     repo = Path(__file__).resolve().parent.parent
     config = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
