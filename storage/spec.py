@@ -67,6 +67,14 @@ def join_key(key: str | tuple[str, ...]) -> str:
     return key if isinstance(key, str) else ".".join(key)
 
 
+class _FieldError(ValueError):
+    """A schema problem located at ``where`` (a dotted path), for checks that span several fields."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(message)
+        self.where = where
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -280,17 +288,21 @@ class TableSpec(_Model):
             parts = split_key(name)
             for part in parts:
                 if not _SEGMENT.match(part):
-                    raise ValueError(
-                        f"field name {name!r}: segment {part!r} must match {_SEGMENT.pattern}"
+                    raise _FieldError(
+                        f"fields.{name}",
+                        f"field name {name!r}: segment {part!r} must match {_SEGMENT.pattern}",
                     )
             if parts[0] in RESERVED_KEYS:
-                raise ValueError(f"field name {name!r} is reserved for sample info")
+                raise _FieldError(
+                    f"fields.{name}", f"field name {name!r} is reserved for sample info"
+                )
             keys.add(parts)
         for key in keys:  # "next" and "next.reward" cannot both be leaves
             for i in range(1, len(key)):
                 if key[:i] in keys:
-                    raise ValueError(
-                        f"field {join_key(key)!r} is nested under field {join_key(key[:i])!r}"
+                    raise _FieldError(
+                        f"fields.{join_key(key)}",
+                        f"field {join_key(key)!r} is nested under field {join_key(key[:i])!r}",
                     )
         return fields
 
@@ -299,15 +311,18 @@ class TableSpec(_Model):
         if isinstance(self.writer, MaxValueWriter):
             self._scalar_field(self.writer.key, "writer.key")
             if isinstance(self.sampler, FifoSampler | LifoSampler | SliceSampler):
-                raise ValueError(f"sampler {self.sampler.kind!r} needs the round_robin writer")
+                raise _FieldError(
+                    "writer", f"sampler {self.sampler.kind!r} needs the round_robin writer"
+                )
         if isinstance(self.sampler, SliceSampler):
             s = self.sampler
             if s.slice_len > self.capacity:
-                raise ValueError(
-                    f"sampler.slice_len {s.slice_len} exceeds capacity {self.capacity}"
+                raise _FieldError(
+                    "sampler.slice_len",
+                    f"sampler.slice_len {s.slice_len} exceeds capacity {self.capacity}",
                 )
             if s.traj_key is None and s.end_key is None:
-                raise ValueError("slice sampler needs traj_key or end_key")
+                raise _FieldError("sampler", "slice sampler needs traj_key or end_key")
             if s.traj_key is not None:
                 self._scalar_field(s.traj_key, "sampler.traj_key")
             else:
@@ -316,17 +331,19 @@ class TableSpec(_Model):
             0,
             1,
         ):
-            raise ValueError(
-                "fifo/lifo samplers return each item once; max_times_sampled must be 0 or 1"
+            raise _FieldError(
+                "max_times_sampled",
+                "fifo/lifo samplers return each item once; max_times_sampled must be 0 or 1",
             )
         return self
 
     def _scalar_field(self, name: str, where: str) -> None:
         if name not in self.fields:
-            raise ValueError(f"{where} {name!r} is not a field of the table")
+            raise _FieldError(where, f"{where} {name!r} is not a field of the table")
         if self.fields[name].numel != 1:
-            raise ValueError(
-                f"{where} {name!r} must hold one value per item, has shape {self.fields[name].shape}"
+            raise _FieldError(
+                where,
+                f"{where} {name!r} must hold one value per item, has shape {self.fields[name].shape}",
             )
 
     # ---------------------------------------------------------------- views
@@ -350,12 +367,15 @@ class TableSpec(_Model):
         try:
             return cls.model_validate(data)
         except ValidationError as err:
-            first = err.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
-                for e in err.errors()
-            )
+
+            def where(e: Any) -> str:
+                cause = (e.get("ctx") or {}).get("error")
+                if isinstance(cause, _FieldError):  # a cross-field check knows its field
+                    return cause.where
+                return ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+
+            loc = where(err.errors()[0])
+            problems = "; ".join(f"{where(e) or '<root>'}: {e['msg']}" for e in err.errors())
             raise SchemaError(
                 f"{source}: invalid table schema: {problems}", field=loc or None
             ) from None
