@@ -134,3 +134,40 @@ def assert_consistent(batch: TensorDict) -> None:
     assert torch.equal(batch["action"], ids[:, None].bfloat16().expand(-1, 2))
     assert torch.equal(batch["next", "reward"], ids[:, None].half())
     assert torch.equal(batch["pixels"], (ids % 251).to(torch.uint8)[:, None, None].expand(-1, 2, 2))
+
+
+class Tables:
+    """Creates and restores tables under one temporary root; :meth:`cleanup` destroys them all."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.made: list = []
+
+    def create(self, spec: TableSpec, *, root: Path | None = None, seed: int | None = 0):
+        from tdreplay.storage import Table
+
+        return self.track(Table.create(spec, root=root or self.root, seed=seed))
+
+    def restore(self, path: Path, *, root: Path | None = None, seed: int | None = None):
+        from tdreplay.storage import Table
+
+        return self.track(Table.restore(path, root=root, seed=seed))
+
+    def track(self, table):
+        self.made.append(table)
+        return table
+
+    def cleanup(self) -> None:
+        import contextlib
+
+        for table in reversed(self.made):
+            with contextlib.suppress(Exception):  # already destroyed by the test
+                table.destroy()
+
+
+@pytest.fixture
+def tables(tmp_path: Path) -> Iterator[Tables]:
+    """Build tables (``tables.create(spec)``); their data (files, shared memory, Redis keys) is destroyed afterwards."""
+    made = Tables(tmp_path / "data")
+    yield made
+    made.cleanup()
