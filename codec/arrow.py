@@ -259,7 +259,10 @@ def to_leaves(rb: pa.RecordBatch | pa.Table) -> dict[tuple[str, ...], torch.Tens
         col = rb.column(i)
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-        out[tuple(f.name.split(SEP))] = from_column(f, col)
+        key = tuple(f.name.split(SEP))
+        if key in out:
+            raise CodecError(f"column {f.name!r} appears twice", field=f.name)
+        out[key] = from_column(f, col)
     return out
 
 
