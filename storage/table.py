@@ -244,6 +244,8 @@ class Table:
     # ------------------------------------------------------------ waiting
     def _wait(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
         """Wait on the table's condition (held) until ``ready()``; raise on timeout."""
+        if self.closed:  # its storage handles are gone: fail instead of reading garbage
+            raise EmptyTableError(f"table {self.name!r} is closed", table=self.name)
         if ready():
             return
         if what == "insert":
@@ -643,8 +645,24 @@ class Table:
             return live[torch.argsort(self.slots.seq[live])]
 
     def read(self, index: torch.Tensor) -> TensorDictBase:
-        """The items in slots ``index`` (no sample info, no counters moved)."""
+        """The items in slots ``index`` (no sample info, no counters moved).
+
+        Raises:
+            InvalidRequest: an index is outside ``[0, capacity)``.
+            EmptyTableError: the table is closed.
+        """
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+        if self.closed:
+            raise EmptyTableError(f"table {self.name!r} is closed", table=self.name)
+        if len(index) and (int(index.min()) < 0 or int(index.max()) >= self.capacity):
+            bad = index[(index < 0) | (index >= self.capacity)][0].item()
+            raise InvalidRequest(
+                f"table {self.name!r}: index {bad} outside [0, {self.capacity})",
+                table=self.name,
+                field="index",
+                expected=f"[0, {self.capacity})",
+                got=bad,
+            )
         with self._data_lock.read():
             bufs = self.backend.read(index)
         return nest(bufs, len(index))
