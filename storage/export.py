@@ -642,21 +642,28 @@ def _prescan(
     check = [c for c in plan if c.scan]
     if not check:
         return
+    first = 0
     for t in _batches(pf, check, step):
         for c in check:
-            _fixed(table, source, c, _one_chunk(t.column(c.name)))
+            _fixed(table, source, c, _one_chunk(t.column(c.name)), first)
+        first += t.num_rows
 
 
 def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
     return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
 
 
-def _fixed(table: Table, source: Path, c: _Column, arr: pa.Array) -> pa.Array:
-    """``arr`` as nested fixed-size lists of ``c.sizes``; raises on nulls and wrong lengths."""
+def _fixed(table: Table, source: Path, c: _Column, arr: pa.Array, first: int = 0) -> pa.Array:
+    """``arr`` (rows ``first...`` of the file) as nested fixed-size lists of ``c.sizes``.
 
-    def fix(a: pa.Array, sizes: list[int]) -> pa.Array:
+    Raises:
+        SchemaError: a value is null, or a list has the wrong length.
+    """
+
+    def fix(a: pa.Array, sizes: list[int], per_row: int) -> pa.Array:
         if a.null_count:
-            raise _schema_error(table, source, c.name, f"holds {a.null_count} nulls", "no nulls")
+            nulls = f"{a.null_count} null value{'s' if a.null_count > 1 else ''}"
+            raise _schema_error(table, source, c.name, f"holds {nulls}", "no nulls", nulls)
         if not sizes:
             return pc.cast(a, pa.int64()) if a.type == pa.uint32() else a
         size = sizes[0]
@@ -664,19 +671,19 @@ def _fixed(table: Table, source: Path, c: _Column, arr: pa.Array) -> pa.Array:
             lengths = pc.list_value_length(a).to_numpy(zero_copy_only=False)
             bad = np.flatnonzero(lengths != size)
             if len(bad):
-                row = int(bad[0])
+                i = int(bad[0])
                 raise _schema_error(
                     table,
                     source,
                     c.name,
-                    f"row {row} holds {lengths[row]} values, expected {size}",
+                    f"row {first + i // per_row} holds a list of {lengths[i]} values, expected {size}",
                     size,
-                    int(lengths[row]),
+                    int(lengths[i]),
                 )
-        inner = fix(a.flatten(), sizes[1:])
+        inner = fix(a.flatten(), sizes[1:], per_row * size)
         return pa.FixedSizeListArray.from_arrays(inner, size)
 
-    return fix(arr, c.sizes)
+    return fix(arr, c.sizes, 1)
 
 
 def _decode(table: Table, source: Path, c: _Column, col: pa.ChunkedArray) -> torch.Tensor:

@@ -1,0 +1,552 @@
+"""Export to Parquet / CSV and import from Parquet: every backend, every dtype, bit for bit.
+
+Files are read back the ways users read them (pyarrow and the codec, pandas,
+tensordict's ``TensorDict.from_parquet`` / ``from_csv``) and compared with
+the table's own rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import make_spec, rows
+from storage_helpers import assert_bitwise_equal, bits
+from tensordict import TensorDict
+
+from tdreplay.codec import from_record_batch
+from tdreplay.storage import BackendError, InvalidRequest, SchemaError, Table, TableSpec
+from tdreplay.storage import export as export_mod
+from tdreplay.storage.export import csv_columns
+from tdreplay.storage.spec import join_key
+
+# make_spec's fields plus one of every other dtype, scalars and tensors, an image among them
+EXTRA = {
+    "flag": {"shape": [], "dtype": "bool"},
+    "small": {"shape": [], "dtype": "int8"},
+    "counts": {"shape": [3], "dtype": "int16"},
+    "steps": {"shape": [2], "dtype": "int32"},
+    "value": {"shape": [], "dtype": "float64"},
+    "q": {"shape": [2], "dtype": "float64"},
+    "half": {"shape": [], "dtype": "float16"},
+    "brain": {"shape": [], "dtype": "bfloat16"},
+    "logits": {"shape": [2, 2], "dtype": "bfloat16"},
+    "stats": {"shape": [2], "dtype": "float32"},
+    "image": {"shape": [4, 5, 3], "dtype": "uint8"},
+}
+CAPACITY = 40
+
+
+def full_spec(name: str = "x", backend: dict | None = None, capacity: int = CAPACITY) -> TableSpec:
+    return make_spec(name, capacity=capacity, backend=backend, fields=EXTRA)
+
+
+def random_items(spec: TableSpec, start: int, n: int) -> TensorDict:
+    """Items ``start..start+n-1``: ``id`` counts, every other field is random bits.
+
+    Floats cover subnormals, infinities and -0.0; NaNs are made the canonical
+    NaN, the one a text file can say.
+    """
+    g = torch.Generator().manual_seed(start)
+    td = TensorDict(batch_size=[n])
+    for key, (shape, dtype) in spec.torch_schema().items():
+        size = [n, *shape]
+        if key == ("id",):
+            t = torch.arange(start, start + n)
+        elif dtype == torch.bool:
+            t = torch.randint(0, 2, size, generator=g).bool()
+        else:
+            raw = torch.randint(0, 256, [*size, dtype.itemsize], dtype=torch.uint8, generator=g)
+            t = raw.view(dtype).squeeze(-1)
+            if dtype.is_floating_point:
+                t = torch.where(t.isnan(), torch.tensor(float("nan"), dtype=dtype), t)
+        td.set(key, t)
+    return td
+
+
+def filled(tables, backend: dict | None = None, name: str = "x") -> tuple[Table, TensorDict]:
+    """A table that wrapped around once (oldest-first order differs from slot order), and its rows."""
+    spec = full_spec(name, backend)
+    table = tables.create(spec)
+    table.extend(random_items(spec, 0, 30))
+    table.extend(random_items(spec, 30, 25))
+    expected = table.read(table.live_index())
+    assert expected["id"].tolist() == list(range(15, 55))
+    return table, expected
+
+
+def numpy_of(t: torch.Tensor) -> np.ndarray:
+    """What a reader should see for ``t``: bfloat16 as its uint16 bits."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def canonical_nans(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with every NaN the canonical one: a text round trip keeps NaN, not its payload
+    (and torch's own float64 -> bfloat16 cast turns NaN into 0xFFFF)."""
+    if not t.dtype.is_floating_point:
+        return t
+    return torch.where(t.isnan(), torch.tensor(float("nan"), dtype=t.dtype), t)
+
+
+def same_array(got: np.ndarray, want: np.ndarray) -> bool:
+    return got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
+def fields(spec: TableSpec) -> list[tuple[tuple[str, ...], str, list[int], torch.dtype]]:
+    return [(k, join_key(k), s, d) for k, (s, d) in spec.torch_schema().items()]
+
+
+# ------------------------------------------------------------------ Parquet
+def test_parquet_reads_back_with_pyarrow_pandas_and_tensordict(
+    backend: dict, tables, tmp_path: Path
+) -> None:
+    table, expected = filled(tables, backend)
+    path = table.export(tmp_path / "out" / "x.parquet")
+    assert path == (tmp_path / "out" / "x.parquet").absolute()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["x.parquet"]  # no temp file left
+    spec = table.spec
+    n = len(expected)
+
+    # the wire schema: fixed-size lists with shape/dtype metadata, bfloat16 as uint16 bits
+    schema = pq.read_schema(path)
+    assert schema.names == [name for _, name, _, _ in fields(spec)]
+    assert schema.metadata[b"tdreplay.table"] == b"x"
+    assert TableSpec.model_validate_json(schema.metadata[b"tdreplay.spec"]) == spec
+    obs = schema.field("observation")
+    assert obs.type == pa.list_(pa.float32(), 3) and not obs.nullable
+    assert obs.metadata == {b"tdreplay.dtype": b"float32", b"tdreplay.shape": b"[3]"}
+    assert schema.field("logits").type == pa.list_(pa.uint16(), 4)
+    assert schema.field("logits").metadata[b"tdreplay.dtype"] == b"bfloat16"
+    assert schema.field("image").metadata[b"tdreplay.shape"] == b"[4, 5, 3]"
+    assert schema.field("brain").type == pa.uint16()
+    assert schema.field("next.reward").type == pa.list_(pa.float16(), 1)
+
+    # pyarrow + the codec: every dtype and shape back, bit for bit
+    assert_bitwise_equal(expected, from_record_batch(pq.read_table(path)))
+
+    # pandas: scalars as columns of their dtype, tensors as arrays of their elements
+    df = pd.read_parquet(path)
+    assert len(df) == n
+    for key, name, shape, _ in fields(spec):
+        want = numpy_of(expected[key])
+        col = df[name].to_numpy()
+        got = col if not shape else np.stack(list(col)).reshape(want.shape)
+        assert same_array(got, want), name
+
+    # tensordict: scalar columns keep their dtype; list columns come through Python lists,
+    # so tensors arrive flat with torch's default dtypes (see the export module docstring)
+    td = TensorDict.from_parquet(path, separator=".")
+    assert td.batch_size == torch.Size([n])
+    for key, name, shape, dtype in fields(spec):
+        want, got = expected[key], td[key]
+        if not shape:
+            if dtype == torch.bfloat16:
+                assert got.dtype == torch.uint16
+                got = got.view(torch.bfloat16)
+            assert_bitwise_equal(TensorDict({"v": want}, [n]), TensorDict({"v": got}, [n]))
+            continue
+        assert got.shape == (n, want[0].numel()), name
+        flat = want.reshape(n, -1)
+        if dtype == torch.bfloat16:
+            assert got.dtype == torch.int64
+            assert torch.equal(got, flat.view(torch.int16).to(torch.int64) & 0xFFFF), name
+        elif dtype == torch.float64:  # rounded to float32 by tensordict
+            assert got.dtype == torch.float32
+            assert torch.equal(bits(got), bits(flat.float())), name
+        elif dtype.is_floating_point:
+            assert got.dtype == torch.float32
+            assert torch.equal(bits(canonical_nans(got.to(dtype))), bits(flat)), name
+        else:
+            assert got.dtype == (torch.bool if dtype == torch.bool else torch.int64), name
+            assert torch.equal(got.to(dtype), flat), name
+
+
+def test_parquet_round_trip_into_a_fresh_table(backend: dict, tables, tmp_path: Path) -> None:
+    table, expected = filled(tables, backend)
+    path = table.export(tmp_path / "x.pq")
+    fresh = tables.create(full_spec("y", backend))
+    assert fresh.import_parquet(path, chunk=7) == len(expected)
+    assert len(fresh) == len(expected)
+    assert_bitwise_equal(expected, fresh.read(fresh.live_index()))
+    # a second import wraps the ring: the file's oldest items go first
+    assert fresh.import_parquet(path, chunk=1000) == len(expected)
+    assert_bitwise_equal(expected, fresh.read(fresh.live_index()))
+
+
+def test_parquet_chunks_become_row_groups_in_order(
+    tables, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export_mod, "MIN_CHUNK_ROWS", 8)
+    monkeypatch.setattr(export_mod, "MAX_CHUNK_ROWS", 8)
+    table, _ = filled(tables)
+    path = table.export(tmp_path / "x.parquet")
+    meta = pq.ParquetFile(path).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [8] * 5
+    assert pq.read_table(path, columns=["id"])["id"].to_pylist() == list(range(15, 55))
+
+
+def test_empty_table_exports_schema_only(tables, tmp_path: Path) -> None:
+    table = tables.create(full_spec())
+    p = table.export(tmp_path / "e.parquet")
+    assert pq.read_table(p).num_rows == 0
+    assert pq.read_schema(p).field("image").type == pa.list_(pa.uint8(), 60)
+    c = table.export(tmp_path / "e.csv")
+    header = c.read_text().splitlines()
+    assert len(header) == 1 and header[0].startswith('"id","observation[0]"')
+    assert tables.create(full_spec("y")).import_parquet(p) == 0
+
+
+# ------------------------------------------------------------------ CSV
+def test_csv_column_names() -> None:
+    assert csv_columns("id", []) == ["id"]
+    assert csv_columns("next.reward", [1]) == ["next.reward[0]"]
+    assert csv_columns("pixels", [2, 2]) == [
+        "pixels[0,0]",
+        "pixels[0,1]",
+        "pixels[1,0]",
+        "pixels[1,1]",
+    ]
+    assert len(csv_columns("image", [4, 5, 3])) == 60 and csv_columns("e", [0]) == []
+
+
+def test_csv_reads_back_with_pandas_and_tensordict(backend: dict, tables, tmp_path: Path) -> None:
+    table, expected = filled(tables, backend)
+    path = table.export(tmp_path / "x.csv")
+    spec = table.spec
+    n = len(expected)
+    names = [c for _, name, shape, _ in fields(spec) for c in csv_columns(name, shape)]
+
+    df = pd.read_csv(path)
+    assert list(df.columns) == names and len(df) == n
+    td = TensorDict.from_csv(path, separator=".")
+    assert td.batch_size == torch.Size([n])
+    for key, name, shape, dtype in fields(spec):
+        cols = csv_columns(name, shape)
+        want = expected[key]
+        kind = torch.float64 if dtype.is_floating_point else torch.int64
+        if dtype == torch.bool:
+            kind = torch.bool
+        from_pandas = torch.from_numpy(df[cols].to_numpy(copy=True))
+        from_td = torch.stack([td[tuple(c.split("."))] for c in cols], 1)
+        for got in (from_pandas, from_td):
+            assert got.dtype == kind, (name, got.dtype)
+            got = canonical_nans(got.to(dtype).reshape(want.shape))
+            assert torch.equal(bits(got), bits(want)), name
+
+
+def test_csv_floats_stay_floats_and_exact(tables, tmp_path: Path) -> None:
+    table = tables.create(make_spec())
+    data = rows(0, 4)  # integral floats: 0.0, 1.0, ...
+    data["observation"][0] = torch.tensor([-0.0, 0.1, 1e-45])
+    table.extend(data)
+    path = table.export(tmp_path / "x.csv")
+    lines = path.read_text().splitlines()
+    assert lines[0] == (
+        '"id","observation[0]","observation[1]","observation[2]","action[0]","action[1]",'
+        '"next.reward[0]","next.done[0]","pixels[0,0]","pixels[0,1]","pixels[1,0]","pixels[1,1]"'
+    )
+    # float32 0.1 and the smallest subnormal as the float64 values they are
+    assert lines[1] == "0,-0.0,0.10000000149011612,1.401298464324817e-45,0.0,0.0,0.0,false,0,0,0,0"
+    assert lines[2] == "1,1.0,1.0,1.0,1.0,1.0,1.0,false,1,1,1,1"
+    df = pd.read_csv(path)
+    assert df["observation[0]"].dtype == np.float64 and df["next.done[0]"].dtype == np.bool_
+    got = torch.from_numpy(df[csv_columns("observation", [3])].to_numpy()).float()
+    assert torch.equal(bits(got), bits(data["observation"]))
+
+
+def test_format_from_suffix_or_argument(tables, tmp_path: Path) -> None:
+    table, _ = filled(tables)
+    assert table.export(tmp_path / "a.txt", format="CSV").read_text().startswith('"id"')
+    assert pq.read_table(table.export(tmp_path / "b.data", format="parquet")).num_rows == 40
+    with pytest.raises(InvalidRequest, match="cannot tell the export format") as err:
+        table.export(tmp_path / "c.json")
+    assert err.value.field == "path"
+    with pytest.raises(InvalidRequest, match="unknown export format 'xlsx'"):
+        table.export(tmp_path / "c.csv", format="xlsx")
+    with pytest.raises(InvalidRequest, match="is a folder"):
+        table.export(tmp_path, format="csv")
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "c.csv").exists()
+
+
+# ------------------------------------------------------------------ atomicity, snapshots
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_failed_export_leaves_no_file(
+    tables, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    monkeypatch.setattr(export_mod, "MIN_CHUNK_ROWS", 8)
+    monkeypatch.setattr(export_mod, "MAX_CHUNK_ROWS", 8)
+    table, _ = filled(tables)
+    out = tmp_path / "out"
+    out.mkdir()
+    read = table.backend.read
+    calls = []
+
+    def failing_read(index: torch.Tensor):
+        calls.append(len(index))
+        if len(calls) == 3:
+            raise BackendError("disk on fire")
+        return read(index)
+
+    monkeypatch.setattr(table.backend, "read", failing_read)
+    with pytest.raises(BackendError, match="disk on fire"):
+        table.export(out / f"x{suffix}")
+    assert list(out.iterdir()) == []
+    # an existing file is left as it was
+    (out / f"x{suffix}").write_text("previous")
+    calls.clear()
+    with pytest.raises(BackendError):
+        table.export(out / f"x{suffix}")
+    assert [p.name for p in out.iterdir()] == [f"x{suffix}"]
+    assert (out / f"x{suffix}").read_text() == "previous"
+
+
+def test_unwritable_destination_is_a_backend_error(tables, tmp_path: Path) -> None:
+    table, _ = filled(tables)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(BackendError, match="export to"):
+        table.export(tmp_path / "file" / "x.parquet")
+
+
+def test_items_overwritten_during_an_export_are_left_out(
+    tables, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    table, expected = filled(tables)
+    snapshot = export_mod._snapshot
+
+    def snapshot_then_insert(t: Table):
+        taken = snapshot(t)
+        t.extend(random_items(t.spec, 55, 5))  # overwrites items 15..19 after the snapshot
+        return taken
+
+    monkeypatch.setattr(export_mod, "_snapshot", snapshot_then_insert)
+    with caplog.at_level(logging.WARNING, logger="tdreplay.storage.export"):
+        path = table.export(tmp_path / "x.parquet")
+    assert "5 of 40 items were overwritten or removed" in caplog.text
+    got = from_record_batch(pq.read_table(path))
+    assert_bitwise_equal(expected[5:], got)  # items 20..54: whole, oldest first
+
+
+def test_progress_bar(tables, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    table, _ = filled(tables)
+    table.export(tmp_path / "a.parquet")  # auto: small table, not a terminal
+    assert capsys.readouterr().err == ""
+    table.export(tmp_path / "b.parquet", progress=True)
+    assert "export x" in capsys.readouterr().err
+    tables.create(full_spec("y")).import_parquet(tmp_path / "b.parquet", progress=True)
+    assert "import y" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ foreign Parquet
+def foreign_table(n: int = 20) -> pa.Table:
+    """``rows(0, n)`` as another tool would write it: no tdreplay metadata, other layouts.
+
+    ``id`` int32 (widens to int64), ``observation`` variable lists, ``action``
+    int8 lists (exact in bfloat16), ``next`` a struct column with a scalar
+    float16 ``reward`` for a ``[1]`` field, ``pixels`` nested fixed-size lists.
+    """
+    d = rows(0, n)
+    reward = pa.array(d["next", "reward"].reshape(-1).numpy())
+    done = pa.array(d["next", "done"].numpy().tolist(), pa.list_(pa.bool_()))
+    pixels = pa.FixedSizeListArray.from_arrays(
+        pa.FixedSizeListArray.from_arrays(pa.array(d["pixels"].reshape(-1).numpy()), 2), 2
+    )
+    return pa.table(
+        {
+            "id": pa.array(d["id"].numpy().astype(np.int32)),
+            "observation": pa.array(d["observation"].numpy().tolist(), pa.list_(pa.float32())),
+            "action": pa.array(d["action"].float().numpy().tolist(), pa.list_(pa.int8(), 2)),
+            "next": pa.StructArray.from_arrays([reward, done], names=["reward", "done"]),
+            "pixels": pixels,
+        }
+    )
+
+
+def test_foreign_parquet_imports(tables, tmp_path: Path) -> None:
+    path = tmp_path / "foreign.parquet"
+    pq.write_table(foreign_table(), path, row_group_size=6)
+    table = tables.create(make_spec())
+    assert table.import_parquet(path, chunk=4) == 20
+    assert_bitwise_equal(rows(0, 20), table.read(table.live_index()))
+    # images as nested variable-size lists, [row][col], as pa.array infers them
+    pixels = pa.array(rows(0, 20)["pixels"].numpy().tolist())
+    assert pixels.type == pa.list_(pa.list_(pa.int64()))
+    pq.write_table(
+        _replace(foreign_table(), "pixels", pixels.cast(pa.list_(pa.list_(pa.uint8())))), path
+    )
+    fresh = tables.create(make_spec("u"))
+    assert fresh.import_parquet(path) == 20
+    assert_bitwise_equal(rows(0, 20), fresh.read(fresh.live_index()))
+
+
+def test_pandas_parquet_imports(tables, tmp_path: Path) -> None:
+    spec = TableSpec.model_validate(
+        {
+            "name": "p",
+            "capacity": 16,
+            "backend": {"kind": "memory"},
+            "fields": {
+                "step": {"shape": [], "dtype": "int64"},
+                "obs": {"shape": [2], "dtype": "float64"},
+                "next.reward": {"shape": [], "dtype": "float32"},
+            },
+        }
+    )
+    df = pd.DataFrame(
+        {
+            "step": [3, 4, 5],
+            "obs": [np.array([0.1, 0.2]), np.array([1.5, -2.0]), np.array([np.inf, 0.0])],
+            "next.reward": np.array([1.0, 0.5, -1.0], np.float32),
+        },
+        index=[10, 20, 30],  # written as __index_level_0__, ignored
+    )
+    df.to_parquet(tmp_path / "df.parquet")
+    table = tables.create(spec)
+    assert table.import_parquet(tmp_path / "df.parquet") == 3
+    got = table.read(table.live_index())
+    assert got["step"].tolist() == [3, 4, 5]
+    assert torch.equal(got["obs"], torch.tensor(np.stack(df["obs"].to_list())))
+    assert got["next", "reward"].tolist() == [1.0, 0.5, -1.0]
+
+
+def test_import_folder_in_name_order(tables, tmp_path: Path) -> None:
+    table, _ = filled(tables)
+    folder = tmp_path / "ds"
+    (folder / "part").mkdir(parents=True)
+    table.export(folder / "b.parquet")
+    src = tables.create(full_spec("src"))
+    src.extend(random_items(src.spec, 100, 5))
+    src.export(folder / "part" / "c.pq")
+    src.export(folder / "a.parquet")
+    (folder / "_SUCCESS").write_text("")
+    (folder / "_metadata.parquet").write_text("not parquet")  # skipped: leading underscore
+    fresh = tables.create(full_spec("y", capacity=64))
+    assert fresh.import_parquet(folder, chunk=9) == 50
+    assert fresh.read(fresh.live_index())["id"].tolist() == [
+        *range(100, 105),
+        *range(15, 55),
+        *range(100, 105),
+    ]
+
+
+def test_import_bad_paths(tables, tmp_path: Path) -> None:
+    table = tables.create(make_spec())
+    with pytest.raises(InvalidRequest, match="no such file"):
+        table.import_parquet(tmp_path / "missing.parquet")
+    with pytest.raises(InvalidRequest, match="no Parquet files"):
+        table.import_parquet(tmp_path)
+    (tmp_path / "junk.parquet").write_text("junk")
+    with pytest.raises(InvalidRequest, match="not a readable Parquet file"):
+        table.import_parquet(tmp_path / "junk.parquet")
+    with pytest.raises(InvalidRequest, match="chunk"):
+        table.import_parquet(tmp_path / "junk.parquet", chunk=0)
+
+
+def _replace(t: pa.Table, name: str, arr: pa.Array | None) -> pa.Table:
+    i = t.schema.get_field_index(name)
+    return t.remove_column(i) if arr is None else t.set_column(i, name, arr)
+
+
+def _late_nulls() -> pa.Table:
+    ids = foreign_table()["id"].to_pylist()
+    return _replace(foreign_table(), "id", pa.array([*ids[:-1], None], pa.int32()))
+
+
+def _ragged() -> pa.Table:
+    obs = rows(0, 20)["observation"].numpy().tolist()
+    obs[-1] = obs[-1][:2]  # the last row group holds a short list
+    return _replace(foreign_table(), "observation", pa.array(obs, pa.list_(pa.float32())))
+
+
+def _ragged_nested() -> pa.Table:
+    pixels = rows(0, 20)["pixels"].numpy().tolist()
+    pixels[-1][1] = pixels[-1][1][:1]
+    return _replace(foreign_table(), "pixels", pa.array(pixels, pa.list_(pa.list_(pa.uint8()))))
+
+
+def _tampered(tmp_path: Path, meta: dict) -> pa.Table:
+    table = Table.create(make_spec("tmp"), root=tmp_path / "tmp")
+    table.extend(rows(0, 20))
+    t = pq.read_table(table.export(tmp_path / "tmp.parquet"))
+    table.destroy()
+    i = t.schema.get_field_index("observation")
+    return t.cast(t.schema.set(i, t.schema.field(i).with_metadata(meta)))
+
+
+MISMATCHES = {
+    "missing": ("pixels", "is missing", lambda p: _replace(foreign_table(), "pixels", None)),
+    "extra": (
+        "bonus",
+        "not a field",
+        lambda p: foreign_table().append_column("bonus", pa.array([1] * 20)),
+    ),
+    "shape": (
+        "observation",
+        r"has lists of 4, expected shape \[3\]",
+        lambda p: _replace(
+            foreign_table(), "observation", pa.array([[1.0] * 4] * 20, pa.list_(pa.float32(), 4))
+        ),
+    ),
+    "dtype": (
+        "observation",
+        "float64, which does not cast losslessly to float32",
+        lambda p: _replace(foreign_table(), "observation", pa.array([[1.0] * 3] * 20)),
+    ),
+    "bfloat16 bits without metadata": (
+        "action",
+        "uint16, which does not cast losslessly to bfloat16",
+        lambda p: _replace(
+            foreign_table(), "action", pa.array([[1, 2]] * 20, pa.list_(pa.uint16(), 2))
+        ),
+    ),
+    "string": (
+        "id",
+        "unsupported Arrow type string",
+        lambda p: _replace(foreign_table(), "id", pa.array(["a"] * 20)),
+    ),
+    "late nulls": ("id", "holds 1 null value", lambda p: _late_nulls()),
+    "ragged list": (
+        "observation",
+        "row 19 holds a list of 2 values, expected 3",
+        lambda p: _ragged(),
+    ),
+    "ragged nested list": (
+        "pixels",
+        "row 19 holds a list of 1 values, expected 2",
+        lambda p: _ragged_nested(),
+    ),
+    "metadata dtype": (
+        "observation",
+        "metadata dtype 'float64'",
+        lambda p: _tampered(p, {b"tdreplay.dtype": b"float64", b"tdreplay.shape": b"[3]"}),
+    ),
+    "metadata shape": (
+        "observation",
+        r"has shape \[1, 3\], expected shape \[3\]",
+        lambda p: _tampered(p, {b"tdreplay.dtype": b"float32", b"tdreplay.shape": b"[1, 3]"}),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MISMATCHES))
+def test_mismatching_parquet_is_rejected_before_any_row(tables, tmp_path: Path, case: str) -> None:
+    column, message, build = MISMATCHES[case]
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    # a good file first: a folder is checked as a whole before anything is written
+    pq.write_table(foreign_table(), folder / "a.parquet")
+    pq.write_table(build(tmp_path), folder / "b.parquet", row_group_size=6)
+    table = tables.create(make_spec())
+    for path in (folder / "b.parquet", folder):
+        with pytest.raises(SchemaError, match=message) as err:
+            table.import_parquet(path, chunk=4)
+        assert err.value.field == column
+        assert "b.parquet" in str(err.value)
+        assert len(table) == 0 and table.rate_limiter.inserts == 0
