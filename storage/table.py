@@ -27,6 +27,7 @@ Sample info sits beside the fields of every sampled batch:
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -437,15 +438,19 @@ class Table:
                 ``slice_len``, or ``out`` does not fit.
             RateLimitTimeout: the sample waited ``timeout`` seconds.
         """
-        n = int(batch_size)
+        try:
+            n = operator.index(batch_size)  # 2.5 or "8" is an error, not a silent 2 or 8
+        except TypeError:
+            n = -1
         if n < 1 or n > self.capacity:
             raise InvalidRequest(
-                f"table {self.name!r}: batch_size must be in [1, {self.capacity}], got {batch_size}",
+                f"table {self.name!r}: batch_size must be an integer in [1, {self.capacity}], got {batch_size!r}",
                 table=self.name,
                 field="batch_size",
                 expected=f"[1, {self.capacity}]",
                 got=batch_size,
             )
+        self.sampler.check_batch_size(n)
         bufs, out_info = self._out_buffers(out, n) if out is not None else (None, set())
         with self._cond:
             if self.rate_limiter.sample_never_fits(n):

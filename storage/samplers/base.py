@@ -36,6 +36,9 @@ class Sampler:
     def on_remove(self, index: torch.Tensor) -> None:
         """``index`` stops holding live items."""
 
+    def check_batch_size(self, n: int) -> None:
+        """Raise :class:`~tdreplay.storage.InvalidRequest` if no sample of ``n`` slots is possible."""
+
     def ready(self, n: int) -> bool:
         """Whether :meth:`sample` can return ``n`` slots now."""
         return self.slots.n_live > 0

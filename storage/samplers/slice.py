@@ -61,7 +61,7 @@ class SliceSampler(Sampler):
     def ready(self, n: int) -> bool:
         return self.n_valid > 0
 
-    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def check_batch_size(self, n: int) -> None:
         if n % self.slice_len:
             raise InvalidRequest(
                 f"batch size {n} is not a multiple of slice_len {self.slice_len}",
@@ -69,6 +69,9 @@ class SliceSampler(Sampler):
                 expected=f"a multiple of {self.slice_len}",
                 got=n,
             )
+
+    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.check_batch_size(n)
         starts = draw_masked(
             self.valid, self.n_valid, self.slots.hi, n // self.slice_len, self.generator
         )
