@@ -166,6 +166,8 @@ class MaxValueWriter(Writer):
             index.append(low_idx[:wins])
         rows_t = torch.cat(rows)
         index_t = torch.cat(index)
+        keep = torch.argsort(rows_t)  # the kept rows in batch order, as Claim promises
+        rows_t, index_t = rows_t[keep], index_t[keep]
         self.values[index_t] = v[rows_t]
         return Claim(index_t, index_t, rows_t)
 
