@@ -94,6 +94,11 @@ class Table:
         self.sampler: Sampler = make_sampler(spec, self.slots, self.writer, self.generator)
         self.rate_limiter = RateLimiter.from_spec(spec.rate_limiter)
         self.max_times_sampled = 1 if self.sampler.consumes else spec.max_times_sampled
+        # Samplers that may draw an item twice in one batch need the batch capped
+        # (queues and stacks never do; slices are drawn whole and are not capped).
+        self._cap_times = bool(
+            self.max_times_sampled and not self.sampler.consumes and not self.sampler.needs_episodes
+        )
         self._schema = spec.torch_schema()
         self._keys = list(self._schema)
         self._cond = threading.Condition(threading.Lock())
@@ -412,7 +417,47 @@ class Table:
             return self._sample_ready(n)
 
     def _sample_ready(self, n: int) -> bool:
-        return self.rate_limiter.can_sample(n, self.slots.n_live) and self.sampler.ready(n)
+        return (
+            self.rate_limiter.can_sample(n, self.slots.n_live)
+            and self.sampler.ready(n)
+            and (not self._cap_times or self._samples_left(n))
+        )
+
+    def _samples_left(self, n: int) -> bool:
+        """Whether the live items may be returned ``n`` more times under ``max_times_sampled``."""
+        s = self.slots
+        if s.n_live >= n:  # every live item has at least one sample left
+            return True
+        return int((self.max_times_sampled - s.times_sampled[s.live]).sum()) >= n
+
+    def _cap_times_sampled(
+        self, index: torch.Tensor, weight: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Redraw the draws that would return an item more than ``max_times_sampled`` times.
+
+        Reverb samples a batch item by item and removes an item the moment it
+        reaches ``max_times_sampled``; a batch drawn at once, with replacement,
+        must not return it more often. Items that reach the limit are removed
+        here so the redraws cannot pick them; :meth:`_samples_left` made sure
+        enough samples remain. Lock held.
+        """
+        s, limit = self.slots, self.max_times_sampled
+        while True:
+            order = torch.argsort(index, stable=True)
+            uniq, counts = torch.unique_consecutive(index[order], return_counts=True)
+            starts = torch.cumsum(counts, 0) - counts
+            rank = torch.empty_like(index)  # how many earlier draws picked the same item
+            rank[order] = torch.arange(len(index)) - torch.repeat_interleave(starts, counts)
+            over = (s.times_sampled[index] + rank >= limit).nonzero().squeeze(1)
+            if len(over) == 0:
+                return index, weight
+            spent = uniq[(s.times_sampled[uniq] + counts >= limit) & s.live[uniq]]
+            self._remove(spent)
+            redrawn, redrawn_weight = self.sampler.sample(len(over))
+            index = index.clone()
+            index[over] = redrawn
+            if weight is not None and redrawn_weight is not None:
+                weight[over] = redrawn_weight
 
     def sample(
         self, batch_size: int, *, timeout: float | None = None, out: TensorDictBase | None = None
@@ -462,6 +507,8 @@ class Table:
                 )
             self._wait(lambda: self._sample_ready(n), timeout, "sample")
             index, weight = self.sampler.sample(n)
+            if self._cap_times:
+                index, weight = self._cap_times_sampled(index, weight)
             s = self.slots
             s.times_sampled.index_add_(0, index, torch.ones_like(index))
             times = s.times_sampled[index]
