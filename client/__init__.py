@@ -1,1 +1,81 @@
-"""tdreplay.client (under construction)."""
+"""tdreplay.client: the client library (sync and async twins).
+
+    >>> from tdreplay.client import ReplayClient
+    >>> client = ReplayClient("http://replay:8000", token="secret")  # doctest: +SKIP
+    >>> client.extend("cartpole", rollout)                            # doctest: +SKIP
+    >>> batch = client.sample("cartpole", 256)                        # doctest: +SKIP
+    >>> for batch in client.loader("cartpole", 256, prefetch=4, device="cuda"):  # doctest: +SKIP
+    ...     ...
+    >>> with client.writer("cartpole", chunk=256) as w:               # doctest: +SKIP
+    ...     w.append(step)
+
+Depends on :mod:`tdreplay.codec` (the wire format), torch, tensordict and
+pyarrow only: never on the service or the storage.
+"""
+
+from .aio import AsyncLoader, AsyncReplayClient
+from .core import Settings, split_batch
+from .errors import (
+    BackendError,
+    CheckpointError,
+    CodecError,
+    ConnectionFailed,
+    EmptyTableError,
+    Forbidden,
+    InternalError,
+    InvalidRequest,
+    PayloadTooLarge,
+    ProtocolError,
+    RateLimitTimeout,
+    ReplayError,
+    SchemaError,
+    ServerError,
+    TableExists,
+    TableNotFound,
+    Timeout,
+    TransportError,
+    Unauthorized,
+    UnsupportedMediaType,
+)
+from .loader import Loader, LoaderIterator
+from .retry import NO_RETRY, RetryPolicy
+from .sync import ReplayClient
+from .tensorclass import from_fields, to_tensorclass
+from .writer import AsyncWriter, ChunkBuffer, Writer
+
+__all__ = [
+    "NO_RETRY",
+    "AsyncLoader",
+    "AsyncReplayClient",
+    "AsyncWriter",
+    "BackendError",
+    "CheckpointError",
+    "ChunkBuffer",
+    "CodecError",
+    "ConnectionFailed",
+    "EmptyTableError",
+    "Forbidden",
+    "InternalError",
+    "InvalidRequest",
+    "Loader",
+    "LoaderIterator",
+    "PayloadTooLarge",
+    "ProtocolError",
+    "RateLimitTimeout",
+    "ReplayClient",
+    "ReplayError",
+    "RetryPolicy",
+    "SchemaError",
+    "ServerError",
+    "Settings",
+    "TableExists",
+    "TableNotFound",
+    "Timeout",
+    "TransportError",
+    "Unauthorized",
+    "UnsupportedMediaType",
+    "Writer",
+    "from_fields",
+    "split_batch",
+    "to_tensorclass",
+]

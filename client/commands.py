@@ -1,0 +1,349 @@
+"""Every call of the protocol, defined once, with no I/O (the *sans-I/O* core).
+
+A :class:`Command` builds one HTTP :class:`Request` and parses its
+:class:`Response`; the sync transport (``http.client``) and the async one
+(asyncio streams) only move bytes. So ``ReplayClient.sample`` and
+``AsyncReplayClient.sample`` cannot drift apart: both execute
+:class:`Sample`.
+
+    >>> cmd = Sample("cartpole", 256, wait=5.0)
+    >>> req = cmd.request()
+    >>> req.method, req.target
+    ('POST', '/v1/tables/cartpole/sample?batch_size=256&timeout=5.0')
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote, urlencode
+
+import torch
+from tensordict import TensorDict, TensorDictBase, is_tensorclass
+
+from ..codec import arrow, protocol
+from . import errors
+
+T = TypeVar("T")
+
+#: ``alloc(n)`` returns a writable buffer of exactly ``n`` bytes to receive a body into
+Alloc = Callable[[int], memoryview]
+
+
+def fresh(n: int) -> memoryview:
+    """The default allocator: a new buffer per response."""
+    return memoryview(bytearray(n))
+
+
+@dataclass
+class Request:
+    """One HTTP request, as a command built it.
+
+    Attributes:
+        method: ``GET``, ``POST`` or ``DELETE``.
+        target: path and query string.
+        headers: extra headers (the transport adds Host, Content-Length, Authorization).
+        body: the body, if any.
+        wait: seconds the server may hold the call (rate limiter); the
+            transport's read timeout is this plus its own.
+        idempotent: whether sending it twice is harmless (retries after the
+            request may have reached the server are allowed only then).
+        alloc: where a successful response's body goes.
+    """
+
+    method: str
+    target: str
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes | memoryview | None = None
+    wait: float = 0.0
+    idempotent: bool = True
+    alloc: Alloc = fresh
+
+
+@dataclass
+class Response:
+    """One HTTP response: status, headers (lower-case names) and the whole body."""
+
+    status: int
+    headers: dict[str, str]
+    body: memoryview
+
+    def json(self) -> Any:
+        try:
+            return json.loads(bytes(self.body)) if len(self.body) else None
+        except ValueError as err:
+            raise errors.ProtocolError(f"response is not JSON: {err}") from None
+
+    def check(self) -> Response:
+        """Raise the server's error for a status >= 400; return self otherwise."""
+        if self.status >= 400:
+            raise errors.from_response(self.status, self.body)
+        return self
+
+
+class Command(Generic[T]):
+    """One call: :meth:`request` builds it, :meth:`parse` reads the answer."""
+
+    def request(self) -> Request:
+        raise NotImplementedError
+
+    def parse(self, response: Response) -> T:
+        raise NotImplementedError
+
+
+def _target(path: str, **query: Any) -> str:
+    q = {k: v for k, v in query.items() if v is not None}
+    return path + ("?" + urlencode(q) if q else "")
+
+
+def _table(name: str, action: str = "") -> str:
+    return protocol.table_path(quote(name, safe=""), action)
+
+
+def _json_body(data: Any) -> tuple[dict[str, str], bytes]:
+    return {"Content-Type": protocol.JSON}, json.dumps(data).encode()
+
+
+def as_batch(data: Any) -> TensorDictBase:
+    """The rows to send: a TensorDict of batch ``[N]``.
+
+    A tensorclass is unwrapped; a mapping of tensors becomes a TensorDict; a
+    single item (batch ``[]``) becomes one row; several batch dims
+    (``[envs, time]`` from a vectorized collector) are flattened in row-major
+    order, which keeps each environment's steps together.
+    """
+    if is_tensorclass(data):
+        data = data._tensordict
+    elif isinstance(data, Mapping) and not isinstance(data, TensorDictBase):
+        data = TensorDict(dict(data), batch_size=[])
+        data.auto_batch_size_(batch_dims=1)
+    if not isinstance(data, TensorDictBase):
+        raise TypeError(f"expected a TensorDict, tensorclass or mapping, got {type(data).__name__}")
+    if data.batch_dims == 0:
+        return data.unsqueeze(0)
+    if data.batch_dims > 1:
+        return data.reshape(-1)
+    return data
+
+
+def decode_batch(body: memoryview | bytes) -> TensorDict:
+    try:
+        return arrow.decode(body)
+    except arrow.CodecError as err:
+        raise errors.ProtocolError(f"bad Arrow response: {err}") from None
+
+
+# ------------------------------------------------------------------ control
+@dataclass
+class Health(Command[dict[str, Any]]):
+    def request(self) -> Request:
+        return Request("GET", "/healthz")
+
+    def parse(self, response: Response) -> dict[str, Any]:
+        return response.check().json() or {}
+
+
+@dataclass
+class ListTables(Command[list[dict[str, Any]]]):
+    def request(self) -> Request:
+        return Request("GET", protocol.TABLES)
+
+    def parse(self, response: Response) -> list[dict[str, Any]]:
+        data = response.check().json()
+        return list(data.get("tables", [])) if isinstance(data, dict) else []
+
+
+@dataclass
+class CreateTable(Command[dict[str, Any]]):
+    spec: dict[str, Any]
+
+    def request(self) -> Request:
+        headers, body = _json_body(self.spec)
+        return Request("POST", protocol.TABLES, headers, body, idempotent=False)
+
+    def parse(self, response: Response) -> dict[str, Any]:
+        return response.check().json()
+
+
+@dataclass
+class Info(Command[dict[str, Any]]):
+    table: str
+
+    def request(self) -> Request:
+        return Request("GET", _table(self.table))
+
+    def parse(self, response: Response) -> dict[str, Any]:
+        return response.check().json()
+
+
+@dataclass
+class DeleteTable(Command[None]):
+    table: str
+
+    def request(self) -> Request:
+        return Request("DELETE", _table(self.table))
+
+    def parse(self, response: Response) -> None:
+        response.check()
+
+
+# ------------------------------------------------------------------ data
+@dataclass
+class Extend(Command[torch.Tensor]):
+    """Insert rows. Carries an ``X-Request-Id`` so that a retry after a lost answer is a no-op.
+
+    The id is drawn once per command, so every retry of this command sends the
+    same one and the server, which remembers recent ids, writes the rows once.
+    """
+
+    table: str
+    data: Any
+    wait: float | None = None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    _body: Any = field(default=None, repr=False)
+
+    def request(self) -> Request:
+        if self._body is None:  # encoded once, reused by retries
+            try:
+                self._body = arrow.encode(as_batch(self.data))
+            except arrow.CodecError as err:
+                raise errors.SchemaError(str(err), field=err.field, type="CodecError") from None
+        return Request(
+            "POST",
+            _target(_table(self.table, "extend"), timeout=self.wait),
+            {"Content-Type": protocol.ARROW_STREAM, protocol.REQUEST_ID: self.request_id},
+            memoryview(self._body),
+            wait=self.wait or 0.0,
+            idempotent=True,  # thanks to the request id
+        )
+
+    def parse(self, response: Response) -> torch.Tensor:
+        data = response.check().json()
+        if not isinstance(data, dict) or "index" not in data:
+            raise errors.ProtocolError(f"extend: unexpected answer {data!r}")
+        return torch.tensor(data["index"], dtype=torch.int64)
+
+
+@dataclass
+class Sample(Command[TensorDict]):
+    """Sample ``batch_size`` items: fields plus ``index`` and ``sample_info``.
+
+    The decoded tensors are views on the received buffer (``alloc``'s);
+    bool columns excepted, which Arrow packs into bits.
+    """
+
+    table: str
+    batch_size: int
+    wait: float | None = None
+    alloc: Alloc = fresh
+
+    def request(self) -> Request:
+        return Request(
+            "POST",
+            _target(_table(self.table, "sample"), batch_size=self.batch_size, timeout=self.wait),
+            {"Accept": protocol.ARROW_STREAM},
+            None,
+            wait=self.wait or 0.0,
+            idempotent=True,  # a repeat draws again; only queues (fifo/lifo) lose items
+            alloc=self.alloc,
+        )
+
+    def parse(self, response: Response) -> TensorDict:
+        return decode_batch(response.check().body)
+
+
+@dataclass
+class Stream(Command[None]):
+    """``GET .../stream``: ``count`` samples as one chunked Arrow stream (read by the transport)."""
+
+    table: str
+    batch_size: int
+    count: int
+    wait: float | None = None
+
+    def request(self) -> Request:
+        return Request(
+            "GET",
+            _target(
+                _table(self.table, "stream"),
+                batch_size=self.batch_size,
+                count=self.count,
+                timeout=self.wait,
+            ),
+            {"Accept": protocol.ARROW_STREAM},
+            wait=self.wait or 0.0,
+        )
+
+    def parse(self, response: Response) -> None:
+        response.check()
+
+
+@dataclass
+class UpdatePriority(Command[None]):
+    table: str
+    index: Any
+    priority: Any
+
+    def request(self) -> Request:
+        index = torch.as_tensor(self.index).reshape(-1).tolist()
+        priority = torch.as_tensor(self.priority).detach().reshape(-1).double().cpu().tolist()
+        if len(index) != len(priority):
+            raise ValueError(f"{len(index)} indices but {len(priority)} priorities")
+        headers, body = _json_body({"index": index, "priority": priority})
+        return Request("POST", _table(self.table, "update_priority"), headers, body)
+
+    def parse(self, response: Response) -> None:
+        response.check()
+
+
+@dataclass
+class Checkpoint(Command[str]):
+    table: str
+    path: str
+
+    def request(self) -> Request:
+        headers, body = _json_body({"path": self.path})
+        return Request("POST", _table(self.table, "checkpoint"), headers, body)
+
+    def parse(self, response: Response) -> str:
+        data = response.check().json()
+        return str(data.get("path", self.path)) if isinstance(data, dict) else self.path
+
+
+@dataclass
+class Restore(Command[dict[str, Any]]):
+    table: str
+    path: str
+
+    def request(self) -> Request:
+        headers, body = _json_body({"path": self.path})
+        return Request("POST", _table(self.table, "restore"), headers, body)
+
+    def parse(self, response: Response) -> dict[str, Any]:
+        return response.check().json()
+
+
+@dataclass
+class Export(Command["str | bytes"]):
+    """Export as Parquet or CSV: to a server-side ``path`` (returns it) or streamed back (bytes)."""
+
+    table: str
+    format: str = "parquet"
+    path: str | None = None
+
+    def request(self) -> Request:
+        payload: dict[str, Any] = {"format": self.format}
+        if self.path is not None:
+            payload["path"] = self.path
+        headers, body = _json_body(payload)
+        return Request("POST", _table(self.table, "export"), headers, body)
+
+    def parse(self, response: Response) -> str | bytes:
+        response.check()
+        if self.path is not None:
+            data = response.json()
+            return str(data.get("path", self.path)) if isinstance(data, dict) else self.path
+        return bytes(response.body)

@@ -1,0 +1,278 @@
+"""What each client call does, written once for both twins (no I/O here).
+
+A call is a *plan*: a generator that yields the requests it needs — one
+:class:`Call` (a command for one server) or a :class:`Gather` (commands for
+several servers, run concurrently) — receives their results, and returns the
+call's result. :class:`~tdreplay.client.ReplayClient` drives plans with
+blocking I/O, :class:`~tdreplay.client.AsyncReplayClient` with ``await``;
+sharding, index encoding and merging live here, once.
+
+Sharding (Reverb's model). With several servers, each ``extend`` goes to the
+next server in turn (round robin; a server that cannot be reached is skipped
+when the request surely did not reach it), and a ``sample`` of ``n`` items is
+split across the servers in proportion to their sizes (a multinomial draw, in
+whole slices for slice samplers), fetched concurrently and concatenated. The
+``index`` of a sharded sample encodes its server: ``slot * n_servers + server``,
+which :meth:`Calls.update_priority` decodes. With one server indices are the
+server's slots, unchanged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+from tensordict import TensorDict
+
+from . import commands as C
+from . import errors
+from .retry import RetryPolicy
+from .tensorclass import to_tensorclass
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a client is, besides its connections; a client pickles as this.
+
+    Attributes:
+        urls: the servers' base URLs (several: sharded).
+        token: bearer token, if the servers need one.
+        timeout: seconds to wait for each read of an answer, beyond ``wait``.
+        connect_timeout: seconds to wait for a connection.
+        wait: default seconds ``extend`` and ``sample`` may wait on the rate
+            limiter (sent to the server as ``?timeout=``); never infinite.
+        retry: the retry policy for lost connections.
+        max_connections: idle keep-alive connections kept per server.
+        shard_refresh: seconds a sharded client trusts its view of the servers' sizes.
+    """
+
+    urls: tuple[str, ...]
+    token: str | None = None
+    timeout: float = 30.0
+    connect_timeout: float = 5.0
+    wait: float = 30.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    max_connections: int = 16
+    shard_refresh: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            raise ValueError("a client needs at least one server URL")
+        for name in ("timeout", "connect_timeout", "wait"):
+            value = getattr(self, name)
+            if not value > 0 or value == float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+
+
+@dataclass
+class Call:
+    """Run ``command`` on server number ``shard``."""
+
+    shard: int
+    command: C.Command[Any]
+
+
+@dataclass
+class Gather:
+    """Run several calls concurrently; the plan receives their results in order."""
+
+    calls: list[Call]
+
+
+Step = Call | Gather
+Plan = Generator[Step, Any, T]
+
+
+def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """One info for a table sharded over servers: sizes and counters summed, ``shards`` listed."""
+    if len(infos) == 1:
+        return infos[0]
+    out = dict(infos[0])
+    for key in ("size", "capacity", "inserts", "samples", "bytes_in", "bytes_out"):
+        if all(isinstance(i.get(key), int | float) for i in infos):
+            out[key] = sum(i[key] for i in infos)
+    for key in ("can_sample", "can_insert"):
+        if all(key in i for i in infos):
+            out[key] = any(bool(i[key]) for i in infos)
+    out["shards"] = infos
+    return out
+
+
+def split_batch(
+    batch_size: int, sizes: Sequence[int], unit: int = 1, generator: torch.Generator | None = None
+) -> list[int]:
+    """Items to draw from each server: a multinomial split in proportion to ``sizes``.
+
+    Drawn in whole ``unit`` (slice length) pieces. When every server is empty
+    the whole batch goes to one of them, chosen at random, where the rate
+    limiter makes it wait for data.
+
+        >>> split_batch(8, [0, 5])
+        [0, 8]
+        >>> sum(split_batch(64, [3, 1], unit=4)) == 64
+        True
+    """
+    if batch_size % unit:
+        raise ValueError(f"batch size {batch_size} is not a multiple of slice length {unit}")
+    pieces = batch_size // unit
+    weights = torch.tensor([max(0, s) for s in sizes], dtype=torch.float64)
+    if weights.sum() <= 0:
+        weights = torch.ones(len(sizes), dtype=torch.float64)
+        pick = int(torch.randint(len(sizes), (1,), generator=generator))
+        counts = [0] * len(sizes)
+        counts[pick] = pieces
+        return [c * unit for c in counts]
+    drawn = torch.multinomial(weights, pieces, replacement=True, generator=generator)
+    counts = torch.bincount(drawn, minlength=len(sizes)).tolist()
+    return [c * unit for c in counts]
+
+
+class Calls:
+    """The plans of every client call, over ``settings.urls`` (shared by both twins).
+
+    Holds the little state sharding needs: the round-robin cursor and a
+    short-lived cache of each table's per-server sizes. Thread safe.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.n = len(settings.urls)
+        self._cursor = itertools.count()
+        self._lock = threading.Lock()
+        self._sizes: dict[str, tuple[float, list[int], int]] = {}
+
+    def _wait(self, wait: float | None) -> float:
+        return self.settings.wait if wait is None else wait
+
+    def _all(self, make: Any) -> Gather:
+        return Gather([Call(i, make()) for i in range(self.n)])
+
+    # ---------------------------------------------------------------- control
+    def health(self) -> Plan[dict[str, Any]]:
+        results = yield self._all(C.Health)
+        return results[0] if self.n == 1 else {"status": "ok", "shards": results}
+
+    def tables(self) -> Plan[list[dict[str, Any]]]:
+        results: list[list[dict[str, Any]]] = yield self._all(C.ListTables)
+        by_name: dict[str, list[dict[str, Any]]] = {}
+        for shard in results:
+            for info in shard:
+                by_name.setdefault(str(info.get("name")), []).append(info)
+        return [merge_infos(infos) for infos in by_name.values()]
+
+    def create_table(self, spec: dict[str, Any]) -> Plan[dict[str, Any]]:
+        results = yield self._all(lambda: C.CreateTable(spec))
+        return merge_infos(results)
+
+    def delete_table(self, table: str) -> Plan[None]:
+        yield self._all(lambda: C.DeleteTable(table))
+        with self._lock:
+            self._sizes.pop(table, None)
+
+    def info(self, table: str) -> Plan[dict[str, Any]]:
+        results = yield self._all(lambda: C.Info(table))
+        self._remember(table, results)
+        return merge_infos(results)
+
+    def _remember(self, table: str, infos: list[dict[str, Any]]) -> None:
+        sampler = infos[0].get("sampler") or {}
+        unit = int(sampler.get("slice_len", 1)) if sampler.get("kind") == "slice" else 1
+        sizes = [int(i.get("size", 0)) for i in infos]
+        with self._lock:
+            self._sizes[table] = (time.monotonic(), sizes, unit)
+
+    def _shard_sizes(self, table: str) -> Plan[tuple[list[int], int]]:
+        with self._lock:
+            cached = self._sizes.get(table)
+        if cached is None or time.monotonic() - cached[0] > self.settings.shard_refresh:
+            results = yield self._all(lambda: C.Info(table))
+            self._remember(table, results)
+            with self._lock:
+                cached = self._sizes[table]
+        return cached[1], cached[2]
+
+    # ---------------------------------------------------------------- data
+    def extend(self, table: str, data: Any, wait: float | None = None) -> Plan[torch.Tensor]:
+        command = C.Extend(table, data, wait=self._wait(wait))
+        first = next(self._cursor) % self.n
+        for k in range(self.n):
+            shard = (first + k) % self.n
+            try:
+                index = yield Call(shard, command)
+            except errors.ConnectionFailed as err:
+                if err.sent or k == self.n - 1:
+                    raise
+                continue
+            return index * self.n + shard if self.n > 1 else index
+        raise AssertionError("unreachable")
+
+    def sample(
+        self,
+        table: str,
+        batch_size: int,
+        wait: float | None = None,
+        as_cls: type | None = None,
+        alloc: C.Alloc = C.fresh,
+    ) -> Plan[Any]:
+        wait = self._wait(wait)
+        if self.n == 1:
+            td = yield Call(0, C.Sample(table, batch_size, wait, alloc))
+        else:
+            sizes, unit = yield from self._shard_sizes(table)
+            counts = split_batch(batch_size, sizes, unit)
+            calls = [
+                Call(i, C.Sample(table, c, wait, alloc)) for i, c in enumerate(counts) if c > 0
+            ]
+            parts: list[TensorDict] = yield Gather(calls)
+            for call, part in zip(calls, parts, strict=True):
+                part.set("index", part.get("index") * self.n + call.shard)
+            td = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
+        return to_tensorclass(td, as_cls) if as_cls is not None else td
+
+    def update_priority(self, table: str, index: Any, priority: Any) -> Plan[None]:
+        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
+        priority = torch.as_tensor(priority).detach().reshape(-1).cpu()
+        if len(index) != len(priority):
+            raise ValueError(f"{len(index)} indices but {len(priority)} priorities")
+        if self.n == 1:
+            yield Call(0, C.UpdatePriority(table, index, priority))
+            return None
+        shard = index % self.n
+        calls = [
+            Call(s, C.UpdatePriority(table, index[shard == s] // self.n, priority[shard == s]))
+            for s in range(self.n)
+            if bool((shard == s).any())
+        ]
+        yield Gather(calls)
+        return None
+
+    def _paths(self, path: str) -> list[str]:
+        return [path] if self.n == 1 else [f"{path}-shard{i}" for i in range(self.n)]
+
+    def checkpoint(self, table: str, path: str) -> Plan[str | list[str]]:
+        paths = self._paths(path)
+        results = yield Gather([Call(i, C.Checkpoint(table, p)) for i, p in enumerate(paths)])
+        return results[0] if self.n == 1 else results
+
+    def restore(self, table: str, path: str) -> Plan[dict[str, Any]]:
+        paths = self._paths(path)
+        results = yield Gather([Call(i, C.Restore(table, p)) for i, p in enumerate(paths)])
+        with self._lock:
+            self._sizes.pop(table, None)
+        return merge_infos(results)
+
+    def export(
+        self, table: str, format: str = "parquet", path: str | None = None
+    ) -> Plan[str | bytes | list[str | bytes]]:
+        paths: list[str | None] = [None] * self.n
+        if path is not None:
+            paths = list(self._paths(path))
+        results = yield Gather([Call(i, C.Export(table, format, p)) for i, p in enumerate(paths)])
+        return results[0] if self.n == 1 else results

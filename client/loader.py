@@ -1,0 +1,311 @@
+"""A prefetching batch iterator for learners, also a torch ``IterableDataset``.
+
+    >>> for batch in client.loader("cartpole", 256, prefetch=4, device="cuda"):  # doctest: +SKIP
+    ...     loss = learner(batch)                  # already on the GPU
+    ...     client.update_priority("cartpole", batch["index"], td_error)
+
+How it keeps the learner from waiting:
+
+* ``prefetch`` fetcher threads keep up to ``prefetch`` sample requests in
+  flight or ready (a credit per batch: taking a batch frees one).
+* Each answer is received (``readinto``) into one of a small pool of reused
+  buffers and decoded in place — the tensors are views on the buffer, no
+  fresh allocation per batch.
+* CUDA: the pool is pinned host memory. The fetcher copies the batch to the
+  device with ``non_blocking=True`` on its own side stream and records an
+  event; the buffer is reused only after that event (the fetcher waits on it,
+  never the learner). When the learner takes the batch, its current stream
+  waits on the event and every tensor is ``record_stream``-ed on it, so the
+  caching allocator will not hand the memory to another stream early.
+* CPU (``keep=False``, the default): a batch is a view on a pool buffer and
+  stays valid until the *next* batch is taken; clone what must outlive it,
+  or pass ``keep=True`` for batches that own their memory (one allocation
+  each). CUDA batches always own their device memory.
+
+Sharded clients fetch each batch from several servers and concatenate the
+parts (one copy). ``stream=True`` uses the server's ``/stream`` route instead
+of one request per batch: one long answer carrying many record batches,
+which suits small batches (fewer round trips), at one allocation per batch.
+
+In a DataLoader worker (``DataLoader(loader, batch_size=None, num_workers=k)``)
+the client reconnects from its pickled settings; batches are CPU tensors
+that own their memory (the DataLoader pins and moves them itself).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import torch
+from tensordict import TensorDictBase
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ..codec import arrow
+from . import commands as C
+from . import errors
+from .tensorclass import to_tensorclass
+
+if TYPE_CHECKING:
+    from .sync import ReplayClient
+
+_ALIGN = 64
+
+
+class _Slot:
+    """One reusable receive buffer (pinned when the batches go to CUDA).
+
+    ``alloc`` hands out aligned pieces of it (several per batch when sharded);
+    a piece that does not fit gets a fresh buffer this time, and the slot
+    grows before its next use.
+    """
+
+    def __init__(self, pinned: bool) -> None:
+        self.pinned = pinned
+        self.buf: torch.Tensor | None = None
+        self.view: memoryview | None = None
+        self.offset = 0
+        self.want = 0
+        self.event: Any = None  # torch.cuda.Event of the copy out of this buffer
+        self.lock = threading.Lock()
+
+    def reset(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()  # the previous copy out of this buffer is done
+            self.event = None
+        if self.want > (self.buf.numel() if self.buf is not None else 0):
+            size = int(self.want * 1.25) + _ALIGN
+            self.buf = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+            self.view = memoryview(self.buf.numpy())  # type: ignore[arg-type]
+        self.offset = self.want = 0
+
+    def alloc(self, n: int) -> memoryview:
+        with self.lock:
+            start = -(-self.offset // _ALIGN) * _ALIGN
+            self.want = max(self.want, start + n)
+            if self.view is None or start + n > len(self.view):
+                return memoryview(bytearray(n))
+            self.offset = start + n
+            return self.view[start : start + n]
+
+
+class Loader(IterableDataset):
+    """Sampled batches of ``table``, ``prefetch`` requests ahead of the learner.
+
+    Args:
+        client: a :class:`~tdreplay.client.ReplayClient`.
+        table: the table to sample.
+        batch_size: items per batch.
+        prefetch: batches requested ahead (in flight or ready), >= 1.
+        device: where batches go (``"cuda"``: pinned staging and side-stream copies).
+        as_cls: a tensorclass to return batches as.
+        num_batches: stop after this many batches (``None``: never stop).
+        timeout: seconds each sample may wait on the rate limiter (default: the client's).
+        keep: CPU batches own their memory instead of borrowing a pool buffer.
+        stream: read batches from the server's ``/stream`` route.
+
+    Iterating raises what the client's ``sample`` raises (``RateLimitTimeout``
+    when no data comes within ``timeout``, ...); the loader then stops.
+    """
+
+    def __init__(
+        self,
+        client: ReplayClient,
+        table: str,
+        batch_size: int,
+        *,
+        prefetch: int = 4,
+        device: str | torch.device | None = None,
+        as_cls: type | None = None,
+        num_batches: int | None = None,
+        timeout: float | None = None,
+        keep: bool = False,
+        stream: bool = False,
+    ) -> None:
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if stream and len(client.urls) > 1:
+            raise ValueError("stream=True reads one server; not available on a sharded client")
+        self.client = client
+        self.table = table
+        self.batch_size = batch_size
+        self.prefetch = prefetch
+        self.device = torch.device(device) if device is not None else None
+        self.as_cls = as_cls
+        self.num_batches = num_batches
+        self.timeout = timeout
+        self.keep = keep
+        self.stream = stream
+        self.last: LoaderIterator | None = None
+
+    def __iter__(self) -> LoaderIterator:
+        in_worker = get_worker_info() is not None
+        it = LoaderIterator(
+            self,
+            device=None if in_worker else self.device,
+            keep=self.keep or in_worker,
+        )
+        self.last = it
+        return it
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["last"] = None
+        return state
+
+
+class LoaderIterator(Iterator[Any]):
+    """One pass of a :class:`Loader`: its fetcher threads and buffer pool.
+
+    Attributes:
+        batches: batches handed to the learner so far.
+        wait_s: total seconds the learner spent waiting in ``next()``.
+    """
+
+    def __init__(self, loader: Loader, *, device: torch.device | None, keep: bool) -> None:
+        self.loader = loader
+        self.device = device
+        self.cuda = device is not None and device.type == "cuda"
+        self.keep = keep and not self.cuda
+        self.batches = 0
+        self.wait_s = 0.0
+        self._ready: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self._free: queue.Queue[_Slot] = queue.Queue()
+        self._credits = threading.Semaphore(loader.prefetch)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._issued = 0
+        self._held: _Slot | None = None
+        self._closed = False
+        if not self.keep and not loader.stream:
+            for _ in range(loader.prefetch + 1):
+                self._free.put(_Slot(pinned=self.cuda))
+        n_threads = 1 if loader.stream else loader.prefetch
+        target = self._stream_fetcher if loader.stream else self._fetcher
+        self._threads = [
+            threading.Thread(target=target, args=(i,), daemon=True, name=f"tdreplay-loader-{i}")
+            for i in range(n_threads)
+        ]
+        for t in self._threads:
+            t.start()
+
+    # ---------------------------------------------------------------- fetchers
+    def _claim(self) -> bool:
+        """Take a credit and count one more batch; False when the pass is over."""
+        self._credits.acquire()
+        if self._stop.is_set():
+            return False
+        with self._lock:
+            n = self.loader.num_batches
+            if n is not None and self._issued >= n:
+                return False
+            self._issued += 1
+        return True
+
+    def _fetcher(self, i: int) -> None:
+        stream = torch.cuda.Stream(self.device) if self.cuda else None
+        loader = self.loader
+        try:
+            while self._claim():
+                slot: _Slot | None = None
+                alloc = C.fresh
+                if not self.keep:
+                    slot = self._free.get()
+                    slot.reset()
+                    alloc = slot.alloc
+                td = loader.client._sample_into(
+                    loader.table, loader.batch_size, loader.timeout, alloc
+                )
+                self._ready.put(self._stage(td, slot, stream))
+        except BaseException as err:
+            self._ready.put((err, None))
+            self._stop.set()
+
+    def _stream_fetcher(self, i: int) -> None:
+        loader = self.loader
+        stream = torch.cuda.Stream(self.device) if self.cuda else None
+        command_count = 1024 if loader.num_batches is None else loader.num_batches
+        transport = loader.client._transports[0]
+        wait = loader.client.settings.wait if loader.timeout is None else loader.timeout
+        try:
+            while not self._stop.is_set():
+                cmd = C.Stream(loader.table, loader.batch_size, command_count, wait)
+                with transport.open_stream(cmd.request()) as resp:
+                    try:
+                        reader = pa.ipc.open_stream(resp)
+                        got = 0
+                        for rb in reader:
+                            got += 1
+                            td = arrow.from_record_batch(rb)
+                            if not self._claim():
+                                return
+                            self._ready.put(self._stage(td, None, stream))
+                    except (pa.ArrowInvalid, arrow.CodecError, OSError) as err:
+                        raise errors.ProtocolError(f"bad sample stream: {err}") from None
+                if got == 0:
+                    raise errors.ProtocolError("the sample stream ended without a batch")
+        except BaseException as err:
+            self._ready.put((err, None))
+            self._stop.set()
+
+    def _stage(self, td: TensorDictBase, slot: _Slot | None, stream: Any) -> tuple[Any, Any]:
+        """Move ``td`` toward the learner's device; returns the queue item ``(batch, slot|event)``."""
+        if self.cuda:
+            with torch.cuda.stream(stream):
+                out = td.to(self.device, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            if slot is not None:
+                slot.event = event  # reset() waits on it before the buffer is refilled
+                self._free.put(slot)
+            return out, event
+        if self.device is not None and self.device.type != "cpu":
+            if slot is not None:
+                self._free.put(slot)
+            return td.to(self.device), None
+        return td, slot
+
+    # ---------------------------------------------------------------- consumer
+    def __next__(self) -> Any:
+        if self._held is not None:
+            self._free.put(self._held)
+            self._held = None
+        n = self.loader.num_batches
+        if self._closed or (n is not None and self.batches >= n):
+            self.close()
+            raise StopIteration
+        t0 = time.perf_counter()
+        batch, extra = self._ready.get()
+        self.wait_s += time.perf_counter() - t0
+        self._credits.release()
+        if isinstance(batch, BaseException):
+            self.close()
+            raise batch
+        if self.cuda:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(extra)
+            for t in batch.values(include_nested=True, leaves_only=True):
+                t.record_stream(current)
+        elif isinstance(extra, _Slot):
+            self._held = extra
+        self.batches += 1
+        cls = self.loader.as_cls
+        return to_tensorclass(batch, cls) if cls is not None else batch
+
+    def close(self) -> None:
+        """Stop the fetchers (a request in flight finishes within its timeout)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        for _ in self._threads:
+            self._credits.release()
+
+    def __del__(self) -> None:
+        self.close()

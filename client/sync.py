@@ -1,0 +1,377 @@
+"""``ReplayClient``: the blocking client.
+
+    >>> client = ReplayClient("http://replay:8000", token="secret")  # doctest: +SKIP
+    >>> client.extend("cartpole", rollout)                            # doctest: +SKIP
+    >>> batch = client.sample("cartpole", 256)                        # doctest: +SKIP
+
+Every call is a plan from :mod:`~tdreplay.client.core` driven with blocking
+I/O over :class:`~tdreplay.client.transport.Transport` (``http.client``,
+pooled keep-alive connections). Thread safe. A client pickles as its URLs and
+settings, so a copy in a DataLoader worker or a subprocess opens its own
+connections.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from tensordict import TensorDict
+
+from . import commands as C
+from . import errors
+from .core import Call, Calls, Gather, Plan, Settings
+from .loader import Loader
+from .retry import RetryPolicy
+from .schema import load_spec
+from .tensorclass import from_fields
+from .transport import Transport
+from .writer import Writer
+
+T = TypeVar("T")
+
+
+def _settings(
+    url: str | Sequence[str],
+    token: str | None,
+    timeout: float,
+    connect_timeout: float,
+    wait: float,
+    retry: RetryPolicy | None,
+    max_connections: int,
+    shard_refresh: float,
+) -> Settings:
+    urls = (url,) if isinstance(url, str) else tuple(url)
+    return Settings(
+        urls=urls,
+        token=token,
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        wait=wait,
+        retry=retry if retry is not None else RetryPolicy(),
+        max_connections=max_connections,
+        shard_refresh=shard_refresh,
+    )
+
+
+class _Base:
+    """What both twins share: settings, plans, tensorclass cache, pickling."""
+
+    settings: Settings
+
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+        wait: float = 30.0,
+        retry: RetryPolicy | None = None,
+        max_connections: int = 16,
+        shard_refresh: float = 1.0,
+    ) -> None:
+        self._setup(
+            _settings(
+                url, token, timeout, connect_timeout, wait, retry, max_connections, shard_refresh
+            )
+        )
+
+    def _setup(self, settings: Settings) -> None:
+        self.settings = settings
+        self._calls = Calls(settings)
+        self._classes: dict[str, type] = {}
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return self.settings.urls
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (type(self), self.settings))
+
+    def __repr__(self) -> str:
+        urls = self.urls[0] if len(self.urls) == 1 else list(self.urls)
+        return f"{type(self).__name__}({urls!r})"
+
+    def _tensorclass(self, table: str, info: dict[str, Any]) -> type:
+        cls = self._classes.get(table)
+        if cls is None:
+            cls = self._classes[table] = from_fields(table, info["fields"])
+        return cls
+
+
+def _restore(cls: type[_Base], settings: Settings) -> _Base:
+    obj = cls.__new__(cls)
+    obj._setup(settings)
+    return obj
+
+
+class ReplayClient(_Base):
+    """A blocking client of one tdreplay server, or of several (sharded).
+
+    Args:
+        url: the server's base URL, or a list of them to shard over.
+        token: bearer token, if the server needs one.
+        timeout: seconds to wait for each read of an answer (beyond ``wait``).
+        connect_timeout: seconds to wait for a connection.
+        wait: default seconds ``extend``/``sample`` may wait on the rate limiter.
+        retry: what to do when a connection fails (default :class:`RetryPolicy()`).
+        max_connections: idle keep-alive connections kept per server.
+        shard_refresh: seconds a sharded client trusts its view of the servers' sizes.
+
+    Every method raises the :mod:`~tdreplay.client.errors` tree:
+    a :class:`~tdreplay.client.errors.ServerError` subclass named like the
+    server's error, or a :class:`~tdreplay.client.errors.TransportError`.
+    """
+
+    def _setup(self, settings: Settings) -> None:
+        super()._setup(settings)
+        self._transports = [
+            Transport(
+                u,
+                token=settings.token,
+                timeout=settings.timeout,
+                connect_timeout=settings.connect_timeout,
+                max_idle=settings.max_connections,
+            )
+            for u in settings.urls
+        ]
+        self._pool: ThreadPoolExecutor | None = None
+
+    # ---------------------------------------------------------------- driving
+    def _run(self, plan: Plan[T]) -> T:
+        result: Any = None
+        exc: BaseException | None = None
+        while True:
+            try:
+                step = plan.send(result) if exc is None else plan.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            result, exc = None, None
+            try:
+                if isinstance(step, Call):
+                    result = self._call(step)
+                else:
+                    result = self._gather(step)
+            except errors.ReplayError as err:
+                exc = err
+
+    def _call(self, call: Call) -> Any:
+        policy, command = self.settings.retry, call.command
+        start, attempt = time.monotonic(), 0
+        while True:
+            attempt += 1
+            req = command.request()
+            try:
+                response = self._transports[call.shard].execute(req)
+            except errors.TransportError as err:
+                elapsed = time.monotonic() - start
+                if not policy.should_retry(err, attempt, elapsed, idempotent=req.idempotent):
+                    raise
+                time.sleep(policy.delay(attempt))
+                continue
+            return command.parse(response)
+
+    def _gather(self, gather: Gather) -> list[Any]:
+        if len(gather.calls) == 1:
+            return [self._call(gather.calls[0])]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=max(2, len(self._transports)), thread_name_prefix="tdreplay-client"
+            )
+        futures = [self._pool.submit(self._call, c) for c in gather.calls]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Close idle connections; the client stays usable (it reconnects on demand)."""
+        for t in self._transports:
+            t.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    def __enter__(self) -> ReplayClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- control
+    def health(self) -> dict[str, Any]:
+        """``GET /healthz`` (every server's, when sharded)."""
+        return self._run(self._calls.health())
+
+    def tables(self) -> list[dict[str, Any]]:
+        """The info of every table."""
+        return self._run(self._calls.tables())
+
+    def create_table(self, spec: dict[str, Any] | str | Path) -> dict[str, Any]:
+        """Create a table from a spec (a mapping, or a YAML/JSON schema file); returns its info.
+
+        Raises:
+            TableExists: a table of that name exists.
+            SchemaError: the spec is invalid (the message names the field).
+        """
+        return self._run(self._calls.create_table(load_spec(spec)))
+
+    def delete_table(self, table: str) -> None:
+        """Delete a table and its data. Raises TableNotFound."""
+        self._run(self._calls.delete_table(table))
+
+    def info(self, table: str) -> dict[str, Any]:
+        """Size, capacity, fields, sampler, writer, rate limiter and counters of ``table``.
+
+        Sharded: sizes and counters are summed, and ``info["shards"]`` lists each server's.
+        """
+        return self._run(self._calls.info(table))
+
+    # ---------------------------------------------------------------- data
+    def extend(self, table: str, data: Any, *, timeout: float | None = None) -> torch.Tensor:
+        """Insert rows: a TensorDict of batch ``[N]`` (``[]`` and ``[B, T]`` are reshaped), or a tensorclass.
+
+        Idempotent: the request carries an ``X-Request-Id``, so a retry after a
+        lost answer does not insert the rows twice.
+
+        Args:
+            table: the table.
+            data: the rows; exactly the table's keys, shapes and dtypes.
+            timeout: seconds the rate limiter may hold the insert (default: the client's ``wait``).
+
+        Returns:
+            The slots written, int64 ``[K]`` (sharded: ``slot * n_servers + server``).
+
+        Raises:
+            SchemaError: a key, shape or dtype does not match; nothing was written.
+            RateLimitTimeout: the rate limiter held the insert past ``timeout``.
+            TableNotFound, InvalidRequest, TransportError: as their names say.
+        """
+        return self._run(self._calls.extend(table, data, timeout))
+
+    def sample(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        timeout: float | None = None,
+        as_cls: type | None = None,
+    ) -> Any:
+        """Sample ``batch_size`` items as a TensorDict (or an ``as_cls`` tensorclass).
+
+        The batch holds the table's fields, ``index`` (pass it to
+        :meth:`update_priority`) and ``sample_info`` (``priority``, ``weight``,
+        ``times_sampled``).
+
+        Raises:
+            RateLimitTimeout: the table could not be sampled within ``timeout``.
+            InvalidRequest: a bad batch size (e.g. not a multiple of ``slice_len``).
+            TableNotFound, TransportError: as their names say.
+        """
+        return self._run(self._calls.sample(table, batch_size, timeout, as_cls))
+
+    def update_priority(self, table: str, index: Any, priority: Any) -> None:
+        """Set the priorities of the items ``index`` (from ``batch["index"]``)."""
+        self._run(self._calls.update_priority(table, index, priority))
+
+    def checkpoint(self, table: str, path: str) -> str | list[str]:
+        """Checkpoint ``table`` under the server's data root; returns the path written.
+
+        Sharded: each server writes ``{path}-shard{i}``; returns the list.
+        """
+        return self._run(self._calls.checkpoint(table, path))
+
+    def restore(self, table: str, path: str) -> dict[str, Any]:
+        """Restore ``table`` from a checkpoint written by :meth:`checkpoint`; returns its info."""
+        return self._run(self._calls.restore(table, path))
+
+    def export(
+        self,
+        table: str,
+        format: str = "parquet",
+        *,
+        path: str | None = None,
+        dest: str | Path | None = None,
+    ) -> Any:
+        """Export ``table`` as Parquet or CSV.
+
+        Args:
+            format: ``"parquet"`` or ``"csv"``.
+            path: write it on the server, under its data root (returns that path).
+            dest: without ``path``: write the streamed file here (returns ``dest``);
+                with neither, returns the file's bytes.
+        """
+        result = self._run(self._calls.export(table, format, path))
+        if path is None and dest is not None:
+            if not isinstance(result, bytes):
+                raise ValueError("dest= takes one server's export; pass path= when sharded")
+            Path(dest).write_bytes(result)
+            return Path(dest)
+        return result
+
+    # ---------------------------------------------------------------- views and helpers
+    def tensorclass(self, table: str) -> type:
+        """A ``@tensorclass`` generated from ``table``'s schema (cached per client)."""
+        if table not in self._classes:
+            return self._tensorclass(table, self.info(table))
+        return self._classes[table]
+
+    def loader(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        prefetch: int = 4,
+        device: str | torch.device | None = None,
+        as_cls: type | None = None,
+        num_batches: int | None = None,
+        timeout: float | None = None,
+        keep: bool = False,
+    ) -> Loader:
+        """An iterator over sampled batches that keeps ``prefetch`` requests in flight.
+
+        See :class:`~tdreplay.client.loader.Loader` (also a torch ``IterableDataset``).
+        """
+        return Loader(
+            self,
+            table,
+            batch_size,
+            prefetch=prefetch,
+            device=device,
+            as_cls=as_cls,
+            num_batches=num_batches,
+            timeout=timeout,
+            keep=keep,
+        )
+
+    def writer(
+        self,
+        table: str,
+        chunk: int = 256,
+        *,
+        max_delay: float | None = 1.0,
+        episode_key: str | None = None,
+        end_key: str | None = None,
+        timeout: float | None = None,
+    ) -> Writer:
+        """A buffer for collectors: append steps, chunks are sent when full, late, or closed.
+
+        See :class:`~tdreplay.client.writer.Writer` for the trajectory rule.
+        """
+        return Writer(
+            self,
+            table,
+            chunk,
+            max_delay=max_delay,
+            episode_key=episode_key,
+            end_key=end_key,
+            timeout=timeout,
+        )
+
+    # used by the loader: sample into caller-provided buffers
+    def _sample_into(
+        self, table: str, batch_size: int, timeout: float | None, alloc: C.Alloc
+    ) -> TensorDict:
+        return self._run(self._calls.sample(table, batch_size, timeout, None, alloc))

@@ -1,0 +1,130 @@
+"""Typed views of sampled batches: ``@tensorclass`` objects from TensorDicts.
+
+:func:`from_fields` generates a tensorclass from a table's schema (as its
+``info`` lists the fields): nested keys become nested tensorclasses, and the
+sample's ``index`` and ``sample_info`` are optional fields, so the same class
+builds the rows a collector sends and reads the batches a learner samples.
+:func:`to_tensorclass` puts a sampled TensorDict into any tensorclass, the
+caller's own included; keys the class does not declare are dropped only if
+they are the sample's ``index`` / ``sample_info``.
+
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> Step = from_fields("demo", {"obs": {"shape": [2], "dtype": "float32"},
+    ...                             "next.reward": {"shape": [1], "dtype": "float32"}})
+    >>> td = TensorDict({"obs": torch.zeros(3, 2), "next": {"reward": torch.ones(3, 1)}}, [3])
+    >>> step = to_tensorclass(td, Step)
+    >>> type(step).__name__, type(step.next).__name__, step.next.reward.shape
+    ('Demo', 'DemoNext', torch.Size([3, 1]))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import keyword
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase, is_tensorclass, tensorclass
+
+#: keys a sampled batch carries besides the schema's fields
+SAMPLE_KEYS = ("index", "sample_info")
+
+
+def _camel(name: str) -> str:
+    parts = [p for p in name.replace("-", "_").split("_") if p]
+    return "".join(p[:1].upper() + p[1:] for p in parts) or "Item"
+
+
+def _ident(name: str) -> str:
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(f"field segment {name!r} is not a Python identifier")
+    return name
+
+
+def _build(cls_name: str, tree: Mapping[str, Any], optional: tuple[str, ...] = ()) -> type:
+    spec: list[Any] = []
+    for key, sub in tree.items():
+        ftype: Any = _build(cls_name + _camel(key), sub) if isinstance(sub, dict) else torch.Tensor
+        if key in optional:
+            spec.append((_ident(key), ftype | None, dataclasses.field(default=None)))
+        else:
+            spec.append((_ident(key), ftype))
+    spec.sort(key=lambda s: len(s) == 3)  # dataclass: defaults last
+    cls = dataclasses.make_dataclass(cls_name, spec)
+    cls.__module__ = __name__
+    return tensorclass(cls)
+
+
+def from_fields(table: str, fields: Mapping[str, Any]) -> type:
+    """A ``@tensorclass`` for items of ``table``, whose ``fields`` are ``{dotted key: spec}``.
+
+    The class is named after the table in CamelCase (``robot_arm`` ->
+    ``RobotArm``; nested groups ``RobotArmNext``...) and has optional
+    ``index`` (int64 ``[B]``) and ``sample_info`` fields for sampled batches.
+    Generated classes cannot be pickled by reference (they are not module
+    attributes); send their ``._tensordict`` across processes instead.
+    """
+    tree: dict[str, Any] = {}
+    for dotted in fields:
+        node = tree
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = None
+    name = _camel(table)
+    tree["index"] = None
+    tree["sample_info"] = {"priority": None, "weight": None, "times_sampled": None}
+    return _build(name, tree, optional=SAMPLE_KEYS)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # annotations naming types not importable here
+        return {f.name: f.type for f in dataclasses.fields(cls)}
+
+
+def _inner(hint: Any) -> type | None:
+    """The tensorclass inside ``hint`` (``X``, ``X | None``, ``Optional[X]``), if any."""
+    if isinstance(hint, type) and is_tensorclass(hint):
+        return hint
+    for arg in typing.get_args(hint):
+        if isinstance(arg, type) and is_tensorclass(arg):
+            return arg
+    return None
+
+
+def to_tensorclass(td: TensorDictBase, cls: type) -> Any:
+    """``td`` as an instance of the tensorclass ``cls`` (nested tensorclasses filled in too).
+
+    Raises:
+        TypeError: ``cls`` is not a tensorclass.
+        ValueError: ``td`` lacks a field ``cls`` needs (and has no default), or
+            holds a key ``cls`` does not declare (``index`` and ``sample_info`` aside).
+    """
+    if not (isinstance(cls, type) and is_tensorclass(cls)):
+        raise TypeError(f"as_cls must be a @tensorclass, got {cls!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    keys = set(td.keys())  # (``key in td`` is not a TensorDict operation)
+    extra = [k for k in keys if k not in fields and k not in SAMPLE_KEYS]
+    if extra:
+        raise ValueError(f"{cls.__name__} has no field for key(s) {sorted(extra)}")
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in keys:
+            no_default = (
+                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            )
+            if no_default:
+                raise ValueError(f"{cls.__name__}.{name}: the batch has no key {name!r}")
+            continue
+        value = td.get(name)
+        inner = _inner(hints.get(name))
+        if inner is not None and isinstance(value, TensorDictBase):
+            value = to_tensorclass(value, inner)
+        kwargs[name] = value
+    return cls(**kwargs, batch_size=td.batch_size, device=td.device)

@@ -1,0 +1,462 @@
+"""A writer for collectors: append steps one by one, send them in chunks.
+
+    >>> with client.writer("cartpole", chunk=256) as w:   # doctest: +SKIP
+    ...     for step in rollout_steps:                    # TensorDict, batch [] or [k]
+    ...         w.append(step)
+
+A chunk is sent (one ``extend``) when ``chunk`` steps are buffered, when the
+oldest buffered step is ``max_delay`` seconds old, and when the writer
+closes. Leaving a ``with`` block normally sends what is left; leaving it on
+an exception discards the buffer (nothing half-written is sent).
+
+**The trajectory rule.** On a table whose sampler is ``slice`` (sequences
+inside episodes) a chunk always ends at an episode boundary, so an episode
+never straddles two inserts (another collector's insert could land between
+them, and the sampler would lose or — with end flags — glue the pieces):
+
+* a boundary is after a step whose end flag (the sampler's ``end_key``,
+  e.g. ``next.done``) is set, or before a step whose trajectory id (the
+  sampler's ``traj_key``, e.g. ``episode``) differs from the previous step's;
+* ``chunk`` is then a target, not a cap: the writer sends all the whole
+  episodes it holds once they add up to ``chunk`` steps or more; the time
+  limit sends the whole episodes held so far; the unfinished episode waits;
+* an episode longer than the table's capacity cannot be sent whole: it is
+  split at the capacity, with a warning;
+* on close, an unfinished episode is sent if episodes are told apart by
+  ``traj_key`` (its id keeps it apart); with ``end_key`` it is dropped with a
+  warning, as Reverb drops data no item covers — sending it would join it to
+  the next insert's first episode. End it (set its end flag) to keep it.
+
+The key comes from the table's info, or from ``episode_key=`` / ``end_key=``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import warnings
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from tensordict import TensorDictBase
+
+from .commands import as_batch
+
+if TYPE_CHECKING:
+    from .aio import AsyncReplayClient
+    from .sync import ReplayClient
+
+
+class ChunkBuffer:
+    """The writer's buffer and chunking rule, without I/O (shared by both writers).
+
+    Args:
+        chunk: steps per chunk (a target for trajectory tables, see the module doc).
+        episode_key: dotted key of a per-step trajectory id, or ``None``.
+        end_key: dotted key of a per-step end flag, or ``None``.
+        max_rows: the most rows one chunk may hold (the table's capacity).
+    """
+
+    def __init__(
+        self,
+        chunk: int,
+        *,
+        episode_key: str | None = None,
+        end_key: str | None = None,
+        max_rows: int | None = None,
+    ) -> None:
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        self.chunk = chunk
+        self.episode_key = tuple(episode_key.split(".")) if episode_key else None
+        self.end_key = tuple(end_key.split(".")) if end_key else None
+        self.max_rows = max_rows or None
+        if self.max_rows is not None:
+            self.chunk = min(chunk, self.max_rows)  # a bigger insert could never fit
+        self.parts: list[TensorDictBase] = []
+        self.n = 0
+        self.boundaries: list[int] = []  # row counts at which whole episodes end
+        self.first_at: float | None = None
+        self._last_id: int | None = None
+
+    @property
+    def trajectory(self) -> bool:
+        return self.episode_key is not None or self.end_key is not None
+
+    def append(self, step: Any) -> None:
+        td = as_batch(step)
+        k = td.batch_size[0]
+        if k == 0:
+            return
+        base = self.n
+        if self.end_key is not None:
+            flags = td.get(self.end_key).reshape(k, -1).any(-1)
+            self.boundaries.extend(base + i + 1 for i in flags.nonzero().flatten().tolist())
+        elif self.episode_key is not None:
+            ids = td.get(self.episode_key).reshape(k).to(torch.int64)
+            change = torch.zeros(k, dtype=torch.bool)
+            change[1:] = ids[1:] != ids[:-1]
+            if self._last_id is not None:
+                change[0] = int(ids[0]) != self._last_id
+            self.boundaries.extend(
+                base + i for i in change.nonzero().flatten().tolist() if base + i
+            )
+            self._last_id = int(ids[-1])
+        self.parts.append(td)
+        self.n += k
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+
+    def due(self, max_delay: float | None) -> float | None:
+        """Seconds until the time limit sends what is buffered (``None``: nothing to wait for)."""
+        if max_delay is None or self.first_at is None:
+            return None
+        if self.trajectory and not self.boundaries:
+            return None
+        return self.first_at + max_delay - time.monotonic()
+
+    def _cut(self, *, expired: bool, final: bool) -> int:
+        """Rows to send now from the front of the buffer (0: none)."""
+        n, cap = self.n, self.max_rows or self.n
+        if not n:
+            return 0
+        if not self.trajectory:
+            if n >= self.chunk:
+                return self.chunk
+            return min(n, cap) if expired or final else 0
+        if final and n <= cap:
+            return n
+        fits = [b for b in self.boundaries if b <= cap]
+        best = fits[-1] if fits else 0
+        sealed = self.boundaries[-1] if self.boundaries else 0
+        if best and (sealed >= self.chunk or expired or final or n > cap):
+            return best
+        if n > cap:
+            warnings.warn(
+                f"an episode is longer than the table's capacity ({cap} steps); "
+                "it is sent in pieces, which the sampler sees as separate episodes",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return cap
+        return n if final else 0
+
+    def take(self, *, expired: bool = False, final: bool = False) -> list[TensorDictBase]:
+        """The chunks to send now, in order; they leave the buffer."""
+        out: list[TensorDictBase] = []
+        while True:
+            m = self._cut(expired=expired, final=final)
+            if not m:
+                break
+            whole: TensorDictBase = (
+                self.parts[0] if len(self.parts) == 1 else cast(Any, torch.cat)(self.parts, 0)
+            )
+            out.append(whole[:m])
+            rest = whole[m:]
+            self.parts = [rest] if rest.batch_size[0] else []
+            self.n -= m
+            self.boundaries = [b - m for b in self.boundaries if b > m]
+            self.first_at = time.monotonic() if self.n else None
+        return out
+
+    def unfinished(self) -> int:
+        """Buffered steps past the last episode boundary (trajectory tables)."""
+        return self.n - (self.boundaries[-1] if self.boundaries else 0)
+
+    def clear(self) -> None:
+        self.parts, self.n, self.boundaries, self.first_at = [], 0, [], None
+
+
+def episode_keys(
+    info: dict[str, Any], episode_key: str | None, end_key: str | None
+) -> tuple[str | None, str | None, int]:
+    """``(episode_key, end_key, max_rows)`` for a table, from its info and the caller's overrides."""
+    shards = info.get("shards") or [info]
+    capacity = min(int(s.get("capacity", 0)) for s in shards) or None
+    sampler = info.get("sampler") or {}
+    if sampler.get("kind") != "slice":
+        return None, None, capacity or 0
+    if episode_key or end_key:
+        return episode_key, None if episode_key else end_key, capacity or 0
+    fields = info.get("fields") or {}
+    if sampler.get("traj_key"):
+        return str(sampler["traj_key"]), None, capacity or 0
+    if sampler.get("end_key"):
+        return None, str(sampler["end_key"]), capacity or 0
+    if "next.done" in fields:  # the spec's default end_key
+        return None, "next.done", capacity or 0
+    raise ValueError(
+        f"table {info.get('name')!r} samples slices but its info names no traj_key/end_key; "
+        "pass writer(..., episode_key=...) or end_key=..."
+    )
+
+
+def _warn_dropped(n: int, key: str) -> None:
+    warnings.warn(
+        f"writer closed with {n} step(s) of an unfinished episode (no {key!r} flag set); "
+        "they are dropped, since sending them would join them to the next insert's episode",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+class Writer:
+    """Buffers steps for ``table`` and extends it chunk by chunk (see the module doc).
+
+    Thread safe; chunks are sent in order, from the appending thread or, for
+    the time limit, from a timer thread. An error from a timer-sent chunk is
+    raised by the next ``append``/``flush``/``close``.
+
+    Args:
+        client: a :class:`~tdreplay.client.ReplayClient`.
+        table: the table to extend.
+        chunk: steps per chunk.
+        max_delay: seconds a step may wait in the buffer (``None``: no time limit).
+        episode_key: per-step trajectory id key (overrides the table's).
+        end_key: per-step end flag key (overrides the table's).
+        timeout: seconds each extend may wait on the rate limiter.
+    """
+
+    def __init__(
+        self,
+        client: ReplayClient,
+        table: str,
+        chunk: int = 256,
+        *,
+        max_delay: float | None = 1.0,
+        episode_key: str | None = None,
+        end_key: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.client = client
+        self.table = table
+        self.chunk = chunk
+        self.max_delay = max_delay
+        self.timeout = timeout
+        self._keys = (episode_key, end_key)
+        self._buffer: ChunkBuffer | None = None
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._timer: threading.Thread | None = None
+        self.sent_rows = 0
+        self.sent_chunks = 0
+
+    def _buf(self) -> ChunkBuffer:
+        if self._buffer is None:
+            ep, end, cap = episode_keys(self.client.info(self.table), *self._keys)
+            self._buffer = ChunkBuffer(self.chunk, episode_key=ep, end_key=end, max_rows=cap)
+            if self.max_delay is not None:
+                self._timer = threading.Thread(
+                    target=self._timer_loop, daemon=True, name="tdreplay-writer"
+                )
+                self._timer.start()
+        return self._buffer
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def _send(self, chunks: list[TensorDictBase]) -> None:
+        for td in chunks:
+            self.client.extend(self.table, td, timeout=self.timeout)
+            self.sent_rows += td.batch_size[0]
+            self.sent_chunks += 1
+
+    def append(self, step: Any) -> None:
+        """Buffer one step (batch ``[]``) or several (``[k]``); sends the chunks that are due."""
+        if self._closed:
+            raise RuntimeError("append() on a closed writer")
+        self._raise_pending()
+        buf = self._buf()
+        with self._send_lock:
+            with self._cond:
+                buf.append(step)
+                chunks = buf.take()
+                self._cond.notify_all()
+            self._send(chunks)
+
+    def flush(self) -> None:
+        """Send what is buffered now (trajectory tables: the whole episodes only)."""
+        self._raise_pending()
+        if self._buffer is None:
+            return
+        with self._send_lock:
+            with self._cond:
+                chunks = self._buffer.take(expired=True)
+            self._send(chunks)
+
+    def _timer_loop(self) -> None:
+        assert self._buffer is not None
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                left = self._buffer.due(self.max_delay)
+                if left is None or left > 0:
+                    self._cond.wait(left)
+                    continue
+            try:
+                with self._send_lock:
+                    with self._cond:
+                        chunks = self._buffer.take(expired=True)
+                    self._send(chunks)
+            except BaseException as err:
+                self._error = err
+                with self._cond:
+                    self._buffer.clear()
+
+    def close(self, *, discard: bool = False) -> None:
+        """Send what is left (see the module doc for unfinished episodes) and stop the timer.
+
+        Args:
+            discard: drop the buffer instead of sending it.
+        """
+        if self._closed:
+            return
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._timer is not None:
+            self._timer.join()
+        buf = self._buffer
+        if buf is None:
+            return
+        if discard:
+            buf.clear()
+            return
+        self._raise_pending()
+        with self._send_lock:
+            chunks = _final_chunks(buf)
+            self._send(chunks)
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.close(discard=exc_type is not None)
+
+
+def _final_chunks(buf: ChunkBuffer) -> list[TensorDictBase]:
+    if buf.end_key is not None and buf.unfinished():
+        n = buf.unfinished()
+        chunks = buf.take(expired=True)
+        _warn_dropped(n, ".".join(buf.end_key))
+        buf.clear()
+        return chunks
+    return buf.take(final=True)
+
+
+class AsyncWriter:
+    """The :class:`Writer` of :class:`~tdreplay.client.AsyncReplayClient`: ``await w.append(step)``.
+
+    Same chunking and trajectory rule; the time limit runs as an asyncio task.
+    Use ``async with client.writer(...) as w``.
+    """
+
+    def __init__(
+        self,
+        client: AsyncReplayClient,
+        table: str,
+        chunk: int = 256,
+        *,
+        max_delay: float | None = 1.0,
+        episode_key: str | None = None,
+        end_key: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.client = client
+        self.table = table
+        self.chunk = chunk
+        self.max_delay = max_delay
+        self.timeout = timeout
+        self._keys = (episode_key, end_key)
+        self._buffer: ChunkBuffer | None = None
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._timer: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+        self.sent_rows = 0
+        self.sent_chunks = 0
+
+    async def _buf(self) -> ChunkBuffer:
+        if self._buffer is None:
+            ep, end, cap = episode_keys(await self.client.info(self.table), *self._keys)
+            self._buffer = ChunkBuffer(self.chunk, episode_key=ep, end_key=end, max_rows=cap)
+            if self.max_delay is not None:
+                self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
+        return self._buffer
+
+    async def _send(self, chunks: list[TensorDictBase]) -> None:
+        for td in chunks:
+            await self.client.extend(self.table, td, timeout=self.timeout)
+            self.sent_rows += td.batch_size[0]
+            self.sent_chunks += 1
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    async def append(self, step: Any) -> None:
+        """Buffer one step (batch ``[]``) or several (``[k]``); sends the chunks that are due."""
+        if self._closed:
+            raise RuntimeError("append() on a closed writer")
+        self._raise_pending()
+        buf = await self._buf()
+        async with self._lock:
+            buf.append(step)
+            self._wake.set()
+            await self._send(buf.take())
+
+    async def flush(self) -> None:
+        """Send what is buffered now (trajectory tables: the whole episodes only)."""
+        self._raise_pending()
+        if self._buffer is not None:
+            async with self._lock:
+                await self._send(self._buffer.take(expired=True))
+
+    async def _timer_loop(self) -> None:
+        assert self._buffer is not None
+        while not self._closed:
+            left = self._buffer.due(self.max_delay)
+            if left is None or left > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), left)
+                continue
+            try:
+                async with self._lock:
+                    await self._send(self._buffer.take(expired=True))
+            except Exception as err:
+                self._error = err
+                self._buffer.clear()
+
+    async def close(self, *, discard: bool = False) -> None:
+        """Send what is left and stop the timer (see :meth:`Writer.close`)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        if self._timer is not None:
+            await self._timer  # it sees _closed and returns; a send in progress completes
+        buf = self._buffer
+        if buf is None:
+            return
+        if discard:
+            buf.clear()
+            return
+        self._raise_pending()
+        async with self._lock:
+            await self._send(_final_chunks(buf))
+
+    async def __aenter__(self) -> AsyncWriter:
+        return self
+
+    async def __aexit__(self, exc_type: object, *rest: object) -> None:
+        await self.close(discard=exc_type is not None)

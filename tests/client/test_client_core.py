@@ -1,0 +1,175 @@
+"""The plans, driven by hand: sharding, index encoding, failover (no I/O)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from tdreplay.client import ConnectionFailed, Settings, split_batch
+from tdreplay.client import commands as C
+from tdreplay.client.core import Call, Calls, Gather
+
+
+def drive(plan: Any, answer: Any) -> Any:
+    """Run ``plan``, answering each Call with ``answer(call)`` (which may raise)."""
+    result: Any = None
+    exc: BaseException | None = None
+    while True:
+        try:
+            step = plan.send(result) if exc is None else plan.throw(exc)
+        except StopIteration as stop:
+            return stop.value
+        result, exc = None, None
+        try:
+            if isinstance(step, Call):
+                result = answer(step)
+            else:
+                assert isinstance(step, Gather)
+                result = [answer(c) for c in step.calls]
+        except ConnectionFailed as err:
+            exc = err
+
+
+def calls(n: int) -> Calls:
+    return Calls(Settings(urls=tuple(f"http://s{i}" for i in range(n))))
+
+
+def rows(n: int) -> TensorDict:
+    return TensorDict({"x": torch.arange(n)}, [n])
+
+
+def test_split_batch_is_proportional_and_whole() -> None:
+    g = torch.Generator().manual_seed(0)
+    counts = [split_batch(1000, [300, 100], generator=g) for _ in range(50)]
+    assert all(sum(c) == 1000 for c in counts)
+    share = sum(c[0] for c in counts) / (50 * 1000)
+    assert 0.70 < share < 0.80
+    assert all(c % 8 == 0 for c in split_batch(64, [5, 5, 5], unit=8))
+    assert split_batch(16, [0, 7]) == [0, 16]
+    assert sum(split_batch(16, [0, 0])) == 16
+    with pytest.raises(ValueError):
+        split_batch(10, [1], unit=4)
+
+
+def test_single_server_passes_indices_through() -> None:
+    plan = calls(1).extend("t", rows(3))
+    sent: list[Call] = []
+
+    def answer(call: Call) -> Any:
+        sent.append(call)
+        return torch.tensor([7, 8, 9])
+
+    assert drive(plan, answer).tolist() == [7, 8, 9]
+    assert sent[0].shard == 0 and isinstance(sent[0].command, C.Extend)
+    assert sent[0].command.wait == 30.0  # the client's default wait, never unbounded
+
+
+def test_extend_round_robin_and_index_encoding() -> None:
+    c = calls(3)
+    shards = []
+    for _ in range(6):
+
+        def answer(call: Call) -> Any:
+            shards.append(call.shard)
+            return torch.tensor([5])
+
+        index = drive(c.extend("t", rows(1)), answer)
+        assert int(index) == 5 * 3 + shards[-1]
+    assert shards == [0, 1, 2, 0, 1, 2]
+
+
+def test_extend_fails_over_only_when_nothing_was_sent() -> None:
+    c = calls(2)
+    tried: list[int] = []
+
+    def refused_first(call: Call) -> Any:
+        tried.append(call.shard)
+        if call.shard == 0:
+            raise ConnectionFailed("refused", sent=False)
+        return torch.tensor([1])
+
+    assert int(drive(c.extend("t", rows(1)), refused_first)) == 1 * 2 + 1
+    assert tried == [0, 1]
+
+    def lost(call: Call) -> Any:
+        raise ConnectionFailed("lost", sent=True)
+
+    with pytest.raises(ConnectionFailed):
+        drive(calls(2).extend("t", rows(1)), lost)
+
+
+def info(size: int) -> dict[str, Any]:
+    return {"name": "t", "size": size, "capacity": 100, "sampler": {"kind": "uniform"}}
+
+
+def test_sharded_sample_splits_by_size_and_encodes_the_server() -> None:
+    c = calls(2)
+    seen: dict[int, int] = {}
+
+    def answer(call: Call) -> Any:
+        cmd = call.command
+        if isinstance(cmd, C.Info):
+            return info([0, 50][call.shard])
+        assert isinstance(cmd, C.Sample)
+        seen[call.shard] = cmd.batch_size
+        return TensorDict({"index": torch.full((cmd.batch_size,), 3)}, [cmd.batch_size])
+
+    batch = drive(c.sample("t", 32), answer)
+    assert seen == {1: 32}  # the empty server gets nothing
+    assert batch.batch_size == torch.Size([32])
+    assert (batch["index"] == 3 * 2 + 1).all()
+
+
+def test_sharded_update_priority_routes_by_server() -> None:
+    c = calls(2)
+    got: dict[int, tuple[list[int], list[float]]] = {}
+
+    def answer(call: Call) -> Any:
+        cmd = call.command
+        assert isinstance(cmd, C.UpdatePriority)
+        got[call.shard] = (cmd.index.tolist(), cmd.priority.tolist())
+
+    index = torch.tensor([4 * 2 + 0, 9 * 2 + 1, 6 * 2 + 0])
+    drive(c.update_priority("t", index, torch.tensor([1.0, 2.0, 3.0])), answer)
+    assert got == {0: ([4, 6], [1.0, 3.0]), 1: ([9], [2.0])}
+
+
+def test_merged_info_sums_sizes() -> None:
+    merged = drive(calls(2).info("t"), lambda call: info(10 + call.shard))
+    assert merged["size"] == 21 and merged["capacity"] == 200 and len(merged["shards"]) == 2
+
+
+def test_settings_refuse_unbounded_timeouts() -> None:
+    with pytest.raises(ValueError):
+        Settings(urls=("http://x",), timeout=float("inf"))
+    with pytest.raises(ValueError):
+        Settings(urls=("http://x",), wait=0)
+    with pytest.raises(ValueError):
+        Settings(urls=())
+
+
+def test_extend_request_carries_one_id_across_retries() -> None:
+    cmd = C.Extend("t", rows(4), wait=2.0)
+    a, b = cmd.request(), cmd.request()
+    assert a.headers["X-Request-Id"] == b.headers["X-Request-Id"]
+    assert a.body is not None and bytes(a.body) == bytes(b.body or b"")
+    assert a.target == "/v1/tables/t/extend?timeout=2.0"
+    assert C.Extend("t", rows(1)).request_id != C.Extend("t", rows(1)).request_id
+
+
+def test_as_batch_shapes() -> None:
+    step = TensorDict({"x": torch.tensor(1.0)}, [])
+    assert C.as_batch(step).batch_size == torch.Size([1])
+    grid = TensorDict({"x": torch.arange(6).reshape(2, 3)}, [2, 3])
+    flat = C.as_batch(grid)
+    assert flat.batch_size == torch.Size([6]) and flat["x"].tolist() == list(range(6))
+    assert C.as_batch({"x": torch.zeros(4, 2)}).batch_size == torch.Size([4])
+    with pytest.raises(TypeError):
+        C.as_batch([1, 2])
+
+
+def test_table_names_are_quoted() -> None:
+    assert C.Info("a b").request().target == "/v1/tables/a%20b"

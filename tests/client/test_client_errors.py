@@ -1,0 +1,54 @@
+"""Server error bodies map to the client's typed errors; errors pickle."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from tdreplay.client import errors
+from tdreplay.codec.protocol import ERROR_STATUS
+
+
+@pytest.mark.parametrize("name,status", sorted(ERROR_STATUS.items()))
+def test_every_protocol_error_has_a_class(name: str, status: int) -> None:
+    body = json.dumps(
+        {"type": name, "detail": f"bad {name}", "field": "next.reward", "table": "t"}
+    ).encode()
+    err = errors.from_response(status, body)
+    assert type(err).__name__ == name
+    assert isinstance(err, errors.ServerError)
+    assert err.status == status and err.field == "next.reward" and err.table == "t"
+    assert err.detail == f"bad {name}"
+    assert "next.reward" in str(err)
+
+
+def test_builtin_bases() -> None:
+    assert issubclass(errors.SchemaError, ValueError)
+    assert issubclass(errors.TableNotFound, KeyError)
+    assert issubclass(errors.RateLimitTimeout, TimeoutError)
+    assert issubclass(errors.Unauthorized, PermissionError)
+    assert issubclass(errors.ConnectionFailed, ConnectionError)
+    assert issubclass(errors.Timeout, TimeoutError)
+    assert not issubclass(errors.ConnectionFailed, errors.ServerError)
+
+
+def test_unknown_type_and_non_json_bodies() -> None:
+    err = errors.from_response(418, b'{"type": "Teapot", "detail": "short and stout"}')
+    assert type(err) is errors.ServerError and err.type == "Teapot" and err.status == 418
+    err = errors.from_response(404, b"<html>nope</html>")
+    assert isinstance(err, errors.TableNotFound) and "nope" in str(err)
+    err = errors.from_response(422, b'{"detail": [{"loc": ["body"], "msg": "bad"}]}')
+    assert isinstance(err, errors.SchemaError) and "bad" in str(err)
+    err = errors.from_response(502, b"")
+    assert type(err) is errors.ServerError and err.status == 502
+
+
+def test_errors_pickle() -> None:
+    err = errors.from_response(422, b'{"type": "SchemaError", "detail": "d", "field": "obs"}')
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is errors.SchemaError and back.field == "obs" and back.status == 422
+    cf = errors.ConnectionFailed("lost", url="http://x", sent=True)
+    back2 = pickle.loads(pickle.dumps(cf))
+    assert type(back2) is errors.ConnectionFailed and back2.sent and back2.url == "http://x"
