@@ -550,3 +550,12 @@ def test_mismatching_parquet_is_rejected_before_any_row(tables, tmp_path: Path, 
         assert err.value.field == column
         assert "b.parquet" in str(err.value)
         assert len(table) == 0 and table.rate_limiter.inserts == 0
+
+
+def test_demo_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from tdreplay.storage import demo
+
+    assert demo.main(["--root", str(tmp_path), "--steps", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert "data identical: True, priorities identical: True, next draws identical: True" in out
+    assert pq.read_metadata(tmp_path / "demo" / "cartpole.parquet").num_rows == 2000
