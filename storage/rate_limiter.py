@@ -87,7 +87,8 @@ class RateLimiter:
         """True when a sample of ``n`` items could never proceed, whatever is inserted."""
         if self.samples_per_insert is None:
             return False
-        return n > self.max_diff - self.min_diff + self.samples_per_insert
+        # inserts stop at max_diff, and the sample must leave at least min_diff
+        return n > self.max_diff - self.min_diff
 
     def inserted(self, n: int) -> None:
         self.inserts += n
