@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
 from .spec import NestedKey
 
@@ -36,6 +36,7 @@ def _build(tree: dict, batch: torch.Size) -> TensorDict:
 def leaves(td: TensorDictBase) -> dict[NestedKey, object]:
     """``{nested key (tuple): leaf}`` for every leaf of ``td``, tensors or not."""
     out: dict[NestedKey, object] = {}
-    for key in td.keys(include_nested=True, leaves_only=True):
+    # is_leaf_nontensor: a non-tensor leaf is reported, not silently skipped
+    for key in td.keys(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
         out[key if isinstance(key, tuple) else (key,)] = td.get(key)
     return out
