@@ -1,0 +1,239 @@
+"""Bad input is rejected with a message naming the key, and changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from conftest import make_spec, rows
+from storage_helpers import assert_same, snapshot
+from tensordict import TensorDict
+
+from tdreplay.storage import InvalidRequest, SchemaError
+
+
+def _missing(td: TensorDict) -> TensorDict:
+    return td.exclude("pixels")
+
+
+def _missing_nested(td: TensorDict) -> TensorDict:
+    return td.exclude(("next", "reward"))
+
+
+def _extra(td: TensorDict) -> TensorDict:
+    td["extra"] = torch.zeros(len(td))
+    return td
+
+
+def _extra_nested(td: TensorDict) -> TensorDict:
+    td["next", "extra"] = torch.zeros(len(td), 1)
+    return td
+
+
+def _shape(td: TensorDict) -> TensorDict:
+    td["observation"] = torch.zeros(len(td), 4)
+    return td
+
+
+def _scalar_for_vector(td: TensorDict) -> TensorDict:
+    td["next", "reward"] = torch.zeros(len(td), dtype=torch.float16)
+    return td
+
+
+def _dtype(td: TensorDict) -> TensorDict:
+    td["observation"] = td["observation"].double()
+    return td
+
+
+def _dtype_bf16_as_f16(td: TensorDict) -> TensorDict:
+    td["action"] = td["action"].half()
+    return td
+
+
+def _no_batch_dims(td: TensorDict) -> TensorDict:
+    return TensorDict(td.to_dict(), batch_size=[])
+
+
+def _two_batch_dims(td: TensorDict) -> TensorDict:
+    return td.reshape(len(td), 1) if len(td) > 1 else td.unsqueeze(0)
+
+
+def _zero_rows(td: TensorDict) -> TensorDict:
+    return rows(0, 0)
+
+
+def _over_capacity(td: TensorDict) -> TensorDict:
+    return rows(0, 17)
+
+
+def _non_tensor_leaf(td: TensorDict) -> TensorDict:
+    td = td.exclude("pixels")
+    td.set_non_tensor("pixels", "not pixels")
+    return td
+
+
+def _extra_non_tensor_leaf(td: TensorDict) -> TensorDict:
+    td.set_non_tensor("note", "hello")
+    return td
+
+
+def _plain_dict(td: TensorDict) -> dict:
+    return td.to_dict()
+
+
+# (case, make the bad batch from a good one of 3 rows, error, field, words in the message)
+EXTEND_CASES: list[tuple[str, Callable, type, str | None, list[str]]] = [
+    ("missing-key", _missing, SchemaError, "pixels", ["missing key 'pixels'"]),
+    ("missing-nested-key", _missing_nested, SchemaError, "next.reward", ["'next.reward'"]),
+    ("extra-key", _extra, SchemaError, "extra", ["unexpected key 'extra'"]),
+    ("extra-nested-key", _extra_nested, SchemaError, "next.extra", ["'next.extra'"]),
+    ("wrong-shape", _shape, SchemaError, "observation", ["[3, 4]", "expected [3, 3]"]),
+    ("wrong-shape-scalar", _scalar_for_vector, SchemaError, "next.reward", ["[3]", "[3, 1]"]),
+    ("wrong-dtype", _dtype, SchemaError, "observation", ["float64", "expected float32"]),
+    ("wrong-dtype-half", _dtype_bf16_as_f16, SchemaError, "action", ["float16", "bfloat16"]),
+    ("no-batch-dims", _no_batch_dims, SchemaError, "batch_size", ["batch_size []"]),
+    ("two-batch-dims", _two_batch_dims, SchemaError, "batch_size", ["batch_size [3, 1]"]),
+    ("zero-rows", _zero_rows, InvalidRequest, "batch_size", ["no rows"]),
+    ("over-capacity", _over_capacity, InvalidRequest, "batch_size", ["17 rows", "capacity 16"]),
+    ("non-tensor-leaf", _non_tensor_leaf, SchemaError, "pixels", ["'pixels'", "not a tensor"]),
+    ("extra-non-tensor", _extra_non_tensor_leaf, SchemaError, "note", ["'note'"]),
+    ("plain-dict", _plain_dict, SchemaError, None, ["takes a TensorDict", "dict"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("make_bad", "error", "field", "words"),
+    [c[1:] for c in EXTEND_CASES],
+    ids=[c[0] for c in EXTEND_CASES],
+)
+def test_bad_extend_is_rejected_and_changes_nothing(
+    backend: dict, tables, make_bad: Callable, error: type, field: str | None, words: list[str]
+) -> None:
+    table = tables.create(make_spec(capacity=16, backend=backend))
+    table.extend(rows(0, 14))
+    table.sample(4)
+    before = snapshot(table)
+    with pytest.raises(error) as info:
+        table.extend(make_bad(rows(100, 3)))
+    message = str(info.value)
+    assert message.startswith("table 't': "), message
+    for word in words:
+        assert word in message, (word, message)
+    assert info.value.field == field
+    assert info.value.table == "t"
+    assert_same(before, snapshot(table))
+    # and the table still works: the next good extend lands where the cursor was
+    assert table.extend(rows(14, 3)).tolist() == [14, 15, 0]
+
+
+PRIORITY_CASES = [
+    ("negative", "prioritized", [1.0, -1.0, 1.0], ["finite and >= 0"]),
+    ("nan", "prioritized", [1.0, float("nan"), 1.0], ["finite and >= 0"]),
+    ("inf", "prioritized", [float("inf"), 1.0, 1.0], ["finite and >= 0"]),
+    ("too-few", "prioritized", [1.0, 1.0], ["2 priorities for 3 rows"]),
+    ("not-prioritized", "uniform", [1.0, 1.0, 1.0], ["priorities", "'uniform'"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("sampler", "priority", "words"),
+    [c[1:] for c in PRIORITY_CASES],
+    ids=[c[0] for c in PRIORITY_CASES],
+)
+def test_bad_extend_priorities_change_nothing(
+    tables, sampler: str, priority: list[float], words: list[str]
+) -> None:
+    table = tables.create(make_spec(capacity=16, sampler={"kind": sampler}))
+    table.extend(rows(0, 5))
+    before = snapshot(table)
+    with pytest.raises(InvalidRequest) as info:
+        table.extend(rows(5, 3), priority=torch.tensor(priority))
+    for word in words:
+        assert word in str(info.value)
+    assert info.value.field == "priority"
+    assert_same(before, snapshot(table))
+
+
+def _wrong_batch(batch: TensorDict) -> TensorDict:
+    return batch[:4].clone()
+
+
+def _wrong_dtype(batch: TensorDict) -> TensorDict:
+    batch["observation"] = batch["observation"].double()
+    return batch
+
+
+def _wrong_shape(batch: TensorDict) -> TensorDict:
+    batch["pixels"] = torch.zeros(8, 2, 3, dtype=torch.uint8)
+    return batch
+
+
+def _missing_out_key(batch: TensorDict) -> TensorDict:
+    return batch.exclude("observation")
+
+
+def _non_contiguous(batch: TensorDict) -> TensorDict:
+    batch["observation"] = torch.zeros(3, 8).T
+    return batch
+
+
+OUT_CASES = [
+    ("batch-size", _wrong_batch, "out", ["batch_size [4]", "expected [8]"]),
+    ("dtype", _wrong_dtype, "observation", ["out['observation']", "float32"]),
+    ("shape", _wrong_shape, "pixels", ["out['pixels']", "[8, 2, 2]"]),
+    ("missing-key", _missing_out_key, "observation", ["out['observation']"]),
+    ("non-contiguous", _non_contiguous, "observation", ["contiguous"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("make_bad", "field", "words"), [c[1:] for c in OUT_CASES], ids=[c[0] for c in OUT_CASES]
+)
+def test_bad_out_is_rejected_and_changes_nothing(
+    backend: dict, tables, make_bad: Callable, field: str, words: list[str]
+) -> None:
+    table = tables.create(make_spec(capacity=16, backend=backend))
+    table.extend(rows(0, 16))
+    out = make_bad(table.sample(8))
+    kept = out.clone()
+    before = snapshot(table)
+    with pytest.raises(InvalidRequest) as info:
+        table.sample(8, out=out)
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+    assert info.value.field == field
+    assert_same(before, snapshot(table))
+    assert (out == kept).all()  # not half-written either
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 17, 2.5, "8", None])
+def test_bad_batch_size_is_rejected_and_changes_nothing(backend: dict, tables, batch_size) -> None:
+    table = tables.create(make_spec(capacity=16, backend=backend))
+    table.extend(rows(0, 10))
+    before = snapshot(table)
+    with pytest.raises(InvalidRequest, match=r"batch_size must be an integer in \[1, 16\]") as info:
+        table.sample(batch_size)
+    assert info.value.field == "batch_size"
+    assert_same(before, snapshot(table))
+
+
+def test_rejected_sample_leaves_the_generator_alone(tables) -> None:
+    a = tables.create(make_spec(name="a", capacity=16), seed=3)
+    b = tables.create(make_spec(name="b", capacity=16), seed=3)
+    for t in (a, b):
+        t.extend(rows(0, 16))
+    with pytest.raises(InvalidRequest):
+        a.sample(0)
+    with pytest.raises(InvalidRequest):
+        a.sample(8, out=rows(0, 8).exclude("id"))
+    assert torch.equal(a.sample(8)["index"], b.sample(8)["index"])
+
+
+def test_extend_copies_the_input(tables) -> None:
+    """Changing the caller's tensors after extend does not change the table."""
+    table = tables.create(make_spec(capacity=8))
+    data = rows(0, 4)
+    table.extend(data)
+    data["observation"].fill_(-1)
+    assert table.read(torch.arange(4))["observation"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
