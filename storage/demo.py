@@ -57,7 +57,8 @@ def synthetic_rollouts(n: int, *, first_episode: int = 0, seed: int = 0) -> tupl
         torch.arange(len(lengths)) + first_episode, torch.tensor(lengths)
     )
     step = torch.cat([torch.arange(k) for k in lengths])
-    last = torch.cat([torch.arange(k) == k - 1 for k in lengths])
+    ends = torch.cat([torch.arange(k) == k - 1 for k in lengths])
+    last = ends.clone()
     last[-1] = False  # still running when the rollout ended
     # observations random-walk within an episode; next.observation is the next step's
     drift = torch.randn(n, 4, generator=g) * 0.05
@@ -67,7 +68,6 @@ def synthetic_rollouts(n: int, *, first_episode: int = 0, seed: int = 0) -> tupl
     ]
     obs = walk - walk[start] + drift[start]
     next_obs = torch.roll(obs, -1, 0)
-    ends = torch.cat([torch.arange(k) == k - 1 for k in lengths])
     next_obs[ends] = obs[ends] + drift[ends]
     action = torch.nn.functional.one_hot(torch.randint(0, 2, (n,), generator=g), 2)
     false = torch.zeros(n, 1, dtype=torch.bool)
@@ -95,7 +95,8 @@ def synthetic_rollouts(n: int, *, first_episode: int = 0, seed: int = 0) -> tupl
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tdreplay.storage.demo", description=__doc__.split("\n\n")[0]
+        prog="python -m tdreplay.storage.demo",
+        description="A walk-through of tdreplay's storage layer.",
     )
     parser.add_argument(
         "--root", default="./tdreplay-data", help="data root (demo data goes in <root>/demo)"

@@ -13,7 +13,8 @@ is a primitive column, a tensor field a ``fixed_size_list`` of its elements in
 row-major order, with ``tdreplay.shape`` / ``tdreplay.dtype`` in the field
 metadata. Arrow has no bfloat16, so a bfloat16 field is stored as ``uint16``
 holding the same bits (``tdreplay.dtype = "bfloat16"``). The schema metadata
-holds the table's name (``tdreplay.table``) and spec (``tdreplay.spec``, JSON).
+holds the table's name (``tdreplay.table``) and spec (``tdreplay.spec``, JSON,
+without the backend block).
 One row group per chunk.
 
 Readers: pyarrow and pandas read the file as is (tensor fields as lists).
@@ -278,10 +279,11 @@ def _chunks(
 
 
 def _parquet_schema(table: Table) -> pa.Schema:
+    """The codec's schema for the table, with its name and spec (less the backend: the
+    file describes the data, not where a server kept it) in the schema metadata."""
     empty = to_record_batch(table.backend.empty(0)).schema
-    return empty.with_metadata(
-        {"tdreplay.table": table.name, "tdreplay.spec": table.spec.model_dump_json()}
-    )
+    spec = table.spec.model_dump_json(exclude={"backend"})
+    return empty.with_metadata({"tdreplay.table": table.name, "tdreplay.spec": spec})
 
 
 def _write_parquet(
@@ -314,13 +316,15 @@ def _float_text(values: np.ndarray) -> pa.Array:
 
 
 def _csv_arrays(t: torch.Tensor) -> list[pa.Array]:
+    """One Arrow array per CSV column of ``t`` (``[N, *shape]``): zero-copy slices of one array."""
     n = t.shape[0]
-    flat = t.reshape(n, -1)
+    columns = t.reshape(n, -1).T.contiguous()  # column j of the CSV is row j here
+    flat = columns.reshape(-1)
     if t.dtype.is_floating_point:
-        block = flat.to(torch.float64).numpy()
-        return [_float_text(block[:, j]) for j in range(block.shape[1])]
-    block = flat.numpy()
-    return [pa.array(block[:, j]) for j in range(block.shape[1])]
+        arr = _float_text(flat.to(torch.float64).numpy())
+    else:
+        arr = pa.array(flat.numpy())
+    return [arr.slice(j * n, n) for j in range(columns.shape[0])]
 
 
 def _write_csv(table: Table, path: Path, index: torch.Tensor, seq: torch.Tensor, bar: tqdm) -> int:
@@ -330,7 +334,7 @@ def _write_csv(table: Table, path: Path, index: torch.Tensor, seq: torch.Tensor,
         if dtype.is_floating_point:
             typ = pa.string()
         else:
-            typ = pa.bool_() if dtype == torch.bool else pa.from_numpy_dtype(_np_dtype(dtype))
+            typ = pa.from_numpy_dtype(np.dtype(DTYPE_NAMES[dtype]))
         fields += [pa.field(name, typ) for name in csv_columns(join_key(key), shape)]
     schema = pa.schema(fields)
     cells = max(len(fields), 1)
@@ -349,10 +353,6 @@ def _write_csv(table: Table, path: Path, index: torch.Tensor, seq: torch.Tensor,
             written += n
             bar.update(read)
     return len(index) - written
-
-
-def _np_dtype(dtype: torch.dtype) -> np.dtype:
-    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 # ------------------------------------------------------------------ import
@@ -414,30 +414,37 @@ def import_parquet(
             got=chunk,
         )
     step = min(chunk, table.capacity)
-    with contextlib.ExitStack() as stack:
-        files = []
-        for f in _parquet_files(table, Path(path)):
-            try:
-                pf = stack.enter_context(pq.ParquetFile(f))
-            except (pa.ArrowException, OSError) as err:
-                raise InvalidRequest(
-                    f"table {table.name!r}: {str(f)!r} is not a readable Parquet file: {err}",
-                    table=table.name,
-                    field="path",
-                    got=str(f),
-                ) from None
-            files.append((f, pf, _plan(table, pf, f)))
-        for f, pf, plan in files:
+    files, total = [], 0
+    for f in _parquet_files(table, Path(path)):  # one open file at a time: folders can be large
+        with _open(table, f) as pf:
+            plan = _plan(table, pf, f)
             _prescan(table, f, pf, plan, step)
-        total = sum(pf.metadata.num_rows for _, pf, _ in files)
-        written = 0
-        with _progress(progress, total, table.spec.item_nbytes, f"import {table.name}") as bar:
-            for f, pf, plan in files:
+            total += pf.metadata.num_rows
+        files.append((f, plan))
+    written = 0
+    with _progress(progress, total, table.spec.item_nbytes, f"import {table.name}") as bar:
+        for f, plan in files:
+            with _open(table, f) as pf:
                 for rb in _batches(pf, plan, step):
                     leaves = {c.key: _decode(table, f, c, rb.column(c.name)) for c in plan}
                     written += len(table.extend(nest(leaves, rb.num_rows)))
                     bar.update(rb.num_rows)
     return written
+
+
+@contextlib.contextmanager
+def _open(table: Table, path: Path) -> Iterator[pq.ParquetFile]:
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as err:
+        raise InvalidRequest(
+            f"table {table.name!r}: {str(path)!r} is not a readable Parquet file: {err}",
+            table=table.name,
+            field="path",
+            got=str(path),
+        ) from None
+    with pf:
+        yield pf
 
 
 def _parquet_files(table: Table, path: Path) -> list[Path]:
@@ -523,6 +530,7 @@ def _plan(table: Table, pf: pq.ParquetFile, source: Path) -> list[_Column]:
 def _check_column(
     table: Table, source: Path, name: str, f: pa.Field, shape: list[int], dtype: torch.dtype
 ) -> tuple[list[int], bool]:
+    """The list sizes column ``f`` must have for the field, and whether it has variable lists."""
     levels: list[int | None] = []  # None: a variable-size list
     t = f.type
     while True:
