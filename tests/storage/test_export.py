@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import make_spec, rows
+from conftest import assert_consistent, make_spec, rows
 from storage_helpers import assert_bitwise_equal, bits
 from tensordict import TensorDict
 
@@ -335,6 +337,53 @@ def test_items_overwritten_during_an_export_are_left_out(
     assert "5 of 40 items were overwritten or removed" in caplog.text
     got = from_record_batch(pq.read_table(path))
     assert_bitwise_equal(expected[5:], got)  # items 20..54: whole, oldest first
+
+
+def test_export_while_writers_and_samplers_run(
+    tables, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No deadlock with samplers (they take the table lock, then the data lock), no torn rows."""
+    monkeypatch.setattr(export_mod, "MIN_CHUNK_ROWS", 16)
+    monkeypatch.setattr(export_mod, "MAX_CHUNK_ROWS", 16)
+    table = tables.create(make_spec(capacity=256, backend={"kind": "memmap"}))
+    table.extend(rows(0, 256))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run(fn) -> None:
+        try:
+            while not stop.is_set():
+                fn()
+        except BaseException as err:
+            errors.append(err)
+
+    counter = iter(range(256, 10**9, 8))
+
+    def insert() -> None:
+        table.extend(rows(next(counter), 8))
+        time.sleep(0.001)  # a ring this small would otherwise turn over within one export
+
+    workers = [
+        threading.Thread(target=run, args=(insert,)),
+        threading.Thread(target=run, args=(lambda: assert_consistent(table.sample(32)),)),
+    ]
+    for w in workers:
+        w.start()
+    try:
+        exported = []
+        for i in range(5):
+            got = from_record_batch(pq.read_table(table.export(tmp_path / f"{i}.parquet")))
+            ids = got["id"]
+            assert len(ids) <= 256 and bool((ids[1:] > ids[:-1]).all())  # oldest first
+            assert_consistent(got)
+            assert torch.equal(got["next", "done"], (ids % 10 == 9)[:, None])
+            exported.append(len(ids))
+        assert max(exported) > 0
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(10)
+    assert not errors, errors[0]
 
 
 def test_progress_bar(tables, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
