@@ -108,7 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     root = Path(args.root).absolute() / "demo"
-    schema = Path(args.schema) if args.schema else find_schema()
+    try:
+        schema = Path(args.schema) if args.schema else find_schema()
+    except FileNotFoundError as err:
+        parser.error(str(err))
 
     def say(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:5.2f}s] {msg}", flush=True)

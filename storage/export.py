@@ -95,7 +95,7 @@ from tqdm import tqdm
 from tdreplay.codec import CodecError, from_column, to_record_batch
 from tdreplay.codec.arrow import META_DTYPE, META_SHAPE, SEP
 
-from .errors import BackendError, InvalidRequest, SchemaError
+from .errors import BackendError, EmptyTableError, InvalidRequest, SchemaError
 from .spec import DTYPE_NAMES, DTYPES, NestedKey, join_key
 from .tensordicts import nest
 
@@ -181,6 +181,7 @@ def export(
     Raises:
         InvalidRequest: the format is unknown or cannot be told from the suffix,
             or ``path`` is a folder.
+        EmptyTableError: the table is closed.
         BackendError: the file could not be written or the storage not read;
             no file is left behind.
     """
@@ -248,6 +249,8 @@ def _format(table: Table, path: Path, format: str | None) -> str:
 def _snapshot(table: Table) -> tuple[torch.Tensor, torch.Tensor]:
     """Live slots oldest first, and the insert number of the item each holds, taken at once."""
     with table._cond:
+        if table.closed:  # its storage handles are gone
+            raise EmptyTableError(f"table {table.name!r} is closed", table=table.name)
         s = table.slots
         live = s.live.nonzero().squeeze(1)
         index = live[torch.argsort(s.seq[live])]

@@ -24,7 +24,14 @@ from storage_helpers import assert_bitwise_equal, bits
 from tensordict import TensorDict
 
 from tdreplay.codec import from_record_batch
-from tdreplay.storage import BackendError, InvalidRequest, SchemaError, Table, TableSpec
+from tdreplay.storage import (
+    BackendError,
+    EmptyTableError,
+    InvalidRequest,
+    SchemaError,
+    Table,
+    TableSpec,
+)
 from tdreplay.storage import export as export_mod
 from tdreplay.storage.export import csv_columns
 from tdreplay.storage.spec import join_key
@@ -311,6 +318,14 @@ def test_failed_export_leaves_no_file(
         table.export(out / f"x{suffix}")
     assert [p.name for p in out.iterdir()] == [f"x{suffix}"]
     assert (out / f"x{suffix}").read_text() == "previous"
+
+
+def test_closed_table_does_not_export(tables, tmp_path: Path) -> None:
+    table, _ = filled(tables)
+    table.close()
+    with pytest.raises(EmptyTableError, match="is closed"):
+        table.export(tmp_path / "x.parquet")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unwritable_destination_is_a_backend_error(tables, tmp_path: Path) -> None:
