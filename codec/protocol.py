@@ -4,7 +4,8 @@ Bulk data travels as Arrow IPC streams (:mod:`tdreplay.codec.arrow`); control
 messages and errors as JSON. An error body is
 ``{"type": <error class>, "detail": <message>, "field": <key or null>, ...}``
 and ``type`` names one of :data:`ERROR_STATUS`'s classes, which the client
-raises under the same name.
+raises under the same name. (A path that is no route at all, or a method a
+route does not take, answers 404 / 405 with ``type`` ``InvalidRequest``.)
 
 Routes (``{name}``: a table; every data route is named like the storage API)::
 
@@ -21,22 +22,39 @@ Routes (``{name}``: a table; every data route is named like the storage API)::
     POST   /v1/tables/{name}/sample               ?batch_size=N&timeout=SECONDS
                                                   -> Arrow IPC: fields + index + sample_info.*
     GET    /v1/tables/{name}/stream               ?batch_size=N&count=M&timeout=SECONDS
-                                                  -> chunked Arrow IPC stream, one record batch per sample
+                                                  -> chunked Arrow IPC stream, one record batch per sample;
+                                                  count omitted: until the client hangs up. A stream
+                                                  ends early (fewer batches, clean end of stream) when
+                                                  a later sample times out or the table goes away
     POST   /v1/tables/{name}/update_priority      JSON {"index": [...], "priority": [...]}
     POST   /v1/tables/{name}/checkpoint           JSON {"path": "relative/to/root"} -> {"path": ...}
+                                                  path omitted: checkpoints/{name}
     POST   /v1/tables/{name}/restore              JSON {"path": "relative/to/root"} -> info
+                                                  (the checkpoint must be of table {name}; it replaces
+                                                  the table, or creates it)
     POST   /v1/tables/{name}/export               JSON {"format": "parquet"|"csv", "path": optional}
                                                   path given: written under the data root -> {"path": ...}
                                                   no path: the file streamed back
 
+The docs: ``GET /docs`` (Swagger UI) and ``GET /openapi.json``.
+
+Sampled batches carry, beside the table's fields, ``index`` (int64),
+``sample_info.priority`` (float32), ``sample_info.weight`` (float32) and
+``sample_info.times_sampled`` (int64).
+
 With a token configured, every route but ``/healthz`` and ``/readyz`` needs
-``Authorization: Bearer <token>``.
+``Authorization: Bearer <token>``. Paths in checkpoint, restore and export
+bodies are relative to the server's data root and may not leave it (400).
 """
 
 from __future__ import annotations
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
+PARQUET = "application/vnd.apache.parquet"
+CSV = "text/csv"
+#: export format -> media type of the streamed file
+EXPORT_MEDIA = {"parquet": PARQUET, "csv": CSV}
 
 API = "/v1"
 TABLES = f"{API}/tables"
@@ -51,6 +69,11 @@ def table_path(name: str, action: str = "") -> str:
 REQUEST_ID = "X-Request-Id"
 #: response header: the rows an extend wrote (comma-free count)
 ROWS_WRITTEN = "X-Rows-Written"
+#: response header on an extend answered from the X-Request-Id memory ("true"): nothing was inserted
+IDEMPOTENT_REPLAY = "X-Idempotent-Replay"
+
+#: folder under the data root where checkpoints go by default (``checkpoints/{name}``)
+CHECKPOINTS = "checkpoints"
 
 #: error ``type`` -> HTTP status; the service answers with these, the client maps back
 ERROR_STATUS: dict[str, int] = {

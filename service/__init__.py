@@ -1,1 +1,17 @@
-"""tdreplay.service (under construction)."""
+"""tdreplay.service: the HTTP server (FastAPI on uvicorn) in front of tdreplay tables.
+
+    $ tdreplay serve --schema schemas/ --root ./data --port 8000
+
+or, in Python::
+
+    >>> from tdreplay.service import Settings, create_app
+    >>> app = create_app(Settings(schema_path="schemas/cartpole.yaml"))
+
+The routes, media types and error statuses are those of
+:mod:`tdreplay.codec.protocol`.
+"""
+
+from .app import create_app
+from .settings import Settings
+
+__all__ = ["Settings", "create_app"]

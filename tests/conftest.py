@@ -171,3 +171,157 @@ def tables(tmp_path: Path) -> Iterator[Tables]:
     made = Tables(tmp_path / "data")
     yield made
     made.cleanup()
+
+
+# ---------------------------------------------------------------- live tdreplay servers
+import os  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class LiveServer:
+    """A ``tdreplay serve`` process started by :func:`live_server`.
+
+    Attributes:
+        url: ``http://127.0.0.1:<port>``.
+        port, host: where it listens.
+        root: its data root.
+        token: its bearer token, if any.
+        proc: the process.
+        log: the file its output goes to.
+    """
+
+    def __init__(
+        self, proc: subprocess.Popen, port: int, root: Path, token: str | None, log: Path
+    ) -> None:
+        self.proc = proc
+        self.host = "127.0.0.1"
+        self.port = port
+        self.url = f"http://{self.host}:{port}"
+        self.root = root
+        self.token = token
+        self.log = log
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | bytearray | memoryview | None = None,
+        headers: dict[str, str] | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> tuple[int, dict[str, str], bytes]:
+        """One request on a fresh connection: ``(status, headers (lower-case names), body)``."""
+        import http.client
+
+        hdrs = dict(headers or {})
+        if self.token and "Authorization" not in hdrs:
+            hdrs["Authorization"] = f"Bearer {self.token}"
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers=hdrs)
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM (graceful shutdown), then SIGKILL after ``timeout`` seconds; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        return self.proc.returncode
+
+
+def _wait_ready(server: LiveServer, timeout: float) -> None:
+    import http.client
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if server.proc.poll() is not None:
+            pytest.fail(f"tdreplay serve exited with {server.proc.returncode}:\n{server.output()}")
+        try:
+            conn = http.client.HTTPConnection(server.host, server.port, timeout=2)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                conn.close()
+                return
+            conn.close()
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            server.stop()
+            pytest.fail(f"tdreplay serve not ready after {timeout}s:\n{server.output()}")
+        time.sleep(0.05)  # poll interval of the readiness probe
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveServer]]:
+    """Factory of real servers: ``live_server(*flags, token=None, root=None, env=None, **flags)``.
+
+    Each call starts ``python -m tdreplay.service serve --port <free> --root <tmp>
+    *flags`` (from the repository root, so ``--schema schemas/...`` works; keyword
+    flags are spelled ``schema="schemas/"`` -> ``--schema schemas/``), waits until
+    ``/readyz`` answers 200, and returns a :class:`LiveServer`. ``TDREPLAY_*``
+    variables of the test environment are not passed on. Every server started
+    is stopped when the module's tests are done.
+
+        >>> server = live_server("--schema", "schemas/cartpole.yaml", backend="memory")  # doctest: +SKIP
+        >>> server.request("GET", "/v1/tables")[0]  # doctest: +SKIP
+        200
+    """
+    started: list[LiveServer] = []
+
+    def start(
+        *args: str,
+        token: str | None = None,
+        root: Path | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 60.0,
+        **flags: object,
+    ) -> LiveServer:
+        port = free_port()
+        root = root or tmp_path_factory.mktemp("live") / "data"
+        log = root.parent / f"server-{port}.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "tdreplay.service",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--root",
+            str(root),
+            "--log-level",
+            "warning",
+            *args,
+        ]
+        for name, value in flags.items():
+            cmd += [f"--{name.replace('_', '-')}", str(value)]
+        if token:
+            cmd += ["--token", token]
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("TDREPLAY_")}
+        full_env.update(env or {})
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=REPO
+            )
+        server = LiveServer(proc, port, root, token, log)
+        started.append(server)
+        _wait_ready(server, timeout)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

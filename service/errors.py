@@ -1,0 +1,128 @@
+"""The one place errors become HTTP responses.
+
+Every error body is ``{"type", "detail", "field", ...}`` (see
+:mod:`tdreplay.codec.protocol`) with the status :data:`ERROR_STATUS` gives its
+``type``. Storage errors (:mod:`tdreplay.storage.errors`) and codec errors
+pass through unchanged; the service adds the few errors of its own below.
+Anything else is an ``InternalError`` 500 whose body says nothing about the
+cause; the traceback goes to the server log.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from tdreplay.codec import CodecError
+from tdreplay.codec.protocol import ERROR_STATUS
+from tdreplay.storage.errors import InvalidRequest, SchemaError, TDReplayError
+
+log = logging.getLogger("tdreplay.service")
+
+
+class Unauthorized(TDReplayError):
+    """The request carries no bearer token, or the wrong one."""
+
+
+class Forbidden(TDReplayError):
+    """The request is understood but not allowed here (e.g. a backend the server does not offer)."""
+
+
+class PayloadTooLarge(TDReplayError):
+    """A request or response body exceeds the server's ``max_body_bytes``."""
+
+
+class UnsupportedMediaType(TDReplayError):
+    """The request body has the wrong ``Content-Type``."""
+
+
+class InternalError(TDReplayError):
+    """The server failed; the details are in its log, not in the response."""
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status of an error: its class's, or the nearest base class's, in ERROR_STATUS."""
+    for cls in type(exc).__mro__:
+        if cls.__name__ in ERROR_STATUS:
+            return ERROR_STATUS[cls.__name__]
+    return 500
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    """The JSON body of an error response."""
+    if isinstance(exc, TDReplayError):
+        return exc.to_dict()
+    if isinstance(exc, CodecError):
+        return {"type": "CodecError", "detail": str(exc), "field": exc.field}
+    return InternalError("internal server error").to_dict()
+
+
+def error_response(exc: BaseException, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(exc), status_code=status_of(exc), headers=headers)
+
+
+#: route names whose JSON body is a table schema: a body that fails validation is a SchemaError
+SCHEMA_BODY_ROUTES = {"create_table"}
+
+
+def _validation_error(request: Request, exc: RequestValidationError) -> TDReplayError:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    loc = [str(p) for p in first.get("loc", ())]
+    where = loc[0] if loc else ""
+    field = ".".join(loc[1:]) or None
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or where}: {e.get('msg')}"
+        for e in errors[:10]
+    )
+    route = request.scope.get("route")
+    if (
+        where == "body"
+        and getattr(route, "name", None) in SCHEMA_BODY_ROUTES
+        and first.get("type") != "json_invalid"
+    ):
+        return SchemaError(f"invalid table schema: {problems}", field=field)
+    return InvalidRequest(f"invalid {where or 'request'}: {problems}", field=field)
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every error into ``{"type", "detail", "field"}``."""
+
+    async def on_tdreplay(request: Request, exc: Exception) -> JSONResponse:
+        status = status_of(exc)
+        if status >= 500:
+            log.error("%s %s failed: %s", request.method, request.url.path, exc)
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+        return error_response(exc, headers)
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(_validation_error(request, exc))
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        # no route, or a method the route does not take: the protocol's InvalidRequest, with
+        # the status Starlette chose (404, 405)
+        if exc.status_code == 404:
+            detail = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            detail = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            detail = str(exc.detail)
+        body = InvalidRequest(detail).to_dict()
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return error_response(InternalError("internal server error"))
+
+    app.add_exception_handler(TDReplayError, on_tdreplay)
+    app.add_exception_handler(CodecError, on_tdreplay)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,334 @@
+"""The tables a server holds, by name; every call is delegated to a :class:`Table`.
+
+Like Reverb's server, the service is a map of tables: a :class:`TableHandle`
+wraps one :class:`~tdreplay.storage.Table` with what serving it over HTTP
+needs (change events for asynchronous rate-limiter waits, the request-id
+memory, the pooled sample bodies), and the :class:`Registry` creates,
+restores, checkpoints and deletes them. Blocking table calls run in the
+threadpool; nothing here blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from starlette.concurrency import run_in_threadpool
+from tensordict import TensorDictBase
+
+from tdreplay.codec import protocol
+from tdreplay.storage import Table, TableSpec
+from tdreplay.storage.checkpoint import find, read_metadata
+from tdreplay.storage.errors import (
+    CheckpointError,
+    InvalidRequest,
+    RateLimitTimeout,
+    TableExists,
+    TableNotFound,
+)
+
+from .errors import PayloadTooLarge
+from .idempotency import RecentRequests
+from .settings import Settings
+from .waiting import Changes, Op, rate_limited
+from .wire import Lease, SampleBuffers, sample_nbytes
+
+log = logging.getLogger("tdreplay.service")
+
+WaitHook = Callable[[str, Op, float, bool], None]
+
+
+class TableHandle:
+    """A table as the server holds it.
+
+    Args:
+        table: the table.
+        settings: the server's settings (idempotency memory, buffer pools).
+        on_wait: called after every rate-limiter wait with the table, the
+            operation, the seconds waited and whether it timed out.
+    """
+
+    def __init__(self, table: Table, settings: Settings, on_wait: WaitHook | None = None) -> None:
+        self.table = table
+        self.name = table.name
+        self.changes = Changes(asyncio.get_running_loop())
+        table.add_listener(self.changes.notify_threadsafe)
+        self.recent = RecentRequests(settings.idempotency_size, settings.idempotency_ttl)
+        self.samples = SampleBuffers(table.spec.torch_schema(), per_size=settings.pooled_buffers)
+        self.max_body = settings.max_body_bytes
+        self.is_open = True
+        self._on_wait = on_wait
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifetime -----------------------------------------------------------
+    @contextlib.contextmanager
+    def use(self) -> Iterator[Table]:
+        """Hold the table for one call; a deleted table raises :class:`TableNotFound`."""
+        if not self.is_open:
+            raise _not_found(self.name)
+        self._active += 1
+        self._idle.clear()
+        try:
+            yield self.table
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+
+    async def retire(self) -> None:
+        """Stop serving: refuse new calls, end waits, and return once running calls are done."""
+        self.is_open = False
+        self.changes.fire()
+        await self._idle.wait()
+
+    # -- data ---------------------------------------------------------------
+    def _waited(self, op: Op) -> Callable[[float, bool], None]:
+        def hook(seconds: float, timed_out: bool) -> None:
+            if self._on_wait is not None:
+                self._on_wait(self.name, op, seconds, timed_out)
+
+        return hook
+
+    def _held_back(self, op: Op, n: int, timeout: float) -> Callable[[], str]:
+        def describe() -> str:
+            rl = self.table.rate_limiter
+            return (
+                f"table {self.name!r}: {op} of {n} items held back by the rate limiter for "
+                f"{timeout:g}s (size {self.table.size}, inserts {rl.inserts}, samples {rl.samples}, "
+                f"min_size_to_sample {rl.min_size_to_sample}, samples_per_insert "
+                f"{rl.samples_per_insert}, error_buffer {rl.error_buffer})"
+            )
+
+        return describe
+
+    async def _limited(self, call: Callable[[], Any], op: Op, n: int, timeout: float) -> Any:
+        return await rate_limited(
+            call,
+            changes=self.changes,
+            name=self.name,
+            op=op,
+            timeout=timeout,
+            describe=self._held_back(op, n, timeout),
+            is_open=lambda: self.is_open,
+            on_wait=self._waited(op),
+        )
+
+    async def extend(self, td: TensorDictBase, timeout: float) -> torch.Tensor:
+        """``Table.extend``, waiting asynchronously up to ``timeout`` seconds for the rate limiter."""
+        with self.use() as table:
+            n = td.batch_size[0] if td.batch_dims else 0
+            return await self._limited(lambda: table.extend(td, timeout=0), "insert", n, timeout)
+
+    def check_batch_size(self, n: int) -> None:
+        """Refuse a sample size the table or the body limit cannot serve, before any buffer exists."""
+        cap = self.table.capacity
+        if not 1 <= n <= cap:
+            raise InvalidRequest(
+                f"table {self.name!r}: batch_size must be in [1, {cap}], got {n}",
+                table=self.name,
+                field="batch_size",
+                expected=f"[1, {cap}]",
+                got=n,
+            )
+        if sample_nbytes(self.table.spec.item_nbytes, n) > self.max_body:
+            raise PayloadTooLarge(
+                f"table {self.name!r}: a sample of {n} items exceeds the server's body limit "
+                f"of {self.max_body} bytes",
+                table=self.name,
+                field="batch_size",
+                got=n,
+            )
+
+    async def sample(self, n: int, timeout: float) -> Lease:
+        """``Table.sample`` gathered straight into a pooled Arrow IPC body."""
+        with self.use() as table:
+            self.check_batch_size(n)
+            lease = await self.samples.lease(n)
+
+            def draw() -> None:
+                table.sample(n, timeout=0, out=lease.out)
+                lease.finish()
+
+            await self._limited(draw, "sample", n, timeout)
+            return lease
+
+    async def sample_run(self, n: int, k: int, timeout: float) -> memoryview:
+        """Up to ``k`` samples of ``n`` items as consecutive Arrow record-batch messages.
+
+        Draws ``k * n`` items in one ``Table.sample`` call (the same as ``k``
+        draws of ``n`` for every sampler: draws are independent and weights are
+        normalized over the whole table) and lays them out as ``k`` record
+        batches; when the rate limiter allows fewer, fewer batches come back.
+        """
+        with self.use() as table:
+            self.check_batch_size(n)
+            layout = await run_in_threadpool(self.samples.layout, n)
+            k = max(1, min(k, table.capacity // n))
+
+            def draw() -> memoryview:
+                m = k
+                while True:
+                    try:
+                        batch = table.sample(m * n, timeout=0)
+                        break
+                    except (RateLimitTimeout, InvalidRequest):
+                        if m == 1:
+                            raise
+                        m //= 2
+                return layout.tile(batch, m)
+
+            return await self._limited(draw, "sample", n, timeout)
+
+    async def info(self) -> dict[str, Any]:
+        with self.use() as table:
+            info = await run_in_threadpool(table.info)
+        info["waiting"] = dict(self.changes.waiting)
+        return info
+
+
+def _not_found(name: str) -> TableNotFound:
+    return TableNotFound(f"no table {name!r}", table=name, field="name", got=name)
+
+
+class Registry:
+    """The served tables, by name.
+
+    Args:
+        settings: the server's settings (data root, seeds, pools).
+        on_wait: rate-limiter wait hook passed to every handle (metrics).
+    """
+
+    def __init__(self, settings: Settings, on_wait: WaitHook | None = None) -> None:
+        self.settings = settings
+        self.root = Path(settings.root).absolute()
+        self._on_wait = on_wait
+        self._tables: dict[str, TableHandle] = {}
+        self._pending: set[str] = set()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tables
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def names(self) -> list[str]:
+        return sorted(self._tables)
+
+    def handles(self) -> list[TableHandle]:
+        return [self._tables[n] for n in self.names()]
+
+    def get(self, name: str) -> TableHandle:
+        """The handle of table ``name``.
+
+        Raises:
+            TableNotFound: no such table.
+        """
+        handle = self._tables.get(name)
+        if handle is None or not handle.is_open:
+            raise _not_found(name)
+        return handle
+
+    def storage_paths(self) -> list[Path]:
+        """Where live tables keep their data on disk (client paths may not overlap them)."""
+        out = []
+        for handle in self._tables.values():
+            loc = handle.table.backend.location
+            if loc and handle.table.spec.backend.kind in ("memmap", "h5"):
+                out.append(Path(loc))
+        return out
+
+    def checkpoint_path(self, name: str) -> Path:
+        """Where ``name`` is checkpointed by default: ``<root>/checkpoints/<name>``."""
+        return self.root / protocol.CHECKPOINTS / name
+
+    @contextlib.contextmanager
+    def _reserve(self, name: str, *, replace: bool = False) -> Iterator[None]:
+        if name in self._pending or (not replace and name in self._tables):
+            raise TableExists(f"table {name!r} already exists", table=name, field="name", got=name)
+        self._pending.add(name)
+        try:
+            yield
+        finally:
+            self._pending.discard(name)
+
+    def _install(self, table: Table) -> TableHandle:
+        handle = TableHandle(table, self.settings, self._on_wait)
+        self._tables[table.name] = handle
+        return handle
+
+    async def create(self, spec: TableSpec) -> TableHandle:
+        """Allocate a new table (in the threadpool).
+
+        Raises:
+            TableExists: a table of that name exists or is being created.
+            BackendError: its storage could not be allocated.
+        """
+        with self._reserve(spec.name):
+            table = await run_in_threadpool(Table.create, spec, self.root, seed=self.settings.seed)
+            return self._install(table)
+
+    async def delete(self, name: str) -> None:
+        """Stop serving ``name``, wait for its running calls, and destroy its data."""
+        handle = self.get(name)
+        await handle.retire()
+        if self._tables.get(name) is handle:
+            del self._tables[name]
+        await run_in_threadpool(handle.table.destroy)
+
+    async def checkpoint(self, name: str, path: Path | None = None) -> Path:
+        """Checkpoint ``name`` to ``path`` (default :meth:`checkpoint_path`)."""
+        handle = self.get(name)
+        with handle.use() as table:
+            return await run_in_threadpool(table.checkpoint, path or self.checkpoint_path(name))
+
+    async def restore(self, name: str, path: Path | None = None) -> TableHandle:
+        """Replace (or create) table ``name`` from the checkpoint at ``path``.
+
+        Raises:
+            InvalidRequest: no checkpoint there, or it holds another table.
+            CheckpointError: the checkpoint could not be read.
+        """
+        path = path or self.checkpoint_path(name)
+        try:
+            await run_in_threadpool(find, path)
+        except CheckpointError:
+            raise InvalidRequest(
+                f"no checkpoint of table {name!r} there", table=name, field="path"
+            ) from None
+        meta = await run_in_threadpool(read_metadata, path)
+        held = meta.get("spec", {}).get("name")
+        if held != name:
+            raise InvalidRequest(
+                f"the checkpoint at {path.name!r} holds table {held!r}, not {name!r}",
+                table=name,
+                field="path",
+                expected=name,
+                got=held,
+            )
+        with self._reserve(name, replace=True):
+            old = self._tables.get(name)
+            if old is not None:
+                await old.retire()
+                self._tables.pop(name, None)
+                await run_in_threadpool(old.table.close)
+            table = await run_in_threadpool(Table.restore, path, self.root, seed=self.settings.seed)
+            return self._install(table)
+
+    async def close(self, *, checkpoint: bool = False) -> None:
+        """Stop serving every table (checkpointing each first when asked) and close them."""
+        for handle in list(self._tables.values()):
+            if checkpoint:
+                try:
+                    await self.checkpoint(handle.name)
+                except Exception:
+                    log.exception("checkpoint of table %r on shutdown failed", handle.name)
+            await handle.retire()
+            await run_in_threadpool(handle.table.close)
+        self._tables.clear()

@@ -1,0 +1,127 @@
+"""Bearer-token check and data-root confinement of client-given paths.
+
+* With a token configured, every request but ``/healthz`` and ``/readyz``
+  carries ``Authorization: Bearer <token>``; the comparison is constant-time
+  (``hmac.compare_digest``). A missing or wrong token gets 401 and nothing runs.
+* A path a client names (checkpoint, restore, export, a table's storage) is
+  relative to the data root and must stay inside it: ``../`` escapes,
+  absolute paths elsewhere and symlinks out of the root are refused with 400,
+  and so is the root itself or any path over a live table's storage.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tdreplay.storage.errors import InvalidRequest
+
+from .errors import Unauthorized
+
+#: routes that never need the token (probes of orchestrators carry none)
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+class BearerAuth:
+    """ASGI middleware: 401 unless the request carries the configured bearer token."""
+
+    def __init__(self, app: ASGIApp, token: bytes) -> None:
+        self.app = app
+        self.expected = b"Bearer " + token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        got = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                got = value
+                break
+        if hmac.compare_digest(got, self.expected):
+            await self.app(scope, receive, send)
+            return
+        detail = "missing bearer token" if not got else "wrong bearer token"
+        body = json.dumps(Unauthorized(detail, field="Authorization").to_dict()).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+MAX_NAME = 255
+MAX_PATH = 1024
+
+
+def confine(root: Path, given: str, *, field: str = "path") -> Path:
+    """The absolute path of ``given`` (relative to ``root``), refused unless strictly inside ``root``.
+
+    Symlinks are resolved before the check, so a link pointing out of the root
+    does not get through. Every existing folder on the way must be a folder, and
+    none may be a checkpoint (a path inside a checkpoint would corrupt it).
+
+    Raises:
+        InvalidRequest: ``given`` is empty, too long, holds a NUL byte, resolves to
+            the root itself or outside it, or runs through a file or a checkpoint.
+    """
+    try:
+        encoded = given.encode()
+    except UnicodeEncodeError:  # lone surrogates: no file system takes them
+        encoded = b""
+    if not encoded or b"\x00" in encoded or len(encoded) > MAX_PATH:
+        raise InvalidRequest(f"{field} {given[:80]!r} is not a usable path", field=field)
+    if any(len(part.encode()) > MAX_NAME for part in Path(given).parts):
+        raise InvalidRequest(f"{field}: a name in {given[:80]!r} is too long", field=field)
+    base = root.resolve()
+    target = Path(os.path.realpath(base / given))  # an absolute `given` replaces base here
+    if target == base or not _inside(target, base):
+        raise InvalidRequest(
+            f"{field} {given!r} is outside the data root; give a path relative to it",
+            field=field,
+            expected="a path inside the data root",
+            got=given,
+        )
+    for parent in target.parents:
+        if parent == base or base not in parent.parents:
+            break
+        if parent.exists() and not parent.is_dir():
+            raise InvalidRequest(f"{field} {given!r} runs through a file", field=field, got=given)
+        if (parent / "metadata.json").exists():
+            raise InvalidRequest(
+                f"{field} {given!r} lies inside a checkpoint", field=field, got=given
+            )
+    return target
+
+
+def check_clear_of(target: Path, protected: Iterable[Path], *, given: str, field: str) -> None:
+    """Refuse ``target`` when it lies over or inside one of ``protected`` (live storage)."""
+    for p in protected:
+        p = p.resolve()
+        if _inside(target, p) or target in p.parents:
+            raise InvalidRequest(
+                f"{field} {given!r} overlaps the storage of a live table",
+                field=field,
+                got=given,
+            )
+
+
+def relative(root: Path, path: Path) -> str:
+    """``path`` as the client should see it: relative to the data root."""
+    return str(path.resolve().relative_to(root.resolve()))

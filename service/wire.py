@@ -1,0 +1,349 @@
+"""The hot path's memory: samples gathered straight into Arrow IPC bytes, bodies read into reused buffers.
+
+A sampled batch of ``n`` rows always encodes to the same Arrow IPC stream
+layout: only the column bytes change, never the metadata (no nulls, fixed-size
+lists, no compression). :class:`SampleLayout` encodes one zero batch of
+``n`` rows once and records where each column's values sit in those bytes;
+a :class:`SampleBuffer` is a copy of that template whose columns are exposed
+as torch tensors viewing the buffer, so ``Table.sample(n, out=buffer.out)``
+gathers rows (``index_select``) directly into the response body. The body
+then goes to the socket as a ``memoryview``, with no encoding step and no
+copy. Bool columns are the exception: Arrow packs them into bits, so they
+are gathered into a small scratch tensor and packed.
+
+Buffers are reused, and a buffer is reused only once nothing else refers to
+it: the HTTP server may still hold a view of a response body in its write
+queue after the response is "sent", so reuse waits until the reference
+count of the buffer's array is back to what the pool alone holds. No
+release call is needed and none can be forgotten.
+
+    >>> import torch
+    >>> from tdreplay.codec import decode
+    >>> layout = SampleLayout({("obs",): ([2], torch.float32)}, n=3)
+    >>> buf = SampleBuffer(layout)
+    >>> _ = buf.out["obs"].copy_(torch.arange(6.0).reshape(3, 2))
+    >>> lease = buf.lease(); lease.finish()
+    >>> decode(lease.body)["obs"].tolist()
+    [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
+from typing import Generic, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import torch
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from tensordict import TensorDictBase
+
+from tdreplay.codec import arrow
+from tdreplay.storage.errors import InvalidRequest
+from tdreplay.storage.spec import NestedKey
+from tdreplay.storage.table import INFO_DTYPES
+from tdreplay.storage.tensordicts import nest
+
+from .errors import PayloadTooLarge
+
+Schema = Mapping[NestedKey, tuple[list[int], torch.dtype]]
+
+#: the Arrow IPC end-of-stream marker (continuation token, zero length)
+EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+class SampleLayout:
+    """Where every column of an ``n``-row sampled batch sits in its Arrow IPC stream.
+
+    Args:
+        schema: the table's fields, ``{key: (item shape, dtype)}``; the sample-info
+            columns are added.
+        n: rows per batch.
+    """
+
+    def __init__(self, schema: Schema, n: int) -> None:
+        self.n = n
+        full = dict(schema)
+        full.update({k: ([], d) for k, d in INFO_DTYPES.items()})
+        zeros = {k: torch.zeros([n, *shape], dtype=dtype) for k, (shape, dtype) in full.items()}
+        rb = arrow.to_record_batch(nest(zeros, n))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, rb.schema) as writer:
+            writer.write_batch(rb)
+        self.template = np.frombuffer(sink.getvalue(), dtype=np.uint8).copy()
+        sink = pa.BufferOutputStream()
+        pa.ipc.new_stream(sink, rb.schema).close()
+        #: bytes of the schema message that opens the stream
+        self.header_len = len(sink.getvalue()) - len(EOS)
+        self.header = self.template[: self.header_len].tobytes()
+        if self.template[-len(EOS) :].tobytes() != EOS:
+            raise AssertionError("unexpected Arrow IPC stream ending")
+        # read the template back zero-copy: its buffers' addresses give the column offsets
+        back = pa.ipc.open_stream(pa.py_buffer(self.template)).read_next_batch()
+        base = self.template.ctypes.data
+        #: key -> (offset, bytes, dtype, item shape) of each column's values
+        self.columns: dict[NestedKey, tuple[int, int, torch.dtype, list[int]]] = {}
+        for i, field in enumerate(back.schema):
+            values = back.column(i)
+            while pa.types.is_fixed_size_list(values.type):
+                values = values.values
+            data = values.buffers()[1]
+            offset = data.address - base
+            if not 0 <= offset <= len(self.template) - data.size or offset % 8:
+                raise AssertionError(f"column {field.name!r} is not where expected in the template")
+            key = tuple(field.name.split(arrow.SEP))
+            shape, dtype = full[key]
+            self.columns[key] = (offset, data.size, dtype, shape)
+        self.nbytes = len(self.template)
+        #: bytes of the record-batch message alone
+        self.batch_len = self.nbytes - self.header_len - len(EOS)
+
+    def tile(self, batch: TensorDictBase, m: int) -> memoryview:
+        """``m`` record-batch messages of ``n`` rows each, from a batch of ``m * n`` rows.
+
+        Every message is this layout's template with its column bytes
+        replaced; each column is copied for all ``m`` messages at once through
+        a strided view.
+        """
+        length = self.batch_len
+        out = np.empty(m * length, dtype=np.uint8)
+        rows = out.reshape(m, length)
+        rows[:] = self.template[self.header_len : self.header_len + length]
+        for key, (offset, _, dtype, _) in self.columns.items():
+            src = batch.get(key).reshape(m, -1)
+            at = offset - self.header_len
+            if dtype == torch.bool:
+                raw = np.packbits(src.numpy(), axis=1, bitorder="little")
+            else:
+                raw = src.contiguous().view(torch.uint8).numpy()
+            rows[:, at : at + raw.shape[1]] = raw
+        return memoryview(out.data)
+
+
+class SampleBuffer:
+    """One reusable response body laid out as :class:`SampleLayout` says.
+
+    ``out`` is the TensorDict to pass to ``Table.sample(n, out=...)``: every
+    non-bool leaf views the body's bytes; bool leaves are scratch tensors that
+    :meth:`Lease.finish` packs into the body.
+    """
+
+    def __init__(self, layout: SampleLayout) -> None:
+        self.layout = layout
+        self.array = layout.template.copy()
+        whole = torch.from_numpy(self.array)
+        n = layout.n
+        views: dict[NestedKey, torch.Tensor] = {}
+        self.bools: list[tuple[torch.Tensor, np.ndarray]] = []
+        for key, (offset, size, dtype, shape) in layout.columns.items():
+            if dtype == torch.bool:
+                scratch = torch.zeros([n, *shape], dtype=torch.bool)
+                self.bools.append((scratch, self.array[offset : offset + size]))
+                views[key] = scratch
+            else:
+                nbytes = n * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                views[key] = whole[offset : offset + nbytes].view(dtype).view([n, *shape])
+        self.out: TensorDictBase = nest(views, n)
+        self._free_refs = self._refs()
+
+    def _refs(self) -> int:
+        return sys.getrefcount(self.array)
+
+    def is_free(self) -> bool:
+        return self._refs() <= self._free_refs
+
+    def lease(self) -> Lease:
+        return Lease(self)
+
+
+class Lease:
+    """A :class:`SampleBuffer` in use; the buffer is free again once the lease and its views are gone."""
+
+    __slots__ = ("batch", "body", "buffer", "out")
+
+    def __init__(self, buffer: SampleBuffer) -> None:
+        self.buffer = buffer
+        self.out = buffer.out
+        view = memoryview(buffer.array.data)
+        #: the whole Arrow IPC stream (schema, one record batch, end of stream)
+        self.body = view
+        #: the record-batch message alone (for a stream of batches)
+        self.batch = view[buffer.layout.header_len : len(view) - len(EOS)]
+
+    def finish(self) -> None:
+        """Pack the gathered bool columns into the body (call after the gather)."""
+        for scratch, region in self.buffer.bools:
+            bits = np.packbits(scratch.numpy().reshape(-1), bitorder="little")
+            region[: len(bits)] = bits
+
+
+K = TypeVar("K", bound=Hashable)
+B = TypeVar("B")
+
+
+class Pool(Generic[K, B]):
+    """Reusable buffers by key: at most ``per_key`` kept per key, ``max_keys`` keys (LRU).
+
+    Not thread safe: use it from the event loop.
+
+    Args:
+        is_free: whether a kept buffer may be handed out again.
+    """
+
+    def __init__(
+        self, is_free: Callable[[B], bool], *, per_key: int = 8, max_keys: int = 16
+    ) -> None:
+        self._is_free = is_free
+        self.per_key = per_key
+        self.max_keys = max_keys
+        self._kept: OrderedDict[K, list[B]] = OrderedDict()
+
+    def take(self, key: K) -> B | None:
+        """A kept buffer for ``key`` that is free, or ``None``."""
+        kept = self._kept.get(key)
+        if kept is None:
+            return None
+        self._kept.move_to_end(key)
+        for buf in kept:
+            if self._is_free(buf):
+                return buf
+        return None
+
+    def keep(self, key: K, buf: B) -> None:
+        """Keep a new buffer for reuse if there is room."""
+        kept = self._kept.setdefault(key, [])
+        self._kept.move_to_end(key)
+        if len(kept) < self.per_key:
+            kept.append(buf)
+        while len(self._kept) > self.max_keys:
+            self._kept.popitem(last=False)
+
+
+def sample_nbytes(item_nbytes: int, n: int) -> int:
+    """An upper bound on the body of a sample of ``n`` items (fields, sample info, metadata)."""
+    return n * (item_nbytes + 32) + 64 * 1024
+
+
+class SampleBuffers:
+    """Sample bodies of one table, by batch size (a layout is built once per size)."""
+
+    def __init__(self, schema: Schema, *, per_size: int = 8, max_sizes: int = 16) -> None:
+        self.schema = dict(schema)
+        self.max_sizes = max_sizes
+        self._layouts: OrderedDict[int, SampleLayout] = OrderedDict()
+        self._lock = threading.Lock()
+        self.pool: Pool[int, SampleBuffer] = Pool(
+            SampleBuffer.is_free, per_key=per_size, max_keys=max_sizes
+        )
+
+    def layout(self, n: int) -> SampleLayout:
+        """The layout of ``n``-row batches (thread safe; builds it the first time)."""
+        with self._lock:
+            layout = self._layouts.get(n)
+            if layout is not None:
+                self._layouts.move_to_end(n)
+                return layout
+        layout = SampleLayout(self.schema, n)
+        with self._lock:
+            layout = self._layouts.setdefault(n, layout)
+            while len(self._layouts) > self.max_sizes:
+                self._layouts.popitem(last=False)
+        return layout
+
+    async def lease(self, n: int) -> Lease:
+        """A body for a sample of ``n`` rows: a free pooled one, or one built in the threadpool."""
+        buf = self.pool.take(n)
+        if buf is None:
+            buf = await run_in_threadpool(lambda: SampleBuffer(self.layout(n)))
+            self.pool.keep(n, buf)
+        return buf.lease()
+
+
+# ------------------------------------------------------------------ request bodies
+class BodyBuffer:
+    """A reusable byte buffer for request bodies."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.array = np.empty(nbytes, dtype=np.uint8)
+        self._free_refs = sys.getrefcount(self.array)
+
+    def is_free(self) -> bool:
+        return sys.getrefcount(self.array) <= self._free_refs
+
+
+MIN_BODY_CLASS = 1 << 16
+
+
+def _size_class(n: int) -> int:
+    return max(MIN_BODY_CLASS, 1 << (max(n, 1) - 1).bit_length())
+
+
+class BodyBuffers:
+    """Request-body buffers by power-of-two size class, shared by every table."""
+
+    def __init__(self, *, per_class: int = 8) -> None:
+        self.pool: Pool[int, BodyBuffer] = Pool(BodyBuffer.is_free, per_key=per_class, max_keys=64)
+
+    def view(self, nbytes: int) -> memoryview:
+        """A writable ``nbytes`` view of a free buffer; the buffer is free again once the view is gone.
+
+        A new buffer is left uninitialized (``np.empty``): no page is touched
+        before the body is copied in.
+        """
+        size = _size_class(nbytes)
+        buf = self.pool.take(size)
+        if buf is None:
+            buf = BodyBuffer(size)
+            self.pool.keep(size, buf)
+        return memoryview(buf.array.data)[:nbytes]
+
+
+async def read_body(request: Request, buffers: BodyBuffers, limit: int) -> memoryview:
+    """The request body, read into a reused buffer.
+
+    Raises:
+        PayloadTooLarge: the body is (or announces itself as) over ``limit`` bytes.
+        InvalidRequest: the Content-Length header is malformed, or the body is
+            shorter than it says.
+    """
+    header = request.headers.get("content-length")
+    if header is None:  # chunked upload: size unknown up front
+        chunks, total = [], 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit:
+                raise _too_large(total, limit)
+            chunks.append(chunk)
+        return memoryview(b"".join(chunks))
+    try:
+        length = int(header)
+    except ValueError:
+        raise InvalidRequest(
+            f"malformed Content-Length {header!r}", field="Content-Length"
+        ) from None
+    if length > limit:
+        raise _too_large(length, limit)
+    view = buffers.view(length)
+    pos = 0
+    async for chunk in request.stream():
+        end = pos + len(chunk)
+        if end > length:  # the HTTP server frames bodies by Content-Length; be safe anyway
+            raise InvalidRequest(f"body longer than its Content-Length {length}")
+        view[pos:end] = chunk
+        pos = end
+    if pos != length:
+        raise InvalidRequest(f"body of {pos} bytes, Content-Length said {length}")
+    return view
+
+
+def _too_large(got: int, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"body of {got} bytes exceeds the server's limit of {limit} bytes",
+        field="body",
+        expected=f"<= {limit} bytes",
+        got=got,
+    )
