@@ -59,9 +59,9 @@ def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Pat
             f"table {table.name!r}: ted2flat needs the round_robin writer", table=table.name
         )
     path = path.absolute()
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{path.name}{_TMP}{uuid.uuid4().hex[:8]}"
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
         # Hold inserts and samples off while data and state are captured together.
         with table._cond, table._data_lock.read():
@@ -79,9 +79,10 @@ def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Pat
             if data is not None:
                 if ted2flat:
                     assert isinstance(writer, RoundRobinWriter)
-                    _save_flat(
-                        data, tmp / "storage", cursor=writer.cursor, full=hi == table.capacity
-                    )
+                    # A full ring with its cursor at 0 is in order already: TorchRL's
+                    # roll breaks on a shift of 0, so it is saved as not full.
+                    full = hi == table.capacity and writer.cursor != 0
+                    _save_flat(data, tmp / "storage", cursor=writer.cursor, full=full)
                 else:
                     data.memmap(tmp / "storage", num_threads=0)
         torch.save(state, tmp / "state.pt")
@@ -119,8 +120,18 @@ def _load_flat(path: Path, like: TensorDict) -> TensorDict:
     from torchrl.data.replay_buffers.utils import Flat2TED
 
     flat = TensorDict.load_memmap(path)
-    out = like.clone()
-    return Flat2TED()(flat, out)
+    # Root done flags are not stored flat; they come back False, as a collector emits them.
+    out = Flat2TED()(flat, like.clone().zero_())
+    if not flat.get_non_tensor("is_full"):
+        # Flat2TED skips the last row's next entries when the storage is not full
+        # (TorchRL's last row is unwritten there); ours is written, and TED2Flat
+        # stored its next entries last, as the final step closes a trajectory.
+        nxt = out.get("next")
+        for key in nxt.keys(True, True):
+            value = flat.get(key, None)
+            if value is not None and value.shape[0] > out.shape[0]:
+                nxt.get(key)[-1] = value[-1]
+    return out
 
 
 def find(path: Path) -> Path:
