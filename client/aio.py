@@ -5,12 +5,11 @@
     ...     batch = await client.sample("cartpole", 256)
 
 Same calls, same plans (:mod:`~tdreplay.client.core`), same errors; only the
-I/O differs. The transport is HTTP/1.1 on asyncio streams with a pool of
-keep-alive connections, written here (about a hundred lines) rather than
-taken from httpx: httpx is not a runtime dependency of tdreplay, and on
-large bodies asyncio streams were measured faster than ``httpx.AsyncClient``
-(see ``bench/client_bench.py``). Connections belong to the event loop that
-opened them; a client used from a new loop opens new ones.
+I/O differs: :class:`~tdreplay.client.aio_transport.AsyncTransport`, HTTP/1.1
+on an asyncio ``BufferedProtocol`` that receives bodies in place (chosen by
+measurement over asyncio streams and ``httpx.AsyncClient``; see that module).
+Connections belong to the event loop that opened them; a client used from a
+new loop opens new ones.
 """
 
 from __future__ import annotations
@@ -24,172 +23,14 @@ from typing import Any, TypeVar
 import torch
 
 from . import errors
-from .commands import Request, Response
+from .aio_transport import AsyncTransport
 from .core import Call, Gather, Plan, Settings
 from .loader import Loader, LoaderIterator
 from .schema import load_spec
 from .sync import ReplayClient, _Base, _restore
-from .transport import Endpoint, head_lines
 from .writer import AsyncWriter
 
 T = TypeVar("T")
-
-_Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-_LIMIT = 1 << 20  # stream buffer: large enough that big bodies arrive in few wakeups
-
-
-class AsyncTransport:
-    """Executes :class:`Request` objects against one server from asyncio.
-
-    Args: as :class:`~tdreplay.client.transport.Transport`.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        token: str | None = None,
-        timeout: float = 30.0,
-        connect_timeout: float = 5.0,
-        max_idle: int = 16,
-    ) -> None:
-        self.endpoint = Endpoint.parse(url)
-        self.token = token
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.max_idle = max_idle
-        self._idle: list[_Conn] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def _new(self) -> _Conn:
-        e = self.endpoint
-        try:
-            return await asyncio.wait_for(
-                asyncio.open_connection(e.host, e.port, ssl=e.tls or None, limit=_LIMIT),
-                self.connect_timeout,
-            )
-        except TimeoutError:
-            raise errors.Timeout(
-                f"connecting to {e.url} took over {self.connect_timeout}s", url=e.url
-            ) from None
-        except OSError as err:
-            raise errors.ConnectionFailed(
-                f"cannot connect to {e.url}: {err}", url=e.url, sent=False
-            ) from None
-
-    async def _take(self) -> tuple[_Conn, bool]:
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # connections of another (maybe closed) loop are useless here
-            self._idle, self._loop = [], loop
-        while self._idle:
-            conn = self._idle.pop()
-            if not conn[0].at_eof() and not conn[1].is_closing():
-                return conn, True
-            conn[1].close()
-        return await self._new(), False
-
-    def _give(self, conn: _Conn) -> None:
-        if len(self._idle) < self.max_idle:
-            self._idle.append(conn)
-        else:
-            conn[1].close()
-
-    async def close(self) -> None:
-        idle, self._idle = self._idle, []
-        for _, w in idle:
-            w.close()
-
-    async def execute(self, req: Request) -> Response:
-        """Send ``req`` and read the whole answer (see :meth:`Transport.execute`)."""
-        conn, reused = await self._take()
-        try:
-            return await self._roundtrip(conn, req)
-        except errors.ConnectionFailed:
-            if not reused:
-                raise
-        return await self._roundtrip(await self._new(), req)
-
-    async def _roundtrip(self, conn: _Conn, req: Request) -> Response:
-        reader, writer = conn
-        url, what = self.endpoint.url, f"{req.method} {req.target}"
-        head = f"{req.method} {self.endpoint.prefix}{req.target} HTTP/1.1\r\n" + "".join(
-            f"{k}: {v}\r\n" for k, v in head_lines(req, self.endpoint, self.token)
-        )
-        sent = False
-        limit = self.timeout + req.wait
-        try:
-            writer.write(head.encode("latin-1") + b"\r\n")
-            if req.body is not None and len(req.body):
-                writer.write(req.body)
-            sent = True
-            await asyncio.wait_for(writer.drain(), limit)
-            status, headers, body, keep = await asyncio.wait_for(_read_response(reader, req), limit)
-        except TimeoutError:
-            writer.close()
-            raise errors.Timeout(
-                f"{what}: no answer from {url} within {limit:g}s", url=url
-            ) from None
-        except (asyncio.IncompleteReadError, ConnectionError) as err:
-            writer.close()
-            raise errors.ConnectionFailed(
-                f"{what}: connection to {url} lost: {err!r}", url=url, sent=sent
-            ) from None
-        except (ValueError, asyncio.LimitOverrunError) as err:
-            writer.close()
-            raise errors.ProtocolError(f"{what}: bad answer from {url}: {err}", url=url) from None
-        except OSError as err:
-            writer.close()
-            raise errors.ConnectionFailed(f"{what}: {url}: {err!r}", url=url, sent=sent) from None
-        except BaseException:
-            writer.close()
-            raise
-        if keep:
-            self._give(conn)
-        else:
-            writer.close()
-        return Response(status, headers, body)
-
-
-async def _read_response(
-    reader: asyncio.StreamReader, req: Request
-) -> tuple[int, dict[str, str], memoryview, bool]:
-    """Parse one HTTP/1.1 response: ``(status, headers, body, keep_alive)``."""
-    while True:
-        raw = await reader.readuntil(b"\r\n\r\n")
-        lines = raw.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
-            raise ValueError(f"bad status line {lines[0]!r}")
-        status = int(parts[1])
-        if status >= 200 or status == 101:
-            break  # 1xx informational answers are skipped
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if line:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-    keep = headers.get("connection", "").lower() != "close" and parts[0] != "HTTP/1.0"
-    if status in (204, 304) or req.method == "HEAD":
-        return status, headers, memoryview(b""), keep
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        chunks = []
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            if size == 0:
-                while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
-                    pass
-                break
-            chunks.append(await reader.readexactly(size + 2))
-        return status, headers, memoryview(b"".join(c[:-2] for c in chunks)), keep
-    if "content-length" in headers:
-        n = int(headers["content-length"])
-        data = await reader.readexactly(n) if n else b""
-        if status < 300 and n:
-            view = req.alloc(n)
-            view[:] = data
-            return status, headers, view, keep
-        return status, headers, memoryview(data), keep
-    return status, headers, memoryview(await reader.read()), False
 
 
 class AsyncReplayClient(_Base):
@@ -334,6 +175,7 @@ class AsyncReplayClient(_Base):
         num_batches: int | None = None,
         timeout: float | None = None,
         keep: bool = False,
+        stream: bool = False,
     ) -> AsyncLoader:
         """``async for batch in client.loader(...)``: the :class:`Loader`, awaited.
 
@@ -353,6 +195,7 @@ class AsyncReplayClient(_Base):
                 num_batches=num_batches,
                 timeout=timeout,
                 keep=keep,
+                stream=stream,
             )
         )
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlencode
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
@@ -34,8 +35,11 @@ Alloc = Callable[[int], memoryview]
 
 
 def fresh(n: int) -> memoryview:
-    """The default allocator: a new buffer per response."""
-    return memoryview(bytearray(n))
+    """The default allocator: a new, uninitialized buffer per response.
+
+    (``bytearray(n)`` would zero it first: a wasted pass over a large body.)
+    """
+    return memoryview(np.empty(n, dtype=np.uint8))  # type: ignore[arg-type]
 
 
 @dataclass

@@ -27,9 +27,10 @@ parts (one copy). ``stream=True`` uses the server's ``/stream`` route instead
 of one request per batch: one long answer carrying many record batches,
 which suits small batches (fewer round trips), at one allocation per batch.
 
-In a DataLoader worker (``DataLoader(loader, batch_size=None, num_workers=k)``)
-the client reconnects from its pickled settings; batches are CPU tensors
-that own their memory (the DataLoader pins and moves them itself).
+In DataLoader workers (``loader.dataloader(num_workers=k)``, which sets
+``batch_size=None`` and an identity collate) each worker's copy of the client
+reconnects from its pickled settings; batches are CPU tensors that own their
+memory (the DataLoader pins and moves them itself).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import torch
 from tensordict import TensorDictBase
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..codec import arrow
 from . import commands as C
@@ -91,6 +92,10 @@ class _Slot:
                 return memoryview(bytearray(n))
             self.offset = start + n
             return self.view[start : start + n]
+
+
+def _identity(batch: Any) -> Any:
+    return batch
 
 
 class Loader(IterableDataset):
@@ -153,6 +158,17 @@ class Loader(IterableDataset):
         )
         self.last = it
         return it
+
+    def dataloader(self, num_workers: int = 1, **kwargs: Any) -> DataLoader[Any]:
+        """A torch ``DataLoader`` whose ``num_workers`` processes each run this loader.
+
+        Batches pass through unchanged (``batch_size=None``, identity collate:
+        torch's default collate would take a TensorDict apart as a mapping).
+        Each worker yields ``num_batches`` batches (all: endless). ``pin_memory``
+        and the other keywords go to the DataLoader.
+        """
+        kwargs.setdefault("collate_fn", _identity)
+        return DataLoader(self, batch_size=None, num_workers=num_workers, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -329,6 +329,7 @@ class ReplayClient(_Base):
         num_batches: int | None = None,
         timeout: float | None = None,
         keep: bool = False,
+        stream: bool = False,
     ) -> Loader:
         """An iterator over sampled batches that keeps ``prefetch`` requests in flight.
 
@@ -344,6 +345,7 @@ class ReplayClient(_Base):
             num_batches=num_batches,
             timeout=timeout,
             keep=keep,
+            stream=stream,
         )
 
     def writer(

@@ -185,6 +185,7 @@ class Transport:
             else:
                 body_view = memoryview(resp.read())
             will_close = resp.will_close
+            resp.close()  # read whole; frees the connection for the next request
         except TimeoutError:
             conn.close()
             raise errors.Timeout(

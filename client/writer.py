@@ -264,8 +264,19 @@ class Writer:
     def _send(self, chunks: list[TensorDictBase]) -> None:
         for td in chunks:
             self.client.extend(self.table, td, timeout=self.timeout)
-            self.sent_rows += td.batch_size[0]
-            self.sent_chunks += 1
+            with self._cond:
+                self.sent_rows += td.batch_size[0]
+                self.sent_chunks += 1
+                self._cond.notify_all()
+
+    def wait_sent(self, rows: int, timeout: float | None = None) -> bool:
+        """Block until ``rows`` steps in all have been sent (e.g. by the time limit).
+
+        Returns:
+            Whether they were, within ``timeout`` seconds.
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: self.sent_rows >= rows, timeout)
 
     def append(self, step: Any) -> None:
         """Buffer one step (batch ``[]``) or several (``[k]``); sends the chunks that are due."""

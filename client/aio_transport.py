@@ -1,0 +1,324 @@
+"""The async transport: HTTP/1.1 on an asyncio ``BufferedProtocol``, keep-alive pooled.
+
+Written here rather than taken from a library, by measurement (see
+``bench/client_bench.py``): on multi-megabyte bodies asyncio streams
+(``StreamReader.readexactly``) and ``httpx.AsyncClient`` both ran several
+times slower than ``http.client``'s ``readinto``, because they gather a body
+from many small reads into growing buffers. A ``BufferedProtocol`` lets the
+event loop ``recv_into`` the body's final buffer (the command's
+:attr:`~tdreplay.client.commands.Request.alloc`) directly: the head is
+parsed from a small scratch buffer, and once ``Content-Length`` is known,
+every later byte lands where the decoder will read it. Chunked answers
+(the stream and export routes) are gathered through the scratch buffer.
+
+One request at a time per connection (no pipelining); connections belong to
+the event loop that opened them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from . import errors
+from .commands import Request, Response
+from .transport import Endpoint, head_lines
+
+_SCRATCH = 64 * 1024
+_MAX_HEAD = 1 << 20
+
+
+class _Protocol(asyncio.BufferedProtocol):
+    """One connection: receives one answer at a time, the body straight into its buffer."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._scratch = bytearray(_SCRATCH)
+        self._n = 0  # bytes held in scratch
+        self._state = "idle"  # head | body | chunked | eof | idle
+        self._req: Request | None = None
+        self._fut: asyncio.Future[tuple[int, dict[str, str], memoryview, bool]] | None = None
+        self._status = 0
+        self._headers: dict[str, str] = {}
+        self._keep = True
+        self._body = memoryview(b"")
+        self._got = 0
+        self._chunks: list[bytes] = []
+        self._chunk_left = -1  # -1: expecting a size line; -2: reading trailers
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    # ---------------------------------------------------------------- asyncio callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._writable.set()
+        if self._state == "eof":
+            self._finish(memoryview(bytes(self._scratch[: self._n])))
+        else:
+            self._fail(ConnectionResetError(f"connection closed by the server ({exc or 'EOF'})"))
+
+    def eof_received(self) -> bool:
+        return False  # close our side too; connection_lost follows
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._state == "body":
+            return self._body[self._got :]
+        if self._n == len(self._scratch):  # grow (never resize: the loop may hold a view)
+            bigger = bytearray(2 * len(self._scratch))
+            bigger[: self._n] = self._scratch
+            self._scratch = bigger
+        return memoryview(self._scratch)[self._n :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._state == "body":
+            self._got += nbytes
+            if self._got == len(self._body):
+                self._finish(self._body)
+            return
+        self._n += nbytes
+        try:
+            if self._state == "head":
+                self._parse_head()
+            if self._state == "chunked":
+                self._parse_chunks()
+        except ValueError as err:
+            self._fail(err)
+            if self.transport is not None:
+                self.transport.close()
+
+    # ---------------------------------------------------------------- parsing
+    def _consume(self, k: int) -> None:
+        """Drop the first ``k`` scratch bytes (same-size slice moves: no resize)."""
+        rest = self._n - k
+        if rest:
+            self._scratch[0:rest] = self._scratch[k : self._n]
+        self._n = rest
+
+    def _parse_head(self) -> None:
+        while True:
+            end = self._scratch.find(b"\r\n\r\n", 0, self._n)
+            if end < 0:
+                if self._n > _MAX_HEAD:
+                    raise ValueError("response head over 1 MiB")
+                return
+            lines = bytes(self._scratch[:end]).decode("latin-1").split("\r\n")
+            self._consume(end + 4)
+            version, _, rest = lines[0].partition(" ")
+            code = rest[:3]
+            if not version.startswith("HTTP/1.") or not code.isdigit():
+                raise ValueError(f"bad status line {lines[0][:80]!r}")
+            status = int(code)
+            if 100 <= status < 200:
+                continue  # informational: the real answer follows
+            break
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise ValueError(f"bad header line {line[:80]!r}")
+            headers[name.strip().lower()] = value.strip()
+        self._status, self._headers = status, headers
+        self._keep = headers.get("connection", "").lower() != "close" and version != "HTTP/1.0"
+        assert self._req is not None
+        if status in (204, 304) or self._req.method == "HEAD":
+            self._finish(memoryview(b""))
+        elif "chunked" in headers.get("transfer-encoding", "").lower():
+            self._state, self._chunks, self._chunk_left = "chunked", [], -1
+        elif "content-length" in headers:
+            size = int(headers["content-length"])
+            target = self._req.alloc(size) if status < 300 and size else memoryview(bytearray(size))
+            have = min(self._n, size)
+            target[:have] = self._scratch[:have]
+            self._consume(have)
+            self._body, self._got = target, have
+            if have == size:
+                self._finish(target)
+            else:
+                self._state = "body"
+        else:
+            self._state, self._keep = "eof", False
+
+    def _parse_chunks(self) -> None:
+        buf = self._scratch
+        pos = 0
+        while True:
+            if self._chunk_left >= 0:  # data, then CRLF
+                if self._n - pos < self._chunk_left + 2:
+                    break
+                self._chunks.append(bytes(buf[pos : pos + self._chunk_left]))
+                pos += self._chunk_left + 2
+                self._chunk_left = -1
+                continue
+            eol = buf.find(b"\r\n", pos, self._n)
+            if eol < 0:
+                break
+            line = bytes(buf[pos:eol])
+            pos = eol + 2
+            if self._chunk_left == -2:  # trailers, up to an empty line
+                if not line:
+                    self._consume(pos)
+                    self._finish(memoryview(b"".join(self._chunks)))
+                    return
+                continue
+            size = int(line.split(b";")[0].strip() or b"x", 16)
+            self._chunk_left = size if size else -2
+        self._consume(pos)
+
+    # ---------------------------------------------------------------- results
+    def _finish(self, body: memoryview) -> None:
+        self._state = "idle"
+        fut, self._fut = self._fut, None
+        if fut is not None and not fut.done():
+            fut.set_result((self._status, self._headers, body, self._keep))
+
+    def _fail(self, err: BaseException) -> None:
+        self._state = "idle"
+        fut, self._fut = self._fut, None
+        if fut is not None and not fut.done():
+            fut.set_exception(err)
+
+    async def roundtrip(
+        self, head: bytes, req: Request
+    ) -> tuple[int, dict[str, str], memoryview, bool]:
+        assert self.transport is not None
+        if self.closed:
+            raise ConnectionResetError("connection already closed")
+        self._req, self._state, self._n = req, "head", 0
+        fut = self._fut = asyncio.get_running_loop().create_future()
+        body = req.body
+        if body is not None and len(body) and len(body) <= _SCRATCH:
+            self.transport.write(head + bytes(body))
+        else:
+            self.transport.write(head)
+            if body is not None and len(body):
+                self.transport.write(body)
+        await self._writable.wait()
+        if self.closed and not fut.done():
+            raise ConnectionResetError("connection closed while sending")
+        return await fut
+
+
+class AsyncTransport:
+    """Executes :class:`Request` objects against one server from asyncio.
+
+    Args: as :class:`~tdreplay.client.transport.Transport`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+        max_idle: int = 16,
+    ) -> None:
+        self.endpoint = Endpoint.parse(url)
+        self.token = token
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.max_idle = max_idle
+        self._idle: list[_Protocol] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def _new(self) -> _Protocol:
+        e = self.endpoint
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(_Protocol, e.host, e.port, ssl=e.tls or None),
+                self.connect_timeout,
+            )
+        except TimeoutError:
+            raise errors.Timeout(
+                f"connecting to {e.url} took over {self.connect_timeout}s", url=e.url
+            ) from None
+        except OSError as err:
+            raise errors.ConnectionFailed(
+                f"cannot connect to {e.url}: {err}", url=e.url, sent=False
+            ) from None
+        return proto
+
+    async def _take(self) -> tuple[_Protocol, bool]:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections of another (maybe closed) loop are useless here
+            self._idle, self._loop = [], loop
+        while self._idle:
+            proto = self._idle.pop()
+            if not proto.closed:
+                return proto, True
+        return await self._new(), False
+
+    def _give(self, proto: _Protocol) -> None:
+        if len(self._idle) < self.max_idle and not proto.closed:
+            self._idle.append(proto)
+        elif proto.transport is not None:
+            proto.transport.close()
+
+    async def close(self) -> None:
+        """Close every idle connection."""
+        idle, self._idle = self._idle, []
+        for proto in idle:
+            if proto.transport is not None:
+                proto.transport.close()
+
+    async def execute(self, req: Request) -> Response:
+        """Send ``req`` and read the whole answer (see :meth:`Transport.execute`)."""
+        proto, reused = await self._take()
+        try:
+            return await self._roundtrip(proto, req)
+        except errors.ConnectionFailed:
+            if not reused:
+                raise
+        return await self._roundtrip(await self._new(), req)
+
+    async def _roundtrip(self, proto: _Protocol, req: Request) -> Response:
+        url, what = self.endpoint.url, f"{req.method} {req.target}"
+        head = (
+            f"{req.method} {self.endpoint.prefix}{req.target} HTTP/1.1\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in head_lines(req, self.endpoint, self.token))
+            + "\r\n"
+        ).encode("latin-1")
+        limit = self.timeout + req.wait
+        result: Any
+        try:
+            result = await asyncio.wait_for(proto.roundtrip(head, req), limit)
+        except TimeoutError:
+            _close(proto)
+            raise errors.Timeout(
+                f"{what}: no answer from {url} within {limit:g}s", url=url
+            ) from None
+        except ConnectionError as err:
+            _close(proto)
+            raise errors.ConnectionFailed(
+                f"{what}: connection to {url} lost: {err}", url=url, sent=True
+            ) from None
+        except ValueError as err:
+            _close(proto)
+            raise errors.ProtocolError(f"{what}: bad answer from {url}: {err}", url=url) from None
+        except BaseException:
+            _close(proto)
+            raise
+        status, headers, body, keep = result
+        if keep:
+            self._give(proto)
+        else:
+            _close(proto)
+        return Response(status, headers, body)
+
+
+def _close(proto: _Protocol) -> None:
+    proto.closed = True
+    if proto.transport is not None:
+        proto.transport.close()

@@ -1,0 +1,121 @@
+"""The loader against a real server: prefetch, buffer reuse, keep, stream, DataLoader workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from conftest import unique
+from tensordict import TensorDict
+from torch.utils.data import DataLoader, IterableDataset
+
+from tdreplay.client import Loader, ReplayClient, TableNotFound
+
+FIELDS = {
+    "x": {"shape": [], "dtype": "int64"},
+    "obs": {"shape": [64], "dtype": "float32"},
+    "done": {"shape": [1], "dtype": "bool"},
+}
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> ReplayClient:
+    return ReplayClient(server.url, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def table(client: ReplayClient) -> str:
+    name = unique("loader")
+    client.create_table(
+        {"name": name, "capacity": 256, "backend": {"kind": "memory"}, "fields": FIELDS}
+    )
+    x = torch.arange(256)
+    rows = TensorDict(
+        {"x": x, "obs": x[:, None].float().expand(256, 64).clone(), "done": (x % 7 == 0)[:, None]},
+        [256],
+    )
+    client.extend(name, rows)
+    return name
+
+
+def check(batch: TensorDict) -> None:
+    x = batch["x"]
+    assert torch.equal(batch["obs"], x[:, None].float().expand(-1, 64))
+    assert torch.equal(batch["done"], (x % 7 == 0)[:, None])
+    assert torch.equal(batch["index"], x)  # row i went to slot i
+
+
+def test_loader_yields_num_batches_and_reuses_buffers(client: ReplayClient, table: str) -> None:
+    loader = client.loader(table, 32, prefetch=2, num_batches=12)
+    assert isinstance(loader, IterableDataset)
+    it = iter(loader)
+    pointers = set()
+    n = 0
+    for batch in it:
+        check(batch)  # valid until the next batch is taken
+        pointers.add(batch["obs"].untyped_storage().data_ptr())
+        n += 1
+    assert n == 12 and it.batches == 12
+    # 12 batches went through at most prefetch + 1 receive buffers (the first
+    # answers of each buffer arrive before it is sized: one fresh buffer each)
+    assert len(pointers) <= 2 * (2 + 1)
+    assert it.wait_s >= 0.0
+
+
+def test_keep_gives_batches_their_own_memory(client: ReplayClient, table: str) -> None:
+    batches = list(client.loader(table, 16, prefetch=2, num_batches=6, keep=True))
+    assert len(batches) == 6
+    for b in batches:
+        check(b)
+    assert len({b["obs"].untyped_storage().data_ptr() for b in batches}) == 6
+
+
+def test_as_cls_and_device(client: ReplayClient, table: str) -> None:
+    Cls = client.tensorclass(table)
+    for batch in client.loader(table, 8, num_batches=2, as_cls=Cls, device="cpu"):
+        assert type(batch) is Cls and batch.obs.device.type == "cpu"
+
+
+def test_stream_route(client: ReplayClient, table: str) -> None:
+    batches = [b.clone() for b in client.loader(table, 8, num_batches=5, stream=True)]
+    assert len(batches) == 5
+    for b in batches:
+        assert b.batch_size == torch.Size([8])
+        check(b)
+
+
+def test_errors_stop_the_loader(client: ReplayClient) -> None:
+    it = iter(client.loader(unique("missing"), 8, prefetch=2))
+    with pytest.raises(TableNotFound):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_loader_needs_sane_arguments(client: ReplayClient, table: str) -> None:
+    with pytest.raises(ValueError):
+        client.loader(table, 8, prefetch=0)
+    with pytest.raises(ValueError):
+        Loader(ReplayClient([client.urls[0], client.urls[0]]), table, 8, stream=True)
+
+
+def test_dataloader_workers_reconnect(client: ReplayClient, table: str) -> None:
+    loader = client.loader(table, 16, num_batches=3)
+    dl = loader.dataloader(num_workers=1, multiprocessing_context="spawn")
+    assert isinstance(dl, DataLoader)
+    got = list(dl)
+    assert len(got) == 3
+    for b in got:
+        check(b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_staging(client: ReplayClient, table: str) -> None:  # pragma: no cover - GPU hosts
+    side_results = []
+    for batch in client.loader(table, 32, prefetch=3, num_batches=20, device="cuda"):
+        assert batch["obs"].is_cuda
+        side_results.append(batch["x"].sum())  # consumed on the current stream
+        check(batch.cpu())
+    torch.cuda.synchronize()
+    assert len(side_results) == 20

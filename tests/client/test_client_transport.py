@@ -1,0 +1,200 @@
+"""Both transports against a small in-process HTTP/1.1 server: pooling, bodies, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tdreplay.client import ConnectionFailed, ProtocolError, Timeout
+from tdreplay.client.aio_transport import AsyncTransport
+from tdreplay.client.commands import Request
+from tdreplay.client.transport import Transport
+
+BIG = bytes(range(256)) * 4096  # 1 MiB
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    release: threading.Event
+    peers: set[tuple[str, int]]
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _send(
+        self, status: int, body: bytes, ctype: str = "application/json", **extra: str
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in extra.items():
+            self.send_header(k.replace("_", "-"), v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self.peers.add(self.client_address)
+        if self.path == "/echo-headers":
+            self._send(200, json.dumps(dict(self.headers)).encode())
+        elif self.path == "/big":
+            self._send(200, BIG, "application/octet-stream")
+        elif self.path == "/chunked":
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for part in (b"hello ", b"chunked ", b"world"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+        elif self.path == "/slow":
+            self.release.wait(10)
+            self._send(200, b"{}")
+        elif self.path == "/close":
+            self._send(200, b'{"closing": true}', Connection="close")
+            self.close_connection = True
+        elif self.path == "/missing":
+            self._send(
+                404, json.dumps({"type": "TableNotFound", "detail": "no table 'x'"}).encode()
+            )
+        else:
+            self._send(200, b'{"ok": true}')
+
+    def do_POST(self) -> None:
+        n = int(self.headers.get("Content-Length", 0))
+        body = self.rfile.read(n)
+        self._send(200, json.dumps({"got": len(body), "sum": sum(body) % 65521}).encode())
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, type[Handler]]]:
+    handler = type("H", (Handler,), {"release": threading.Event(), "peers": set()})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", handler
+    handler.release.set()
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_keep_alive_pool_reuses_one_connection(server: tuple[str, type[Handler]]) -> None:
+    url, handler = server
+    t = Transport(url, token="sekrit")
+    for _ in range(5):
+        r = t.execute(Request("GET", "/echo-headers"))
+        assert r.status == 200
+    headers = r.json()
+    assert headers["Authorization"] == "Bearer sekrit"
+    assert len(handler.peers) == 1  # five calls, one connection
+    t.close()
+
+
+def test_body_lands_in_the_callers_buffer(server: tuple[str, type[Handler]]) -> None:
+    url, _ = server
+    buf = bytearray(len(BIG) + 100)
+
+    def alloc(n: int) -> memoryview:
+        return memoryview(buf)[10 : 10 + n]
+
+    r = Transport(url).execute(Request("GET", "/big", alloc=alloc))
+    assert r.body.obj is buf and bytes(r.body) == BIG
+
+
+def test_post_body_and_chunked_answers(server: tuple[str, type[Handler]]) -> None:
+    url, _ = server
+    t = Transport(url)
+    payload = bytes(range(256)) * 1000
+    r = t.execute(Request("POST", "/post", body=memoryview(payload)))
+    assert r.json() == {"got": len(payload), "sum": sum(payload) % 65521}
+    assert bytes(t.execute(Request("GET", "/chunked")).body) == b"hello chunked world"
+    assert t.execute(Request("GET", "/close")).json() == {"closing": True}
+    assert t.execute(Request("GET", "/")).json() == {"ok": True}  # reconnects
+
+
+def test_refused_connection_is_connection_failed() -> None:
+    t = Transport(f"http://127.0.0.1:{closed_port()}", connect_timeout=2)
+    with pytest.raises(ConnectionFailed) as info:
+        t.execute(Request("GET", "/"))
+    assert info.value.sent is False
+
+
+def test_read_timeout(server: tuple[str, type[Handler]]) -> None:
+    url, _ = server
+    t = Transport(url, timeout=0.2)
+    with pytest.raises(Timeout):
+        t.execute(Request("GET", "/slow"))
+
+
+def test_stale_pooled_connection_is_replaced(server: tuple[str, type[Handler]]) -> None:
+    url, _ = server
+    t = Transport(url)
+    t.execute(Request("GET", "/"))
+    conn = t._idle[0]
+    assert conn.sock is not None
+    conn.sock.shutdown(socket.SHUT_RDWR)  # as if the server had dropped the idle connection
+    assert t.execute(Request("GET", "/")).json() == {"ok": True}
+
+
+def garbage_server() -> tuple[socket.socket, int]:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        conn.recv(65536)
+        conn.sendall(b"SMTP ready\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, srv.getsockname()[1]
+
+
+def test_garbage_is_a_protocol_error() -> None:
+    srv, port = garbage_server()
+    with srv, pytest.raises(ProtocolError):
+        Transport(f"http://127.0.0.1:{port}").execute(Request("GET", "/"))
+
+
+def test_async_transport(server: tuple[str, type[Handler]]) -> None:
+    url, handler = server
+
+    async def main() -> None:
+        t = AsyncTransport(url, token="tok", timeout=0.3)
+        r = await t.execute(Request("GET", "/echo-headers"))
+        assert r.json()["Authorization"] == "Bearer tok"
+        assert bytes((await t.execute(Request("GET", "/big"))).body) == BIG
+        assert bytes((await t.execute(Request("GET", "/chunked"))).body) == b"hello chunked world"
+        payload = b"x" * 300_000
+        r = await t.execute(Request("POST", "/p", body=memoryview(payload)))
+        assert r.json()["got"] == len(payload)
+        assert (await t.execute(Request("GET", "/missing"))).status == 404
+        assert len(handler.peers) == 1
+        with pytest.raises(Timeout):
+            await t.execute(Request("GET", "/slow"))
+        await t.close()
+        bad = AsyncTransport(f"http://127.0.0.1:{closed_port()}")
+        with pytest.raises(ConnectionFailed):
+            await bad.execute(Request("GET", "/"))
+
+    asyncio.run(main())
+    srv, port = garbage_server()
+
+    async def garbage() -> None:
+        with pytest.raises(ProtocolError):
+            await AsyncTransport(f"http://127.0.0.1:{port}").execute(Request("GET", "/"))
+
+    with srv:
+        asyncio.run(garbage())
