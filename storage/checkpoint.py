@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -49,8 +50,29 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_PATH_LOCKS: dict[Path, threading.Lock] = {}
+_PATH_LOCKS_GUARD = threading.Lock()
+
+
 def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Path:
-    """Write ``table`` to ``path`` (see the module docstring). Returns ``path``."""
+    """Write ``table`` to ``path`` (see the module docstring). Returns ``path``.
+
+    Checkpoints to one path are serialized within the process; once one is in
+    place, the debris of earlier interrupted ones (``<path>.tmp-*``,
+    ``<path>.old-*``) is deleted, so crashes do not pile up copies on disk.
+    """
+    path = path.absolute()
+    with _PATH_LOCKS_GUARD:
+        lock = _PATH_LOCKS.setdefault(path, threading.Lock())
+    with lock:
+        _write(table, path, ted2flat=ted2flat)
+        for stale in path.parent.iterdir():
+            if stale.name.startswith((f"{path.name}{_TMP}", f"{path.name}{_ASIDE}")):
+                shutil.rmtree(stale, ignore_errors=True)
+    return path
+
+
+def _write(table: Table, path: Path, *, ted2flat: bool | None) -> Path:
     if ted2flat is None:
         ted2flat = table.spec.checkpoint.ted2flat
     writer = table.writer
