@@ -223,9 +223,13 @@ class Pool(Generic[K, B]):
             self._kept.popitem(last=False)
 
 
+#: bytes of sample info per sampled item (index, priority, weight, times_sampled)
+INFO_NBYTES = sum(d.itemsize for d in INFO_DTYPES.values())
+
+
 def sample_nbytes(item_nbytes: int, n: int) -> int:
-    """An upper bound on the body of a sample of ``n`` items (fields, sample info, metadata)."""
-    return n * (item_nbytes + 32) + 64 * 1024
+    """The data bytes of a sample of ``n`` items: fields and sample info (metadata aside)."""
+    return n * (item_nbytes + INFO_NBYTES)
 
 
 class SampleBuffers:

@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis as redis_lib
-import torch
-from tensordict import TensorDict
-
-from tdreplay.storage import TableSpec
+from testkit import Tables
 
 BACKENDS = ["memory", "memmap", "h5", "shared", "redis"]
 
@@ -85,86 +82,6 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
-def make_spec(
-    name: str = "t", capacity: int = 64, backend: dict | None = None, **extra
-) -> TableSpec:
-    """A small TED-like table: every field of item ``i`` holds ``i`` (see :func:`rows`)."""
-    fields = {
-        "id": {"shape": [], "dtype": "int64"},
-        "observation": {"shape": [3], "dtype": "float32"},
-        "action": {"shape": [2], "dtype": "bfloat16"},
-        "next.reward": {"shape": [1], "dtype": "float16"},
-        "next.done": {"shape": [1], "dtype": "bool"},
-        "pixels": {"shape": [2, 2], "dtype": "uint8"},
-    }
-    fields.update(extra.pop("fields", {}))
-    return TableSpec.model_validate(
-        {
-            "name": name,
-            "capacity": capacity,
-            "fields": fields,
-            "backend": backend or {"kind": "memory"},
-            **extra,
-        }
-    )
-
-
-def rows(start: int, n: int, *, episode_len: int = 10) -> TensorDict:
-    """Items ``start .. start+n-1``; every field encodes the item id, episodes end every ``episode_len``."""
-    ids = torch.arange(start, start + n, dtype=torch.int64)
-    return TensorDict(
-        {
-            "id": ids,
-            "observation": ids[:, None].float().expand(n, 3).clone(),
-            "action": ids[:, None].bfloat16().expand(n, 2).clone(),
-            "next": {
-                "reward": ids[:, None].half(),
-                "done": (ids % episode_len == episode_len - 1)[:, None],
-            },
-            "pixels": (ids % 251).to(torch.uint8)[:, None, None].expand(n, 2, 2).clone(),
-        },
-        batch_size=[n],
-    )
-
-
-def assert_consistent(batch: TensorDict) -> None:
-    """Every field of every row agrees with its ``id`` (no torn rows)."""
-    ids = batch["id"]
-    assert torch.equal(batch["observation"], ids[:, None].float().expand(-1, 3))
-    assert torch.equal(batch["action"], ids[:, None].bfloat16().expand(-1, 2))
-    assert torch.equal(batch["next", "reward"], ids[:, None].half())
-    assert torch.equal(batch["pixels"], (ids % 251).to(torch.uint8)[:, None, None].expand(-1, 2, 2))
-
-
-class Tables:
-    """Creates and restores tables under one temporary root; :meth:`cleanup` destroys them all."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.made: list = []
-
-    def create(self, spec: TableSpec, *, root: Path | None = None, seed: int | None = 0):
-        from tdreplay.storage import Table
-
-        return self.track(Table.create(spec, root=root or self.root, seed=seed))
-
-    def restore(self, path: Path, *, root: Path | None = None, seed: int | None = None):
-        from tdreplay.storage import Table
-
-        return self.track(Table.restore(path, root=root, seed=seed))
-
-    def track(self, table):
-        self.made.append(table)
-        return table
-
-    def cleanup(self) -> None:
-        import contextlib
-
-        for table in reversed(self.made):
-            with contextlib.suppress(Exception):  # already destroyed by the test
-                table.destroy()
-
-
 @pytest.fixture
 def tables(tmp_path: Path) -> Iterator[Tables]:
     """Build tables (``tables.create(spec)``); their data (files, shared memory, Redis keys) is destroyed afterwards."""
@@ -177,6 +94,7 @@ def tables(tmp_path: Path) -> Iterator[Tables]:
 import os  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -325,3 +243,37 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
     yield start
     for server in started:
         server.stop()
+
+
+# ---------------------------------------------------------------- in-process tdreplay apps
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Factory of in-process apps under ``TestClient``: ``service(**settings) -> TestClient``.
+
+    The app runs with its lifespan (tables loaded), a data root under
+    ``tmp_path`` and one torch thread left as it is; keyword arguments are
+    :class:`~tdreplay.service.Settings` fields. Every client is closed (and its
+    tables closed) at teardown.
+    """
+    import warnings
+
+    with warnings.catch_warnings():  # starlette's notice about httpx; TestClient works as is
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from fastapi.testclient import TestClient
+
+    from tdreplay.service import Settings, create_app
+
+    opened: list[TestClient] = []
+
+    def make(*, raise_server_exceptions: bool = True, **settings: Any) -> TestClient:
+        settings.setdefault("root", tmp_path / "data")
+        settings.setdefault("torch_threads", 0)
+        app = create_app(Settings(**settings))
+        client = TestClient(app, raise_server_exceptions=raise_server_exceptions)
+        client.__enter__()
+        opened.append(client)
+        return client
+
+    yield make
+    for client in reversed(opened):
+        client.__exit__(None, None, None)

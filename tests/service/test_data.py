@@ -1,0 +1,182 @@
+"""Data over HTTP: extend, sample, stream and update_priority, every dtype bit-exact."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+import torch
+from service_helpers import assert_rows_match, create, extend, info, rows
+
+from tdreplay.codec import decode, protocol, read_batches
+from tdreplay.service.wire import SampleBuffer, SampleLayout
+
+SAMPLE = protocol.table_path("t", "sample")
+
+
+def test_extend_answers_slots(service) -> None:
+    client = service()
+    create(client)
+    r = extend(client, 0, 5)
+    assert r.status_code == 200
+    assert r.json() == {"index": [0, 1, 2, 3, 4], "rows": 5}
+    assert r.headers[protocol.ROWS_WRITTEN] == "5"
+    assert extend(client, 5, 3).json()["index"] == [5, 6, 7]
+
+
+@pytest.mark.parametrize("n", [1, 7, 64])
+def test_sample_round_trips_every_dtype(service, n: int) -> None:
+    client = service()
+    create(client, capacity=64)
+    assert extend(client, 0, 40).status_code == 200
+    r = client.post(SAMPLE, params={"batch_size": n})
+    assert r.status_code == 200
+    assert r.headers["content-type"] == protocol.ARROW_STREAM
+    batch = decode(r.content)
+    assert batch.batch_size == torch.Size([n])
+    assert_rows_match(batch)
+    assert torch.equal(batch["index"], batch["id"])  # slot i holds item i here
+    assert batch["index"].dtype == torch.int64
+    assert batch["sample_info", "priority"].dtype == torch.float32
+    assert batch["sample_info", "weight"].dtype == torch.float32
+    assert batch["sample_info", "times_sampled"].dtype == torch.int64
+    assert (batch["sample_info", "weight"] == 1).all()
+    assert (batch["sample_info", "times_sampled"] >= 1).all()
+
+
+def test_sample_columns_are_flat_dotted_keys(service) -> None:
+    client = service()
+    create(client)
+    extend(client, 0, 4)
+    (rb,) = read_batches(client.post(SAMPLE, params={"batch_size": 2}).content)
+    names = rb.schema.names
+    assert "next.reward" in names and "sample_info.priority" in names and "index" in names
+    assert rb.schema.field("action").metadata[b"tdreplay.dtype"] == b"bfloat16"
+
+
+def test_sample_bodies_are_pooled(service) -> None:
+    client = service(pooled_buffers=2)
+    create(client)
+    extend(client, 0, 16)
+    handle = client.app.state.registry.get("t")
+    seen = set()
+    for _ in range(20):
+        r = client.post(SAMPLE, params={"batch_size": 8})
+        assert_rows_match(decode(r.content))
+        seen.add(id(handle.samples.pool.take(8)))
+    kept = handle.samples.pool._kept[8]
+    assert 1 <= len(kept) <= 2
+    assert seen <= {id(b) for b in kept}
+
+
+def test_layout_template_gathers_into_wire_bytes() -> None:
+    td = rows(0, 6)
+    schema = {
+        k if isinstance(k, tuple) else (k,): (list(v.shape[1:]), v.dtype)
+        for k, v in td.items(True, True)
+    }
+    buf = SampleBuffer(SampleLayout(schema, 6))
+    for key, value in td.items(True, True):
+        buf.out.get(key).copy_(value)
+    for key in ("index", ("sample_info", "times_sampled")):
+        buf.out.get(key).copy_(torch.arange(6))
+    lease = buf.lease()
+    lease.finish()
+    back = decode(lease.body)
+    assert_rows_match(back)
+    # the record-batch message alone, behind the schema message, reads as a stream too
+    again = decode(buf.layout.header + bytes(lease.batch) + b"\xff\xff\xff\xff\x00\x00\x00\x00")
+    assert torch.equal(again["id"], td["id"])
+    # a bigger layout and a tiled run of 3 batches of 2 rows
+    run = SampleLayout(schema, 2)
+    sampled = rows(0, 6)
+    sampled.update(
+        {
+            "index": torch.arange(6),
+            "sample_info": {
+                "priority": torch.ones(6),
+                "weight": torch.ones(6),
+                "times_sampled": torch.ones(6, dtype=torch.int64),
+            },
+        }
+    )
+    tiled = run.tile(sampled, 3)
+    reader = pa.ipc.open_stream(run.header + bytes(tiled) + b"\xff\xff\xff\xff\x00\x00\x00\x00")
+    batches = list(reader)
+    assert [b.num_rows for b in batches] == [2, 2, 2]
+    from tdreplay.codec import from_record_batch
+
+    for i, rb in enumerate(batches):
+        part = from_record_batch(rb)
+        assert_rows_match(part)
+        assert part["id"].tolist() == [2 * i, 2 * i + 1]
+
+
+@pytest.mark.parametrize(("batch_size", "count"), [(1, 50), (4, 7), (32, 3)])
+def test_stream_sends_count_batches(service, batch_size: int, count: int) -> None:
+    client = service(stream_chunk_bytes=4096)
+    create(client)
+    extend(client, 0, 40)
+    with client.stream(
+        "GET",
+        protocol.table_path("t", "stream"),
+        params={"batch_size": batch_size, "count": count},
+    ) as r:
+        assert r.status_code == 200
+        data = r.read()
+    batches = read_batches(data)
+    assert len(batches) == count
+    from tdreplay.codec import from_record_batch
+
+    for rb in batches:
+        assert rb.num_rows == batch_size
+        assert_rows_match(from_record_batch(rb))
+    assert info(client)["samples"] == batch_size * count
+
+
+def test_stream_of_an_empty_table_is_429_before_it_starts(service) -> None:
+    client = service()
+    create(client)
+    r = client.get(
+        protocol.table_path("t", "stream"), params={"batch_size": 2, "count": 3, "timeout": 0}
+    )
+    assert r.status_code == 429
+    assert r.json()["type"] == "RateLimitTimeout"
+
+
+def test_stream_ends_early_when_the_queue_runs_dry(service) -> None:
+    client = service(stream_chunk_bytes=1)
+    create(client, sampler={"kind": "fifo"})
+    extend(client, 0, 5)
+    r = client.get(
+        protocol.table_path("t", "stream"), params={"batch_size": 2, "count": 10, "timeout": 0}
+    )
+    assert r.status_code == 200
+    batches = read_batches(r.content)
+    assert [b.num_rows for b in batches] == [2, 2]  # 5 items: two batches of 2, then dry
+
+
+def test_update_priority(service) -> None:
+    client = service()
+    create(client, sampler={"kind": "prioritized", "alpha": 1.0, "beta": 1.0})
+    extend(client, 0, 4)
+    r = client.post(
+        protocol.table_path("t", "update_priority"),
+        json={"index": [0, 1, 2, 3], "priority": [0.0, 0.0, 5.0, 0.0]},
+    )
+    assert r.status_code == 200 and r.json() == {"updated": 4}
+    batch = decode(client.post(SAMPLE, params={"batch_size": 16}).content)
+    assert set(batch["index"].tolist()) == {2}
+    assert torch.allclose(batch["sample_info", "priority"], torch.full((16,), 5.0), rtol=1e-3)
+
+
+def test_update_priority_errors(service) -> None:
+    client = service()
+    create(client)
+    extend(client, 0, 4)
+    path = protocol.table_path("t", "update_priority")
+    r = client.post(path, json={"index": [0], "priority": [1.0]})
+    assert r.status_code == 400 and r.json()["type"] == "InvalidRequest"  # uniform: no priorities
+    r = client.post(path, json={"index": [0, 1], "priority": [1.0]})
+    assert r.status_code == 400 and r.json()["field"] == "priority"
+    r = client.post(path, json={"index": [-1], "priority": [1.0]})
+    assert r.status_code == 400
