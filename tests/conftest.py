@@ -258,7 +258,7 @@ def service(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     import warnings
 
     with warnings.catch_warnings():  # starlette's notice about httpx; TestClient works as is
-        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message="Using `httpx`")
         from fastapi.testclient import TestClient
 
     from tdreplay.service import Settings, create_app

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import unique
 from tensordict import TensorDict
+from testkit import unique
 from torch.utils.data import DataLoader, IterableDataset
 
 from tdreplay.client import Loader, ReplayClient, TableNotFound

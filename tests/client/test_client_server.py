@@ -8,8 +8,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import make_rows, schema_fields, unique
 from tensordict import TensorDict, TensorDictBase, tensorclass
+from testkit import make_rows, schema_fields, unique
 
 from tdreplay.client import (
     InvalidRequest,

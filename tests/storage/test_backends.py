@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_consistent, make_spec, rows
+from testkit import assert_consistent, make_spec, rows
 from storage_helpers import assert_bitwise_equal, bits
 from tensordict import TensorDict, tensorclass
 

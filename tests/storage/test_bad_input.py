@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import make_spec, rows
+from testkit import make_spec, rows
 from storage_helpers import assert_same, snapshot
 from tensordict import TensorDict
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import assert_consistent, make_spec, rows
+from testkit import assert_consistent, make_spec, rows
 
 from tdreplay.storage import RateLimitTimeout
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import assert_consistent, make_spec, rows
+from testkit import assert_consistent, make_spec, rows
 from storage_helpers import assert_bitwise_equal, bits
 from tensordict import TensorDict
 

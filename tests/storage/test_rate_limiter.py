@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import make_spec, rows
+from testkit import make_spec, rows
 
 from tdreplay.storage import EmptyTableError, InvalidRequest, RateLimiter, RateLimitTimeout
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import assert_consistent, make_spec, rows
+from testkit import assert_consistent, make_spec, rows
 
 from tdreplay.storage import InvalidRequest, RateLimitTimeout
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import assert_consistent, make_spec, rows
+from testkit import assert_consistent, make_spec, rows
 
 from tdreplay.storage import RateLimitTimeout
 

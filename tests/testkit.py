@@ -1,0 +1,135 @@
+"""Plain test helpers shared by every test package (fixtures stay in the conftest files).
+
+Imported as ``from testkit import ...``: pytest's conftest modules all share the
+module name ``conftest``, so helpers imported from there resolve to whichever
+conftest was loaded last.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from tensordict import TensorDict
+
+from tdreplay.storage import TableSpec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_spec(
+    name: str = "t", capacity: int = 64, backend: dict | None = None, **extra
+) -> TableSpec:
+    """A small TED-like table: every field of item ``i`` holds ``i`` (see :func:`rows`)."""
+    fields = {
+        "id": {"shape": [], "dtype": "int64"},
+        "observation": {"shape": [3], "dtype": "float32"},
+        "action": {"shape": [2], "dtype": "bfloat16"},
+        "next.reward": {"shape": [1], "dtype": "float16"},
+        "next.done": {"shape": [1], "dtype": "bool"},
+        "pixels": {"shape": [2, 2], "dtype": "uint8"},
+    }
+    fields.update(extra.pop("fields", {}))
+    return TableSpec.model_validate(
+        {
+            "name": name,
+            "capacity": capacity,
+            "fields": fields,
+            "backend": backend or {"kind": "memory"},
+            **extra,
+        }
+    )
+
+
+def rows(start: int, n: int, *, episode_len: int = 10) -> TensorDict:
+    """Items ``start .. start+n-1``; every field encodes the item id, episodes end every ``episode_len``."""
+    ids = torch.arange(start, start + n, dtype=torch.int64)
+    return TensorDict(
+        {
+            "id": ids,
+            "observation": ids[:, None].float().expand(n, 3).clone(),
+            "action": ids[:, None].bfloat16().expand(n, 2).clone(),
+            "next": {
+                "reward": ids[:, None].half(),
+                "done": (ids % episode_len == episode_len - 1)[:, None],
+            },
+            "pixels": (ids % 251).to(torch.uint8)[:, None, None].expand(n, 2, 2).clone(),
+        },
+        batch_size=[n],
+    )
+
+
+def assert_consistent(batch: TensorDict) -> None:
+    """Every field of every row agrees with its ``id`` (no torn rows)."""
+    ids = batch["id"]
+    assert torch.equal(batch["observation"], ids[:, None].float().expand(-1, 3))
+    assert torch.equal(batch["action"], ids[:, None].bfloat16().expand(-1, 2))
+    assert torch.equal(batch["next", "reward"], ids[:, None].half())
+    assert torch.equal(batch["pixels"], (ids % 251).to(torch.uint8)[:, None, None].expand(-1, 2, 2))
+
+
+class Tables:
+    """Creates and restores tables under one temporary root; :meth:`cleanup` destroys them all."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.made: list = []
+
+    def create(self, spec: TableSpec, *, root: Path | None = None, seed: int | None = 0):
+        from tdreplay.storage import Table
+
+        return self.track(Table.create(spec, root=root or self.root, seed=seed))
+
+    def restore(self, path: Path, *, root: Path | None = None, seed: int | None = None):
+        from tdreplay.storage import Table
+
+        return self.track(Table.restore(path, root=root, seed=seed))
+
+    def track(self, table):
+        self.made.append(table)
+        return table
+
+    def cleanup(self) -> None:
+        import contextlib
+
+        for table in reversed(self.made):
+            with contextlib.suppress(Exception):  # already destroyed by the test
+                table.destroy()
+
+
+_names = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{os.getpid()}_{next(_names)}"
+
+
+def schema_fields(name: str) -> dict[str, Any]:
+    """The ``fields`` of a shipped schema (schemas/{name}.yaml)."""
+    return yaml.safe_load((REPO / "schemas" / f"{name}.yaml").read_text())["fields"]
+
+
+def make_rows(fields: dict[str, Any], n: int, *, seed: int = 0) -> Any:
+    """``n`` random rows for ``fields`` (every dtype, no NaN), batch ``[n]``."""
+    import torch
+    from tensordict import TensorDict
+
+    g = torch.Generator().manual_seed(seed)
+    td = TensorDict(batch_size=[n])
+    for name, f in fields.items():
+        shape = [n, *f["shape"]]
+        dtype = getattr(torch, f["dtype"])
+        if dtype == torch.bool:
+            t = torch.rand(shape, generator=g) < 0.5
+        elif dtype.is_floating_point:
+            t = torch.randn(shape, generator=g).to(dtype)
+        else:
+            info = torch.iinfo(dtype)
+            lo, hi = max(info.min, -(2**31)), min(info.max, 2**31 - 1)
+            t = torch.randint(lo, hi, shape, generator=g, dtype=torch.int64).to(dtype)
+        td.set(tuple(name.split(".")), t)
+    return td
