@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from testkit import assert_consistent, make_spec, rows
 from storage_helpers import assert_bitwise_equal, bits
 from tensordict import TensorDict, tensorclass
+from testkit import assert_consistent, make_spec, rows
 
 from tdreplay.storage import DTYPES, EmptyTableError, InvalidRequest, Table, TableSpec
 

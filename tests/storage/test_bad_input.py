@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from testkit import make_spec, rows
 from storage_helpers import assert_same, snapshot
 from tensordict import TensorDict
+from testkit import make_spec, rows
 
 from tdreplay.storage import InvalidRequest, SchemaError
 

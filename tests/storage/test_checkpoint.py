@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from testkit import assert_consistent, make_spec, rows
 from storage_helpers import assert_bitwise_equal, assert_same, bits
 from tensordict import TensorDict
+from testkit import assert_consistent, make_spec, rows
 
 from tdreplay.storage import CheckpointError, RateLimitTimeout, Table, TableSpec
 
