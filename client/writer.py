@@ -389,6 +389,7 @@ class AsyncWriter:
         self._buffer: ChunkBuffer | None = None
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._progress = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
         self._closed = False
@@ -408,6 +409,20 @@ class AsyncWriter:
             await self.client.extend(self.table, td, timeout=self.timeout)
             self.sent_rows += td.batch_size[0]
             self.sent_chunks += 1
+            self._progress.set()
+
+    async def wait_sent(self, rows: int, timeout: float | None = None) -> bool:
+        """Wait until ``rows`` steps in all have been sent; whether they were within ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self.sent_rows < rows:
+            self._progress.clear()
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), left)
+        return True
 
     def _raise_pending(self) -> None:
         if self._error is not None:

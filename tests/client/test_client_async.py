@@ -1,0 +1,92 @@
+"""The async twin against a real server: the same calls, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import torch
+from client_helpers import make_rows, schema_fields, unique
+from tensordict import TensorDict
+
+from tdreplay.client import AsyncReplayClient, RateLimitTimeout, SchemaError
+
+
+def test_async_twin(server: Any) -> None:
+    fields = schema_fields("robot")
+
+    async def main() -> None:
+        async with AsyncReplayClient(server.url) as client:
+            name = unique("a")
+            info = await client.create_table(
+                {
+                    "name": name,
+                    "capacity": 32,
+                    "backend": {"kind": "memory"},
+                    "fields": fields,
+                    "sampler": {"kind": "prioritized"},
+                }
+            )
+            assert info["capacity"] == 32
+            data = make_rows(fields, 20, seed=3)
+            index = await client.extend(name, data)
+            assert index.tolist() == list(range(20))
+            # several calls at once share the pool
+            batches = await asyncio.gather(*(client.sample(name, 16) for _ in range(4)))
+            for batch in batches:
+                want = data[batch["index"]]
+                for key in want.keys(True, True):
+                    assert torch.equal(batch[key], want[key]), key
+            Cls = await client.tensorclass(name)
+            view = await client.sample(name, 4, as_cls=Cls)
+            assert type(view) is Cls and view.observation.wrist_rgb.dtype == torch.uint8
+            await client.update_priority(name, index[:3], torch.ones(3))
+            assert (await client.info(name))["size"] == 20
+            with pytest.raises(SchemaError):
+                await client.extend(name, data.exclude("action"))
+            assert isinstance(await client.checkpoint(name, f"ck/{name}"), str)
+            assert (await client.export(name, "csv")).startswith(b"")
+            assert name in [t["name"] for t in await client.tables()]
+            await client.delete_table(name)
+
+    asyncio.run(main())
+
+
+def test_async_writer_and_loader(server: Any) -> None:
+    fields = {"x": {"shape": [], "dtype": "int64"}}
+
+    async def main() -> None:
+        client = AsyncReplayClient(server.url)
+        name = unique("aw")
+        await client.create_table(
+            {"name": name, "capacity": 64, "backend": {"kind": "memory"}, "fields": fields}
+        )
+        async with client.writer(name, chunk=4, max_delay=None) as w:
+            for i in range(10):
+                await w.append(TensorDict({"x": torch.tensor(i)}, []))
+        assert w.sent_rows == 10 and w.sent_chunks == 3
+        seen = []
+        async for batch in client.loader(name, 8, prefetch=2, num_batches=4):
+            seen.append(batch["x"].clone())
+        assert len(seen) == 4 and all(b.shape == (8,) for b in seen)
+        assert set(torch.cat(seen).tolist()) <= set(range(10))
+        timed = client.writer(name, chunk=100, max_delay=0.05)
+        await timed.append(TensorDict({"x": torch.arange(3)}, [3]))
+        assert await timed.wait_sent(3, timeout=10)  # sent by the timer task
+        await timed.close()
+        empty = unique("ae")
+        await client.create_table(
+            {
+                "name": empty,
+                "capacity": 8,
+                "backend": {"kind": "memory"},
+                "fields": fields,
+                "rate_limiter": {"min_size_to_sample": 4},
+            }
+        )
+        with pytest.raises(RateLimitTimeout):
+            await client.sample(empty, 2, timeout=0.05)
+        await client.close()
+
+    asyncio.run(main())

@@ -1,0 +1,97 @@
+"""One client over two real servers: inserts spread, samples in proportion to sizes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from client_helpers import unique
+from tensordict import TensorDict
+
+from tdreplay.client import AsyncReplayClient, ReplayClient
+
+FIELDS = {"x": {"shape": [], "dtype": "int64"}}
+
+
+@pytest.fixture(scope="module")
+def servers(server: Any, live_server: Any) -> list[Any]:
+    return [server, live_server()]
+
+
+def rows(start: int, n: int) -> TensorDict:
+    return TensorDict({"x": torch.arange(start, start + n)}, [n])
+
+
+def create(client: ReplayClient, **extra: Any) -> str:
+    name = unique("sh")
+    spec = {"name": name, "capacity": 4096, "backend": {"kind": "memory"}, "fields": FIELDS}
+    client.create_table({**spec, **extra})
+    return name
+
+
+def test_inserts_round_robin_and_samples_by_size(servers: list[Any]) -> None:
+    client = ReplayClient([s.url for s in servers], shard_refresh=0.0)
+    singles = [ReplayClient(s.url) for s in servers]
+    name = create(client)
+    assert client.info(name)["capacity"] == 2 * 4096
+    # 6 inserts alternate between the servers: 3 x 100 rows on one, 3 x 300 on the other
+    for k in range(6):
+        n = 100 if k % 2 == 0 else 300
+        index = client.extend(name, rows(k * 1000, n))
+        assert (index % 2 == k % 2).all()  # the server is encoded in the index
+    assert [s.info(name)["size"] for s in singles] == [300, 900]
+    info = client.info(name)
+    assert info["size"] == 1200 and [i["size"] for i in info["shards"]] == [300, 900]
+    batch = client.sample(name, 4000)
+    server = batch["index"] % 2
+    share = server.float().mean().item()
+    assert 0.70 < share < 0.80  # 900 / 1200
+    # every row is the row that was inserted at that slot of that server
+    for s in (0, 1):
+        slots = batch["index"][server == s] // 2
+        got = batch["x"][server == s]
+        direct = singles[s].sample(name, 2000)
+        table = dict(zip(direct["index"].tolist(), direct["x"].tolist(), strict=True))
+        for slot, x in zip(slots.tolist(), got.tolist(), strict=True):
+            if slot in table:
+                assert table[slot] == x
+
+
+def test_priorities_go_to_their_server(servers: list[Any]) -> None:
+    client = ReplayClient([s.url for s in servers], shard_refresh=0.0)
+    name = create(client, sampler={"kind": "prioritized", "alpha": 1.0})
+    a = client.extend(name, rows(0, 8))
+    b = client.extend(name, rows(100, 8))
+    priority = torch.full((16,), 1e-6)
+    target = torch.cat([a, b])
+    priority[3] = priority[12] = 1e6
+    client.update_priority(name, target, priority)
+    batch = client.sample(name, 512)
+    hits = set(batch["index"].tolist())
+    assert {int(target[3]), int(target[12])} <= hits
+    top = (batch["index"] == target[3]) | (batch["index"] == target[12])
+    assert top.float().mean() > 0.95
+
+
+def test_async_sharded(servers: list[Any]) -> None:
+    import asyncio
+
+    sync = ReplayClient([s.url for s in servers])
+    name = create(sync)
+
+    async def main() -> None:
+        client = AsyncReplayClient([s.url for s in servers], shard_refresh=0.0)
+        for k in range(4):
+            await client.extend(name, rows(k * 10, 10))
+        info = await client.info(name)
+        assert [i["size"] for i in info["shards"]] == [20, 20]
+        batch = await client.sample(name, 64)
+        assert set((batch["index"] % 2).tolist()) == {0, 1}
+        await client.close()
+
+    asyncio.run(main())
+    paths = sync.checkpoint(name, f"ck/{name}")
+    assert isinstance(paths, list) and len(paths) == 2
+    sync.extend(name, rows(0, 5))
+    assert sync.restore(name, f"ck/{name}")["size"] == 40
