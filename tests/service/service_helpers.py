@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 from tensordict import TensorDict
 
 from tdreplay.codec import encode, protocol
+from tdreplay.service import Settings, create_app
 
 ARROW = {"Content-Type": protocol.ARROW_STREAM}
 
@@ -97,3 +104,22 @@ def info(client: Any, name: str = "t") -> dict[str, Any]:
     r = client.get(protocol.table_path(name))
     assert r.status_code == 200, r.text
     return r.json()
+
+
+# ---------------------------------------------------------------- async clients
+@contextlib.asynccontextmanager
+async def served(root: Path, **settings: Any) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+    """An app with its lifespan running and an async client on it, for tests of concurrency."""
+    app = create_app(Settings(root=root, torch_threads=0, **settings))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://tdreplay") as client:
+            yield app, client
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Yield to the loop until ``condition()`` holds (the waiters have registered)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)

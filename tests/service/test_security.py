@@ -1,0 +1,112 @@
+"""Bearer token on every route but the probes; client paths confined to the data root."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from service_helpers import create, extend
+
+from tdreplay.codec import protocol
+
+TOKEN = "s3cret-token"
+
+
+def test_token_guards_every_route_but_the_probes(service) -> None:
+    client = service(token=TOKEN)
+    ok = {"Authorization": f"Bearer {TOKEN}"}
+    documented = client.app.openapi()["paths"]
+    routes = [(path, method.upper()) for path, ops in documented.items() for method in ops]
+    routes += [("/openapi.json", "GET"), ("/docs", "GET"), ("/redoc", "GET")]
+    assert len(routes) == 17  # 14 routes of the protocol + the docs
+    for path, method in routes:
+        url = path.replace("{name}", "t")
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+            r = client.request(method, url, headers=headers)
+            if path in ("/healthz", "/readyz"):
+                assert r.status_code == 200, path
+                continue
+            assert r.status_code == 401, (method, path, headers)
+            assert r.json()["type"] == "Unauthorized"
+            assert r.headers["www-authenticate"] == "Bearer"
+    assert client.get(protocol.TABLES, headers=ok).status_code == 200
+    assert client.get("/metrics", headers=ok).status_code == 200
+    assert client.get("/openapi.json", headers=ok).json()["components"]["securitySchemes"]
+
+
+def test_unauthorized_requests_change_nothing(service) -> None:
+    client = service(token=TOKEN)
+    ok = {"Authorization": f"Bearer {TOKEN}"}
+    client.headers.update(ok)
+    create(client)
+    client.headers.pop("Authorization")
+    r = client.delete(protocol.table_path("t"))
+    assert r.status_code == 401
+    r = extend(client, 0, 2)
+    assert r.status_code == 401
+    assert client.get(protocol.table_path("t"), headers=ok).json()["size"] == 0
+
+
+@pytest.mark.parametrize("action", ["checkpoint", "restore", "export"])
+def test_paths_outside_the_root_are_refused(service, tmp_path: Path, action: str) -> None:
+    client = service()
+    create(client)
+    extend(client, 0, 4)
+    root = tmp_path / "data"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    for path in [
+        "../outside/x",
+        "../../etc/x",
+        str(outside / "x"),
+        "/etc/x",
+        "link/x",
+        ".",
+        "",
+        "a/../../x",
+        "x\x00y",
+        "n" * 300,
+    ]:
+        r = client.post(protocol.table_path("t", action), json={"path": path})
+        assert r.status_code == 400, (action, path, r.text)
+        assert r.json()["type"] == "InvalidRequest" and r.json()["field"] == "path"
+    assert os.listdir(outside) == []
+
+
+def test_paths_over_live_storage_are_refused(service, tmp_path: Path) -> None:
+    client = service()
+    r = client.post(
+        protocol.TABLES,
+        json={
+            "name": "m",
+            "capacity": 8,
+            "fields": {"x": {"shape": [], "dtype": "int64"}},
+            "backend": {"kind": "memmap"},
+        },
+    )
+    assert r.status_code == 201
+    for path in ["m", "m/storage", "m/storage/x"]:
+        r = client.post(protocol.table_path("m", "checkpoint"), json={"path": path})
+        assert r.status_code == 400, (path, r.text)
+    for path in ["m/storage", "m/storage/x.csv"]:
+        r = client.post(protocol.table_path("m", "export"), json={"path": path})
+        assert r.status_code == 400, (path, r.text)
+    r = client.post(protocol.table_path("m", "export"), json={"path": "m/beside.csv"})
+    assert r.status_code == 200
+    assert (tmp_path / "data" / "m" / "storage").is_dir()
+
+
+def test_checkpoint_does_not_replace_what_is_not_a_checkpoint(service, tmp_path: Path) -> None:
+    client = service()
+    create(client)
+    extend(client, 0, 4)
+    keep = tmp_path / "data" / "keep"
+    keep.mkdir(parents=True)
+    (keep / "precious.txt").write_text("x")
+    r = client.post(protocol.table_path("t", "checkpoint"), json={"path": "keep"})
+    assert r.status_code == 400
+    assert (keep / "precious.txt").read_text() == "x"
+    r = client.post(protocol.table_path("t", "checkpoint"), json={"path": "keep/precious.txt/x"})
+    assert r.status_code == 400
