@@ -152,8 +152,7 @@ def test_checkpoint_while_writers_and_samplers_run(tables, tmp_path: Path) -> No
     stop = threading.Event()
     errors: list[BaseException] = []
 
-    def write() -> None:
-        i = 1000
+    def write(i: int) -> None:
         while not stop.is_set():
             table.extend(rows(i, 7))
             i += 7
@@ -165,16 +164,27 @@ def test_checkpoint_while_writers_and_samplers_run(tables, tmp_path: Path) -> No
             except BaseException as err:
                 errors.append(err)
 
-    threads = [threading.Thread(target=f) for f in (write, write, sample)]
+    threads = [
+        threading.Thread(target=write, args=(1000,)),
+        threading.Thread(target=write, args=(1_000_000,)),
+        threading.Thread(target=sample),
+    ]
     for t in threads:
         t.start()
     try:
-        paths = [table.checkpoint(tmp_path / f"c{i}") for i in range(3)]
+        paths = []
+        for i in range(3):
+            inserts = table.rate_limiter.inserts
+            deadline = time.monotonic() + 10
+            while table.rate_limiter.inserts < inserts + 100 and time.monotonic() < deadline:
+                time.sleep(0.002)  # checkpoint while the writers are at it
+            paths.append(table.checkpoint(tmp_path / f"c{i}"))
     finally:
         stop.set()
         for t in threads:
             t.join(10)
     assert not errors, errors[0]
+    assert table.rate_limiter.inserts > 32 + 300
     for path in paths:
         restored = tables.restore(path, root=tmp_path / "r")
         live = restored.read(restored.live_index())
