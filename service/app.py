@@ -110,6 +110,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Re-entrant: a second client entering the lifespan of a running app (as test
+        # clients do) finds the tables loaded; the outermost exit closes them.
+        state = app.state
+        state.lifespans += 1
+        try:
+            if state.lifespans == 1:
+                await _start(app)
+            yield
+        finally:
+            state.lifespans -= 1
+            if state.lifespans == 0:
+                state.ready = False
+                await state.registry.close(checkpoint=settings.checkpoint_on_shutdown)
+
+    async def _start(app: FastAPI) -> None:
         tuning.apply(settings)
         registry: Registry = app.state.registry
         registry.root.mkdir(parents=True, exist_ok=True)
@@ -119,11 +134,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await registry.close()
             raise
         app.state.ready = True
-        try:
-            yield
-        finally:
-            app.state.ready = False
-            await registry.close(checkpoint=settings.checkpoint_on_shutdown)
 
     app = FastAPI(
         title="tdreplay",
@@ -142,6 +152,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = Registry(settings, on_wait=metrics.waited)
     app.state.bodies = BodyBuffers(per_class=settings.pooled_buffers)
     app.state.ready = False
+    app.state.lifespans = 0
     errors.install(app)
     for module in (data, tables, persistence, health):  # hot routes first: matched in order
         app.include_router(module.router)

@@ -31,7 +31,9 @@ async def get_bodies(request: Request) -> BodyBuffers:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
 BodiesDep = Annotated[BodyBuffers, Depends(get_bodies)]
-TableName = Annotated[str, Path(description="The table's name.", max_length=64)]
+TableName = Annotated[
+    str, Path(description="The table's name.", max_length=64, examples=["cartpole"])
+]
 Timeout = Annotated[
     float | None,
     Query(
