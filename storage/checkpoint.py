@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDict
 
+from .backends import table_dir
 from .errors import CheckpointError, TDReplayError
-from .spec import TableSpec
+from .spec import H5Backend, MemmapBackend, TableSpec
 from .tensordicts import leaves, nest
 from .writers import RoundRobinWriter
 
@@ -73,6 +74,14 @@ def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Pat
 
 
 def _write(table: Table, path: Path, *, ted2flat: bool | None) -> Path:
+    location = _data_location(table.spec, table.root)
+    if location is not None and _overlap(location, path):
+        # The swap would move the live table's files aside and delete them.
+        raise CheckpointError(
+            f"table {table.name!r}: cannot checkpoint to {path}, it holds the table's own data "
+            f"({location})",
+            table=table.name,
+        )
     if ted2flat is None:
         ted2flat = table.spec.checkpoint.ted2flat
     writer = table.writer
@@ -178,6 +187,21 @@ def read_metadata(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"unreadable checkpoint metadata at {path}: {err}") from err
 
 
+def _data_location(spec: TableSpec, root: Path) -> Path | None:
+    """Where :func:`~tdreplay.storage.backends.allocate` puts a file backend's data."""
+    b = spec.backend
+    if isinstance(b, MemmapBackend):
+        return Path(b.path) if b.path else table_dir(spec, root) / "storage"
+    if isinstance(b, H5Backend):
+        return Path(b.path) if b.path else table_dir(spec, root) / "storage.h5"
+    return None
+
+
+def _overlap(a: Path, b: Path) -> bool:
+    a, b = a.absolute(), b.absolute()
+    return a == b or a in b.parents or b in a.parents
+
+
 def restore(
     cls: type[Table], path: Path, root: str | Path | None, *, seed: int | None = None
 ) -> Table:
@@ -189,7 +213,16 @@ def restore(
             f"{src}: checkpoint format {meta.get('format_version')} not supported"
         )
     spec = TableSpec.parse(meta["spec"], source=str(src / "metadata.json"))
-    table = cls.create(spec, root if root is not None else src.parent, seed=seed)
+    root = Path(root) if root is not None else src.parent
+    location = _data_location(spec, root)
+    if location is not None and _overlap(location, src):
+        # Allocating there would wipe (memmap) or write into the checkpoint being read.
+        raise CheckpointError(
+            f"cannot restore {src} under root {root}: the table's data would go to {location}, "
+            "inside the checkpoint; pass another root",
+            table=spec.name,
+        )
+    table = cls.create(spec, root, seed=seed)
     try:
         hi = int(meta["hi"])
         if hi:
