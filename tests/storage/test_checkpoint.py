@@ -425,3 +425,43 @@ def test_sigkill_during_checkpoints_leaves_a_complete_one(tmp_path: Path) -> Non
         table.destroy()
     assert leftovers(tmp_path) == []
     assert Table.restore(path, root=tmp_path / "final").rate_limiter.inserts == inserts
+
+
+@pytest.mark.parametrize("kind", ["memmap", "h5"])
+def test_restore_never_allocates_inside_the_checkpoint(tables, tmp_path: Path, kind: str) -> None:
+    """A checkpoint folder named after its table, restored with the default root (its parent)."""
+    table = tables.create(make_spec(name="t", capacity=8, backend={"kind": kind}))
+    table.extend(rows(0, 4))
+    path = table.checkpoint(tmp_path / "checkpoints" / "t")
+    before = sorted(p.relative_to(path) for p in path.rglob("*"))
+    with pytest.raises(CheckpointError, match="inside the checkpoint; pass another root"):
+        Table.restore(path)  # its data would go to checkpoints/t/storage*
+    assert sorted(p.relative_to(path) for p in path.rglob("*")) == before
+    restored = tables.restore(path, root=tmp_path / "elsewhere")
+    assert restored.read(restored.live_index())["id"].tolist() == [0, 1, 2, 3]
+
+
+def test_restore_with_the_default_root(tables, tmp_path: Path) -> None:
+    table = tables.create(make_spec(name="t", capacity=8, backend={"kind": "memmap"}))
+    table.extend(rows(0, 4))
+    path = table.checkpoint(tmp_path / "checkpoints" / "t-snapshot")
+    restored = tables.track(Table.restore(path))
+    assert restored.backend.location == str(tmp_path / "checkpoints" / "t" / "storage")
+    assert restored.read(restored.live_index())["id"].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("kind", ["memmap", "h5"])
+def test_checkpoint_never_replaces_the_tables_own_data(tables, tmp_path: Path, kind: str) -> None:
+    table = tables.create(make_spec(name="t", capacity=8, backend={"kind": kind}))
+    table.extend(rows(0, 4))
+    own = Path(table.backend.location)
+    for target in (own.parent, own.parent.parent, own):
+        with pytest.raises(CheckpointError, match="holds the table's own data"):
+            table.checkpoint(target)
+    assert own.exists()
+    table.extend(rows(4, 2))
+    table.close()
+    # the data on disk is the table's, not a checkpoint's
+    if kind == "memmap":
+        on_disk = TensorDict.load_memmap(own)
+        assert on_disk["id"][:6].tolist() == list(range(6))
