@@ -38,6 +38,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -147,17 +148,12 @@ class Loader(IterableDataset):
         self.timeout = timeout
         self.keep = keep
         self.stream = stream
-        self.last: LoaderIterator | None = None
 
     def __iter__(self) -> LoaderIterator:
         in_worker = get_worker_info() is not None
-        it = LoaderIterator(
-            self,
-            device=None if in_worker else self.device,
-            keep=self.keep or in_worker,
+        return LoaderIterator(
+            self, device=None if in_worker else self.device, keep=self.keep or in_worker
         )
-        self.last = it
-        return it
 
     def dataloader(self, num_workers: int = 1, **kwargs: Any) -> DataLoader[Any]:
         """A torch ``DataLoader`` whose ``num_workers`` processes each run this loader.
@@ -170,18 +166,13 @@ class Loader(IterableDataset):
         kwargs.setdefault("collate_fn", _identity)
         return DataLoader(self, batch_size=None, num_workers=num_workers, **kwargs)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["last"] = None
-        return state
 
+class _Pipeline:
+    """The fetching side of one pass: fetcher threads, the buffer pool, the queues.
 
-class LoaderIterator(Iterator[Any]):
-    """One pass of a :class:`Loader`: its fetcher threads and buffer pool.
-
-    Attributes:
-        batches: batches handed to the learner so far.
-        wait_s: total seconds the learner spent waiting in ``next()``.
+    Kept apart from :class:`LoaderIterator` so that the threads hold no
+    reference to the iterator: a learner that drops it (``break`` out of a
+    ``for`` loop) gets it collected, and its finalizer stops the threads.
     """
 
     def __init__(self, loader: Loader, *, device: torch.device | None, keep: bool) -> None:
@@ -189,16 +180,13 @@ class LoaderIterator(Iterator[Any]):
         self.device = device
         self.cuda = device is not None and device.type == "cuda"
         self.keep = keep and not self.cuda
-        self.batches = 0
-        self.wait_s = 0.0
         self._ready: queue.Queue[tuple[Any, Any]] = queue.Queue()
         self._free: queue.Queue[_Slot] = queue.Queue()
         self._credits = threading.Semaphore(loader.prefetch)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._issued = 0
-        self._held: _Slot | None = None
-        self._closed = False
+        self.closed = False
         if not self.keep and not loader.stream:
             for _ in range(loader.prefetch + 1):
                 self._free.put(_Slot(pinned=self.cuda))
@@ -287,27 +275,62 @@ class LoaderIterator(Iterator[Any]):
             return td.to(self.device), None
         return td, slot
 
-    # ---------------------------------------------------------------- consumer
+    # ---------------------------------------------------------------- hand-over
+    def get(self) -> tuple[Any, Any]:
+        """The next ``(batch, slot | event)``, or ``(exception, None)``; frees a credit."""
+        item = self._ready.get()
+        self._credits.release()
+        return item
+
+    def give_back(self, slot: _Slot) -> None:
+        self._free.put(slot)
+
+    def close(self) -> None:
+        """Stop the fetchers (a request in flight finishes within its timeout)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._stop.set()
+        for _ in self._threads:
+            self._credits.release()
+
+
+class LoaderIterator(Iterator[Any]):
+    """One pass of a :class:`Loader`.
+
+    Attributes:
+        batches: batches handed to the learner so far.
+        wait_s: total seconds the learner spent waiting in ``next()``.
+    """
+
+    def __init__(self, loader: Loader, *, device: torch.device | None, keep: bool) -> None:
+        self.loader = loader
+        self.batches = 0
+        self.wait_s = 0.0
+        self._held: _Slot | None = None
+        self._pipe = _Pipeline(loader, device=device, keep=keep)
+        self._finalizer = weakref.finalize(self, self._pipe.close)
+
     def __next__(self) -> Any:
-        if self._held is not None:
-            self._free.put(self._held)
+        pipe = self._pipe
+        if self._held is not None:  # the learner is done with the previous batch
+            pipe.give_back(self._held)
             self._held = None
         n = self.loader.num_batches
-        if self._closed or (n is not None and self.batches >= n):
+        if pipe.closed or (n is not None and self.batches >= n):
             self.close()
             raise StopIteration
         t0 = time.perf_counter()
-        batch, extra = self._ready.get()
+        batch, extra = pipe.get()
         self.wait_s += time.perf_counter() - t0
-        self._credits.release()
         if isinstance(batch, BaseException):
             self.close()
             raise batch
-        if self.cuda:
-            current = torch.cuda.current_stream(self.device)
-            current.wait_event(extra)
+        if pipe.cuda:
+            current = torch.cuda.current_stream(pipe.device)
+            current.wait_event(extra)  # the copy made on the fetcher's stream is done first
             for t in batch.values(include_nested=True, leaves_only=True):
-                t.record_stream(current)
+                t.record_stream(current)  # made on the side stream, used on this one
         elif isinstance(extra, _Slot):
             self._held = extra
         self.batches += 1
@@ -315,13 +338,5 @@ class LoaderIterator(Iterator[Any]):
         return to_tensorclass(batch, cls) if cls is not None else batch
 
     def close(self) -> None:
-        """Stop the fetchers (a request in flight finishes within its timeout)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._stop.set()
-        for _ in self._threads:
-            self._credits.release()
-
-    def __del__(self) -> None:
-        self.close()
+        """Stop the fetchers; also done when the iterator is garbage collected."""
+        self._finalizer()

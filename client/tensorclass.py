@@ -5,8 +5,9 @@
 sample's ``index`` and ``sample_info`` are optional fields, so the same class
 builds the rows a collector sends and reads the batches a learner samples.
 :func:`to_tensorclass` puts a sampled TensorDict into any tensorclass, the
-caller's own included; keys the class does not declare are dropped only if
-they are the sample's ``index`` / ``sample_info``.
+caller's own included. It is a view: keys the class does not declare are left
+out (a learner may declare only what it reads), fields the batch lacks are an
+error unless the class gives them a default.
 
     >>> import torch
     >>> from tensordict import TensorDict
@@ -102,16 +103,12 @@ def to_tensorclass(td: TensorDictBase, cls: type) -> Any:
 
     Raises:
         TypeError: ``cls`` is not a tensorclass.
-        ValueError: ``td`` lacks a field ``cls`` needs (and has no default), or
-            holds a key ``cls`` does not declare (``index`` and ``sample_info`` aside).
+        ValueError: ``td`` lacks a field ``cls`` needs (and has no default).
     """
     if not (isinstance(cls, type) and is_tensorclass(cls)):
         raise TypeError(f"as_cls must be a @tensorclass, got {cls!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     keys = set(td.keys())  # (``key in td`` is not a TensorDict operation)
-    extra = [k for k in keys if k not in fields and k not in SAMPLE_KEYS]
-    if extra:
-        raise ValueError(f"{cls.__name__} has no field for key(s) {sorted(extra)}")
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():

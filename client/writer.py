@@ -37,6 +37,7 @@ import contextlib
 import threading
 import time
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -250,9 +251,15 @@ class Writer:
             ep, end, cap = episode_keys(self.client.info(self.table), *self._keys)
             self._buffer = ChunkBuffer(self.chunk, episode_key=ep, end_key=end, max_rows=cap)
             if self.max_delay is not None:
+                # the thread holds the writer weakly while it waits, so a writer
+                # dropped unclosed is collected and its finalizer stops the thread
                 self._timer = threading.Thread(
-                    target=self._timer_loop, daemon=True, name="tdreplay-writer"
+                    target=_timer_loop,
+                    args=(weakref.ref(self), self._cond),
+                    daemon=True,
+                    name="tdreplay-writer",
                 )
+                weakref.finalize(self, _notify, self._cond)
                 self._timer.start()
         return self._buffer
 
@@ -301,25 +308,18 @@ class Writer:
                 chunks = self._buffer.take(expired=True)
             self._send(chunks)
 
-    def _timer_loop(self) -> None:
+    def _send_expired(self) -> None:
+        """The timer's send: what the time limit releases (errors kept for the next call)."""
         assert self._buffer is not None
-        while True:
-            with self._cond:
-                if self._closed:
-                    return
-                left = self._buffer.due(self.max_delay)
-                if left is None or left > 0:
-                    self._cond.wait(left)
-                    continue
-            try:
-                with self._send_lock:
-                    with self._cond:
-                        chunks = self._buffer.take(expired=True)
-                    self._send(chunks)
-            except BaseException as err:
-                self._error = err
+        try:
+            with self._send_lock:
                 with self._cond:
-                    self._buffer.clear()
+                    chunks = self._buffer.take(expired=True)
+                self._send(chunks)
+        except BaseException as err:
+            self._error = err
+            with self._cond:
+                self._buffer.clear()
 
     def close(self, *, discard: bool = False) -> None:
         """Send what is left (see the module doc for unfinished episodes) and stop the timer.
@@ -350,6 +350,30 @@ class Writer:
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         self.close(discard=exc_type is not None)
+
+
+def _notify(cond: threading.Condition) -> None:
+    with cond:
+        cond.notify_all()
+
+
+def _timer_loop(ref: weakref.ReferenceType[Writer], cond: threading.Condition) -> None:
+    """Send buffered steps when the time limit passes; ends when the writer closes or is gone."""
+    while True:
+        writer = ref()
+        if writer is None:
+            return
+        with cond:
+            if writer._closed:
+                return
+            assert writer._buffer is not None
+            left = writer._buffer.due(writer.max_delay)
+            if left is None or left > 0:
+                del writer  # wait without keeping the writer alive
+                cond.wait(left)
+                continue
+        writer._send_expired()
+        del writer
 
 
 def _final_chunks(buf: ChunkBuffer) -> list[TensorDictBase]:

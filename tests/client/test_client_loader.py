@@ -119,3 +119,20 @@ def test_cuda_staging(client: ReplayClient, table: str) -> None:  # pragma: no c
         check(batch.cpu())
     torch.cuda.synchronize()
     assert len(side_results) == 20
+
+
+def test_breaking_out_stops_the_fetchers(client: ReplayClient, table: str) -> None:
+    import gc
+    import threading
+
+    before = {t for t in threading.enumerate() if t.name.startswith("tdreplay-loader")}
+    for batch in client.loader(table, 8, prefetch=3):  # endless
+        check(batch)
+        break
+    gc.collect()  # the dropped iterator's finalizer stops its threads
+    mine = [
+        t for t in threading.enumerate() if t.name.startswith("tdreplay-loader") and t not in before
+    ]
+    for t in mine:
+        t.join(10)
+    assert not any(t.is_alive() for t in mine)

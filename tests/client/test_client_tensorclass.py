@@ -68,8 +68,8 @@ def test_mismatches_are_reported() -> None:
     class Narrow:
         observation: torch.Tensor
 
-    with pytest.raises(ValueError, match="no field for key"):
-        to_tensorclass(sampled(), Narrow)
+    narrow = to_tensorclass(sampled(), Narrow)  # a view: other keys are left out
+    assert narrow.observation.shape == (3, 4)
 
     @tensorclass
     class Wide:

@@ -57,6 +57,9 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/close":
             self._send(200, b'{"closing": true}', Connection="close")
             self.close_connection = True
+        elif self.path == "/empty":
+            self.send_response(204)
+            self.end_headers()
         elif self.path == "/missing":
             self._send(
                 404, json.dumps({"type": "TableNotFound", "detail": "no table 'x'"}).encode()
@@ -123,6 +126,14 @@ def test_post_body_and_chunked_answers(server: tuple[str, type[Handler]]) -> Non
     assert t.execute(Request("GET", "/")).json() == {"ok": True}  # reconnects
 
 
+def test_bodiless_answers_free_the_connection(server: tuple[str, type[Handler]]) -> None:
+    url, handler = server
+    t = Transport(url)
+    for path in ("/empty", "/missing", "/", "/empty", "/"):
+        t.execute(Request("GET", path))
+    assert len(handler.peers) == 1
+
+
 def test_refused_connection_is_connection_failed() -> None:
     t = Transport(f"http://127.0.0.1:{closed_port()}", connect_timeout=2)
     with pytest.raises(ConnectionFailed) as info:
@@ -181,6 +192,7 @@ def test_async_transport(server: tuple[str, type[Handler]]) -> None:
         r = await t.execute(Request("POST", "/p", body=memoryview(payload)))
         assert r.json()["got"] == len(payload)
         assert (await t.execute(Request("GET", "/missing"))).status == 404
+        assert (await t.execute(Request("GET", "/empty"))).status == 204
         assert len(handler.peers) == 1
         with pytest.raises(Timeout):
             await t.execute(Request("GET", "/slow"))

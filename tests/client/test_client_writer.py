@@ -122,3 +122,17 @@ def test_unfinished_episode_on_close(client: ReplayClient) -> None:
         for t in range(3):
             w2.append(step(t, episode=7))
     assert client.info(named)["size"] == 3  # trajectory ids keep it apart: sent
+
+
+def test_a_dropped_writer_stops_its_timer(client: ReplayClient) -> None:
+    import gc
+
+    name = table(client)
+    w = client.writer(name, chunk=100, max_delay=30.0)
+    w.append(step(0))
+    timer = w._timer
+    assert timer is not None and timer.is_alive()
+    del w
+    gc.collect()
+    timer.join(10)
+    assert not timer.is_alive()
