@@ -308,6 +308,12 @@ class TableSpec(_Model):
 
     @model_validator(mode="after")
     def _check_parts(self) -> TableSpec:
+        if self.rate_limiter.min_size_to_sample > self.capacity:
+            raise _FieldError(
+                "rate_limiter.min_size_to_sample",
+                f"rate_limiter.min_size_to_sample {self.rate_limiter.min_size_to_sample} exceeds "
+                f"capacity {self.capacity}: the table could never be sampled",
+            )
         if isinstance(self.writer, MaxValueWriter):
             self._scalar_field(self.writer.key, "writer.key")
             if isinstance(self.sampler, FifoSampler | LifoSampler | SliceSampler):
