@@ -249,6 +249,12 @@ MALFORMED = [
         ["rate_limiter", "error_buffer"],
     ),
     (
+        "min-size-above-capacity",
+        "name: x\ncapacity: 4\n" + GOOD_FIELDS + "rate_limiter: {min_size_to_sample: 5}\n",
+        "rate_limiter.min_size_to_sample",
+        ["rate_limiter.min_size_to_sample 5", "exceeds capacity 4", "never be sampled"],
+    ),
+    (
         "unknown-top-level-key",
         "name: x\ncapacity: 4\n" + GOOD_FIELDS + "capcity: 9\n",
         "capcity",
