@@ -252,8 +252,12 @@ class _Pipeline:
                             self._ready.put(self._stage(td, None, stream))
                     except (pa.ArrowInvalid, arrow.CodecError, OSError) as err:
                         raise errors.ProtocolError(f"bad sample stream: {err}") from None
-                if got == 0:
-                    raise errors.ProtocolError("the sample stream ended without a batch")
+                if got == 0:  # the server ends a stream early when a sample times out
+                    raise errors.RateLimitTimeout(
+                        f"table {loader.table!r}: no batch within {wait:g}s on the stream",
+                        status=429,
+                        table=loader.table,
+                    )
         except BaseException as err:
             self._ready.put((err, None))
             self._stop.set()

@@ -136,3 +136,22 @@ def test_breaking_out_stops_the_fetchers(client: ReplayClient, table: str) -> No
     for t in mine:
         t.join(10)
     assert not any(t.is_alive() for t in mine)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_no_data_in_time_is_a_rate_limit_timeout(client: ReplayClient, stream: bool) -> None:
+    from tdreplay.client import RateLimitTimeout
+
+    name = unique("starved")
+    client.create_table(
+        {
+            "name": name,
+            "capacity": 8,
+            "backend": {"kind": "memory"},
+            "fields": FIELDS,
+            "rate_limiter": {"min_size_to_sample": 8},
+        }
+    )
+    it = iter(client.loader(name, 4, prefetch=1, timeout=0.1, stream=stream))
+    with pytest.raises(RateLimitTimeout):
+        next(it)
