@@ -276,7 +276,7 @@ def main() -> None:
 
         # -- 3. learner wait ---------------------------------------------------------
         latency = 1.0 / atari_rate
-        step = max(0.002, 1.2 * latency)
+        step = max(0.002, 1.5 * latency)
         n_batches = 15 if quick else 40
         waits_none, waits_pf = [], []
         for _ in range(reps):
