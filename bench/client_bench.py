@@ -19,8 +19,8 @@ Then reports medians over repetitions:
 2. ``ReplayClient.sample`` (atari b256, cartpole b256/b32), the async twin and
    the loader, as items/s and GB/s, and their ratio to the raw ceiling;
 3. how long a learner waits per batch with and without prefetch, the
-   learner's step simulated as a device wait (``time.sleep``) of about the
-   sample latency.
+   learner's step simulated as a device wait (``time.sleep``, the GIL free)
+   of 1.5 times the measured latency of one sample.
 
 Figures vary ±25% from run to run when other work shares the cores; compare
 ratios within one run.
