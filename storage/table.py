@@ -337,6 +337,16 @@ class Table:
                     got=len(priority),
                 )
         values = data[self._value_key] if self._value_key else None
+        if values is not None and bool(torch.isnan(values).any()):
+            # a NaN would outrank every value and never leave the table
+            key = join_key(self._value_key or ())
+            raise InvalidRequest(
+                f"table {self.name!r}: key {key!r} holds NaN; the max_value writer ranks items by it",
+                table=self.name,
+                field=key,
+                expected="a number",
+                got="nan",
+            )
         episode = self._episodes(data, n) if self.sampler.needs_episodes else None
         with self._cond:
             if self.rate_limiter.insert_never_fits(n):
