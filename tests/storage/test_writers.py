@@ -6,9 +6,10 @@ from collections import Counter
 
 import pytest
 import torch
+from storage_helpers import assert_same, snapshot
 from testkit import assert_consistent, make_spec, rows
 
-from tdreplay.storage import RateLimitTimeout
+from tdreplay.storage import InvalidRequest, RateLimitTimeout
 
 
 def test_round_robin_evicts_the_oldest(tables) -> None:
@@ -150,3 +151,21 @@ def test_max_times_sampled_with_prioritized_drops_the_mass(tables) -> None:
     assert table.sample(1)["id"].tolist() == [0]
     assert table.sample(1)["id"].tolist() == [1]
     assert table.sampler.tree.total() == 0.0
+
+
+def test_max_value_rejects_nan_values(tables) -> None:
+    """A NaN would outrank every value and stay for ever; it is refused, and nothing changes."""
+    table = value_table(tables, capacity=4)
+    table.extend(valued(0, torch.tensor([1.0, 2.0, 3.0])))
+    before = snapshot(table)
+    with pytest.raises(InvalidRequest, match="key 'value' holds NaN") as info:
+        table.extend(valued(3, torch.tensor([float("nan"), 5.0])))
+    assert info.value.field == "value"
+    assert_same(before, snapshot(table))
+    table.extend(valued(5, torch.tensor([10.0, 11.0, 12.0, 13.0])))
+    assert sorted(table.read(table.live_index())["value"].reshape(-1).tolist()) == [
+        10.0,
+        11.0,
+        12.0,
+        13.0,
+    ]
