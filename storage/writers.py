@@ -34,6 +34,14 @@ def _claim_range(start: int, n: int, capacity: int) -> Claim:
     return Claim(index, index)
 
 
+def _any_in_ring(mask: torch.Tensor, start: int, n: int) -> bool:
+    """Whether any of the ``n`` entries of ``mask`` from ``start`` on (ring order) is set."""
+    end = start + n
+    if end <= len(mask):
+        return bool(mask[start:end].any())
+    return bool(mask[start:].any()) or bool(mask[: end - len(mask)].any())
+
+
 class Writer:
     kind = ""
 
@@ -71,16 +79,13 @@ class RoundRobinWriter(Writer):
         self.cursor = 0
 
     def can_claim(self, n: int) -> bool:
+        # Only the n slots from the cursor are looked at: O(n), not O(capacity).
+        # A slot still being written by an earlier insert cannot be reused yet;
+        # without overwrite (queues) neither can one holding an unread item.
+        s = self.slots
         if self.overwrite:
-            # a slot still being written by an earlier insert cannot be reused yet
-            if self.slots.busy.any():
-                return not bool(
-                    self.slots.busy[_claim_range(self.cursor, n, self.slots.capacity).index].any()
-                )
-            return True
-        return bool(
-            self.slots.free()[_claim_range(self.cursor, n, self.slots.capacity).index].all()
-        )
+            return not _any_in_ring(s.busy, self.cursor, n)
+        return not (_any_in_ring(s.busy, self.cursor, n) or _any_in_ring(s.live, self.cursor, n))
 
     def claim(self, n: int, values: torch.Tensor | None = None) -> Claim:
         c = _claim_range(self.cursor, n, self.slots.capacity)
