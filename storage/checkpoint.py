@@ -51,6 +51,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_tree(path: Path) -> None:
+    """Flush every file and folder under ``path`` to disk.
+
+    The rename only makes the new checkpoint visible atomically; its files
+    must be on disk before the old checkpoint is deleted, or a power loss
+    can leave neither.
+    """
+    for folder, _, files in os.walk(path, topdown=False):
+        for name in files:
+            _fsync_dir(Path(folder) / name)  # an fsync on a read-only descriptor
+        _fsync_dir(Path(folder))
+
+
 _PATH_LOCKS: dict[Path, threading.Lock] = {}
 _PATH_LOCKS_GUARD = threading.Lock()
 
@@ -118,7 +131,7 @@ def _write(table: Table, path: Path, *, ted2flat: bool | None) -> Path:
                     data.memmap(tmp / "storage", num_threads=0)
         torch.save(state, tmp / "state.pt")
         (tmp / "metadata.json").write_text(json.dumps(meta, indent=2))
-        _fsync_dir(tmp)
+        _fsync_tree(tmp)
         aside = None
         if path.exists():
             aside = path.parent / f"{path.name}{_ASIDE}{uuid.uuid4().hex[:8]}"
