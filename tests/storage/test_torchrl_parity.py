@@ -14,6 +14,9 @@ from tdreplay.storage import TableSpec
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 CAPACITY = 200
 
+# importing TorchRL's collectors announces deprecations of its own classes
+pytestmark = pytest.mark.filterwarnings("ignore:Creating .*WeightUpdater:DeprecationWarning")
+
 
 @pytest.fixture(scope="module")
 def rollouts() -> list[TensorDict]:
