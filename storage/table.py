@@ -662,7 +662,7 @@ class Table:
                 "location": self.backend.location,
                 "item_nbytes": self.spec.item_nbytes,
                 "fields": {k: f.model_dump() for k, f in self.spec.fields.items()},
-                "sampler": self.sampler.info(),
+                "sampler": {**self.spec.sampler.model_dump(), **self.sampler.info()},
                 "writer": self.writer.info(),
                 "max_times_sampled": self.max_times_sampled,
                 "rate_limiter": self.rate_limiter.info(),
