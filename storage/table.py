@@ -630,7 +630,9 @@ class Table:
     def update_priority(self, index: Any, priority: Any) -> None:
         """Set the priorities of slots ``index`` (from ``batch["index"]``).
 
-        Slots overwritten or removed since they were sampled are skipped.
+        Slots removed since they were sampled are skipped. A slot overwritten
+        since then is not told apart (only its index comes back): the update
+        applies to the item now in it.
 
         Raises:
             InvalidRequest: the sampler has no priorities, the lengths differ, an

@@ -99,8 +99,8 @@ class PrioritizedSampler(Sampler):
             raise InvalidRequest(
                 f"update_priority: index {bad} outside [0, {self.slots.capacity})", field="index"
             )
-        # Items overwritten or removed since they were sampled keep their new
-        # occupant's priority: only live slots are updated.
+        # Only live slots are updated: removed items are skipped. An item
+        # overwritten since it was sampled cannot be told from its successor.
         live = self.slots.live[index]
         index, priority = index[live], priority[live]
         self.priorities[index] = priority
