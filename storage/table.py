@@ -86,6 +86,22 @@ def _plain_leaves(td: TensorDictBase) -> dict[NestedKey, Any] | None:
     return out
 
 
+def _key_tree(keys: list[NestedKey]) -> dict[str, Any]:
+    """``{"next": {"reward": ("next", "reward")}, ...}``: where each flat key sits when nested."""
+    tree: dict[str, Any] = {}
+    for key in keys:
+        node = tree
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = key
+    return tree
+
+
+def _fill(tree: dict[str, Any], flat: Mapping[NestedKey, Any]) -> dict[str, Any]:
+    """The nested dict of ``flat``'s values laid out as ``tree``."""
+    return {k: flat[v] if isinstance(v, tuple) else _fill(v, flat) for k, v in tree.items()}
+
+
 class Table:
     """A fixed-capacity replay table on a tensordict storage.
 
@@ -126,6 +142,7 @@ class Table:
         self._schema = spec.torch_schema()
         self._keys = list(self._schema)
         self._item_nbytes = spec.item_nbytes
+        self._batch_tree = _key_tree([*self._keys, *INFO_KEYS])
         self._cond = threading.Condition(threading.Lock())
         self._data_lock = RWLock()
         self._listeners: list[Callable[[], None]] = []
@@ -539,7 +556,7 @@ class Table:
                 got=batch_size,
             )
         self.sampler.check_batch_size(n)
-        bufs, out_info = self._out_buffers(out, n) if out is not None else (None, set())
+        bufs, out_info = self._out_buffers(out, n) if out is not None else (None, {})
         with self._cond:
             if self.rate_limiter.sample_never_fits(n):
                 raise InvalidRequest(
@@ -587,16 +604,18 @@ class Table:
             target = out._tensordict if is_tensorclass(out) else out
             for key, value in info.items():
                 if key in out_info:
-                    target.get(key).copy_(value)
+                    out_info[key].copy_(value)
                 else:
                     target.set(key, value)
             return out
         bufs.update(info)
-        return nest(bufs, n)
+        # nest() with the key tree worked out once, in __init__
+        return TensorDict._new_unsafe(_fill(self._batch_tree, bufs), batch_size=torch.Size([n]))
 
     def _out_buffers(
         self, out: TensorDictBase, n: int
-    ) -> tuple[dict[NestedKey, torch.Tensor], set[NestedKey]]:
+    ) -> tuple[dict[NestedKey, torch.Tensor], dict[NestedKey, torch.Tensor]]:
+        """The schema's tensors in ``out``, and the sample-info tensors it already holds."""
         if is_tensorclass(out):
             out = out._tensordict
         if list(out.batch_size) != [n]:
@@ -607,6 +626,25 @@ class Table:
                 expected=[n],
                 got=list(out.batch_size),
             )
+        # Fast path, e.g. a previous batch: a plain TensorDict holding every key
+        # as a fitting tensor, read off its dicts. Anything else takes the
+        # general path below, which also reports what does not fit.
+        got = _plain_leaves(out)
+        if got is not None and all(k in got for k in INFO_KEYS):
+            bufs = {}
+            for key, (shape, dtype) in self._schema.items():
+                t = got.get(key)
+                if (
+                    t is None
+                    or t.dtype != dtype
+                    or t.shape != (n, *shape)
+                    or not t.is_contiguous()
+                    or t.device.type != "cpu"
+                ):
+                    break
+                bufs[key] = t
+            else:
+                return bufs, {k: got[k] for k in INFO_KEYS}
         bufs = {}
         for key, (shape, dtype) in self._schema.items():
             t = out.get(key, None)
@@ -623,7 +661,11 @@ class Table:
                     field=join_key(key),
                 )
             bufs[key] = t
-        out_info = {k for k in INFO_KEYS if isinstance(out.get(k, None), torch.Tensor)}
+        out_info = {}
+        for k in INFO_KEYS:
+            t = out.get(k, None)
+            if isinstance(t, torch.Tensor):
+                out_info[k] = t
         return bufs, out_info
 
     # ------------------------------------------------------------ priorities
