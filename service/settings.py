@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BackendKind = Literal["memory", "memmap", "shared", "h5", "redis"]
@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     # -- what to serve ------------------------------------------------------
     schema_path: Path | None = Field(
         default=None,
-        validation_alias=AliasChoices("schema_path", "TDREPLAY_SCHEMA"),
+        validation_alias="TDREPLAY_SCHEMA",
         description="A schema file, or a folder of them; each becomes a table on start.",
     )
     root: Path = Field(
