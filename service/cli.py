@@ -110,6 +110,7 @@ def serve(settings: Settings) -> None:
         log_level=settings.log_level,
         access_log=settings.access_log,
         server_header=False,
+        timeout_graceful_shutdown=settings.shutdown_timeout,
     )
 
 

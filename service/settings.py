@@ -127,6 +127,12 @@ class Settings(BaseSettings):
     checkpoint_on_shutdown: bool = Field(
         default=False, description="Checkpoint every table to <root>/checkpoints/ on shutdown."
     )
+    shutdown_timeout: float = Field(
+        default=30.0,
+        ge=0,
+        description="On shutdown, seconds to let running requests (streams, waits) finish "
+        "before they are cancelled and the tables closed.",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = Field(default=False, description="Log every request (costs throughput).")
 

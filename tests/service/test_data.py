@@ -7,12 +7,13 @@ import gc
 import pyarrow as pa
 import pytest
 import torch
-from service_helpers import assert_rows_match, create, extend, info, rows
+from service_helpers import ARROW, assert_rows_match, body, create, extend, info, rows, spec
 
 from tdreplay.codec import decode, protocol, read_batches
 from tdreplay.service.wire import SampleBuffer, SampleLayout
 
 SAMPLE = protocol.table_path("t", "sample")
+EXTEND = protocol.table_path("t", "extend")
 
 
 def test_extend_answers_slots(service) -> None:
@@ -181,3 +182,56 @@ def test_update_priority_errors(service) -> None:
     assert r.status_code == 400 and r.json()["field"] == "priority"
     r = client.post(path, json={"index": [-1], "priority": [1.0]})
     assert r.status_code == 400
+
+
+def test_stream_waits_for_the_reader(tmp_path) -> None:
+    """Back-pressure: while the client does not take a batch, no further sample is drawn."""
+    import asyncio
+
+    from service_helpers import served
+
+    async def main() -> None:
+        async with served(tmp_path, stream_chunk_bytes=1) as (app, client):
+            await client.post(protocol.TABLES, json=spec())
+            await client.post(EXTEND, content=body(0, 8), headers=ARROW)
+            table = app.state.registry.get("t").table
+            sent: list[dict] = []
+            reader_stalls = asyncio.Event()
+            hang_up = asyncio.Event()
+
+            async def send(message: dict) -> None:
+                sent.append(message)
+                if len([m for m in sent if m.get("body")]) == 4:
+                    reader_stalls.set()
+                    await asyncio.Event().wait()  # the client stops reading: send never returns
+
+            async def receive() -> dict:
+                await hang_up.wait()
+                return {"type": "http.disconnect"}
+
+            scope = {
+                "type": "http",
+                "asgi": {"version": "3.0", "spec_version": "2.3"},
+                "http_version": "1.1",
+                "method": "GET",
+                "scheme": "http",
+                "path": protocol.table_path("t", "stream"),
+                "raw_path": protocol.table_path("t", "stream").encode(),
+                "query_string": b"batch_size=2",
+                "root_path": "",
+                "headers": [],
+                "client": ("127.0.0.1", 1),
+                "server": ("127.0.0.1", 2),
+            }
+            task = asyncio.create_task(app(scope, receive, send))
+            await reader_stalls.wait()
+            drawn = table.rate_limiter.samples
+            for _ in range(50):
+                await asyncio.sleep(0)  # let any runaway producer run
+            assert table.rate_limiter.samples == drawn
+            # header + schema, then 3 batches went out (2 items each); at most the one in flight is drawn
+            assert drawn <= 2 * 3
+            hang_up.set()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
