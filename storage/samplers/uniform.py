@@ -34,6 +34,16 @@ class WithoutReplacementSampler(Sampler):
         self.perm_seq = torch.empty(0, dtype=torch.int64)
         self.pos = 0
         self.epoch = 0
+        # Slots removed (or overwritten, which removes first) since the epoch
+        # began: skipped when the permutation reaches them. One lookup in a
+        # bool mask per draw, none while nothing was removed.
+        self._stale = torch.zeros(slots.capacity, dtype=torch.bool)
+        self._any_stale = False
+
+    def on_remove(self, index: torch.Tensor) -> None:
+        if len(index):
+            self._stale[index] = True
+            self._any_stale = True
 
     def _new_epoch(self) -> None:
         live = self.slots.live.nonzero().squeeze(1)
@@ -41,6 +51,9 @@ class WithoutReplacementSampler(Sampler):
         self.perm_seq = self.slots.seq[self.perm].clone()
         self.pos = 0
         self.epoch += 1
+        if self._any_stale:
+            self._stale.zero_()
+            self._any_stale = False
 
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         parts: list[torch.Tensor] = []
@@ -53,11 +66,9 @@ class WithoutReplacementSampler(Sampler):
                 if fresh_epochs > 2 or len(self.perm) == 0:
                     break
             chunk = self.perm[self.pos : self.pos + need]
-            chunk_seq = self.perm_seq[self.pos : self.pos + need]
             self.pos += len(chunk)
-            # skip items removed or overwritten since the epoch began
-            ok = self.slots.live[chunk] & (self.slots.seq[chunk] == chunk_seq)
-            chunk = chunk[ok]
+            if self._any_stale:  # skip items removed or overwritten since the epoch began
+                chunk = chunk[~self._stale[chunk]]
             parts.append(chunk)
             need -= len(chunk)
         idx = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
@@ -78,6 +89,12 @@ class WithoutReplacementSampler(Sampler):
         self.perm_seq = state["perm_seq"].clone()
         self.pos = int(state["pos"])
         self.epoch = int(state["epoch"])
+        # what the epoch still holds that is no longer the item it drew
+        rest, rest_seq = self.perm[self.pos :], self.perm_seq[self.pos :]
+        gone = rest[~(self.slots.live[rest] & (self.slots.seq[rest] == rest_seq))]
+        self._stale.zero_()
+        self._stale[gone] = True
+        self._any_stale = bool(len(gone))
 
     def info(self) -> dict[str, Any]:
         return {
