@@ -571,9 +571,12 @@ class Table:
                 index, weight = self._cap_times_sampled(index, weight)
             s = self.slots
             s.times_sampled.index_add_(0, index, torch.ones_like(index))
-            times = s.times_sampled[index]
+            times = s.times_sampled.index_select(0, index)
             priority = self.sampler.priority(index)
-            if self.max_times_sampled:
+            if self.sampler.consumes:
+                # queues and stacks return distinct live items, each now spent
+                self._remove(index)
+            elif self.max_times_sampled:
                 done = torch.unique(index[times >= self.max_times_sampled])
                 done = done[s.live[done]]
                 if len(done):

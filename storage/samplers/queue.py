@@ -15,7 +15,17 @@ from .base import Sampler
 
 
 def _ring(start: int, n: int, capacity: int) -> torch.Tensor:
+    if start + n <= capacity:
+        return torch.arange(start, start + n, dtype=torch.int64)
     return (torch.arange(start, start + n, dtype=torch.int64)) % capacity
+
+
+def _all_in_ring(mask: torch.Tensor, start: int, n: int) -> bool:
+    """Whether all ``n`` entries of ``mask`` from ``start`` on (ring order) are set."""
+    end = start + n
+    if end <= len(mask):
+        return bool(mask[start:end].all())
+    return bool(mask[start:].all()) and bool(mask[: end - len(mask)].all())
 
 
 class FifoSampler(Sampler):
@@ -31,7 +41,7 @@ class FifoSampler(Sampler):
     def ready(self, n: int) -> bool:
         if self.slots.n_live < n:
             return False
-        return bool(self.slots.live[_ring(self.head, n, self.slots.capacity)].all())
+        return _all_in_ring(self.slots.live, self.head, n)
 
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         idx = _ring(self.head, n, self.slots.capacity)
