@@ -64,14 +64,16 @@ class PrioritizedSampler(Sampler):
         total = self.tree.total()
         mass = torch.rand(n, dtype=torch.float64, generator=self.generator) * total
         idx = self.tree.find(mass)
+        leaf = self.tree.get(idx)
         # Rounding can land a draw on an empty leaf at a boundary; redraw those.
         for _ in range(8):
-            bad = (self.tree.get(idx) <= 0).nonzero().squeeze(1)
+            bad = (leaf <= 0).nonzero().squeeze(1)
             if len(bad) == 0:
                 break
             mass = torch.rand(len(bad), dtype=torch.float64, generator=self.generator) * total
             idx[bad] = self.tree.find(mass)
-        prob = self.tree.get(idx) / total
+            leaf = self.tree.get(idx)
+        prob = leaf / total
         n_live = max(self.slots.n_live, 1)
         min_prob = self.tree.min() / total
         weight = ((n_live * prob) ** -self.beta) / ((n_live * min_prob) ** -self.beta)
