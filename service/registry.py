@@ -159,13 +159,24 @@ class TableHandle:
             await self._limited(draw, "sample", n, timeout)
             return lease
 
+    @property
+    def runs_are_exact(self) -> bool:
+        """Whether one draw of ``k * n`` items is the same as ``k`` draws of ``n`` (see :meth:`sample_run`).
+
+        It is for every sampler (draws are independent, importance weights are
+        normalized over the whole table, queues hand out distinct items) except
+        where items are evicted after ``max_times_sampled`` draws: ``k``
+        separate draws would see an item removed after the first.
+        """
+        return self.table.sampler.consumes or not self.table.max_times_sampled
+
     async def sample_run(self, n: int, k: int, timeout: float) -> memoryview:
         """Up to ``k`` samples of ``n`` items as consecutive Arrow record-batch messages.
 
-        Draws ``k * n`` items in one ``Table.sample`` call (the same as ``k``
-        draws of ``n`` for every sampler: draws are independent and weights are
-        normalized over the whole table) and lays them out as ``k`` record
-        batches; when the rate limiter allows fewer, fewer batches come back.
+        Draws ``k * n`` items in one ``Table.sample`` call and lays them out as
+        ``k`` record batches: one thread hop and one table call for many small
+        batches. Only for tables where :attr:`runs_are_exact`. When the rate
+        limiter allows fewer items, fewer batches come back.
         """
         with self.use() as table:
             self.check_batch_size(n)

@@ -86,12 +86,10 @@ def lean_post(
     return register
 
 
-def _int(request: Request, name: str, *, default: int | None = None, ge: int = 0) -> int:
+def _int(request: Request, name: str, *, ge: int = 0) -> int:
     raw = request.query_params.get(name)
     if raw is None:
-        if default is None:
-            raise InvalidRequest(f"query parameter {name!r} is required", field=name)
-        return default
+        raise InvalidRequest(f"query parameter {name!r} is required", field=name)
     try:
         value = int(raw)
     except ValueError:
@@ -243,6 +241,8 @@ async def stream(
     handle.check_batch_size(batch_size)
     layout = await run_in_threadpool(handle.samples.layout, batch_size)
     per_run = max(1, settings.stream_chunk_bytes // layout.batch_len)
+    if not handle.runs_are_exact:
+        per_run = 1
 
     async def draw(left: int | None) -> tuple[memoryview, int]:
         k = per_run if left is None else min(per_run, left)

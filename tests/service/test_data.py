@@ -235,3 +235,20 @@ def test_stream_waits_for_the_reader(tmp_path) -> None:
             await asyncio.wait_for(task, 10)
 
     asyncio.run(main())
+
+
+def test_stream_respects_max_times_sampled(service) -> None:
+    """Items evicted after one draw never come back in a later batch of the stream."""
+    client = service(stream_chunk_bytes=1 << 20)
+    create(client, max_times_sampled=1)
+    extend(client, 0, 40)
+    r = client.get(
+        protocol.table_path("t", "stream"), params={"batch_size": 2, "count": 8, "timeout": 0}
+    )
+    from tdreplay.codec import from_record_batch
+
+    seen: set[int] = set()
+    for rb in read_batches(r.content):
+        ids = set(from_record_batch(rb)["id"].tolist())
+        assert not ids & seen
+        seen |= ids
