@@ -12,6 +12,7 @@ an environment-variable twin, ``TDREPLAY_<FLAG>`` (``--max-body-bytes`` ->
 from __future__ import annotations
 
 import argparse
+import math
 import logging
 import sys
 import typing
@@ -110,7 +111,7 @@ def serve(settings: Settings) -> None:
         log_level=settings.log_level,
         access_log=settings.access_log,
         server_header=False,
-        timeout_graceful_shutdown=settings.shutdown_timeout,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout),
     )
 
 
