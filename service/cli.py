@@ -12,8 +12,8 @@ an environment-variable twin, ``TDREPLAY_<FLAG>`` (``--max-body-bytes`` ->
 from __future__ import annotations
 
 import argparse
-import math
 import logging
+import math
 import sys
 import typing
 from collections.abc import Sequence
