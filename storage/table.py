@@ -776,7 +776,7 @@ class Table:
         self, path: str | Path, *, chunk: int = 4096, progress: bool | None = None
     ) -> int:
         """Extend the table with the rows of a Parquet dataset (see :mod:`tdreplay.storage.export`)."""
-        from .export import import_parquet
+        from .importer import import_parquet
 
         return import_parquet(self, Path(path), chunk=chunk, progress=progress)
 
