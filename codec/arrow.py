@@ -22,7 +22,7 @@ the list nesting.
     >>> td = TensorDict({"obs": torch.arange(6.).reshape(2, 3),
     ...                  "next": {"done": torch.tensor([[True], [False]])}}, batch_size=[2])
     >>> back = decode(encode(td))
-    >>> (back == td).all().item(), back["obs"].dtype, back["next", "done"].dtype
+    >>> bool((back == td).all()), back["obs"].dtype, back["next", "done"].dtype
     (True, torch.float32, torch.bool)
 """
 

@@ -1,0 +1,36 @@
+"""The ``>>>`` examples in the docstrings run, so they cannot drift from the code."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import os
+import pkgutil
+
+import pytest
+
+PACKAGES = ["tdreplay.codec", "tdreplay.storage", "tdreplay.client"]
+
+
+def modules() -> list[str]:
+    names = []
+    for pkg_name in PACKAGES:
+        pkg = importlib.import_module(pkg_name)
+        names.append(pkg_name)
+        for info in pkgutil.walk_packages(pkg.__path__, prefix=pkg_name + "."):
+            if not info.name.endswith("__main__"):
+                names.append(info.name)
+    return names
+
+
+@pytest.mark.parametrize("name", modules())
+def test_docstring_examples(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.chdir(repo)  # examples refer to schemas/ like a user in a checkout would
+    module = importlib.import_module(name)
+    result = doctest.testmod(
+        module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False
+    )
+    assert result.failed == 0, (
+        f"{result.failed} of {result.attempted} docstring examples failed in {name}"
+    )
