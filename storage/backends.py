@@ -126,7 +126,10 @@ class TensorBackend(Backend):
         self.kind = spec.backend.kind
         self.path = path
         self.tensors: dict[NestedKey, torch.Tensor] = {k: storage.get(k) for k in self.keys}
-        self._items = list(self.tensors.items())
+        # The hot paths use plain-Tensor views of the same memory: slicing a
+        # MemoryMappedTensor goes through its Python __getitem__ (9 us against
+        # 2 us per field for a slice copy).
+        self._items = [(k, t.as_subclass(torch.Tensor)) for k, t in self.tensors.items()]
 
     def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:
         if isinstance(rows, slice):
@@ -145,7 +148,7 @@ class TensorBackend(Backend):
 
     def view_range(self, start: int, stop: int) -> dict[NestedKey, torch.Tensor]:
         """Rows ``start:stop`` without a copy (the caller must not hold them across writes)."""
-        return {k: t[start:stop] for k, t in self._items}
+        return {k: t[start:stop] for k, t in self.tensors.items()}
 
     def flush(self) -> None:
         pass  # memmap pages are written back by the kernel; nothing to do for memory/shared
