@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from starlette.concurrency import run_in_threadpool
@@ -41,6 +41,7 @@ from .wire import Lease, SampleBuffers, sample_nbytes
 log = logging.getLogger("tdreplay.service")
 
 WaitHook = Callable[[str, Op, float, bool], None]
+T = TypeVar("T")
 
 
 class TableHandle:
@@ -61,6 +62,10 @@ class TableHandle:
         self.recent = RecentRequests(settings.idempotency_size, settings.idempotency_ttl)
         self.samples = SampleBuffers(table.spec.torch_schema(), per_size=settings.pooled_buffers)
         self.max_body = settings.max_body_bytes
+        kind = table.spec.backend.kind
+        self._inline_sample = settings.inline_bytes if kind in ("memory", "shared", "memmap") else 0
+        self._inline_extend = settings.inline_bytes if kind in ("memory", "shared") else 0
+        self._threads = 0
         self.is_open = True
         self._on_wait = on_wait
         self._active = 0
@@ -88,6 +93,24 @@ class TableHandle:
         self.changes.fire()
         await self._idle.wait()
 
+    # -- running table calls ------------------------------------------------
+    async def call(self, fn: Callable[[], T], *, inline: bool = False) -> T:
+        """Run a table call without blocking the event loop.
+
+        In the threadpool, except when ``inline`` (a small, memory-speed call)
+        and no worker thread is using the table: then nothing can hold the
+        table's locks (every table call of the service goes through here), so
+        the call cannot wait, and it runs on the loop, saving the thread hop
+        that costs more than the call itself.
+        """
+        if inline and self._threads == 0:
+            return fn()
+        self._threads += 1
+        try:
+            return await run_in_threadpool(fn)
+        finally:
+            self._threads -= 1
+
     # -- data ---------------------------------------------------------------
     def _waited(self, op: Op) -> Callable[[float, bool], None]:
         def hook(seconds: float, timed_out: bool) -> None:
@@ -108,9 +131,15 @@ class TableHandle:
 
         return describe
 
-    async def _limited(self, call: Callable[[], Any], op: Op, n: int, timeout: float) -> Any:
+    async def _limited(
+        self, call: Callable[[], Any], op: Op, n: int, timeout: float, *, inline: bool = False
+    ) -> Any:
+        async def run(fn: Callable[[], Any]) -> Any:
+            return await self.call(fn, inline=inline)
+
         return await rate_limited(
             call,
+            run=run,
             changes=self.changes,
             name=self.name,
             op=op,
@@ -124,7 +153,10 @@ class TableHandle:
         """``Table.extend``, waiting asynchronously up to ``timeout`` seconds for the rate limiter."""
         with self.use() as table:
             n = td.batch_size[0] if td.batch_dims else 0
-            return await self._limited(lambda: table.extend(td, timeout=0), "insert", n, timeout)
+            inline = n * table.spec.item_nbytes <= self._inline_extend
+            return await self._limited(
+                lambda: table.extend(td, timeout=0), "insert", n, timeout, inline=inline
+            )
 
     def check_batch_size(self, n: int) -> None:
         """Refuse a sample size the table or the body limit cannot serve, before any buffer exists."""
@@ -156,7 +188,8 @@ class TableHandle:
                 table.sample(n, timeout=0, out=lease.out)
                 lease.finish()
 
-            await self._limited(draw, "sample", n, timeout)
+            inline = sample_nbytes(table.spec.item_nbytes, n) <= self._inline_sample
+            await self._limited(draw, "sample", n, timeout, inline=inline)
             return lease
 
     @property
@@ -199,7 +232,7 @@ class TableHandle:
 
     async def info(self) -> dict[str, Any]:
         with self.use() as table:
-            info = await run_in_threadpool(table.info)
+            info = await self.call(table.info)
         info["waiting"] = dict(self.changes.waiting)
         return info
 
@@ -297,7 +330,8 @@ class Registry:
         """Checkpoint ``name`` to ``path`` (default :meth:`checkpoint_path`)."""
         handle = self.get(name)
         with handle.use() as table:
-            return await run_in_threadpool(table.checkpoint, path or self.checkpoint_path(name))
+            target = path or self.checkpoint_path(name)
+            return await handle.call(lambda: table.checkpoint(target))
 
     async def restore(self, name: str, path: Path | None = None) -> TableHandle:
         """Replace (or create) table ``name`` from the checkpoint at ``path``.

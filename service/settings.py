@@ -111,6 +111,13 @@ class Settings(BaseSettings):
     malloc_trim_threshold: int = Field(
         default=256 * MiB, ge=0, description="glibc M_TRIM_THRESHOLD set with mallopt on start."
     )
+    inline_bytes: int = Field(
+        default=64 * 1024,
+        ge=0,
+        description="Samples of at most this many bytes (and extends, on memory and shared "
+        "tables) run on the event loop when no worker thread is using the table: the hop to "
+        "a thread costs more than such a copy. 0: always use the threadpool.",
+    )
     pooled_buffers: int = Field(
         default=8,
         ge=0,

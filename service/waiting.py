@@ -14,11 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
 import anyio
-from starlette.concurrency import run_in_threadpool
 
 from tdreplay.storage.errors import RateLimitTimeout, TableNotFound
 
@@ -59,6 +58,7 @@ class Changes:
 async def rate_limited(
     call: Callable[[], T],
     *,
+    run: Callable[[Callable[[], T]], Awaitable[T]],
     changes: Changes,
     name: str,
     op: Op,
@@ -67,10 +67,12 @@ async def rate_limited(
     is_open: Callable[[], bool],
     on_wait: Callable[[float, bool], None] | None = None,
 ) -> T:
-    """Run ``call`` (a table call with ``timeout=0``) in the threadpool until the limiter lets it through.
+    """Run ``call`` (a table call with ``timeout=0``) until the limiter lets it through.
 
     Args:
         call: raises :class:`RateLimitTimeout` when the table would have to wait.
+        run: runs ``call`` without blocking the loop (in the threadpool, or inline
+            when that is safe); see ``TableHandle.call``.
         changes: the table's change events.
         name: the table, for errors.
         op: what waits, for the waiting counts.
@@ -84,7 +86,7 @@ async def rate_limited(
         TableNotFound: the table was deleted while the call waited.
     """
     try:
-        return await run_in_threadpool(call)
+        return await run(call)
     except RateLimitTimeout:
         if timeout <= 0:
             if on_wait is not None:
@@ -101,7 +103,7 @@ async def rate_limited(
             if not is_open():
                 raise TableNotFound(f"table {name!r} was deleted while a call waited", table=name)
             try:
-                return await run_in_threadpool(call)
+                return await run(call)
             except RateLimitTimeout:
                 pass
             remaining = deadline - time.monotonic()

@@ -294,5 +294,5 @@ async def update_priority(handle: TableDep, update: PriorityUpdate) -> dict[str,
             got=len(update.priority),
         )
     with handle.use() as table:
-        await run_in_threadpool(table.update_priority, update.index, update.priority)
+        await handle.call(lambda: table.update_priority(update.index, update.priority))
     return {"updated": len(update.index)}

@@ -11,7 +11,6 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
-from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import protocol
 from tdreplay.storage.errors import (
@@ -122,12 +121,14 @@ async def export(
     if body.path is not None:
         target = confine(registry.root, body.path)
         check_clear_of(target, registry.storage_paths(), given=body.path, field="path")
+        fmt = body.format
         with handle.use() as table:
-            path = await run_in_threadpool(table.export, target, format=body.format)
+            path = await handle.call(lambda: table.export(target, format=fmt))
         return JSONResponse({"path": relative(registry.root, path)})
     scratch = registry.root / EXPORT_SCRATCH / f"{handle.name}-{uuid.uuid4().hex}.{body.format}"
+    fmt = body.format
     with handle.use() as table:
-        path = await run_in_threadpool(table.export, scratch, format=body.format)
+        path = await handle.call(lambda: table.export(scratch, format=fmt))
 
     def cleanup() -> None:
         with contextlib.suppress(OSError):
