@@ -27,12 +27,12 @@ from tdreplay.storage import TableSpec
 from tdreplay.storage.errors import SchemaError
 
 from . import errors, tuning
+from .bodies import BodyBuffers, BodyDecoder
 from .metrics import Metrics, MetricsMiddleware
 from .registry import Registry
 from .routes import data, health, persistence, tables
 from .security import BearerAuth
 from .settings import Settings
-from .wire import BodyBuffers
 
 log = logging.getLogger("tdreplay.service")
 
@@ -151,6 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.registry = Registry(settings, on_wait=metrics.waited)
     app.state.bodies = BodyBuffers(per_class=settings.pooled_buffers)
+    app.state.decoder = BodyDecoder()
     app.state.ready = False
     app.state.lifespans = 0
     errors.install(app)

@@ -13,7 +13,6 @@ from tdreplay.storage.errors import TDReplayError
 from .errors import UnsupportedMediaType
 from .registry import Registry, TableHandle
 from .settings import Settings
-from .wire import BodyBuffers
 
 
 async def get_settings(request: Request) -> Settings:
@@ -24,13 +23,8 @@ async def get_registry(request: Request) -> Registry:
     return request.app.state.registry
 
 
-async def get_bodies(request: Request) -> BodyBuffers:
-    return request.app.state.bodies
-
-
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
-BodiesDep = Annotated[BodyBuffers, Depends(get_bodies)]
 TableName = Annotated[
     str, Path(description="The table's name.", max_length=64, examples=["cartpole"])
 ]

@@ -1,4 +1,4 @@
-"""The hot path's memory: samples gathered straight into Arrow IPC bytes, bodies read into reused buffers.
+"""The hot path's memory on the way out: samples gathered straight into Arrow IPC bytes.
 
 A sampled batch of ``n`` rows always encodes to the same Arrow IPC stream
 layout: only the column bytes change, never the metadata (no nulls, fixed-size
@@ -39,16 +39,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
 from tensordict import TensorDictBase
 
 from tdreplay.codec import arrow
-from tdreplay.storage.errors import InvalidRequest
 from tdreplay.storage.spec import NestedKey
 from tdreplay.storage.table import INFO_DTYPES
 from tdreplay.storage.tensordicts import nest
-
-from .errors import PayloadTooLarge
 
 Schema = Mapping[NestedKey, tuple[list[int], torch.dtype]]
 
@@ -265,89 +261,3 @@ class SampleBuffers:
             buf = await run_in_threadpool(lambda: SampleBuffer(self.layout(n)))
             self.pool.keep(n, buf)
         return buf.lease()
-
-
-# ------------------------------------------------------------------ request bodies
-class BodyBuffer:
-    """A reusable byte buffer for request bodies."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.array = np.empty(nbytes, dtype=np.uint8)
-        self._free_refs = sys.getrefcount(self.array)
-
-    def is_free(self) -> bool:
-        return sys.getrefcount(self.array) <= self._free_refs
-
-
-MIN_BODY_CLASS = 1 << 16
-
-
-def _size_class(n: int) -> int:
-    return max(MIN_BODY_CLASS, 1 << (max(n, 1) - 1).bit_length())
-
-
-class BodyBuffers:
-    """Request-body buffers by power-of-two size class, shared by every table."""
-
-    def __init__(self, *, per_class: int = 8) -> None:
-        self.pool: Pool[int, BodyBuffer] = Pool(BodyBuffer.is_free, per_key=per_class, max_keys=64)
-
-    def view(self, nbytes: int) -> memoryview:
-        """A writable ``nbytes`` view of a free buffer; the buffer is free again once the view is gone.
-
-        A new buffer is left uninitialized (``np.empty``): no page is touched
-        before the body is copied in.
-        """
-        size = _size_class(nbytes)
-        buf = self.pool.take(size)
-        if buf is None:
-            buf = BodyBuffer(size)
-            self.pool.keep(size, buf)
-        return memoryview(buf.array.data)[:nbytes]
-
-
-async def read_body(request: Request, buffers: BodyBuffers, limit: int) -> memoryview:
-    """The request body, read into a reused buffer.
-
-    Raises:
-        PayloadTooLarge: the body is (or announces itself as) over ``limit`` bytes.
-        InvalidRequest: the Content-Length header is malformed, or the body is
-            shorter than it says.
-    """
-    header = request.headers.get("content-length")
-    if header is None:  # chunked upload: size unknown up front
-        chunks, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
-                raise _too_large(total, limit)
-            chunks.append(chunk)
-        return memoryview(b"".join(chunks))
-    try:
-        length = int(header)
-    except ValueError:
-        raise InvalidRequest(
-            f"malformed Content-Length {header!r}", field="Content-Length"
-        ) from None
-    if length > limit:
-        raise _too_large(length, limit)
-    view = buffers.view(length)
-    pos = 0
-    async for chunk in request.stream():
-        end = pos + len(chunk)
-        if end > length:  # the HTTP server frames bodies by Content-Length; be safe anyway
-            raise InvalidRequest(f"body longer than its Content-Length {length}")
-        view[pos:end] = chunk
-        pos = end
-    if pos != length:
-        raise InvalidRequest(f"body of {pos} bytes, Content-Length said {length}")
-    return view
-
-
-def _too_large(got: int, limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"body of {got} bytes exceeds the server's limit of {limit} bytes",
-        field="body",
-        expected=f"<= {limit} bytes",
-        got=got,
-    )

@@ -1,10 +1,10 @@
 """Data: extend, sample, stream, update_priority (the hot path).
 
 extend and sample skip FastAPI's body handling: the request body is read
-into a reused buffer and decoded zero-copy; a sample is gathered straight
-into a pooled Arrow IPC body that goes to the socket as a ``memoryview``
-(see :mod:`tdreplay.service.wire`). Their Arrow bodies are declared for
-OpenAPI by hand.
+into a reused buffer and decoded zero-copy (:mod:`tdreplay.service.bodies`);
+a sample is gathered straight into a pooled Arrow IPC body that goes to the
+socket as a ``memoryview`` (:mod:`tdreplay.service.wire`). Their Arrow bodies
+are declared for OpenAPI by hand.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from tdreplay.codec import CodecError, decode, protocol
+from tdreplay.codec import CodecError, protocol
 from tdreplay.storage.errors import (
     EmptyTableError,
     InvalidRequest,
@@ -31,6 +31,7 @@ from tdreplay.storage.errors import (
     TDReplayError,
 )
 
+from ..bodies import read_body
 from ..deps import (
     ARROW_REQUEST,
     BatchSize,
@@ -45,7 +46,7 @@ from ..deps import (
 )
 from ..errors import PayloadTooLarge, UnsupportedMediaType
 from ..settings import Settings
-from ..wire import EOS, read_body
+from ..wire import EOS
 
 log = logging.getLogger("tdreplay.service")
 router = APIRouter(prefix=protocol.TABLES, tags=["data"])
@@ -137,7 +138,7 @@ async def _extend(request: Request) -> Response:
 
     async def insert() -> dict[str, Any]:
         body = await read_body(request, state.bodies, settings.max_body_bytes)
-        index = await handle.extend(decode(body), wait)
+        index = await handle.extend(state.decoder.decode(body), wait)
         return {"index": index.tolist(), "rows": len(index)}
 
     result, replayed = await handle.recent.run(request_id, insert)
