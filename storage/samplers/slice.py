@@ -36,6 +36,8 @@ class SliceSampler(Sampler):
 
     def _refresh(self, index: torch.Tensor) -> None:
         """Recompute validity of every start whose window contains a slot of ``index``."""
+        if len(index) and self._refresh_run(index):
+            return
         cap = self.slots.capacity
         starts = torch.unique((index[:, None] - self._offsets) % cap)
         window = (starts[:, None] + self._offsets) % cap
@@ -50,13 +52,69 @@ class SliceSampler(Sampler):
         self.n_valid += int(ok.sum()) - int(self.valid[starts].sum())
         self.valid[starts] = ok
 
+    def _refresh_run(self, index: torch.Tensor) -> bool:
+        """:meth:`_refresh` for a run of consecutive slots (ring order), as inserts and
+        evictions come; ``False`` (nothing done) for any other ``index``.
+
+        The starts to recompute are then a run too, and their windows overlap
+        one span of slots: a start is valid when its slot holds an item and the
+        ``slice_len - 1`` links after it all hold (next slot live, next insert,
+        same episode), counted with a cumulative sum over the span's links
+        instead of gathering a ``[starts, slice_len]`` window.
+        """
+        cap, length, n = self.slots.capacity, self.slice_len, len(index)
+        m = n + length - 1  # starts whose window holds a slot of the run
+        size = m + length - 1  # the slots those windows cover
+        if size > cap or not self._is_run(index):
+            return False
+        first = int(index[0]) - (length - 1)
+        if first >= 0 and first + size <= cap:
+            span: slice | torch.Tensor = slice(first, first + size)
+            starts: slice | torch.Tensor = slice(first, first + m)
+        else:
+            span = torch.arange(first, first + size, dtype=torch.int64) % cap
+            starts = span[:m]
+        s = self.slots
+        live, seq, episode = s.live[span], s.seq[span], self.episode[span]
+        link = live[1:] & (seq[1:] - seq[:-1] == 1) & (episode[1:] == episode[:-1])
+        links = torch.zeros(size, dtype=torch.int64)
+        torch.cumsum(link, 0, out=links[1:])
+        ok = live[:m] & (seq[:m] >= 0) & (links[length - 1 :] - links[:m] == length - 1)
+        self.n_valid += int(ok.sum()) - int(self.valid[starts].sum())
+        self.valid[starts] = ok
+        return True
+
+    def _is_run(self, index: torch.Tensor) -> bool:
+        """Whether ``index`` is consecutive slots in ring order."""
+        cap = self.slots.capacity
+        return len(index) < 2 or bool(((index[1:] - index[:-1]) % cap == 1).all())
+
+    def _run_starts(self, index: torch.Tensor) -> slice | torch.Tensor | None:
+        """The starts whose window holds a slot of ``index`` when it is a run; else ``None``."""
+        cap, length = self.slots.capacity, self.slice_len
+        m = len(index) + length - 1
+        if m > cap or not self._is_run(index):
+            return None
+        first = int(index[0]) - (length - 1)
+        if first >= 0 and first + m <= cap:
+            return slice(first, first + m)
+        return torch.arange(first, first + m, dtype=torch.int64) % cap
+
     def on_insert(self, index: torch.Tensor, episode: torch.Tensor | None = None) -> None:
         assert episode is not None, "the slice sampler needs episode ids"
         self.episode[index] = episode
         self._refresh(index)
 
     def on_remove(self, index: torch.Tensor) -> None:
-        self._refresh(index)
+        # The slots are no longer live, so every start whose window holds one
+        # is invalid: what _refresh would find, without looking at the windows.
+        if not len(index):
+            return
+        starts = self._run_starts(index)
+        if starts is None:
+            starts = torch.unique((index[:, None] - self._offsets) % self.slots.capacity)
+        self.n_valid -= int(self.valid[starts].sum())
+        self.valid[starts] = False
 
     def ready(self, n: int) -> bool:
         return self.n_valid > 0
