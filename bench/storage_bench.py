@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import platform
+import resource
 import shutil
 import statistics
 import sys
@@ -146,17 +147,24 @@ def interleaved(cases: dict[str, Case], reps: int, target_s: float) -> dict[str,
         iters[name] = max(1, round(k * target_s / max(took, 1e-9)))
     per_call: dict[str, list[float]] = {name: [] for name in cases}
     copy: dict[str, list[float]] = {name: [] for name in cases}
+    faults: dict[str, list[float]] = {name: [] for name in cases}
     names = list(cases)
     for r in range(reps):
         for name in names[r % len(names) :] + names[: r % len(names)]:
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             took, copying = cases[name](iters[name])
+            after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             per_call[name].append(took / iters[name])
             copy[name].append(copying / iters[name])
+            faults[name].append((after - before) / iters[name])
     return {
         name: {
             "s_per_call": statistics.median(v),
             # the rest: what the call costs besides copying rows, rep by rep
             "own_s_per_call": statistics.median(a - b for a, b in zip(v, copy[name], strict=True)),
+            # fresh pages touched per call: large buffers handed back to the OS and
+            # faulted in again (the glibc hazard in BASELINES.md)
+            "page_faults_per_call": statistics.median(faults[name]),
             "reps": v,
             "iters": iters[name],
         }
@@ -231,6 +239,7 @@ def throughput(env: str, backend: str, capacity: int, args: argparse.Namespace) 
                             "items_per_s": batch / s,
                             "mb_per_s": batch * item_nbytes / s / 1e6,
                             "ratio_vs_torchrl": base / s,
+                            "page_faults_per_call": r["page_faults_per_call"],
                             "reps_s_per_call": r["reps"],
                             "iters_per_rep": r["iters"],
                         }
@@ -341,13 +350,15 @@ def fmt_rate(x: float) -> str:
 
 def print_throughput(rows: list[dict]) -> list[dict]:
     print(
-        f"\n{'workload':<32} {'impl':<12} {'items/s':>9} {'MB/s':>9} {'us/call':>9} {'vs torchrl':>10}"
+        f"\n{'workload':<32} {'impl':<12} {'items/s':>9} {'MB/s':>9} {'us/call':>9} "
+        f"{'faults/call':>11} {'vs torchrl':>10}"
     )
     for r in rows:
         name = f"{r['env']} {r['backend']} {r['op']} b{r['batch']}"
         print(
             f"{name:<32} {r['impl']:<12} {fmt_rate(r['items_per_s']):>9} {r['mb_per_s']:>9.1f} "
-            f"{r['s_per_call'] * 1e6:>9.1f} {r['ratio_vs_torchrl']:>9.2f}x"
+            f"{r['s_per_call'] * 1e6:>9.1f} {r['page_faults_per_call']:>11.0f} "
+            f"{r['ratio_vs_torchrl']:>9.2f}x"
         )
     goals = []
     for r in rows:
