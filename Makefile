@@ -29,7 +29,7 @@ redis:                             ## make sure redis-server is installed (the t
 	  else echo "install redis-server (e.g. brew install redis)"; exit 1; fi; }
 
 serve: setup                       ## run the service on the embedded default (memmap, no Redis)
-	$(BIN)/tdreplay serve --schema $(SCHEMA) --root $(ROOT) --host $(HOST) --port $(PORT)
+	$(BIN)/tdreplay serve --schema $(SCHEMA) --root $(ROOT) --host $(HOST) --port $(PORT) --restore --checkpoint-on-shutdown
 
 demo: setup                        ## a storage-only walk-through: extend, sample, checkpoint, export
 	$(BIN)/python -m tdreplay.storage.demo --root $(ROOT)
