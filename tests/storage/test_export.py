@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from testkit import assert_consistent, make_spec, rows
 from storage_helpers import assert_bitwise_equal, bits
 from tensordict import TensorDict
+from testkit import assert_consistent, make_spec, rows
 
 from tdreplay.codec import from_record_batch
 from tdreplay.storage import (
