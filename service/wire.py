@@ -43,8 +43,8 @@ from tensordict import TensorDictBase
 
 from tdreplay.codec import arrow
 from tdreplay.storage.spec import NestedKey
-from tdreplay.storage.table import INFO_DTYPES
 from tdreplay.storage.tensordicts import nest
+from tdreplay.storage.validation import INFO_DTYPES
 
 Schema = Mapping[NestedKey, tuple[list[int], torch.dtype]]
 

@@ -39,67 +39,15 @@ from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from . import spec as S
 from .backends import Backend, allocate
-from .errors import EmptyTableError, InvalidRequest, RateLimitTimeout, SchemaError
+from .errors import EmptyTableError, InvalidRequest, RateLimitTimeout
 from .rate_limiter import RateLimiter
 from .rwlock import RWLock
 from .samplers import Sampler, make_sampler
 from .slots import Slots
 from .spec import NestedKey, TableSpec, join_key, split_key
-from .tensordicts import leaves, nest
+from .tensordicts import fill, key_tree, nest
+from .validation import INFO_KEYS, RowChecker
 from .writers import MaxValueWriter, Writer, make_writer
-
-INFO_KEYS: list[NestedKey] = [
-    ("index",),
-    ("sample_info", "priority"),
-    ("sample_info", "weight"),
-    ("sample_info", "times_sampled"),
-]
-INFO_DTYPES = {
-    ("index",): torch.int64,
-    ("sample_info", "priority"): torch.float32,
-    ("sample_info", "weight"): torch.float32,
-    ("sample_info", "times_sampled"): torch.int64,
-}
-
-
-def _plain_leaves(td: TensorDictBase) -> dict[NestedKey, Any] | None:
-    """``leaves(td)`` for a plain TensorDict of tensors, read straight off its dicts.
-
-    The general walk costs tens of microseconds per call in tensordict's key
-    machinery, a large share of a small extend. ``None`` when ``td`` holds
-    anything else (non-tensor leaves, lazy stacks, tensorclasses): the caller
-    falls back to :func:`leaves`.
-    """
-    if type(td) is not TensorDict:
-        return None
-    out: dict[NestedKey, Any] = {}
-    todo: list[tuple[NestedKey, TensorDict]] = [((), td)]
-    while todo:
-        prefix, node = todo.pop()
-        for key, value in node._tensordict.items():
-            if isinstance(value, torch.Tensor):
-                out[(*prefix, key)] = value
-            elif type(value) is TensorDict:
-                todo.append(((*prefix, key), value))
-            else:
-                return None
-    return out
-
-
-def _key_tree(keys: list[NestedKey]) -> dict[str, Any]:
-    """``{"next": {"reward": ("next", "reward")}, ...}``: where each flat key sits when nested."""
-    tree: dict[str, Any] = {}
-    for key in keys:
-        node = tree
-        for part in key[:-1]:
-            node = node.setdefault(part, {})
-        node[key[-1]] = key
-    return tree
-
-
-def _fill(tree: dict[str, Any], flat: Mapping[NestedKey, Any]) -> dict[str, Any]:
-    """The nested dict of ``flat``'s values laid out as ``tree``."""
-    return {k: flat[v] if isinstance(v, tuple) else _fill(v, flat) for k, v in tree.items()}
 
 
 class Table:
@@ -142,7 +90,8 @@ class Table:
         self._schema = spec.torch_schema()
         self._keys = list(self._schema)
         self._item_nbytes = spec.item_nbytes
-        self._batch_tree = _key_tree([*self._keys, *INFO_KEYS])
+        self._check = RowChecker(spec.name, self._schema, spec.capacity)
+        self._batch_tree = key_tree([*self._keys, *INFO_KEYS])
         self._cond = threading.Condition(threading.Lock())
         self._data_lock = RWLock()
         self._listeners: list[Callable[[], None]] = []
@@ -202,94 +151,6 @@ class Table:
         from .checkpoint import restore
 
         return restore(cls, Path(path), root, seed=seed)
-
-    # ------------------------------------------------------------ validation
-    def _validate(self, td: Any) -> tuple[dict[NestedKey, torch.Tensor], int]:
-        """Check ``td`` against the schema; return its leaves (CPU, contiguous) and row count."""
-        if is_tensorclass(td):
-            td = td._tensordict
-        if not isinstance(td, TensorDictBase):
-            raise SchemaError(
-                f"table {self.name!r}: extend takes a TensorDict, got {type(td).__name__}",
-                table=self.name,
-                expected="TensorDict",
-                got=type(td).__name__,
-            )
-        if td.batch_dims != 1:
-            raise SchemaError(
-                f"table {self.name!r}: extend needs batch dims [N], got batch_size {list(td.batch_size)}",
-                table=self.name,
-                field="batch_size",
-                expected="[N]",
-                got=list(td.batch_size),
-            )
-        n = td.batch_size[0]
-        if n == 0:
-            raise InvalidRequest(
-                f"table {self.name!r}: extend with no rows", table=self.name, field="batch_size"
-            )
-        if n > self.capacity:
-            raise InvalidRequest(
-                f"table {self.name!r}: extend of {n} rows exceeds capacity {self.capacity}",
-                table=self.name,
-                field="batch_size",
-                expected=f"<= {self.capacity}",
-                got=n,
-            )
-        got = _plain_leaves(td)
-        if got is None or len(got) != len(self._keys) or not all(k in got for k in self._keys):
-            got = leaves(td)  # the general walk; it also orders the error reports
-        missing = [k for k in self._keys if k not in got]
-        if missing:
-            raise SchemaError(
-                f"table {self.name!r}: missing key {join_key(missing[0])!r}",
-                table=self.name,
-                field=join_key(missing[0]),
-                expected="present",
-                got="missing",
-            )
-        extra = [k for k in got if k not in self._schema]
-        if extra:
-            raise SchemaError(
-                f"table {self.name!r}: unexpected key {join_key(extra[0])!r} (not in the schema)",
-                table=self.name,
-                field=join_key(extra[0]),
-                expected="absent",
-                got="present",
-            )
-        data: dict[NestedKey, torch.Tensor] = {}
-        for key, (shape, dtype) in self._schema.items():
-            value = got[key]
-            name = join_key(key)
-            if not isinstance(value, torch.Tensor):
-                raise SchemaError(
-                    f"table {self.name!r}: key {name!r} holds {type(value).__name__}, not a tensor",
-                    table=self.name,
-                    field=name,
-                    expected="tensor",
-                    got=type(value).__name__,
-                )
-            if value.dtype != dtype:
-                raise SchemaError(
-                    f"table {self.name!r}: key {name!r} has dtype {str(value.dtype).removeprefix('torch.')}, "
-                    f"expected {str(dtype).removeprefix('torch.')}",
-                    table=self.name,
-                    field=name,
-                    expected=dtype,
-                    got=value.dtype,
-                )
-            if list(value.shape) != [n, *shape]:
-                raise SchemaError(
-                    f"table {self.name!r}: key {name!r} has shape {list(value.shape)}, expected {[n, *shape]}",
-                    table=self.name,
-                    field=name,
-                    expected=[n, *shape],
-                    got=list(value.shape),
-                )
-            if value.device.type != "cpu":
-                value = value.cpu()
-            data[key] = value.contiguous()
-        return data, n
 
     # ------------------------------------------------------------ waiting
     def _wait(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
@@ -357,7 +218,7 @@ class Table:
             RateLimitTimeout: the insert waited ``timeout`` seconds.
             BackendError: the storage failed to write.
         """
-        data, n = self._validate(td)
+        data, n = self._check.rows(td)
         if priority is not None:
             if self.sampler.kind != "prioritized":
                 raise InvalidRequest(
@@ -556,7 +417,7 @@ class Table:
                 got=batch_size,
             )
         self.sampler.check_batch_size(n)
-        bufs, out_info = self._out_buffers(out, n) if out is not None else (None, {})
+        bufs, out_info = self._check.out_buffers(out, n) if out is not None else (None, {})
         with self._cond:
             if self.rate_limiter.sample_never_fits(n):
                 raise InvalidRequest(
@@ -613,63 +474,7 @@ class Table:
             return out
         bufs.update(info)
         # nest() with the key tree worked out once, in __init__
-        return TensorDict._new_unsafe(_fill(self._batch_tree, bufs), batch_size=torch.Size([n]))
-
-    def _out_buffers(
-        self, out: TensorDictBase, n: int
-    ) -> tuple[dict[NestedKey, torch.Tensor], dict[NestedKey, torch.Tensor]]:
-        """The schema's tensors in ``out``, and the sample-info tensors it already holds."""
-        if is_tensorclass(out):
-            out = out._tensordict
-        if list(out.batch_size) != [n]:
-            raise InvalidRequest(
-                f"table {self.name!r}: out has batch_size {list(out.batch_size)}, expected [{n}]",
-                table=self.name,
-                field="out",
-                expected=[n],
-                got=list(out.batch_size),
-            )
-        # Fast path, e.g. a previous batch: a plain TensorDict holding every key
-        # as a fitting tensor, read off its dicts. Anything else takes the
-        # general path below, which also reports what does not fit.
-        got = _plain_leaves(out)
-        if got is not None and all(k in got for k in INFO_KEYS):
-            bufs = {}
-            for key, (shape, dtype) in self._schema.items():
-                t = got.get(key)
-                if (
-                    t is None
-                    or t.dtype != dtype
-                    or t.shape != (n, *shape)
-                    or not t.is_contiguous()
-                    or t.device.type != "cpu"
-                ):
-                    break
-                bufs[key] = t
-            else:
-                return bufs, {k: got[k] for k in INFO_KEYS}
-        bufs = {}
-        for key, (shape, dtype) in self._schema.items():
-            t = out.get(key, None)
-            if (
-                t is None
-                or t.dtype != dtype
-                or list(t.shape) != [n, *shape]
-                or not t.is_contiguous()
-                or t.device.type != "cpu"
-            ):
-                raise InvalidRequest(
-                    f"table {self.name!r}: out[{join_key(key)!r}] must be a contiguous CPU {dtype} tensor of shape {[n, *shape]}",
-                    table=self.name,
-                    field=join_key(key),
-                )
-            bufs[key] = t
-        out_info = {}
-        for k in INFO_KEYS:
-            t = out.get(k, None)
-            if isinstance(t, torch.Tensor):
-                out_info[k] = t
-        return bufs, out_info
+        return TensorDict._new_unsafe(fill(self._batch_tree, bufs), batch_size=torch.Size([n]))
 
     # ------------------------------------------------------------ priorities
     def update_priority(self, index: Any, priority: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
@@ -40,3 +41,43 @@ def leaves(td: TensorDictBase) -> dict[NestedKey, object]:
     for key in td.keys(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
         out[key if isinstance(key, tuple) else (key,)] = td.get(key)
     return out
+
+
+def plain_leaves(td: TensorDictBase) -> dict[NestedKey, Any] | None:
+    """``leaves(td)`` for a plain TensorDict of tensors, read straight off its dicts.
+
+    The general walk costs tens of microseconds per call in tensordict's key
+    machinery, a large share of a small extend. ``None`` when ``td`` holds
+    anything else (non-tensor leaves, lazy stacks, tensorclasses): the caller
+    falls back to :func:`leaves`.
+    """
+    if type(td) is not TensorDict:
+        return None
+    out: dict[NestedKey, Any] = {}
+    todo: list[tuple[NestedKey, TensorDict]] = [((), td)]
+    while todo:
+        prefix, node = todo.pop()
+        for key, value in node._tensordict.items():
+            if isinstance(value, torch.Tensor):
+                out[(*prefix, key)] = value
+            elif type(value) is TensorDict:
+                todo.append(((*prefix, key), value))
+            else:
+                return None
+    return out
+
+
+def key_tree(keys: list[NestedKey]) -> dict[str, Any]:
+    """``{"next": {"reward": ("next", "reward")}, ...}``: where each flat key sits when nested."""
+    tree: dict[str, Any] = {}
+    for key in keys:
+        node = tree
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = key
+    return tree
+
+
+def fill(tree: dict[str, Any], flat: Mapping[NestedKey, Any]) -> dict[str, Any]:
+    """The nested dict of ``flat``'s values laid out as ``tree``."""
+    return {k: flat[v] if isinstance(v, tuple) else fill(v, flat) for k, v in tree.items()}

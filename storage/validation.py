@@ -1,0 +1,200 @@
+"""Checks of what callers hand a table: extend rows and ``sample(out=...)`` buffers.
+
+Every check runs before the table changes anything, so a rejected call
+writes no row and moves no counter. Errors name the key, what was expected
+and what came.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase, is_tensorclass
+
+from .errors import InvalidRequest, SchemaError
+from .spec import NestedKey, join_key
+from .tensordicts import leaves, plain_leaves
+
+INFO_KEYS: list[NestedKey] = [
+    ("index",),
+    ("sample_info", "priority"),
+    ("sample_info", "weight"),
+    ("sample_info", "times_sampled"),
+]
+INFO_DTYPES = {
+    ("index",): torch.int64,
+    ("sample_info", "priority"): torch.float32,
+    ("sample_info", "weight"): torch.float32,
+    ("sample_info", "times_sampled"): torch.int64,
+}
+
+
+class RowChecker:
+    """Validates input against one table's schema.
+
+    Args:
+        name: the table, for messages.
+        schema: ``{nested key: (shape, dtype)}`` (``TableSpec.torch_schema()``).
+        capacity: the table's capacity (an extend may not exceed it).
+    """
+
+    def __init__(
+        self, name: str, schema: dict[NestedKey, tuple[list[int], torch.dtype]], capacity: int
+    ) -> None:
+        self.name = name
+        self._schema = schema
+        self._keys = list(schema)
+        self.capacity = capacity
+
+    def rows(self, td: Any) -> tuple[dict[NestedKey, torch.Tensor], int]:
+        """Check ``td`` (an extend's rows) against the schema.
+
+        Returns:
+            Its leaves (CPU, contiguous) by nested key, and its row count.
+
+        Raises:
+            SchemaError: not a TensorDict of batch ``[N]``, or a key missing,
+                extra, or of the wrong dtype or shape.
+            InvalidRequest: ``N`` is 0 or above capacity.
+        """
+        if is_tensorclass(td):
+            td = td._tensordict
+        if not isinstance(td, TensorDictBase):
+            raise SchemaError(
+                f"table {self.name!r}: extend takes a TensorDict, got {type(td).__name__}",
+                table=self.name,
+                expected="TensorDict",
+                got=type(td).__name__,
+            )
+        if td.batch_dims != 1:
+            raise SchemaError(
+                f"table {self.name!r}: extend needs batch dims [N], got batch_size {list(td.batch_size)}",
+                table=self.name,
+                field="batch_size",
+                expected="[N]",
+                got=list(td.batch_size),
+            )
+        n = td.batch_size[0]
+        if n == 0:
+            raise InvalidRequest(
+                f"table {self.name!r}: extend with no rows", table=self.name, field="batch_size"
+            )
+        if n > self.capacity:
+            raise InvalidRequest(
+                f"table {self.name!r}: extend of {n} rows exceeds capacity {self.capacity}",
+                table=self.name,
+                field="batch_size",
+                expected=f"<= {self.capacity}",
+                got=n,
+            )
+        got = plain_leaves(td)
+        if got is None or len(got) != len(self._keys) or not all(k in got for k in self._keys):
+            got = leaves(td)  # the general walk; it also orders the error reports
+        missing = [k for k in self._keys if k not in got]
+        if missing:
+            raise SchemaError(
+                f"table {self.name!r}: missing key {join_key(missing[0])!r}",
+                table=self.name,
+                field=join_key(missing[0]),
+                expected="present",
+                got="missing",
+            )
+        extra = [k for k in got if k not in self._schema]
+        if extra:
+            raise SchemaError(
+                f"table {self.name!r}: unexpected key {join_key(extra[0])!r} (not in the schema)",
+                table=self.name,
+                field=join_key(extra[0]),
+                expected="absent",
+                got="present",
+            )
+        data: dict[NestedKey, torch.Tensor] = {}
+        for key, (shape, dtype) in self._schema.items():
+            value = got[key]
+            name = join_key(key)
+            if not isinstance(value, torch.Tensor):
+                raise SchemaError(
+                    f"table {self.name!r}: key {name!r} holds {type(value).__name__}, not a tensor",
+                    table=self.name,
+                    field=name,
+                    expected="tensor",
+                    got=type(value).__name__,
+                )
+            if value.dtype != dtype:
+                raise SchemaError(
+                    f"table {self.name!r}: key {name!r} has dtype {str(value.dtype).removeprefix('torch.')}, "
+                    f"expected {str(dtype).removeprefix('torch.')}",
+                    table=self.name,
+                    field=name,
+                    expected=dtype,
+                    got=value.dtype,
+                )
+            if list(value.shape) != [n, *shape]:
+                raise SchemaError(
+                    f"table {self.name!r}: key {name!r} has shape {list(value.shape)}, expected {[n, *shape]}",
+                    table=self.name,
+                    field=name,
+                    expected=[n, *shape],
+                    got=list(value.shape),
+                )
+            if value.device.type != "cpu":
+                value = value.cpu()
+            data[key] = value.contiguous()
+        return data, n
+
+    def out_buffers(
+        self, out: TensorDictBase, n: int
+    ) -> tuple[dict[NestedKey, torch.Tensor], dict[NestedKey, torch.Tensor]]:
+        """The schema's tensors in ``out``, and the sample-info tensors it already holds."""
+        if is_tensorclass(out):
+            out = out._tensordict
+        if list(out.batch_size) != [n]:
+            raise InvalidRequest(
+                f"table {self.name!r}: out has batch_size {list(out.batch_size)}, expected [{n}]",
+                table=self.name,
+                field="out",
+                expected=[n],
+                got=list(out.batch_size),
+            )
+        # Fast path, e.g. a previous batch: a plain TensorDict holding every key
+        # as a fitting tensor, read off its dicts. Anything else takes the
+        # general path below, which also reports what does not fit.
+        got = plain_leaves(out)
+        if got is not None and all(k in got for k in INFO_KEYS):
+            bufs = {}
+            for key, (shape, dtype) in self._schema.items():
+                t = got.get(key)
+                if (
+                    t is None
+                    or t.dtype != dtype
+                    or t.shape != (n, *shape)
+                    or not t.is_contiguous()
+                    or t.device.type != "cpu"
+                ):
+                    break
+                bufs[key] = t
+            else:
+                return bufs, {k: got[k] for k in INFO_KEYS}
+        bufs = {}
+        for key, (shape, dtype) in self._schema.items():
+            t = out.get(key, None)
+            if (
+                t is None
+                or t.dtype != dtype
+                or list(t.shape) != [n, *shape]
+                or not t.is_contiguous()
+                or t.device.type != "cpu"
+            ):
+                raise InvalidRequest(
+                    f"table {self.name!r}: out[{join_key(key)!r}] must be a contiguous CPU {dtype} tensor of shape {[n, *shape]}",
+                    table=self.name,
+                    field=join_key(key),
+                )
+            bufs[key] = t
+        out_info = {}
+        for k in INFO_KEYS:
+            t = out.get(k, None)
+            if isinstance(t, torch.Tensor):
+                out_info[k] = t
+        return bufs, out_info
