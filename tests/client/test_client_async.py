@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 import torch
-from client_helpers import make_rows, schema_fields, unique
 from tensordict import TensorDict
+from testkit import make_rows, schema_fields, unique
 
 from tdreplay.client import AsyncReplayClient, RateLimitTimeout, SchemaError
 

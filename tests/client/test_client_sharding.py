@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 import torch
-from client_helpers import unique
 from tensordict import TensorDict
+from testkit import unique
 
 from tdreplay.client import AsyncReplayClient, ReplayClient
 
