@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from items import ATARI, CARTPOLE  # bench/ is on sys.path when run as a script
 from tensordict import TensorDict
 
 from tdreplay.client import AsyncReplayClient, ReplayClient
@@ -64,21 +65,6 @@ app = Starlette(routes=[Route("/raw", raw, methods=["POST"]), Route("/tiny", tin
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning",
             loop="uvloop", http="httptools", access_log=False)
 """
-
-ATARI = {
-    "observation": {"shape": [84, 84, 4], "dtype": "uint8"},
-    "action": {"shape": [], "dtype": "int64"},
-    "next.observation": {"shape": [84, 84, 4], "dtype": "uint8"},
-    "next.reward": {"shape": [1], "dtype": "float32"},
-    "next.done": {"shape": [1], "dtype": "bool"},
-}
-CARTPOLE = {
-    "observation": {"shape": [4], "dtype": "float32"},
-    "action": {"shape": [], "dtype": "int64"},
-    "next.observation": {"shape": [4], "dtype": "float32"},
-    "next.reward": {"shape": [1], "dtype": "float32"},
-    "next.done": {"shape": [1], "dtype": "bool"},
-}
 
 
 def free_port() -> int:

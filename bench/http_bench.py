@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 import yaml
+from items import ATARI, CARTPOLE  # bench/ is on sys.path when run as a script
 from tensordict import TensorDict
 
 from tdreplay.codec import encode
@@ -54,26 +55,8 @@ BATCHES = (1, 32, 256)
 ARROW = "application/vnd.apache.arrow.stream"
 
 SPECS: dict[str, dict[str, Any]] = {
-    "cartpole": {
-        "capacity": 100_000,
-        "fields": {
-            "observation": {"shape": [4], "dtype": "float32"},
-            "action": {"shape": [], "dtype": "int64"},
-            "next.observation": {"shape": [4], "dtype": "float32"},
-            "next.reward": {"shape": [1], "dtype": "float32"},
-            "next.done": {"shape": [1], "dtype": "bool"},
-        },
-    },
-    "atari": {
-        "capacity": 4096,
-        "fields": {
-            "observation": {"shape": [84, 84, 4], "dtype": "uint8"},
-            "action": {"shape": [], "dtype": "int64"},
-            "next.observation": {"shape": [84, 84, 4], "dtype": "uint8"},
-            "next.reward": {"shape": [1], "dtype": "float32"},
-            "next.done": {"shape": [1], "dtype": "bool"},
-        },
-    },
+    "cartpole": {"capacity": 100_000, "fields": CARTPOLE},
+    "atari": {"capacity": 4096, "fields": ATARI},
 }
 
 

@@ -44,6 +44,7 @@ from typing import Any
 import tensordict
 import torch
 import torchrl
+from items import FIELDS
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import (
@@ -54,23 +55,6 @@ from torchrl.data.replay_buffers.samplers import (
 
 from tdreplay.storage import Table, TableSpec
 
-# Item layouts (TorchRL's TED layout), as in BASELINES.md.
-FIELDS: dict[str, dict[str, dict[str, Any]]] = {
-    "cartpole": {
-        "observation": {"shape": [4], "dtype": "float32"},
-        "action": {"shape": [], "dtype": "int64"},
-        "next.observation": {"shape": [4], "dtype": "float32"},
-        "next.reward": {"shape": [1], "dtype": "float32"},
-        "next.done": {"shape": [1], "dtype": "bool"},
-    },
-    "atari": {
-        "observation": {"shape": [84, 84, 4], "dtype": "uint8"},
-        "action": {"shape": [], "dtype": "int64"},
-        "next.observation": {"shape": [84, 84, 4], "dtype": "uint8"},
-        "next.reward": {"shape": [1], "dtype": "float32"},
-        "next.done": {"shape": [1], "dtype": "bool"},
-    },
-}
 EPISODE_LEN = 100  # next.done closes an episode every EPISODE_LEN items
 SLICE_LEN = 8
 BATCHES = (32, 256)

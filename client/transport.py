@@ -157,20 +157,21 @@ class Transport:
                 raise
         return self._roundtrip(self._new(), req)
 
+    def _put_head(self, conn: http.client.HTTPConnection, req: Request) -> None:
+        """Arm the socket's timeout and write the request line and headers (not yet sent)."""
+        assert conn.sock is not None
+        conn.sock.settimeout(self.timeout + req.wait)
+        conn.putrequest(
+            req.method, self.endpoint.prefix + req.target, skip_host=True, skip_accept_encoding=True
+        )
+        for name, value in head_lines(req, self.endpoint, self.token):
+            conn.putheader(name, value)
+
     def _roundtrip(self, conn: http.client.HTTPConnection, req: Request) -> Response:
         url = self.endpoint.url
         sent = False
         try:
-            assert conn.sock is not None
-            conn.sock.settimeout(self.timeout + req.wait)
-            conn.putrequest(
-                req.method,
-                self.endpoint.prefix + req.target,
-                skip_host=True,
-                skip_accept_encoding=True,
-            )
-            for name, value in head_lines(req, self.endpoint, self.token):
-                conn.putheader(name, value)
+            self._put_head(conn, req)
             sent = True
             body = req.body
             if body is not None and len(body) <= 65536:
@@ -222,16 +223,7 @@ class Transport:
         """Send ``req`` and yield the unread response (for chunked streams); closes it after."""
         conn = self._new()
         try:
-            assert conn.sock is not None
-            conn.sock.settimeout(self.timeout + req.wait)
-            conn.putrequest(
-                req.method,
-                self.endpoint.prefix + req.target,
-                skip_host=True,
-                skip_accept_encoding=True,
-            )
-            for name, value in head_lines(req, self.endpoint, self.token):
-                conn.putheader(name, value)
+            self._put_head(conn, req)
             conn.endheaders(req.body)
             resp = conn.getresponse()
         except TimeoutError:

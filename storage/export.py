@@ -1,4 +1,4 @@
-"""Export a table to Parquet or CSV, and import a Parquet dataset into a table.
+"""Export a table to Parquet or CSV.
 
 An export holds the items live when it starts, oldest first. It reads them in
 chunks, each under the table's data read lock, so inserts and samples go on
@@ -45,13 +45,7 @@ exactly.
   ``nan``, ``inf``, ``-inf`` as such. Read as float64 and cast to the field's
   dtype, every value is bit-exact (NaN payloads aside).
 
-Import takes Parquet only: a file, or a folder of ``*.parquet`` / ``*.pq``
-files (names starting with ``_`` or ``.`` are skipped). Every file's schema is
-checked against the table before any row is written; columns written by other
-tools (plain or nested lists, fixed-size lists, struct columns for nested
-keys, no tdreplay metadata) are accepted when their shapes match and their
-dtype casts losslessly into the field's (``int32 -> int64``,
-``float32 -> float64``; never ``float64 -> float32``).
+Import (:mod:`tdreplay.storage.importer`) reads these files back.
 
     >>> import tempfile, torch
     >>> from pathlib import Path
