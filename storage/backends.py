@@ -16,13 +16,30 @@ needs on top and keeps each backend's I/O apart:
 
 HDF5 and Redis cannot hold bfloat16, so those fields are stored as int16 with
 the same bits and viewed back on read.
+
+Where file backends live: a memmap or h5 table's *location* is its spec's
+``path``, by default ``<root>/<table>/storage`` (memmap) or
+``<root>/<table>/storage.h5``. While a backend is open there, no allocation of
+this process deletes or reuses it: a second table of the same name (a restore
+beside the table it is to replace) goes to a fresh sibling,
+``storage.<8 hex>`` or ``storage.<8 hex>.h5``. Data no open backend holds is
+never read again (tables are only ever created empty or restored from a
+checkpoint), so once a table is in place, :func:`sweep` deletes the dead
+location and dead siblings of its name; nothing else is touched. A data root
+belongs to one process: the tables of another process are not known here.
+Redis needs none of this: every allocation gets keys of its own (a fresh
+``TensorDictStore`` id under the prefix).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
+import re
 import shutil
+import threading
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -145,10 +162,13 @@ class Backend:
 class TensorBackend(Backend):
     """``memory``, ``memmap`` and ``shared``: one CPU tensor per field."""
 
-    def __init__(self, spec: TableSpec, storage: TensorDictBase, path: Path | None = None) -> None:
+    def __init__(
+        self, spec: TableSpec, storage: TensorDictBase, claim: Claim | None = None
+    ) -> None:
         super().__init__(spec, storage)
         self.kind = spec.backend.kind
-        self.path = path
+        self.claim = claim
+        self.path = claim.path if claim is not None else None
         self.tensors: dict[NestedKey, torch.Tensor] = {k: storage.get(k) for k in self.keys}
         # The hot paths use plain-Tensor views of the same memory: slicing a
         # MemoryMappedTensor goes through its Python __getitem__ (9 us against
@@ -180,11 +200,16 @@ class TensorBackend(Backend):
     def close(self) -> None:
         self.tensors.clear()
         self._items = []
+        if self.claim is not None:
+            self.claim.release()
 
     def destroy(self) -> None:
+        self.tensors.clear()
+        self._items = []
+        if self.claim is not None:  # deleted before close() lets the location go
+            with contextlib.suppress(OSError):
+                _delete(self.claim.path)
         self.close()
-        if self.path is not None:
-            shutil.rmtree(self.path, ignore_errors=True)
 
     @property
     def location(self) -> str | None:
@@ -196,9 +221,10 @@ class H5Backend(Backend):
 
     kind = "h5"
 
-    def __init__(self, spec: TableSpec, storage: TensorDictBase, path: Path) -> None:
+    def __init__(self, spec: TableSpec, storage: TensorDictBase, claim: Claim) -> None:
         super().__init__(spec, storage)
-        self.path = path
+        self.claim = claim
+        self.path = claim.path
         self.file = storage.file  # type: ignore[attr-defined]
         self.datasets = {k: self.file["/".join(k)] for k in self.keys}
 
@@ -234,10 +260,13 @@ class H5Backend(Backend):
     def close(self) -> None:
         with contextlib.suppress(Exception):  # already closed
             self.file.close()
+        self.claim.release()
 
     def destroy(self) -> None:
+        with contextlib.suppress(Exception):
+            self.file.close()
+        self.path.unlink(missing_ok=True)  # before close() lets the location go
         self.close()
-        self.path.unlink(missing_ok=True)
 
     @property
     def location(self) -> str | None:
@@ -324,19 +353,114 @@ def table_dir(spec: TableSpec, root: str | Path) -> Path:
     return Path(root) / spec.name
 
 
-def allocate(spec: TableSpec, root: str | Path) -> Backend:
+def primary_location(spec: TableSpec, root: str | Path) -> Path | None:
+    """Where a file backend's data goes unless that place is taken (``None``: not a file backend)."""
+    b = spec.backend
+    if isinstance(b, MemmapBackend):
+        return Path(b.path) if b.path else table_dir(spec, root) / "storage"
+    if isinstance(b, H5Spec):
+        return Path(b.path) if b.path else table_dir(spec, root) / "storage.h5"
+    return None
+
+
+_HELD: dict[Path, Claim] = {}
+_HELD_GUARD = threading.Lock()
+
+
+def _key(path: Path) -> Path:
+    return Path(os.path.abspath(path))
+
+
+class Claim:
+    """A file location held by one open backend (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def release(self) -> None:
+        """Let the location go (idempotent; a later claim of the same path is not touched)."""
+        with _HELD_GUARD:
+            if _HELD.get(_key(self.path)) is self:
+                del _HELD[_key(self.path)]
+
+
+def _sibling(primary: Path, tag: str) -> str:
+    """``storage`` -> ``storage.<tag>``, ``storage.h5`` -> ``storage.<tag>.h5``."""
+    return f"{primary.stem}.{tag}{primary.suffix}"
+
+
+def _sibling_names(primary: Path) -> re.Pattern[str]:
+    """The names :func:`_claim` gives ``primary``'s fresh siblings."""
+    return re.compile(rf"{re.escape(primary.stem)}\.[0-9a-f]{{8}}{re.escape(primary.suffix)}")
+
+
+def _claim(primary: Path, *, replace: bool) -> Claim:
+    """Hold ``primary``, or a fresh sibling when it is held (or, unless ``replace``, exists)."""
+    with _HELD_GUARD:
+        path = primary
+        taken = _key(primary) in _HELD or (not replace and os.path.lexists(primary))
+        while taken:
+            path = primary.with_name(_sibling(primary, uuid.uuid4().hex[:8]))
+            taken = os.path.lexists(path)
+        claim = Claim(path)
+        _HELD[_key(path)] = claim
+        return claim
+
+
+def _delete(path: Path) -> None:
+    """Delete a file or folder tree; raises ``OSError`` when it cannot."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def sweep(spec: TableSpec, root: str | Path) -> list[Path]:
+    """Delete the dead data of table ``spec.name``: its location and fresh siblings no open backend holds.
+
+    Called once a table is in place (by :func:`allocate`, and by a restore
+    once it succeeded). Only names of the form the allocator makes are
+    touched (see the module docstring). Returns what was deleted.
+    """
+    primary = primary_location(spec, root)
+    if primary is None or not primary.parent.is_dir():
+        return []
+    siblings = _sibling_names(primary)
+    deleted = []
+    with _HELD_GUARD:  # held while deleting: nothing can claim a path half deleted
+        for path in list(primary.parent.iterdir()):
+            ours = path.name == primary.name or siblings.fullmatch(path.name)
+            if ours and _key(path) not in _HELD:
+                with contextlib.suppress(OSError):
+                    _delete(path)
+                    deleted.append(path)
+    return deleted
+
+
+def allocate(spec: TableSpec, root: str | Path, *, replace: bool = True) -> Backend:
     """Allocate the storage of ``spec`` with ``TensorDict.from_schema``.
+
+    A file backend never deletes or reuses a location an open backend of this
+    process holds: it goes to a fresh sibling instead (see the module docstring).
 
     Args:
         spec: the table.
         root: the data root; file backends default to ``<root>/<table>/...``.
+        replace: delete dead data at the table's location and allocate there,
+            then :func:`sweep` the table's other dead data (a new table). With
+            ``False`` nothing is deleted: a location that exists is left as it
+            is and the data goes to a fresh sibling (a restore, which must leave
+            everything as it was should it fail).
 
     Raises:
-        BackendError: the backend could not be allocated (disk full, Redis down, ...).
+        BackendError: the backend could not be allocated (disk full, Redis down, ...);
+            what it had written is deleted.
     """
     b = spec.backend
     schema = spec.torch_schema()
     cap = [spec.capacity]
+    primary = primary_location(spec, root)
+    claim = _claim(primary, replace=replace) if primary is not None else None
     try:
         if isinstance(b, MemoryBackend):
             return TensorBackend(spec, TensorDict.from_schema(schema, batch_size=cap))
@@ -344,20 +468,6 @@ def allocate(spec: TableSpec, root: str | Path) -> Backend:
             return TensorBackend(
                 spec, TensorDict.from_schema(schema, batch_size=cap, storage="shared")
             )
-        if isinstance(b, MemmapBackend):
-            path = Path(b.path) if b.path else table_dir(spec, root) / "storage"
-            if path.exists():
-                shutil.rmtree(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            td = TensorDict.from_schema(schema, batch_size=cap, storage="memmap", prefix=str(path))
-            return TensorBackend(spec, td, path)
-        if isinstance(b, H5Spec):
-            path = Path(b.path) if b.path else table_dir(spec, root) / "storage.h5"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)
-            h5_schema = {k: (s, _carrier(d)) for k, (s, d) in schema.items()}
-            td = TensorDict.from_schema(h5_schema, batch_size=cap, storage="h5", filename=str(path))
-            return H5Backend(spec, td, path)
         if isinstance(b, RedisSpec):
             flat = {REDIS_SEP.join(k): (s, _carrier(d)) for k, (s, d) in schema.items()}
             conn: dict[str, Any] = {"db": b.db, "prefix": b.prefix or f"tdreplay:{spec.name}"}
@@ -369,10 +479,30 @@ def allocate(spec: TableSpec, root: str | Path) -> Backend:
                 url = f"redis://{b.host}:{b.port}/{b.db}"
             td = TensorDict.from_schema(flat, batch_size=cap, storage="redis", **conn)
             return RedisBackend(spec, td, url)
-    except BackendError:
-        raise
+        assert claim is not None
+        path = claim.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(path):  # dead data (``replace``): a held location is never claimed
+            _delete(path)
+        if isinstance(b, MemmapBackend):
+            td = TensorDict.from_schema(schema, batch_size=cap, storage="memmap", prefix=str(path))
+            backend: Backend = TensorBackend(spec, td, claim)
+        elif isinstance(b, H5Spec):
+            h5_schema = {k: (s, _carrier(d)) for k, (s, d) in schema.items()}
+            td = TensorDict.from_schema(h5_schema, batch_size=cap, storage="h5", filename=str(path))
+            backend = H5Backend(spec, td, claim)
+        else:  # pragma: no cover
+            raise BackendError(f"unknown backend {b.kind!r}", table=spec.name)
     except Exception as err:
+        if claim is not None:
+            with contextlib.suppress(OSError):
+                _delete(claim.path)
+            claim.release()
+        if isinstance(err, BackendError):
+            raise
         raise BackendError(
             f"cannot allocate {b.kind} storage for table {spec.name!r}: {err}", table=spec.name
         ) from err
-    raise BackendError(f"unknown backend {b.kind!r}", table=spec.name)  # pragma: no cover
+    if replace:
+        sweep(spec, root)
+    return backend

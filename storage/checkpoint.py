@@ -18,6 +18,7 @@ the new checkpoint readable: :func:`restore` falls back to the aside copy when
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import threading
@@ -29,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDict
 
-from .backends import table_dir
+from .backends import allocate, primary_location, sweep
 from .errors import CheckpointError, TDReplayError
-from .spec import H5Backend, MemmapBackend, TableSpec
+from .spec import TableSpec
 from .tensordicts import leaves, nest
 from .writers import RoundRobinWriter
 
@@ -87,14 +88,19 @@ def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Pat
 
 
 def _write(table: Table, path: Path, *, ted2flat: bool | None) -> Path:
-    location = _data_location(table.spec, table.root)
-    if location is not None and _overlap(location, path):
-        # The swap would move the live table's files aside and delete them.
-        raise CheckpointError(
-            f"table {table.name!r}: cannot checkpoint to {path}, it holds the table's own data "
-            f"({location})",
-            table=table.name,
-        )
+    # The swap would move the live table's files aside and delete them. A table
+    # restored beside another lives at a sibling of its primary location, which
+    # is deleted once no table holds it: neither may hold a checkpoint.
+    own = [primary_location(table.spec, table.root)]
+    if table.spec.backend.kind in ("memmap", "h5") and table.backend.location:
+        own.append(Path(table.backend.location))
+    for location in own:
+        if location is not None and _overlap(location, path):
+            raise CheckpointError(
+                f"table {table.name!r}: cannot checkpoint to {path}, it holds the table's own data "
+                f"({location})",
+                table=table.name,
+            )
     if ted2flat is None:
         ted2flat = table.spec.checkpoint.ted2flat
     writer = table.writer
@@ -200,14 +206,27 @@ def read_metadata(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"unreadable checkpoint metadata at {path}: {err}") from err
 
 
-def _data_location(spec: TableSpec, root: Path) -> Path | None:
-    """Where :func:`~tdreplay.storage.backends.allocate` puts a file backend's data."""
-    b = spec.backend
-    if isinstance(b, MemmapBackend):
-        return Path(b.path) if b.path else table_dir(spec, root) / "storage"
-    if isinstance(b, H5Backend):
-        return Path(b.path) if b.path else table_dir(spec, root) / "storage.h5"
-    return None
+def _check_sizes(folder: Path) -> None:
+    """Raise unless every memmapped leaf under ``folder`` has the size its ``meta.json`` gives.
+
+    ``TensorDict.load_memmap`` maps a truncated file as it is, growing it with
+    zeros to the size it expects: the rows would come back as zeros, and the
+    checkpoint itself would change.
+    """
+    for meta in sorted(folder.rglob("meta.json")):
+        for key, leaf in json.loads(meta.read_text()).items():
+            if not isinstance(leaf, dict) or "dtype" not in leaf or leaf.get("is_nested"):
+                continue  # a sub-TensorDict or a non-tensor entry
+            dtype = getattr(torch, str(leaf["dtype"]).removeprefix("torch."))
+            expected = math.prod(leaf["shape"]) * dtype.itemsize
+            file = meta.parent / f"{key}.memmap"
+            got = file.stat().st_size if file.is_file() else None
+            if got != expected:
+                what = "is missing" if got is None else f"holds {got} bytes"
+                raise CheckpointError(
+                    f"{file} {what}, expected {expected} bytes (shape {leaf['shape']}, "
+                    f"{leaf['dtype']}): the checkpoint is truncated or damaged"
+                )
 
 
 def _overlap(a: Path, b: Path) -> bool:
@@ -218,7 +237,12 @@ def _overlap(a: Path, b: Path) -> bool:
 def restore(
     cls: type[Table], path: Path, root: str | Path | None, *, seed: int | None = None
 ) -> Table:
-    """Rebuild a table from the checkpoint at ``path`` (see :meth:`Table.restore`)."""
+    """Rebuild a table from the checkpoint at ``path`` (see :meth:`Table.restore`).
+
+    The table is allocated with ``replace=False``: beside whatever exists at its
+    location, never over it. Data and state are loaded into it; if that fails it
+    is destroyed (its own, fresh location only) and the error raised.
+    """
     src = find(path.absolute())
     meta = read_metadata(src)
     if meta.get("format_version") != FORMAT_VERSION:
@@ -227,7 +251,7 @@ def restore(
         )
     spec = TableSpec.parse(meta["spec"], source=str(src / "metadata.json"))
     root = Path(root) if root is not None else src.parent
-    location = _data_location(spec, root)
+    location = primary_location(spec, root)
     if location is not None and _overlap(location, src):
         # Allocating there would wipe (memmap) or write into the checkpoint being read.
         raise CheckpointError(
@@ -235,9 +259,18 @@ def restore(
             "inside the checkpoint; pass another root",
             table=spec.name,
         )
-    table = cls.create(spec, root, seed=seed)
     try:
         hi = int(meta["hi"])
+        if hi:
+            _check_sizes(src / "storage")
+    except TDReplayError:
+        raise
+    except Exception as err:
+        raise CheckpointError(f"cannot restore {src}: {err}") from err
+    # Nothing that exists is deleted or overwritten until the table is whole: a
+    # table being served may live at the default location (see backends).
+    table = cls(spec, allocate(spec, root, replace=False), root=root, seed=seed)
+    try:
         if hi:
             like = nest(table.backend.empty(hi), hi)
             if meta.get("ted2flat"):
@@ -255,4 +288,5 @@ def restore(
         if isinstance(err, TDReplayError):
             raise
         raise CheckpointError(f"cannot restore {src}: {err}") from err
+    sweep(spec, root)
     return table

@@ -124,7 +124,9 @@ class Table:
 
         Args:
             spec: a :class:`TableSpec`, or the path of a schema file.
-            root: the data root; file backends put their data under ``<root>/<name>``.
+            root: the data root; file backends put their data under ``<root>/<name>``
+                (never over the data of a table open in this process; see
+                :func:`~tdreplay.storage.backends.allocate`).
             seed: seed of the sampling generator.
 
         Raises:
@@ -141,12 +143,22 @@ class Table:
     ) -> Table:
         """Rebuild a table from a checkpoint written by :meth:`checkpoint`.
 
+        Nothing is deleted or overwritten until the new table is whole: when
+        the table's location under ``root`` exists (e.g. the data of the table
+        being served, which this one is to replace), the restored data goes to
+        a fresh location beside it. A failed restore deletes only what it
+        allocated; a successful one then deletes the table's dead data, which
+        no open table holds (see :mod:`tdreplay.storage.backends`).
+
         Args:
             path: the checkpoint folder.
             root: data root of the restored table (default: the checkpoint's parent).
+            seed: seed of the sampling generator.
 
         Raises:
-            CheckpointError: the folder holds no readable checkpoint.
+            CheckpointError: the folder holds no readable checkpoint, or the
+                table's data would go inside it.
+            BackendError: the storage could not be allocated.
         """
         from .checkpoint import restore
 
