@@ -336,9 +336,16 @@ class Registry:
     async def restore(self, name: str, path: Path | None = None) -> TableHandle:
         """Replace (or create) table ``name`` from the checkpoint at ``path``.
 
+        The checkpoint is restored beside the table being served, which keeps
+        serving meanwhile; only once the restore succeeded is the new table
+        swapped in and the old one retired (its running calls finish) and
+        destroyed. A failed restore changes nothing. Both tables' data is held
+        while the restore runs.
+
         Raises:
             InvalidRequest: no checkpoint there, or it holds another table.
             CheckpointError: the checkpoint could not be read.
+            BackendError: the restored table's storage could not be allocated.
         """
         path = path or self.checkpoint_path(name)
         try:
@@ -358,13 +365,13 @@ class Registry:
                 got=held,
             )
         with self._reserve(name, replace=True):
+            table = await run_in_threadpool(Table.restore, path, self.root, seed=self.settings.seed)
             old = self._tables.get(name)
+            handle = self._install(table)
             if old is not None:
                 await old.retire()
-                self._tables.pop(name, None)
-                await run_in_threadpool(old.table.close)
-            table = await run_in_threadpool(Table.restore, path, self.root, seed=self.settings.seed)
-            return self._install(table)
+                await run_in_threadpool(old.table.destroy)
+            return handle
 
     async def close(self, *, checkpoint: bool = False) -> None:
         """Stop serving every table (checkpointing each first when asked) and close them."""
