@@ -43,6 +43,9 @@ def collect(client: ReplayClient, frames: int, seed: int, errors: list[BaseExcep
             "cartpole_seq", chunk=64, max_delay=None, episode_key="collector.traj_ids"
         ) as w:
             for batch in collector:
+                # Separate Collector instances all number their trajectories from 0;
+                # a traj_key table needs ids unique across collectors.
+                batch["collector", "traj_ids"] += seed * 1_000_000
                 client.extend("cartpole", batch)
                 w.append(batch)
         collector.shutdown()
