@@ -131,8 +131,9 @@ class AsyncReplayClient(_Base):
         """See :meth:`ReplayClient.sample`."""
         return await self._run(self._calls.sample(table, batch_size, timeout, as_cls))
 
-    async def update_priority(self, table: str, index: Any, priority: Any) -> None:
-        await self._run(self._calls.update_priority(table, index, priority))
+    async def update_priority(self, table: str, index: Any, priority: Any, key: Any = None) -> int:
+        """See :meth:`ReplayClient.update_priority`."""
+        return await self._run(self._calls.update_priority(table, index, priority, key))
 
     async def checkpoint(self, table: str, path: str) -> str | list[str]:
         return await self._run(self._calls.checkpoint(table, path))

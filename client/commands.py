@@ -286,21 +286,36 @@ class Stream(Command[None]):
 
 
 @dataclass
-class UpdatePriority(Command[None]):
+class UpdatePriority(Command[int]):
+    """Set priorities of sampled slots; with ``key``, slots overwritten since are skipped.
+
+    Answers how many priorities the server applied.
+    """
+
     table: str
     index: Any
     priority: Any
+    key: Any = None
 
     def request(self) -> Request:
         index = torch.as_tensor(self.index).reshape(-1).tolist()
         priority = torch.as_tensor(self.priority).detach().reshape(-1).double().cpu().tolist()
         if len(index) != len(priority):
             raise ValueError(f"{len(index)} indices but {len(priority)} priorities")
-        headers, body = _json_body({"index": index, "priority": priority})
+        payload: dict[str, Any] = {"index": index, "priority": priority}
+        if self.key is not None:
+            key = torch.as_tensor(self.key).reshape(-1).tolist()
+            if len(key) != len(index):
+                raise ValueError(f"{len(index)} indices but {len(key)} keys")
+            payload["key"] = key
+        headers, body = _json_body(payload)
         return Request("POST", _table(self.table, "update_priority"), headers, body)
 
-    def parse(self, response: Response) -> None:
-        response.check()
+    def parse(self, response: Response) -> int:
+        data = response.check().json()
+        if not isinstance(data, dict) or not isinstance(data.get("updated"), int):
+            raise errors.ProtocolError(f"update_priority: unexpected answer {data!r}")
+        return int(data["updated"])
 
 
 @dataclass

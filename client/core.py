@@ -236,22 +236,30 @@ class Calls:
             td = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
         return to_tensorclass(td, as_cls) if as_cls is not None else td
 
-    def update_priority(self, table: str, index: Any, priority: Any) -> Plan[None]:
+    def update_priority(self, table: str, index: Any, priority: Any, key: Any = None) -> Plan[int]:
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
         priority = torch.as_tensor(priority).detach().reshape(-1).cpu()
         if len(index) != len(priority):
             raise ValueError(f"{len(index)} indices but {len(priority)} priorities")
+        if key is not None:
+            key = torch.as_tensor(key).reshape(-1).cpu()
+            if len(key) != len(index):
+                raise ValueError(f"{len(index)} indices but {len(key)} keys")
         if self.n == 1:
-            yield Call(0, C.UpdatePriority(table, index, priority))
-            return None
+            updated: int = yield Call(0, C.UpdatePriority(table, index, priority, key))
+            return updated
+        # each server gets its own slots back, with their keys (keys are per server)
         shard = index % self.n
-        calls = [
-            Call(s, C.UpdatePriority(table, index[shard == s] // self.n, priority[shard == s]))
-            for s in range(self.n)
-            if bool((shard == s).any())
-        ]
-        yield Gather(calls)
-        return None
+        calls = []
+        for s in range(self.n):
+            mine = shard == s
+            if bool(mine.any()):
+                command = C.UpdatePriority(
+                    table, index[mine] // self.n, priority[mine], None if key is None else key[mine]
+                )
+                calls.append(Call(s, command))
+        results: list[int] = yield Gather(calls)
+        return sum(results)
 
     def _paths(self, path: str) -> list[str]:
         return [path] if self.n == 1 else [f"{path}-shard{i}" for i in range(self.n)]

@@ -2,7 +2,7 @@
 
     >>> for batch in client.loader("cartpole", 256, prefetch=4, device="cuda"):  # doctest: +SKIP
     ...     loss = learner(batch)                  # already on the GPU
-    ...     client.update_priority("cartpole", batch["index"], td_error)
+    ...     client.update_priority("cartpole", batch["index"], td_error, key=batch["sample_info", "key"])
 
 How it keeps the learner from waiting:
 

@@ -263,7 +263,7 @@ class ReplayClient(_Base):
 
         The batch holds the table's fields, ``index`` (pass it to
         :meth:`update_priority`) and ``sample_info`` (``priority``, ``weight``,
-        ``times_sampled``).
+        ``times_sampled``, ``key``: pass it to :meth:`update_priority` too).
 
         Raises:
             RateLimitTimeout: the table could not be sampled within ``timeout``.
@@ -272,9 +272,27 @@ class ReplayClient(_Base):
         """
         return self._run(self._calls.sample(table, batch_size, timeout, as_cls))
 
-    def update_priority(self, table: str, index: Any, priority: Any) -> None:
-        """Set the priorities of the items ``index`` (from ``batch["index"]``)."""
-        self._run(self._calls.update_priority(table, index, priority))
+    def update_priority(self, table: str, index: Any, priority: Any, key: Any = None) -> int:
+        """Set the priorities of the items ``index`` (from ``batch["index"]``).
+
+        Pass ``key=batch["sample_info", "key"]`` too, and slots overwritten
+        since the sample (by a fast collector) keep their new items' priorities;
+        without it the update lands on whatever item each slot now holds.
+
+            >>> client.update_priority(  # doctest: +SKIP
+            ...     "cartpole", batch["index"], td_error, key=batch["sample_info", "key"])
+            256
+
+        Returns:
+            How many priorities were applied: the items removed (or, with
+            ``key``, overwritten) since the sample are skipped.
+
+        Raises:
+            ValueError: ``index``, ``priority`` (and ``key``) differ in length.
+            InvalidRequest: the table has no priorities, or a bad index or priority.
+            TableNotFound, TransportError: as their names say.
+        """
+        return self._run(self._calls.update_priority(table, index, priority, key))
 
     def checkpoint(self, table: str, path: str) -> str | list[str]:
         """Checkpoint ``table`` under the server's data root; returns the path written.

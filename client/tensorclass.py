@@ -77,7 +77,7 @@ def from_fields(table: str, fields: Mapping[str, Any]) -> type:
         node[parts[-1]] = None
     name = _camel(table)
     tree["index"] = None
-    tree["sample_info"] = {"priority": None, "weight": None, "times_sampled": None}
+    tree["sample_info"] = {"priority": None, "weight": None, "times_sampled": None, "key": None}
     return _build(name, tree, optional=SAMPLE_KEYS)
 
 

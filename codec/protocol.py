@@ -26,7 +26,10 @@ Routes (``{name}``: a table; every data route is named like the storage API)::
                                                   count omitted: until the client hangs up. A stream
                                                   ends early (fewer batches, clean end of stream) when
                                                   a later sample times out or the table goes away
-    POST   /v1/tables/{name}/update_priority      JSON {"index": [...], "priority": [...]}
+    POST   /v1/tables/{name}/update_priority      JSON {"index": [...], "priority": [...], "key": [...]}
+                                                  key optional (sample_info.key, one per index): only
+                                                  slots still holding that item are updated
+                                                  -> JSON {"updated": K} (priorities applied)
     POST   /v1/tables/{name}/checkpoint           JSON {"path": "relative/to/root"} -> {"path": ...}
                                                   path omitted: checkpoints/{name}
     POST   /v1/tables/{name}/restore              JSON {"path": "relative/to/root"} -> info
@@ -39,8 +42,10 @@ Routes (``{name}``: a table; every data route is named like the storage API)::
 The docs: ``GET /docs`` (Swagger UI) and ``GET /openapi.json``.
 
 Sampled batches carry, beside the table's fields, ``index`` (int64),
-``sample_info.priority`` (float32), ``sample_info.weight`` (float32) and
-``sample_info.times_sampled`` (int64).
+``sample_info.priority`` (float32), ``sample_info.weight`` (float32),
+``sample_info.times_sampled`` (int64) and ``sample_info.key`` (int64: the
+item's insert number, unique for the table's life; sent back with the index to
+update_priority, it makes the update skip slots overwritten since the sample).
 
 With a token configured, every route but ``/healthz`` and ``/readyz`` needs
 ``Authorization: Bearer <token>``. Paths in checkpoint, restore and export

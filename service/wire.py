@@ -219,7 +219,7 @@ class Pool(Generic[K, B]):
             self._kept.popitem(last=False)
 
 
-#: bytes of sample info per sampled item (index, priority, weight, times_sampled)
+#: bytes of sample info per sampled item (index, priority, weight, times_sampled, key)
 INFO_NBYTES = sum(d.itemsize for d in INFO_DTYPES.values())
 
 

@@ -5,7 +5,9 @@ The table, its writer and its sampler agree on the state of every slot:
 * ``live``  — holds an item a sampler may return;
 * ``busy``  — claimed by an insert whose data is being copied in (not live yet);
 * ``seq``   — the insert number of the item in the slot (-1: never written),
-  which tells insertion order and lets the slice sampler check contiguity;
+  which tells insertion order, lets the slice sampler check contiguity, and
+  is the item's key (unique for the table's life, checkpoints included) that
+  a sample hands out and ``update_priority`` checks;
 * ``times_sampled`` — how often the item in the slot was returned.
 """
 
@@ -21,8 +23,12 @@ class Slots:
         self.capacity = capacity
         self.live = torch.zeros(capacity, dtype=torch.bool)
         self.busy = torch.zeros(capacity, dtype=torch.bool)
-        self.seq = torch.full((capacity,), -1, dtype=torch.int64)
-        self.times_sampled = torch.zeros(capacity, dtype=torch.int64)
+        # A slot's times_sampled and seq side by side: a sample updates the first
+        # and reads both, one cache line per slot however large the table.
+        pairs = torch.zeros((capacity, 2), dtype=torch.int64)
+        self.times_sampled = pairs[:, 0]
+        self.seq = pairs[:, 1]
+        self.seq.fill_(-1)
         self.n_live = 0
         #: slots ``[0, hi)`` have been written at least once
         self.hi = 0

@@ -11,7 +11,7 @@
     [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
     >>> batch = table.sample(32)
     >>> batch["obs"].shape, batch["index"].shape, sorted(batch["sample_info"].keys())
-    (torch.Size([32, 4]), torch.Size([32]), ['priority', 'times_sampled', 'weight'])
+    (torch.Size([32, 4]), torch.Size([32]), ['key', 'priority', 'times_sampled', 'weight'])
 
 Sample info sits beside the fields of every sampled batch:
 
@@ -23,6 +23,10 @@ Sample info sits beside the fields of every sampled batch:
   prioritized).
 * ``batch["sample_info", "times_sampled"]`` (int64): how often the item has now
   been returned, this sample included.
+* ``batch["sample_info", "key"]`` (int64): the item's key, its insert number
+  (unique for the table's life, checkpoint and restore included). Pass it to
+  :meth:`Table.update_priority` with the index so that an update skips slots
+  overwritten since the sample, as Reverb's item keys do.
 """
 
 from __future__ import annotations
@@ -445,6 +449,7 @@ class Table:
             s = self.slots
             s.times_sampled.index_add_(0, index, torch.ones_like(index))
             times = s.times_sampled.index_select(0, index)
+            keys = s.seq.index_select(0, index)
             priority = self.sampler.priority(index)
             if self.sampler.consumes:
                 # queues and stacks return distinct live items, each now spent
@@ -475,6 +480,7 @@ class Table:
             if weight is not None
             else torch.ones(n, dtype=torch.float32),
             ("sample_info", "times_sampled"): times,
+            ("sample_info", "key"): keys,
         }
         if out is not None:
             target = out._tensordict if is_tensorclass(out) else out
@@ -489,22 +495,53 @@ class Table:
         return TensorDict._new_unsafe(fill(self._batch_tree, bufs), batch_size=torch.Size([n]))
 
     # ------------------------------------------------------------ priorities
-    def update_priority(self, index: Any, priority: Any) -> None:
+    def update_priority(self, index: Any, priority: Any, *, key: Any = None) -> int:
         """Set the priorities of slots ``index`` (from ``batch["index"]``).
 
-        Slots removed since they were sampled are skipped. A slot overwritten
-        since then is not told apart (only its index comes back): the update
-        applies to the item now in it.
+        Slots removed since they were sampled are skipped. Without ``key`` a
+        slot overwritten since then is not told apart: the update applies to
+        the item now in it. With ``key`` (from ``batch["sample_info", "key"]``)
+        only slots whose item still has that key are updated; the others, whose
+        items were overwritten, are skipped.
+
+        Args:
+            index: the slots, int64 ``[N]``.
+            priority: their new priorities, ``[N]`` (finite, >= 0).
+            key: the sampled items' keys, int64 ``[N]``; ``None``: no check.
+
+        Returns:
+            How many priorities were applied (``N`` less the skipped slots).
 
         Raises:
             InvalidRequest: the sampler has no priorities, the lengths differ, an
-                index is out of range, or a priority is negative or not finite.
+                index is out of range, a key is not an integer, or a priority is
+                negative or not finite. Nothing is updated.
         """
         index = torch.as_tensor(index).reshape(-1).to(torch.int64)
         priority = torch.as_tensor(priority).reshape(-1)
+        if key is not None:
+            key = torch.as_tensor(key).reshape(-1)
+            if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
+                raise InvalidRequest(
+                    f"table {self.name!r}: keys must be integers, got {str(key.dtype).removeprefix('torch.')}",
+                    table=self.name,
+                    field="key",
+                    expected="int64",
+                    got=str(key.dtype).removeprefix("torch."),
+                )
+            if len(key) != len(index):
+                raise InvalidRequest(
+                    f"table {self.name!r}: {len(index)} indices but {len(key)} keys",
+                    table=self.name,
+                    field="key",
+                    expected=len(index),
+                    got=len(key),
+                )
+            key = key.to(torch.int64)
         with self._cond:
-            self.sampler.update_priority(index, priority)
+            updated = self.sampler.update_priority(index, priority, key)
             self._notify()
+        return updated
 
     # ------------------------------------------------------------ state
     @property

@@ -21,12 +21,14 @@ INFO_KEYS: list[NestedKey] = [
     ("sample_info", "priority"),
     ("sample_info", "weight"),
     ("sample_info", "times_sampled"),
+    ("sample_info", "key"),
 ]
 INFO_DTYPES = {
     ("index",): torch.int64,
     ("sample_info", "priority"): torch.float32,
     ("sample_info", "weight"): torch.float32,
     ("sample_info", "times_sampled"): torch.int64,
+    ("sample_info", "key"): torch.int64,
 }
 
 

@@ -203,7 +203,8 @@ async def _sample(request: Request) -> Response:
     responses={
         **arrow_response(
             "An Arrow IPC stream of one record batch: the table's fields, `index`, "
-            "`sample_info.priority`, `sample_info.weight`, `sample_info.times_sampled`."
+            "`sample_info.priority`, `sample_info.weight`, `sample_info.times_sampled`, "
+            "`sample_info.key`."
         ),
         **error_responses(TableNotFound, RateLimitTimeout, PayloadTooLarge),
     },
@@ -277,15 +278,30 @@ class PriorityUpdate(BaseModel):
         description="Slots, as sampled (`index`)."
     )
     priority: list[float] = Field(description="New priorities, one per slot (>= 0, finite).")
+    key: list[Annotated[int, Field(ge=0, lt=1 << 63)]] | None = Field(
+        default=None,
+        description="The sampled items' keys (`sample_info.key`), one per slot: only slots "
+        "still holding the item with that key are updated. Omitted: no check.",
+    )
+
+
+class PriorityResult(BaseModel):
+    updated: int = Field(description="How many priorities were applied (skipped slots aside).")
 
 
 @router.post(
     "/{name}/update_priority",
     name="update_priority",
+    response_model=PriorityResult,
     responses=error_responses(TableNotFound),
 )
-async def update_priority(handle: TableDep, update: PriorityUpdate) -> dict[str, int]:
-    """Set the priorities of sampled slots (prioritized tables); slots since overwritten are skipped."""
+async def update_priority(handle: TableDep, update: PriorityUpdate) -> PriorityResult:
+    """Set the priorities of sampled slots (prioritized tables).
+
+    Slots whose item was removed since the sample are skipped; with ``key``,
+    so are slots overwritten since (their item has another key). A request with
+    lengths that differ changes nothing (400).
+    """
     if len(update.index) != len(update.priority):
         raise InvalidRequest(
             f"{len(update.index)} indices but {len(update.priority)} priorities",
@@ -295,5 +311,7 @@ async def update_priority(handle: TableDep, update: PriorityUpdate) -> dict[str,
             got=len(update.priority),
         )
     with handle.use() as table:
-        await handle.call(lambda: table.update_priority(update.index, update.priority))
-    return {"updated": len(update.index)}
+        updated = await handle.call(
+            lambda: table.update_priority(update.index, update.priority, key=update.key)
+        )
+    return PriorityResult(updated=updated)

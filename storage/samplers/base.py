@@ -47,7 +47,13 @@ class Sampler:
         """``n`` live slots and their importance weights (``None``: all 1)."""
         raise NotImplementedError
 
-    def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+    def update_priority(
+        self, index: torch.Tensor, priority: torch.Tensor, key: torch.Tensor | None = None
+    ) -> int:
+        """Set the priorities of the live slots ``index`` whose ``seq`` is ``key`` (if given).
+
+        Returns the number of priorities applied.
+        """
         from ..errors import InvalidRequest
 
         raise InvalidRequest(

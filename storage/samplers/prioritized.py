@@ -79,7 +79,9 @@ class PrioritizedSampler(Sampler):
         weight = ((n_live * prob) ** -self.beta) / ((n_live * min_prob) ** -self.beta)
         return idx, weight.to(torch.float32)
 
-    def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+    def update_priority(
+        self, index: torch.Tensor, priority: torch.Tensor, key: torch.Tensor | None = None
+    ) -> int:
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
         priority = torch.as_tensor(priority, dtype=torch.float64).reshape(-1)
         if index.shape != priority.shape:
@@ -89,8 +91,15 @@ class PrioritizedSampler(Sampler):
                 expected=len(index),
                 got=len(priority),
             )
+        if key is not None and key.shape != index.shape:
+            raise InvalidRequest(
+                f"update_priority: {len(index)} indices but {len(key)} keys",
+                field="key",
+                expected=len(index),
+                got=len(key),
+            )
         if len(index) == 0:
-            return
+            return 0
         if not torch.isfinite(priority).all() or (priority < 0).any():
             bad = priority[~torch.isfinite(priority) | (priority < 0)][0].item()
             raise InvalidRequest(
@@ -101,14 +110,18 @@ class PrioritizedSampler(Sampler):
             raise InvalidRequest(
                 f"update_priority: index {bad} outside [0, {self.slots.capacity})", field="index"
             )
-        # Only live slots are updated: removed items are skipped. An item
-        # overwritten since it was sampled cannot be told from its successor.
-        live = self.slots.live[index]
-        index, priority = index[live], priority[live]
+        # Only live slots are updated: removed items are skipped. Without keys
+        # an item overwritten since it was sampled cannot be told from its
+        # successor; with them, the successor (a new insert number) is skipped.
+        keep = self.slots.live[index]
+        if key is not None:
+            keep &= self.slots.seq[index] == key
+        index, priority = index[keep], priority[keep]
         self.priorities[index] = priority
         self.tree.set(index, self._leaf(priority))
         if len(priority):
             self.max_priority = max(self.max_priority, float(priority.max()))
+        return len(index)
 
     def priority(self, index: torch.Tensor) -> torch.Tensor | None:
         return self.priorities[index].to(torch.float32)

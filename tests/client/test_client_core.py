@@ -125,16 +125,24 @@ def test_sharded_sample_splits_by_size_and_encodes_the_server() -> None:
 
 def test_sharded_update_priority_routes_by_server() -> None:
     c = calls(2)
-    got: dict[int, tuple[list[int], list[float]]] = {}
+    got: dict[int, tuple[list[int], list[float], list[int] | None]] = {}
 
     def answer(call: Call) -> Any:
         cmd = call.command
         assert isinstance(cmd, C.UpdatePriority)
-        got[call.shard] = (cmd.index.tolist(), cmd.priority.tolist())
+        keys = None if cmd.key is None else cmd.key.tolist()
+        got[call.shard] = (cmd.index.tolist(), cmd.priority.tolist(), keys)
+        return len(cmd.index) - call.shard  # the server skipped a stale slot on shard 1
 
     index = torch.tensor([4 * 2 + 0, 9 * 2 + 1, 6 * 2 + 0])
-    drive(c.update_priority("t", index, torch.tensor([1.0, 2.0, 3.0])), answer)
-    assert got == {0: ([4, 6], [1.0, 3.0]), 1: ([9], [2.0])}
+    priority = torch.tensor([1.0, 2.0, 3.0])
+    assert drive(c.update_priority("t", index, priority), answer) == 2
+    assert got == {0: ([4, 6], [1.0, 3.0], None), 1: ([9], [2.0], None)}
+    key = torch.tensor([40, 90, 60])
+    assert drive(c.update_priority("t", index, priority, key), answer) == 2
+    assert got == {0: ([4, 6], [1.0, 3.0], [40, 60]), 1: ([9], [2.0], [90])}
+    with pytest.raises(ValueError, match="keys"):
+        drive(c.update_priority("t", index, priority, key[:2]), answer)
 
 
 def test_merged_info_sums_sizes() -> None:

@@ -67,7 +67,7 @@ def test_every_dtype_round_trips(client: ReplayClient, schema: str) -> None:
     batch = client.sample(name, 32)
     assert isinstance(batch, TensorDict) and batch.batch_size == torch.Size([32])
     assert batch["index"].dtype == torch.int64
-    assert set(batch["sample_info"].keys()) == {"priority", "weight", "times_sampled"}
+    assert set(batch["sample_info"].keys()) == {"priority", "weight", "times_sampled", "key"}
     assert_same(batch, expected_rows(data, index, batch["index"]))
     info = client.info(name)
     assert info["size"] == 40 and info["capacity"] == 48
@@ -157,6 +157,36 @@ def test_update_priority(client: ReplayClient) -> None:
     batch = client.sample(name, 64)
     assert (batch["index"] == index[3]).float().mean() > 0.95
     assert batch["sample_info", "weight"].dtype == torch.float32
+
+
+def test_update_priority_with_keys(client: ReplayClient) -> None:
+    """A learner's update skips the slots a collector overwrote since the sample."""
+    fields = {"x": {"shape": [], "dtype": "int64"}}
+    name = new_table(client, fields, capacity=8, sampler={"kind": "prioritized", "alpha": 1.0})
+    client.extend(name, TensorDict({"x": torch.arange(8)}, [8]))
+    Cls = client.tensorclass(name)
+    batch = client.sample(name, 8, as_cls=Cls)  # the generated class holds the key too
+    assert torch.equal(batch.sample_info.key, batch.x)  # item i was insert number i
+    client.extend(name, TensorDict({"x": torch.arange(8, 16)}, [8]))  # every slot overwritten
+    assert (
+        client.update_priority(name, batch.index, torch.full((8,), 5.0), key=batch.sample_info.key)
+        == 0
+    )
+    after = client.sample(name, 8)
+    assert (after["sample_info", "priority"] == 1.0).all()
+    assert torch.equal(after["sample_info", "key"], after["x"])
+    # the fresh keys apply; no keys: the old behaviour, whatever the slot holds now
+    assert (
+        client.update_priority(
+            name, after["index"][:3], torch.ones(3), key=after["sample_info", "key"][:3]
+        )
+        == 3
+    )
+    assert client.update_priority(name, batch.index, torch.full((8,), 5.0)) == 8
+    for got in client.loader(name, 4, num_batches=2, as_cls=Cls):
+        assert torch.equal(got.sample_info.key, got.x)
+    with pytest.raises(ValueError, match="keys"):
+        client.update_priority(name, batch.index, torch.ones(8), key=batch.sample_info.key[:2])
 
 
 def test_checkpoint_restore_export(client: ReplayClient, tmp_path: Any) -> None:

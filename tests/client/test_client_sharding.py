@@ -74,6 +74,37 @@ def test_priorities_go_to_their_server(servers: list[Any]) -> None:
     assert top.float().mean() > 0.95
 
 
+def test_keys_go_with_their_indices(servers: list[Any]) -> None:
+    client = ReplayClient([s.url for s in servers], shard_refresh=0.0)
+    name = create(client, capacity=32, sampler={"kind": "prioritized", "alpha": 1.0})
+    client.extend(name, rows(0, 32))
+    client.extend(name, rows(100, 32))
+    batch = client.sample(name, 32)  # at most 32 from either server: its capacity
+    index, key = batch["index"], batch["sample_info", "key"]
+    assert set((index % 2).tolist()) == {0, 1}
+    # keys are per server: each server numbered its own 32 inserts 0..31
+    assert torch.equal(key, batch["x"] % 100)
+    assert client.update_priority(name, index, torch.full((32,), 3.0), key=key) == 32
+    # server 0 is overwritten whole, server 1 only in slot 0 (the next inserts in turn)
+    client.extend(name, rows(200, 32))
+    assert client.extend(name, rows(300, 1)).tolist() == [0 * 2 + 1]
+    stale = int(((index % 2 == 0) | (index // 2 == 0)).sum())
+    assert client.update_priority(name, index, torch.full((32,), 4.0), key=key) == 32 - stale
+    after = ReplayClient(servers[1].url).sample(name, 32)
+    fresh = after["index"] == 0
+    assert (after["sample_info", "priority"][fresh] == 3.0).all()  # new: the max seen at insert
+    sampled = torch.isin(after["index"], index[index % 2 == 1] // 2)
+    assert (after["sample_info", "priority"][~fresh & sampled] == 4.0).all()
+    # async twin: the same routing, the same count
+    import asyncio
+
+    async def update() -> int:
+        async with AsyncReplayClient([s.url for s in servers]) as aclient:
+            return await aclient.update_priority(name, index, torch.ones(32), key=key)
+
+    assert asyncio.run(update()) == 32 - stale
+
+
 def test_async_sharded(servers: list[Any]) -> None:
     import asyncio
 

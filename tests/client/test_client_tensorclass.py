@@ -26,6 +26,7 @@ def sampled(n: int = 3) -> TensorDict:
                 "priority": torch.ones(n),
                 "weight": torch.ones(n),
                 "times_sampled": torch.ones(n, dtype=torch.int64),
+                "key": torch.arange(n),
             },
         },
         [n],

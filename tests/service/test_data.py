@@ -98,6 +98,7 @@ def test_layout_template_gathers_into_wire_bytes() -> None:
                 "priority": torch.ones(6),
                 "weight": torch.ones(6),
                 "times_sampled": torch.ones(6, dtype=torch.int64),
+                "key": torch.arange(6),
             },
         }
     )
@@ -182,6 +183,53 @@ def test_update_priority_errors(service) -> None:
     assert r.status_code == 400 and r.json()["field"] == "priority"
     r = client.post(path, json={"index": [-1], "priority": [1.0]})
     assert r.status_code == 400
+
+
+def test_update_priority_with_keys_skips_overwritten_slots(service) -> None:
+    client = service()
+    create(client, capacity=8, sampler={"kind": "prioritized", "alpha": 1.0, "beta": 1.0})
+    extend(client, 0, 8)
+    path = protocol.table_path("t", "update_priority")
+    batch = decode(client.post(SAMPLE, params={"batch_size": 8}).content)
+    index = batch["index"].tolist()
+    key = batch["sample_info", "key"]
+    assert key.dtype == torch.int64 and key.tolist() == batch["id"].tolist()  # insert numbers
+    extend(client, 8, 8)  # every slot overwritten
+    r = client.post(path, json={"index": index, "priority": [7.0] * 8, "key": key.tolist()})
+    assert r.status_code == 200 and r.json() == {"updated": 0}
+    after = decode(client.post(SAMPLE, params={"batch_size": 8}).content)
+    assert (after["sample_info", "priority"] == 1.0).all()  # the new items are untouched
+    # the new items' keys work; without keys the old behaviour (whatever the slot holds)
+    fresh = after["sample_info", "key"].tolist()
+    r = client.post(
+        path, json={"index": after["index"].tolist(), "priority": [2.0] * 8, "key": fresh}
+    )
+    assert r.json() == {"updated": 8}
+    r = client.post(path, json={"index": index, "priority": [3.0] * 8})
+    assert r.status_code == 200 and r.json() == {"updated": 8}
+    # the stream route carries the keys too (several batches tiled into one run)
+    r = client.get(protocol.table_path("t", "stream"), params={"batch_size": 4, "count": 3})
+    from tdreplay.codec import from_record_batch
+
+    streamed = [from_record_batch(rb) for rb in read_batches(r.content)]
+    assert len(streamed) == 3
+    for part in streamed:
+        assert torch.equal(part["sample_info", "key"], part["id"])
+
+
+def test_update_priority_rejects_bad_keys(service) -> None:
+    client = service()
+    create(client, capacity=8, sampler={"kind": "prioritized", "alpha": 1.0})
+    extend(client, 0, 8)
+    path = protocol.table_path("t", "update_priority")
+    r = client.post(path, json={"index": [0, 1], "priority": [5.0, 5.0], "key": [0]})
+    assert r.status_code == 400
+    assert r.json()["type"] == "InvalidRequest" and r.json()["field"] == "key"
+    assert "2 indices but 1 keys" in r.json()["detail"]
+    r = client.post(path, json={"index": [0], "priority": [5.0], "key": [-1]})
+    assert r.status_code == 400 and r.json()["field"].startswith("key")
+    batch = decode(client.post(SAMPLE, params={"batch_size": 8}).content)
+    assert (batch["sample_info", "priority"] == 1.0).all()  # nothing changed
 
 
 def test_stream_waits_for_the_reader(tmp_path) -> None:
