@@ -57,7 +57,39 @@ def _warn_dropped(n: int, key: str) -> None:
     )
 
 
-class Writer:
+class _WriterBase:
+    """What both writers hold: the target, the chunking settings, the buffer and the counts."""
+
+    def __init__(
+        self,
+        client: Any,
+        table: str,
+        chunk: int = 256,
+        *,
+        max_delay: float | None = 1.0,
+        episode_key: str | None = None,
+        end_key: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.client = client
+        self.table = table
+        self.chunk = chunk
+        self.max_delay = max_delay
+        self.timeout = timeout
+        self._keys = (episode_key, end_key)
+        self._buffer: ChunkBuffer | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+        self.sent_rows = 0
+        self.sent_chunks = 0
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+
+class Writer(_WriterBase):
     """Buffers steps for ``table`` and extends it chunk by chunk (see the module doc).
 
     Thread safe; chunks are sent in order, from the appending thread or, for
@@ -85,20 +117,19 @@ class Writer:
         end_key: str | None = None,
         timeout: float | None = None,
     ) -> None:
-        self.client = client
-        self.table = table
-        self.chunk = chunk
-        self.max_delay = max_delay
-        self.timeout = timeout
-        self._keys = (episode_key, end_key)
-        self._buffer: ChunkBuffer | None = None
+        super().__init__(
+            client,
+            table,
+            chunk,
+            max_delay=max_delay,
+            episode_key=episode_key,
+            end_key=end_key,
+            timeout=timeout,
+        )
+        self.client: ReplayClient = client
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()
-        self._error: BaseException | None = None
-        self._closed = False
         self._timer: threading.Thread | None = None
-        self.sent_rows = 0
-        self.sent_chunks = 0
 
     def _buf(self) -> ChunkBuffer:
         if self._buffer is None:
@@ -116,11 +147,6 @@ class Writer:
                 weakref.finalize(self, _notify, self._cond)
                 self._timer.start()
         return self._buffer
-
-    def _raise_pending(self) -> None:
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
 
     def _send(self, chunks: list[TensorDictBase]) -> None:
         for td in chunks:
@@ -240,7 +266,7 @@ def _final_chunks(buf: ChunkBuffer) -> list[TensorDictBase]:
     return buf.take(final=True)
 
 
-class AsyncWriter:
+class AsyncWriter(_WriterBase):
     """The :class:`Writer` of :class:`~tdreplay.client.AsyncReplayClient`: ``await w.append(step)``.
 
     Same chunking and trajectory rule; the time limit runs as an asyncio task.
@@ -258,21 +284,20 @@ class AsyncWriter:
         end_key: str | None = None,
         timeout: float | None = None,
     ) -> None:
-        self.client = client
-        self.table = table
-        self.chunk = chunk
-        self.max_delay = max_delay
-        self.timeout = timeout
-        self._keys = (episode_key, end_key)
-        self._buffer: ChunkBuffer | None = None
+        super().__init__(
+            client,
+            table,
+            chunk,
+            max_delay=max_delay,
+            episode_key=episode_key,
+            end_key=end_key,
+            timeout=timeout,
+        )
+        self.client: AsyncReplayClient = client
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
-        self._error: BaseException | None = None
-        self._closed = False
-        self.sent_rows = 0
-        self.sent_chunks = 0
 
     async def _buf(self) -> ChunkBuffer:
         if self._buffer is None:
@@ -301,11 +326,6 @@ class AsyncWriter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._progress.wait(), left)
         return True
-
-    def _raise_pending(self) -> None:
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
 
     async def append(self, step: Any) -> None:
         """Buffer one step (batch ``[]``) or several (``[k]``); sends the chunks that are due."""
