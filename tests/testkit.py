@@ -20,19 +20,22 @@ from tdreplay.storage import TableSpec
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: the fields of :func:`make_spec`'s table, each encoding the item id (see :func:`rows`)
+FIELDS: dict[str, dict[str, Any]] = {
+    "id": {"shape": [], "dtype": "int64"},
+    "observation": {"shape": [3], "dtype": "float32"},
+    "action": {"shape": [2], "dtype": "bfloat16"},
+    "next.reward": {"shape": [1], "dtype": "float16"},
+    "next.done": {"shape": [1], "dtype": "bool"},
+    "pixels": {"shape": [2, 2], "dtype": "uint8"},
+}
+
 
 def make_spec(
     name: str = "t", capacity: int = 64, backend: dict | None = None, **extra
 ) -> TableSpec:
     """A small TED-like table: every field of item ``i`` holds ``i`` (see :func:`rows`)."""
-    fields = {
-        "id": {"shape": [], "dtype": "int64"},
-        "observation": {"shape": [3], "dtype": "float32"},
-        "action": {"shape": [2], "dtype": "bfloat16"},
-        "next.reward": {"shape": [1], "dtype": "float16"},
-        "next.done": {"shape": [1], "dtype": "bool"},
-        "pixels": {"shape": [2, 2], "dtype": "uint8"},
-    }
+    fields = dict(FIELDS)
     fields.update(extra.pop("fields", {}))
     return TableSpec.model_validate(
         {

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import testkit
 import torch
 from tensordict import TensorDict
 
@@ -19,12 +20,7 @@ from tdreplay.service import Settings, create_app
 ARROW = {"Content-Type": protocol.ARROW_STREAM}
 
 FIELDS: dict[str, dict[str, Any]] = {
-    "id": {"shape": [], "dtype": "int64"},
-    "observation": {"shape": [3], "dtype": "float32"},
-    "action": {"shape": [2], "dtype": "bfloat16"},
-    "next.reward": {"shape": [1], "dtype": "float16"},
-    "next.done": {"shape": [1], "dtype": "bool"},
-    "pixels": {"shape": [2, 2], "dtype": "uint8"},
+    **testkit.FIELDS,  # the storage tests' table, plus one field of every other dtype
     "mask": {"shape": [5], "dtype": "bool"},
     "small": {"shape": [], "dtype": "int8"},
     "wide": {"shape": [2], "dtype": "float64"},
