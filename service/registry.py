@@ -160,15 +160,7 @@ class TableHandle:
 
     def check_batch_size(self, n: int) -> None:
         """Refuse a sample size the table or the body limit cannot serve, before any buffer exists."""
-        cap = self.table.capacity
-        if not 1 <= n <= cap:
-            raise InvalidRequest(
-                f"table {self.name!r}: batch_size must be in [1, {cap}], got {n}",
-                table=self.name,
-                field="batch_size",
-                expected=f"[1, {cap}]",
-                got=n,
-            )
+        self.table.check_batch_size(n)
         if sample_nbytes(self.table.spec.item_nbytes, n) > self.max_body:
             raise PayloadTooLarge(
                 f"table {self.name!r}: a sample of {n} items exceeds the server's body limit "

@@ -396,6 +396,28 @@ class Table:
             if weight is not None and redrawn_weight is not None:
                 weight[over] = redrawn_weight
 
+    def check_batch_size(self, batch_size: Any) -> int:
+        """``batch_size`` as an int, if a sample of that many items is possible at all.
+
+        Raises:
+            InvalidRequest: not an integer in ``[1, capacity]``, or not a multiple
+                of the slice sampler's ``slice_len``.
+        """
+        try:
+            n = operator.index(batch_size)  # 2.5 or "8" is an error, not a silent 2 or 8
+        except TypeError:
+            n = -1
+        if n < 1 or n > self.capacity:
+            raise InvalidRequest(
+                f"table {self.name!r}: batch_size must be an integer in [1, {self.capacity}], got {batch_size!r}",
+                table=self.name,
+                field="batch_size",
+                expected=f"[1, {self.capacity}]",
+                got=batch_size,
+            )
+        self.sampler.check_batch_size(n)
+        return n
+
     def sample(
         self, batch_size: int, *, timeout: float | None = None, out: TensorDictBase | None = None
     ) -> TensorDictBase:
@@ -420,19 +442,7 @@ class Table:
                 ``slice_len``, or ``out`` does not fit.
             RateLimitTimeout: the sample waited ``timeout`` seconds.
         """
-        try:
-            n = operator.index(batch_size)  # 2.5 or "8" is an error, not a silent 2 or 8
-        except TypeError:
-            n = -1
-        if n < 1 or n > self.capacity:
-            raise InvalidRequest(
-                f"table {self.name!r}: batch_size must be an integer in [1, {self.capacity}], got {batch_size!r}",
-                table=self.name,
-                field="batch_size",
-                expected=f"[1, {self.capacity}]",
-                got=batch_size,
-            )
-        self.sampler.check_batch_size(n)
+        n = self.check_batch_size(batch_size)
         bufs, out_info = self._check.out_buffers(out, n) if out is not None else (None, {})
         with self._cond:
             if self.rate_limiter.sample_never_fits(n):
