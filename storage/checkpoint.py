@@ -1,12 +1,31 @@
 """Checkpoints: a table's data and state in one folder, written atomically.
 
-Layout of a checkpoint folder::
+Layout of a checkpoint folder (format 2)::
 
     <path>/
-      metadata.json    format version, the table's spec, counts, TED flag
-      state.pt         slot, sampler, writer and rate-limiter state (torch.save)
-      storage/         the written rows [0, hi) as a memmapped TensorDict
-                       (or TorchRL's flat TED layout when ted2flat is on)
+      metadata.json        format version, the table's spec, counts, TED flag
+      state.safetensors    slot, sampler, writer and rate-limiter state, RNG state
+                           (JSON + raw tensors, see :mod:`~tdreplay.storage.statefile`)
+      storage/             the written rows [0, hi) as a memmapped TensorDict
+                           (or TorchRL's flat TED layout when ted2flat is on)
+
+Nothing read from a checkpoint can run code: a checkpoint folder is as
+untrusted as a request body. ``metadata.json`` is parsed as JSON, the state
+file holds JSON and raw tensors (:mod:`~tdreplay.storage.statefile`), and the
+rows are read by :mod:`~tdreplay.storage.checkpoint_reader`, not
+``TensorDict.load_memmap`` (which unpickles a non-tensor entry's
+``other.pickle``): only the ``.memmap`` files the spec calls for, with the
+spec's dtypes and shapes, every ``meta.json`` as JSON.
+
+Format 1 checkpoints (``state.pt``, written with ``torch.save``) are still
+restored: their state is read with ``torch.load(weights_only=True)``, which
+only rebuilds tensors and plain containers and refuses anything else, then
+checked like a format 2 state; the rows are read as above. Checkpointing the
+restored table writes format 2.
+
+A damaged, unsupported or unsafe checkpoint is refused with
+:class:`~tdreplay.storage.InvalidCheckpoint` (a :class:`CheckpointError`),
+whose message names the file and the problem; nothing of it was loaded.
 
 The folder is written next to ``path`` under a temporary name and renamed
 into place; an existing checkpoint is first renamed aside and deleted only
@@ -18,7 +37,6 @@ the new checkpoint readable: :func:`restore` falls back to the aside copy when
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import threading
@@ -30,8 +48,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDict
 
+from . import checkpoint_reader as R
+from . import statefile as SF
 from .backends import allocate, primary_location, sweep
-from .errors import CheckpointError, TDReplayError
+from .errors import CheckpointError, InvalidCheckpoint, TDReplayError
+from .redis_conn import Connections
 from .spec import TableSpec
 from .tensordicts import leaves, nest
 from .writers import RoundRobinWriter
@@ -39,7 +60,10 @@ from .writers import RoundRobinWriter
 if TYPE_CHECKING:
     from .table import Table
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: formats :func:`restore` reads (1: state in ``state.pt``, read with ``weights_only=True``)
+READABLE_FORMATS = (1, 2)
+_V1_STATE = "state.pt"
 _ASIDE = ".old-"
 _TMP = ".tmp-"
 
@@ -135,7 +159,7 @@ def _write(table: Table, path: Path, *, ted2flat: bool | None) -> Path:
                     _save_flat(data, tmp / "storage", cursor=writer.cursor, full=full)
                 else:
                     data.memmap(tmp / "storage", num_threads=0)
-        torch.save(state, tmp / "state.pt")
+        SF.save_state(tmp, state)
         (tmp / "metadata.json").write_text(json.dumps(meta, indent=2))
         _fsync_tree(tmp)
         aside = None
@@ -166,24 +190,6 @@ def _save_flat(data: TensorDict, path: Path, *, cursor: int, full: bool) -> None
     hook(data, path)
 
 
-def _load_flat(path: Path, like: TensorDict) -> TensorDict:
-    from torchrl.data.replay_buffers.utils import Flat2TED
-
-    flat = TensorDict.load_memmap(path)
-    # Root done flags are not stored flat; they come back False, as a collector emits them.
-    out = Flat2TED()(flat, like.clone().zero_())
-    if not flat.get_non_tensor("is_full"):
-        # Flat2TED skips the last row's next entries when the storage is not full
-        # (TorchRL's last row is unwritten there); ours is written, and TED2Flat
-        # stored its next entries last, as the final step closes a trajectory.
-        nxt = out.get("next")
-        for key in nxt.keys(True, True):
-            value = flat.get(key, None)
-            if value is not None and value.shape[0] > out.shape[0]:
-                nxt.get(key)[-1] = value[-1]
-    return out
-
-
 def find(path: Path) -> Path:
     """The readable checkpoint for ``path``: itself, or the copy set aside by an interrupted swap."""
     if (path / "metadata.json").exists():
@@ -198,35 +204,23 @@ def find(path: Path) -> Path:
 
 
 def read_metadata(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads((find(path) / "metadata.json").read_text())
-    except CheckpointError:
-        raise
-    except Exception as err:
-        raise CheckpointError(f"unreadable checkpoint metadata at {path}: {err}") from err
+    """The parsed ``metadata.json`` of the checkpoint at ``path`` (see :func:`find`).
 
-
-def _check_sizes(folder: Path) -> None:
-    """Raise unless every memmapped leaf under ``folder`` has the size its ``meta.json`` gives.
-
-    ``TensorDict.load_memmap`` maps a truncated file as it is, growing it with
-    zeros to the size it expects: the rows would come back as zeros, and the
-    checkpoint itself would change.
+    Raises:
+        CheckpointError: there is no checkpoint at ``path``.
+        InvalidCheckpoint: the file is not a JSON object (the message names it).
     """
-    for meta in sorted(folder.rglob("meta.json")):
-        for key, leaf in json.loads(meta.read_text()).items():
-            if not isinstance(leaf, dict) or "dtype" not in leaf or leaf.get("is_nested"):
-                continue  # a sub-TensorDict or a non-tensor entry
-            dtype = getattr(torch, str(leaf["dtype"]).removeprefix("torch."))
-            expected = math.prod(leaf["shape"]) * dtype.itemsize
-            file = meta.parent / f"{key}.memmap"
-            got = file.stat().st_size if file.is_file() else None
-            if got != expected:
-                what = "is missing" if got is None else f"holds {got} bytes"
-                raise CheckpointError(
-                    f"{file} {what}, expected {expected} bytes (shape {leaf['shape']}, "
-                    f"{leaf['dtype']}): the checkpoint is truncated or damaged"
-                )
+    src = find(path)
+    try:
+        meta = R.read_json(src, src / "metadata.json")
+    except InvalidCheckpoint as err:
+        raise InvalidCheckpoint(f"unreadable checkpoint metadata at {path}: {err}") from None
+    if not isinstance(meta, dict):
+        raise InvalidCheckpoint(
+            f"unreadable checkpoint metadata at {path}: metadata.json holds a "
+            f"{type(meta).__name__}, not a JSON object"
+        )
+    return meta
 
 
 def _overlap(a: Path, b: Path) -> bool:
@@ -235,21 +229,48 @@ def _overlap(a: Path, b: Path) -> bool:
 
 
 def restore(
-    cls: type[Table], path: Path, root: str | Path | None, *, seed: int | None = None
+    cls: type[Table],
+    path: Path,
+    root: str | Path | None,
+    *,
+    seed: int | None = None,
+    redis: Connections | None = None,
 ) -> Table:
     """Rebuild a table from the checkpoint at ``path`` (see :meth:`Table.restore`).
 
-    The table is allocated with ``replace=False``: beside whatever exists at its
-    location, never over it. Data and state are loaded into it; if that fails it
+    Rows and state are read and checked first (see the module docstring: nothing
+    read can run code). The table is then allocated beside whatever exists at
+    its location, never over it, and both are loaded into it; if that fails it
     is destroyed (its own, fresh location only) and the error raised.
+
+    Raises:
+        CheckpointError: no checkpoint at ``path``, the table's data would go
+            inside it, or a file could not be read (a disk error).
+        InvalidCheckpoint: the checkpoint is damaged, of an unsupported format,
+            or holds something unsafe to load; the message names the file.
+        SchemaError: the spec in ``metadata.json`` is invalid.
     """
     src = find(path.absolute())
     meta = read_metadata(src)
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{src}: checkpoint format {meta.get('format_version')} not supported"
+    version = meta.get("format_version")
+    if not R.is_int(version) or version not in READABLE_FORMATS:
+        raise InvalidCheckpoint(
+            f"{src}: checkpoint format {version!r:.40} not supported (this tdreplay reads "
+            f"formats {', '.join(map(str, READABLE_FORMATS))}); restore it with the tdreplay "
+            "that wrote it and checkpoint it again"
         )
+    if not isinstance(meta.get("spec"), dict):
+        raise InvalidCheckpoint(f"{src / 'metadata.json'}: 'spec' is missing or not an object")
     spec = TableSpec.parse(meta["spec"], source=str(src / "metadata.json"))
+    hi, ted2flat = meta.get("hi"), meta.get("ted2flat", False)
+    if not isinstance(hi, int) or isinstance(hi, bool) or not 0 <= hi <= spec.capacity:
+        raise InvalidCheckpoint(
+            f"{src / 'metadata.json'}: 'hi' is {hi!r:.40}, not an integer in [0, {spec.capacity}]"
+        )
+    if not isinstance(ted2flat, bool):
+        raise InvalidCheckpoint(
+            f"{src / 'metadata.json'}: 'ted2flat' is {ted2flat!r:.40}, not a bool"
+        )
     root = Path(root) if root is not None else src.parent
     location = primary_location(spec, root)
     if location is not None and _overlap(location, src):
@@ -259,34 +280,83 @@ def restore(
             "inside the checkpoint; pass another root",
             table=spec.name,
         )
+    # Everything is read and checked before a table is allocated.
     try:
-        hi = int(meta["hi"])
-        if hi:
-            _check_sizes(src / "storage")
+        rows = None
+        if hi and ted2flat:
+            schema = spec.torch_schema()
+            empty = {k: torch.empty([hi, *shape], dtype=d) for k, (shape, d) in schema.items()}
+            got = leaves(R.load_flat(src, spec, hi, nest(empty, hi)))
+            rows = {k: torch.as_tensor(got[k]) for k in schema}
+        elif hi:
+            rows = R.read_rows(src, spec, hi)
+        state = _read_state(src, version)
+    except InvalidCheckpoint as err:
+        raise InvalidCheckpoint(f"cannot restore {src}: {err}", table=spec.name) from None
     except TDReplayError:
         raise
     except Exception as err:
-        raise CheckpointError(f"cannot restore {src}: {err}") from err
+        raise _invalid(src, err, spec.name) from err
     # Nothing that exists is deleted or overwritten until the table is whole: a
     # table being served may live at the default location (see backends).
-    table = cls(spec, allocate(spec, root, replace=False), root=root, seed=seed)
+    table = cls(spec, allocate(spec, root, exists="beside", redis=redis), root=root, seed=seed)
     try:
-        if hi:
-            like = nest(table.backend.empty(hi), hi)
-            if meta.get("ted2flat"):
-                data = _load_flat(src / "storage", like)
-            else:
-                data = TensorDict.load_memmap(src / "storage")
-            got = leaves(data)
-            table.backend.write(
-                slice(0, hi), {k: torch.as_tensor(got[k]).contiguous() for k in table.backend.keys}
-            )
-        state = torch.load(src / "state.pt", weights_only=False)
+        if rows is not None:
+            table.backend.write(slice(0, hi), {k: v.contiguous() for k, v in rows.items()})
+        _check_table_state(table, state, hi)
         table.load_state_dict(state)
     except Exception as err:
         table.destroy()
         if isinstance(err, TDReplayError):
             raise
-        raise CheckpointError(f"cannot restore {src}: {err}") from err
+        raise _invalid(src, err, spec.name) from err
     sweep(spec, root)
     return table
+
+
+def _invalid(src: Path, err: Exception, table: str) -> CheckpointError:
+    """``err`` raised while reading ``src``, as the error restore reports."""
+    if isinstance(err, OSError) and not isinstance(err, FileNotFoundError):
+        # the disk failed, not the checkpoint
+        return CheckpointError(f"cannot restore {src}: {err}", table=table)
+    return InvalidCheckpoint(f"cannot restore {src}: {err}", table=table)
+
+
+def _read_state(src: Path, version: int) -> dict[str, Any]:
+    """The table state of a checkpoint: JSON + raw tensors (format 2), or ``weights_only`` (1)."""
+    if version >= 2:
+        if os.path.lexists(src / _V1_STATE):
+            # Never written beside a format 2 state: planted, or two checkpoints mixed up.
+            raise InvalidCheckpoint(
+                f"it holds {_V1_STATE}, which a format {version} checkpoint never has "
+                "(a planted or mixed-up file); refused"
+            )
+        os.close(R.open_inside(src, src / SF.STATE_FILE))  # a regular file inside the checkpoint
+        return SF.load_state(src)
+    path = src / _V1_STATE
+    os.close(R.open_inside(src, path))
+    try:
+        # weights_only: tensors and plain containers only; anything else is refused unrun.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise InvalidCheckpoint(
+            f"{path.name} (format 1) cannot be read safely: "
+            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        ) from None
+    structure, tensors = SF.encode(state)  # the same checks as a format 2 state
+    return SF.decode(structure, tensors)
+
+
+def _check_table_state(table: Table, state: dict[str, Any], hi: int) -> None:
+    """Check the table-level parts of ``state`` (the components check their own)."""
+    for part in ("slots", "sampler", "writer", "rate_limiter"):
+        if not isinstance(state.get(part), dict):
+            raise SF.StateError(f"{part}: expected a dict, got {type(state.get(part)).__name__}")
+    if state["slots"].get("hi") != hi:
+        raise SF.StateError(
+            f"slots.hi is {state['slots'].get('hi')!r:.40}, metadata.json says {hi}"
+        )
+    if "episode_base" in state:
+        SF.integer(state, "episode_base", "<state>")
+    if "generator" in state:
+        SF.tensor(state, "generator", "<state>", like=table.generator.get_state())

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from . import statefile as SF
 from .spec import RateLimiterSpec
 
 
@@ -96,6 +97,9 @@ class RateLimiter:
     def sampled(self, n: int) -> None:
         self.samples += n
 
+    #: counters added after the first checkpoints: absent means 0
+    _WAITS = ("insert_waits", "sample_waits")
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "inserts": self.inserts,
@@ -105,10 +109,12 @@ class RateLimiter:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inserts = int(state["inserts"])
-        self.samples = int(state["samples"])
-        self.insert_waits = int(state.get("insert_waits", 0))
-        self.sample_waits = int(state.get("sample_waits", 0))
+        where = "rate_limiter"
+        inserts = SF.integer(state, "inserts", where)
+        samples = SF.integer(state, "samples", where)
+        waits = {k: SF.integer(state, k, where) if k in state else 0 for k in self._WAITS}
+        self.inserts, self.samples = inserts, samples
+        self.insert_waits, self.sample_waits = waits["insert_waits"], waits["sample_waits"]
 
     def info(self) -> dict[str, Any]:
         return {

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from . import statefile as SF
+
 
 class Slots:
     def __init__(self, capacity: int) -> None:
@@ -49,10 +51,28 @@ class Slots:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.live.copy_(state["live"])
+        """Load what :meth:`state_dict` gave, checked first (nothing changes on a bad state).
+
+        Raises:
+            StateError: a part is missing or of the wrong kind, shape or dtype,
+                ``n_live`` is not the number of live slots, or a live slot lies
+                at or past ``hi``.
+        """
+        where = "slots"
+        live = SF.tensor(state, "live", where, like=self.live)
+        seq = SF.tensor(state, "seq", where, like=self.seq)
+        times_sampled = SF.tensor(state, "times_sampled", where, like=self.times_sampled)
+        n_live = SF.integer(state, "n_live", where, hi=self.capacity)
+        hi = SF.integer(state, "hi", where, hi=self.capacity)
+        next_seq = SF.integer(state, "next_seq", where)
+        if int(live.sum()) != n_live:
+            raise SF.StateError(f"slots.n_live is {n_live} but {int(live.sum())} slots are live")
+        if bool(live[hi:].any()):
+            raise SF.StateError(f"slots.live: a slot at or past slots.hi ({hi}) is live")
+        self.live.copy_(live)
         self.busy.zero_()
-        self.seq.copy_(state["seq"])
-        self.times_sampled.copy_(state["times_sampled"])
-        self.n_live = int(state["n_live"])
-        self.hi = int(state["hi"])
-        self.next_seq = int(state["next_seq"])
+        self.seq.copy_(seq)
+        self.times_sampled.copy_(times_sampled)
+        self.n_live = n_live
+        self.hi = hi
+        self.next_seq = next_seq

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from . import spec as S
+from . import statefile as SF
 from .slots import Slots
 
 
@@ -96,7 +97,7 @@ class RoundRobinWriter(Writer):
         return {"cursor": self.cursor}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cursor = int(state["cursor"])
+        self.cursor = SF.integer(state, "cursor", "writer", hi=self.slots.capacity - 1)
 
     def info(self) -> dict[str, Any]:
         return {"kind": self.kind, "cursor": self.cursor}
@@ -123,7 +124,7 @@ class StackWriter(Writer):
         return {"top": self.top}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.top = int(state["top"])
+        self.top = SF.integer(state, "top", "writer", hi=self.slots.capacity)
 
     def info(self) -> dict[str, Any]:
         return {"kind": self.kind, "top": self.top}
@@ -180,7 +181,7 @@ class MaxValueWriter(Writer):
         return {"values": self.values.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.values.copy_(state["values"])
+        self.values.copy_(SF.tensor(state, "values", "writer", like=self.values))
 
     def info(self) -> dict[str, Any]:
         live = self.values[self.slots.live]

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from .. import statefile as SF
 from ..errors import InvalidRequest
 from .base import Sampler
 from .sumtree import SumTree
@@ -130,8 +131,12 @@ class PrioritizedSampler(Sampler):
         return {"priorities": self.priorities.clone(), "max_priority": self.max_priority}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.priorities.copy_(state["priorities"])
-        self.max_priority = float(state["max_priority"])
+        priorities = SF.tensor(state, "priorities", "sampler", like=self.priorities)
+        if not bool(torch.isfinite(priorities).all()) or bool((priorities < 0).any()):
+            raise SF.StateError("sampler.priorities: expected finite priorities >= 0")
+        max_priority = SF.number(state, "max_priority", "sampler", finite=True)
+        self.priorities.copy_(priorities)
+        self.max_priority = max_priority
         leaves = torch.where(
             self.slots.live, self._leaf(self.priorities), torch.zeros_like(self.priorities)
         )

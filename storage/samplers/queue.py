@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .. import statefile as SF
 from .base import Sampler
 
 
@@ -52,7 +53,7 @@ class FifoSampler(Sampler):
         return {"head": self.head}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.head = int(state["head"])
+        self.head = SF.integer(state, "head", "sampler", hi=self.slots.capacity - 1)
 
     def info(self) -> dict[str, Any]:
         return {"kind": self.kind, "head": self.head}

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .. import statefile as SF
 from ..errors import InvalidRequest
 from .base import Sampler, draw_masked
 
@@ -140,7 +141,7 @@ class SliceSampler(Sampler):
         return {"episode": self.episode.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.episode.copy_(state["episode"])
+        self.episode.copy_(SF.tensor(state, "episode", "sampler", like=self.episode))
         self.valid.zero_()
         self.n_valid = 0
         written = (self.slots.seq >= 0).nonzero().squeeze(1)

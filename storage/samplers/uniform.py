@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from .. import statefile as SF
 from .base import Sampler, draw_live
 
 
@@ -85,10 +86,20 @@ class WithoutReplacementSampler(Sampler):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.perm = state["perm"].clone()
-        self.perm_seq = state["perm_seq"].clone()
-        self.pos = int(state["pos"])
-        self.epoch = int(state["epoch"])
+        where = "sampler"
+        perm = SF.tensor(state, "perm", where, dtype=torch.int64, ndim=1)
+        perm_seq = SF.tensor(state, "perm_seq", where, dtype=torch.int64, ndim=1)
+        if perm_seq.shape != perm.shape:
+            raise SF.StateError(
+                f"sampler.perm_seq: expected shape {list(perm.shape)} (as sampler.perm), "
+                f"got {list(perm_seq.shape)}"
+            )
+        if len(perm) and (int(perm.min()) < 0 or int(perm.max()) >= self.slots.capacity):
+            raise SF.StateError(f"sampler.perm: a slot outside [0, {self.slots.capacity})")
+        pos = SF.integer(state, "pos", where, hi=len(perm))
+        epoch = SF.integer(state, "epoch", where)
+        self.perm, self.perm_seq = perm.clone(), perm_seq.clone()
+        self.pos, self.epoch = pos, epoch
         # what the epoch still holds that is no longer the item it drew
         rest, rest_seq = self.perm[self.pos :], self.perm_seq[self.pos :]
         gone = rest[~(self.slots.live[rest] & (self.slots.seq[rest] == rest_seq))]

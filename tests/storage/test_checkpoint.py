@@ -20,7 +20,14 @@ from storage_helpers import assert_bitwise_equal, assert_same, bits
 from tensordict import TensorDict
 from testkit import assert_consistent, make_spec, rows
 
-from tdreplay.storage import CheckpointError, RateLimitTimeout, Table, TableSpec
+from tdreplay.storage import (
+    CheckpointError,
+    InvalidCheckpoint,
+    RateLimitTimeout,
+    Table,
+    TableSpec,
+    statefile,
+)
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 TESTS = Path(__file__).resolve().parents[1]
@@ -137,9 +144,10 @@ def test_checkpoint_layout_and_replacement(tables, tmp_path: Path) -> None:
         table.extend(rows(10 * i, 3))
         table.checkpoint(path)
         meta = json.loads((path / "metadata.json").read_text())
-        assert meta["format_version"] == 1 and meta["size"] == min(8, 3 * (i + 1))
+        assert meta["format_version"] == 2 and meta["size"] == min(8, 3 * (i + 1))
         assert TableSpec.model_validate(meta["spec"]) == table.spec
-        assert (path / "state.pt").is_file() and (path / "storage").is_dir()
+        assert (path / "state.safetensors").is_file() and (path / "storage").is_dir()
+        assert not (path / "state.pt").exists()  # no pickle in a format 2 checkpoint
     # replaced in place: nothing is left beside it
     assert leftovers(tmp_path) == []
     restored = tables.restore(path, root=tmp_path / "r")
@@ -263,7 +271,7 @@ def test_ted2flat_round_trips_a_ted_table(tables, tmp_path: Path, total: int, ki
         left -= n
     path = table.checkpoint(tmp_path / "flat")
     assert json.loads((path / "metadata.json").read_text())["ted2flat"] is True
-    flat = TensorDict.load_memmap(path / "storage")
+    flat = TensorDict.load_memmap(path / "storage", allow_pickle=False)
     # flattened: next.observation is not stored apart, observations gain one row per episode
     assert ("next", "observation") not in flat.keys(True, True)
     restored = tables.restore(path, root=tmp_path / "r")
@@ -337,9 +345,125 @@ def test_restore_errors(tables, tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="unreadable checkpoint metadata"):
         Table.restore(path)
     table.checkpoint(path)
-    (path / "state.pt").write_bytes(b"garbage")
-    with pytest.raises(CheckpointError, match="cannot restore"):
+    (path / "state.safetensors").write_bytes(b"garbage")
+    with pytest.raises(InvalidCheckpoint, match=r"state\.safetensors is not a valid state file"):
         Table.restore(path, root=tmp_path / "r")
+
+
+# ---------------------------------------------------------------- the state file
+def test_a_format_1_checkpoint_still_restores(tables, tmp_path: Path) -> None:
+    """Format 1 (``state.pt``) is read with ``weights_only=True`` and restores bit for bit."""
+    spec = make_spec(capacity=16, sampler={"kind": "prioritized", "alpha": 0.7, "beta": 0.5})
+    table = tables.create(spec, seed=3)
+    table.extend(rows(0, 12))
+    table.extend(rows(12, 8))  # wraps
+    table.sample(8)
+    path = table.checkpoint(tmp_path / "v1")
+    meta = json.loads((path / "metadata.json").read_text())
+    (path / "metadata.json").write_text(json.dumps({**meta, "format_version": 1}))
+    (path / "state.safetensors").unlink()
+    torch.save(table.state_dict(), path / "state.pt")  # what format 1 wrote
+    restored = tables.restore(path, root=tmp_path / "r")
+    assert_same_table(table, restored)
+    assert_same_future(table, restored)
+    # a checkpoint of it is format 2
+    again = restored.checkpoint(tmp_path / "v2")
+    assert json.loads((again / "metadata.json").read_text())["format_version"] == 2
+    assert not (again / "state.pt").exists()
+
+
+def _edit_state(path: Path, edit) -> None:
+    state = statefile.load_state(path)
+    edit(state)
+    statefile.save_state(path, state)
+
+
+def _save_raw(path: Path, tensors: dict, structure: dict) -> None:
+    from safetensors.torch import save_file
+
+    header = json.dumps({"format": 1, "state": structure})
+    save_file(tensors, str(path / "state.safetensors"), metadata={"tdreplay.state": header})
+
+
+BAD_STATES = {
+    "live of another dtype": (
+        lambda s: s["slots"].update(live=s["slots"]["live"].to(torch.uint8)),
+        r"slots\.live: expected dtype torch\.bool, got torch\.uint8",
+    ),
+    "live of another shape": (
+        lambda s: s["slots"].update(live=s["slots"]["live"][:1]),
+        r"slots\.live: expected shape \[16\], got \[1\]",
+    ),
+    "a part missing": (lambda s: s["slots"].pop("seq"), r"slots\.seq is missing"),
+    "a count as a string": (
+        lambda s: s["rate_limiter"].update(inserts="12"),
+        r"rate_limiter\.inserts: expected an integer, got '12'",
+    ),
+    "a count out of range": (
+        lambda s: s["writer"].update(cursor=99),
+        r"writer\.cursor: expected an integer in \[0, 15\], got 99",
+    ),
+    "n_live not the live count": (
+        lambda s: s["slots"].update(n_live=3),
+        r"slots\.n_live is 3 but 12 slots are live",
+    ),
+    "a generator state of another size": (
+        lambda s: s.update(generator=s["generator"][:10]),
+        r"generator: expected shape",
+    ),
+    "hi not the metadata's": (
+        lambda s: s["slots"].update(hi=11),
+        r"slots\.hi is 11, metadata\.json says 12",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_STATES))
+def test_a_malformed_state_is_refused(tables, tmp_path: Path, case: str) -> None:
+    table = tables.create(make_spec(capacity=16))
+    table.extend(rows(0, 12))
+    path = table.checkpoint(tmp_path / "ckpt")
+    edit, message = BAD_STATES[case]
+    _edit_state(path, edit)
+    with pytest.raises(InvalidCheckpoint, match=message):
+        Table.restore(path, root=tmp_path / "r")
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("*.memmap"))
+
+
+@pytest.mark.parametrize(
+    "structure, tensors, message",
+    [
+        ({"a": {"__tensor__": "b"}}, {}, "refers to tensor 'b', which is missing"),
+        ({"a": 1}, {"b": torch.zeros(2)}, "tensor 'b' is not part of the state"),
+        ({"a": {"__tensor__": "b"}}, {"b": torch.zeros(2, dtype=torch.complex64)}, "not allowed"),
+        ({"a": {"__tensor__": 3}}, {}, "malformed tensor reference"),
+        ([1, 2], {}, "the state is a JSON object, got list"),
+    ],
+)
+def test_a_malformed_state_file_is_refused(
+    tables, tmp_path: Path, structure, tensors, message
+) -> None:
+    table = tables.create(make_spec(capacity=16))
+    table.extend(rows(0, 4))
+    path = table.checkpoint(tmp_path / "ckpt")
+    _save_raw(path, tensors, structure)
+    with pytest.raises(InvalidCheckpoint, match=message):
+        Table.restore(path, root=tmp_path / "r")
+
+
+def test_state_file_round_trip_keeps_every_kind(tmp_path: Path) -> None:
+    state = {
+        "t": {"a": torch.arange(6).reshape(2, 3) % 2 == 0, "b": torch.arange(6).to(torch.uint8)},
+        "bf16": torch.tensor([1.5, -0.0, float("nan")], dtype=torch.bfloat16),
+        "scalars": [None, True, 3, -2.5, float("inf"), "x"],
+        "nested": {"empty": torch.empty(0, dtype=torch.int64), "d": {}},
+    }
+    statefile.save_state(tmp_path, state)
+    back = statefile.load_state(tmp_path)
+    assert_same(state, back)
+    with pytest.raises(statefile.StateError, match="a object cannot be saved"):
+        statefile.save_state(tmp_path, {"x": object()})
+    assert_same(statefile.load_state(tmp_path), state)  # a failed save leaves the old file
 
 
 # ---------------------------------------------------------------- crash safety
@@ -429,13 +553,13 @@ def test_sigkill_during_checkpoints_leaves_a_complete_one(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("kind", ["memmap", "h5"])
 def test_restore_never_allocates_inside_the_checkpoint(tables, tmp_path: Path, kind: str) -> None:
-    """A checkpoint folder named after its table, restored with the default root (its parent)."""
+    """A checkpoint folder where its table's own folder would be, restored with that root."""
     table = tables.create(make_spec(name="t", capacity=8, backend={"kind": kind}))
     table.extend(rows(0, 4))
-    path = table.checkpoint(tmp_path / "checkpoints" / "t")
+    path = table.checkpoint(tmp_path / "tables" / "t")
     before = sorted(p.relative_to(path) for p in path.rglob("*"))
     with pytest.raises(CheckpointError, match="inside the checkpoint; pass another root"):
-        Table.restore(path)  # its data would go to checkpoints/t/storage*
+        Table.restore(path, root=tmp_path)  # its data would go to tables/t/storage*
     assert sorted(p.relative_to(path) for p in path.rglob("*")) == before
     restored = tables.restore(path, root=tmp_path / "elsewhere")
     assert restored.read(restored.live_index())["id"].tolist() == [0, 1, 2, 3]
@@ -446,7 +570,8 @@ def test_restore_with_the_default_root(tables, tmp_path: Path) -> None:
     table.extend(rows(0, 4))
     path = table.checkpoint(tmp_path / "checkpoints" / "t-snapshot")
     restored = tables.track(Table.restore(path))
-    assert restored.backend.location == str(tmp_path / "checkpoints" / "t" / "storage")
+    location = tmp_path / "checkpoints" / "tables" / "t" / "storage"
+    assert restored.backend.location == str(location)
     assert restored.read(restored.live_index())["id"].tolist() == [0, 1, 2, 3]
 
 
