@@ -12,9 +12,12 @@ raises a :class:`TransportError`. The tree::
     │   ├── CodecError           the server could not decode the Arrow body    400  (ValueError)
     │   ├── TableNotFound        no table of that name                         404  (KeyError)
     │   ├── TableExists          a table of that name already exists           409
+    │   ├── PathExists           a checkpoint/export path is taken             409
     │   ├── RateLimitTimeout     the rate limiter held the call past timeout   429  (TimeoutError)
     │   ├── EmptyTableError      nothing to sample                             409
     │   ├── CheckpointError      a checkpoint could not be written or read     500
+    │   │   └── InvalidCheckpoint  damaged, unsupported or unsafe checkpoint   422
+    │   ├── InsufficientStorage  disk full, or over the server's byte limits   507
     │   ├── BackendError         the storage backend failed                    503
     │   ├── Unauthorized         missing or wrong bearer token                 401  (PermissionError)
     │   ├── Forbidden            the token may not do this                     403  (PermissionError)
@@ -121,6 +124,10 @@ class TableExists(ServerError):
     """A table of that name already exists."""
 
 
+class PathExists(ServerError):
+    """A checkpoint or export path holds something the server will not replace; nothing changed."""
+
+
 class RateLimitTimeout(ServerError, TimeoutError):
     """The rate limiter held the call back past its timeout."""
 
@@ -131,6 +138,14 @@ class EmptyTableError(ServerError):
 
 class CheckpointError(ServerError):
     """A checkpoint could not be written or read."""
+
+
+class InvalidCheckpoint(CheckpointError):
+    """The checkpoint is damaged, of an unsupported format, or unsafe to load; nothing changed."""
+
+
+class InsufficientStorage(ServerError):
+    """No room on the server: its disk is full, or a table would exceed its byte limits."""
 
 
 class BackendError(ServerError):
@@ -166,9 +181,12 @@ SERVER_ERRORS: dict[str, type[ServerError]] = {
         CodecError,
         TableNotFound,
         TableExists,
+        PathExists,
         RateLimitTimeout,
         EmptyTableError,
         CheckpointError,
+        InvalidCheckpoint,
+        InsufficientStorage,
         BackendError,
         Unauthorized,
         Forbidden,

@@ -5,26 +5,35 @@
     >>> # uvicorn.run(app, host=..., port=...), or `tdreplay serve`
 
 On start the lifespan applies the process tuning (malloc thresholds, torch
-threads), then creates a table for every schema under ``schema_path`` and,
-with ``restore``, restores every checkpoint under ``<root>/checkpoints/``
-(a checkpoint wins over the schema of the same table). ``/readyz`` answers
-200 once that is done. On shutdown it checkpoints the tables when asked and
-closes them.
+threads), locks the data root for the process (a second server on it fails
+with :class:`~tdreplay.storage.errors.RootLocked`, see
+:mod:`tdreplay.storage.rootlock`), cleans up what interrupted checkpoints left
+in ``<root>/checkpoints/`` (:func:`~tdreplay.storage.debris.clean_checkpoints`),
+then creates a table for every schema under ``schema_path`` and, with
+``restore``, restores every checkpoint under ``<root>/checkpoints/`` (a
+checkpoint wins over the schema of the same table). ``/readyz`` answers 200
+once that is done. With ``checkpoint_every``, a background task then
+checkpoints the memory, shared and h5 tables periodically. On shutdown it
+stops that task, checkpoints the tables when asked, closes them and releases
+the root.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from urllib.parse import urlparse
 
 from fastapi import FastAPI
+from prometheus_client import Counter
 
 from tdreplay.codec import protocol
 from tdreplay.storage import TableSpec
-from tdreplay.storage.errors import SchemaError
+from tdreplay.storage.debris import clean_checkpoints, is_complete, is_debris
+from tdreplay.storage.errors import SchemaError, TableNotFound
+from tdreplay.storage.rootlock import lock_root
 
 from . import errors, tuning
 from .bodies import BodyBuffers, BodyDecoder
@@ -32,7 +41,7 @@ from .metrics import Metrics, MetricsMiddleware
 from .registry import Registry
 from .routes import data, health, persistence, tables
 from .security import BearerAuth
-from .settings import Settings
+from .settings import Settings, is_loopback
 
 log = logging.getLogger("tdreplay.service")
 
@@ -63,28 +72,94 @@ def load_specs(settings: Settings) -> list[TableSpec]:
 
 
 def _override_backend(spec: TableSpec, settings: Settings) -> TableSpec:
-    kind = settings.backend or ("redis" if settings.redis_url else None)
+    kind = settings.backend
     if kind is None:
         return spec
-    block: dict[str, object] = {"kind": kind}
-    if kind == "redis":
-        url = urlparse(settings.redis_url or "")
-        block.update(
-            host=url.hostname or "localhost",
-            port=url.port or 6379,
-            db=int(url.path.strip("/") or 0),
-        )
     data = spec.model_dump(mode="json")
-    data["backend"] = block
+    data["backend"] = {"kind": kind}  # redis: the operator's "default" connection
     return TableSpec.parse(data, source=f"{spec.name} (backend {kind})")
 
 
 def checkpoints_under(root: Path) -> list[str]:
-    """Tables with a checkpoint in ``<root>/checkpoints/<name>``."""
+    """Tables with a complete checkpoint in ``<root>/checkpoints/<name>``.
+
+    What interrupted checkpoints leave (``<name>.tmp-<hex>``, ``<name>.old-<hex>``)
+    is not a table, whatever it holds.
+    """
     folder = root / protocol.CHECKPOINTS
     if not folder.is_dir():
         return []
-    return sorted(p.name for p in folder.iterdir() if (p / "metadata.json").exists())
+    return sorted(
+        p.name
+        for p in folder.iterdir()
+        if not is_debris(p.name) and "." not in p.name and is_complete(p)
+    )
+
+
+#: backends whose tables ``--checkpoint-every`` checkpoints: their rows live in the
+#: process (memory, shared) or in a file a crash can leave torn (h5)
+PERIODIC_BACKENDS = frozenset({"memory", "shared", "h5"})
+
+
+class PeriodicCheckpoints:
+    """Checkpoint the tables on :data:`PERIODIC_BACKENDS` every ``every`` seconds.
+
+    Each to its default path (``<root>/checkpoints/<name>``), one table after the
+    other, the next round ``every`` seconds after the previous one ended. A
+    failed checkpoint is logged and counted (``tdreplay_periodic_checkpoints``
+    on ``/metrics``, and :attr:`failures`); it never stops the server or the
+    task. :meth:`stop` lets a checkpoint under way finish.
+    """
+
+    def __init__(self, registry: Registry, every: float, metrics: Metrics) -> None:
+        self.registry = registry
+        self.every = every
+        self.done = 0
+        self.failures = 0
+        self._counter = Counter(
+            "tdreplay_periodic_checkpoints",
+            "Checkpoints written by --checkpoint-every, by outcome.",
+            ["table", "outcome"],
+            registry=metrics.registry,
+        )
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="tdreplay-periodic-checkpoints")
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self.every)
+                return
+            except TimeoutError:
+                pass
+            await self.round()
+
+    async def round(self) -> None:
+        """Checkpoint every table on :data:`PERIODIC_BACKENDS` once."""
+        for handle in self.registry.handles():
+            if self._stop.is_set():
+                return
+            if handle.table.spec.backend.kind not in PERIODIC_BACKENDS:
+                continue
+            try:
+                await self.registry.checkpoint(handle.name)
+            except TableNotFound:  # deleted since the round began
+                continue
+            except Exception:
+                self.failures += 1
+                self._counter.labels(handle.name, "failed").inc()
+                log.exception("periodic checkpoint of table %r failed", handle.name)
+            else:
+                self.done += 1
+                self._counter.labels(handle.name, "ok").inc()
 
 
 async def load_tables(registry: Registry, settings: Settings) -> None:
@@ -98,7 +173,9 @@ async def load_tables(registry: Registry, settings: Settings) -> None:
             log.info("table %r restored from %s", name, registry.checkpoint_path(name))
     for spec in specs:
         if spec.name not in restored:
-            await registry.create(spec)
+            # The schema is the operator's: data its table left in its own folder
+            # (a server stopped without a checkpoint) is replaced.
+            await registry.create(spec, replace=True)
             log.info(
                 "table %r created (%s, capacity %d)", spec.name, spec.backend.kind, spec.capacity
             )
@@ -122,18 +199,44 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             state.lifespans -= 1
             if state.lifespans == 0:
                 state.ready = False
-                await state.registry.close(checkpoint=settings.checkpoint_on_shutdown)
+                await _stop(app)
 
     async def _start(app: FastAPI) -> None:
         tuning.apply(settings)
         registry: Registry = app.state.registry
-        registry.root.mkdir(parents=True, exist_ok=True)
+        # First, before anything under the root is touched: a second server here
+        # would delete the first one's tables.
+        app.state.root_lock = lock_root(registry.root)
         try:
+            clean_checkpoints(registry.root / protocol.CHECKPOINTS)
             await load_tables(registry, settings)
         except BaseException:
             await registry.close()
+            app.state.root_lock.close()
+            app.state.root_lock = None
             raise
+        if settings.checkpoint_every:
+            periodic = PeriodicCheckpoints(registry, settings.checkpoint_every, app.state.metrics)
+            periodic.start()
+            app.state.periodic = periodic
+            log.info(
+                "checkpointing the %s tables every %g s",
+                "/".join(sorted(PERIODIC_BACKENDS)),
+                settings.checkpoint_every,
+            )
         app.state.ready = True
+
+    async def _stop(app: FastAPI) -> None:
+        state = app.state
+        try:
+            if state.periodic is not None:
+                await state.periodic.stop()
+                state.periodic = None
+            await state.registry.close(checkpoint=settings.checkpoint_on_shutdown)
+        finally:
+            if state.root_lock is not None:
+                state.root_lock.close()
+                state.root_lock = None
 
     app = FastAPI(
         title="tdreplay",
@@ -154,12 +257,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.decoder = BodyDecoder()
     app.state.ready = False
     app.state.lifespans = 0
+    app.state.periodic = None
+    app.state.root_lock = None
     errors.install(app)
     for module in (data, tables, persistence, health):  # hot routes first: matched in order
         app.include_router(module.router)
     if settings.token_bytes:
         app.add_middleware(BearerAuth, token=settings.token_bytes)
         _declare_bearer(app)
+    elif not is_loopback(settings.host):  # only with --insecure: Settings refuses it otherwise
+        log.warning(
+            "serving %s with no token (--insecure): whoever reaches the port may read, write "
+            "and delete every table",
+            settings.host,
+        )
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts 401s too
     return app
 

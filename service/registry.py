@@ -26,13 +26,18 @@ from tdreplay.storage import Table, TableSpec
 from tdreplay.storage.checkpoint import find, read_metadata
 from tdreplay.storage.errors import (
     CheckpointError,
+    InsufficientStorage,
+    InvalidCheckpoint,
     InvalidRequest,
     RateLimitTimeout,
+    SchemaError,
     TableExists,
     TableNotFound,
 )
+from tdreplay.storage.redis_conn import resolve
+from tdreplay.storage.sizing import table_nbytes
 
-from .errors import PayloadTooLarge
+from .errors import Forbidden, PayloadTooLarge
 from .idempotency import RecentRequests
 from .settings import Settings
 from .waiting import Changes, Op, rate_limited
@@ -246,7 +251,8 @@ class Registry:
         self.root = Path(settings.root).absolute()
         self._on_wait = on_wait
         self._tables: dict[str, TableHandle] = {}
-        self._pending: set[str] = set()
+        self._pending: dict[str, int] = {}  # name -> bytes reserved by a create/restore under way
+        self.redis = settings.redis_connections
 
     def __contains__(self, name: object) -> bool:
         return name in self._tables
@@ -284,30 +290,99 @@ class Registry:
         """Where ``name`` is checkpointed by default: ``<root>/checkpoints/<name>``."""
         return self.root / protocol.CHECKPOINTS / name
 
+    def admit(self, spec: TableSpec) -> int:
+        """Check a spec against the server's policy, whatever its source; returns its bytes.
+
+        The one gate every table passes: a client's create, a schema file on
+        start, the spec inside a checkpoint being restored.
+
+        Raises:
+            Forbidden: the backend is not one this server offers.
+            SchemaError: the table would exceed ``max_table_bytes``, or names a
+                Redis connection the operator did not configure.
+        """
+        s = self.settings
+        kind = spec.backend.kind
+        if kind not in s.allowed_backends:
+            raise Forbidden(
+                f"this server does not create {kind!r} tables "
+                f"(allowed: {', '.join(s.allowed_backends)}; --allowed-backends)",
+                table=spec.name,
+                field="backend.kind",
+                expected=s.allowed_backends,
+                got=kind,
+            )
+        if kind == "redis":
+            resolve(spec.name, spec.backend.connection, self.redis)  # type: ignore[union-attr]
+        nbytes = table_nbytes(spec)
+        if nbytes > s.max_table_bytes:
+            raise SchemaError(
+                f"table {spec.name!r}: capacity {spec.capacity} x ({spec.item_nbytes} bytes per "
+                f"item + bookkeeping) = {nbytes} bytes exceeds the server's limit of "
+                f"{s.max_table_bytes} bytes (--max-table-bytes)",
+                table=spec.name,
+                field="capacity",
+                expected=f"<= {s.max_table_bytes} bytes",
+                got=nbytes,
+            )
+        return nbytes
+
+    def total_bytes(self, *, excluding: str | None = None) -> int:
+        """Bytes the served tables (and creates under way) allocate, all together."""
+        held = sum(table_nbytes(h.table.spec) for n, h in self._tables.items() if n != excluding)
+        return held + sum(b for n, b in self._pending.items() if n != excluding)
+
     @contextlib.contextmanager
-    def _reserve(self, name: str, *, replace: bool = False) -> Iterator[None]:
+    def _reserve(self, name: str, nbytes: int = 0, *, replace: bool = False) -> Iterator[None]:
         if name in self._pending or (not replace and name in self._tables):
             raise TableExists(f"table {name!r} already exists", table=name, field="name", got=name)
-        self._pending.add(name)
+        # A replacement holds both tables while it runs: the old one counts too.
+        total = self.total_bytes() + nbytes
+        limit = self.settings.max_total_bytes
+        if total > limit:
+            raise InsufficientStorage(
+                f"table {name!r} needs {nbytes} bytes; with the other tables that is {total} "
+                f"bytes, over the server's limit of {limit} bytes (--max-total-bytes)",
+                table=name,
+                field="capacity",
+                expected=f"<= {limit - (total - nbytes)} bytes",
+                got=nbytes,
+            )
+        self._pending[name] = nbytes
         try:
             yield
         finally:
-            self._pending.discard(name)
+            self._pending.pop(name, None)
 
     def _install(self, table: Table) -> TableHandle:
         handle = TableHandle(table, self.settings, self._on_wait)
         self._tables[table.name] = handle
         return handle
 
-    async def create(self, spec: TableSpec) -> TableHandle:
-        """Allocate a new table (in the threadpool).
+    async def create(self, spec: TableSpec, *, replace: bool = False) -> TableHandle:
+        """Admit and allocate a new table (in the threadpool).
+
+        Args:
+            spec: the table.
+            replace: delete data an earlier table of this name left in its own
+                (marked) folder under ``<root>/tables/``; without it such data is
+                a :class:`TableExists` error. A folder tdreplay did not create
+                for this table is never touched either way.
 
         Raises:
-            TableExists: a table of that name exists or is being created.
+            Forbidden, SchemaError: see :meth:`admit`.
+            TableExists: a table of that name exists or is being created, or its
+                folder is not its own or holds data (without ``replace``).
+            InsufficientStorage: the tables together would exceed ``max_total_bytes``.
             BackendError: its storage could not be allocated.
         """
-        with self._reserve(spec.name):
-            table = await run_in_threadpool(Table.create, spec, self.root, seed=self.settings.seed)
+        nbytes = self.admit(spec)
+        with self._reserve(spec.name, nbytes):
+            table = await run_in_threadpool(
+                lambda: Table.create(
+                    spec, self.root, seed=self.settings.seed, replace=replace, redis=self.redis
+                )
+            )
             return self._install(table)
 
     async def delete(self, name: str) -> None:
@@ -347,7 +422,13 @@ class Registry:
                 f"no checkpoint of table {name!r} there", table=name, field="path"
             ) from None
         meta = await run_in_threadpool(read_metadata, path)
-        held = meta.get("spec", {}).get("name")
+        raw = meta.get("spec")
+        if not isinstance(raw, dict):
+            raise InvalidCheckpoint(
+                f"the checkpoint at {path.name!r} holds no table spec", table=name
+            )
+        spec = TableSpec.parse(raw, source=f"checkpoint {path.name!r}")
+        held = spec.name
         if held != name:
             raise InvalidRequest(
                 f"the checkpoint at {path.name!r} holds table {held!r}, not {name!r}",
@@ -356,8 +437,11 @@ class Registry:
                 expected=name,
                 got=held,
             )
-        with self._reserve(name, replace=True):
-            table = await run_in_threadpool(Table.restore, path, self.root, seed=self.settings.seed)
+        nbytes = self.admit(spec)
+        with self._reserve(name, nbytes, replace=True):
+            table = await run_in_threadpool(
+                lambda: Table.restore(path, self.root, seed=self.settings.seed, redis=self.redis)
+            )
             old = self._tables.get(name)
             handle = self._install(table)
             if old is not None:

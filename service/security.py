@@ -28,25 +28,46 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 
 
 class BearerAuth:
-    """ASGI middleware: 401 unless the request carries the configured bearer token."""
+    """ASGI middleware: 401 unless the request carries the configured bearer token.
+
+    The scheme is matched case-insensitively (RFC 9110), the token in constant
+    time. It fails closed: any scope but ``lifespan`` is checked, so a WebSocket
+    route added later is guarded too (closed with 1008 without the token).
+    """
 
     def __init__(self, app: ASGIApp, token: bytes) -> None:
+        if not token:
+            raise ValueError("BearerAuth needs a non-empty token")
         self.app = app
-        self.expected = b"Bearer " + token
+        self.token = token
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
-            await self.app(scope, receive, send)
-            return
+    def authorized(self, headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, str]:
+        """Whether ``headers`` carry the token, and if not, why (for the 401's detail)."""
         got = b""
-        for name, value in scope["headers"]:
+        for name, value in headers:
             if name == b"authorization":
                 got = value
                 break
-        if hmac.compare_digest(got, self.expected):
+        scheme, _, given = got.partition(b" ")
+        # compare even when the scheme is wrong, so the timing tells nothing
+        match = hmac.compare_digest(given, self.token)
+        if not got:
+            return False, "missing bearer token"
+        if scheme.lower() != b"bearer":
+            return False, "Authorization is not a Bearer token"
+        return match, "wrong bearer token"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" or scope["path"] in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
-        detail = "missing bearer token" if not got else "wrong bearer token"
+        ok, detail = self.authorized(scope["headers"])
+        if ok:
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            await send({"type": "websocket.close", "code": 1008})
+            return
         body = json.dumps(Unauthorized(detail, field="Authorization").to_dict()).encode()
         await send(
             {
@@ -68,6 +89,30 @@ def _inside(path: Path, root: Path) -> bool:
 
 MAX_NAME = 255
 MAX_PATH = 1024
+
+
+def confine_area(root: Path, area: str, given: str, *, field: str = "path") -> Path:
+    """The absolute path of ``given`` (relative to ``root``), refused unless strictly inside ``root/area``.
+
+    The data root has server-owned areas: ``tables/`` (table data, never
+    reachable by a client path), ``checkpoints/`` and ``exports/``. A
+    checkpoint or restore path must lie in ``checkpoints/``, an export path in
+    ``exports/`` (``"checkpoints/step-1000"``, ``"exports/run.parquet"``).
+
+    Raises:
+        InvalidRequest: see :func:`confine`; or the path is not inside ``area``.
+    """
+    target = confine(root, given, field=field)
+    base = root.resolve() / area
+    if base.is_symlink() or not _inside(target, Path(os.path.realpath(base))) or target == base:
+        raise InvalidRequest(
+            f"{field} {given!r} is not inside the data root's {area}/ folder; give a path "
+            f"like '{area}/<name>'",
+            field=field,
+            expected=f"{area}/<name>",
+            got=given,
+        )
+    return target
 
 
 def confine(root: Path, given: str, *, field: str = "path") -> Path:

@@ -1,9 +1,12 @@
 """The server's settings: one :class:`Settings`, from flags, environment or code.
 
 Every field has an environment-variable twin, ``TDREPLAY_<FIELD>`` (e.g.
-``TDREPLAY_PORT``, ``TDREPLAY_TOKEN``, ``TDREPLAY_SCHEMA``), and a flag of
-``tdreplay serve`` (``--port``, ``--token``, ``--schema``). Flags win over the
-environment, the environment over the defaults.
+``TDREPLAY_PORT``, ``TDREPLAY_TOKEN``, ``TDREPLAY_SCHEMA``), and but for the
+token a flag of ``tdreplay serve`` (``--port``, ``--schema``): the token comes
+from the environment, a file (``--token-file``) or code, never from the command
+line, where ``ps`` would show it. Flags win over the environment, the
+environment over the defaults. A non-loopback ``host`` without a token is
+refused unless ``insecure`` is set.
 
     >>> from tdreplay.service import Settings
     >>> s = Settings(port=9000)
@@ -13,11 +16,14 @@ environment, the environment over the defaults.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from tdreplay.storage.redis_conn import RedisConnection
 
 BackendKind = Literal["memory", "memmap", "shared", "h5", "redis"]
 ALL_BACKENDS: list[BackendKind] = ["memory", "memmap", "shared", "h5", "redis"]
@@ -30,7 +36,11 @@ class Settings(BaseSettings):
     """How one tdreplay server runs."""
 
     model_config = SettingsConfigDict(
-        env_prefix="TDREPLAY_", populate_by_name=True, extra="ignore", frozen=True
+        env_prefix="TDREPLAY_",
+        populate_by_name=True,
+        extra="ignore",
+        frozen=True,
+        hide_input_in_errors=True,  # a validation error must not print the token
     )
 
     # -- what to serve ------------------------------------------------------
@@ -53,19 +63,41 @@ class Settings(BaseSettings):
         description="Store every table loaded from --schema on this backend "
         "(default: as each schema says; memmap when it says nothing).",
     )
-    redis_url: str | None = Field(
-        default=None,
-        description="redis://host:port/db: with it, tables loaded from --schema live on this "
-        "Redis (or Dragonfly) server unless --backend says otherwise.",
+    redis: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Redis (or Dragonfly) servers tables may live on, as NAME=URL "
+        "(redis://[user:pass@]host:port/db, rediss://..., unix:///path?db=N); a bare URL is "
+        "named 'default'. A table's spec names one (backend.connection); no request can make "
+        "the server connect anywhere else. Several: space-separated flags, comma-separated env.",
+    )
+    redis_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds a Redis connect or command may take before that table's call fails.",
     )
     seed: int | None = Field(default=None, description="Seed of every table's sampler.")
 
     # -- network and security -----------------------------------------------
-    host: str = Field(default="127.0.0.1", description="Interface to bind (loopback by default).")
+    host: str = Field(
+        default="127.0.0.1",
+        description="Interface to bind (loopback by default; any other address needs a token "
+        "or --insecure).",
+    )
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port.")
     token: SecretStr | None = Field(
         default=None,
-        description="Bearer token every route but /healthz and /readyz then requires.",
+        description="Bearer token every route but /healthz and /readyz then requires. From "
+        "TDREPLAY_TOKEN or code only: on the command line `ps` would show it.",
+    )
+    token_file: Path | None = Field(
+        default=None,
+        description="File holding the bearer token (a Docker or Kubernetes secret); one "
+        "trailing newline is dropped. Exclusive with TDREPLAY_TOKEN.",
+    )
+    insecure: bool = Field(
+        default=False,
+        description="Serve a non-loopback host without a token: anyone who reaches the port "
+        "may then read, write and delete every table.",
     )
     allowed_backends: list[BackendKind] = Field(
         default_factory=lambda: list(ALL_BACKENDS),
@@ -76,8 +108,15 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=256 * MiB, ge=1, description="Largest request or sample body, in bytes (413)."
     )
+    max_total_bytes: int = Field(
+        default=64 * GiB,
+        ge=1,
+        description="Largest sum over all tables of what they allocate (rows and bookkeeping); "
+        "a create or restore past it answers 507.",
+    )
     max_table_bytes: int = Field(
-        default=16 * GiB, ge=1, description="Largest table a client may create (capacity x item)."
+        default=16 * GiB, ge=1, description="Largest table (capacity x (item + per-slot bookkeeping)); a schema "
+        "past it is refused with 422."
     )
     default_timeout: float = Field(
         default=30.0,
@@ -93,6 +132,34 @@ class Settings(BaseSettings):
     )
     idempotency_ttl: float = Field(
         default=300.0, ge=0, description="Seconds an X-Request-Id is remembered."
+    )
+    idempotency_bytes: int = Field(
+        default=64 * MiB,
+        ge=0,
+        description="Bytes of remembered extend answers (ids, indices) per table; the oldest "
+        "are forgotten first.",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1,
+        description="Largest request line plus headers, in bytes, counted as they arrive (431).",
+    )
+    header_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a request's headers may take from its first byte (or from the "
+        "connection's opening) (408, connection closed).",
+    )
+    body_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a request's whole body may take after its headers; time the "
+        "server is busy and not reading does not count (408, connection closed).",
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="Open connections at most; one more is answered 503 and closed.",
     )
 
     # -- performance --------------------------------------------------------
@@ -134,6 +201,15 @@ class Settings(BaseSettings):
     checkpoint_on_shutdown: bool = Field(
         default=False, description="Checkpoint every table to <root>/checkpoints/ on shutdown."
     )
+    checkpoint_every: float | None = Field(
+        default=None,
+        ge=0,
+        description="Checkpoint every memory, shared and h5 table to <root>/checkpoints/<name> "
+        "every this many seconds (0 or unset: never): --restore after a crash loses at most that "
+        "much. memmap and redis tables are skipped, their rows living outside the process (files, "
+        "the Redis server); a restart still restores them from checkpoints only. Failures are "
+        "logged and counted on /metrics.",
+    )
     shutdown_timeout: float = Field(
         default=30.0,
         ge=0,
@@ -143,12 +219,101 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = Field(default=False, description="Log every request (costs throughput).")
 
+    @field_validator("redis", mode="before")
+    @classmethod
+    def _split_redis(cls, value: object) -> object:
+        if isinstance(value, str):  # from the environment: comma-separated
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @property
+    def redis_connections(self) -> dict[str, RedisConnection]:
+        """The ``--redis`` connections by name (each with ``redis_timeout``)."""
+        out: dict[str, RedisConnection] = {}
+        for option in self.redis:
+            conn = RedisConnection.parse(option, timeout=self.redis_timeout)
+            if conn.name in out:
+                raise ValueError(f"redis connection {conn.name!r} is given twice")
+            out[conn.name] = conn
+        return out
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        if self.backend == "redis" and not self.redis_url:
-            raise ValueError("backend 'redis' needs redis_url (TDREPLAY_REDIS_URL)")
+        if self.backend == "redis" and "default" not in self.redis_connections:
+            raise ValueError("backend 'redis' needs a 'default' Redis connection (--redis URL)")
+        if self.token_file is not None:
+            if self.token is not None:
+                raise ValueError(
+                    "the token is given twice: set TDREPLAY_TOKEN or token_file "
+                    "(--token-file, TDREPLAY_TOKEN_FILE), not both"
+                )
+            # read once, here, so a bad file stops the start; the model is frozen after this
+            object.__setattr__(self, "token", SecretStr(_read_token_file(self.token_file)))
+        elif self.token is not None:
+            _check_token(self.token.get_secret_value(), "TDREPLAY_TOKEN")
+        if self.token is None and not self.insecure and not is_loopback(self.host):
+            raise ValueError(
+                f"host {self.host!r} is not a loopback address and no token is set: anyone "
+                "who reaches the port could read, write and delete every table. Set "
+                "TDREPLAY_TOKEN or --token-file PATH (TDREPLAY_TOKEN_FILE), or pass "
+                "--insecure (TDREPLAY_INSECURE=true) to serve without a token"
+            )
         return self
 
     @property
     def token_bytes(self) -> bytes | None:
         return self.token.get_secret_value().encode() if self.token else None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the server to this machine: 127.0.0.0/8, ::1, localhost.
+
+    Any other name may resolve to a reachable interface, and ``0.0.0.0`` / ``::``
+    are every interface, so they are not loopback.
+
+        >>> [is_loopback(h) for h in ("127.0.0.1", "127.8.9.10", "::1", "localhost", "0.0.0.0", "::")]
+        [True, True, True, True, False, False]
+    """
+    name = host.strip().removeprefix("[").removesuffix("]").lower()
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+MAX_TOKEN_BYTES = 4096
+
+
+def _check_token(token: str, source: str) -> None:
+    """Refuse a token no client could send as ``Authorization: Bearer <token>``."""
+    if not token:
+        raise ValueError(f"the token from {source} is empty")
+    if len(token) > MAX_TOKEN_BYTES:
+        raise ValueError(f"the token from {source} is longer than {MAX_TOKEN_BYTES} bytes")
+    if not all("!" <= c <= "~" for c in token):
+        raise ValueError(
+            f"the token from {source} holds spaces, control or non-ASCII characters; "
+            "use visible ASCII only (e.g. `openssl rand -hex 32`)"
+        )
+
+
+def _read_token_file(path: Path) -> str:
+    """The token in ``path``, less one trailing newline (as ``echo`` and editors leave it)."""
+    source = f"token file {str(path)!r}"
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_TOKEN_BYTES + 3)
+    except OSError as err:
+        raise ValueError(f"{source} cannot be read: {err.strerror or err}") from None
+    if raw.endswith(b"\r\n"):
+        raw = raw[:-2]
+    elif raw.endswith(b"\n"):
+        raw = raw[:-1]
+    token = raw.decode("latin-1")
+    _check_token(token, source)
+    return token

@@ -17,9 +17,11 @@ needs on top and keeps each backend's I/O apart:
 HDF5 and Redis cannot hold bfloat16, so those fields are stored as int16 with
 the same bits and viewed back on read.
 
-Where file backends live: a memmap or h5 table's *location* is its spec's
-``path``, by default ``<root>/<table>/storage`` (memmap) or
-``<root>/<table>/storage.h5``. While a backend is open there, no allocation of
+Where file backends live: in the table's own folder, ``<root>/tables/<table>/``,
+which carries a marker file (``.tdreplay-table.json``) naming the table; a
+folder without it is never used, written into or deleted (:class:`TableExists`).
+A schema cannot name a path. A memmap or h5 table's *location* is
+``<root>/tables/<table>/storage`` or ``.../storage.h5``. While a backend is open there, no allocation of
 this process deletes or reuses it: a second table of the same name (a restore
 beside the table it is to replace) goes to a fresh sibling,
 ``storage.<8 hex>`` or ``storage.<8 hex>.h5``. Data no open backend holds is
@@ -28,27 +30,31 @@ checkpoint), so once a table is in place, :func:`sweep` deletes the dead
 location and dead siblings of its name; nothing else is touched. A data root
 belongs to one process: the tables of another process are not known here.
 Redis needs none of this: every allocation gets keys of its own (a fresh
-``TensorDictStore`` id under the prefix).
+``TensorDictStore`` id under the prefix), on a connection the operator
+configured by name (:mod:`tdreplay.storage.redis_conn`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .errors import BackendError
+from .errors import BackendError, SchemaError, TableExists
+from .redis_conn import Connections, RedisConnection, resolve
 from .spec import (
     H5Backend as H5Spec,
 )
@@ -210,6 +216,8 @@ class TensorBackend(Backend):
             with contextlib.suppress(OSError):
                 _delete(self.claim.path)
         self.close()
+        if self.claim is not None:
+            _release_folder(self.claim.path.parent, self.spec.name)
 
     @property
     def location(self) -> str | None:
@@ -267,6 +275,7 @@ class H5Backend(Backend):
             self.file.close()
         self.path.unlink(missing_ok=True)  # before close() lets the location go
         self.close()
+        _release_folder(self.path.parent, self.spec.name)
 
     @property
     def location(self) -> str | None:
@@ -278,9 +287,10 @@ class RedisBackend(Backend):
 
     kind = "redis"
 
-    def __init__(self, spec: TableSpec, storage: TensorDictBase, url: str) -> None:
+    def __init__(self, spec: TableSpec, storage: TensorDictBase, conn: RedisConnection) -> None:
         super().__init__(spec, storage)
-        self.url = url
+        self.conn = conn
+        self.url = conn.describe()
         self.flat = {k: REDIS_SEP.join(k) for k in self.keys}
 
     def _pack(self, data: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
@@ -319,7 +329,7 @@ class RedisBackend(Backend):
 
     def destroy(self) -> None:
         try:
-            client = _sync_redis(self.spec)
+            client = self.conn.client()
             prefix = self.storage._prefix  # type: ignore[attr-defined]
             td_id = self.storage._td_id  # type: ignore[attr-defined]
             keys = list(client.scan_iter(match=f"{prefix}*{td_id}*", count=1000))
@@ -339,28 +349,98 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().numpy()
 
 
-def _sync_redis(spec: TableSpec) -> Any:
-    import redis
-
-    b = spec.backend
-    assert isinstance(b, RedisSpec)
-    if b.unix_socket_path:
-        return redis.Redis(unix_socket_path=b.unix_socket_path, db=b.db)
-    return redis.Redis(host=b.host, port=b.port, db=b.db)
+#: the server-owned area of the data root where tables keep their data (``<root>/tables/<name>/``)
+TABLES_DIR = "tables"
+#: the file that marks a folder as a table's own: only folders carrying it are ever deleted
+MARKER = ".tdreplay-table.json"
 
 
-def table_dir(spec: TableSpec, root: str | Path) -> Path:
-    return Path(root) / spec.name
+def table_dir(spec: TableSpec | str, root: str | Path) -> Path:
+    """The table's own folder, ``<root>/tables/<name>``."""
+    name = spec if isinstance(spec, str) else spec.name
+    return Path(root) / TABLES_DIR / name
 
 
 def primary_location(spec: TableSpec, root: str | Path) -> Path | None:
     """Where a file backend's data goes unless that place is taken (``None``: not a file backend)."""
     b = spec.backend
     if isinstance(b, MemmapBackend):
-        return Path(b.path) if b.path else table_dir(spec, root) / "storage"
+        return table_dir(spec, root) / "storage"
     if isinstance(b, H5Spec):
-        return Path(b.path) if b.path else table_dir(spec, root) / "storage.h5"
+        return table_dir(spec, root) / "storage.h5"
     return None
+
+
+def marker_of(folder: Path) -> str | None:
+    """The table name a folder's marker names (``None``: no readable marker; not ours)."""
+    try:
+        data = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    name = data.get("table") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def own_table_dir(spec: TableSpec, root: str | Path) -> Path:
+    """Make sure ``<root>/tables/<name>`` is this table's own folder, creating it (with its marker) if absent.
+
+    Raises:
+        TableExists: something that is not this table's marked folder is there
+            (a file, a link, a folder tdreplay did not create for this table):
+            it is never used, deleted or written into.
+    """
+    folder = table_dir(spec, root)
+    area = folder.parent
+    if area.is_symlink() or (area.exists() and not area.is_dir()):
+        raise TableExists(
+            f"{area} is not a folder this server created; tables cannot be stored there",
+            table=spec.name,
+            field="name",
+            got=str(area),
+        )
+    area.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        if folder.is_symlink() or not folder.is_dir() or marker_of(folder) != spec.name:
+            raise TableExists(
+                f"table {spec.name!r}: {folder} exists and was not created by tdreplay for this "
+                "table; it is left as it is (move it away, or use another table name)",
+                table=spec.name,
+                field="name",
+                got=str(folder),
+            ) from None
+        return folder
+    body = json.dumps({"table": spec.name, "created_at": time.time(), "pid": os.getpid()})
+    tmp = folder / f"{MARKER}.tmp"
+    tmp.write_text(body)
+    os.replace(tmp, folder / MARKER)
+    return folder
+
+
+def has_data(spec: TableSpec, root: str | Path) -> list[Path]:
+    """Data of table ``spec.name`` left in its folder (its location and fresh siblings)."""
+    primary = primary_location(spec, root)
+    if primary is None or not primary.parent.is_dir():
+        return []
+    siblings = _sibling_names(primary)
+    return [
+        p
+        for p in sorted(primary.parent.iterdir())
+        if p.name == primary.name or siblings.fullmatch(p.name)
+    ]
+
+
+def _release_table_dir(spec: TableSpec, root: str | Path) -> None:
+    _release_folder(table_dir(spec, root), spec.name)
+
+
+def _release_folder(folder: Path, name: str) -> None:
+    """Remove a table's folder once it holds nothing but its marker (it is recreated on demand)."""
+    with contextlib.suppress(OSError):
+        if marker_of(folder) == name and {p.name for p in folder.iterdir()} == {MARKER}:
+            (folder / MARKER).unlink()
+            folder.rmdir()
 
 
 _HELD: dict[Path, Claim] = {}
@@ -437,22 +517,38 @@ def sweep(spec: TableSpec, root: str | Path) -> list[Path]:
     return deleted
 
 
-def allocate(spec: TableSpec, root: str | Path, *, replace: bool = True) -> Backend:
+Exists = Literal["error", "replace", "beside"]
+
+
+def allocate(
+    spec: TableSpec,
+    root: str | Path,
+    *,
+    exists: Exists = "replace",
+    redis: Connections | None = None,
+) -> Backend:
     """Allocate the storage of ``spec`` with ``TensorDict.from_schema``.
 
-    A file backend never deletes or reuses a location an open backend of this
-    process holds: it goes to a fresh sibling instead (see the module docstring).
+    File backends (memmap, h5) keep their data in the table's own folder,
+    ``<root>/tables/<name>/``, which carries a marker naming the table; a
+    folder without it is never used, written into or deleted. A location an
+    open backend of this process holds is never deleted or reused either: the
+    data goes to a fresh sibling instead (see the module docstring).
 
     Args:
-        spec: the table.
-        root: the data root; file backends default to ``<root>/<table>/...``.
-        replace: delete dead data at the table's location and allocate there,
-            then :func:`sweep` the table's other dead data (a new table). With
-            ``False`` nothing is deleted: a location that exists is left as it
-            is and the data goes to a fresh sibling (a restore, which must leave
-            everything as it was should it fail).
+        spec: the table (validated: it names no path, only a Redis connection name).
+        root: the data root.
+        exists: what to do with data of this table left in its folder by an
+            earlier table of the same name: ``"error"`` refuses
+            (:class:`TableExists`), ``"replace"`` deletes it, ``"beside"``
+            leaves it and allocates a fresh sibling (a restore, which must
+            leave everything as it was should it fail).
+        redis: the operator's Redis connections, by name (redis backend only).
 
     Raises:
+        TableExists: the table's folder is not its own, or (``exists="error"``)
+            holds data of an earlier table of that name.
+        SchemaError: the spec names a Redis connection that is not configured.
         BackendError: the backend could not be allocated (disk full, Redis down, ...);
             what it had written is deleted.
     """
@@ -460,7 +556,21 @@ def allocate(spec: TableSpec, root: str | Path, *, replace: bool = True) -> Back
     schema = spec.torch_schema()
     cap = [spec.capacity]
     primary = primary_location(spec, root)
-    claim = _claim(primary, replace=replace) if primary is not None else None
+    claim = None
+    if primary is not None:
+        own_table_dir(spec, root)
+        if exists == "error":
+            with _HELD_GUARD:
+                left = [p for p in has_data(spec, root) if _key(p) not in _HELD]
+            if left:
+                raise TableExists(
+                    f"table {spec.name!r}: {left[0]} holds data of an earlier table of that name; "
+                    "restore it, or create the table with replace to delete it",
+                    table=spec.name,
+                    field="name",
+                    got=str(left[0]),
+                )
+        claim = _claim(primary, replace=exists != "beside")
     try:
         if isinstance(b, MemoryBackend):
             return TensorBackend(spec, TensorDict.from_schema(schema, batch_size=cap))
@@ -469,19 +579,19 @@ def allocate(spec: TableSpec, root: str | Path, *, replace: bool = True) -> Back
                 spec, TensorDict.from_schema(schema, batch_size=cap, storage="shared")
             )
         if isinstance(b, RedisSpec):
+            conn = resolve(spec.name, b.connection, redis or {})
             flat = {REDIS_SEP.join(k): (s, _carrier(d)) for k, (s, d) in schema.items()}
-            conn: dict[str, Any] = {"db": b.db, "prefix": b.prefix or f"tdreplay:{spec.name}"}
-            if b.unix_socket_path:
-                conn["unix_socket_path"] = b.unix_socket_path
-                url = f"unix://{b.unix_socket_path}?db={b.db}"
-            else:
-                conn.update(host=b.host, port=b.port)
-                url = f"redis://{b.host}:{b.port}/{b.db}"
-            td = TensorDict.from_schema(flat, batch_size=cap, storage="redis", **conn)
-            return RedisBackend(spec, td, url)
+            kwargs = conn.kwargs()
+            td = TensorDict.from_schema(
+                flat,
+                batch_size=cap,
+                storage="redis",
+                prefix=b.prefix or f"tdreplay:{spec.name}",
+                **kwargs,
+            )
+            return RedisBackend(spec, td, conn)
         assert claim is not None
         path = claim.path
-        path.parent.mkdir(parents=True, exist_ok=True)
         if os.path.lexists(path):  # dead data (``replace``): a held location is never claimed
             _delete(path)
         if isinstance(b, MemmapBackend):
@@ -498,11 +608,12 @@ def allocate(spec: TableSpec, root: str | Path, *, replace: bool = True) -> Back
             with contextlib.suppress(OSError):
                 _delete(claim.path)
             claim.release()
-        if isinstance(err, BackendError):
+            _release_table_dir(spec, root)
+        if isinstance(err, BackendError | TableExists | SchemaError):
             raise
         raise BackendError(
             f"cannot allocate {b.kind} storage for table {spec.name!r}: {err}", table=spec.name
         ) from err
-    if replace:
+    if exists == "replace":
         sweep(spec, root)
     return backend

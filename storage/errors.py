@@ -9,9 +9,13 @@ back to the same-named class. The tree::
     ├── InvalidRequest         a bad argument (batch size, index, path, ...)
     ├── TableNotFound          no table of that name
     ├── TableExists            a table of that name already exists
+    ├── PathExists             a checkpoint/export path holds something that is not ours to replace
     ├── RateLimitTimeout       a rate-limited call waited past its timeout
     ├── EmptyTableError        nothing to sample (and nothing will come)
     ├── CheckpointError        a checkpoint could not be written or read
+    │   └── InvalidCheckpoint  damaged, unsupported, or unsafe to load (refused, nothing ran)
+    ├── InsufficientStorage    disk full, or a table over the byte limits
+    ├── RootLocked             the data root is in use by another process
     └── BackendError           the storage backend failed (disk, redis, ...)
 
 Errors carry the offending ``table``, ``field``, ``expected`` and ``got``
@@ -85,6 +89,10 @@ class TableExists(TDReplayError):
     """A table of that name already exists."""
 
 
+class PathExists(TDReplayError):
+    """A path to write (checkpoint, export) holds something tdreplay will not replace."""
+
+
 class RateLimitTimeout(TDReplayError, TimeoutError):
     """A call held back by the rate limiter waited past its timeout."""
 
@@ -95,6 +103,28 @@ class EmptyTableError(TDReplayError):
 
 class CheckpointError(TDReplayError):
     """A checkpoint could not be written, or a checkpoint folder is unreadable."""
+
+
+class InvalidCheckpoint(CheckpointError):
+    """A checkpoint folder is damaged, of an unsupported format, or holds something unsafe to load."""
+
+
+class InsufficientStorage(TDReplayError):
+    """No room: the disk is full, or a table would exceed the server's byte limits."""
+
+
+class RootLocked(TDReplayError):
+    """The data root is locked by another process (see :func:`~tdreplay.storage.rootlock.lock_root`).
+
+    Attributes:
+        root: the data root.
+        pid: the holder's process id, or ``None`` when it could not be read.
+    """
+
+    def __init__(self, message: str, *, root: str, pid: int | None) -> None:
+        super().__init__(message, field="root", got=root)
+        self.root = root
+        self.pid = pid
 
 
 class BackendError(TDReplayError):

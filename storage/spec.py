@@ -82,8 +82,10 @@ class _Model(BaseModel):
 class FieldSpec(_Model):
     """One field of an item: its per-item shape and dtype."""
 
-    shape: list[Annotated[int, Field(ge=0)]] = Field(
-        default_factory=list, description="Per-item shape; [] for a scalar."
+    shape: list[Annotated[int, Field(ge=1, le=1 << 31)]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Per-item shape; [] for a scalar. Every dimension is at least 1.",
     )
     dtype: Literal[
         "bool",
@@ -124,29 +126,40 @@ class SharedBackend(_Model):
 
 
 class MemmapBackend(_Model):
-    """Memory-mapped files on disk (the default). ``path`` defaults to ``<root>/<table>/storage``."""
+    """Memory-mapped files on disk (the default), in the table's folder ``<root>/tables/<table>/``.
+
+    Where data lives is the operator's choice (the data root), never the
+    schema's: a schema cannot name a path.
+    """
 
     kind: Literal["memmap"] = "memmap"
-    path: str | None = None
 
 
 class H5Backend(_Model):
-    """One HDF5 file. ``path`` defaults to ``<root>/<table>/storage.h5``."""
+    """One HDF5 file in the table's folder, ``<root>/tables/<table>/storage.h5``."""
 
     kind: Literal["h5"] = "h5"
-    path: str | None = None
 
 
 class RedisBackend(_Model):
-    """tensordict's ``TensorDictStore`` on a Redis (or Dragonfly) server."""
+    """tensordict's ``TensorDictStore`` on a Redis (or Dragonfly) server.
+
+    The server is not named here: ``connection`` names one the operator
+    configured (``tdreplay serve --redis NAME=URL``, or ``redis={NAME: URL}``
+    in :meth:`Table.create <tdreplay.storage.Table.create>`), so a schema
+    cannot make the process connect anywhere else.
+    """
 
     kind: Literal["redis"] = "redis"
-    host: str = "localhost"
-    port: int = Field(default=6379, ge=1, le=65535)
-    db: int = Field(default=0, ge=0)
-    unix_socket_path: str | None = None
+    connection: str = Field(
+        default="default",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}$",
+        description="Name of an operator-configured Redis connection.",
+    )
     prefix: str | None = Field(
-        default=None, description="Key namespace; defaults to 'tdreplay:<table>'."
+        default=None,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_:\-.]{0,127}$",
+        description="Key namespace; defaults to 'tdreplay:<table>'.",
     )
 
 
@@ -268,7 +281,7 @@ class TableSpec(_Model):
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}$")
-    capacity: int = Field(ge=1)
+    capacity: int = Field(ge=1, le=1 << 40)
     fields: dict[str, FieldSpec] = Field(min_length=1, description="Nested keys written with dots.")
     backend: Backend = Field(default_factory=MemmapBackend)
     sampler: Sampler = Field(default_factory=UniformSampler)

@@ -45,6 +45,7 @@ from . import spec as S
 from .backends import Backend, allocate
 from .errors import EmptyTableError, InvalidRequest, RateLimitTimeout
 from .rate_limiter import RateLimiter
+from .redis_conn import RedisConnection, connections
 from .rwlock import RWLock
 from .samplers import Sampler, make_sampler
 from .slots import Slots
@@ -123,27 +124,45 @@ class Table:
         root: str | Path = "./tdreplay-data",
         *,
         seed: int | None = None,
+        replace: bool = False,
+        redis: Mapping[str, str | RedisConnection] | None = None,
     ) -> Table:
         """Allocate a new, empty table (``TensorDict.from_schema`` on the spec's backend).
 
         Args:
             spec: a :class:`TableSpec`, or the path of a schema file.
-            root: the data root; file backends put their data under ``<root>/<name>``
-                (never over the data of a table open in this process; see
-                :func:`~tdreplay.storage.backends.allocate`).
+            root: the data root; file backends keep their data in the table's own
+                folder, ``<root>/tables/<name>/`` (created with a marker file naming
+                the table; never over the data of a table open in this process;
+                see :func:`~tdreplay.storage.backends.allocate`).
             seed: seed of the sampling generator.
+            replace: delete data an earlier table of this name left in its folder
+                (without it, such data is an error: restore it or replace it).
+            redis: Redis connections by name (``{"default": "redis://host:6379/0"}``);
+                a redis table's spec names one (``backend.connection``).
 
         Raises:
-            SchemaError: the schema file is invalid.
+            SchemaError: the schema file is invalid, or names a Redis connection
+                not in ``redis``.
+            TableExists: ``<root>/tables/<name>`` is not this table's folder, or
+                holds an earlier table's data and ``replace`` is not set.
             BackendError: the storage could not be allocated.
         """
         if not isinstance(spec, TableSpec):
             spec = TableSpec.from_file(spec)
-        return cls(spec, allocate(spec, root), root=root, seed=seed)
+        backend = allocate(
+            spec, root, exists="replace" if replace else "error", redis=connections(redis)
+        )
+        return cls(spec, backend, root=root, seed=seed)
 
     @classmethod
     def restore(
-        cls, path: str | Path, root: str | Path | None = None, *, seed: int | None = None
+        cls,
+        path: str | Path,
+        root: str | Path | None = None,
+        *,
+        seed: int | None = None,
+        redis: Mapping[str, str | RedisConnection] | None = None,
     ) -> Table:
         """Rebuild a table from a checkpoint written by :meth:`checkpoint`.
 
@@ -158,15 +177,18 @@ class Table:
             path: the checkpoint folder.
             root: data root of the restored table (default: the checkpoint's parent).
             seed: seed of the sampling generator.
+            redis: Redis connections by name (for a checkpoint of a redis table).
 
         Raises:
             CheckpointError: the folder holds no readable checkpoint, or the
                 table's data would go inside it.
+            SchemaError: the checkpoint's spec is invalid, or names a Redis
+                connection not in ``redis``.
             BackendError: the storage could not be allocated.
         """
         from .checkpoint import restore
 
-        return restore(cls, Path(path), root, seed=seed)
+        return restore(cls, Path(path), root, seed=seed, redis=connections(redis))
 
     # ------------------------------------------------------------ waiting
     def _wait(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis as redis_lib
+import testkit
 from testkit import Tables
 
 BACKENDS = ["memory", "memmap", "h5", "shared", "redis"]
@@ -58,7 +59,10 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                 proc.kill()
                 pytest.fail("redis-server did not start")
             time.sleep(0.05)
-    yield {"host": "127.0.0.1", "port": port, "client": client}
+    url = f"redis://127.0.0.1:{port}/0"
+    testkit.REDIS["default"] = url  # the connection tables' specs name ("default")
+    yield {"host": "127.0.0.1", "port": port, "client": client, "url": url}
+    testkit.REDIS.pop("default", None)
     proc.terminate()
     proc.wait(10)
 
@@ -66,8 +70,8 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 def backend_options(kind: str, request: pytest.FixtureRequest) -> dict:
     """The ``backend`` block of a spec for ``kind``; starts redis when needed."""
     if kind == "redis":
-        server = request.getfixturevalue("redis_server")
-        return {"kind": "redis", "host": server["host"], "port": server["port"]}
+        request.getfixturevalue("redis_server")  # registers the "default" connection
+        return {"kind": "redis"}
     return {"kind": kind}
 
 
@@ -227,9 +231,9 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
         ]
         for name, value in flags.items():
             cmd += [f"--{name.replace('_', '-')}", str(value)]
-        if token:
-            cmd += ["--token", token]
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("TDREPLAY_")}
+        if token:
+            full_env["TDREPLAY_TOKEN"] = token  # never on the command line (there is no --token)
         full_env.update(env or {})
         with log.open("wb") as out:
             proc = subprocess.Popen(
@@ -268,6 +272,8 @@ def service(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     def make(*, raise_server_exceptions: bool = True, **settings: Any) -> TestClient:
         settings.setdefault("root", tmp_path / "data")
         settings.setdefault("torch_threads", 0)
+        if "default" in testkit.REDIS:  # the session's redis-server, when a test started it
+            settings.setdefault("redis", [testkit.REDIS["default"]])
         app = create_app(Settings(**settings))
         client = TestClient(app, raise_server_exceptions=raise_server_exceptions)
         client.__enter__()

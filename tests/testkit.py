@@ -75,6 +75,10 @@ def assert_consistent(batch: TensorDict) -> None:
     assert torch.equal(batch["pixels"], (ids % 251).to(torch.uint8)[:, None, None].expand(-1, 2, 2))
 
 
+#: Redis connections by name for tables made here; the session's redis-server adds "default"
+REDIS: dict[str, str] = {}
+
+
 class Tables:
     """Creates and restores tables under one temporary root; :meth:`cleanup` destroys them all."""
 
@@ -82,15 +86,23 @@ class Tables:
         self.root = root
         self.made: list = []
 
-    def create(self, spec: TableSpec, *, root: Path | None = None, seed: int | None = 0):
+    def create(
+        self,
+        spec: TableSpec,
+        *,
+        root: Path | None = None,
+        seed: int | None = 0,
+        replace: bool = False,
+    ):
         from tdreplay.storage import Table
 
-        return self.track(Table.create(spec, root=root or self.root, seed=seed))
+        table = Table.create(spec, root=root or self.root, seed=seed, replace=replace, redis=REDIS)
+        return self.track(table)
 
     def restore(self, path: Path, *, root: Path | None = None, seed: int | None = None):
         from tdreplay.storage import Table
 
-        return self.track(Table.restore(path, root=root, seed=seed))
+        return self.track(Table.restore(path, root=root, seed=seed, redis=REDIS))
 
     def track(self, table):
         self.made.append(table)

@@ -1,8 +1,16 @@
-"""Persistence: checkpoint, restore, export. Paths are relative to the data root and stay in it."""
+"""Persistence: checkpoint, restore, export.
+
+Paths are relative to the data root and stay in its server-owned areas: a
+checkpoint or restore path inside ``checkpoints/``, an export path inside
+``exports/``; the tables' own data (``tables/``) is out of reach. Nothing that
+exists is overwritten unless it is ours: a checkpoint replaces only a
+checkpoint of the same table, an export never replaces a file (409).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from pathlib import Path
 from typing import Any, Literal
@@ -13,16 +21,22 @@ from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
 
 from tdreplay.codec import protocol
+from tdreplay.storage.checkpoint import read_metadata
 from tdreplay.storage.errors import (
     BackendError,
     CheckpointError,
-    InvalidRequest,
+    InvalidCheckpoint,
+    PathExists,
+    SchemaError,
     TableNotFound,
 )
 
 from ..deps import RegistryDep, TableDep, TableName, error_responses
 from ..registry import Registry
-from ..security import check_clear_of, confine, relative
+from ..security import confine_area, relative
+
+#: the data root's area for exports written on the server (``exports/<file>``)
+EXPORTS = "exports"
 
 router = APIRouter(prefix=protocol.TABLES, tags=["persistence"])
 
@@ -34,7 +48,8 @@ class PathBody(BaseModel):
     path: str | None = Field(
         default=None,
         max_length=1024,
-        description="A folder relative to the data root; default: checkpoints/{name}.",
+        description="A folder relative to the data root, inside checkpoints/; "
+        "default: checkpoints/{name}.",
     )
 
 
@@ -47,22 +62,30 @@ class ExportBody(BaseModel):
     path: str | None = Field(
         default=None,
         max_length=1024,
-        description="A file relative to the data root to write; omitted: the file is streamed back.",
+        description="A new file relative to the data root, inside exports/, to write "
+        "(409 if it exists); omitted: the file is streamed back.",
     )
 
 
 def _checkpoint_target(registry: Registry, name: str, given: str | None) -> Path:
-    if given is None:
-        return registry.checkpoint_path(name)
-    target = confine(registry.root, given)
-    check_clear_of(target, registry.storage_paths(), given=given, field="path")
-    replaces_other = target.exists() and not (target / "metadata.json").exists()
-    if replaces_other and (not target.is_dir() or any(target.iterdir())):
-        raise InvalidRequest(
-            f"path {given!r} exists and is not a checkpoint; it would be replaced",
-            field="path",
-            got=given,
-        )
+    target = (
+        registry.checkpoint_path(name)
+        if given is None
+        else confine_area(registry.root, protocol.CHECKPOINTS, given)
+    )
+    if os.path.lexists(target):
+        try:
+            held = read_metadata(target).get("spec", {}).get("name")
+        except CheckpointError:
+            held = None
+        if held != name or target.is_symlink():
+            raise PathExists(
+                f"path {relative(registry.root, target)!r} exists and is not a checkpoint of "
+                f"table {name!r}; it is left as it is (choose another path)",
+                table=name,
+                field="path",
+                got=given,
+            )
     return target
 
 
@@ -70,7 +93,7 @@ def _checkpoint_target(registry: Registry, name: str, given: str | None) -> Path
     "/{name}/checkpoint",
     name="checkpoint",
     response_model=PathResult,
-    responses=error_responses(TableNotFound, CheckpointError),
+    responses=error_responses(TableNotFound, PathExists, CheckpointError),
 )
 async def checkpoint(
     name: TableName, registry: RegistryDep, body: PathBody | None = None
@@ -85,14 +108,14 @@ async def checkpoint(
 @router.post(
     "/{name}/restore",
     name="restore",
-    responses=error_responses(CheckpointError, BackendError),
+    responses=error_responses(InvalidCheckpoint, SchemaError, CheckpointError, BackendError),
 )
 async def restore(
     name: TableName, registry: RegistryDep, body: PathBody | None = None
 ) -> dict[str, Any]:
     """Replace the table (or create it) from a checkpoint of it. Answers its info."""
     given = body.path if body else None
-    source = confine(registry.root, given) if given is not None else None
+    source = confine_area(registry.root, protocol.CHECKPOINTS, given) if given else None
     handle = await registry.restore(name, source)
     return await handle.info()
 
@@ -110,7 +133,7 @@ async def restore(
                 protocol.CSV: {"schema": {"type": "string"}},
             },
         },
-        **error_responses(TableNotFound, BackendError),
+        **error_responses(TableNotFound, PathExists, BackendError),
     },
 )
 async def export(
@@ -119,8 +142,14 @@ async def export(
     """Export the live items, oldest first, as Parquet or CSV: written under the data root, or sent back."""
     body = body or ExportBody()
     if body.path is not None:
-        target = confine(registry.root, body.path)
-        check_clear_of(target, registry.storage_paths(), given=body.path, field="path")
+        target = confine_area(registry.root, EXPORTS, body.path)
+        if os.path.lexists(target):
+            raise PathExists(
+                f"path {body.path!r} exists; an export never replaces a file (choose another path)",
+                table=handle.name,
+                field="path",
+                got=body.path,
+            )
         fmt = body.format
         with handle.use() as table:
             path = await handle.call(lambda: table.export(target, format=fmt))

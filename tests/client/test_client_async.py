@@ -45,7 +45,7 @@ def test_async_twin(server: Any) -> None:
             assert (await client.info(name))["size"] == 20
             with pytest.raises(SchemaError):
                 await client.extend(name, data.exclude("action"))
-            assert isinstance(await client.checkpoint(name, f"ck/{name}"), str)
+            assert isinstance(await client.checkpoint(name, f"checkpoints/ck/{name}"), str)
             assert (await client.export(name, "csv")).startswith(b"")
             assert name in [t["name"] for t in await client.tables()]
             await client.delete_table(name)

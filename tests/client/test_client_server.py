@@ -194,7 +194,7 @@ def test_checkpoint_restore_export(client: ReplayClient, tmp_path: Any) -> None:
     name = new_table(client, fields)
     data = TensorDict({"x": torch.randn(6, 2), "y": torch.arange(6)}, [6])
     client.extend(name, data)
-    path = client.checkpoint(name, f"ck/{name}")
+    path = client.checkpoint(name, f"checkpoints/ck/{name}")
     assert isinstance(path, str)
     client.extend(name, data)
     assert client.info(name)["size"] == 12

@@ -122,7 +122,7 @@ def test_async_sharded(servers: list[Any]) -> None:
         await client.close()
 
     asyncio.run(main())
-    paths = sync.checkpoint(name, f"ck/{name}")
+    paths = sync.checkpoint(name, f"checkpoints/ck/{name}")
     assert isinstance(paths, list) and len(paths) == 2
     sync.extend(name, rows(0, 5))
-    assert sync.restore(name, f"ck/{name}")["size"] == 40
+    assert sync.restore(name, f"checkpoints/ck/{name}")["size"] == 40

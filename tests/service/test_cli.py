@@ -83,17 +83,17 @@ def test_load_specs(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match="several schemas"):
         load_specs(Settings(schema_path=folder, root=tmp_path))
     (folder / "b.json").unlink()
-    redis = load_specs(
-        Settings(schema_path=folder, root=tmp_path, redis_url="redis://cache:6390/2")
+    settings = Settings(
+        schema_path=folder, root=tmp_path, backend="redis", redis=["redis://cache:6390/2"]
     )
+    redis = load_specs(settings)
+    # the spec names the operator's connection, never a host
     assert redis[0].backend.model_dump() == {
         "kind": "redis",
-        "host": "cache",
-        "port": 6390,
-        "db": 2,
-        "unix_socket_path": None,
+        "connection": "default",
         "prefix": None,
     }
+    assert settings.redis_connections["default"].describe() == "redis://cache:6390/2"
     mm = load_specs(Settings(schema_path=folder, root=tmp_path, backend="memmap"))
     assert mm[0].backend.kind == "memmap"
 

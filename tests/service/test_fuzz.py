@@ -53,7 +53,7 @@ def test_no_server_errors(service, tmp_path: Path, path: str, method: str) -> No
         schema_path="schemas/cartpole.yaml",
         backend="memory",
         allowed_backends=["memory"],
-        max_table_bytes=1 << 20,
+        max_table_bytes=64 << 20,
         max_body_bytes=1 << 20,
         max_timeout=0.01,
         raise_server_exceptions=False,

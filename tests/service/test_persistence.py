@@ -20,11 +20,11 @@ def test_checkpoint_and_restore(service, tmp_path: Path) -> None:
     r = client.post(protocol.table_path("t", "checkpoint"))
     assert r.status_code == 200 and r.json() == {"path": "checkpoints/t"}
     assert (tmp_path / "data" / "checkpoints" / "t" / "metadata.json").exists()
-    r = client.post(protocol.table_path("t", "checkpoint"), json={"path": "snap/one"})
-    assert r.json() == {"path": "snap/one"}
+    r = client.post(protocol.table_path("t", "checkpoint"), json={"path": "checkpoints/snap/one"})
+    assert r.json() == {"path": "checkpoints/snap/one"}
     extend(client, 10, 5)
     assert info(client)["size"] == 15
-    r = client.post(protocol.table_path("t", "restore"), json={"path": "snap/one"})
+    r = client.post(protocol.table_path("t", "restore"), json={"path": "checkpoints/snap/one"})
     assert r.status_code == 200 and r.json()["size"] == 10
     batch = decode(
         client.post(protocol.table_path("t", "sample"), params={"batch_size": 32}).content
@@ -49,7 +49,7 @@ def test_restore_refusals(service) -> None:
     create(client, "t")
     create(client, "u")
     client.post(protocol.table_path("u", "checkpoint"))
-    r = client.post(protocol.table_path("t", "restore"), json={"path": "nothing/here"})
+    r = client.post(protocol.table_path("t", "restore"), json={"path": "checkpoints/nothing"})
     assert r.status_code == 400 and r.json()["field"] == "path"
     r = client.post(protocol.table_path("t", "restore"), json={"path": "checkpoints/u"})
     assert r.status_code == 400 and "holds table 'u'" in r.json()["detail"]
@@ -101,11 +101,22 @@ def test_export_streamed_back_and_to_a_path(service, tmp_path: Path) -> None:
     assert r.status_code == 200 and r.headers["content-type"].startswith(protocol.CSV)
     assert pacsv.read_csv(io.BytesIO(r.content)).num_rows == 12
     r = client.post(
-        protocol.table_path("t", "export"), json={"format": "parquet", "path": "out/t.parquet"}
+        protocol.table_path("t", "export"),
+        json={"format": "parquet", "path": "exports/out/t.parquet"},
     )
-    assert r.status_code == 200 and r.json() == {"path": "out/t.parquet"}
-    assert pq.read_table(tmp_path / "data" / "out" / "t.parquet").num_rows == 12
-    r = client.post(protocol.table_path("t", "export"), json={"format": "csv", "path": "out"})
-    assert r.status_code == 400  # a folder
+    assert r.status_code == 200 and r.json() == {"path": "exports/out/t.parquet"}
+    written = tmp_path / "data" / "exports" / "out" / "t.parquet"
+    assert pq.read_table(written).num_rows == 12
+    before = written.read_bytes()
+    r = client.post(
+        protocol.table_path("t", "export"), json={"format": "csv", "path": "exports/out"}
+    )
+    assert r.status_code == 409 and r.json()["type"] == "PathExists"  # a folder
+    r = client.post(
+        protocol.table_path("t", "export"),
+        json={"format": "parquet", "path": "exports/out/t.parquet"},
+    )
+    assert r.status_code == 409 and r.json()["type"] == "PathExists"  # never replaced
+    assert written.read_bytes() == before
     r = client.post(protocol.table_path("t", "export"), json={"format": "xml"})
     assert r.status_code == 400

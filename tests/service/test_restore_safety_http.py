@@ -21,6 +21,7 @@ from service_helpers import (
 )
 
 from tdreplay.codec import decode, protocol
+from tdreplay.storage.backends import MARKER
 
 SAMPLE = protocol.table_path("t", "sample")
 RESTORE = protocol.table_path("t", "restore")
@@ -28,7 +29,10 @@ CHECKPOINT = protocol.table_path("t", "checkpoint")
 
 
 def files(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    """What a table folder holds beside its marker."""
+    if not folder.exists():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.name != MARKER)
 
 
 def sampled_ids(client: Any, n: int = 64) -> set[int]:
@@ -40,7 +44,7 @@ def sampled_ids(client: Any, n: int = 64) -> set[int]:
 
 
 def garble_state(ckpt: Path) -> None:
-    (ckpt / "state.pt").write_bytes(b"not a torch file")
+    (ckpt / "state.safetensors").write_bytes(b"not a state file")
 
 
 def truncate_storage(ckpt: Path) -> None:
@@ -57,13 +61,13 @@ def test_a_failed_restore_keeps_the_table_serving(
     assert extend(client, 0, 20).status_code == 200
     assert client.post(CHECKPOINT).status_code == 200
     damage(tmp_path / "data" / "checkpoints" / "t")
-    before, on_disk = info(client), files(tmp_path / "data" / "t")
+    before, on_disk = info(client), files(tmp_path / "data" / "tables" / "t")
     r = client.post(RESTORE)
-    assert r.status_code == 500 and r.json()["type"] == "CheckpointError", r.text
+    assert r.status_code == 422 and r.json()["type"] == "InvalidCheckpoint", r.text
     after = info(client)
     for key in ("size", "inserts", "samples", "location", "bytes_in"):
         assert after[key] == before[key], key
-    assert files(tmp_path / "data" / "t") == on_disk
+    assert files(tmp_path / "data" / "tables" / "t") == on_disk
     assert sampled_ids(client) <= set(range(20))
     assert extend(client, 20, 4).status_code == 200
     assert info(client)["size"] == 24
@@ -83,14 +87,14 @@ def test_a_restore_replaces_the_served_table_and_its_data(
     assert r.status_code == 200 and r.json()["size"] == 10
     new = info(client)["location"]
     assert new != old and not Path(old).exists()  # the replaced table's data is deleted
-    assert files(tmp_path / "data" / "t") == [Path(new).name]
+    assert files(tmp_path / "data" / "tables" / "t") == [Path(new).name]
     assert sampled_ids(client) <= set(range(10))
     assert client.post(RESTORE).status_code == 200  # back to the default location, now free
     primary = {"memmap": "storage", "h5": "storage.h5"}[kind]
-    assert info(client)["location"] == str(tmp_path / "data" / "t" / primary)
-    assert files(tmp_path / "data" / "t") == [primary]
+    assert info(client)["location"] == str(tmp_path / "data" / "tables" / "t" / primary)
+    assert files(tmp_path / "data" / "tables" / "t") == [primary]
     assert client.delete(protocol.table_path("t")).status_code == 204
-    assert files(tmp_path / "data" / "t") == []
+    assert files(tmp_path / "data" / "tables" / "t") == []
 
 
 def test_a_call_waiting_on_the_replaced_table_ends(tmp_path: Path) -> None:

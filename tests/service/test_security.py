@@ -75,7 +75,8 @@ def test_paths_outside_the_root_are_refused(service, tmp_path: Path, action: str
     assert os.listdir(outside) == []
 
 
-def test_paths_over_live_storage_are_refused(service, tmp_path: Path) -> None:
+def test_paths_outside_their_area_are_refused(service, tmp_path: Path) -> None:
+    """Checkpoints live in checkpoints/, exports in exports/; tables/ is out of every client's reach."""
     client = service()
     r = client.post(
         protocol.TABLES,
@@ -87,26 +88,31 @@ def test_paths_over_live_storage_are_refused(service, tmp_path: Path) -> None:
         },
     )
     assert r.status_code == 201
-    for path in ["m", "m/storage", "m/storage/x"]:
+    storage = tmp_path / "data" / "tables" / "m" / "storage"
+    before = sorted(p.relative_to(storage) for p in storage.rglob("*"))
+    for path in ["m", "tables/m", "tables/m/storage", "tables/m/storage/x", "exports/c", "x"]:
         r = client.post(protocol.table_path("m", "checkpoint"), json={"path": path})
         assert r.status_code == 400, (path, r.text)
-    for path in ["m/storage", "m/storage/x.csv"]:
+        assert "checkpoints/" in r.json()["detail"]
+    for path in ["tables/m/storage", "tables/m/x.csv", "checkpoints/x.csv", "x.csv"]:
         r = client.post(protocol.table_path("m", "export"), json={"path": path})
         assert r.status_code == 400, (path, r.text)
-    r = client.post(protocol.table_path("m", "export"), json={"path": "m/beside.csv"})
+    r = client.post(protocol.table_path("m", "export"), json={"path": "exports/beside.csv"})
     assert r.status_code == 200
-    assert (tmp_path / "data" / "m" / "storage").is_dir()
+    assert sorted(p.relative_to(storage) for p in storage.rglob("*")) == before
 
 
 def test_checkpoint_does_not_replace_what_is_not_a_checkpoint(service, tmp_path: Path) -> None:
     client = service()
     create(client)
     extend(client, 0, 4)
-    keep = tmp_path / "data" / "keep"
+    keep = tmp_path / "data" / "checkpoints" / "keep"
     keep.mkdir(parents=True)
     (keep / "precious.txt").write_text("x")
-    r = client.post(protocol.table_path("t", "checkpoint"), json={"path": "keep"})
-    assert r.status_code == 400
+    r = client.post(protocol.table_path("t", "checkpoint"), json={"path": "checkpoints/keep"})
+    assert r.status_code == 409 and r.json()["type"] == "PathExists"
     assert (keep / "precious.txt").read_text() == "x"
-    r = client.post(protocol.table_path("t", "checkpoint"), json={"path": "keep/precious.txt/x"})
+    r = client.post(
+        protocol.table_path("t", "checkpoint"), json={"path": "checkpoints/keep/precious.txt/x"}
+    )
     assert r.status_code == 400

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import testkit
 import torch
 from storage_helpers import assert_bitwise_equal, bits
 from tensordict import TensorDict, tensorclass
@@ -94,7 +95,7 @@ def test_info(backend: dict, tables, tmp_path: Path) -> None:
     elif backend["kind"] == "h5":
         assert Path(info["location"]).is_file()
     elif backend["kind"] == "redis":
-        assert info["location"] == f"redis://{backend['host']}:{backend['port']}/0"
+        assert info["location"] == testkit.REDIS["default"]
     else:
         assert info["location"] is None
     table.extend(rows(0, 5))

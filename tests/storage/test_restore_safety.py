@@ -10,21 +10,24 @@ import torch
 from storage_helpers import assert_bitwise_equal, snapshot
 from testkit import assert_consistent, make_spec, rows
 
-from tdreplay.storage import CheckpointError, Table
-from tdreplay.storage.backends import sweep
+from tdreplay.storage import CheckpointError, Table, TableExists
+from tdreplay.storage.backends import MARKER, sweep
 
 FILE_KINDS = ["memmap", "h5"]
 
 
 def backend_of(kind: str, request: pytest.FixtureRequest) -> dict:
     if kind == "redis":
-        server = request.getfixturevalue("redis_server")
-        return {"kind": "redis", "host": server["host"], "port": server["port"]}
+        request.getfixturevalue("redis_server")  # registers the "default" connection
+        return {"kind": "redis"}
     return {"kind": kind}
 
 
 def files(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    """What a table folder holds beside its marker."""
+    if not folder.exists():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.name != MARKER)
 
 
 def redis_keys(kind: str, request: pytest.FixtureRequest) -> set[bytes]:
@@ -36,7 +39,7 @@ def redis_keys(kind: str, request: pytest.FixtureRequest) -> set[bytes]:
 
 
 def garble_state(path: Path) -> None:
-    (path / "state.pt").write_bytes(b"not a torch file")
+    (path / "state.safetensors").write_bytes(b"not a state file")
 
 
 def truncate_storage(path: Path) -> None:
@@ -66,7 +69,7 @@ def test_failed_restore_leaves_the_live_table_intact(
     path = live.checkpoint(tmp_path / "ckpt")
     damage(path)
     damaged = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
-    before, on_disk, location = snapshot(live), files(root / "t"), live.backend.location
+    before, on_disk, location = snapshot(live), files(root / "tables" / "t"), live.backend.location
     keys = redis_keys(kind, request)
     with pytest.raises(CheckpointError, match=r"cannot restore|truncated or damaged"):
         tables.restore(path, root=root)
@@ -74,7 +77,7 @@ def test_failed_restore_leaves_the_live_table_intact(
     for key in before["rows"]:
         assert torch.equal(before["rows"][key], after["rows"][key]), key
     assert after["size"] == before["size"] and after["inserts"] == before["inserts"]
-    assert files(root / "t") == on_disk and live.backend.location == location
+    assert files(root / "tables" / "t") == on_disk and live.backend.location == location
     assert redis_keys(kind, request) == keys  # the failed restore's own keys are gone
     # reading the checkpoint did not change it (a truncated file is not grown back)
     assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == damaged
@@ -91,7 +94,7 @@ def test_restore_beside_a_live_table(tables, root: Path, tmp_path: Path, kind: s
     live.extend(rows(12, 3))
     restored = tables.restore(path, root=root)
     assert restored.backend.location != live.backend.location
-    assert Path(restored.backend.location).parent == root / "t"
+    assert Path(restored.backend.location).parent == root / "tables" / "t"
     assert_serves(restored, 12)
     assert_serves(live, 15)  # its files were neither deleted nor written
     with pytest.raises(CheckpointError, match="own data"):  # where the restored table is
@@ -99,11 +102,11 @@ def test_restore_beside_a_live_table(tables, root: Path, tmp_path: Path, kind: s
     with pytest.raises(CheckpointError, match="own data"):  # deleted once nothing holds it
         restored.checkpoint(Path(live.backend.location))
     live.destroy()
-    assert files(root / "t") == [Path(restored.backend.location).name]
+    assert files(root / "tables" / "t") == [Path(restored.backend.location).name]
     restored.extend(rows(12, 2))
     assert_serves(restored, 14)
     restored.destroy()
-    assert files(root / "t") == []
+    assert files(root / "tables" / "t") == []
 
 
 @pytest.mark.parametrize("kind", FILE_KINDS)
@@ -114,23 +117,27 @@ def test_dead_data_does_not_pile_up(tables, root: Path, tmp_path: Path, kind: st
     first.extend(rows(0, 5))
     path = first.checkpoint(tmp_path / "ckpt")
     second = tables.restore(path, root=root)
-    (root / "t" / "notes.txt").write_text("not ours")
-    (root / "t" / "storage.backup").mkdir()
+    (root / "tables" / "t" / "notes.txt").write_text("not ours")
+    (root / "tables" / "t" / "storage.backup").mkdir()
     first.close()
     second.close()
-    assert len(files(root / "t")) == 4
+    assert len(files(root / "tables" / "t")) == 4
     # the next process restores beside the dead data, then deletes it
     third = tables.restore(path, root=root)
     assert_serves(third, 5)
-    assert files(root / "t") == sorted(
+    assert files(root / "tables" / "t") == sorted(
         ["notes.txt", "storage.backup", Path(third.backend.location).name]
     )
     third.close()
-    # a created table reuses the primary location and sweeps the dead siblings
-    fourth = tables.create(spec, root=root)
+    # a created table refuses the dead data unless told to replace it
+    with pytest.raises(TableExists, match="holds data of an earlier table"):
+        tables.create(spec, root=root)
+    assert len(files(root / "tables" / "t")) == 3
+    # then it reuses the primary location and sweeps the dead siblings
+    fourth = tables.create(spec, root=root, replace=True)
     primary = {"memmap": "storage", "h5": "storage.h5"}[kind]
-    assert fourth.backend.location == str(root / "t" / primary)
-    assert files(root / "t") == sorted(["notes.txt", "storage.backup", primary])
+    assert fourth.backend.location == str(root / "tables" / "t" / primary)
+    assert files(root / "tables" / "t") == sorted(["notes.txt", "storage.backup", primary])
     assert sweep(spec, root) == []  # nothing dead is left; the open table is kept
 
 

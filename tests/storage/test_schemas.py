@@ -126,7 +126,7 @@ MALFORMED = [
         "negative-shape",
         "name: x\ncapacity: 4\nfields:\n  obs: {shape: [3, -2], dtype: float32}\n",
         "fields.obs.shape.1",
-        ["fields.obs.shape.1", "greater than or equal to 0"],
+        ["fields.obs.shape.1", "greater than or equal to 1"],
     ),
     (
         "missing-capacity",

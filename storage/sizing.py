@@ -1,0 +1,56 @@
+"""What a table costs in bytes: its rows and every per-slot structure beside them.
+
+A server's byte limits (``--max-table-bytes`` per table, ``--max-total-bytes``
+over all tables) are checked against :func:`table_nbytes` before anything is
+allocated. Besides ``capacity x item_nbytes`` of rows, a table keeps per-slot
+bookkeeping (liveness, insert numbers, times sampled), its sampler's and
+writer's per-slot state (priorities and their sum tree, permutations, episode
+ids, values) and transient masks of the same length while it works; a table of
+many tiny items costs mostly that.
+
+    >>> from tdreplay.storage import TableSpec
+    >>> spec = TableSpec.model_validate({"name": "t", "capacity": 1000,
+    ...     "fields": {"obs": {"shape": [4], "dtype": "float32"}}})
+    >>> table_nbytes(spec) > 1000 * 16
+    True
+"""
+
+from __future__ import annotations
+
+from . import spec as S
+
+#: slots: live + busy (bool), times_sampled + seq (int64)
+SLOT_BYTES = 1 + 1 + 8 + 8
+#: transient per-slot masks and index lists (free-slot masks, live indices, sorts)
+TRANSIENT_BYTES = 16
+
+#: sampler kind -> per-slot bytes it keeps
+SAMPLER_BYTES: dict[str, int] = {
+    "uniform": 0,
+    "fifo": 0,
+    "lifo": 0,
+    # permutation + its insert numbers (int64 each) + stale mask
+    "without_replacement": 8 + 8 + 1,
+    # priorities (float64) + sum and min trees (float64, ~1.03 nodes per leaf each) + a where()
+    "prioritized": 8 + 9 + 9 + 8,
+    # episode ids (int64) + valid-start mask
+    "slice": 8 + 1,
+}
+
+#: writer kind -> per-slot bytes it keeps
+WRITER_BYTES: dict[str, int] = {"round_robin": 0, "max_value": 8 + 8}
+
+
+def bookkeeping_nbytes_per_slot(spec: S.TableSpec) -> int:
+    """Bytes per slot a table keeps beside its rows."""
+    return (
+        SLOT_BYTES
+        + TRANSIENT_BYTES
+        + SAMPLER_BYTES[spec.sampler.kind]
+        + WRITER_BYTES[spec.writer.kind]
+    )
+
+
+def table_nbytes(spec: S.TableSpec) -> int:
+    """Bytes a table of ``spec`` allocates: rows (on its backend) plus bookkeeping (in memory)."""
+    return spec.capacity * (spec.item_nbytes + bookkeeping_nbytes_per_slot(spec))
