@@ -100,6 +100,8 @@ class Table:
         self._cond = threading.Condition(threading.Lock())
         self._data_lock = RWLock()
         self._listeners: list[Callable[[], None]] = []
+        #: called with the rows about to be overwritten, under the data write lock
+        self._before_write: list[Callable[[slice | torch.Tensor], None]] = []
         self._episode_base = 0
         self._traj_key = self._end_key = None
         if isinstance(spec.sampler, S.SliceSampler):
@@ -327,6 +329,8 @@ class Table:
         try:
             self._data_lock.acquire_write()
             try:
+                for hook in self._before_write:  # e.g. a checkpoint saving the rows' old contents
+                    hook(target)
                 self.backend.write(target, data)
             finally:
                 self._data_lock.release_write()
