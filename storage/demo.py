@@ -8,7 +8,9 @@ TorchRL's TED layout (what a ``Collector(GymEnv("CartPole-v1"))`` emits),
 samples a batch, updates priorities on a prioritized copy of the table,
 checkpoints and restores that copy, and exports the table to Parquet,
 printing each step. Everything it writes goes under ``<root>/demo``; it runs
-in seconds.
+in seconds. It locks ``<root>`` while it runs (:mod:`~tdreplay.storage.rootlock`):
+on the root of a running server, or of another demo, it stops with an error
+naming the holder's PID instead of deleting that process's tables.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import pyarrow.parquet as pq
 import torch
 from tensordict import TensorDict
 
+from .errors import RootLocked
+from .rootlock import lock_root
 from .spec import TableSpec
 from .table import Table
 
@@ -112,6 +116,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         schema = Path(args.schema) if args.schema else find_schema()
     except FileNotFoundError as err:
         parser.error(str(err))
+    try:
+        lock = lock_root(args.root)
+    except RootLocked as err:
+        print(f"{parser.prog}: {err}", file=sys.stderr)
+        return 1
+    with lock:
+        return walk_through(schema, root, steps=args.steps, t0=t0)
+
+
+def walk_through(schema: Path, root: Path, *, steps: int, t0: float) -> int:
+    """The demo's steps, on tables under ``root`` (the caller holds the data root's lock)."""
 
     def say(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:5.2f}s] {msg}", flush=True)
@@ -127,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # 2. extend, as a collector would: one rollout per call
     data, episodes, base = [], 0, 0
     for i in range(5):
-        td, k = synthetic_rollouts(args.steps // 5, first_episode=episodes, seed=i)
+        td, k = synthetic_rollouts(steps // 5, first_episode=episodes, seed=i)
         data.append(td)
         episodes += k
         base += len(table.extend(td))
