@@ -22,7 +22,7 @@ from collections import OrderedDict
 import numpy as np
 import pyarrow as pa
 import torch
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from tensordict import TensorDictBase
 
 from tdreplay.codec import arrow
@@ -77,9 +77,19 @@ async def read_body(request: Request, buffers: BodyBuffers, limit: int) -> memor
 
     Raises:
         PayloadTooLarge: the body is (or announces itself as) over ``limit`` bytes.
-        InvalidRequest: the Content-Length header is malformed, or the body is
-            shorter than it says.
+        InvalidRequest: the Content-Length header is malformed, the body is
+            shorter than it says, or the connection ended before the body did
+            (the client left, or the server cut it off at one of its limits).
     """
+    try:
+        return await _read_body(request, buffers, limit)
+    except ClientDisconnect:  # a 4xx nobody reads, rather than a traceback in the log
+        raise InvalidRequest(
+            "the connection closed before the body was complete", field="body"
+        ) from None
+
+
+async def _read_body(request: Request, buffers: BodyBuffers, limit: int) -> memoryview:
     header = request.headers.get("content-length")
     if header is None:  # chunked upload: size unknown up front
         chunks, total = [], 0

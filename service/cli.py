@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 import typing
 from collections.abc import Sequence
@@ -93,10 +92,8 @@ def settings_from_args(values: dict[str, Any]) -> Settings:
 
 
 def serve(settings: Settings) -> None:
-    """Run the server until interrupted."""
-    import uvicorn
-
-    from . import tuning
+    """Run the server until interrupted (uvicorn with the limits of :mod:`.server`)."""
+    from . import server, tuning
     from .app import create_app, load_specs
 
     logging.basicConfig(
@@ -104,15 +101,7 @@ def serve(settings: Settings) -> None:
     )
     load_specs(settings)  # a bad schema stops here, with its message, before the server starts
     tuning.pin_malloc(settings.malloc_mmap_threshold, settings.malloc_trim_threshold)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        server_header=False,
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout),
-    )
+    server.run(create_app(settings), settings)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

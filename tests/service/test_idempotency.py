@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,86 @@ def test_memory_is_bounded_and_expires(monkeypatch: pytest.MonkeyPatch) -> None:
 
     asyncio.run(main())
     assert calls == ["a", "b", "c", "a2", "c3"]
+
+
+def _answer(tag: str, nbytes: int):
+    async def inner() -> tuple[str, bytes]:
+        return tag, b"x" * nbytes
+
+    return inner
+
+
+def test_memory_is_bounded_in_bytes_oldest_first() -> None:
+    recent = RecentRequests(size=1000, ttl=60, max_bytes=20_000)
+
+    async def main() -> None:
+        for i in range(40):  # ~1.4 kB each: about 14 fit
+            await recent.run(f"id-{i}", _answer(f"a{i}", 1000))
+            assert recent.nbytes <= recent.max_bytes
+        kept = len(recent)
+        assert 10 <= kept < 20
+        assert await recent.run("id-39", _answer("again", 1)) == (("a39", b"x" * 1000), True)
+        assert await recent.run("id-0", _answer("again", 1)) == (("again", b"x"), False)
+        # the oldest went first: the newest ids are still remembered
+        assert (await recent.run(f"id-{40 - kept + 2}", _answer("no", 1)))[1] is True
+
+    asyncio.run(main())
+
+
+def test_byte_count_is_what_is_held() -> None:
+    """``nbytes`` matches the memory tracemalloc sees the entries take (ids, answers, bookkeeping)."""
+    import tracemalloc
+
+    recent = RecentRequests(size=100_000, ttl=60, max_bytes=1 << 30)
+
+    async def main() -> int:
+        async def answer() -> tuple[int, bytes]:
+            return 100, json.dumps({"index": list(range(1000, 1100)), "rows": 100}).encode()
+
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(5000):
+                await recent.run(f"{i:08d}-0000-4000-8000-000000000000", answer)
+            return tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+
+    held = asyncio.run(main())
+    assert 0.8 < recent.nbytes / held < 1.25, (recent.nbytes, held)
+
+
+def test_failed_expired_and_oversized_answers_free_their_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("tdreplay.service.idempotency.time.monotonic", lambda: now[0])
+    recent = RecentRequests(size=100, ttl=60, max_bytes=10_000)
+
+    async def fail() -> None:
+        raise ValueError("no")
+
+    async def main() -> None:
+        with pytest.raises(ValueError):
+            await recent.run("f", fail)
+        assert recent.nbytes == 0 and len(recent) == 0
+        await recent.run("big", _answer("big", 20_000))  # alone over the bound
+        assert recent.nbytes == 0 and len(recent) == 0
+        await recent.run("small", _answer("small", 100))
+        assert 0 < recent.nbytes < 1000
+        now[0] += 61
+        await recent.run("next", _answer("next", 100))
+        assert len(recent) == 1 and recent.nbytes < 1000
+
+    asyncio.run(main())
+
+
+def test_extend_answers_are_kept_compactly(service) -> None:
+    client = service()
+    create(client, capacity=4096)
+    recent = client.app.state.registry.get("t").recent
+    for i in range(40):
+        assert extend(client, 100 * i, 100, **{RID: f"req-{i}"}).status_code == 200
+    # 100 indices as JSON: ~6 bytes a row, not the 36 of a list of ints
+    assert recent.nbytes / len(recent) < 1500
+    assert extend(client, 0, 100, **{RID: "req-39"}).headers[protocol.IDEMPOTENT_REPLAY] == "true"

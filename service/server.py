@@ -1,0 +1,364 @@
+"""The HTTP server: uvicorn, with limits that hold before a request reaches the app.
+
+``tdreplay serve`` runs the app under uvicorn with :class:`LimitedHttpProtocol`,
+uvicorn's httptools protocol plus these limits (each a field of
+:class:`~tdreplay.service.settings.Settings`, so a flag and a ``TDREPLAY_*``
+variable):
+
+==========================  ======  =====================================================
+limit (flag)                status  when
+==========================  ======  =====================================================
+``--max-body-bytes``        413     a Content-Length over it (answered before any of the
+                                    body is read), or a chunked body once it passes it
+``--max-header-bytes``      431     request line and headers over it, counted as they arrive
+``--header-timeout``        408     a request's headers not complete this many seconds after
+                                    its first byte (or after the connection opened)
+``--body-timeout``          408     a request's body not complete this many seconds after its
+                                    headers (time the server itself is not reading, while
+                                    the app is busy, does not count)
+``--max-connections``       503     a connection beyond this many open ones
+==========================  ======  =====================================================
+
+A refused request gets the protocol's JSON error body (``{"type", "detail",
+"field"}``; the detail names the limit and its flag) and ``Connection:
+close``. The connection then stops parsing: what the client still sends is
+read and dropped for at most :data:`LINGER` seconds, so that the client reads
+the answer instead of a reset, and the connection is closed. A request the app
+was already serving sees a disconnect, so whatever it buffered is freed.
+
+The cost on the hot path is a counter per body chunk and a flag test per read.
+
+The protocol needs httptools, which ``uvicorn[standard]`` (a dependency of
+tdreplay) installs; uvicorn's h11 protocol is not used, because it offers none
+of these hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import resource
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import httptools
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from tdreplay.storage.errors import BackendError, InvalidRequest, TDReplayError
+
+from .errors import PayloadTooLarge, status_of
+from .settings import Settings
+
+log = logging.getLogger("tdreplay.service")
+
+#: seconds a refused connection keeps draining what its client sends before it is closed
+LINGER = 1.0
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The HTTP-layer limits of one server (see the module docstring)."""
+
+    max_body_bytes: int
+    max_header_bytes: int
+    header_timeout: float
+    body_timeout: float
+    max_connections: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(
+            max_body_bytes=settings.max_body_bytes,
+            max_header_bytes=settings.max_header_bytes,
+            header_timeout=settings.header_timeout,
+            body_timeout=settings.body_timeout,
+            max_connections=settings.max_connections,
+        )
+
+
+def refusal(status: int, error: TDReplayError, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A whole ``Connection: close`` response carrying ``error``'s JSON body."""
+    body = json.dumps(error.to_dict()).encode()
+    head = [STATUS_LINE[status]]
+    for name, value in default_headers:
+        head += [name, b": ", value, b"\r\n"]
+    head += [
+        b"content-type: application/json\r\n",
+        b"content-length: " + str(len(body)).encode() + b"\r\n",
+        b"connection: close\r\n\r\n",
+    ]
+    return b"".join(head) + body
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing once a request is refused."""
+
+
+class LimitedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with :class:`Limits` (see the module docstring).
+
+    A subclass made by :func:`protocol_class` sets :attr:`limits`.
+    """
+
+    limits: ClassVar[Limits]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._refused = False
+        self._header_pending = False  # a request has begun, its headers are not complete
+        self._in_body = False  # a request's headers are complete, its body is not
+        self._header_bytes = 0  # bytes received outside bodies since the last request ended
+        self._body_bytes = 0
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+
+    # -- connection ---------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+        cap = self.limits.max_connections
+        if len(self.connections) >= cap:
+            self.transport = transport  # type: ignore[assignment]
+            err = BackendError(
+                f"the server holds {cap} connections, its limit (--max-connections); retry later",
+                field="connection",
+                expected=f"<= {cap} connections",
+            )
+            self._refuse(err)
+            return
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._arm_header_timer()  # a connection that never sends a byte
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's, plus the header count and the timers. A request that arrives
+        # whole in one read (the usual case) arms no timer.
+        if self._refused:
+            return  # drained
+        self._unset_keepalive_if_required()
+        if not self._in_body:
+            self._header_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self._refused:  # a callback refused the request and stopped the parser
+                return
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        if self._in_body:
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_later(
+                    self.limits.body_timeout, self._body_timed_out
+                )
+        elif self._header_pending or self._header_bytes:
+            if self._header_bytes > self.limits.max_header_bytes:
+                self._refuse(self._headers_too_large(self._header_bytes), status=431)
+            elif self._header_timer is None:
+                self._arm_header_timer()
+
+    # -- parser callbacks ---------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_pending = True
+        self._body_bytes = 0
+
+    def on_headers_complete(self) -> None:
+        self._header_pending = False
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        limits = self.limits
+        size = len(self.url)
+        length = b""
+        for name, value in self.headers:
+            size += len(name) + len(value)
+            if name == b"content-length":
+                length = value
+        if size > limits.max_header_bytes:
+            self._refuse(self._headers_too_large(size), status=431)
+            raise _Refused
+        if length and int(length) > limits.max_body_bytes:  # the parser checked its digits
+            self._refuse(self._body_too_large(int(length), "its Content-Length says"))
+            raise _Refused
+        self._in_body = True
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self.limits.max_body_bytes:
+            self._refuse(self._body_too_large(self._body_bytes, "so far"), in_body=True)
+            raise _Refused
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        self._header_bytes = 0
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        super().on_message_complete()
+
+    # -- timers -------------------------------------------------------------
+    def _arm_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(
+            self.limits.header_timeout, self._headers_timed_out
+        )
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._header_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._body_timer = None
+
+    def _headers_timed_out(self) -> None:
+        self._header_timer = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._arm_header_timer()  # a pipelined request waits on the answer to the one before
+            return
+        t = self.limits.header_timeout
+        self._refuse(
+            InvalidRequest(
+                f"request headers not complete within {t:g} s (--header-timeout)",
+                field="headers",
+                expected=f"complete headers within {t:g} s",
+            ),
+            status=408,
+        )
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if self.flow.read_paused:  # the app has not asked for more yet: the wait is ours
+            self._body_timer = self.loop.call_later(self.limits.body_timeout, self._body_timed_out)
+            return
+        t = self.limits.body_timeout
+        self._refuse(
+            InvalidRequest(
+                f"request body not complete within {t:g} s of its headers "
+                f"({self._body_bytes} bytes received; --body-timeout)",
+                field="body",
+                expected=f"the whole body within {t:g} s",
+                got=f"{self._body_bytes} bytes",
+            ),
+            status=408,
+            in_body=True,
+        )
+
+    # -- refusing -----------------------------------------------------------
+    def _headers_too_large(self, size: int) -> InvalidRequest:
+        cap = self.limits.max_header_bytes
+        return InvalidRequest(
+            f"request line and headers of {size}+ bytes exceed the server's limit of {cap} "
+            "bytes (--max-header-bytes)",
+            field="headers",
+            expected=f"<= {cap} bytes",
+            got=size,
+        )
+
+    def _body_too_large(self, size: int, how: str) -> PayloadTooLarge:
+        cap = self.limits.max_body_bytes
+        return PayloadTooLarge(
+            f"request body of {size} bytes ({how}) exceeds the server's limit of {cap} bytes "
+            "(--max-body-bytes)",
+            field="body",
+            expected=f"<= {cap} bytes",
+            got=size,
+        )
+
+    def _refuse(
+        self, error: TDReplayError, status: int | None = None, *, in_body: bool = False
+    ) -> None:
+        """Answer ``error``, then drain and close the connection.
+
+        ``in_body``: refused while reading the body of ``self.cycle``'s request,
+        which the app may have answered already (then nothing more is written).
+        """
+        if self._refused:
+            return
+        self._refused = True
+        self._cancel_timers()
+        self._unset_keepalive_if_required()
+        write = True
+        cycle = self.cycle
+        if cycle is not None:
+            if cycle.response_started and (in_body or not cycle.response_complete):
+                write = False  # answered already, or an answer under way would be cut into
+            if not cycle.response_complete:
+                # the app sees a disconnect: it stops reading and frees what it buffered
+                cycle.disconnected = True
+                cycle.message_event.set()
+        transport = self.transport
+        if transport.is_closing():
+            return
+        log.debug("refused a request from %s: %s", self.client, error)
+        if write:
+            status = status or status_of(error)
+            transport.write(refusal(status, error, self.server_state.default_headers))
+        if transport.can_write_eof():
+            transport.write_eof()
+        if self.flow is not None:
+            self.flow.resume_reading()  # drain instead of leaving the client blocked
+        self.loop.call_later(LINGER, transport.close)
+
+
+def protocol_class(limits: Limits) -> type[LimitedHttpProtocol]:
+    """A :class:`LimitedHttpProtocol` bound to ``limits`` (uvicorn builds one per connection)."""
+    return type("LimitedHttpProtocol", (LimitedHttpProtocol,), {"limits": limits})
+
+
+def config(app: Any, settings: Settings) -> uvicorn.Config:
+    """The uvicorn configuration that serves ``app`` with ``settings``' address and limits."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        http=protocol_class(Limits.from_settings(settings)),
+        ws="none",  # no WebSocket routes: no upgrade path around the limits
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        server_header=False,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout),
+    )
+
+
+def raise_fd_limit(connections: int, spare: int = 256) -> None:
+    """Raise the soft open-files limit to fit ``connections`` plus ``spare`` descriptors.
+
+    The hard limit bounds it; when even that is too low a warning says so
+    (connections past it fail at ``accept`` rather than get a 503).
+    """
+    want = connections + spare
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = new
+    if soft != resource.RLIM_INFINITY and soft < want:
+        log.warning(
+            "open-files limit %d is below --max-connections %d plus %d spare descriptors; "
+            "lower --max-connections or raise the limit (ulimit -n)",
+            soft,
+            connections,
+            spare,
+        )
+
+
+def run(app: Any, settings: Settings) -> None:
+    """Serve ``app`` until interrupted."""
+    raise_fd_limit(settings.max_connections)
+    uvicorn.Server(config(app, settings)).run()
