@@ -1,7 +1,11 @@
-# tdreplay server: `docker build -t tdreplay .` then
-#   docker run -p 8000:8000 -e TDREPLAY_TOKEN=... -v tdreplay-data:/data tdreplay
-# Serves every schema in /schemas (the repository's by default; mount your own there)
-# with data, checkpoints and exports under /data.
+# tdreplay server: `docker build -t tdreplay .` then, with the bearer token in a file,
+#   docker run -p 8000:8000 -v "$PWD/secrets/tdreplay_token:/run/secrets/tdreplay_token:ro" \
+#     -e TDREPLAY_TOKEN_FILE=/run/secrets/tdreplay_token -v tdreplay-data:/data tdreplay
+# or with it in your environment (`-e NAME` alone copies it, keeping it off the command line):
+#   export TDREPLAY_TOKEN=$(openssl rand -hex 32); docker run -p 8000:8000 -e TDREPLAY_TOKEN ... tdreplay
+# The server binds 0.0.0.0 in the container, so it refuses to start without a token
+# (--insecure overrides that; see SECURITY.md). It serves every schema in /schemas (the
+# repository's by default; mount your own there) with data, checkpoints and exports under /data.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -30,6 +34,7 @@ USER tdreplay
 WORKDIR /home/tdreplay
 
 # Every flag of `tdreplay serve` has a TDREPLAY_* twin; these are the image's defaults.
+# The token has none here: give TDREPLAY_TOKEN or TDREPLAY_TOKEN_FILE at run time.
 # The malloc thresholds keep large request bodies off fresh mmaps (steady throughput).
 ENV TDREPLAY_SCHEMA=/schemas \
     TDREPLAY_ROOT=/data \

@@ -6,6 +6,7 @@ SCHEMA ?= schemas/
 ROOT   ?= ./tdreplay-data
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+TOKEN_FILE ?=
 
 .PHONY: setup dev serve demo test lint typecheck check bench schema wheel clean redis
 
@@ -28,8 +29,9 @@ redis:                             ## make sure redis-server is installed (the t
 	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; \
 	  else echo "install redis-server (e.g. brew install redis)"; exit 1; fi; }
 
+# HOST other than loopback needs a token: TOKEN_FILE=path (or TDREPLAY_TOKEN in the environment)
 serve: setup                       ## run the service on the embedded default (memmap, no Redis)
-	$(BIN)/tdreplay serve --schema $(SCHEMA) --root $(ROOT) --host $(HOST) --port $(PORT) --restore --checkpoint-on-shutdown
+	$(BIN)/tdreplay serve --schema $(SCHEMA) --root $(ROOT) --host $(HOST) --port $(PORT) --restore --checkpoint-on-shutdown $(if $(TOKEN_FILE),--token-file $(TOKEN_FILE))
 
 demo: setup                        ## a storage-only walk-through: extend, sample, checkpoint, export
 	$(BIN)/python -m tdreplay.storage.demo --root $(ROOT)

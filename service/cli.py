@@ -5,7 +5,12 @@ an environment-variable twin, ``TDREPLAY_<FLAG>`` (``--max-body-bytes`` ->
 ``TDREPLAY_MAX_BODY_BYTES``); a flag wins over its variable. ``tdreplay serve
 --help`` lists them all.
 
-    $ tdreplay serve --schema schemas/ --root ./data --host 0.0.0.0 --port 8000 --token "$TOKEN"
+The bearer token is the one setting with no flag: it comes from
+``TDREPLAY_TOKEN`` or from a file (``--token-file``), never from the command
+line, where ``ps`` shows it to every user of the host. A non-loopback
+``--host`` without a token is refused unless ``--insecure`` is given.
+
+    $ tdreplay serve --schema schemas/ --root ./data --host 0.0.0.0 --token-file /run/secrets/token
     $ TDREPLAY_SCHEMA=schemas/ TDREPLAY_PORT=8000 python -m tdreplay.service serve
 """
 
@@ -26,6 +31,9 @@ from .settings import Settings
 
 #: flags whose name differs from their settings field
 FLAG_NAMES = {"schema_path": "schema"}
+
+#: settings fields with no flag (a secret on the command line shows in ``ps``)
+ENV_ONLY = frozenset({"token"})
 
 
 def _flag(field: str) -> str:
@@ -51,11 +59,11 @@ def _choices(annotation: Any) -> list[str] | None:
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per settings field; a flag not given leaves the field to the environment."""
     for name, field in Settings.model_fields.items():
+        if name in ENV_ONLY:
+            continue
         flag = "--" + _flag(name).replace("_", "-")
         default = field.get_default(call_default_factory=True)
         shown = "unset" if default is None else default
-        if name == "token":
-            shown = "unset"
         help_text = f"{field.description or name} [env {env_var(name)}; default: {shown}]"
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         annotation = field.annotation
@@ -70,6 +78,25 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
                 kwargs["choices"] = choices
             kwargs["metavar"] = _flag(name).upper()
         parser.add_argument(flag, **kwargs)
+    parser.add_argument(
+        "--token",
+        nargs="?",
+        action=_RefuseToken,
+        dest="refused_token",
+        default=argparse.SUPPRESS,  # absent, it must not set a token=None over TDREPLAY_TOKEN
+        help=argparse.SUPPRESS,
+    )
+
+
+class _RefuseToken(argparse.Action):
+    """``--token``: refused, without echoing its value (it would otherwise be in ``ps``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        parser.error(
+            "--token is not accepted: a token on the command line is visible to every user "
+            "of the host (ps, /proc/PID/cmdline). Set TDREPLAY_TOKEN in the environment, or "
+            "put the token in a file and pass --token-file PATH (TDREPLAY_TOKEN_FILE)"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="run the HTTP server",
         description="Serve the tables of a schema file or folder over HTTP (FastAPI + uvicorn).",
+        epilog="The bearer token comes from TDREPLAY_TOKEN or --token-file, never from a flag. "
+        "A --host other than loopback (127.0.0.0/8, ::1, localhost) needs a token or --insecure.",
     )
     add_settings_flags(serve)
     return parser
@@ -112,7 +141,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings = settings_from_args(args)
     except ValidationError as err:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+            ": ".join(
+                part
+                for part in (
+                    ".".join(str(p) for p in e["loc"]),
+                    e["msg"].removeprefix("Value error, "),
+                )
+                if part
+            )
+            for e in err.errors()
         )
         sys.exit(f"tdreplay {command}: invalid settings: {problems}")
     if command == "serve":

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from pydantic import ValidationError
 from service_helpers import spec
 
 from tdreplay.service import Settings
 from tdreplay.service.app import load_specs
 from tdreplay.service.cli import build_parser, env_var, main, settings_from_args
+from tdreplay.service.settings import is_loopback
 from tdreplay.service.tuning import apply, pin_malloc
 from tdreplay.storage.errors import SchemaError
 
@@ -40,8 +42,8 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_flag_has_an_environment_twin(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = build_parser()
     serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
-    flags = {a.dest: a for a in serve._actions if a.dest != "help"}
-    assert set(flags) == set(Settings.model_fields)
+    flags = {a.dest: a for a in serve._actions if a.dest not in ("help", "refused_token")}
+    assert set(flags) == set(Settings.model_fields) - {"token"}  # the token has no flag
     for name, action in flags.items():
         assert env_var(name) in action.help
     monkeypatch.setenv("TDREPLAY_PORT", "9123")
@@ -110,3 +112,116 @@ def test_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------- the token and the bind address
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in Settings.model_fields:
+        monkeypatch.delenv(env_var(name), raising=False)
+
+
+@pytest.mark.parametrize(
+    ("host", "local"),
+    [
+        ("127.0.0.1", True),
+        ("127.200.0.9", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("::ffff:127.0.0.1", True),
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("", False),
+        ("10.0.0.5", False),
+        ("fe80::1", False),
+        ("example.com", False),
+        ("127.0.0.1.example.com", False),
+    ],
+)
+def test_only_loopback_binds_without_a_token(host: str, local: bool, clean_env: None) -> None:
+    assert is_loopback(host) is local
+    if local:
+        assert parse("--host", host).token is None
+    else:
+        with pytest.raises(ValidationError, match="TDREPLAY_TOKEN or --token-file"):
+            parse("--host", host)
+        assert parse("--host", host, "--insecure").insecure
+    assert parse("--host", host, "--insecure").token is None
+    with_token = Settings(host=host, token="t0k")
+    assert with_token.token_bytes == b"t0k"
+
+
+def test_a_reachable_host_without_a_token_exits_naming_the_fix(clean_env: None) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--host", "0.0.0.0"])
+    message = str(exc.value.code)
+    assert "TDREPLAY_TOKEN" in message and "--token-file" in message and "--insecure" in message
+
+
+@pytest.mark.parametrize("argv", [["--token", "s3cret"], ["--token=s3cret"], ["--token"]])
+def test_the_token_flag_is_refused(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "TDREPLAY_TOKEN" in err and "--token-file" in err and "s3cret" not in err
+
+
+def test_abbreviations_do_not_reach_the_token_file(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--tok", "s3cret"])  # not read as --token-file s3cret
+    assert "s3cret" not in capsys.readouterr().err
+
+
+def test_token_from_the_environment(monkeypatch: pytest.MonkeyPatch, clean_env: None) -> None:
+    monkeypatch.setenv("TDREPLAY_TOKEN", "from-env")
+    s = parse("--host", "0.0.0.0")
+    assert s.token_bytes == b"from-env"
+    monkeypatch.setenv("TDREPLAY_TOKEN", "")  # set but empty: an error, not "no token"
+    with pytest.raises(ValidationError, match="empty"):
+        parse()
+
+
+@pytest.mark.parametrize(
+    ("content", "token"),
+    [(b"abc", b"abc"), (b"abc\n", b"abc"), (b"abc\r\n", b"abc"), (b"a-b_c.d~9\n", b"a-b_c.d~9")],
+)
+def test_token_file(content: bytes, token: bytes, tmp_path: Path, clean_env: None) -> None:
+    secret = tmp_path / "token"
+    secret.write_bytes(content)
+    assert parse("--token-file", str(secret), "--host", "0.0.0.0").token_bytes == token
+    assert Settings(token_file=secret).token_bytes == token
+
+
+@pytest.mark.parametrize("content", [None, b"", b"\n", b"abc\n\n", b"two words", b"\xff\xfe"])
+def test_a_bad_token_file_stops_the_start(
+    content: bytes | None, tmp_path: Path, clean_env: None
+) -> None:
+    secret = tmp_path / "token"
+    if content is not None:
+        secret.write_bytes(content)
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--token-file", str(secret), "--root", str(tmp_path / "d")])
+    assert "token file" in str(exc.value.code)
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--token-file", str(tmp_path), "--root", str(tmp_path / "d")])  # a folder
+    assert "cannot be read" in str(exc.value.code)
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_token_is_given_once_and_never_printed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, clean_env: None
+) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("file-token\n")
+    monkeypatch.setenv("TDREPLAY_TOKEN", "env-token")
+    with pytest.raises(ValidationError, match="not both") as exc:
+        parse("--token-file", str(secret))
+    assert "env-token" not in str(exc.value) and "file-token" not in str(exc.value)
+    with pytest.raises(ValidationError) as exc:
+        Settings(token="sp ace-token", host="0.0.0.0")
+    assert "sp ace-token" not in str(exc.value)
+    monkeypatch.delenv("TDREPLAY_TOKEN")
+    assert "file-token" not in repr(Settings(token_file=secret))

@@ -48,6 +48,48 @@ def test_unauthorized_requests_change_nothing(service) -> None:
     assert client.get(protocol.table_path("t"), headers=ok).json()["size"] == 0
 
 
+def test_the_scheme_is_case_insensitive_and_the_token_exact(service) -> None:
+    client = service(token=TOKEN)
+    for auth, status in [
+        (f"Bearer {TOKEN}", 200),
+        (f"bearer {TOKEN}", 200),
+        (f"BEARER {TOKEN}", 200),
+        (f"Basic {TOKEN}", 401),
+        (f"Bearer  {TOKEN}", 401),
+        (f"Bearer {TOKEN} ", 401),
+        (f"Bearer {TOKEN.upper()}", 401),
+        ("Bearer", 401),
+    ]:
+        r = client.get(protocol.TABLES, headers={"Authorization": auth})
+        assert r.status_code == status, auth
+
+
+def test_bearer_auth_fails_closed() -> None:
+    import asyncio
+
+    from tdreplay.service.security import BearerAuth
+
+    with pytest.raises(ValueError):
+        BearerAuth(lambda *a: None, token=b"")  # type: ignore[arg-type]
+    reached: list[str] = []
+    sent: list[dict] = []
+
+    async def app(scope, receive, send) -> None:
+        reached.append(scope["type"])
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    guard = BearerAuth(app, token=b"tok")
+    ws = {"type": "websocket", "path": "/v1/ws", "headers": []}
+    asyncio.run(guard(ws, None, send))  # type: ignore[arg-type]
+    assert reached == [] and sent == [{"type": "websocket.close", "code": 1008}]
+    ws["headers"] = [(b"authorization", b"Bearer tok")]
+    asyncio.run(guard(ws, None, send))  # type: ignore[arg-type]
+    asyncio.run(guard({"type": "lifespan"}, None, send))  # type: ignore[arg-type]
+    assert reached == ["websocket", "lifespan"]
+
+
 @pytest.mark.parametrize("action", ["checkpoint", "restore", "export"])
 def test_paths_outside_the_root_are_refused(service, tmp_path: Path, action: str) -> None:
     client = service()
