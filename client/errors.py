@@ -19,6 +19,7 @@ raises a :class:`TransportError`. The tree::
     │   │   └── InvalidCheckpoint  damaged, unsupported or unsafe checkpoint   422
     │   ├── InsufficientStorage  disk full, or over the server's byte limits   507
     │   ├── BackendError         the storage backend failed                    503
+    │   │   └── TableLost        the backend lost the table's data (Redis)     503
     │   ├── Unauthorized         missing or wrong bearer token                 401  (PermissionError)
     │   ├── Forbidden            the token may not do this                     403  (PermissionError)
     │   ├── PayloadTooLarge      the request body is over the server's limit   413
@@ -152,6 +153,11 @@ class BackendError(ServerError):
     """The table's storage backend failed (disk, Redis, ...)."""
 
 
+class TableLost(BackendError):
+    """The server's backend lost the table's data (a Redis restarted empty, or flushed);
+    restore the table from a checkpoint, or delete and create it again."""
+
+
 class Unauthorized(ServerError, PermissionError):
     """The bearer token is missing or wrong."""
 
@@ -188,6 +194,7 @@ SERVER_ERRORS: dict[str, type[ServerError]] = {
         InvalidCheckpoint,
         InsufficientStorage,
         BackendError,
+        TableLost,
         Unauthorized,
         Forbidden,
         PayloadTooLarge,

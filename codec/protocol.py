@@ -94,6 +94,7 @@ ERROR_STATUS: dict[str, int] = {
     "InvalidCheckpoint": 422,
     "InsufficientStorage": 507,
     "BackendError": 503,
+    "TableLost": 503,
     "Unauthorized": 401,
     "Forbidden": 403,
     "PayloadTooLarge": 413,

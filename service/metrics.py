@@ -11,7 +11,8 @@ Tables (read from each table at scrape time):
     ``tdreplay_table_inserts_total``, ``tdreplay_table_samples_total`` (items),
     ``tdreplay_table_bytes_in_total``, ``tdreplay_table_bytes_out_total`` (item bytes),
     ``tdreplay_table_size``, ``tdreplay_table_capacity``, ``tdreplay_table_fill_ratio``,
-    ``tdreplay_table_waiting`` (calls waiting for the rate limiter now).
+    ``tdreplay_table_waiting`` (calls waiting for the rate limiter now),
+    ``tdreplay_table_lost`` (1: the backend lost the table's data, e.g. a Redis restarted empty).
 Rate limiter (by table and ``op``, insert or sample):
     ``tdreplay_rate_limiter_waits_total``, ``tdreplay_rate_limiter_timeouts_total``,
     ``tdreplay_rate_limiter_wait_seconds`` (histogram).
@@ -80,6 +81,11 @@ class TableCollector(Collector):
             "fill": GaugeMetricFamily(
                 "tdreplay_table_fill_ratio", "size / capacity.", labels=["table"]
             ),
+            "lost": GaugeMetricFamily(
+                "tdreplay_table_lost",
+                "1 when the table's backend lost its data (a Redis restarted empty), else 0.",
+                labels=["table"],
+            ),
         }
         waiting = GaugeMetricFamily(
             "tdreplay_table_waiting",
@@ -97,6 +103,7 @@ class TableCollector(Collector):
             fams["size"].add_metric(name, size)
             fams["capacity"].add_metric(name, capacity)
             fams["fill"].add_metric(name, size / max(capacity, 1))
+            fams["lost"].add_metric(name, float(getattr(t.backend, "state", None) == "lost"))
             for op, count in handle.changes.waiting.items():
                 waiting.add_metric([handle.name, op], count)
         yield from fams.values()

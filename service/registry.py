@@ -25,6 +25,7 @@ from tdreplay.codec import protocol
 from tdreplay.storage import Table, TableSpec
 from tdreplay.storage.checkpoint import find, read_metadata
 from tdreplay.storage.errors import (
+    BackendError,
     CheckpointError,
     InsufficientStorage,
     InvalidCheckpoint,
@@ -46,6 +47,8 @@ from .wire import Lease, SampleBuffers, sample_nbytes
 log = logging.getLogger("tdreplay.service")
 
 WaitHook = Callable[[str, Op, float, bool], None]
+#: calls of one redis table running in worker threads at most (see TableHandle.call)
+REDIS_CALLS = 4
 T = TypeVar("T")
 
 
@@ -71,6 +74,13 @@ class TableHandle:
         self._inline_sample = settings.inline_bytes if kind in ("memory", "shared", "memmap") else 0
         self._inline_extend = settings.inline_bytes if kind in ("memory", "shared") else 0
         self._threads = 0
+        # A hung Redis holds each call for its timeout: a few at a time, so that one
+        # table cannot take every worker thread from the others (see :meth:`call`).
+        self._gate: asyncio.Semaphore | None = None
+        self._gate_timeout = 0.0
+        if kind == "redis":
+            self._gate = asyncio.Semaphore(REDIS_CALLS)
+            self._gate_timeout = table.backend.conn.timeout  # type: ignore[attr-defined]
         self.is_open = True
         self._on_wait = on_wait
         self._active = 0
@@ -110,11 +120,35 @@ class TableHandle:
         """
         if inline and self._threads == 0:
             return fn()
+        if self._gate is not None:
+            return await self._gated(fn)
         self._threads += 1
         try:
             return await run_in_threadpool(fn)
         finally:
             self._threads -= 1
+
+    async def _gated(self, fn: Callable[[], T]) -> T:
+        """A redis table's call: at most :data:`REDIS_CALLS` in threads at once; a call
+        that waits longer than the Redis timeout for its turn fails (the ones ahead are
+        stuck on a Redis that does not answer)."""
+        assert self._gate is not None
+        try:
+            await asyncio.wait_for(self._gate.acquire(), self._gate_timeout)
+        except TimeoutError:
+            conn = self.table.backend.conn  # type: ignore[attr-defined]
+            raise BackendError(
+                f"table {self.name!r}: {REDIS_CALLS} calls have been waiting on Redis "
+                f"{conn.name!r} ({conn.describe()}) for over {self._gate_timeout:g}s "
+                "(--redis-timeout); it is hung, overloaded or unreachable",
+                table=self.name,
+            ) from None
+        self._threads += 1
+        try:
+            return await run_in_threadpool(fn)
+        finally:
+            self._threads -= 1
+            self._gate.release()
 
     # -- data ---------------------------------------------------------------
     def _waited(self, op: Op) -> Callable[[float, bool], None]:
@@ -231,6 +265,10 @@ class TableHandle:
         with self.use() as table:
             info = await self.call(table.info)
         info["waiting"] = dict(self.changes.waiting)
+        if getattr(self.table.backend, "state", None) == "lost":  # Table.info does not say yet
+            info["state"] = "lost"
+        else:
+            info.setdefault("state", "ok")
         return info
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import re
@@ -45,15 +46,23 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .errors import BackendError, SchemaError, TableExists
+from .diskspace import reserve
+from .errors import (
+    BackendError,
+    InsufficientStorage,
+    SchemaError,
+    TableExists,
+    TableLost,
+    TDReplayError,
+)
 from .redis_conn import Connections, RedisConnection, resolve
 from .spec import (
     H5Backend as H5Spec,
@@ -73,6 +82,8 @@ Rows = slice | torch.Tensor
 """Rows to write: a ``slice`` for a contiguous run (the fast path) or an int64 index tensor."""
 
 REDIS_SEP = ":"
+T = TypeVar("T")
+log = logging.getLogger("tdreplay.storage")
 
 #: Batches this large or larger are carved out of one allocation (see :meth:`Backend.empty`).
 ONE_BLOCK_BYTES = 128 * 1024
@@ -283,7 +294,24 @@ class H5Backend(Backend):
 
 
 class RedisBackend(Backend):
-    """``redis``: tensordict's ``TensorDictStore``, nested keys stored flat."""
+    """``redis``: tensordict's ``TensorDictStore``, nested keys stored flat.
+
+    **Identity.** At allocation a marker key, ``<prefix>:{<td_id>}:__tdreplay__``,
+    is written with the table's name and a random epoch. A Redis that restarts
+    without persistence, or is flushed, loses it with the rows; and there
+    ``TensorDictStore`` would read missing keys as nothing and a write would
+    recreate them zero-filled, so the table would serve zeros. The marker is
+    checked before every write and, at most once a second (:data:`MARKER_INTERVAL`),
+    before reads (and after any read that failed on the data); once it is
+    missing the table's :attr:`state` is ``"lost"`` and every write and read
+    raises :class:`TableLost`.
+
+    **Hangs.** Every command has the connection's timeout, and a timed-out
+    command is not retried: redis-py's default policy retries three times and
+    each reconnect retries on its own (15 s for a 1 s timeout, measured), so a
+    hung Redis fails a call in about the timeout, with :class:`BackendError`.
+    A dropped connection is retried once (a restarted Redis).
+    """
 
     kind = "redis"
 
@@ -292,7 +320,118 @@ class RedisBackend(Backend):
         self.conn = conn
         self.url = conn.describe()
         self.flat = {k: REDIS_SEP.join(k) for k in self.keys}
+        self.client = _redis_client(conn)
+        #: the marker key (see the class docstring) and what it holds
+        self.marker_key: str = storage._redis_key(REDIS_MARKER)  # type: ignore[attr-defined]
+        self._marker = b""
+        self._lost = False
+        self._checked = 0.0
+        self._probing = threading.Lock()
 
+    @classmethod
+    def allocate(cls, spec: TableSpec, conn: RedisConnection, *, prefix: str) -> RedisBackend:
+        """A fresh ``TensorDictStore`` for ``spec`` under ``prefix``, marked as this table's.
+
+        Raises:
+            BackendError: Redis failed or did not answer in time (nothing is left there).
+        """
+        from redis.asyncio.retry import Retry
+
+        schema = spec.torch_schema()
+        flat = {REDIS_SEP.join(k): (s, _carrier(d)) for k, (s, d) in schema.items()}
+        td = TensorDict.from_schema(
+            flat,
+            batch_size=[spec.capacity],
+            storage="redis",
+            prefix=prefix,
+            retry=Retry(*_retry_policy()),  # type: ignore[arg-type]
+            **conn.kwargs(),
+        )
+        backend = cls(spec, td, conn)
+        try:
+            backend.mark()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                backend.destroy()
+            raise
+        return backend
+
+    # -- identity ------------------------------------------------------------
+    def mark(self) -> None:
+        """Write the marker key: this table's name and a fresh epoch."""
+        body = {"table": self.spec.name, "epoch": uuid.uuid4().hex, "created_at": time.time()}
+        self._marker = json.dumps(body).encode()
+        self._redis(
+            "writing the table's marker", lambda: self.client.set(self.marker_key, self._marker)
+        )
+        self._checked = time.monotonic()
+
+    @property
+    def state(self) -> str:
+        """``"ok"``, or ``"lost"`` once the marker was found missing (never back to ``"ok"``)."""
+        return "lost" if self._lost else "ok"
+
+    def check(self, *, force: bool = False) -> None:
+        """Check the marker (unless checked less than :data:`MARKER_INTERVAL` ago and not ``force``).
+
+        Raises:
+            TableLost: the marker is missing or not this table's.
+            BackendError: Redis failed or did not answer in time.
+        """
+        if self._lost:
+            raise self._lost_error()
+        if not force and time.monotonic() - self._checked < MARKER_INTERVAL:
+            return
+        got = self._redis("checking the table's marker", lambda: self.client.get(self.marker_key))
+        if got != self._marker:
+            self._lost = True
+            log.error("%s", self._lost_error().message)
+            raise self._lost_error()
+        self._checked = time.monotonic()
+
+    def probe(self) -> str:
+        """:meth:`check` without raising, one probe at a time; returns :attr:`state`."""
+        if not self._lost and self._probing.acquire(blocking=False):
+            try:
+                self.check()
+            except TDReplayError:
+                pass  # lost: in the state; unreachable: the next call says so
+            finally:
+                self._probing.release()
+        return self.state
+
+    def _lost_error(self) -> TableLost:
+        return TableLost(
+            f"table {self.spec.name!r}: its data in Redis {self.conn.name!r} ({self.url}) is gone: "
+            f"the marker key {self.marker_key!r} written when the table was created is missing, "
+            "so that Redis restarted without persistence, or was flushed, or evicted the keys. "
+            "The table serves nothing rather than zeros: restore it from a checkpoint, or delete "
+            "it and create it again (Redis persistence, appendonly yes, keeps tables across "
+            "Redis restarts)",
+            table=self.spec.name,
+        )
+
+    def _redis(self, doing: str, fn: Callable[[], T]) -> T:
+        """``fn()``, Redis failures raised as :class:`BackendError` naming the connection."""
+        import redis
+
+        try:
+            return fn()
+        except redis.TimeoutError as err:
+            raise BackendError(
+                f"table {self.spec.name!r}: Redis {self.conn.name!r} ({self.url}) did not answer "
+                f"within {self.conn.timeout:g}s (--redis-timeout) while {doing}; it is hung, "
+                "overloaded or unreachable",
+                table=self.spec.name,
+            ) from err
+        except redis.RedisError as err:
+            raise BackendError(
+                f"table {self.spec.name!r}: Redis {self.conn.name!r} ({self.url}) failed while "
+                f"{doing}: {err}",
+                table=self.spec.name,
+            ) from err
+
+    # -- I/O -----------------------------------------------------------------
     def _pack(self, data: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
         return TensorDict(
             {
@@ -303,17 +442,33 @@ class RedisBackend(Backend):
         )
 
     def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:
+        self.check(force=True)  # a write into a Redis that lost the table recreates it zero-filled
         n = next(iter(data.values())).shape[0]
+        packed = self._pack(data, n)
+
+        def put() -> None:
+            self.storage[rows] = packed
+
         try:
-            self.storage[rows] = self._pack(data, n)
+            self._redis("writing rows", put)
+        except BackendError:
+            raise
         except Exception as err:
-            raise BackendError(f"redis write failed at {self.url}: {err}") from err
+            raise BackendError(
+                f"redis write failed at {self.url}: {err}", table=self.spec.name
+            ) from err
 
     def gather(self, index: torch.Tensor, out: Mapping[NestedKey, torch.Tensor]) -> None:
+        self.check()
         try:
-            got = self.storage[index]
-        except Exception as err:
-            raise BackendError(f"redis read failed at {self.url}: {err}") from err
+            got = self._redis("reading rows", lambda: self.storage[index])
+        except BackendError:
+            raise
+        except Exception as err:  # missing keys read as b"": a lost table, most likely
+            self.check(force=True)
+            raise BackendError(
+                f"redis read failed at {self.url}: {err}", table=self.spec.name
+            ) from err
         for key in self.keys:
             value = got.get(self.flat[key])
             if self.dtypes[key] == torch.bfloat16:
@@ -326,21 +481,43 @@ class RedisBackend(Backend):
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.storage.close()  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            self.client.close()
 
     def destroy(self) -> None:
         try:
-            client = self.conn.client()
-            prefix = self.storage._prefix  # type: ignore[attr-defined]
             td_id = self.storage._td_id  # type: ignore[attr-defined]
-            keys = list(client.scan_iter(match=f"{prefix}*{td_id}*", count=1000))
+            namespace = self.storage._namespace  # type: ignore[attr-defined]
+            keys = list(self.client.scan_iter(match=f"{namespace}:{{{td_id}}}:*", count=1000))
             if keys:
-                client.delete(*keys)
+                self.client.delete(*keys)
         finally:
             self.close()
 
     @property
     def location(self) -> str | None:
         return self.url
+
+
+#: the suffix of a redis table's marker key (``<prefix>:{<td_id>}:__tdreplay__``)
+REDIS_MARKER = "__tdreplay__"
+#: seconds between two marker checks before reads (writes check every time)
+MARKER_INTERVAL = 1.0
+
+
+def _retry_policy() -> tuple[Any, int, tuple[type[Exception], ...]]:
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    return (NoBackoff(), 1, (RedisConnectionError,))
+
+
+def _redis_client(conn: RedisConnection) -> Any:
+    """A sync client with ``conn``'s timeouts and the retry policy of :class:`RedisBackend`."""
+    import redis
+    from redis.retry import Retry
+
+    return redis.Redis(**conn.kwargs(), retry=Retry(*_retry_policy()))
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -580,16 +757,7 @@ def allocate(
             )
         if isinstance(b, RedisSpec):
             conn = resolve(spec.name, b.connection, redis or {})
-            flat = {REDIS_SEP.join(k): (s, _carrier(d)) for k, (s, d) in schema.items()}
-            kwargs = conn.kwargs()
-            td = TensorDict.from_schema(
-                flat,
-                batch_size=cap,
-                storage="redis",
-                prefix=b.prefix or f"tdreplay:{spec.name}",
-                **kwargs,
-            )
-            return RedisBackend(spec, td, conn)
+            return RedisBackend.allocate(spec, conn, prefix=b.prefix or f"tdreplay:{spec.name}")
         assert claim is not None
         path = claim.path
         if os.path.lexists(path):  # dead data (``replace``): a held location is never claimed
@@ -603,13 +771,14 @@ def allocate(
             backend = H5Backend(spec, td, claim)
         else:  # pragma: no cover
             raise BackendError(f"unknown backend {b.kind!r}", table=spec.name)
+        reserve(backend, table=spec.name)  # a full disk fails here (507), not with SIGBUS later
     except Exception as err:
         if claim is not None:
             with contextlib.suppress(OSError):
                 _delete(claim.path)
             claim.release()
             _release_table_dir(spec, root)
-        if isinstance(err, BackendError | TableExists | SchemaError):
+        if isinstance(err, BackendError | TableExists | SchemaError | InsufficientStorage):
             raise
         raise BackendError(
             f"cannot allocate {b.kind} storage for table {spec.name!r}: {err}", table=spec.name

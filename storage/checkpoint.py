@@ -51,6 +51,7 @@ from tensordict import TensorDict
 from . import checkpoint_reader as R
 from . import statefile as SF
 from .backends import allocate, primary_location, sweep
+from .diskspace import insufficient, is_full
 from .errors import CheckpointError, InvalidCheckpoint, TDReplayError
 from .redis_conn import Connections
 from .spec import TableSpec
@@ -176,6 +177,10 @@ def _write(table: Table, path: Path, *, ted2flat: bool | None) -> Path:
         raise
     except Exception as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_full(err):  # 507; the previous checkpoint is untouched
+            raise insufficient(
+                f"checkpoint of table {table.name!r}", path, err, table=table.name
+            ) from err
         raise CheckpointError(
             f"table {table.name!r}: checkpoint to {path} failed: {err}", table=table.name
         ) from err

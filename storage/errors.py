@@ -17,6 +17,7 @@ back to the same-named class. The tree::
     ├── InsufficientStorage    disk full, or a table over the byte limits
     ├── RootLocked             the data root is in use by another process
     └── BackendError           the storage backend failed (disk, redis, ...)
+        └── TableLost          the backend lost the table's data (Redis restarted empty, flushed)
 
 Errors carry the offending ``table``, ``field``, ``expected`` and ``got``
 values where they apply, and quote them in their message.
@@ -129,3 +130,9 @@ class RootLocked(TDReplayError):
 
 class BackendError(TDReplayError):
     """The storage backend (disk, HDF5, Redis, ...) failed."""
+
+
+class TableLost(BackendError):
+    """The backend no longer holds the table's data (a Redis restarted without persistence, or
+    flushed): every extend and sample fails with this, never with zeros, until the table is
+    restored from a checkpoint or deleted and created again."""

@@ -85,6 +85,7 @@ from tqdm import tqdm
 
 from tdreplay.codec import to_record_batch
 
+from .diskspace import insufficient, is_full
 from .errors import BackendError, EmptyTableError, InvalidRequest
 from .spec import DTYPE_NAMES, NestedKey, join_key
 
@@ -139,6 +140,7 @@ def export(
         InvalidRequest: the format is unknown or cannot be told from the suffix,
             or ``path`` is a folder.
         EmptyTableError: the table is closed.
+        InsufficientStorage: the disk (or quota) ran full; no file is left behind.
         BackendError: the file could not be written or the storage not read;
             no file is left behind.
     """
@@ -164,6 +166,10 @@ def export(
     except BaseException as err:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+        if isinstance(err, Exception) and is_full(err):
+            raise insufficient(
+                f"export of table {table.name!r}", path, err, table=table.name
+            ) from err
         if isinstance(err, (OSError, pa.ArrowException)):
             raise BackendError(
                 f"table {table.name!r}: export to {str(path)!r} failed: {err}", table=table.name

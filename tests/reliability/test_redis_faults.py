@@ -1,0 +1,215 @@
+"""A Redis that loses the data or hangs, under a real ``tdreplay serve``.
+
+Each test starts its own ``redis-server`` without persistence (``--save ""
+--appendonly no``), so killing and restarting it empties it, as a Redis
+without persistence does after a crash; SIGSTOP makes it hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_lib
+from reliability_helpers import create, extend, free_port
+from service_helpers import ARROW, body
+
+from tdreplay.codec import decode, protocol
+
+TIMEOUT = 1.0  # --redis-timeout of the servers here
+
+
+class RedisProcess:
+    """A redis-server on a fixed port that can be killed, restarted empty, stopped and continued."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client = redis_lib.Redis(port=self.port, socket_timeout=5)
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.fail("redis-server is not installed (make redis installs it)")
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.workdir)]
+        self.proc = subprocess.Popen(
+            [exe, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client.ping()
+                return
+            except redis_lib.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    pytest.fail("redis-server did not start")
+                time.sleep(0.02)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
+    r = RedisProcess(tmp_path)
+    r.start()
+    yield r
+    r.stop()
+
+
+def error(server: Any, method: str, path: str, **kw: Any) -> tuple[int, dict[str, Any], float]:
+    """A call expected to fail: ``(status, JSON body, seconds it took)``."""
+    start = time.monotonic()
+    status, _, raw = server.request(method, path, **kw)
+    took = time.monotonic() - start
+    assert status >= 400, (status, raw[:300])
+    return status, json.loads(raw), took
+
+
+def sample(server: Any, name: str, n: int = 16) -> tuple[int, bytes]:
+    status, _, raw = server.request(
+        "POST", protocol.table_path(name, "sample") + f"?batch_size={n}"
+    )
+    return status, raw
+
+
+def serve(live_server: Callable[..., Any], r: RedisProcess) -> Any:
+    server = live_server(redis=f"r={r.url}", redis_timeout=TIMEOUT)
+    create(server, "rt", backend={"kind": "redis", "connection": "r"})
+    extend(server, 0, 32, name="rt")
+    return server
+
+
+def test_a_redis_restarted_empty_makes_the_table_lost_never_zeros(
+    live_server: Callable[..., Any], redis_proc: RedisProcess
+) -> None:
+    server = serve(live_server, redis_proc)
+    status, raw = sample(server, "rt")
+    assert status == 200 and decode(raw)["id"].max() < 32
+    assert redis_proc.client.exists(*redis_proc.client.keys("*__tdreplay__"))
+
+    redis_proc.kill()
+    redis_proc.start()  # empty: no persistence
+    # an extend first: it must not recreate the table's keys (zero-filled) in the empty Redis
+    status, err, _ = error(
+        server, "POST", protocol.table_path("rt", "extend"), body=body(32, 8), headers=ARROW
+    )
+    assert (status, err["type"]) == (503, "TableLost"), err
+    assert redis_proc.client.dbsize() == 0
+    for detail in ("'r'", redis_proc.url.removesuffix("0").rstrip("/"), "restore", "checkpoint"):
+        assert detail.lower() in err["detail"].lower(), err["detail"]
+    status, err, _ = error(server, "POST", protocol.table_path("rt", "sample") + "?batch_size=16")
+    assert (status, err["type"]) == (503, "TableLost")
+
+    info = json.loads(server.request("GET", protocol.table_path("rt"))[2])
+    assert info["state"] == "lost"
+    status, _, raw = server.request("GET", "/readyz")
+    assert status == 503 and json.loads(raw)["lost"] == ["rt"]
+    metrics = server.request("GET", "/metrics")[2].decode()
+    assert 'tdreplay_table_lost{table="rt"} 1.0' in metrics
+
+    # deleting the lost table and creating it again serves again
+    assert server.request("DELETE", protocol.table_path("rt"))[0] == 204
+    create(server, "rt", backend={"kind": "redis", "connection": "r"})
+    extend(server, 0, 8, name="rt")
+    status, raw = sample(server, "rt")
+    assert status == 200 and decode(raw)["id"].max() < 8
+    assert server.request("GET", "/readyz")[0] == 200
+
+
+def test_a_redis_flushed_behind_the_server_is_noticed_on_the_next_sample(
+    live_server: Callable[..., Any], redis_proc: RedisProcess
+) -> None:
+    server = serve(live_server, redis_proc)
+    redis_proc.client.flushall()
+    time.sleep(1.05)  # reads check the marker at most once a second
+    status, err, _ = error(server, "POST", protocol.table_path("rt", "sample") + "?batch_size=16")
+    assert (status, err["type"]) == (503, "TableLost")
+
+
+def test_a_hung_redis_fails_its_table_in_time_and_other_tables_keep_serving(
+    live_server: Callable[..., Any], redis_proc: RedisProcess
+) -> None:
+    server = serve(live_server, redis_proc)
+    create(server, "mt")
+    extend(server, 0, 32, name="mt")
+
+    redis_proc.signal(signal.SIGSTOP)
+    results: list[tuple[int, str, float]] = []
+
+    def hung_call() -> None:
+        status, err, took = error(
+            server, "POST", protocol.table_path("rt", "sample") + "?batch_size=16"
+        )
+        results.append((status, err["type"], took))
+
+    callers = [threading.Thread(target=hung_call) for _ in range(12)]  # more than REDIS_CALLS
+    for t in callers:
+        t.start()
+    memory_took = []
+    try:
+        deadline = time.monotonic() + TIMEOUT * 1.5
+        while time.monotonic() < deadline:
+            start = time.monotonic()
+            status, _ = sample(server, "mt")
+            memory_took.append(time.monotonic() - start)
+            assert status == 200
+        for t in callers:
+            t.join(15)
+    finally:
+        redis_proc.signal(signal.SIGCONT)
+    assert max(memory_took) < 0.5, memory_took  # the memory table never waited on Redis
+    assert len(results) == 12
+    for status, kind, took in results:
+        assert (status, kind) == (503, "BackendError")
+        # TIMEOUT for a call, TIMEOUT more for one waiting its turn behind 4 hung ones
+        assert took < 2 * TIMEOUT + 1.5, results
+    status, raw = sample(server, "rt")  # continued: serves again
+    assert status == 200 and decode(raw)["id"].max() < 32
+
+
+def test_after_a_hang_the_table_serves_again(
+    live_server: Callable[..., Any], redis_proc: RedisProcess
+) -> None:
+    server = serve(live_server, redis_proc)
+    redis_proc.signal(signal.SIGSTOP)
+    try:
+        status, err, took = error(
+            server, "POST", protocol.table_path("rt", "sample") + "?batch_size=16"
+        )
+    finally:
+        redis_proc.signal(signal.SIGCONT)
+    assert (status, err["type"]) == (503, "BackendError")
+    assert took < TIMEOUT + 1.5
+    assert "'r'" in err["detail"] and f"{TIMEOUT:g}s" in err["detail"], err["detail"]
+    status, raw = sample(server, "rt")
+    assert status == 200 and decode(raw)["id"].max() < 32
+    extend(server, 32, 8, name="rt")
+    info = json.loads(server.request("GET", protocol.table_path("rt"))[2])
+    assert (info["state"], info["size"]) == ("ok", 40)
