@@ -17,6 +17,13 @@ A foreign client (pyarrow, no tdreplay) may send nested fixed-size lists
 instead of flat ones and may omit the metadata; the shape is then read from
 the list nesting.
 
+Bytes from the network are untrusted: before a column is read, its lengths
+and buffer sizes are checked against the bytes (Arrow's ``validate``, per
+column, never per row); nesting, shapes, metadata and the column count are
+bounded (:data:`MAX_NDIM`, :data:`MAX_DIM`, :data:`MAX_META_BYTES`,
+:data:`MAX_COLUMNS`). Whatever is wrong is a :class:`CodecError` naming the
+column.
+
     >>> import torch
     >>> from tensordict import TensorDict
     >>> td = TensorDict({"obs": torch.arange(6.).reshape(2, 3),
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -168,6 +176,19 @@ def encode(td: TensorDictBase | Mapping[Any, torch.Tensor]) -> pa.Buffer:
 
 
 # ------------------------------------------------------------------ decoding
+#: most dimensions an item may have (nested fixed-size lists, or ``tdreplay.shape`` entries)
+MAX_NDIM = 32
+#: largest item dimension, and largest item (elements) a column may declare
+MAX_DIM = (1 << 31) - 1
+#: most columns a record batch may have
+MAX_COLUMNS = 4096
+#: longest ``tdreplay.shape`` / ``tdreplay.dtype`` metadata value, in bytes
+MAX_META_BYTES = 512
+_SHAPE = re.compile(r"\[\s*(?:\d+\s*(?:,\s*\d+\s*)*)?\]", re.ASCII)
+#: what pyarrow raises on bytes or arrays it cannot make sense of
+_ARROW_ERRORS = (pa.ArrowException, OSError, ValueError, UnicodeDecodeError)
+
+
 def _buffer_tensor(buf: pa.Buffer, dtype: torch.dtype, offset: int, count: int) -> torch.Tensor:
     np_dtype = np.uint16 if dtype == torch.bfloat16 else _NUMPY[dtype]
     arr = np.frombuffer(
@@ -183,6 +204,8 @@ def _decode_values(values: pa.Array, dtype: torch.dtype, name: str) -> torch.Ten
     if values.null_count:
         raise CodecError(f"column {name!r} has {values.null_count} nulls", field=name)
     n = len(values)
+    if n == 0:  # a zero-size field, or no rows: there may be no data buffer at all
+        return torch.empty(0, dtype=dtype)
     if pa.types.is_boolean(values.type):
         bits = np.frombuffer(values.buffers()[1], dtype=np.uint8)
         unpacked = np.unpackbits(bits, bitorder="little", count=values.offset + n)[values.offset :]
@@ -194,50 +217,104 @@ def _decode_values(values: pa.Array, dtype: torch.dtype, name: str) -> torch.Ten
     return _buffer_tensor(values.buffers()[1], dtype, values.offset, n)
 
 
+def _meta_text(meta: Mapping[bytes, bytes], key: bytes, name: str) -> str | None:
+    raw = meta.get(key)
+    if raw is None:
+        return None
+    what = key.decode()
+    if len(raw) > MAX_META_BYTES:
+        raise CodecError(
+            f"column {name!r}: {what} metadata of {len(raw)} bytes (at most {MAX_META_BYTES})",
+            field=name,
+        )
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise CodecError(
+            f"column {name!r}: {what} metadata {raw[:40]!r} is not ASCII", field=name
+        ) from None
+
+
+def _declared_shape(text: str, name: str) -> list[int]:
+    """The item shape a ``tdreplay.shape`` value (``"[84, 84, 4]"``) declares."""
+    if not _SHAPE.fullmatch(text.strip()):
+        raise CodecError(
+            f"column {name!r}: bad shape metadata {text[:80]!r} (expected a list of integers >= 0)",
+            field=name,
+        )
+    shape = [int(d) for d in re.findall(r"\d+", text)]
+    _check_shape(shape, name, "shape metadata")
+    return shape
+
+
+def _check_shape(shape: list[int], name: str, what: str) -> None:
+    if len(shape) > MAX_NDIM:
+        raise CodecError(
+            f"column {name!r}: {what} has {len(shape)} dimensions (at most {MAX_NDIM})", field=name
+        )
+    if any(d > MAX_DIM for d in shape) or math.prod(shape) > MAX_DIM:
+        raise CodecError(
+            f"column {name!r}: {what} {shape[:8]} is too large (at most {MAX_DIM} elements per item)",
+            field=name,
+        )
+
+
 def from_column(f: pa.Field, arr: pa.Array) -> torch.Tensor:
-    """Decode one Arrow column into a tensor ``[N, *shape]``."""
+    """Decode one Arrow column into a tensor ``[N, *shape]``.
+
+    Raises:
+        CodecError: the column is malformed (buffers too small, lengths that
+            disagree), holds nulls, is of a type with no tensor dtype, nests
+            deeper than :data:`MAX_NDIM`, or its metadata is unreadable or
+            disagrees with its type.
+    """
     name = f.name
+    try:
+        arr.validate()  # O(nesting depth): buffer sizes and child lengths, before anything reads them
+    except _ARROW_ERRORS as err:
+        raise CodecError(f"column {name!r} is malformed: {err}", field=name) from None
     meta = f.metadata or {}
     n = len(arr)
     shape: list[int] = []
     values = arr
     while pa.types.is_fixed_size_list(values.type):
+        if len(shape) == MAX_NDIM:
+            raise CodecError(
+                f"column {name!r}: fixed-size lists nested deeper than {MAX_NDIM}", field=name
+            )
         if values.null_count:
             raise CodecError(f"column {name!r} has {values.null_count} nulls", field=name)
         size = values.type.list_size
         shape.append(size)
-        # flatten() honours the array's offset and length
-        values = values.flatten()
+        # the child array ignores the list's offset and length: slice it to this list's rows
+        values = values.values.slice(values.offset * size, len(values) * size)
+    _check_shape(shape, name, "list nesting")
     if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
         raise CodecError(
             f"column {name!r}: variable-size lists are not supported; use fixed_size_list",
             field=name,
         )
     base = values.type
-    if META_DTYPE in meta:
-        dname = meta[META_DTYPE].decode()
+    dname = _meta_text(meta, META_DTYPE, name)
+    if dname is not None:
         if dname not in _DTYPES_BY_NAME:
-            raise CodecError(f"column {name!r}: unknown dtype {dname!r} in metadata", field=name)
+            raise CodecError(
+                f"column {name!r}: unknown dtype {dname[:40]!r} in metadata", field=name
+            )
         dtype = _DTYPES_BY_NAME[dname]
         if _TO_ARROW[dtype] != base:
             raise CodecError(
-                f"column {name!r}: metadata says {dname} but the Arrow type is {base}", field=name
+                f"column {name!r}: metadata says {dname} but the Arrow type is {base} "
+                f"(a {dname} column travels as {_TO_ARROW[dtype]})",
+                field=name,
             )
     elif base in _FROM_ARROW:
         dtype = _FROM_ARROW[base]
     else:
         raise CodecError(f"column {name!r}: Arrow type {base} is not supported", field=name)
-    if META_SHAPE in meta:
-        try:
-            declared = json.loads(meta[META_SHAPE])
-        except ValueError:
-            raise CodecError(
-                f"column {name!r}: bad shape metadata {meta[META_SHAPE]!r}", field=name
-            ) from None
-        if not isinstance(declared, list) or not all(
-            isinstance(d, int) and d >= 0 for d in declared
-        ):
-            raise CodecError(f"column {name!r}: bad shape metadata {declared!r}", field=name)
+    text = _meta_text(meta, META_SHAPE, name)
+    if text is not None:
+        declared = _declared_shape(text, name)
         if math.prod(declared) != math.prod(shape):
             raise CodecError(
                 f"column {name!r}: shape metadata {declared} does not match list size {math.prod(shape)}",
@@ -253,31 +330,78 @@ def from_column(f: pa.Field, arr: pa.Array) -> torch.Tensor:
 
 
 def to_leaves(rb: pa.RecordBatch | pa.Table) -> dict[tuple[str, ...], torch.Tensor]:
-    """``{nested key: tensor}`` for every column of ``rb``."""
+    """``{nested key: tensor}`` for every column of ``rb``.
+
+    Raises:
+        CodecError: more than :data:`MAX_COLUMNS` columns, a column name that
+            is empty or has an empty part (``"a..b"``), twice the same name, a
+            name that is another's prefix (``x`` and ``x.y``), a column whose
+            length is not the batch's row count, or a column :func:`from_column`
+            cannot decode.
+    """
+    if rb.num_columns > MAX_COLUMNS:
+        raise CodecError(f"{rb.num_columns} columns (at most {MAX_COLUMNS})")
     out = {}
     for i, f in enumerate(rb.schema):
+        try:
+            f.name  # noqa: B018 - pyarrow decodes the name here
+        except UnicodeDecodeError:
+            raise CodecError(f"column #{i}: the name is not UTF-8") from None
         col = rb.column(i)
+        if len(col) != rb.num_rows:
+            raise CodecError(
+                f"column {f.name!r} has {len(col)} rows, the record batch says {rb.num_rows}",
+                field=f.name,
+            )
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
         key = tuple(f.name.split(SEP))
+        if not all(key):
+            raise CodecError(f"column {f.name!r}: empty key part", field=f.name)
         if key in out:
             raise CodecError(f"column {f.name!r} appears twice", field=f.name)
         out[key] = from_column(f, col)
+    # ``x`` and ``x.y`` cannot both be leaves (a TensorDict would keep only one of them)
+    for key in out:
+        for i in range(1, len(key)):
+            if key[:i] in out:
+                name, prefix = SEP.join(key), SEP.join(key[:i])
+                raise CodecError(
+                    f"column {name!r} clashes with column {prefix!r} (a leaf cannot hold keys)",
+                    field=name,
+                )
     return out
 
 
 def from_record_batch(rb: pa.RecordBatch | pa.Table) -> TensorDict:
-    """Decode a record batch into a TensorDict of batch ``[num_rows]`` (views on its buffers)."""
+    """Decode a record batch into a TensorDict of batch ``[num_rows]`` (views on its buffers).
+
+    Raises:
+        CodecError: a column cannot be decoded (see :func:`to_leaves`), or one
+            column's key is a prefix of another's (``x`` and ``x.y``).
+    """
     leaves = to_leaves(rb)
     td = TensorDict(batch_size=[rb.num_rows])
     for key, t in leaves.items():
         try:
             td.set(key, t)
-        except (RuntimeError, KeyError, ValueError) as err:
+        except (RuntimeError, KeyError, ValueError):
+            name = SEP.join(key)
             raise CodecError(
-                f"column {'.'.join(key)!r} clashes with another column: {err}", field=".".join(key)
+                f"column {name!r} clashes with another column (one key is a prefix of the other)",
+                field=name,
             ) from None
     return td
+
+
+def _open(
+    data: bytes | bytearray | memoryview | pa.Buffer,
+) -> tuple[pa.ipc.RecordBatchStreamReader, pa.BufferReader]:
+    source = pa.BufferReader(data if isinstance(data, pa.Buffer) else pa.py_buffer(data))
+    try:
+        return pa.ipc.open_stream(source), source
+    except _ARROW_ERRORS as err:
+        raise CodecError(f"malformed Arrow IPC stream: {err}") from None
 
 
 def read_batches(data: bytes | bytearray | memoryview | pa.Buffer) -> list[pa.RecordBatch]:
@@ -286,11 +410,37 @@ def read_batches(data: bytes | bytearray | memoryview | pa.Buffer) -> list[pa.Re
     Raises:
         CodecError: the bytes are not an Arrow IPC stream.
     """
+    reader, _ = _open(data)
     try:
-        reader = pa.ipc.open_stream(data if isinstance(data, pa.Buffer) else pa.py_buffer(data))
         return list(reader)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as err:
+    except _ARROW_ERRORS as err:
         raise CodecError(f"malformed Arrow IPC stream: {err}") from None
+
+
+def read_one(data: bytes | bytearray | memoryview | pa.Buffer) -> pa.RecordBatch:
+    """The one record batch of an Arrow IPC stream (stops reading at a second one).
+
+    Raises:
+        CodecError: the bytes are not an Arrow IPC stream, hold no record
+            batch or several, or go on after the stream's end.
+    """
+    reader, source = _open(data)
+    try:
+        batch = reader.read_next_batch()
+    except StopIteration:
+        raise CodecError("expected one record batch, got 0") from None
+    except _ARROW_ERRORS as err:
+        raise CodecError(f"malformed Arrow IPC stream: {err}") from None
+    try:
+        reader.read_next_batch()
+    except StopIteration:
+        extra = source.size() - source.tell()
+        if extra:
+            raise CodecError(f"{extra} bytes after the end of the Arrow IPC stream") from None
+        return batch
+    except _ARROW_ERRORS as err:
+        raise CodecError(f"malformed Arrow IPC stream after the record batch: {err}") from None
+    raise CodecError("expected one record batch, got 2 or more")
 
 
 def decode(data: bytes | bytearray | memoryview | pa.Buffer) -> TensorDict:
@@ -301,9 +451,6 @@ def decode(data: bytes | bytearray | memoryview | pa.Buffer) -> TensorDict:
 
     Raises:
         CodecError: the stream is malformed, holds no batch or several, or a
-            column cannot be decoded.
+            column cannot be decoded (see :func:`from_record_batch`).
     """
-    batches = read_batches(data)
-    if len(batches) != 1:
-        raise CodecError(f"expected one record batch, got {len(batches)}")
-    return from_record_batch(batches[0])
+    return from_record_batch(read_one(data))

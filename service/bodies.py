@@ -10,7 +10,12 @@
   the record batch's metadata, are then identical and say where every column
   lies. The first body of a layout is decoded by :func:`tdreplay.codec.decode`
   and its column offsets remembered under those bytes; the next ones are
-  sliced at the same offsets, without parsing anything.
+  sliced at the same offsets, without parsing anything. Only a canonical
+  body is remembered (one record batch, then the end-of-stream marker, every
+  column inside the body), and a body is only sliced if its metadata bytes,
+  its length and its end-of-stream marker are the remembered ones: then its
+  columns can only be where the remembered ones were. These checks are per
+  column, never per row; anything else goes to the codec.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from tdreplay.storage.spec import NestedKey
 from tdreplay.storage.tensordicts import nest
 
 from .errors import PayloadTooLarge
-from .wire import Pool
+from .wire import EOS, Pool
 
 
 class BodyBuffer:
@@ -151,7 +156,16 @@ def metadata_len(body: memoryview) -> int | None:
 
 
 class BodyLayout:
-    """Where each column of one body layout lies: ``(key, offset, bytes, dtype, shape)``."""
+    """Where each column of one body layout lies: ``(key, offset, bytes, dtype, shape)``.
+
+    A layout is only learnt from a body the codec decoded, and only if that
+    body is canonical: the schema message, one record-batch message whose
+    body holds every column (each inside the body, big enough for its rows),
+    then the end-of-stream marker and nothing else. A later body with the
+    same metadata bytes and the same length then has its columns exactly
+    where this one had them; :meth:`BodyDecoder.decode` also checks its
+    end-of-stream marker. All checks are per column, never per row.
+    """
 
     def __init__(
         self, n: int, total: int, columns: list[tuple[NestedKey, int, int, torch.dtype, list[int]]]
@@ -164,30 +178,56 @@ class BodyLayout:
     def learn(cls, body: memoryview, td: TensorDictBase) -> BodyLayout | None:
         """The layout of ``body`` given its codec decoding ``td``; ``None`` if it is not plain
         (a column that the codec had to convert, rather than view, is not sliced later)."""
-        rb = arrow.read_batches(body)[0]
+        end = metadata_len(body)
+        if end is None or bytes(body[-len(EOS) :]) != EOS:
+            return None
+        try:  # the codec read this body already: nothing here should fail
+            messages = pa.ipc.MessageReader.open_stream(pa.py_buffer(body))
+            messages.read_next_message()  # the schema
+            batch = messages.read_next_message()
+            rb = arrow.read_one(body)
+        except (pa.ArrowException, arrow.CodecError, StopIteration):  # pragma: no cover
+            return None
+        if batch.type != "record batch" or end + batch.body.size + len(EOS) != len(body):
+            return None  # something between the batch and the end of stream, or after it
         base = np.frombuffer(body, dtype=np.uint8).ctypes.data
+        n = rb.num_rows
         columns = []
         for i, field in enumerate(rb.schema):
+            key = tuple(field.name.split(arrow.SEP))
+            t = td.get(key)
+            shape = list(t.shape[1:])
+            numel = t.numel()
+            if numel == 0:  # zero-size field: nothing to slice
+                columns.append((key, end, 0, t.dtype, shape))
+                continue
             values = rb.column(i)
             while pa.types.is_fixed_size_list(values.type):
+                if values.offset or values.null_count:
+                    return None
                 values = values.values
             if values.offset or values.null_count:
                 return None
             data = values.buffers()[1]
-            key = tuple(field.name.split(arrow.SEP))
-            t = td.get(key)
             offset = data.address - base
+            needed = (numel + 7) // 8 if t.dtype == torch.bool else numel * t.dtype.itemsize
+            if not (end <= offset and offset + data.size <= len(body) - len(EOS)):
+                return None  # not inside the record batch's body (a copy, not a view)
+            if data.size < needed or offset % t.dtype.itemsize:
+                return None
             if t.dtype != torch.bool and t.data_ptr() != data.address:
                 return None  # converted, not viewed
-            columns.append((key, offset, data.size, t.dtype, list(t.shape[1:])))
-        return cls(rb.num_rows, len(body), columns)
+            columns.append((key, offset, data.size, t.dtype, shape))
+        return cls(n, len(body), columns)
 
     def decode(self, body: memoryview) -> TensorDictBase:
         n = self.n
         leaves = {}
         for key, offset, size, dtype, shape in self.columns:
             numel = n * int(np.prod(shape, dtype=np.int64))
-            if dtype == torch.bool:
+            if numel == 0:
+                flat = torch.empty(0, dtype=dtype)
+            elif dtype == torch.bool:
                 bits = np.frombuffer(body, dtype=np.uint8, count=size, offset=offset)
                 flat = torch.from_numpy(
                     np.unpackbits(bits, count=numel, bitorder="little").view(np.bool_)
@@ -214,7 +254,8 @@ class BodyDecoder:
         """A TensorDict of views on ``body`` (bool columns excepted: Arrow packs them into bits).
 
         Raises:
-            CodecError: the body is not an Arrow IPC stream of one record batch.
+            CodecError: the body is not an Arrow IPC stream of one record batch,
+                or a column cannot be decoded (see :func:`tdreplay.codec.decode`).
         """
         end = metadata_len(body)
         key = bytes(body[:end]) if end else None
@@ -222,7 +263,12 @@ class BodyDecoder:
             layout = self._layouts[key]
             self._layouts.move_to_end(key)
             # a read-only body (a chunked upload) is left to the codec: torch views need writable memory
-            if layout is not None and len(body) == layout.total and not body.readonly:
+            if (
+                layout is not None
+                and len(body) == layout.total
+                and not body.readonly
+                and body[-len(EOS) :] == EOS
+            ):
                 self.hits += 1
                 return layout.decode(body)
         td = arrow.decode(body)

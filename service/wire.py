@@ -29,6 +29,7 @@ release call is needed and none can be forgotten.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections import OrderedDict
@@ -84,6 +85,11 @@ class SampleLayout:
         #: key -> (offset, bytes, dtype, item shape) of each column's values
         self.columns: dict[NestedKey, tuple[int, int, torch.dtype, list[int]]] = {}
         for i, field in enumerate(back.schema):
+            key = tuple(field.name.split(arrow.SEP))
+            shape, dtype = full[key]
+            if math.prod(shape) == 0:  # a zero-size field: no bytes, nothing to gather
+                self.columns[key] = (self.header_len, 0, dtype, shape)
+                continue
             values = back.column(i)
             while pa.types.is_fixed_size_list(values.type):
                 values = values.values
@@ -91,8 +97,6 @@ class SampleLayout:
             offset = data.address - base
             if not 0 <= offset <= len(self.template) - data.size or offset % 8:
                 raise AssertionError(f"column {field.name!r} is not where expected in the template")
-            key = tuple(field.name.split(arrow.SEP))
-            shape, dtype = full[key]
             self.columns[key] = (offset, data.size, dtype, shape)
         self.nbytes = len(self.template)
         #: bytes of the record-batch message alone
@@ -109,7 +113,9 @@ class SampleLayout:
         out = np.empty(m * length, dtype=np.uint8)
         rows = out.reshape(m, length)
         rows[:] = self.template[self.header_len : self.header_len + length]
-        for key, (offset, _, dtype, _) in self.columns.items():
+        for key, (offset, size, dtype, _) in self.columns.items():
+            if size == 0:  # zero-size field (reshape(m, -1) of no elements is ambiguous)
+                continue
             src = batch.get(key).reshape(m, -1)
             at = offset - self.header_len
             if dtype == torch.bool:

@@ -19,6 +19,7 @@ from tdreplay.codec import (
     read_batches,
     to_record_batch,
 )
+from tdreplay.codec.arrow import MAX_COLUMNS, MAX_NDIM
 
 DTYPES = [
     torch.bool,
@@ -175,6 +176,19 @@ def test_malformed_bytes() -> None:
             decode(data)
 
 
+def test_bytes_after_the_end_of_stream() -> None:
+    data = ipc(pa.record_batch({"a": [1, 2]}))
+    assert decode(data)["a"].tolist() == [1, 2]
+    with pytest.raises(CodecError, match="16 bytes after the end of the Arrow IPC stream"):
+        decode(data + b"\x00" * 16)
+
+
+def test_too_many_columns() -> None:
+    rb = pa.record_batch({f"c{i}": pa.array([1], pa.int8()) for i in range(MAX_COLUMNS + 1)})
+    with pytest.raises(CodecError, match=f"{MAX_COLUMNS + 1} columns"):
+        decode(ipc(rb))
+
+
 def test_batch_count() -> None:
     two = pa.Table.from_batches([pa.record_batch({"a": [1]}), pa.record_batch({"a": [2]})])
     with pytest.raises(CodecError, match="expected one record batch, got 2"):
@@ -183,6 +197,12 @@ def test_batch_count() -> None:
     pa.ipc.new_stream(sink, pa.schema([("a", pa.int64())])).close()
     with pytest.raises(CodecError, match="got 0"):
         decode(sink.getvalue())
+
+
+def _nested(arr: pa.Array, levels: int) -> pa.Array:
+    for _ in range(levels):
+        arr = pa.FixedSizeListArray.from_arrays(arr, 1)
+    return arr
 
 
 def _tagged(arr: pa.Array, name: str = "x", **meta: object) -> pa.RecordBatch:
@@ -245,6 +265,49 @@ BAD = {
         "a.b",
         "clashes",
     ),
+    "prefix after the leaf": (
+        pa.record_batch([pa.array([1]), pa.array([2])], names=["a.b", "a"]),
+        "a.b",
+        "clashes with column 'a'",
+    ),
+    "empty key part": (
+        pa.record_batch([pa.array([1])], names=["a..b"]),
+        "a..b",
+        "empty key part",
+    ),
+    "shape metadata nested deep": (  # json.loads of it raised RecursionError
+        _tagged(pa.array([[1, 2]], pa.list_(pa.int64(), 2)), "p", shape="[" * 100_000),
+        "p",
+        "metadata of 100000 bytes",
+    ),
+    "shape metadata of booleans": (
+        _tagged(pa.array([[1, 2]], pa.list_(pa.int64(), 2)), "p", shape="[true, 2]"),
+        "p",
+        "bad shape metadata",
+    ),
+    "shape metadata too large": (
+        _tagged(pa.array([[1, 2]], pa.list_(pa.int64(), 2)), "p", shape="[0, 1" + "0" * 30 + "]"),
+        "p",
+        "too large",
+    ),
+    "non-ASCII dtype metadata": (
+        pa.RecordBatch.from_arrays(
+            [pa.array([1])],
+            schema=pa.schema([pa.field("d", pa.int64(), metadata={b"tdreplay.dtype": b"\xff"})]),
+        ),
+        "d",
+        "not ASCII",
+    ),
+    "bfloat16 on float32": (
+        _tagged(pa.array([1.0], pa.float32()), "b", dtype="bfloat16"),
+        "b",
+        "a bfloat16 column travels as uint16",
+    ),
+    "lists nested too deep": (
+        pa.record_batch([_nested(pa.array([1.0]), MAX_NDIM + 1)], names=["deep"]),
+        "deep",
+        f"nested deeper than {MAX_NDIM}",
+    ),
 }
 
 
@@ -277,3 +340,17 @@ def test_from_column_checks_row_count() -> None:
     arr = pa.array([1.0, 2.0, 3.0], pa.float32())
     f = pa.field("x", arr.type, metadata={b"tdreplay.shape": b"[1]"})
     assert from_column(f, arr).shape == (3, 1)
+
+
+@pytest.mark.parametrize("shape", [[0], [3, 0], [0, 2]], ids=str)
+@pytest.mark.parametrize("n", [0, 4])
+def test_zero_size_fields_round_trip(shape: list[int], n: int) -> None:
+    """A field with no elements per item keeps its shape and dtype (and never reads a buffer)."""
+    td = TensorDict(
+        {str(d).removeprefix("torch."): torch.zeros([n, *shape], dtype=d) for d in DTYPES},
+        batch_size=[n],
+    )
+    td["id"] = torch.arange(n)
+    back = decode(encode(td))
+    for key, t in td.items():
+        assert back[key].shape == t.shape and back[key].dtype == t.dtype, key

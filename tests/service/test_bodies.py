@@ -68,3 +68,59 @@ def test_converted_columns_are_never_sliced() -> None:
         td = decoder.decode(_view(data))
         assert td["x"].dtype == torch.int32 and td["x"].tolist() == [1, 2, 65535]
     assert decoder.hits == 0
+
+
+def test_a_body_like_a_remembered_layout_is_checked() -> None:
+    """Same metadata bytes as a remembered layout, but not the same body: the codec judges it."""
+    decoder = BodyDecoder()
+    data = encode(rows(0, 4)).to_pybytes()
+    decoder.decode(_view(data))
+    broken_end = data[:-8] + b"\xff\xff\xff\xff\x10\x00\x00\x00"  # same length, no end of stream
+    for bad in (broken_end, data + b"\x00" * 8, data[:-9]):
+        with pytest.raises(CodecError):
+            decoder.decode(_view(bad))
+    assert_rows_match(decoder.decode(_view(data[:-8])))  # no end-of-stream marker: still a stream
+    assert decoder.hits == 0
+
+
+def test_only_canonical_bodies_are_remembered() -> None:
+    """A body with bytes after its end of stream is refused, and no layout is learnt from it."""
+    decoder = BodyDecoder()
+    data = encode(rows(0, 4)).to_pybytes()
+    for _ in range(2):
+        with pytest.raises(CodecError, match="after the end"):
+            decoder.decode(_view(data + b"\x00" * 8))
+    assert decoder.hits == 0
+    assert all(layout is None for layout in decoder._layouts.values())
+
+
+@pytest.mark.parametrize("shape", [[0], [3, 0]], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.bfloat16], ids=str)
+def test_zero_size_fields(shape: list[int], dtype: torch.dtype) -> None:
+    """Zero-size fields neither break the fast path in nor the sample bodies out."""
+    from tensordict import TensorDict
+
+    from tdreplay.codec import decode
+    from tdreplay.service.wire import SampleBuffer, SampleLayout
+
+    td = TensorDict({"id": torch.arange(3), "z": torch.zeros([3, *shape], dtype=dtype)}, [3])
+    decoder = BodyDecoder()
+    for _ in range(3):
+        back = decoder.decode(_view(encode(td).to_pybytes()))
+        assert back["z"].shape == (3, *shape) and back["z"].dtype == dtype
+        assert back["id"].tolist() == [0, 1, 2]
+    assert decoder.hits == 2
+    layout = SampleLayout({("id",): ([], torch.int64), ("z",): (shape, dtype)}, n=3)
+    lease = SampleBuffer(layout).lease()
+    lease.out["id"].copy_(torch.arange(3))
+    lease.finish()
+    sampled = decode(lease.body)
+    assert sampled["z"].shape == (3, *shape) and sampled["id"].tolist() == [0, 1, 2]
+    run = TensorDict(
+        {
+            k: torch.zeros([6, *lease.out.get(k).shape[1:]], dtype=lease.out.get(k).dtype)
+            for k in lease.out.keys(True, True)
+        },
+        [6],
+    )
+    assert len(layout.tile(run, 2)) == 2 * layout.batch_len
