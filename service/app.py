@@ -28,11 +28,13 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from prometheus_client import Counter
+from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import protocol
 from tdreplay.storage import TableSpec
+from tdreplay.storage.backends import stored_specs
 from tdreplay.storage.debris import clean_checkpoints, is_complete, is_debris
-from tdreplay.storage.errors import SchemaError, TableNotFound
+from tdreplay.storage.errors import SchemaError, TableExists, TableNotFound
 from tdreplay.storage.rootlock import lock_root
 
 from . import errors, tuning
@@ -163,18 +165,43 @@ class PeriodicCheckpoints:
 
 
 async def load_tables(registry: Registry, settings: Settings) -> None:
-    """Create the schemas' tables; with ``settings.restore``, restore checkpoints instead."""
+    """Bring the tables back, newest data first, then create the schemas' new ones.
+
+    1. Memmap tables left under ``<root>/tables/`` are reopened with every row
+       acknowledged before the last process ended (crash included); a schema of
+       the same name must describe the same table (else the start fails: the
+       data is kept, never replaced behind the operator's back).
+    2. With ``settings.restore``, the checkpoints of tables not reopened are restored.
+    3. The schemas' tables still missing are created (dead data an earlier
+       non-durable table of the same name left in its folder is replaced).
+    """
     specs = load_specs(settings)
-    restored = set()
+    wanted = {spec.name: spec for spec in specs}
+    loaded = set()
+    for stored in await run_in_threadpool(stored_specs, registry.root):
+        schema = wanted.get(stored.name)
+        if schema is not None and schema != stored:
+            raise TableExists(
+                f"table {stored.name!r}: the data under {registry.root / 'tables'} was written "
+                f"under another schema than {settings.schema_path}'s (capacity "
+                f"{stored.capacity} vs {schema.capacity}, backend {stored.backend.kind} vs "
+                f"{schema.backend.kind}); it is kept: serve the old schema, or move the "
+                "folder away",
+                table=stored.name,
+            )
+        handle = await registry.open(stored)
+        loaded.add(stored.name)
+        log.info("table %r reopened from disk (%d rows)", stored.name, handle.table.size)
     if settings.restore:
         for name in checkpoints_under(registry.root):
+            if name in loaded:
+                log.info("table %r: its data on disk is newer than its checkpoint", name)
+                continue
             await registry.restore(name)
-            restored.add(name)
+            loaded.add(name)
             log.info("table %r restored from %s", name, registry.checkpoint_path(name))
     for spec in specs:
-        if spec.name not in restored:
-            # The schema is the operator's: data its table left in its own folder
-            # (a server stopped without a checkpoint) is replaced.
+        if spec.name not in loaded:
             await registry.create(spec, replace=True)
             log.info(
                 "table %r created (%s, capacity %d)", spec.name, spec.backend.kind, spec.capacity

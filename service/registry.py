@@ -67,7 +67,9 @@ class TableHandle:
         self.name = table.name
         self.changes = Changes(asyncio.get_running_loop())
         table.add_listener(self.changes.notify_threadsafe)
-        self.recent = RecentRequests(settings.idempotency_size, settings.idempotency_ttl)
+        self.recent = RecentRequests(
+            settings.idempotency_size, settings.idempotency_ttl, settings.idempotency_bytes
+        )
         self.samples = SampleBuffers(table.spec.torch_schema(), per_size=settings.pooled_buffers)
         self.max_body = settings.max_body_bytes
         kind = table.spec.backend.kind
@@ -419,6 +421,27 @@ class Registry:
             table = await run_in_threadpool(
                 lambda: Table.create(
                     spec, self.root, seed=self.settings.seed, replace=replace, redis=self.redis
+                )
+            )
+            table.fsync = self.settings.fsync == "always"
+            return self._install(table)
+
+    async def open(self, spec: TableSpec) -> TableHandle:
+        """Admit ``spec`` and reopen its memmap table from disk (or create it; see ``Table.open``).
+
+        Raises:
+            TableExists: its data on disk was written under another schema.
+            See :meth:`create` for the rest.
+        """
+        nbytes = self.admit(spec)
+        with self._reserve(spec.name, nbytes):
+            table = await run_in_threadpool(
+                lambda: Table.open(
+                    spec,
+                    self.root,
+                    seed=self.settings.seed,
+                    redis=self.redis,
+                    fsync=self.settings.fsync == "always",
                 )
             )
             return self._install(table)

@@ -198,6 +198,13 @@ class Settings(BaseSettings):
     )
 
     # -- lifecycle ----------------------------------------------------------
+    fsync: Literal["never", "always"] = Field(
+        default="never",
+        description="memmap tables: 'never' - an acknowledged extend survives a crash of the "
+        "server process (its rows and state are in the page cache), the kernel writes them to "
+        "disk within seconds; 'always' - every extend and sample is flushed to disk before it "
+        "is answered (survives a power loss; costs a disk flush per call).",
+    )
     checkpoint_on_shutdown: bool = Field(
         default=False, description="Checkpoint every table to <root>/checkpoints/ on shutdown."
     )

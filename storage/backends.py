@@ -212,7 +212,15 @@ class TensorBackend(Backend):
         return {k: t[start:stop] for k, t in self.tensors.items()}
 
     def flush(self) -> None:
-        pass  # memmap pages are written back by the kernel; nothing to do for memory/shared
+        """memmap: fsync the row files (their dirty pages go to disk); nothing for memory/shared."""
+        if self.path is None:
+            return
+        for file in self.path.rglob("*.memmap"):
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         self.tensors.clear()
@@ -692,6 +700,111 @@ def sweep(spec: TableSpec, root: str | Path) -> list[Path]:
                     _delete(path)
                     deleted.append(path)
     return deleted
+
+
+def stored_specs(root: str | Path) -> list[TableSpec]:
+    """The specs of the tables a process left reopenable under ``<root>/tables/`` (memmap).
+
+    Only folders carrying their own marker are looked at; a stored spec goes
+    through the same validation as any other (:meth:`TableSpec.parse`).
+
+    Raises:
+        SchemaError: a stored spec is invalid.
+    """
+    from .durable import DurableState
+
+    area = Path(root) / TABLES_DIR
+    if not area.is_dir() or area.is_symlink():
+        return []
+    out = []
+    for folder in sorted(area.iterdir()):
+        name = marker_of(folder)
+        if name != folder.name or folder.is_symlink():
+            continue
+        newest: tuple[float, dict[str, Any]] | None = None
+        for location in sorted(folder.iterdir()):
+            if location.is_symlink() or not DurableState.complete(location):
+                continue
+            stored, created = DurableState.read_spec(location)
+            if newest is None or created > newest[0]:
+                newest = (created, stored)
+        if newest is not None:
+            spec = TableSpec.parse(newest[1], source=f"{folder} (stored spec)")
+            if spec.name == name:
+                out.append(spec)
+    return out
+
+
+def reopen(spec: TableSpec, root: str | Path) -> TensorBackend | None:
+    """Map the rows a memmap table of ``spec`` left in its folder, to reopen it (``None``: nothing to reopen).
+
+    Of the table's locations holding a complete state (see
+    :mod:`tdreplay.storage.durable`), the newest is taken: an older one is dead
+    data of a restore that was under way (:func:`sweep` deletes it once the
+    table is open). Row files are mapped with the dtype and shape the spec
+    gives, their size checked; nothing is unpickled.
+
+    Raises:
+        TableExists: the folder is not the table's own, or its data was written
+            under another schema (it is left as it is).
+        BackendError: a row file is missing or has the wrong size.
+    """
+    from .durable import DurableState, spec_matches
+
+    if not isinstance(spec.backend, MemmapBackend):
+        return None
+    folder = table_dir(spec, root)
+    if not folder.exists():
+        return None
+    own_table_dir(spec, root)
+    with _HELD_GUARD:
+        found = [
+            p for p in has_data(spec, root) if _key(p) not in _HELD and DurableState.complete(p)
+        ]
+    if not found:
+        return None
+    stamped = []
+    for location in found:
+        stored, created = DurableState.read_spec(location)
+        stamped.append((created, location, stored))
+    _, location, stored = max(stamped, key=lambda x: x[0])
+    if not spec_matches(stored, spec):
+        raise TableExists(
+            f"table {spec.name!r}: {location} holds its data under another schema "
+            f"(capacity {stored.get('capacity')}, fields {sorted(stored.get('fields', {}))}); "
+            "it is left as it is: serve the old schema, or create the table with replace "
+            "to delete that data",
+            table=spec.name,
+            field="name",
+            got=str(location),
+        )
+    claim = _claim(location, replace=True)
+    if claim.path != location:  # taken meanwhile by a table of this process
+        claim.release()
+        return None
+    try:
+        tensors = {}
+        for key, (shape, dtype) in spec.torch_schema().items():
+            file = location.joinpath(*key[:-1], f"{key[-1]}.memmap")
+            n = spec.capacity * math.prod(shape)
+            expected = n * dtype.itemsize
+            got = file.stat().st_size if file.is_file() else None
+            if got != expected:
+                raise BackendError(
+                    f"table {spec.name!r}: {file} "
+                    f"{'is missing' if got is None else f'holds {got} bytes'}, expected "
+                    f"{expected}: the table's data is damaged",
+                    table=spec.name,
+                )
+            t = torch.from_file(str(file), shared=True, size=n, dtype=dtype)
+            tensors[key] = t.view(spec.capacity, *shape)
+        td = TensorDict(batch_size=[spec.capacity])
+        for key, t in tensors.items():
+            td.set(key, t)
+        return TensorBackend(spec, td, claim)
+    except BaseException:
+        claim.release()
+        raise
 
 
 Exists = Literal["error", "replace", "beside"]

@@ -27,14 +27,25 @@ class Slots:
         self.busy = torch.zeros(capacity, dtype=torch.bool)
         # A slot's times_sampled and seq side by side: a sample updates the first
         # and reads both, one cache line per slot however large the table.
-        pairs = torch.zeros((capacity, 2), dtype=torch.int64)
-        self.times_sampled = pairs[:, 0]
-        self.seq = pairs[:, 1]
+        self.pairs = torch.zeros((capacity, 2), dtype=torch.int64)
+        self.times_sampled = self.pairs[:, 0]
+        self.seq = self.pairs[:, 1]
         self.seq.fill_(-1)
         self.n_live = 0
         #: slots ``[0, hi)`` have been written at least once
         self.hi = 0
         self.next_seq = 0
+
+    def columns(self) -> dict[str, torch.Tensor]:
+        """The per-slot tensors that hold durable state (see :mod:`tdreplay.storage.durable`)."""
+        return {"slots.live": self.live, "slots.pairs": self.pairs}
+
+    def bind_columns(self, columns: dict[str, torch.Tensor]) -> None:
+        """Use ``columns`` (same shapes and dtypes, e.g. memory-mapped) instead of the own tensors."""
+        self.live = columns["slots.live"]
+        self.pairs = columns["slots.pairs"]
+        self.times_sampled = self.pairs[:, 0]
+        self.seq = self.pairs[:, 1]
 
     def free(self) -> torch.Tensor:
         """Mask of slots neither live nor busy."""

@@ -42,7 +42,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from . import spec as S
-from .backends import Backend, allocate
+from .backends import Backend, allocate, reopen, sweep
+from .durable import STATE_DIR, DurableState
 from .errors import EmptyTableError, InvalidRequest, RateLimitTimeout
 from .rate_limiter import RateLimiter
 from .redis_conn import RedisConnection, connections
@@ -70,7 +71,13 @@ class Table:
     """
 
     def __init__(
-        self, spec: TableSpec, backend: Backend, *, root: str | Path, seed: int | None = None
+        self,
+        spec: TableSpec,
+        backend: Backend,
+        *,
+        root: str | Path,
+        seed: int | None = None,
+        reopen: bool = False,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -113,6 +120,15 @@ class Table:
             split_key(self.writer.key) if isinstance(self.writer, MaxValueWriter) else None
         )
         self.closed = False
+        #: memmap tables keep their state in files beside the rows (see durable.py)
+        self._durable: DurableState | None = None
+        self._fsync = False
+        if spec.backend.kind == "memmap" and backend.location is not None:
+            folder = Path(backend.location) / STATE_DIR
+            if reopen:
+                self._durable = DurableState.open(folder, self)
+            else:
+                self._durable = DurableState.create(folder, self)
         # counters for info/metrics
         self.created_at = time.time()
         self.bytes_in = 0
@@ -155,7 +171,91 @@ class Table:
         backend = allocate(
             spec, root, exists="replace" if replace else "error", redis=connections(redis)
         )
-        return cls(spec, backend, root=root, seed=seed)
+        try:
+            table = cls(spec, backend, root=root, seed=seed)
+        except BaseException:
+            backend.destroy()
+            raise
+        table._commit()
+        return table
+
+    @classmethod
+    def open(
+        cls,
+        spec: TableSpec | str | Path,
+        root: str | Path = "./tdreplay-data",
+        *,
+        seed: int | None = None,
+        redis: Mapping[str, str | RedisConnection] | None = None,
+        fsync: bool = False,
+    ) -> Table:
+        """Reopen the memmap table a process left in ``<root>/tables/<name>/``, or create it.
+
+        A memmap table keeps its rows and its state in files (see
+        :mod:`tdreplay.storage.durable`): after its process ended - a clean
+        stop, ``kill -9`` - it comes back with every insert that returned.
+        Other backends, and a memmap table with nothing on disk, are created
+        new (an earlier table's leftovers there are an error, as for
+        :meth:`create`).
+
+        Args:
+            spec: a :class:`TableSpec`, or the path of a schema file.
+            root: the data root.
+            seed: seed of the sampling generator.
+            redis: Redis connections by name (see :meth:`create`).
+            fsync: flush rows and state to disk before every extend and sample
+                returns (survives a power loss, at the cost of a disk flush).
+
+        Raises:
+            TableExists: the data on disk was written under another schema.
+            BackendError: the data on disk is damaged.
+
+        Example:
+            >>> import tempfile, torch
+            >>> from tensordict import TensorDict
+            >>> root = tempfile.mkdtemp()
+            >>> spec = TableSpec.model_validate({"name": "t", "capacity": 8,
+            ...     "fields": {"x": {"shape": [], "dtype": "int64"}}})
+            >>> t = Table.open(spec, root)
+            >>> _ = t.extend(TensorDict({"x": torch.arange(3)}, [3]))
+            >>> t.close()   # or a crash: the rows are in the files already
+            >>> Table.open(spec, root).size
+            3
+        """
+        if not isinstance(spec, TableSpec):
+            spec = TableSpec.from_file(spec)
+        backend = reopen(spec, root)
+        if backend is None:
+            table = cls.create(spec, root, seed=seed, redis=redis)
+        else:
+            table = cls(spec, backend, root=root, seed=seed, reopen=True)
+            table._commit()
+            sweep(spec, root)
+        table.fsync = fsync
+        return table
+
+    @property
+    def fsync(self) -> bool:
+        """Whether extends and samples flush rows and state to disk before returning (memmap)."""
+        return self._fsync
+
+    @fsync.setter
+    def fsync(self, value: bool) -> None:
+        self._fsync = bool(value)
+        if self._durable is not None:
+            self._durable.fsync = self._fsync
+
+    def _commit(self) -> None:
+        """Mark a memmap table's state complete: from now on it can be reopened."""
+        if self._durable is not None:
+            with self._cond:
+                self._durable.save()
+                self._durable.commit()
+
+    def _persist(self) -> None:
+        """Write the state record (memmap tables); the caller holds ``_cond``."""
+        if self._durable is not None:
+            self._durable.save()
 
     @classmethod
     def restore(
@@ -339,12 +439,17 @@ class Table:
                 self.slots.busy[target] = False
                 self._notify()
             raise
+        if self._fsync:
+            self.backend.flush()
         with self._cond:
             s = self.slots
             s.busy[target] = False
-            s.live[target] = True
+            # An item's own state first, "live" last (see durable.py): a crash in
+            # between leaves the slots empty, never live with a predecessor's state.
             s.seq[target] = seq
             s.times_sampled[target] = 0
+            self.sampler.before_live(index, episode)
+            s.live[target] = True
             s.n_live += k
             top = target.stop if isinstance(target, slice) else int(index.max()) + 1
             s.hi = max(s.hi, top)
@@ -353,6 +458,7 @@ class Table:
                 self.sampler.update_priority(index, priority)
             self.rate_limiter.inserted(k)
             self.bytes_in += k * self._item_nbytes
+            self._persist()
             self._notify()
         return index
 
@@ -497,6 +603,7 @@ class Table:
                     self._remove(done)
             self.rate_limiter.sampled(n)
             self.bytes_out += n * self._item_nbytes
+            self._persist()
             # Take the read lock before letting go of the table lock: slots just
             # evicted cannot be overwritten until the gather below is done.
             self._data_lock.acquire_read()
@@ -576,6 +683,7 @@ class Table:
             key = key.to(torch.int64)
         with self._cond:
             updated = self.sampler.update_priority(index, priority, key)
+            self._persist()
             self._notify()
         return updated
 
@@ -631,6 +739,9 @@ class Table:
             self._episode_base = int(state.get("episode_base", 0))
             if "generator" in state:
                 self.generator.set_state(state["generator"])
+            if self._durable is not None:  # a restore: the state is whole now
+                self._durable.save()
+                self._durable.commit()
             self._notify()
 
     # ------------------------------------------------------------ persistence

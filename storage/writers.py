@@ -55,6 +55,15 @@ class Writer:
     def claim(self, n: int, values: torch.Tensor | None = None) -> Claim:
         raise NotImplementedError
 
+    def columns(self) -> dict[str, torch.Tensor]:
+        """Per-slot tensors holding state to keep across a crash (see :mod:`tdreplay.storage.durable`)."""
+        return {}
+
+    def bind_columns(self, columns: dict[str, torch.Tensor]) -> None:
+        """Use ``columns`` (same shapes and dtypes) instead of the own tensors of :meth:`columns`."""
+        for name, tensor in columns.items():
+            setattr(self, name.rpartition(".")[2], tensor)
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -176,6 +185,9 @@ class MaxValueWriter(Writer):
         rows_t, index_t = rows_t[keep], index_t[keep]
         self.values[index_t] = v[rows_t]
         return Claim(index_t, index_t, rows_t)
+
+    def columns(self) -> dict[str, torch.Tensor]:
+        return {"writer.values": self.values}
 
     def state_dict(self) -> dict[str, Any]:
         return {"values": self.values.clone()}

@@ -30,6 +30,22 @@ class Sampler:
         self.slots = slots
         self.generator = generator
 
+    def columns(self) -> dict[str, torch.Tensor]:
+        """Per-slot tensors holding state to keep across a crash (see :mod:`tdreplay.storage.durable`)."""
+        return {}
+
+    def bind_columns(self, columns: dict[str, torch.Tensor]) -> None:
+        """Use ``columns`` (same shapes and dtypes) instead of the own tensors of :meth:`columns`."""
+        for name, tensor in columns.items():
+            setattr(self, name.rpartition(".")[2], tensor)
+
+    def before_live(self, index: torch.Tensor, episode: torch.Tensor | None) -> None:
+        """Write the per-slot state of new items, before the slots become live.
+
+        A crash between this and :meth:`on_insert` leaves the items not live;
+        one after leaves them live with their own state, never a predecessor's.
+        """
+
     def on_insert(self, index: torch.Tensor, episode: torch.Tensor | None = None) -> None:
         """``index`` (in insertion order) now holds live items."""
 

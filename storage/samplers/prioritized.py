@@ -50,9 +50,15 @@ class PrioritizedSampler(Sampler):
     def _leaf(self, p: torch.Tensor) -> torch.Tensor:
         return (p + self.eps) ** self.alpha
 
-    def on_insert(self, index: torch.Tensor, episode: torch.Tensor | None = None) -> None:
+    def columns(self) -> dict[str, torch.Tensor]:
+        return {"sampler.priorities": self.priorities}
+
+    def before_live(self, index: torch.Tensor, episode: torch.Tensor | None) -> None:
         p = self.initial_priority if self.initial_priority is not None else self.max_priority
         self.priorities[index] = p
+
+    def on_insert(self, index: torch.Tensor, episode: torch.Tensor | None = None) -> None:
+        self.before_live(index, episode)
         self.tree.set(index, self._leaf(self.priorities[index]))
 
     def on_remove(self, index: torch.Tensor) -> None:

@@ -101,9 +101,15 @@ class SliceSampler(Sampler):
             return slice(first, first + m)
         return torch.arange(first, first + m, dtype=torch.int64) % cap
 
-    def on_insert(self, index: torch.Tensor, episode: torch.Tensor | None = None) -> None:
+    def columns(self) -> dict[str, torch.Tensor]:
+        return {"sampler.episode": self.episode}
+
+    def before_live(self, index: torch.Tensor, episode: torch.Tensor | None) -> None:
         assert episode is not None, "the slice sampler needs episode ids"
         self.episode[index] = episode
+
+    def on_insert(self, index: torch.Tensor, episode: torch.Tensor | None = None) -> None:
+        self.before_live(index, episode)
         self._refresh(index)
 
     def on_remove(self, index: torch.Tensor) -> None:

@@ -1,0 +1,326 @@
+"""Crash-durable memmap tables: a table's state lives in files beside its rows.
+
+A memmap table's rows are memory-mapped files; once a write returns, the
+bytes are in the kernel's page cache and survive a crash of the process
+(``kill -9``, an OOM kill) - only a crash of the host can lose them before
+the kernel writes them back. This module gives the table's *state* the same
+property, so a restarted server reopens every acknowledged row without a
+checkpoint:
+
+* **Per-slot columns** (``live``, insert number and times sampled per slot,
+  priorities, episode ids, max-value keys) are memory-mapped files too:
+  the table's parts keep using plain tensors, which are views of the files
+  (``columns()`` / ``bind_columns()`` of :class:`~tdreplay.storage.slots.Slots`,
+  the samplers and the writers). Updating them costs what it costs in RAM.
+* **Scalars** (write cursor, queue head, stack top, rate-limiter counters,
+  episode counter, largest priority) are one small record written at the end
+  of every state change, into one of two alternating slots of ``record.bin``,
+  each with a generation number and a checksum: a record torn by a crash is
+  detected and the other slot used.
+* **Ordering**: an insert writes its rows, then the new items' per-slot state
+  (:meth:`Sampler.before_live <tdreplay.storage.samplers.Sampler.before_live>`),
+  then marks them live, then the record. Whatever instant a crash hits, a live
+  slot holds a whole item and its own state; an insert cut short leaves its
+  slots not live (never served). What the record may miss after such a crash
+  (a count of the last insert) is derived again from the columns on open:
+  live count, high-water mark, next insert number, the ring's cursor, the
+  queue's head, the stack's top.
+* **Generator, sumtree, slice validity, epoch permutation** are rebuilt on
+  open (a without-replacement sampler starts a new epoch).
+
+Layout, inside the table's storage folder (``<root>/tables/<name>/storage``)::
+
+    .tdreplay-state/
+      spec.json        the table's spec; written last: a folder without it is incomplete
+      record.bin       two scalar records (generation, checksum)
+      <column>.bin     one raw file per per-slot column
+
+With ``fsync=True`` every extend and sample also flushes the row and state
+files to disk before it returns (survives a power loss; costs a disk flush
+per call).
+
+Nothing here is read with pickle: raw little-endian arrays whose dtype and
+shape come from the spec, and JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import struct
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .errors import BackendError, InsufficientStorage
+from .spec import TableSpec
+
+if TYPE_CHECKING:
+    from .table import Table
+
+STATE_DIR = ".tdreplay-state"
+SPEC_FILE = "spec.json"
+RECORD_FILE = "record.bin"
+
+#: the scalars of a table, in the order the record stores them
+SCALARS = (
+    "cursor",
+    "head",
+    "top",
+    "inserts",
+    "samples",
+    "insert_waits",
+    "sample_waits",
+    "episode_base",
+    "next_seq",
+    "max_priority",
+)
+_RECORD_WORDS = 2 + len(SCALARS)  # generation, checksum, scalars
+_RECORD_BYTES = 8 * _RECORD_WORDS
+_MASK = (1 << 63) - 1
+
+
+def _checksum(words: list[int]) -> int:
+    h = 1469598103934665603
+    for w in words:
+        h = ((h ^ (w & _MASK)) * 1099511628211) & _MASK
+    return h
+
+
+def _as_word(value: float | int) -> int:
+    if isinstance(value, float):
+        return struct.unpack("<q", struct.pack("<d", value))[0]
+    return int(value)
+
+
+def _as_float(word: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", word))[0]
+
+
+def _create_file(path: Path, nbytes: int) -> None:
+    """A zero-filled file of ``nbytes``, its blocks allocated now (ENOSPC here, not SIGBUS later)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        if nbytes:
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as err:
+                if err.errno in (28, 122):  # ENOSPC, EDQUOT
+                    raise InsufficientStorage(
+                        f"no room for {path} ({nbytes} bytes): {err.strerror}"
+                    ) from None
+                if err.errno not in (95,):  # EOPNOTSUPP: the file system cannot; size it
+                    raise
+                os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def _map(path: Path, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    expected = math.prod(shape) * dtype.itemsize
+    got = path.stat().st_size
+    if got != expected:
+        raise BackendError(f"{path} holds {got} bytes, expected {expected}: damaged table state")
+    if not expected:
+        return torch.empty(shape, dtype=dtype)
+    return torch.from_file(str(path), shared=True, size=math.prod(shape), dtype=dtype).view(shape)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DurableState:
+    """The files that keep a memmap table's state (see the module docstring).
+
+    Build it with :meth:`create` (a new, empty table: columns initialised from
+    the table's fresh parts) or :meth:`open` (a table reopened after its process
+    ended: columns mapped, scalars read back and reconciled).
+    """
+
+    def __init__(self, folder: Path, table: Table) -> None:
+        self.folder = folder
+        self.table = table
+        self._record: np.ndarray | None = None
+        self._gen = 0
+        self.fsync = False
+
+    # ------------------------------------------------------------ columns
+    @staticmethod
+    def _columns(table: Table) -> dict[str, torch.Tensor]:
+        return {**table.slots.columns(), **table.sampler.columns(), **table.writer.columns()}
+
+    def _bind(self, mapped: dict[str, torch.Tensor]) -> None:
+        t = self.table
+        t.slots.bind_columns({k: v for k, v in mapped.items() if k.startswith("slots.")})
+        t.sampler.bind_columns({k: v for k, v in mapped.items() if k.startswith("sampler.")})
+        t.writer.bind_columns({k: v for k, v in mapped.items() if k.startswith("writer.")})
+
+    def _map_record(self) -> None:
+        path = self.folder / RECORD_FILE
+        self._record = np.memmap(path, dtype="<i8", mode="r+", shape=(2, _RECORD_WORDS))
+
+    @classmethod
+    def create(cls, folder: Path, table: Table) -> DurableState:
+        """Lay out the state files of a new table and bind its parts to them."""
+        state = cls(folder, table)
+        folder.mkdir()
+        mapped = {}
+        for name, tensor in cls._columns(table).items():
+            path = folder / f"{name}.bin"
+            _create_file(path, tensor.numel() * tensor.element_size())
+            m = _map(path, tensor.dtype, tuple(tensor.shape))
+            m.copy_(tensor)
+            mapped[name] = m
+        _create_file(folder / RECORD_FILE, 2 * _RECORD_BYTES)
+        state._map_record()
+        state._bind(mapped)
+        state.save()
+        return state
+
+    def commit(self) -> None:
+        """Mark the state complete (the table may be reopened from it): ``spec.json``, written last."""
+        spec = self.table.spec.model_dump(mode="json")
+        body = json.dumps({"spec": spec, "created_at": time.time()})
+        tmp = self.folder / f"{SPEC_FILE}.tmp"
+        tmp.write_text(body)
+        os.replace(tmp, self.folder / SPEC_FILE)
+
+    @staticmethod
+    def complete(location: Path) -> bool:
+        """Whether ``location`` holds the complete state of a table (it can be reopened)."""
+        return (location / STATE_DIR / SPEC_FILE).is_file()
+
+    @staticmethod
+    def read_spec(location: Path) -> tuple[dict[str, Any], float]:
+        """The spec (as JSON) and creation time of the table whose state is at ``location``."""
+        data = json.loads((location / STATE_DIR / SPEC_FILE).read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("spec"), dict):
+            raise BackendError(f"{location}: damaged table state ({SPEC_FILE})")
+        return data["spec"], float(data.get("created_at", 0.0))
+
+    @classmethod
+    def open(cls, folder: Path, table: Table) -> DurableState:
+        """Map the state files of ``folder`` into ``table`` and restore its scalars.
+
+        Raises:
+            BackendError: a file is missing or has the wrong size.
+        """
+        state = cls(folder, table)
+        mapped = {}
+        for name, tensor in cls._columns(table).items():
+            mapped[name] = _map(folder / f"{name}.bin", tensor.dtype, tuple(tensor.shape))
+        state._map_record()
+        state._bind(mapped)
+        state._load()
+        return state
+
+    # ------------------------------------------------------------ scalars
+    def scalars(self) -> dict[str, int | float]:
+        t = self.table
+        w, smp, rl = t.writer, t.sampler, t.rate_limiter
+        return {
+            "cursor": getattr(w, "cursor", 0),
+            "head": getattr(smp, "head", 0),
+            "top": getattr(w, "top", 0),
+            "inserts": rl.inserts,
+            "samples": rl.samples,
+            "insert_waits": rl.insert_waits,
+            "sample_waits": rl.sample_waits,
+            "episode_base": t._episode_base,
+            "next_seq": t.slots.next_seq,
+            "max_priority": float(getattr(smp, "max_priority", 0.0)),
+        }
+
+    def save(self) -> None:
+        """Write the scalar record (into the older of the two slots). Caller holds the table lock."""
+        assert self._record is not None
+        self._gen += 1
+        values = self.scalars()
+        words = [self._gen, *(_as_word(values[k]) for k in SCALARS)]
+        record = [words[0], _checksum(words), *words[1:]]
+        self._record[self._gen % 2] = record
+        if self.fsync:
+            self.flush()
+
+    def _read_record(self) -> dict[str, int | float] | None:
+        assert self._record is not None
+        best = None
+        for row in np.array(self._record):
+            words = [int(x) for x in row]
+            gen, check, rest = words[0], words[1], words[2:]
+            if gen <= 0 or _checksum([gen, *rest]) != check:
+                continue  # never written, or torn by a crash
+            if best is None or gen > best[0]:
+                best = (gen, rest)
+        if best is None:
+            return None
+        self._gen = best[0]
+        out: dict[str, int | float] = dict(zip(SCALARS, best[1], strict=True))
+        out["max_priority"] = _as_float(int(out["max_priority"]))
+        return out
+
+    def _load(self) -> None:
+        """Restore the scalars from the record, then re-derive from the columns what they pin down."""
+        t = self.table
+        rec = self._read_record() or dict.fromkeys(SCALARS, 0)
+        s = t.slots
+        live = s.live
+        written = (s.seq >= 0).nonzero().squeeze(1)
+        n_live = int(live.sum())
+        hi = int(written.max()) + 1 if len(written) else 0
+        newest = int(s.seq.max()) if len(written) else -1
+        next_seq = max(int(rec["next_seq"]), newest + 1)
+        # The ring's cursor is the slot after the newest item; the queue's head
+        # its oldest live item; the stack's top the end of its live run.
+        cursor = (int(s.seq.argmax()) + 1) % s.capacity if len(written) else 0
+        live_idx = live.nonzero().squeeze(1)
+        if len(live_idx):
+            head = int(live_idx[s.seq[live_idx].argmin()])
+            top = int(live_idx.max()) + 1
+        else:
+            head, top = cursor, 0
+        state = t.state_dict()
+        state["slots"].update(n_live=n_live, hi=hi, next_seq=next_seq)
+        if "cursor" in state["writer"]:
+            state["writer"]["cursor"] = cursor
+        if "top" in state["writer"]:
+            state["writer"]["top"] = top
+        if "head" in state["sampler"]:
+            state["sampler"]["head"] = head
+        if "max_priority" in state["sampler"]:
+            state["sampler"]["max_priority"] = max(float(rec["max_priority"]), 1e-12)
+        behind = max(0, next_seq - int(rec["next_seq"]))  # inserts the record missed
+        state["rate_limiter"].update(
+            inserts=int(rec["inserts"]) + behind,
+            samples=int(rec["samples"]),
+            insert_waits=int(rec["insert_waits"]),
+            sample_waits=int(rec["sample_waits"]),
+        )
+        state["episode_base"] = int(rec["episode_base"])
+        state.pop("generator", None)  # a reopened table draws from a fresh seed
+        t.load_state_dict(state)
+
+    # ------------------------------------------------------------ disk
+    def files(self) -> list[Path]:
+        return sorted(p for p in self.folder.iterdir() if p.suffix == ".bin")
+
+    def flush(self) -> None:
+        """fsync the state files (their dirty pages go to disk)."""
+        for path in self.files():
+            with contextlib.suppress(FileNotFoundError):
+                _fsync(path)
+
+
+def spec_matches(stored: dict[str, Any], spec: TableSpec) -> bool:
+    """Whether a stored spec (JSON) describes the same table layout as ``spec``."""
+    return stored == spec.model_dump(mode="json")
