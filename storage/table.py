@@ -434,13 +434,13 @@ class Table:
                 self.backend.write(target, data)
             finally:
                 self._data_lock.release_write()
+            if self._fsync:
+                self.backend.flush()
         except BaseException:
             with self._cond:  # the slots stay empty; what they held was evicted above
                 self.slots.busy[target] = False
                 self._notify()
             raise
-        if self._fsync:
-            self.backend.flush()
         with self._cond:
             s = self.slots
             s.busy[target] = False
