@@ -99,8 +99,10 @@ def checkpoints_under(root: Path) -> list[str]:
 
 
 #: backends whose tables ``--checkpoint-every`` checkpoints: their rows live in the
-#: process (memory, shared) or in a file a crash can leave torn (h5)
-PERIODIC_BACKENDS = frozenset({"memory", "shared", "h5"})
+#: process (memory, shared), in a file a crash can leave torn (h5), or on a Redis whose
+#: persistence tdreplay cannot see (redis). memmap tables are reopened from their own
+#: files after a crash (storage/durable.py).
+PERIODIC_BACKENDS = frozenset({"memory", "shared", "h5", "redis"})
 
 
 class PeriodicCheckpoints:

@@ -115,8 +115,10 @@ class Settings(BaseSettings):
         "a create or restore past it answers 507.",
     )
     max_table_bytes: int = Field(
-        default=16 * GiB, ge=1, description="Largest table (capacity x (item + per-slot bookkeeping)); a schema "
-        "past it is refused with 422."
+        default=16 * GiB,
+        ge=1,
+        description="Largest table (capacity x (item + per-slot bookkeeping)); a schema "
+        "past it is refused with 422.",
     )
     default_timeout: float = Field(
         default=30.0,
@@ -211,11 +213,11 @@ class Settings(BaseSettings):
     checkpoint_every: float | None = Field(
         default=None,
         ge=0,
-        description="Checkpoint every memory, shared and h5 table to <root>/checkpoints/<name> "
-        "every this many seconds (0 or unset: never): --restore after a crash loses at most that "
-        "much. memmap and redis tables are skipped, their rows living outside the process (files, "
-        "the Redis server); a restart still restores them from checkpoints only. Failures are "
-        "logged and counted on /metrics.",
+        description="Checkpoint every memory, shared, h5 and redis table to "
+        "<root>/checkpoints/<name> every this many seconds (0 or unset: never): --restore after a "
+        "crash loses at most that much. memmap tables are skipped: a restarted server reopens "
+        "them from their own files with every acknowledged row. Failures are logged and counted "
+        "on /metrics.",
     )
     shutdown_timeout: float = Field(
         default=30.0,
