@@ -44,7 +44,8 @@ def main() -> int:
         if not pattern.search(text):
             print(f"README.md has no <!-- {name} --> markers", file=sys.stderr)
             return 1
-        text = pattern.sub(lambda m: m.group(1) + render() + m.group(2), text)
+        body = render()
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), text)
         print(f"rendered {name} from bench/results/{source}")
     readme.write_text(text)
     return 0
