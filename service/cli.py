@@ -72,6 +72,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         else:
             if typing.get_origin(annotation) is list:
                 kwargs["nargs"] = "+"
+                kwargs["action"] = "extend"  # a repeated flag adds to the list
                 annotation = typing.get_args(annotation)[0]
             choices = _choices(annotation)
             if choices:

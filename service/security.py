@@ -132,6 +132,13 @@ def confine(root: Path, given: str, *, field: str = "path") -> Path:
         encoded = b""
     if not encoded or b"\x00" in encoded or len(encoded) > MAX_PATH:
         raise InvalidRequest(f"{field} {given[:80]!r} is not a usable path", field=field)
+    if Path(given).is_absolute():
+        raise InvalidRequest(
+            f"{field} {given[:80]!r} is absolute; give a path relative to the data root",
+            field=field,
+            expected="a path relative to the data root",
+            got=given[:80],
+        )
     if any(len(part.encode()) > MAX_NAME for part in Path(given).parts):
         raise InvalidRequest(f"{field}: a name in {given[:80]!r} is too long", field=field)
     base = root.resolve()

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .diskspace import reserve
+from .diskspace import fsync_path, reserve
 from .errors import (
     BackendError,
     InsufficientStorage,
@@ -216,11 +216,7 @@ class TensorBackend(Backend):
         if self.path is None:
             return
         for file in self.path.rglob("*.memmap"):
-            fd = os.open(file, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(file)
 
     def close(self) -> None:
         self.tensors.clear()

@@ -85,7 +85,7 @@ from tensordict import TensorDict
 from . import checkpoint_reader as R
 from . import statefile as SF
 from .backends import allocate, primary_location, sweep
-from .diskspace import insufficient, is_full
+from .diskspace import fsync_path, insufficient, is_full
 from .errors import CheckpointError, InvalidCheckpoint, TDReplayError
 from .redis_conn import Connections
 from .spec import NestedKey, TableSpec
@@ -110,12 +110,7 @@ BACKGROUND_NICE = 10
 _SMALL = 1 << 20
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_fsync_dir = fsync_path
 
 
 def _fsync_tree(path: Path) -> None:

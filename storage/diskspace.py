@@ -58,6 +58,15 @@ def is_full(err: BaseException) -> bool:
     return False
 
 
+def fsync_path(path: str | Path) -> None:
+    """fsync a file or a folder (its dirty pages, mapped ones included, go to disk)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def free_bytes(path: str | Path) -> int:
     """Free bytes (for an unprivileged user) on the file system of ``path`` or its nearest existing parent."""
     p = Path(path)

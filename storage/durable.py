@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .diskspace import fsync_path
 from .errors import BackendError, InsufficientStorage
 from .spec import TableSpec
 
@@ -115,14 +116,6 @@ def _map(path: Path, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor
     if not expected:
         return torch.empty(shape, dtype=dtype)
     return torch.from_file(str(path), shared=True, size=math.prod(shape), dtype=dtype).view(shape)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class DurableState:
@@ -307,7 +300,7 @@ class DurableState:
         """fsync the state files (their dirty pages go to disk)."""
         for path in self.files():
             with contextlib.suppress(FileNotFoundError):
-                _fsync(path)
+                fsync_path(path)
 
 
 def spec_matches(stored: dict[str, Any], spec: TableSpec) -> bool:

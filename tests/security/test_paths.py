@@ -192,10 +192,12 @@ def test_checkpoint_never_replaces_what_is_not_its_own(env: dict[str, Any]) -> N
         "checkpoints/note.txt",  # a user file
         "checkpoints/./u",
         "checkpoints/mine/../u",
-        str(env["root"] / "checkpoints" / "u"),  # absolute, but into the area
     ]:
         answer = probe(env, "checkpoint", {"path": path}, 409)
         assert answer["type"] == "PathExists" and answer["field"] == "path", (path, answer)
+    # an absolute path is refused even when it leads into the area
+    answer = probe(env, "checkpoint", {"path": str(env["root"] / "checkpoints" / "u")}, 400)
+    assert "absolute" in answer["detail"], answer
 
 
 def test_restore_paths_outside_the_area_are_refused(env: dict[str, Any]) -> None:

@@ -225,3 +225,15 @@ def test_the_token_is_given_once_and_never_printed(
     assert "sp ace-token" not in str(exc.value)
     monkeypatch.delenv("TDREPLAY_TOKEN")
     assert "file-token" not in repr(Settings(token_file=secret))
+
+
+def test_a_repeated_list_flag_adds_to_the_list() -> None:
+    """``--redis a=URL --redis b=URL`` configures both (argparse would keep only the last)."""
+    from tdreplay.service.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["serve", "--redis", "a=redis://h:1/0", "--redis", "b=redis://h:2/0", "c=redis://h:3/0"]
+    )
+    assert args.redis == ["a=redis://h:1/0", "b=redis://h:2/0", "c=redis://h:3/0"]
+    settings = Settings(redis=args.redis)
+    assert sorted(settings.redis_connections) == ["a", "b", "c"]
