@@ -33,8 +33,9 @@ from starlette.concurrency import run_in_threadpool
 from tdreplay.codec import protocol
 from tdreplay.storage import TableSpec
 from tdreplay.storage.backends import stored_specs
+from tdreplay.storage.checkpoint import read_metadata
 from tdreplay.storage.debris import clean_checkpoints, is_complete, is_debris
-from tdreplay.storage.errors import SchemaError, TableExists, TableNotFound
+from tdreplay.storage.errors import SchemaError, TableNotFound, TDReplayError
 from tdreplay.storage.rootlock import lock_root
 
 from . import errors, tuning
@@ -82,6 +83,14 @@ def _override_backend(spec: TableSpec, settings: Settings) -> TableSpec:
     return TableSpec.parse(data, source=f"{spec.name} (backend {kind})")
 
 
+def _holds(checkpoint: Path, name: str) -> bool:
+    """Whether the checkpoint folder holds table ``name`` (a named checkpoint of another does not)."""
+    try:
+        return read_metadata(checkpoint).get("spec", {}).get("name") == name
+    except (TDReplayError, AttributeError):
+        return False
+
+
 def checkpoints_under(root: Path) -> list[str]:
     """Tables with a complete checkpoint in ``<root>/checkpoints/<name>``.
 
@@ -94,7 +103,7 @@ def checkpoints_under(root: Path) -> list[str]:
     return sorted(
         p.name
         for p in folder.iterdir()
-        if not is_debris(p.name) and "." not in p.name and is_complete(p)
+        if not is_debris(p.name) and "." not in p.name and is_complete(p) and _holds(p, p.name)
     )
 
 
@@ -180,18 +189,26 @@ async def load_tables(registry: Registry, settings: Settings) -> None:
     specs = load_specs(settings)
     wanted = {spec.name: spec for spec in specs}
     loaded = set()
-    for stored in await run_in_threadpool(stored_specs, registry.root):
+    failed = registry.failed  # name -> why: not served, data kept (shown by /readyz)
+    for stored in await run_in_threadpool(stored_specs, registry.root, failed):
         schema = wanted.get(stored.name)
         if schema is not None and schema != stored:
-            raise TableExists(
-                f"table {stored.name!r}: the data under {registry.root / 'tables'} was written "
-                f"under another schema than {settings.schema_path}'s (capacity "
-                f"{stored.capacity} vs {schema.capacity}, backend {stored.backend.kind} vs "
-                f"{schema.backend.kind}); it is kept: serve the old schema, or move the "
-                "folder away",
-                table=stored.name,
+            why = (
+                f"its data under {registry.root / 'tables'} was written under another schema than "
+                f"{settings.schema_path}'s (capacity {stored.capacity} vs {schema.capacity}, "
+                f"backend {stored.backend.kind} vs {schema.backend.kind}); it is kept: serve the "
+                "old schema, or move the folder away"
             )
-        handle = await registry.open(stored)
+            log.error("table %r not served: %s", stored.name, why)
+            failed[stored.name] = why
+            continue
+        try:
+            handle = await registry.open(stored)
+        except TDReplayError as err:
+            # One damaged table must not keep the others from being served; its data is kept.
+            log.error("table %r not reopened, its data is kept as it is: %s", stored.name, err)
+            failed[stored.name] = str(err)
+            continue
         loaded.add(stored.name)
         log.info("table %r reopened from disk (%d rows)", stored.name, handle.table.size)
     if settings.restore:
@@ -199,10 +216,17 @@ async def load_tables(registry: Registry, settings: Settings) -> None:
             if name in loaded:
                 log.info("table %r: its data on disk is newer than its checkpoint", name)
                 continue
-            await registry.restore(name)
+            try:
+                await registry.restore(name)
+            except TDReplayError as err:
+                log.error("table %r not restored, its checkpoint is kept as it is: %s", name, err)
+                failed[name] = str(err)
+                continue
             loaded.add(name)
             log.info("table %r restored from %s", name, registry.checkpoint_path(name))
     for spec in specs:
+        if spec.name in failed:
+            continue  # its data (on disk, in its checkpoint) waits for the operator
         if spec.name not in loaded:
             await registry.create(spec, replace=True)
             log.info(

@@ -293,6 +293,8 @@ class Registry:
         self._tables: dict[str, TableHandle] = {}
         self._pending: dict[str, int] = {}  # name -> bytes reserved by a create/restore under way
         self.redis = settings.redis_connections
+        #: tables found on start that could not be served (name -> why); their data is kept
+        self.failed: dict[str, str] = {}
 
     def __contains__(self, name: object) -> bool:
         return name in self._tables
@@ -376,6 +378,16 @@ class Registry:
     def _reserve(self, name: str, nbytes: int = 0, *, replace: bool = False) -> Iterator[None]:
         if name in self._pending or (not replace and name in self._tables):
             raise TableExists(f"table {name!r} already exists", table=name, field="name", got=name)
+        if name not in self._tables and len(self._tables) + len(self._pending) >= (
+            self.settings.max_tables
+        ):
+            raise InsufficientStorage(
+                f"table {name!r}: the server serves {len(self._tables)} tables, its limit "
+                f"(--max-tables {self.settings.max_tables}); delete one first",
+                table=name,
+                field="name",
+                expected=f"<= {self.settings.max_tables} tables",
+            )
         # A replacement holds both tables while it runs: the old one counts too.
         total = self.total_bytes() + nbytes
         limit = self.settings.max_total_bytes
@@ -501,7 +513,9 @@ class Registry:
         nbytes = self.admit(spec)
         with self._reserve(name, nbytes, replace=True):
             table = await run_in_threadpool(
-                lambda: Table.restore(path, self.root, seed=self.settings.seed, redis=self.redis)
+                lambda: Table.restore(
+                    path, self.root, seed=self.settings.seed, redis=self.redis, expect=spec
+                )
             )
             old = self._tables.get(name)
             handle = self._install(table)

@@ -108,6 +108,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=256 * MiB, ge=1, description="Largest request or sample body, in bytes (413)."
     )
+    max_tables: int = Field(
+        default=1024,
+        ge=1,
+        description="Most tables served at once (each costs memory maps, a request-id memory and "
+        "metrics); a create or restore past it answers 507.",
+    )
     max_total_bytes: int = Field(
         default=64 * GiB,
         ge=1,

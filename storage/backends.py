@@ -698,14 +698,13 @@ def sweep(spec: TableSpec, root: str | Path) -> list[Path]:
     return deleted
 
 
-def stored_specs(root: str | Path) -> list[TableSpec]:
+def stored_specs(root: str | Path, failed: dict[str, str] | None = None) -> list[TableSpec]:
     """The specs of the tables a process left reopenable under ``<root>/tables/`` (memmap).
 
     Only folders carrying their own marker are looked at; a stored spec goes
-    through the same validation as any other (:meth:`TableSpec.parse`).
-
-    Raises:
-        SchemaError: a stored spec is invalid.
+    through the same validation as any other (:meth:`TableSpec.parse`). A
+    table whose stored spec is unreadable or invalid is left out, and why is
+    put in ``failed`` (its data is kept as it is).
     """
     from .durable import DurableState
 
@@ -717,17 +716,23 @@ def stored_specs(root: str | Path) -> list[TableSpec]:
         name = marker_of(folder)
         if name != folder.name or folder.is_symlink():
             continue
-        newest: tuple[float, dict[str, Any]] | None = None
-        for location in sorted(folder.iterdir()):
-            if location.is_symlink() or not DurableState.complete(location):
+        try:
+            newest: tuple[float, dict[str, Any]] | None = None
+            for location in sorted(folder.iterdir()):
+                if location.is_symlink() or not DurableState.complete(location):
+                    continue
+                stored, created = DurableState.read_spec(location)
+                if newest is None or created > newest[0]:
+                    newest = (created, stored)
+            if newest is None:
                 continue
-            stored, created = DurableState.read_spec(location)
-            if newest is None or created > newest[0]:
-                newest = (created, stored)
-        if newest is not None:
             spec = TableSpec.parse(newest[1], source=f"{folder} (stored spec)")
-            if spec.name == name:
-                out.append(spec)
+        except (TDReplayError, OSError, ValueError) as err:
+            if failed is not None:
+                failed[name] = f"its stored state is unreadable: {err}"
+            continue
+        if spec.name == name:
+            out.append(spec)
     return out
 
 

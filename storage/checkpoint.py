@@ -527,6 +527,7 @@ def restore(
     *,
     seed: int | None = None,
     redis: Connections | None = None,
+    expect: TableSpec | None = None,
 ) -> Table:
     """Rebuild a table from the checkpoint at ``path`` (see :meth:`Table.restore`).
 
@@ -554,6 +555,12 @@ def restore(
     if not isinstance(meta.get("spec"), dict):
         raise InvalidCheckpoint(f"{src / 'metadata.json'}: 'spec' is missing or not an object")
     spec = TableSpec.parse(meta["spec"], source=str(src / "metadata.json"))
+    if expect is not None and spec != expect:
+        # The caller checked ``expect`` (name, backend, limits); this is the read that counts.
+        raise InvalidCheckpoint(
+            f"{src / 'metadata.json'} changed while it was being restored; nothing was restored",
+            table=expect.name,
+        )
     hi, ted2flat = meta.get("hi"), meta.get("ted2flat", False)
     if not isinstance(hi, int) or isinstance(hi, bool) or not 0 <= hi <= spec.capacity:
         raise InvalidCheckpoint(

@@ -37,6 +37,7 @@ import logging
 import os
 import re
 import shutil
+import uuid
 from pathlib import Path
 
 from .checkpoint import _ASIDE, _TMP
@@ -105,8 +106,11 @@ def clean_checkpoints(folder: str | Path) -> list[str]:
         complete = [p for p in olds if p.is_dir() and not p.is_symlink() and is_complete(p)]
         complete.sort(key=lambda p: p.stat().st_mtime, reverse=True)
         if complete:
-            if os.path.lexists(target):  # not a checkpoint: it cannot be restored anyway
-                delete(target, "an incomplete checkpoint")
+            if os.path.lexists(target):
+                # Not a complete checkpoint - but maybe not ours either: set aside, never deleted.
+                aside = folder / f"{name}.incomplete-{uuid.uuid4().hex[:8]}"
+                os.rename(target, aside)
+                done.append(f"moved {name} aside to {aside.name} (not a complete checkpoint)")
             os.rename(complete[0], target)
             done.append(
                 f"renamed {complete[0].name} back to {name} (the last complete checkpoint of {name})"

@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import mmap
 import os
 import struct
 import time
@@ -56,11 +55,13 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from .diskspace import fsync_path
 from .errors import BackendError, InsufficientStorage
 from .spec import TableSpec
+from .statefile import StateError
 
 if TYPE_CHECKING:
     from .table import Table
@@ -129,7 +130,7 @@ class DurableState:
     def __init__(self, folder: Path, table: Table) -> None:
         self.folder = folder
         self.table = table
-        self._record: mmap.mmap | None = None
+        self._record: np.ndarray | None = None
         self._gen = 0
         self.fsync = False
 
@@ -145,11 +146,16 @@ class DurableState:
         t.writer.bind_columns({k: v for k, v in mapped.items() if k.startswith("writer.")})
 
     def _map_record(self) -> None:
-        fd = os.open(self.folder / RECORD_FILE, os.O_RDWR)
-        try:
-            self._record = mmap.mmap(fd, 2 * _RECORD_BYTES)
-        finally:
-            os.close(fd)
+        path = self.folder / RECORD_FILE
+        if path.stat().st_size != 2 * _RECORD_BYTES:
+            raise BackendError(
+                f"{path} holds {path.stat().st_size} bytes, expected {2 * _RECORD_BYTES}: "
+                "damaged table state (or written by another version of tdreplay)"
+            )
+        # torch maps the file and closes it: a table costs no file descriptor
+        mapped = torch.from_file(str(path), shared=True, size=2 * _RECORD_BYTES, dtype=torch.uint8)
+        self._mapped = mapped  # keeps the mapping alive
+        self._record = mapped.numpy()
 
     @classmethod
     def create(cls, folder: Path, table: Table) -> DurableState:
@@ -203,7 +209,10 @@ class DurableState:
             mapped[name] = _map(folder / f"{name}.bin", tensor.dtype, tuple(tensor.shape))
         state._map_record()
         state._bind(mapped)
-        state._load()
+        try:
+            state._load()
+        except StateError as err:  # the columns disagree with each other: not served
+            raise BackendError(f"{folder}: damaged table state: {err}") from None
         return state
 
     # ------------------------------------------------------------ scalars
@@ -231,7 +240,8 @@ class DurableState:
             float(getattr(smp, "max_priority", 0.0)),
         )
         start = (self._gen % 2) * _RECORD_BYTES
-        self._record[start : start + _RECORD.size] = body + zlib.crc32(body).to_bytes(8, "little")
+        record = body + zlib.crc32(body).to_bytes(8, "little")
+        self._record[start : start + _RECORD.size] = np.frombuffer(record, dtype=np.uint8)
         if self.fsync:
             self.flush()
 
@@ -239,7 +249,7 @@ class DurableState:
         assert self._record is not None
         best = None
         for slot in range(2):
-            raw = self._record[slot * _RECORD_BYTES : slot * _RECORD_BYTES + _RECORD.size]
+            raw = self._record[slot * _RECORD_BYTES : slot * _RECORD_BYTES + _RECORD.size].tobytes()
             *values, check = _RECORD.unpack(raw)
             gen = values[0]
             if gen == 0 or zlib.crc32(raw[: _BODY.size]) != check:

@@ -110,9 +110,10 @@ class RateLimiter:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         where = "rate_limiter"
-        inserts = SF.integer(state, "inserts", where)
-        samples = SF.integer(state, "samples", where)
-        waits = {k: SF.integer(state, k, where) if k in state else 0 for k in self._WAITS}
+        top = 1 << 62  # counters stay exact in int64 (and in a durable table's record)
+        inserts = SF.integer(state, "inserts", where, hi=top)
+        samples = SF.integer(state, "samples", where, hi=top)
+        waits = {k: SF.integer(state, k, where, hi=top) if k in state else 0 for k in self._WAITS}
         self.inserts, self.samples = inserts, samples
         self.insert_waits, self.sample_waits = waits["insert_waits"], waits["sample_waits"]
 

@@ -19,6 +19,9 @@ import torch
 
 from . import statefile as SF
 
+#: the largest insert number a table may reach (int64 arithmetic on it stays exact)
+MAX_SEQ = 1 << 62
+
 
 class Slots:
     def __init__(self, capacity: int) -> None:
@@ -75,11 +78,24 @@ class Slots:
         times_sampled = SF.tensor(state, "times_sampled", where, like=self.times_sampled)
         n_live = SF.integer(state, "n_live", where, hi=self.capacity)
         hi = SF.integer(state, "hi", where, hi=self.capacity)
-        next_seq = SF.integer(state, "next_seq", where)
+        next_seq = SF.integer(state, "next_seq", where, hi=MAX_SEQ)
         if int(live.sum()) != n_live:
             raise SF.StateError(f"slots.n_live is {n_live} but {int(live.sum())} slots are live")
         if bool(live[hi:].any()):
             raise SF.StateError(f"slots.live: a slot at or past slots.hi ({hi}) is live")
+        live_seq = seq[live]
+        if len(live_seq):
+            # a live item has its own insert number, below next_seq, unique in the table
+            if int(live_seq.min()) < 0 or int(live_seq.max()) >= next_seq:
+                raise SF.StateError(
+                    f"slots.seq: a live slot's insert number is outside [0, next_seq={next_seq})"
+                )
+            if len(torch.unique(live_seq)) != len(live_seq):
+                raise SF.StateError("slots.seq: two live slots hold the same insert number")
+        if bool((seq < -1).any()) or bool((seq >= next_seq).any()):
+            raise SF.StateError(f"slots.seq: an insert number is outside [-1, {next_seq})")
+        if bool((times_sampled < 0).any()):
+            raise SF.StateError("slots.times_sampled: a count is negative")
         self.live.copy_(live)
         self.busy.zero_()
         self.seq.copy_(seq)

@@ -51,6 +51,7 @@ from .rwlock import RWLock
 from .samplers import Sampler, make_sampler
 from .slots import Slots
 from .spec import NestedKey, TableSpec, join_key, split_key
+from .statefile import StateError
 from .tensordicts import fill, key_tree, nest
 from .validation import INFO_KEYS, RowChecker
 from .writers import MaxValueWriter, Writer, make_writer
@@ -228,7 +229,11 @@ class Table:
         if backend is None:
             table = cls.create(spec, root, seed=seed, redis=redis)
         else:
-            table = cls(spec, backend, root=root, seed=seed, reopen=True)
+            try:
+                table = cls(spec, backend, root=root, seed=seed, reopen=True)
+            except BaseException:
+                backend.close()  # lets the location go; its data stays as it is
+                raise
             table._commit()
             sweep(spec, root)
         table.fsync = fsync
@@ -265,6 +270,7 @@ class Table:
         *,
         seed: int | None = None,
         redis: Mapping[str, str | RedisConnection] | None = None,
+        expect: TableSpec | None = None,
     ) -> Table:
         """Rebuild a table from a checkpoint written by :meth:`checkpoint`.
 
@@ -280,6 +286,9 @@ class Table:
             root: data root of the restored table (default: the checkpoint's parent).
             seed: seed of the sampling generator.
             redis: Redis connections by name (for a checkpoint of a redis table).
+            expect: the spec the caller read from the checkpoint and checked: the
+                restore is refused (``InvalidCheckpoint``) unless it is still the one
+                there (a checkpoint folder changed between check and use).
 
         Raises:
             CheckpointError: the folder holds no readable checkpoint, or the
@@ -290,7 +299,7 @@ class Table:
         """
         from .checkpoint import restore
 
-        return restore(cls, Path(path), root, seed=seed, redis=connections(redis))
+        return restore(cls, Path(path), root, seed=seed, redis=connections(redis), expect=expect)
 
     # ------------------------------------------------------------ waiting
     def _wait(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
@@ -731,12 +740,15 @@ class Table:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        base = state.get("episode_base", 0)
+        if isinstance(base, bool) or not isinstance(base, int) or not 0 <= base < 1 << 62:
+            raise StateError(f"episode_base: expected an integer in [0, 2**62), got {base!r:.40}")
         with self._cond:
             self.slots.load_state_dict(state["slots"])
             self.writer.load_state_dict(state["writer"])
             self.sampler.load_state_dict(state["sampler"])
             self.rate_limiter.load_state_dict(state["rate_limiter"])
-            self._episode_base = int(state.get("episode_base", 0))
+            self._episode_base = base
             if "generator" in state:
                 self.generator.set_state(state["generator"])
             if self._durable is not None:  # a restore: the state is whole now

@@ -22,10 +22,12 @@ from starlette.background import BackgroundTask
 
 from tdreplay.codec import protocol
 from tdreplay.storage.checkpoint import read_metadata
+from tdreplay.storage.debris import is_debris
 from tdreplay.storage.errors import (
     BackendError,
     CheckpointError,
     InvalidCheckpoint,
+    InvalidRequest,
     PathExists,
     SchemaError,
     TableNotFound,
@@ -73,6 +75,25 @@ def _checkpoint_target(registry: Registry, name: str, given: str | None) -> Path
         if given is None
         else confine_area(registry.root, protocol.CHECKPOINTS, given)
     )
+    area = (registry.root / protocol.CHECKPOINTS).resolve()
+    top = target.relative_to(area).parts[0]
+    if any(is_debris(part) or ".incomplete-" in part for part in target.relative_to(area).parts):
+        raise InvalidRequest(
+            f"path {given!r}: names like '<x>.tmp-<hex>' / '<x>.old-<hex>' are kept for "
+            "interrupted checkpoints",
+            table=name,
+            field="path",
+            got=given,
+        )
+    if len(target.relative_to(area).parts) == 1 and top != name:
+        # checkpoints/<x> is table x's default checkpoint (restored on start as table x)
+        raise InvalidRequest(
+            f"path {given!r}: checkpoints/{top} is the default checkpoint of table {top!r}; "
+            f"give checkpoints/{name} or a deeper path (checkpoints/<folder>/<name>)",
+            table=name,
+            field="path",
+            got=given,
+        )
     if os.path.lexists(target):
         try:
             held = read_metadata(target).get("spec", {}).get("name")

@@ -25,18 +25,20 @@ router = APIRouter(prefix=protocol.TABLES, tags=["tables"])
 
 class TableList(BaseModel):
     tables: list[dict[str, Any]]
+    unavailable: dict[str, str] = {}
 
 
 @router.get("", name="list_tables", response_model=TableList, responses=error_responses())
 async def list_tables(registry: RegistryDep) -> dict[str, Any]:
-    """Every table, with its info."""
+    """Every table, with its info; ``unavailable``: tables found on start but not served, and why."""
     infos = []
     for handle in registry.handles():
         try:
             infos.append(await handle.info())
         except TableNotFound:  # deleted meanwhile
             continue
-    return {"tables": infos}
+    # found on start but not served (damaged state, changed schema): their data is kept
+    return {"tables": infos, "unavailable": dict(registry.failed)}
 
 
 @router.post(

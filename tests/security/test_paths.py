@@ -186,15 +186,24 @@ def test_checkpoint_through_a_file_or_into_a_checkpoint_is_refused(env: dict[str
 
 def test_checkpoint_never_replaces_what_is_not_its_own(env: dict[str, Any]) -> None:
     for path in [
-        "checkpoints/u",  # another table's checkpoint: kept intact
-        "checkpoints/mine",  # a user folder
-        "checkpoints/mine/notes.txt",
-        "checkpoints/note.txt",  # a user file
-        "checkpoints/./u",
-        "checkpoints/mine/../u",
+        "checkpoints/mine/notes.txt",  # a user file, deeper down
+        "checkpoints/mine/../mine/notes.txt",
     ]:
         answer = probe(env, "checkpoint", {"path": path}, 409)
         assert answer["type"] == "PathExists" and answer["field"] == "path", (path, answer)
+    # checkpoints/<x> is table x's own default checkpoint (restored as x on start): another
+    # table may not write there, whatever is there (another table's checkpoint, user files)
+    for path in ["checkpoints/u", "checkpoints/./u", "checkpoints/mine", "checkpoints/note.txt"]:
+        answer = probe(env, "checkpoint", {"path": path}, 400)
+        assert "default checkpoint of table" in answer["detail"], (path, answer)
+    # names of interrupted checkpoints are the server's, at any depth
+    for path in [
+        "checkpoints/t.old-0a1b2c3d",
+        "checkpoints/deep/x.tmp-0a1b2c3d",
+        "checkpoints/a/t.incomplete-1",
+    ]:
+        answer = probe(env, "checkpoint", {"path": path}, 400)
+        assert "interrupted checkpoints" in answer["detail"], (path, answer)
     # an absolute path is refused even when it leads into the area
     answer = probe(env, "checkpoint", {"path": str(env["root"] / "checkpoints" / "u")}, 400)
     assert "absolute" in answer["detail"], answer

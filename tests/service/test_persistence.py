@@ -69,7 +69,7 @@ def test_restore_on_start_and_checkpoint_on_shutdown(service, tmp_path: Path) ->
         decode(again.post(protocol.table_path("t", "sample"), params={"batch_size": 7}).content)
     )
     fresh = service(root=tmp_path / "other")
-    assert fresh.get(protocol.TABLES).json() == {"tables": []}
+    assert fresh.get(protocol.TABLES).json() == {"tables": [], "unavailable": {}}
 
 
 def test_restore_on_start_wins_over_the_schema(service, tmp_path: Path) -> None:

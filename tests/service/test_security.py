@@ -148,13 +148,14 @@ def test_checkpoint_does_not_replace_what_is_not_a_checkpoint(service, tmp_path:
     client = service()
     create(client)
     extend(client, 0, 4)
-    keep = tmp_path / "data" / "checkpoints" / "keep"
+    keep = tmp_path / "data" / "checkpoints" / "user" / "keep"
     keep.mkdir(parents=True)
     (keep / "precious.txt").write_text("x")
-    r = client.post(protocol.table_path("t", "checkpoint"), json={"path": "checkpoints/keep"})
+    r = client.post(protocol.table_path("t", "checkpoint"), json={"path": "checkpoints/user/keep"})
     assert r.status_code == 409 and r.json()["type"] == "PathExists"
     assert (keep / "precious.txt").read_text() == "x"
     r = client.post(
-        protocol.table_path("t", "checkpoint"), json={"path": "checkpoints/keep/precious.txt/x"}
+        protocol.table_path("t", "checkpoint"),
+        json={"path": "checkpoints/user/keep/precious.txt/x"},
     )
     assert r.status_code == 400

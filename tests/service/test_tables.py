@@ -13,8 +13,8 @@ from tdreplay.codec import protocol
 def test_probes_and_empty_list(service) -> None:
     client = service()
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "tables": []}
-    assert client.get(protocol.TABLES).json() == {"tables": []}
+    assert client.get("/readyz").json() == {"status": "ready", "tables": 0, "lost": 0, "failed": 0}
+    assert client.get(protocol.TABLES).json() == {"tables": [], "unavailable": {}}
 
 
 def test_create_info_list_delete(service) -> None:
@@ -60,7 +60,7 @@ def test_bad_schema_is_422_naming_the_field(service) -> None:
         protocol.TABLES, content=b"{not json", headers={"Content-Type": "application/json"}
     )
     assert r.status_code == 400 and r.json()["type"] == "InvalidRequest"
-    assert client.get(protocol.TABLES).json() == {"tables": []}
+    assert client.get(protocol.TABLES).json() == {"tables": [], "unavailable": {}}
 
 
 def test_server_policy_on_client_tables(service) -> None:
@@ -70,7 +70,7 @@ def test_server_policy_on_client_tables(service) -> None:
     assert r.json()["field"] == "backend.kind"
     r = client.post(protocol.TABLES, json=spec("b", capacity=100_000))
     assert r.status_code == 422 and r.json()["field"] == "capacity"
-    assert client.get(protocol.TABLES).json() == {"tables": []}
+    assert client.get(protocol.TABLES).json() == {"tables": [], "unavailable": {}}
 
 
 def test_a_schema_names_no_path(service, tmp_path: Path) -> None:
@@ -95,7 +95,7 @@ def test_schemas_loaded_on_start(service, tmp_path: Path) -> None:
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(spec(name, capacity=8)))
     (folder / "table.schema.json").write_text("{}")  # the JSON Schema itself is skipped
     client = service(schema_path=folder)
-    assert client.get("/readyz").json()["tables"] == ["a", "b"]
+    assert client.get("/readyz").json()["tables"] == 2
     one = service(schema_path=folder / "a.yaml", root=tmp_path / "other")
     assert [t["name"] for t in one.get(protocol.TABLES).json()["tables"]] == ["a"]
 
