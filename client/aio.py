@@ -9,7 +9,11 @@ I/O differs: :class:`~tdreplay.client.aio_transport.AsyncTransport`, HTTP/1.1
 on an asyncio ``BufferedProtocol`` that receives bodies in place (chosen by
 measurement over asyncio streams and ``httpx.AsyncClient``; see that module).
 Connections belong to the event loop that opened them; a client used from a
-new loop opens new ones.
+new loop opens new ones. What the twins share (settings, pickling) is
+:class:`~tdreplay.client.base.ClientBase`; this module imports
+:class:`~tdreplay.client.ReplayClient` only for :meth:`AsyncReplayClient.loader`,
+whose fetchers are the blocking loader's threads (the sync client never
+imports this module).
 """
 
 from __future__ import annotations
@@ -24,16 +28,18 @@ import torch
 
 from . import errors
 from .aio_transport import AsyncTransport
+from .base import ClientBase
 from .core import Call, Gather, Plan, Settings
+from .deprecation import warn_close_deprecated
 from .loader import Loader, LoaderIterator
 from .schema import load_spec
-from .sync import ReplayClient, _Base, _restore
+from .sync import ReplayClient
 from .writer import AsyncWriter
 
 T = TypeVar("T")
 
 
-class AsyncReplayClient(_Base):
+class AsyncReplayClient(ClientBase):
     """The asyncio twin of :class:`~tdreplay.client.ReplayClient`: the same calls, awaited.
 
     Args: as :class:`~tdreplay.client.ReplayClient`. Pickles as its settings.
@@ -88,16 +94,21 @@ class AsyncReplayClient(_Base):
     async def _gather(self, gather: Gather) -> list[Any]:
         return list(await asyncio.gather(*(self._call(c) for c in gather.calls)))
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Close idle connections; the client stays usable."""
         for t in self._transports:
-            await t.close()
+            await t.aclose()
+
+    async def close(self) -> None:
+        """Deprecated alias of :meth:`aclose`, removed in the next release."""
+        warn_close_deprecated(self)
+        await self.aclose()
 
     async def __aenter__(self) -> AsyncReplayClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self.aclose()
 
     # ---------------------------------------------------------------- control
     async def health(self) -> dict[str, Any]:
@@ -183,8 +194,7 @@ class AsyncReplayClient(_Base):
         The fetchers are the sync loader's threads (its buffer pool and CUDA
         staging too); the event loop only awaits the hand-over of each batch.
         """
-        sync = _restore(ReplayClient, self.settings)
-        assert isinstance(sync, ReplayClient)
+        sync = ReplayClient._from_settings(self.settings)
         return AsyncLoader(
             Loader(
                 sync,

@@ -23,6 +23,7 @@ from typing import Any
 
 from . import errors
 from .commands import Request, Response
+from .deprecation import warn_close_deprecated
 from .transport import Endpoint, head_lines
 
 _SCRATCH = 64 * 1024
@@ -267,12 +268,17 @@ class AsyncTransport:
         elif proto.transport is not None:
             proto.transport.close()
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Close every idle connection."""
         idle, self._idle = self._idle, []
         for proto in idle:
             if proto.transport is not None:
                 proto.transport.close()
+
+    async def close(self) -> None:
+        """Deprecated alias of :meth:`aclose`, removed in the next release."""
+        warn_close_deprecated(self)
+        await self.aclose()
 
     async def execute(self, req: Request) -> Response:
         """Send ``req`` and read the whole answer (see :meth:`Transport.execute`)."""

@@ -40,7 +40,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import torch
@@ -50,10 +50,28 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ..codec import arrow
 from . import commands as C
 from . import errors
+from .core import Settings
 from .tensorclass import to_tensorclass
+from .transport import Transport
 
-if TYPE_CHECKING:
-    from .sync import ReplayClient
+
+class SampleClient(Protocol):
+    """What a :class:`Loader` needs of its client: :class:`~tdreplay.client.ReplayClient`.
+
+    Named here so that this module imports neither twin (each builds its
+    loader here); a blocking client, since the fetchers are threads.
+    """
+
+    settings: Settings
+    _transports: list[Transport]
+
+    @property
+    def urls(self) -> tuple[str, ...]: ...
+
+    def _sample_into(
+        self, table: str, batch_size: int, timeout: float | None, alloc: C.Alloc
+    ) -> TensorDictBase: ...
+
 
 _ALIGN = 64
 
@@ -120,7 +138,7 @@ class Loader(IterableDataset):
 
     def __init__(
         self,
-        client: ReplayClient,
+        client: SampleClient,
         table: str,
         batch_size: int,
         *,

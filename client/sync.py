@@ -6,15 +6,15 @@
 
 Every call is a plan from :mod:`~tdreplay.client.core` driven with blocking
 I/O over :class:`~tdreplay.client.transport.Transport` (``http.client``,
-pooled keep-alive connections). Thread safe. A client pickles as its URLs and
-settings, so a copy in a DataLoader worker or a subprocess opens its own
-connections.
+pooled keep-alive connections); settings and pickling come from
+:class:`~tdreplay.client.base.ClientBase`. Thread safe. A client pickles as
+its URLs and settings, so a copy in a DataLoader worker or a subprocess opens
+its own connections.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,93 +24,18 @@ from tensordict import TensorDict
 
 from . import commands as C
 from . import errors
-from .core import Call, Calls, Gather, Plan, Settings
+from .base import ClientBase
+from .base import _restore as _restore  # pickles of clients made before base.py name it here
+from .core import Call, Gather, Plan, Settings
 from .loader import Loader
-from .retry import RetryPolicy
 from .schema import load_spec
-from .tensorclass import from_fields
 from .transport import Transport
 from .writer import Writer
 
 T = TypeVar("T")
 
 
-def _settings(
-    url: str | Sequence[str],
-    token: str | None,
-    timeout: float,
-    connect_timeout: float,
-    wait: float,
-    retry: RetryPolicy | None,
-    max_connections: int,
-    shard_refresh: float,
-) -> Settings:
-    urls = (url,) if isinstance(url, str) else tuple(url)
-    return Settings(
-        urls=urls,
-        token=token,
-        timeout=timeout,
-        connect_timeout=connect_timeout,
-        wait=wait,
-        retry=retry if retry is not None else RetryPolicy(),
-        max_connections=max_connections,
-        shard_refresh=shard_refresh,
-    )
-
-
-class _Base:
-    """What both twins share: settings, plans, tensorclass cache, pickling."""
-
-    settings: Settings
-
-    def __init__(
-        self,
-        url: str | Sequence[str],
-        token: str | None = None,
-        *,
-        timeout: float = 30.0,
-        connect_timeout: float = 5.0,
-        wait: float = 30.0,
-        retry: RetryPolicy | None = None,
-        max_connections: int = 16,
-        shard_refresh: float = 1.0,
-    ) -> None:
-        self._setup(
-            _settings(
-                url, token, timeout, connect_timeout, wait, retry, max_connections, shard_refresh
-            )
-        )
-
-    def _setup(self, settings: Settings) -> None:
-        self.settings = settings
-        self._calls = Calls(settings)
-        self._classes: dict[str, type] = {}
-
-    @property
-    def urls(self) -> tuple[str, ...]:
-        return self.settings.urls
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, (type(self), self.settings))
-
-    def __repr__(self) -> str:
-        urls = self.urls[0] if len(self.urls) == 1 else list(self.urls)
-        return f"{type(self).__name__}({urls!r})"
-
-    def _tensorclass(self, table: str, info: dict[str, Any]) -> type:
-        cls = self._classes.get(table)
-        if cls is None:
-            cls = self._classes[table] = from_fields(table, info["fields"])
-        return cls
-
-
-def _restore(cls: type[_Base], settings: Settings) -> _Base:
-    obj = cls.__new__(cls)
-    obj._setup(settings)
-    return obj
-
-
-class ReplayClient(_Base):
+class ReplayClient(ClientBase):
     """A blocking client of one tdreplay server, or of several (sharded).
 
     Args:

@@ -37,15 +37,30 @@ import contextlib
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tensordict import TensorDictBase
 
 from .chunking import ChunkBuffer, episode_keys
+from .deprecation import warn_close_deprecated
 
-if TYPE_CHECKING:
-    from .aio import AsyncReplayClient
-    from .sync import ReplayClient
+
+# What the writers need of their client, so that this module imports neither
+# twin (each twin's ``writer()`` builds its writer here).
+class ExtendClient(Protocol):
+    """A blocking client a :class:`Writer` sends through (a ``ReplayClient``)."""
+
+    def info(self, table: str) -> dict[str, Any]: ...
+
+    def extend(self, table: str, data: Any, *, timeout: float | None = None) -> Any: ...
+
+
+class AsyncExtendClient(Protocol):
+    """An asyncio client an :class:`AsyncWriter` sends through (an ``AsyncReplayClient``)."""
+
+    async def info(self, table: str) -> dict[str, Any]: ...
+
+    async def extend(self, table: str, data: Any, *, timeout: float | None = None) -> Any: ...
 
 
 def _warn_dropped(n: int, key: str) -> None:
@@ -108,7 +123,7 @@ class Writer(_WriterBase):
 
     def __init__(
         self,
-        client: ReplayClient,
+        client: ExtendClient,
         table: str,
         chunk: int = 256,
         *,
@@ -126,7 +141,7 @@ class Writer(_WriterBase):
             end_key=end_key,
             timeout=timeout,
         )
-        self.client: ReplayClient = client
+        self.client: ExtendClient = client
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()
         self._timer: threading.Thread | None = None
@@ -275,7 +290,7 @@ class AsyncWriter(_WriterBase):
 
     def __init__(
         self,
-        client: AsyncReplayClient,
+        client: AsyncExtendClient,
         table: str,
         chunk: int = 256,
         *,
@@ -293,7 +308,7 @@ class AsyncWriter(_WriterBase):
             end_key=end_key,
             timeout=timeout,
         )
-        self.client: AsyncReplayClient = client
+        self.client: AsyncExtendClient = client
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()
@@ -361,8 +376,12 @@ class AsyncWriter(_WriterBase):
                 self._error = err
                 self._buffer.clear()
 
-    async def close(self, *, discard: bool = False) -> None:
-        """Send what is left and stop the timer (see :meth:`Writer.close`)."""
+    async def aclose(self, *, discard: bool = False) -> None:
+        """Send what is left and stop the timer (see :meth:`Writer.close`).
+
+        Args:
+            discard: drop the buffer instead of sending it.
+        """
         if self._closed:
             return
         self._closed = True
@@ -382,5 +401,10 @@ class AsyncWriter(_WriterBase):
     async def __aenter__(self) -> AsyncWriter:
         return self
 
+    async def close(self, *, discard: bool = False) -> None:
+        """Deprecated alias of :meth:`aclose`, removed in the next release."""
+        warn_close_deprecated(self)
+        await self.aclose(discard=discard)
+
     async def __aexit__(self, exc_type: object, *rest: object) -> None:
-        await self.close(discard=exc_type is not None)
+        await self.aclose(discard=exc_type is not None)

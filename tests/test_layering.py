@@ -1,7 +1,9 @@
 """Dependencies point one way: service -> storage -> codec; client -> codec only.
 
 Each check imports one package in a fresh interpreter and looks at what else
-got loaded, so a stray import anywhere in the package fails it.
+got loaded, so a stray import anywhere in the package fails it. The layers
+are :data:`test_import_cycles.LAYERS`, which also checks them statically, on
+every import statement (function-level and ``TYPE_CHECKING`` ones too).
 """
 
 from __future__ import annotations
@@ -13,6 +15,15 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from test_import_cycles import LAYERS
+
+# Third-party packages a layer must not load: the web stack belongs to the service.
+WEB_STACK = {
+    "codec": ["fastapi", "uvicorn"],
+    "storage": ["fastapi", "uvicorn", "starlette", "httpx"],
+    "service": [],
+    "client": ["fastapi", "uvicorn", "starlette"],
+}
 
 
 def loaded_after(module: str) -> set[str]:
@@ -25,17 +36,10 @@ def loaded_after(module: str) -> set[str]:
     ("module", "forbidden"),
     [
         (
-            "tdreplay.codec",
-            ["tdreplay.storage", "tdreplay.service", "tdreplay.client", "fastapi", "uvicorn"],
-        ),
-        (
-            "tdreplay.storage",
-            ["tdreplay.service", "tdreplay.client", "fastapi", "uvicorn", "starlette", "httpx"],
-        ),
-        (
-            "tdreplay.client",
-            ["tdreplay.service", "tdreplay.storage", "fastapi", "uvicorn", "starlette"],
-        ),
+            f"tdreplay.{layer}",
+            [f"tdreplay.{p}" for p in LAYERS if p != layer and p not in below] + WEB_STACK[layer],
+        )
+        for layer, below in LAYERS.items()
     ],
 )
 def test_import_direction(module: str, forbidden: list[str]) -> None:

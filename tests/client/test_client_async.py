@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from typing import Any
 
 import pytest
@@ -74,7 +75,7 @@ def test_async_writer_and_loader(server: Any) -> None:
         timed = client.writer(name, chunk=100, max_delay=0.05)
         await timed.append(TensorDict({"x": torch.arange(3)}, [3]))
         assert await timed.wait_sent(3, timeout=10)  # sent by the timer task
-        await timed.close()
+        await timed.aclose()
         empty = unique("ae")
         await client.create_table(
             {
@@ -87,6 +88,35 @@ def test_async_writer_and_loader(server: Any) -> None:
         )
         with pytest.raises(RateLimitTimeout):
             await client.sample(empty, 2, timeout=0.05)
-        await client.close()
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_close_is_a_deprecated_alias_of_aclose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``await x.close()`` still closes, warning once per class; ``aclose`` does not warn."""
+    from tdreplay.client import deprecation
+    from tdreplay.client.aio_transport import AsyncTransport
+
+    monkeypatch.setattr(deprecation, "_WARNED_CLOSE", set())
+    url = "http://127.0.0.1:9"  # nothing is sent: closing idle connections only
+
+    async def main() -> None:
+        client = AsyncReplayClient(url)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            await client.aclose()
+            await client.writer("t").aclose()
+            await AsyncTransport(url).aclose()
+        for make in (lambda: client, lambda: client.writer("t"), lambda: AsyncTransport(url)):
+            obj = make()
+            with pytest.warns(DeprecationWarning, match=r"removed in the next release") as got:
+                await obj.close()
+                await make().close()  # the same class again: no second warning
+            assert len(got) == 1 and type(obj).__name__ in str(got[0].message)
+            assert got[0].filename == __file__  # points at the caller
+        w = client.writer("t")
+        await w.close(discard=True)  # the alias passes its arguments on
+        assert w._closed
 
     asyncio.run(main())

@@ -212,7 +212,7 @@ def test_async_retry_after_a_lost_answer(server: Any, proxy: Proxy) -> None:
         assert (await client.extend(name, rows(0, 5))).tolist() == [0, 1, 2, 3, 4]
         with pytest.raises(TableNotFound):
             await client.info(unique("missing"))
-        await client.close()
+        await client.aclose()
 
     asyncio.run(main())
     assert proxy.dropped.is_set()

@@ -119,7 +119,7 @@ def test_async_sharded(servers: list[Any]) -> None:
         assert [i["size"] for i in info["shards"]] == [20, 20]
         batch = await client.sample(name, 64)
         assert set((batch["index"] % 2).tolist()) == {0, 1}
-        await client.close()
+        await client.aclose()
 
     asyncio.run(main())
     paths = sync.checkpoint(name, f"checkpoints/ck/{name}")

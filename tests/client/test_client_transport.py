@@ -196,7 +196,7 @@ def test_async_transport(server: tuple[str, type[Handler]]) -> None:
         assert len(handler.peers) == 1
         with pytest.raises(Timeout):
             await t.execute(Request("GET", "/slow"))
-        await t.close()
+        await t.aclose()
         bad = AsyncTransport(f"http://127.0.0.1:{closed_port()}")
         with pytest.raises(ConnectionFailed):
             await bad.execute(Request("GET", "/"))

@@ -1,0 +1,282 @@
+"""No import cycles; imports only down the layers: codec <- storage <- service, codec <- client.
+
+The import graph is read statically: every module of the ``tdreplay``
+packages (the ``codec``, ``storage``, ``service`` and ``client`` folders) is
+parsed with :mod:`ast`, and each ``import`` / ``from ... import`` (relative
+ones resolved) is an edge to the tdreplay module it names — to the submodule
+when ``from package import name`` names one, else to the package.
+
+Which imports count:
+
+* **Cycles** are about what runs at import time: module-level imports,
+  including those in class bodies and ``try`` blocks. Imports inside function
+  bodies are ignored (they run when the function is called, after every
+  module is loaded — storage's ``table`` and ``checkpoint`` / ``export`` /
+  ``importer`` reach each other that way on purpose), and so are imports
+  under ``if TYPE_CHECKING:`` (never run). Real module-level cycles that
+  remain are listed in :data:`KNOWN_CYCLES`, which the test holds accurate:
+  a listed cycle that is gone fails it too, so the list only shrinks.
+* **Layers** are about what a package may know: every import counts there,
+  in a function or under ``TYPE_CHECKING`` too (``tests/test_layering.py``
+  checks the same rule at run time, by what importing a package loads).
+
+Parent packages are not edges: importing ``tdreplay.client.core`` runs
+``tdreplay/client/__init__`` first, but a submodule importing its partly
+initialised parent is Python's normal package shape, not a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("codec", "storage", "service", "client")
+
+# What each package may import of tdreplay (besides itself).
+LAYERS: dict[str, frozenset[str]] = {
+    "codec": frozenset(),
+    "storage": frozenset({"codec"}),
+    "service": frozenset({"storage", "codec"}),
+    "client": frozenset({"codec"}),
+}
+
+# Module-level cycles still in the code, each as the set of modules it joins
+# (a strongly connected component of the import graph). Add none: break a new
+# cycle instead. Remove an entry when its cycle is broken (the test says so).
+KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset()
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's edge: ``source`` imports ``target`` at ``line``."""
+
+    source: str
+    target: str
+    line: int
+    runtime: bool  # module level and not under TYPE_CHECKING: runs when ``source`` is imported
+
+
+def module_files(root: Path = REPO) -> dict[str, Path]:
+    """Every tdreplay module by dotted name (``tdreplay.client.core``; packages by their own)."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((root / pkg).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(("tdreplay", *parts))] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _statements(
+    body: list[ast.stmt], runtime: bool = True
+) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """The import statements of ``body`` and whether each runs at import time."""
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node, runtime
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            yield from _statements(node.body, False)
+            yield from _statements(node.orelse, runtime)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield from _statements(node.body, False)
+        else:  # class bodies, try/with/if/for blocks: they run where they stand
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                for child in getattr(node, field, None) or []:
+                    yield from _statements(
+                        [child] if isinstance(child, ast.stmt) else child.body, runtime
+                    )
+
+
+def imports(modules: dict[str, Path]) -> list[Import]:
+    """Every edge from a tdreplay module to a tdreplay module."""
+    edges = []
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node, runtime in _statements(ast.parse(path.read_text(), str(path)).body):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                if node.level:
+                    base = name.split(".")
+                    up = node.level - 1 if is_package else node.level
+                    base = base[: len(base) - up]
+                    prefix = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    prefix = node.module or ""
+                for alias in node.names:
+                    sub = f"{prefix}.{alias.name}"
+                    targets.append(sub if sub in modules else prefix)
+            for target in targets:
+                # `import tdreplay.client.core` names the deepest module that exists
+                while target not in modules and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in modules and target != name:
+                    edges.append(Import(name, target, node.lineno, runtime))
+    return edges
+
+
+def components(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(frozenset(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def a_cycle(graph: dict[str, set[str]], comp: frozenset[str]) -> list[str]:
+    """A shortest cycle through the component's first module, as ``[a, b, ..., a]``."""
+    start = min(comp)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & comp):
+                if w == start:
+                    return [*paths[v], start]
+                if w not in paths:
+                    paths[w] = [*paths[v], w]
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"no cycle through {start} in {sorted(comp)}")
+
+
+def runtime_graph(edges: list[Import], modules: dict[str, Path]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for e in edges:
+        if e.runtime:
+            graph[e.source].add(e.target)
+    return graph
+
+
+def package(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_the_walker_reads_each_kind_of_import(tmp_path: Path) -> None:
+    """Guards the test itself: a walker that finds nothing would pass everything."""
+    files = {
+        "client/__init__.py": "from .a import A\n",
+        "client/a.py": (
+            "from typing import TYPE_CHECKING\n"
+            "from . import b\n"  # a submodule: edge to it
+            "from . import A\n"  # a name of the package: edge to the package
+            "import tdreplay.codec.c\n"
+            "if TYPE_CHECKING:\n    from .d import D\n"
+            "else:\n    from ..codec import c\n"
+            "try:\n    from .e import E\nexcept ImportError:\n    pass\n"
+            "class A:\n    from .f import F\n    def g(self):\n        from ..storage import s\n"
+        ),
+        **{f"client/{m}.py": "" for m in "bdef"},
+        "codec/__init__.py": "",
+        "codec/c.py": "",
+        "storage/__init__.py": "",
+        "storage/s.py": "",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    got = {
+        (e.target.removeprefix("tdreplay."), e.runtime)
+        for e in imports(module_files(tmp_path))
+        if e.source == "tdreplay.client.a"
+    }
+    assert got == {
+        ("client.b", True),
+        ("client", True),
+        ("codec.c", True),
+        ("client.d", False),
+        ("client.e", True),
+        ("client.f", True),
+        ("storage.s", False),
+    }
+
+
+def test_the_walker_sees_the_modules_and_their_edges() -> None:
+    modules = module_files()
+    assert {"tdreplay.codec.arrow", "tdreplay.client.sync", "tdreplay.storage.table"} <= set(
+        modules
+    )
+    edges = {(e.source, e.target) for e in imports(modules) if e.runtime}
+    assert ("tdreplay.client.sync", "tdreplay.client.base") in edges  # from .base import ...
+    assert ("tdreplay.client.aio", "tdreplay.client.errors") in edges  # from . import errors
+    assert (
+        "tdreplay.client.commands",
+        "tdreplay.codec.arrow",
+    ) in edges  # from ..codec import arrow
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert components(graph) == [frozenset("abc")]
+    assert a_cycle(graph, frozenset("abc")) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycles() -> None:
+    modules = module_files()
+    graph = runtime_graph(imports(modules), modules)
+    found = set(components(graph))
+    new = [" -> ".join(a_cycle(graph, c)) for c in sorted(found - KNOWN_CYCLES, key=sorted)]
+    gone = [sorted(c) for c in KNOWN_CYCLES - found]
+    assert not new, "import cycles (break them; see the module doc):\n  " + "\n  ".join(new)
+    assert not gone, f"no longer cycles: remove them from KNOWN_CYCLES: {gone}"
+
+
+def test_client_has_no_cycles_even_through_type_checking_imports() -> None:
+    """The client's twins, loader and writer meet in base.py and protocols, not in each other."""
+    modules = module_files()
+    graph: dict[str, set[str]] = {m: set() for m in modules if package(m) == "client"}
+    for e in imports(modules):
+        if e.source in graph and e.target in graph:
+            graph[e.source].add(e.target)
+    cycles = [" -> ".join(a_cycle(graph, c)) for c in components(graph)]
+    assert not cycles, cycles
+
+
+def test_imports_follow_the_layers() -> None:
+    """Every import, run-time or not: a package imports itself and the layers below it only."""
+    bad = [
+        f"{e.source} (line {e.line}) imports {e.target}"
+        for e in imports(module_files())
+        if package(e.target) != package(e.source)
+        and package(e.target) not in LAYERS[package(e.source)]
+    ]
+    assert not bad, (
+        "imports against the layering codec <- storage <- service, codec <- client:\n  "
+        + ("\n  ".join(bad))
+    )
