@@ -12,6 +12,7 @@ raises a :class:`TransportError`. The tree::
     │   ├── CodecError           the server could not decode the Arrow body    400  (ValueError)
     │   ├── TableNotFound        no table of that name                         404  (KeyError)
     │   ├── TableExists          a table of that name already exists           409
+    │   ├── TableClosed          the table was closed (deleted, replaced, ...) 409
     │   ├── PathExists           a checkpoint/export path is taken             409
     │   ├── RateLimitTimeout     the rate limiter held the call past timeout   429  (TimeoutError)
     │   ├── EmptyTableError      nothing to sample                             409
@@ -125,6 +126,11 @@ class TableExists(ServerError):
     """A table of that name already exists."""
 
 
+class TableClosed(ServerError):
+    """The table was closed under the call (deleted, replaced by a restore, or the server is
+    stopping); a call to a table of that name made afterwards reaches whatever holds it then."""
+
+
 class PathExists(ServerError):
     """A checkpoint or export path holds something the server will not replace; nothing changed."""
 
@@ -187,6 +193,7 @@ SERVER_ERRORS: dict[str, type[ServerError]] = {
         CodecError,
         TableNotFound,
         TableExists,
+        TableClosed,
         PathExists,
         RateLimitTimeout,
         EmptyTableError,

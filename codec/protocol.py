@@ -87,6 +87,7 @@ ERROR_STATUS: dict[str, int] = {
     "CodecError": 400,
     "TableNotFound": 404,
     "TableExists": 409,
+    "TableClosed": 409,
     "PathExists": 409,
     "RateLimitTimeout": 429,
     "EmptyTableError": 409,

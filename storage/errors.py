@@ -9,9 +9,10 @@ back to the same-named class. The tree::
     ├── InvalidRequest         a bad argument (batch size, index, path, ...)
     ├── TableNotFound          no table of that name
     ├── TableExists            a table of that name already exists
+    ├── TableClosed            the table was closed (deleted, replaced, server stopping)
     ├── PathExists             a checkpoint/export path holds something that is not ours to replace
     ├── RateLimitTimeout       a rate-limited call waited past its timeout
-    ├── EmptyTableError        nothing to sample (and nothing will come)
+    ├── EmptyTableError        nothing to sample (reserved: no table raises it yet)
     ├── CheckpointError        a checkpoint could not be written or read
     │   └── InvalidCheckpoint  damaged, unsupported, or unsafe to load (refused, nothing ran)
     ├── InsufficientStorage    disk full, or a table over the byte limits
@@ -88,6 +89,12 @@ class TableNotFound(TDReplayError, KeyError):
 
 class TableExists(TDReplayError):
     """A table of that name already exists."""
+
+
+class TableClosed(TDReplayError):
+    """The table was closed (deleted, replaced by a restore, or the server is stopping): its
+    storage handles are gone, so a call fails instead of reading or writing garbage. A call
+    that was waiting when the table closed raises this too."""
 
 
 class PathExists(TDReplayError):

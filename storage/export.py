@@ -86,7 +86,7 @@ from tqdm import tqdm
 from tdreplay.codec import to_record_batch
 
 from .diskspace import insufficient, is_full
-from .errors import BackendError, EmptyTableError, InvalidRequest
+from .errors import BackendError, InvalidRequest, TableClosed
 from .spec import DTYPE_NAMES, NestedKey, join_key
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def export(
     Raises:
         InvalidRequest: the format is unknown or cannot be told from the suffix,
             or ``path`` is a folder.
-        EmptyTableError: the table is closed.
+        TableClosed: the table is closed.
         InsufficientStorage: the disk (or quota) ran full; no file is left behind.
         BackendError: the file could not be written or the storage not read;
             no file is left behind.
@@ -215,7 +215,7 @@ def _snapshot(table: Table) -> tuple[torch.Tensor, torch.Tensor]:
     """Live slots oldest first, and the insert number of the item each holds, taken at once."""
     with table._cond:
         if table.closed:  # its storage handles are gone
-            raise EmptyTableError(f"table {table.name!r} is closed", table=table.name)
+            raise TableClosed(f"table {table.name!r} is closed", table=table.name)
         s = table.slots
         live = s.live.nonzero().squeeze(1)
         index = live[torch.argsort(s.seq[live])]

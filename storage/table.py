@@ -44,7 +44,7 @@ from tensordict import TensorDict, TensorDictBase, is_tensorclass
 from . import spec as S
 from .backends import Backend, allocate, reopen, sweep
 from .durable import STATE_DIR, DurableState
-from .errors import EmptyTableError, InvalidRequest, RateLimitTimeout
+from .errors import InvalidRequest, RateLimitTimeout, TableClosed
 from .rate_limiter import RateLimiter
 from .redis_conn import RedisConnection, connections
 from .rwlock import RWLock
@@ -305,7 +305,7 @@ class Table:
     def _wait(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
         """Wait on the table's condition (held) until ``ready()``; raise on timeout."""
         if self.closed:  # its storage handles are gone: fail instead of reading garbage
-            raise EmptyTableError(f"table {self.name!r} is closed", table=self.name)
+            raise TableClosed(f"table {self.name!r} is closed", table=self.name)
         if ready():
             return
         if what == "insert":
@@ -317,7 +317,7 @@ class Table:
         else:
             ok = self._cond.wait_for(lambda: self.closed or ready(), timeout)
         if self.closed:
-            raise EmptyTableError(
+            raise TableClosed(
                 f"table {self.name!r} was closed while a call waited", table=self.name
             )
         if not ok:
@@ -365,6 +365,7 @@ class Table:
                 Nothing is written and no counter moves.
             InvalidRequest: ``N`` is 0 or above capacity, or could never pass the rate limiter.
             RateLimitTimeout: the insert waited ``timeout`` seconds.
+            TableClosed: the table is closed, or was closed while the insert waited.
             BackendError: the storage failed to write.
         """
         data, n = self._check.rows(td)
@@ -582,6 +583,7 @@ class Table:
             InvalidRequest: ``batch_size`` < 1, above capacity, not a multiple of
                 ``slice_len``, or ``out`` does not fit.
             RateLimitTimeout: the sample waited ``timeout`` seconds.
+            TableClosed: the table is closed, or was closed while the sample waited.
         """
         n = self.check_batch_size(batch_size)
         bufs, out_info = self._check.out_buffers(out, n) if out is not None else (None, {})
@@ -804,11 +806,11 @@ class Table:
 
         Raises:
             InvalidRequest: an index is outside ``[0, capacity)``.
-            EmptyTableError: the table is closed.
+            TableClosed: the table is closed.
         """
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
         if self.closed:
-            raise EmptyTableError(f"table {self.name!r} is closed", table=self.name)
+            raise TableClosed(f"table {self.name!r} is closed", table=self.name)
         if len(index) and (int(index.min()) < 0 or int(index.max()) >= self.capacity):
             bad = index[(index < 0) | (index >= self.capacity)][0].item()
             raise InvalidRequest(

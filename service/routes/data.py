@@ -23,10 +23,10 @@ from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import CodecError, protocol
 from tdreplay.storage.errors import (
-    EmptyTableError,
     InvalidRequest,
     RateLimitTimeout,
     SchemaError,
+    TableClosed,
     TableNotFound,
     TDReplayError,
 )
@@ -265,7 +265,7 @@ async def stream(
                 chunk, k = await draw(None if count is None else count - sent)
                 sent += k
                 yield chunk
-        except (RateLimitTimeout, TableNotFound, EmptyTableError) as err:
+        except (RateLimitTimeout, TableNotFound, TableClosed) as err:
             log.info("stream of table %r ends after %d batches: %s", handle.name, sent, err)
         except TDReplayError as err:  # pragma: no cover - defensive
             log.warning("stream of table %r ends after %d batches: %s", handle.name, sent, err)

@@ -11,7 +11,14 @@ from storage_helpers import assert_bitwise_equal, bits
 from tensordict import TensorDict, tensorclass
 from testkit import assert_consistent, make_spec, rows
 
-from tdreplay.storage import DTYPES, EmptyTableError, InvalidRequest, Table, TableSpec
+from tdreplay.storage import (
+    DTYPES,
+    EmptyTableError,
+    InvalidRequest,
+    Table,
+    TableClosed,
+    TableSpec,
+)
 
 FIELDS = ["id", "observation", "action", ("next", "reward"), ("next", "done"), "pixels"]
 
@@ -189,9 +196,9 @@ def test_destroy_deletes_the_data(backend: dict, tables, request: pytest.Fixture
     if backend["kind"] == "redis":
         assert list(client.scan_iter(match=f"{prefix}*")) == []
     # a destroyed table refuses work instead of returning or storing garbage
-    with pytest.raises(EmptyTableError, match="closed"):
+    with pytest.raises(TableClosed, match="closed"):
         table.sample(2, timeout=0)
-    with pytest.raises(EmptyTableError, match="closed"):
+    with pytest.raises(TableClosed, match="closed"):
         table.extend(rows(8, 2), timeout=0)
 
 
@@ -233,5 +240,22 @@ def test_read_of_a_closed_table_fails(backend: dict, tables) -> None:
     table = tables.create(make_spec(capacity=8, backend=backend))
     table.extend(rows(0, 8))
     table.destroy()
-    with pytest.raises(EmptyTableError, match="closed"):
+    with pytest.raises(TableClosed, match="closed"):
         table.read(torch.tensor([0]))
+
+
+def test_a_closed_table_raises_table_closed_not_empty(backend: dict, tables) -> None:
+    """A closed table is not an empty one: extend, sample and read say it is closed."""
+    table = tables.create(make_spec(name="gone", capacity=8, backend=backend))
+    table.extend(rows(0, 8))  # full: an EmptyTableError would be a lie
+    table.close()
+    calls = {
+        "extend": lambda: table.extend(rows(8, 2), timeout=0),
+        "sample": lambda: table.sample(2, timeout=0),
+        "read": lambda: table.read(torch.tensor([0])),
+    }
+    for what, call in calls.items():
+        with pytest.raises(TableClosed, match="'gone' is closed") as info:
+            call()
+        assert not isinstance(info.value, EmptyTableError), what
+        assert info.value.table == "gone", what

@@ -26,10 +26,10 @@ from testkit import assert_consistent, make_spec, rows
 from tdreplay.codec import from_record_batch
 from tdreplay.storage import (
     BackendError,
-    EmptyTableError,
     InvalidRequest,
     SchemaError,
     Table,
+    TableClosed,
     TableSpec,
 )
 from tdreplay.storage import export as export_mod
@@ -323,7 +323,7 @@ def test_failed_export_leaves_no_file(
 def test_closed_table_does_not_export(tables, tmp_path: Path) -> None:
     table, _ = filled(tables)
     table.close()
-    with pytest.raises(EmptyTableError, match="is closed"):
+    with pytest.raises(TableClosed, match="is closed"):
         table.export(tmp_path / "x.parquet")
     assert list(tmp_path.iterdir()) == []
 

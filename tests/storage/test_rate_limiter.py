@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from testkit import make_spec, rows
 
-from tdreplay.storage import EmptyTableError, InvalidRequest, RateLimiter, RateLimitTimeout
+from tdreplay.storage import InvalidRequest, RateLimiter, RateLimitTimeout, TableClosed
 
 
 def limited(tables, capacity: int = 64, **rate_limiter):
@@ -192,7 +192,7 @@ def test_close_releases_a_waiting_call(tables) -> None:
     call = Call(lambda: table.sample(1))
     assert call.blocked()
     table.close()
-    with pytest.raises(EmptyTableError, match="closed"):
+    with pytest.raises(TableClosed, match="closed while a call waited"):
         call.join()
 
 
