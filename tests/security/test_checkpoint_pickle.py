@@ -18,7 +18,6 @@ import pickle
 import shlex
 import shutil
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -270,37 +269,26 @@ def test_restore_over_http_of_a_poisoned_checkpoint(live_server: Any, tmp_path: 
 
 
 @pytest.mark.parametrize("rel", ["state.safetensors", "storage/meta.json"])
-def test_serve_restore_of_a_poisoned_checkpoint_exits(tmp_path: Path, rel: str) -> None:
+def test_serve_restore_of_a_poisoned_checkpoint_is_refused(
+    live_server: Any, tmp_path: Path, rel: str
+) -> None:
+    """``serve --restore`` refuses the poisoned checkpoint, runs nothing, keeps its files, and
+    serves the other tables (one bad table does not keep a server down)."""
     root = tmp_path / "data"
     table = Table.create(make_spec(capacity=16), root=tmp_path / "scratch")
     table.extend(rows(0, 5))
     ckpt = table.checkpoint(root / protocol.CHECKPOINTS / "t")
     marker = tmp_path / "MARKER"
     (ckpt / rel).write_bytes(pickled(marker))
-    cmd = [
-        sys.executable,
-        "-m",
-        "tdreplay.service",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(free_port()),
-        "--root",
-        str(root),
-        "--restore",
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TDREPLAY_")}
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"tdreplay serve --restore kept running with a poisoned checkpoint:\n{out}")
-    assert proc.returncode != 0, out
-    assert "InvalidCheckpoint" in out or "cannot restore" in out, out
-    assert rel.split("/")[-1] in out, out
+    before = {p: p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
+    server = live_server("--restore", root=root)
+    status, _, raw = server.request("GET", protocol.TABLES)
+    assert status == 200, raw
+    listing = json.loads(raw)
+    assert listing["tables"] == [] and list(listing["unavailable"]) == ["t"], listing
+    why = listing["unavailable"]["t"]
+    assert "InvalidCheckpoint" in server.output() or "cannot restore" in why, why
+    assert rel.split("/")[-1] in why, why
+    server.stop()
     assert not marker.exists(), "the payload ran in the server"
+    assert {p: p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before
