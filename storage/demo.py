@@ -133,7 +133,7 @@ def walk_through(schema: Path, root: Path, *, steps: int, t0: float) -> int:
 
     # 1. a table from its schema file
     spec = TableSpec.from_file(schema)
-    table = Table.create(spec, root, seed=0)
+    table = Table.create(spec, root, seed=0, replace=True)  # a fresh table each run
     say(
         f"created {table!r}\n         from {schema}; {len(spec.fields)} fields, "
         f"{spec.item_nbytes} bytes per item, storage at {table.backend.location}"
@@ -163,7 +163,7 @@ def walk_through(schema: Path, root: Path, *, steps: int, t0: float) -> int:
             "sampler": {"kind": "prioritized", "alpha": 0.6, "beta": 0.4},
         }
     )
-    prio = Table.create(pspec, root, seed=0)
+    prio = Table.create(pspec, root, seed=0, replace=True)
     for td in data:
         prio.extend(td)
     batch = prio.sample(1024)
