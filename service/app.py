@@ -6,9 +6,9 @@
 
 On start the lifespan applies the process tuning (malloc thresholds, torch
 threads), locks the data root for the process (a second server on it fails
-with :class:`~tdreplay.storage.errors.RootLocked`, see
-:mod:`tdreplay.storage.rootlock`), cleans up what interrupted checkpoints left
-in ``<root>/checkpoints/`` (:func:`~tdreplay.storage.debris.clean_checkpoints`),
+with :class:`~tdreplay.storage.RootLocked`, see
+:func:`tdreplay.storage.lock_root`), cleans up what interrupted checkpoints left
+in ``<root>/checkpoints/`` (:func:`~tdreplay.storage.clean_checkpoints`),
 then creates a table for every schema under ``schema_path`` and, with
 ``restore``, restores every checkpoint under ``<root>/checkpoints/`` (a
 checkpoint wins over the schema of the same table). ``/readyz`` answers 200
@@ -31,12 +31,18 @@ from prometheus_client import Counter
 from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import protocol
-from tdreplay.storage import TableSpec
-from tdreplay.storage.backends import stored_specs
-from tdreplay.storage.checkpoint import read_metadata
-from tdreplay.storage.debris import clean_checkpoints, is_complete, is_debris
-from tdreplay.storage.errors import SchemaError, TableNotFound, TDReplayError
-from tdreplay.storage.rootlock import lock_root
+from tdreplay.storage import (
+    SchemaError,
+    TableNotFound,
+    TableSpec,
+    TDReplayError,
+    clean_checkpoints,
+    is_checkpoint_debris,
+    is_complete_checkpoint,
+    lock_root,
+    read_checkpoint_metadata,
+    stored_specs,
+)
 
 from . import errors, tuning
 from .bodies import BodyBuffers, BodyDecoder
@@ -86,7 +92,7 @@ def _override_backend(spec: TableSpec, settings: Settings) -> TableSpec:
 def _holds(checkpoint: Path, name: str) -> bool:
     """Whether the checkpoint folder holds table ``name`` (a named checkpoint of another does not)."""
     try:
-        return read_metadata(checkpoint).get("spec", {}).get("name") == name
+        return read_checkpoint_metadata(checkpoint).get("spec", {}).get("name") == name
     except (TDReplayError, AttributeError):
         return False
 
@@ -103,7 +109,10 @@ def checkpoints_under(root: Path) -> list[str]:
     return sorted(
         p.name
         for p in folder.iterdir()
-        if not is_debris(p.name) and "." not in p.name and is_complete(p) and _holds(p, p.name)
+        if not is_checkpoint_debris(p.name)
+        and "." not in p.name
+        and is_complete_checkpoint(p)
+        and _holds(p, p.name)
     )
 
 

@@ -31,9 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from tensordict import TensorDictBase
 
 from tdreplay.codec import arrow
-from tdreplay.storage.errors import InvalidRequest
-from tdreplay.storage.spec import NestedKey
-from tdreplay.storage.tensordicts import nest
+from tdreplay.storage import InvalidRequest, NestedKey, tensordict_from_leaves
 
 from .errors import PayloadTooLarge
 from .wire import EOS, Pool
@@ -235,7 +233,7 @@ class BodyLayout:
             else:
                 flat = torch.frombuffer(body, dtype=dtype, count=numel, offset=offset)
             leaves[key] = flat.reshape([n, *shape])
-        return nest(leaves, n)
+        return tensordict_from_leaves(leaves, n)
 
 
 class BodyDecoder:

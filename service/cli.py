@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tdreplay.storage.errors import TDReplayError
+from tdreplay.storage import TDReplayError
 
 from .settings import Settings
 

@@ -8,7 +8,7 @@ from fastapi import Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict
 
 from tdreplay.codec.protocol import ARROW_STREAM, ERROR_STATUS
-from tdreplay.storage.errors import TDReplayError
+from tdreplay.storage import TDReplayError
 
 from .errors import UnsupportedMediaType
 from .registry import Registry, TableHandle

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse
 
 from tdreplay.codec import CodecError
 from tdreplay.codec.protocol import ERROR_STATUS
-from tdreplay.storage.errors import InvalidRequest, SchemaError, TDReplayError
+from tdreplay.storage import InvalidRequest, SchemaError, TDReplayError
 
 log = logging.getLogger("tdreplay.service")
 

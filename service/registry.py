@@ -22,9 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
 
 from tdreplay.codec import protocol
-from tdreplay.storage import Table, TableSpec
-from tdreplay.storage.checkpoint import find, read_metadata
-from tdreplay.storage.errors import (
+from tdreplay.storage import (
     BackendError,
     CheckpointError,
     InsufficientStorage,
@@ -32,11 +30,15 @@ from tdreplay.storage.errors import (
     InvalidRequest,
     RateLimitTimeout,
     SchemaError,
+    Table,
     TableExists,
     TableNotFound,
+    TableSpec,
+    find_checkpoint,
+    read_checkpoint_metadata,
+    resolve_redis_connection,
+    table_nbytes,
 )
-from tdreplay.storage.redis_conn import resolve
-from tdreplay.storage.sizing import table_nbytes
 
 from .errors import Forbidden, PayloadTooLarge
 from .idempotency import RecentRequests
@@ -355,7 +357,7 @@ class Registry:
                 got=kind,
             )
         if kind == "redis":
-            resolve(spec.name, spec.backend.connection, self.redis)  # type: ignore[union-attr]
+            resolve_redis_connection(spec.name, spec.backend.connection, self.redis)  # type: ignore[union-attr]
         nbytes = table_nbytes(spec)
         if nbytes > s.max_table_bytes:
             raise SchemaError(
@@ -489,12 +491,12 @@ class Registry:
         """
         path = path or self.checkpoint_path(name)
         try:
-            await run_in_threadpool(find, path)
+            await run_in_threadpool(find_checkpoint, path)
         except CheckpointError:
             raise InvalidRequest(
                 f"no checkpoint of table {name!r} there", table=name, field="path"
             ) from None
-        meta = await run_in_threadpool(read_metadata, path)
+        meta = await run_in_threadpool(read_checkpoint_metadata, path)
         raw = meta.get("spec")
         if not isinstance(raw, dict):
             raise InvalidCheckpoint(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tdreplay.storage.errors import InvalidRequest
+from tdreplay.storage import InvalidRequest, is_checkpoint
 
 from .errors import Unauthorized
 
@@ -155,7 +155,7 @@ def confine(root: Path, given: str, *, field: str = "path") -> Path:
             break
         if parent.exists() and not parent.is_dir():
             raise InvalidRequest(f"{field} {given!r} runs through a file", field=field, got=given)
-        if (parent / "metadata.json").exists():
+        if is_checkpoint(parent):
             raise InvalidRequest(
                 f"{field} {given!r} lies inside a checkpoint", field=field, got=given
             )

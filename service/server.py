@@ -47,7 +47,7 @@ import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from tdreplay.storage.errors import BackendError, InvalidRequest, TDReplayError
+from tdreplay.storage import BackendError, InvalidRequest, TDReplayError
 
 from .errors import PayloadTooLarge, status_of
 from .settings import Settings

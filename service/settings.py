@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tdreplay.storage.redis_conn import RedisConnection
+from tdreplay.storage import RedisConnection
 
 BackendKind = Literal["memory", "memmap", "shared", "h5", "redis"]
 ALL_BACKENDS: list[BackendKind] = ["memory", "memmap", "shared", "h5", "redis"]

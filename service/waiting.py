@@ -19,7 +19,7 @@ from typing import Literal, TypeVar
 
 import anyio
 
-from tdreplay.storage.errors import RateLimitTimeout, TableNotFound
+from tdreplay.storage import RateLimitTimeout, TableNotFound
 
 T = TypeVar("T")
 Op = Literal["insert", "sample"]

@@ -43,9 +43,7 @@ from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
 
 from tdreplay.codec import arrow
-from tdreplay.storage.spec import NestedKey
-from tdreplay.storage.tensordicts import nest
-from tdreplay.storage.validation import INFO_DTYPES
+from tdreplay.storage import SAMPLE_INFO_DTYPES, NestedKey, tensordict_from_leaves
 
 Schema = Mapping[NestedKey, tuple[list[int], torch.dtype]]
 
@@ -65,9 +63,9 @@ class SampleLayout:
     def __init__(self, schema: Schema, n: int) -> None:
         self.n = n
         full = dict(schema)
-        full.update({k: ([], d) for k, d in INFO_DTYPES.items()})
+        full.update({k: ([], d) for k, d in SAMPLE_INFO_DTYPES.items()})
         zeros = {k: torch.zeros([n, *shape], dtype=dtype) for k, (shape, dtype) in full.items()}
-        rb = arrow.to_record_batch(nest(zeros, n))
+        rb = arrow.to_record_batch(tensordict_from_leaves(zeros, n))
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, rb.schema) as writer:
             writer.write_batch(rb)
@@ -149,7 +147,7 @@ class SampleBuffer:
             else:
                 nbytes = n * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
                 views[key] = whole[offset : offset + nbytes].view(dtype).view([n, *shape])
-        self.out: TensorDictBase = nest(views, n)
+        self.out: TensorDictBase = tensordict_from_leaves(views, n)
         self._free_refs = self._refs()
 
     def _refs(self) -> int:
@@ -226,7 +224,7 @@ class Pool(Generic[K, B]):
 
 
 #: bytes of sample info per sampled item (index, priority, weight, times_sampled, key)
-INFO_NBYTES = sum(d.itemsize for d in INFO_DTYPES.values())
+INFO_NBYTES = sum(d.itemsize for d in SAMPLE_INFO_DTYPES.values())
 
 
 def sample_nbytes(item_nbytes: int, n: int) -> int:

@@ -4,9 +4,31 @@
 
 See :class:`Table` for the API and :class:`TableSpec` for the schema format.
 This package knows nothing of HTTP; the service and the client build on it
-and on :mod:`tdreplay.codec`.
+and on :mod:`tdreplay.codec`. What is exported here (``__all__``) is the whole
+of what the service may use (``tests/test_import_cycles.py`` holds it so):
+
+* tables and their schema: :class:`Table`, :class:`TableSpec`,
+  :class:`FieldSpec`, :data:`NestedKey`, :func:`table_nbytes` (what a table
+  of a spec allocates);
+* the data root: :func:`lock_root` / :class:`RootLock` (one process per
+  root), :func:`stored_specs` (the tables a process left reopenable);
+* checkpoints: :func:`find_checkpoint`, :func:`read_checkpoint_metadata`,
+  :func:`is_checkpoint`, :func:`is_complete_checkpoint`,
+  :func:`is_checkpoint_debris` and :func:`clean_checkpoints` (what
+  interrupted checkpoints leave);
+* Redis: :class:`RedisConnection`, :func:`resolve_redis_connection`;
+* sampled batches: :data:`SAMPLE_INFO_DTYPES` (the columns every sample
+  carries besides the table's fields), :func:`tensordict_from_leaves`;
+* the error tree (:mod:`tdreplay.storage.errors`).
 """
 
+from .backends import stored_specs
+from .checkpoint import find as find_checkpoint
+from .checkpoint import is_checkpoint
+from .checkpoint import read_metadata as read_checkpoint_metadata
+from .debris import clean_checkpoints
+from .debris import is_complete as is_complete_checkpoint
+from .debris import is_debris as is_checkpoint_debris
 from .errors import (
     BackendError,
     CheckpointError,
@@ -16,34 +38,59 @@ from .errors import (
     InvalidRequest,
     PathExists,
     RateLimitTimeout,
+    RootLocked,
     SchemaError,
     TableClosed,
     TableExists,
+    TableLost,
     TableNotFound,
     TDReplayError,
 )
 from .rate_limiter import RateLimiter
-from .spec import DTYPES, FieldSpec, TableSpec, json_schema
+from .redis_conn import RedisConnection
+from .redis_conn import resolve as resolve_redis_connection
+from .rootlock import RootLock, lock_root
+from .sizing import table_nbytes
+from .spec import DTYPES, FieldSpec, NestedKey, TableSpec, json_schema
 from .table import Table
+from .tensordicts import nest as tensordict_from_leaves
+from .validation import INFO_DTYPES as SAMPLE_INFO_DTYPES
 
 __all__ = [
     "DTYPES",
+    "SAMPLE_INFO_DTYPES",
     "BackendError",
     "CheckpointError",
     "EmptyTableError",
+    "FieldSpec",
     "InsufficientStorage",
     "InvalidCheckpoint",
-    "FieldSpec",
     "InvalidRequest",
+    "NestedKey",
     "PathExists",
     "RateLimitTimeout",
     "RateLimiter",
+    "RedisConnection",
+    "RootLock",
+    "RootLocked",
     "SchemaError",
     "TDReplayError",
     "Table",
     "TableClosed",
     "TableExists",
+    "TableLost",
     "TableNotFound",
     "TableSpec",
+    "clean_checkpoints",
+    "find_checkpoint",
+    "is_checkpoint",
+    "is_checkpoint_debris",
+    "is_complete_checkpoint",
     "json_schema",
+    "lock_root",
+    "read_checkpoint_metadata",
+    "resolve_redis_connection",
+    "stored_specs",
+    "table_nbytes",
+    "tensordict_from_leaves",
 ]

@@ -482,15 +482,20 @@ def _save_flat(data: TensorDict, path: Path, *, cursor: int, full: bool) -> None
     hook(data, path)
 
 
+def is_checkpoint(path: Path) -> bool:
+    """Whether the folder ``path`` is a checkpoint (its ``metadata.json``, written last, exists)."""
+    return (path / "metadata.json").exists()
+
+
 def find(path: Path) -> Path:
     """The readable checkpoint for ``path``: itself, or the copy set aside by an interrupted swap."""
-    if (path / "metadata.json").exists():
+    if is_checkpoint(path):
         return path
     asides = sorted(
         path.parent.glob(f"{path.name}{_ASIDE}*"), key=lambda p: p.stat().st_mtime, reverse=True
     )
     for aside in asides:
-        if (aside / "metadata.json").exists():
+        if is_checkpoint(aside):
             return aside
     raise CheckpointError(f"no checkpoint at {path}")
 

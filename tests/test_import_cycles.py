@@ -20,6 +20,10 @@ Which imports count:
   in a function or under ``TYPE_CHECKING`` too (``tests/test_layering.py``
   checks the same rule at run time, by what importing a package loads).
 
+The service uses storage through its public API only: ``from tdreplay.storage
+import <name>`` with the name in ``tdreplay.storage.__all__``, never a storage
+submodule (:func:`test_the_service_uses_only_the_storage_api`).
+
 Parent packages are not edges: importing ``tdreplay.client.core`` runs
 ``tdreplay/client/__init__`` first, but a submodule importing its partly
 initialised parent is Python's normal package shape, not a cycle.
@@ -280,3 +284,70 @@ def test_imports_follow_the_layers() -> None:
         "imports against the layering codec <- storage <- service, codec <- client:\n  "
         + ("\n  ".join(bad))
     )
+
+
+def storage_imports_of(path: Path) -> Iterator[tuple[int, str, str | None]]:
+    """Every import of tdreplay.storage in ``path``, anywhere in it: ``(line, module, name)``.
+
+    ``name`` is what ``from module import name`` takes (``None`` for ``import module``).
+    """
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "tdreplay.storage" or alias.name.startswith("tdreplay.storage."):
+                    yield node.lineno, alias.name, None
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module == "tdreplay":
+                for alias in node.names:
+                    if alias.name == "storage":
+                        yield node.lineno, "tdreplay.storage", None
+            elif node.module == "tdreplay.storage" or node.module.startswith("tdreplay.storage."):
+                for alias in node.names:
+                    yield node.lineno, node.module, alias.name
+
+
+def storage_api_misuses(root: Path, exported: set[str]) -> list[str]:
+    """What the service under ``root`` takes from storage besides ``from tdreplay.storage import <exported>``."""
+    bad = []
+    for path in sorted((root / "service").rglob("*.py")):
+        where = path.relative_to(root)
+        for line, module, name in storage_imports_of(path):
+            if module != "tdreplay.storage":
+                why = f"{where}:{line} imports from {module} (a storage submodule)"
+            elif name is None:
+                why = f"{where}:{line} imports the storage package as a module"
+            elif name not in exported:
+                why = f"{where}:{line} imports {name!r}, not in tdreplay.storage.__all__"
+            else:
+                continue
+            if why not in bad:  # one line per statement, however many names it takes
+                bad.append(why)
+    return bad
+
+
+def test_the_storage_api_check_sees_each_misuse(tmp_path: Path) -> None:
+    """Guards the check below: each way round the public API is caught, the API itself is not."""
+    (tmp_path / "service" / "routes").mkdir(parents=True)
+    (tmp_path / "service" / "ok.py").write_text("from tdreplay.storage import Table\n")
+    (tmp_path / "service" / "routes" / "bad.py").write_text(
+        "from tdreplay.storage.errors import SchemaError\n"
+        "import tdreplay.storage.spec\n"
+        "from tdreplay import storage\n"
+        "def f():\n    from tdreplay.storage import _private\n"
+    )
+    assert storage_api_misuses(tmp_path, {"Table"}) == [
+        "service/routes/bad.py:1 imports from tdreplay.storage.errors (a storage submodule)",
+        "service/routes/bad.py:2 imports from tdreplay.storage.spec (a storage submodule)",
+        "service/routes/bad.py:3 imports the storage package as a module",
+        "service/routes/bad.py:5 imports '_private', not in tdreplay.storage.__all__",
+    ]
+
+
+def test_the_service_uses_only_the_storage_api() -> None:
+    """The service imports ``from tdreplay.storage import <name in __all__>`` and nothing else of storage."""
+    import tdreplay.storage
+
+    exported = set(tdreplay.storage.__all__)
+    assert exported <= set(vars(tdreplay.storage)), "storage's __all__ names what it lacks"
+    bad = storage_api_misuses(REPO, exported)
+    assert not bad, "export it from storage/__init__.py (__all__) instead:\n  " + "\n  ".join(bad)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import CodecError, protocol
-from tdreplay.storage.errors import (
+from tdreplay.storage import (
     InvalidRequest,
     RateLimitTimeout,
     SchemaError,

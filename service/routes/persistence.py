@@ -21,9 +21,7 @@ from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
 
 from tdreplay.codec import protocol
-from tdreplay.storage.checkpoint import read_metadata
-from tdreplay.storage.debris import is_debris
-from tdreplay.storage.errors import (
+from tdreplay.storage import (
     BackendError,
     CheckpointError,
     InvalidCheckpoint,
@@ -31,6 +29,8 @@ from tdreplay.storage.errors import (
     PathExists,
     SchemaError,
     TableNotFound,
+    is_checkpoint_debris,
+    read_checkpoint_metadata,
 )
 
 from ..deps import RegistryDep, TableDep, TableName, error_responses
@@ -77,7 +77,10 @@ def _checkpoint_target(registry: Registry, name: str, given: str | None) -> Path
     )
     area = (registry.root / protocol.CHECKPOINTS).resolve()
     top = target.relative_to(area).parts[0]
-    if any(is_debris(part) or ".incomplete-" in part for part in target.relative_to(area).parts):
+    if any(
+        is_checkpoint_debris(part) or ".incomplete-" in part
+        for part in target.relative_to(area).parts
+    ):
         raise InvalidRequest(
             f"path {given!r}: names like '<x>.tmp-<hex>' / '<x>.old-<hex>' are kept for "
             "interrupted checkpoints",
@@ -96,7 +99,7 @@ def _checkpoint_target(registry: Registry, name: str, given: str | None) -> Path
         )
     if os.path.lexists(target):
         try:
-            held = read_metadata(target).get("spec", {}).get("name")
+            held = read_checkpoint_metadata(target).get("spec", {}).get("name")
         except CheckpointError:
             held = None
         if held != name or target.is_symlink():

@@ -8,13 +8,13 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
 
 from tdreplay.codec import protocol
-from tdreplay.storage import TableSpec
-from tdreplay.storage.errors import (
+from tdreplay.storage import (
     BackendError,
     InsufficientStorage,
     SchemaError,
     TableExists,
     TableNotFound,
+    TableSpec,
 )
 
 from ..deps import RegistryDep, TableDep, TableName, error_responses
