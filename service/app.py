@@ -36,11 +36,11 @@ from tdreplay.storage import (
     TableNotFound,
     TableSpec,
     TDReplayError,
+    checkpoint_table,
     clean_checkpoints,
     is_checkpoint_debris,
     is_complete_checkpoint,
     lock_root,
-    read_checkpoint_metadata,
     stored_specs,
 )
 
@@ -89,14 +89,6 @@ def _override_backend(spec: TableSpec, settings: Settings) -> TableSpec:
     return TableSpec.parse(data, source=f"{spec.name} (backend {kind})")
 
 
-def _holds(checkpoint: Path, name: str) -> bool:
-    """Whether the checkpoint folder holds table ``name`` (a named checkpoint of another does not)."""
-    try:
-        return read_checkpoint_metadata(checkpoint).get("spec", {}).get("name") == name
-    except (TDReplayError, AttributeError):
-        return False
-
-
 def checkpoints_under(root: Path) -> list[str]:
     """Tables with a complete checkpoint in ``<root>/checkpoints/<name>``.
 
@@ -112,7 +104,7 @@ def checkpoints_under(root: Path) -> list[str]:
         if not is_checkpoint_debris(p.name)
         and "." not in p.name
         and is_complete_checkpoint(p)
-        and _holds(p, p.name)
+        and checkpoint_table(p) == p.name  # a named checkpoint of another table is not one
     )
 
 

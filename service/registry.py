@@ -321,15 +321,6 @@ class Registry:
             raise _not_found(name)
         return handle
 
-    def storage_paths(self) -> list[Path]:
-        """Where live tables keep their data on disk (client paths may not overlap them)."""
-        out = []
-        for handle in self._tables.values():
-            loc = handle.table.backend.location
-            if loc and handle.table.spec.backend.kind in ("memmap", "h5"):
-                out.append(Path(loc))
-        return out
-
     def checkpoint_path(self, name: str) -> Path:
         """Where ``name`` is checkpointed by default: ``<root>/checkpoints/<name>``."""
         return self.root / protocol.CHECKPOINTS / name
@@ -371,10 +362,10 @@ class Registry:
             )
         return nbytes
 
-    def total_bytes(self, *, excluding: str | None = None) -> int:
+    def total_bytes(self) -> int:
         """Bytes the served tables (and creates under way) allocate, all together."""
-        held = sum(table_nbytes(h.table.spec) for n, h in self._tables.items() if n != excluding)
-        return held + sum(b for n, b in self._pending.items() if n != excluding)
+        held = sum(table_nbytes(h.table.spec) for h in self._tables.values())
+        return held + sum(self._pending.values())
 
     @contextlib.contextmanager
     def _reserve(self, name: str, nbytes: int = 0, *, replace: bool = False) -> Iterator[None]:

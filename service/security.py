@@ -162,18 +162,6 @@ def confine(root: Path, given: str, *, field: str = "path") -> Path:
     return target
 
 
-def check_clear_of(target: Path, protected: Iterable[Path], *, given: str, field: str) -> None:
-    """Refuse ``target`` when it lies over or inside one of ``protected`` (live storage)."""
-    for p in protected:
-        p = p.resolve()
-        if _inside(target, p) or target in p.parents:
-            raise InvalidRequest(
-                f"{field} {given!r} overlaps the storage of a live table",
-                field=field,
-                got=given,
-            )
-
-
 def relative(root: Path, path: Path) -> str:
     """``path`` as the client should see it: relative to the data root."""
     return str(path.resolve().relative_to(root.resolve()))

@@ -12,9 +12,9 @@ of what the service may use (``tests/test_import_cycles.py`` holds it so):
   of a spec allocates);
 * the data root: :func:`lock_root` / :class:`RootLock` (one process per
   root), :func:`stored_specs` (the tables a process left reopenable);
-* checkpoints: :func:`find_checkpoint`, :func:`read_checkpoint_metadata`,
+* checkpoints: :func:`find_checkpoint`, :func:`read_checkpoint_metadata`, :func:`checkpoint_table`,
   :func:`is_checkpoint`, :func:`is_complete_checkpoint`,
-  :func:`is_checkpoint_debris` and :func:`clean_checkpoints` (what
+  :func:`is_checkpoint_debris`, :func:`is_reserved_checkpoint_name` and :func:`clean_checkpoints` (what
   interrupted checkpoints leave);
 * Redis: :class:`RedisConnection`, :func:`resolve_redis_connection`;
 * sampled batches: :data:`SAMPLE_INFO_DTYPES` (the columns every sample
@@ -24,11 +24,13 @@ of what the service may use (``tests/test_import_cycles.py`` holds it so):
 
 from .backends import stored_specs
 from .checkpoint import find as find_checkpoint
+from .checkpoint import held_table as checkpoint_table
 from .checkpoint import is_checkpoint
 from .checkpoint import read_metadata as read_checkpoint_metadata
 from .debris import clean_checkpoints
 from .debris import is_complete as is_complete_checkpoint
 from .debris import is_debris as is_checkpoint_debris
+from .debris import is_reserved as is_reserved_checkpoint_name
 from .errors import (
     BackendError,
     CheckpointError,
@@ -85,10 +87,12 @@ __all__ = [
     "find_checkpoint",
     "is_checkpoint",
     "is_checkpoint_debris",
+    "is_reserved_checkpoint_name",
     "is_complete_checkpoint",
     "json_schema",
     "lock_root",
     "read_checkpoint_metadata",
+    "checkpoint_table",
     "resolve_redis_connection",
     "stored_specs",
     "table_nbytes",

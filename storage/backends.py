@@ -186,6 +186,7 @@ class TensorBackend(Backend):
         self.kind = spec.backend.kind
         self.claim = claim
         self.path = claim.path if claim is not None else None
+        self._row_files: list[Path] | None = None
         self.tensors: dict[NestedKey, torch.Tensor] = {k: storage.get(k) for k in self.keys}
         # The hot paths use plain-Tensor views of the same memory: slicing a
         # MemoryMappedTensor goes through its Python __getitem__ (9 us against
@@ -215,7 +216,9 @@ class TensorBackend(Backend):
         """memmap: fsync the row files (their dirty pages go to disk); nothing for memory/shared."""
         if self.path is None:
             return
-        for file in self.path.rglob("*.memmap"):
+        if self._row_files is None:  # the same files for the backend's life: listed once
+            self._row_files = sorted(self.path.rglob("*.memmap"))
+        for file in self._row_files:
             fsync_path(file)
 
     def close(self) -> None:
@@ -717,13 +720,7 @@ def stored_specs(root: str | Path, failed: dict[str, str] | None = None) -> list
         if name != folder.name or folder.is_symlink():
             continue
         try:
-            newest: tuple[float, dict[str, Any]] | None = None
-            for location in sorted(folder.iterdir()):
-                if location.is_symlink() or not DurableState.complete(location):
-                    continue
-                stored, created = DurableState.read_spec(location)
-                if newest is None or created > newest[0]:
-                    newest = (created, stored)
+            newest = DurableState.newest(sorted(folder.iterdir()))
             if newest is None:
                 continue
             spec = TableSpec.parse(newest[1], source=f"{folder} (stored spec)")
@@ -750,7 +747,7 @@ def reopen(spec: TableSpec, root: str | Path) -> TensorBackend | None:
             under another schema (it is left as it is).
         BackendError: a row file is missing or has the wrong size.
     """
-    from .durable import DurableState, spec_matches
+    from .durable import DurableState, map_file, spec_matches
 
     if not isinstance(spec.backend, MemmapBackend):
         return None
@@ -759,16 +756,11 @@ def reopen(spec: TableSpec, root: str | Path) -> TensorBackend | None:
         return None
     own_table_dir(spec, root)
     with _HELD_GUARD:
-        found = [
-            p for p in has_data(spec, root) if _key(p) not in _HELD and DurableState.complete(p)
-        ]
-    if not found:
+        free = [p for p in has_data(spec, root) if _key(p) not in _HELD]
+    newest = DurableState.newest(free)
+    if newest is None:
         return None
-    stamped = []
-    for location in found:
-        stored, created = DurableState.read_spec(location)
-        stamped.append((created, location, stored))
-    _, location, stored = max(stamped, key=lambda x: x[0])
+    location, stored = newest
     if not spec_matches(stored, spec):
         raise TableExists(
             f"table {spec.name!r}: {location} holds its data under another schema "
@@ -784,25 +776,14 @@ def reopen(spec: TableSpec, root: str | Path) -> TensorBackend | None:
         claim.release()
         return None
     try:
-        tensors = {}
-        for key, (shape, dtype) in spec.torch_schema().items():
-            file = location.joinpath(*key[:-1], f"{key[-1]}.memmap")
-            n = spec.capacity * math.prod(shape)
-            expected = n * dtype.itemsize
-            got = file.stat().st_size if file.is_file() else None
-            if got != expected:
-                raise BackendError(
-                    f"table {spec.name!r}: {file} "
-                    f"{'is missing' if got is None else f'holds {got} bytes'}, expected "
-                    f"{expected}: the table's data is damaged",
-                    table=spec.name,
-                )
-            t = torch.from_file(str(file), shared=True, size=n, dtype=dtype)
-            tensors[key] = t.view(spec.capacity, *shape)
         td = TensorDict(batch_size=[spec.capacity])
-        for key, t in tensors.items():
-            td.set(key, t)
+        for key, (shape, dtype) in spec.torch_schema().items():
+            file = location.joinpath(*key[:-1], f"{key[-1]}.memmap")  # from_schema's layout
+            td.set(key, map_file(file, dtype, (spec.capacity, *shape)))
         return TensorBackend(spec, td, claim)
+    except BackendError as err:
+        claim.release()
+        raise BackendError(f"table {spec.name!r}: {err}", table=spec.name) from None
     except BaseException:
         claim.release()
         raise

@@ -520,6 +520,16 @@ def read_metadata(path: Path) -> dict[str, Any]:
     return meta
 
 
+def held_table(path: Path) -> str | None:
+    """The name of the table the checkpoint at ``path`` holds (``None``: no readable checkpoint)."""
+    try:
+        spec = read_metadata(path).get("spec")
+    except CheckpointError:
+        return None
+    name = spec.get("name") if isinstance(spec, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def _overlap(a: Path, b: Path) -> bool:
     a, b = a.absolute(), b.absolute()
     return a == b or a in b.parents or b in a.parents

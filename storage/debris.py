@@ -52,6 +52,15 @@ _DEBRIS = re.compile(
 )
 
 
+#: what a folder that stood where a checkpoint is restored from its aside copy is renamed to
+INCOMPLETE = ".incomplete-"
+
+
+def is_reserved(name: str) -> bool:
+    """Whether ``name`` is one the server gives checkpoint debris or set-aside folders (never a client's)."""
+    return is_debris(name) or INCOMPLETE in name
+
+
 def is_debris(name: str) -> bool:
     """Whether a checkpoints folder entry named ``name`` is debris (``<x>.tmp-<hex>``, ``<x>.old-<hex>``)."""
     return _DEBRIS.match(name) is not None
@@ -108,7 +117,7 @@ def clean_checkpoints(folder: str | Path) -> list[str]:
         if complete:
             if os.path.lexists(target):
                 # Not a complete checkpoint - but maybe not ours either: set aside, never deleted.
-                aside = folder / f"{name}.incomplete-{uuid.uuid4().hex[:8]}"
+                aside = folder / f"{name}{INCOMPLETE}{uuid.uuid4().hex[:8]}"
                 os.rename(target, aside)
                 done.append(f"moved {name} aside to {aside.name} (not a complete checkpoint)")
             os.rename(complete[0], target)

@@ -32,7 +32,7 @@ log = logging.getLogger("tdreplay.storage")
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 _FULL_TEXT = ("no space left on device", "disk quota exceeded", "errno = 28")
 #: posix_fallocate failures that mean "not supported here", not "no room"
-_UNSUPPORTED = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
+FALLOCATE_UNSUPPORTED = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 
 
 class _Backend(Protocol):
@@ -149,7 +149,7 @@ def reserve(backend: _Backend, *, table: str) -> None:
         try:
             os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
         except OSError as err:
-            if err.errno in _UNSUPPORTED:
+            if err.errno in FALLOCATE_UNSUPPORTED:
                 log.warning("cannot preallocate %s (%s); a full disk may end in SIGBUS", path, err)
                 return
             backend.close()

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .diskspace import fsync_path
+from .diskspace import FALLOCATE_UNSUPPORTED, fsync_path, is_full
 from .errors import BackendError, InsufficientStorage
 from .spec import TableSpec
 from .statefile import StateError
@@ -98,22 +98,32 @@ def _create_file(path: Path, nbytes: int) -> None:
             try:
                 os.posix_fallocate(fd, 0, nbytes)
             except OSError as err:
-                if err.errno in (28, 122):  # ENOSPC, EDQUOT
+                if is_full(err):
                     raise InsufficientStorage(
                         f"no room for {path} ({nbytes} bytes): {err.strerror}"
                     ) from None
-                if err.errno not in (95,):  # EOPNOTSUPP: the file system cannot; size it
+                if err.errno not in FALLOCATE_UNSUPPORTED:
                     raise
-                os.ftruncate(fd, nbytes)
+                os.ftruncate(fd, nbytes)  # the file system cannot reserve: size it
     finally:
         os.close(fd)
 
 
-def _map(path: Path, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+def map_file(path: Path, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """The raw file ``path`` as a shared (writable) tensor of ``dtype`` and ``shape``.
+
+    The dtype and shape come from the caller (the spec), never from the file;
+    its size must match exactly. torch maps the file and closes it (no file
+    descriptor is kept).
+
+    Raises:
+        BackendError: the file is missing or has another size.
+    """
     expected = math.prod(shape) * dtype.itemsize
-    got = path.stat().st_size
+    got = path.stat().st_size if path.is_file() else None
     if got != expected:
-        raise BackendError(f"{path} holds {got} bytes, expected {expected}: damaged table state")
+        what = "is missing" if got is None else f"holds {got} bytes"
+        raise BackendError(f"{path} {what}, expected {expected}: the table's files are damaged")
     if not expected:
         return torch.empty(shape, dtype=dtype)
     return torch.from_file(str(path), shared=True, size=math.prod(shape), dtype=dtype).view(shape)
@@ -133,6 +143,7 @@ class DurableState:
         self._record: np.ndarray | None = None
         self._gen = 0
         self.fsync = False
+        self._files: list[Path] | None = None
 
     # ------------------------------------------------------------ columns
     @staticmethod
@@ -166,7 +177,7 @@ class DurableState:
         for name, tensor in cls._columns(table).items():
             path = folder / f"{name}.bin"
             _create_file(path, tensor.numel() * tensor.element_size())
-            m = _map(path, tensor.dtype, tuple(tensor.shape))
+            m = map_file(path, tensor.dtype, tuple(tensor.shape))
             m.copy_(tensor)
             mapped[name] = m
         _create_file(folder / RECORD_FILE, 2 * _RECORD_BYTES)  # zeros: generation 0, no record
@@ -189,6 +200,22 @@ class DurableState:
         return (location / STATE_DIR / SPEC_FILE).is_file()
 
     @staticmethod
+    def newest(locations: list[Path]) -> tuple[Path, dict[str, Any]] | None:
+        """Of ``locations``, the one holding the most recently committed complete state, and its spec.
+
+        Several exist when a restore beside the table was under way at a crash;
+        the older ones are dead data (the allocator's sweep deletes them).
+        """
+        best: tuple[float, Path, dict[str, Any]] | None = None
+        for location in locations:
+            if location.is_symlink() or not DurableState.complete(location):
+                continue
+            stored, created = DurableState.read_spec(location)
+            if best is None or created > best[0]:
+                best = (created, location, stored)
+        return None if best is None else (best[1], best[2])
+
+    @staticmethod
     def read_spec(location: Path) -> tuple[dict[str, Any], float]:
         """The spec (as JSON) and creation time of the table whose state is at ``location``."""
         data = json.loads((location / STATE_DIR / SPEC_FILE).read_text())
@@ -206,7 +233,7 @@ class DurableState:
         state = cls(folder, table)
         mapped = {}
         for name, tensor in cls._columns(table).items():
-            mapped[name] = _map(folder / f"{name}.bin", tensor.dtype, tuple(tensor.shape))
+            mapped[name] = map_file(folder / f"{name}.bin", tensor.dtype, tuple(tensor.shape))
         state._map_record()
         state._bind(mapped)
         try:
@@ -303,12 +330,11 @@ class DurableState:
         t.load_state_dict(state)
 
     # ------------------------------------------------------------ disk
-    def files(self) -> list[Path]:
-        return sorted(p for p in self.folder.iterdir() if p.suffix == ".bin")
-
     def flush(self) -> None:
         """fsync the state files (their dirty pages go to disk)."""
-        for path in self.files():
+        if self._files is None:  # the same files for the table's life: listed once
+            self._files = sorted(p for p in self.folder.iterdir() if p.suffix == ".bin")
+        for path in self._files:
             with contextlib.suppress(FileNotFoundError):
                 fsync_path(path)
 

@@ -29,8 +29,8 @@ from tdreplay.storage import (
     PathExists,
     SchemaError,
     TableNotFound,
-    is_checkpoint_debris,
-    read_checkpoint_metadata,
+    checkpoint_table,
+    is_reserved_checkpoint_name,
 )
 
 from ..deps import RegistryDep, TableDep, TableName, error_responses
@@ -75,12 +75,8 @@ def _checkpoint_target(registry: Registry, name: str, given: str | None) -> Path
         if given is None
         else confine_area(registry.root, protocol.CHECKPOINTS, given)
     )
-    area = (registry.root / protocol.CHECKPOINTS).resolve()
-    top = target.relative_to(area).parts[0]
-    if any(
-        is_checkpoint_debris(part) or ".incomplete-" in part
-        for part in target.relative_to(area).parts
-    ):
+    parts = target.relative_to((registry.root / protocol.CHECKPOINTS).resolve()).parts
+    if any(is_reserved_checkpoint_name(part) for part in parts):
         raise InvalidRequest(
             f"path {given!r}: names like '<x>.tmp-<hex>' / '<x>.old-<hex>' are kept for "
             "interrupted checkpoints",
@@ -88,28 +84,24 @@ def _checkpoint_target(registry: Registry, name: str, given: str | None) -> Path
             field="path",
             got=given,
         )
-    if len(target.relative_to(area).parts) == 1 and top != name:
+    if len(parts) == 1 and parts[0] != name:
         # checkpoints/<x> is table x's default checkpoint (restored on start as table x)
         raise InvalidRequest(
-            f"path {given!r}: checkpoints/{top} is the default checkpoint of table {top!r}; "
+            f"path {given!r}: checkpoints/{parts[0]} is the default checkpoint of table "
+            f"{parts[0]!r}; "
             f"give checkpoints/{name} or a deeper path (checkpoints/<folder>/<name>)",
             table=name,
             field="path",
             got=given,
         )
-    if os.path.lexists(target):
-        try:
-            held = read_checkpoint_metadata(target).get("spec", {}).get("name")
-        except CheckpointError:
-            held = None
-        if held != name or target.is_symlink():
-            raise PathExists(
-                f"path {relative(registry.root, target)!r} exists and is not a checkpoint of "
-                f"table {name!r}; it is left as it is (choose another path)",
-                table=name,
-                field="path",
-                got=given,
-            )
+    if os.path.lexists(target) and (target.is_symlink() or checkpoint_table(target) != name):
+        raise PathExists(
+            f"path {relative(registry.root, target)!r} exists and is not a checkpoint of "
+            f"table {name!r}; it is left as it is (choose another path)",
+            table=name,
+            field="path",
+            got=given,
+        )
     return target
 
 
