@@ -14,7 +14,7 @@ pyarrow only: never on the service or the storage.
 """
 
 from .aio import AsyncLoader, AsyncReplayClient
-from .core import Settings, split_batch
+from .core import ClientSettings, split_batch
 from .errors import (
     BackendError,
     CheckpointError,
@@ -75,7 +75,7 @@ __all__ = [
     "RetryPolicy",
     "SchemaError",
     "ServerError",
-    "Settings",
+    "ClientSettings",
     "TableClosed",
     "TableExists",
     "TableLost",
@@ -89,3 +89,19 @@ __all__ = [
     "split_batch",
     "to_tensorclass",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # `Settings` was renamed `ClientSettings` (the server has its own Settings);
+    # the old name works, with a warning, for one release.
+    if name == "Settings":
+        import warnings
+
+        warnings.warn(
+            "tdreplay.client.Settings is deprecated and will be removed in the next release; "
+            "use tdreplay.client.ClientSettings",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return ClientSettings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,7 +29,7 @@ import torch
 from . import errors
 from .aio_transport import AsyncTransport
 from .base import ClientBase
-from .core import Call, Gather, Plan, Settings
+from .core import Call, Gather, Plan, ClientSettings
 from .deprecation import warn_close_deprecated
 from .loader import Loader, LoaderIterator
 from .schema import load_spec
@@ -45,7 +45,7 @@ class AsyncReplayClient(ClientBase):
     Args: as :class:`~tdreplay.client.ReplayClient`. Pickles as its settings.
     """
 
-    def _setup(self, settings: Settings) -> None:
+    def _setup(self, settings: ClientSettings) -> None:
         super()._setup(settings)
         self._transports = [
             AsyncTransport(

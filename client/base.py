@@ -1,6 +1,6 @@
 """What the blocking and the asyncio clients share, apart from their I/O.
 
-:class:`ClientBase` holds a client's :class:`~tdreplay.client.core.Settings`,
+:class:`ClientBase` holds a client's :class:`~tdreplay.client.core.ClientSettings`,
 its plans (:class:`~tdreplay.client.core.Calls`), its cache of generated
 tensorclasses and its pickling (a client pickles as its settings, so a copy in
 a DataLoader worker or a subprocess opens its own connections).
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from .core import Calls, Settings
+from .core import Calls, ClientSettings
 from .retry import RetryPolicy
 from .tensorclass import from_fields
 
@@ -30,10 +30,10 @@ def make_settings(
     retry: RetryPolicy | None,
     max_connections: int,
     shard_refresh: float,
-) -> Settings:
-    """The :class:`Settings` of a client built with these constructor arguments."""
+) -> ClientSettings:
+    """The :class:`ClientSettings` of a client built with these constructor arguments."""
     urls = (url,) if isinstance(url, str) else tuple(url)
-    return Settings(
+    return ClientSettings(
         urls=urls,
         token=token,
         timeout=timeout,
@@ -52,7 +52,7 @@ class ClientBase:
     construction and on unpickling.
     """
 
-    settings: Settings
+    settings: ClientSettings
 
     def __init__(
         self,
@@ -73,13 +73,13 @@ class ClientBase:
         )
 
     @classmethod
-    def _from_settings(cls: type[B], settings: Settings) -> B:
+    def _from_settings(cls: type[B], settings: ClientSettings) -> B:
         """A client of this class with ``settings`` (what unpickling does)."""
         obj = cls.__new__(cls)
         obj._setup(settings)
         return obj
 
-    def _setup(self, settings: Settings) -> None:
+    def _setup(self, settings: ClientSettings) -> None:
         self.settings = settings
         self._calls = Calls(settings)
         self._classes: dict[str, type] = {}
@@ -102,6 +102,6 @@ class ClientBase:
         return cls
 
 
-def _restore(cls: type[ClientBase], settings: Settings) -> ClientBase:
+def _restore(cls: type[ClientBase], settings: ClientSettings) -> ClientBase:
     """Unpickle a client (the function ``__reduce__`` names)."""
     return cls._from_settings(settings)

@@ -38,7 +38,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Settings:
+class ClientSettings:
     """Everything a client is, besides its connections; a client pickles as this.
 
     Attributes:
@@ -141,7 +141,7 @@ class Calls:
     short-lived cache of each table's per-server sizes. Thread safe.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: ClientSettings) -> None:
         self.settings = settings
         self.n = len(settings.urls)
         self._cursor = itertools.count()

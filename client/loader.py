@@ -50,7 +50,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ..codec import arrow
 from . import commands as C
 from . import errors
-from .core import Settings
+from .core import ClientSettings
 from .tensorclass import to_tensorclass
 from .transport import Transport
 
@@ -62,7 +62,7 @@ class SampleClient(Protocol):
     loader here); a blocking client, since the fetchers are threads.
     """
 
-    settings: Settings
+    settings: ClientSettings
     _transports: list[Transport]
 
     @property

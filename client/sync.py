@@ -26,7 +26,7 @@ from . import commands as C
 from . import errors
 from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
-from .core import Call, Gather, Plan, Settings
+from .core import Call, Gather, Plan, ClientSettings
 from .loader import Loader
 from .schema import load_spec
 from .transport import Transport
@@ -53,7 +53,7 @@ class ReplayClient(ClientBase):
     server's error, or a :class:`~tdreplay.client.errors.TransportError`.
     """
 
-    def _setup(self, settings: Settings) -> None:
+    def _setup(self, settings: ClientSettings) -> None:
         super()._setup(settings)
         self._transports = [
             Transport(

@@ -124,7 +124,8 @@ def settings_from_args(values: dict[str, Any]) -> Settings:
 def serve(settings: Settings) -> None:
     """Run the server until interrupted (uvicorn with the limits of :mod:`.server`)."""
     from . import server, tuning
-    from .app import create_app, load_specs
+    from .app import create_app
+    from .core import load_specs
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

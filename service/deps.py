@@ -1,54 +1,27 @@
-"""Dependency aliases shared by the routers, and the OpenAPI bits they repeat."""
+"""What the routers share: the core as a dependency, the media-type check, the OpenAPI bits they repeat."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Depends, Path, Query, Request
+from fastapi import Depends, Path, Request
 from pydantic import BaseModel, ConfigDict
 
 from tdreplay.codec.protocol import ARROW_STREAM, ERROR_STATUS
 from tdreplay.storage import TDReplayError
 
+from .core import Core
 from .errors import UnsupportedMediaType
-from .registry import Registry, TableHandle
-from .settings import Settings
 
 
-async def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+def get_core(request: Request) -> Core:
+    return request.app.state.core
 
 
-async def get_registry(request: Request) -> Registry:
-    return request.app.state.registry
-
-
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-RegistryDep = Annotated[Registry, Depends(get_registry)]
+CoreDep = Annotated[Core, Depends(get_core)]
 TableName = Annotated[
     str, Path(description="The table's name.", max_length=64, examples=["cartpole"])
 ]
-Timeout = Annotated[
-    float | None,
-    Query(
-        ge=0,
-        description="Seconds to wait for the rate limiter before answering 429 "
-        "(default: the server's default timeout; capped by its maximum).",
-    ),
-]
-BatchSize = Annotated[int, Query(ge=1, le=1 << 31, description="Items per batch.")]
-
-
-async def get_table(name: TableName, registry: RegistryDep) -> TableHandle:
-    return registry.get(name)
-
-
-TableDep = Annotated[TableHandle, Depends(get_table)]
-
-
-def resolve_timeout(settings: Settings, timeout: float | None) -> float:
-    """The client's timeout, or the server's default, capped by the server's maximum."""
-    return min(settings.default_timeout if timeout is None else timeout, settings.max_timeout)
 
 
 def require_media_type(request: Request, media_type: str) -> None:

@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from .registry import TableHandle
+    from .core import TableHandle
 
 LATENCY_BUCKETS = (
     0.0005,
@@ -104,7 +104,7 @@ class TableCollector(Collector):
             fams["capacity"].add_metric(name, capacity)
             fams["fill"].add_metric(name, size / max(capacity, 1))
             fams["lost"].add_metric(name, float(getattr(t.backend, "state", None) == "lost"))
-            for op, count in handle.changes.waiting.items():
+            for op, count in t.rate_limiter.waiting.items():
                 waiting.add_metric([handle.name, op], count)
         yield from fams.values()
         yield waiting
@@ -154,7 +154,17 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.periodic = Counter(
+            "tdreplay_periodic_checkpoints",
+            "Checkpoints written by --checkpoint-every, by outcome.",
+            ["table", "outcome"],
+            registry=r,
+        )
         r.register(TableCollector(handles))
+
+    def checkpointed(self, table: str, outcome: str) -> None:
+        """The periodic checkpoints' hook: one checkpoint, ``"ok"`` or ``"failed"``."""
+        self.periodic.labels(table, outcome).inc()
 
     def waited(self, table: str, op: str, seconds: float, timed_out: bool) -> None:
         """The registry's rate-limiter wait hook."""

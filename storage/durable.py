@@ -64,7 +64,7 @@ from .spec import TableSpec
 from .statefile import StateError
 
 if TYPE_CHECKING:
-    from .table import Table
+    from .table.base import TableBase as Table
 
 STATE_DIR = ".tdreplay-state"
 SPEC_FILE = "spec.json"

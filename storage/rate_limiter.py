@@ -22,10 +22,15 @@ that cannot proceed wait (see ``Table.extend`` / ``Table.sample``).
 from __future__ import annotations
 
 import math
-from typing import Any
+import time
+from typing import Any, Literal
 
 from . import statefile as SF
 from .spec import RateLimiterSpec
+
+
+#: the two sides a rate limiter holds back
+Op = Literal["insert", "sample"]
 
 
 class RateLimiter:
@@ -56,8 +61,15 @@ class RateLimiter:
             self.max_diff = samples_per_insert * min_size_to_sample + eb
         self.inserts = 0
         self.samples = 0
+        #: calls held back (each counted once, however long it waited); kept by checkpoints
         self.insert_waits = 0
         self.sample_waits = 0
+        #: calls held back right now
+        self.waiting: dict[Op, int] = {"insert": 0, "sample": 0}
+        #: calls that gave up (their timeout ran out while held back), since the process started
+        self.timeouts: dict[Op, int] = {"insert": 0, "sample": 0}
+        #: seconds calls spent held back, since the process started
+        self.blocked_seconds: dict[Op, float] = {"insert": 0.0, "sample": 0.0}
 
     @classmethod
     def from_spec(cls, spec: RateLimiterSpec) -> RateLimiter:
@@ -91,6 +103,31 @@ class RateLimiter:
         # inserts stop at max_diff, and the sample must leave at least min_diff
         return n > self.max_diff - self.min_diff
 
+    def begin_wait(self, op: Op) -> float:
+        """Count a call held back by the limiter; returns when it began (for :meth:`end_wait`).
+
+        Whoever makes a call wait - the table's own blocking wait, or a server
+        waiting asynchronously and trying the call again as the table changes -
+        calls this once per call, and :meth:`end_wait` once when the call goes
+        through or gives up, so every counter means what its name says.
+        The caller holds the table's lock.
+        """
+        if op == "insert":
+            self.insert_waits += 1
+        else:
+            self.sample_waits += 1
+        self.waiting[op] += 1
+        return time.monotonic()
+
+    def end_wait(self, op: Op, began: float, *, timed_out: bool) -> float:
+        """A held-back call went through (or gave up, ``timed_out``); returns the seconds it waited."""
+        seconds = time.monotonic() - began
+        self.waiting[op] -= 1
+        self.blocked_seconds[op] += seconds
+        if timed_out:
+            self.timeouts[op] += 1
+        return seconds
+
     def inserted(self, n: int) -> None:
         self.inserts += n
 
@@ -123,4 +160,7 @@ class RateLimiter:
             "samples_per_insert": self.samples_per_insert,
             "error_buffer": self.error_buffer,
             **self.state_dict(),
+            "waiting": dict(self.waiting),
+            "timeouts": dict(self.timeouts),
+            "blocked_seconds": dict(self.blocked_seconds),
         }

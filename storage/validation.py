@@ -7,6 +7,7 @@ and what came.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -62,6 +63,8 @@ class RowChecker:
         """
         if is_tensorclass(td):
             td = td._tensordict
+        if isinstance(td, Mapping) and not isinstance(td, TensorDictBase):
+            return self._columns(td)
         if not isinstance(td, TensorDictBase):
             raise SchemaError(
                 f"table {self.name!r}: extend takes a TensorDict, got {type(td).__name__}",
@@ -77,7 +80,37 @@ class RowChecker:
                 expected="[N]",
                 got=list(td.batch_size),
             )
-        n = td.batch_size[0]
+        got = plain_leaves(td)
+        if got is None or len(got) != len(self._keys) or not all(k in got for k in self._keys):
+            got = leaves(td)  # the general walk; it also orders the error reports
+        return self._check(got, td.batch_size[0])
+
+    def _columns(self, columns: Mapping[Any, Any]) -> tuple[dict[NestedKey, torch.Tensor], int]:
+        """Flat columns ``{nested key: tensor [N, *shape]}``: ``N`` is the first column's rows."""
+        got: dict[NestedKey, Any] = {}
+        for key, value in columns.items():
+            if not isinstance(key, tuple) or not all(isinstance(part, str) for part in key):
+                raise SchemaError(
+                    f"table {self.name!r}: extend takes a TensorDict, or flat columns keyed by "
+                    f"tuples of strings; got a {type(columns).__name__} with key {key!r:.40}",
+                    table=self.name,
+                    expected="TensorDict",
+                    got=type(columns).__name__,
+                )
+            got[key] = value
+        first = next(iter(got.values()), None)
+        if not isinstance(first, torch.Tensor) or first.ndim == 0:
+            raise SchemaError(
+                f"table {self.name!r}: extend needs columns of shape [N, *item shape]",
+                table=self.name,
+                field="batch_size",
+                expected="[N]",
+            )
+        return self._check(got, first.shape[0])
+
+    def _check(
+        self, got: dict[NestedKey, Any], n: int
+    ) -> tuple[dict[NestedKey, torch.Tensor], int]:
         if n == 0:
             raise InvalidRequest(
                 f"table {self.name!r}: extend with no rows", table=self.name, field="batch_size"
@@ -90,9 +123,6 @@ class RowChecker:
                 expected=f"<= {self.capacity}",
                 got=n,
             )
-        got = plain_leaves(td)
-        if got is None or len(got) != len(self._keys) or not all(k in got for k in self._keys):
-            got = leaves(td)  # the general walk; it also orders the error reports
         missing = [k for k in self._keys if k not in got]
         if missing:
             raise SchemaError(

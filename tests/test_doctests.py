@@ -9,7 +9,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ["tdreplay.codec", "tdreplay.storage", "tdreplay.client"]
+PACKAGES = ["tdreplay.codec", "tdreplay.storage", "tdreplay.service.core", "tdreplay.client"]
 
 
 def modules() -> list[str]:

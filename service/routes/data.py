@@ -1,17 +1,18 @@
 """Data: extend, sample, stream, update_priority (the hot path).
 
-extend and sample skip FastAPI's body handling: the request body is read
-into a reused buffer and decoded zero-copy (:mod:`tdreplay.service.bodies`);
-a sample is gathered straight into a pooled Arrow IPC body that goes to the
-socket as a ``memoryview`` (:mod:`tdreplay.service.wire`). Their Arrow bodies
-are declared for OpenAPI by hand.
+extend and sample skip FastAPI's per-request machinery (dependency solving
+costs more than a small sample): a lean handler reads their few parameters
+with the same models their endpoints declare (:mod:`tdreplay.service.core.params`)
+and calls the endpoint itself, so the OpenAPI document and what is enforced
+come from one declaration. The extend body is read into a reused buffer and
+decoded zero-copy into flat columns (:mod:`tdreplay.service.bodies`); a sample
+is gathered straight into a pooled Arrow IPC body (:mod:`tdreplay.service.wire`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Annotated, Any
 
@@ -19,11 +20,9 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
-from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import CodecError, protocol
 from tdreplay.storage import (
-    InvalidRequest,
     RateLimitTimeout,
     SchemaError,
     TableClosed,
@@ -32,24 +31,23 @@ from tdreplay.storage import (
 )
 
 from ..bodies import read_body
+from ..core import Core, ExtendParams, PriorityUpdate, SampleParams, StreamParams, parse
+from ..core.params import MAX_REQUEST_ID, Seconds
 from ..deps import (
     ARROW_REQUEST,
-    BatchSize,
-    SettingsDep,
-    TableDep,
+    CoreDep,
     TableName,
-    Timeout,
     arrow_response,
     error_responses,
     require_media_type,
-    resolve_timeout,
 )
 from ..errors import PayloadTooLarge, UnsupportedMediaType
-from ..settings import Settings
 from ..wire import EOS
 
 log = logging.getLogger("tdreplay.service")
 router = APIRouter(prefix=protocol.TABLES, tags=["data"])
+
+Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
 
 class ExtendResult(BaseModel):
@@ -57,148 +55,105 @@ class ExtendResult(BaseModel):
     rows: int = Field(description="How many rows were written.")
 
 
-def lean(handler: Callable[[Request], Coroutine[Any, Any, Response]]) -> type[APIRoute]:
-    """A route class documented from its endpoint's signature but served by ``handler``.
-
-    FastAPI's per-request dependency solving and validation cost more than a
-    small sample itself; the two hot routes parse their few parameters by hand
-    (same names, bounds and errors as declared) and keep the OpenAPI operation
-    their declared endpoint gives.
-    """
+def lean(handler: Handler) -> type[APIRoute]:
+    """A route class documented from its endpoint's signature but served by ``handler``,
+    which parses the request with the same models and calls the endpoint."""
 
     class LeanRoute(APIRoute):
-        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        def get_route_handler(self) -> Handler:
             return handler
 
     return LeanRoute
 
 
-def lean_post(
-    handler: Callable[[Request], Coroutine[Any, Any, Response]], path: str, **kwargs: Any
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Declare a POST route whose OpenAPI operation comes from the decorated endpoint, served by ``handler``."""
-
-    def register(endpoint: Callable[..., Any]) -> Callable[..., Any]:
-        router.add_api_route(
-            path, endpoint, methods=["POST"], route_class_override=lean(handler), **kwargs
-        )
-        return endpoint
-
-    return register
+def _core(request: Request) -> Core:
+    return request.app.state.core
 
 
-def _int(request: Request, name: str, *, ge: int = 0) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        raise InvalidRequest(f"query parameter {name!r} is required", field=name)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidRequest(
-            f"query parameter {name!r} must be an integer, got {raw[:40]!r}",
-            field=name,
-            got=raw[:40],
-        ) from None
-    if value < ge:
-        raise InvalidRequest(
-            f"query parameter {name!r} must be >= {ge}, got {value}", field=name, got=value
-        )
-    return value
-
-
-def _timeout(request: Request, settings: Settings) -> float:
-    raw = request.query_params.get("timeout")
-    if raw is None:
-        return resolve_timeout(settings, None)
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not value >= 0:  # NaN too
-        raise InvalidRequest(
-            f"query parameter 'timeout' must be a number of seconds >= 0, got {raw[:40]!r}",
-            field="timeout",
-            got=raw[:40],
-        )
-    return resolve_timeout(settings, value)
-
-
-async def _extend(request: Request) -> Response:
-    state = request.app.state
-    settings: Settings = state.settings
-    handle = state.registry.get(request.path_params["name"])
-    wait = _timeout(request, settings)
-    require_media_type(request, protocol.ARROW_STREAM)
-    request_id = request.headers.get(protocol.REQUEST_ID)
-    if request_id is not None and len(request_id) > MAX_REQUEST_ID:
-        raise InvalidRequest(
-            f"{protocol.REQUEST_ID} longer than {MAX_REQUEST_ID} characters",
-            field=protocol.REQUEST_ID,
-        )
-
-    async def insert() -> tuple[int, bytes]:
-        body = await read_body(request, state.bodies, settings.max_body_bytes)
-        index = await handle.extend(state.decoder.decode(body), wait)
-        # the answer as sent: what the X-Request-Id memory keeps (8-ish bytes a row, not 36)
-        return len(index), json.dumps({"index": index.tolist(), "rows": len(index)}).encode()
-
-    (rows, content), replayed = await handle.recent.run(request_id, insert)
-    headers = {protocol.ROWS_WRITTEN: str(rows)}
-    if replayed:
-        headers[protocol.IDEMPOTENT_REPLAY] = "true"
-    return Response(content, media_type=protocol.JSON, headers=headers)
-
-
-MAX_REQUEST_ID = 200
-
-
-@lean_post(
-    _extend,
-    "/{name}/extend",
-    name="extend",
-    response_model=ExtendResult,
-    openapi_extra=ARROW_REQUEST,
-    responses=error_responses(
-        SchemaError,
-        CodecError.__name__,
-        TableNotFound,
-        RateLimitTimeout,
-        PayloadTooLarge,
-        UnsupportedMediaType,
-    ),
-)
+# ------------------------------------------------------------------ extend
 async def extend(
+    request: Request,
     name: TableName,
-    timeout: Timeout = None,
+    core: CoreDep,
+    timeout: Annotated[Seconds, Query()] = None,
     request_id: Annotated[
         str | None,
         Header(
             alias=protocol.REQUEST_ID,
             max_length=MAX_REQUEST_ID,
-            description="Makes the extend idempotent: a repeat of a recent id is answered "
-            "with the first answer and inserts nothing.",
+            description=ExtendParams.model_fields["request_id"].description,
         ),
     ] = None,
-) -> ExtendResult:
+) -> Response:
     """Insert the rows of an Arrow IPC record batch (exactly the table's keys, shapes and dtypes).
 
     Waits (asynchronously) up to ``timeout`` seconds while the rate limiter holds
     inserts back, then answers 429. A rejected body writes nothing.
     """
-    raise NotImplementedError  # the declaration; `_extend` serves it
-
-
-async def _sample(request: Request) -> Response:
+    params = parse(ExtendParams, {"timeout": timeout, protocol.REQUEST_ID: request_id})
+    core.table(name)  # 404 before the body is read
+    require_media_type(request, protocol.ARROW_STREAM)
     state = request.app.state
-    handle = state.registry.get(request.path_params["name"])
-    n = _int(request, "batch_size", ge=1)
-    lease = await handle.sample(n, _timeout(request, state.settings))
+    body = await read_body(request, state.bodies, core.settings.max_body_bytes)
+    columns = state.decoder.decode_columns(body)[0]
+    index, replayed = await core.extend(name, columns, params)
+    content = json.dumps({"index": index.tolist(), "rows": len(index)}).encode()
+    headers = {protocol.ROWS_WRITTEN: str(len(index))}
+    if replayed:
+        headers[protocol.IDEMPOTENT_REPLAY] = "true"
+    return Response(content, media_type=protocol.JSON, headers=headers)
+
+
+async def _extend(request: Request) -> Response:
+    q = request.query_params
+    return await extend(
+        request,
+        request.path_params["name"],
+        _core(request),
+        q.get("timeout"),  # type: ignore[arg-type]  # parsed by ExtendParams
+        request.headers.get(protocol.REQUEST_ID),
+    )
+
+
+# ------------------------------------------------------------------ sample
+async def sample(
+    name: TableName, params: Annotated[SampleParams, Query()], core: CoreDep
+) -> Response:
+    """Sample ``batch_size`` items; waits up to ``timeout`` seconds for the rate limiter, then 429."""
+    lease = await core.sample(name, params)
     return Response(lease.body, media_type=protocol.ARROW_STREAM)
 
 
-@lean_post(
-    _sample,
+async def _sample(request: Request) -> Response:
+    params = parse(SampleParams, request.query_params)
+    return await sample(request.path_params["name"], params, _core(request))
+
+
+# The hot routes first (matched in order), served lean.
+router.add_api_route(
+    "/{name}/extend",
+    extend,
+    methods=["POST"],
+    name="extend",
+    response_class=Response,
+    responses={
+        200: {"model": ExtendResult, "description": "The slots written."},
+        **error_responses(
+            SchemaError,
+            CodecError.__name__,
+            TableNotFound,
+            RateLimitTimeout,
+            PayloadTooLarge,
+            UnsupportedMediaType,
+        ),
+    },
+    openapi_extra=ARROW_REQUEST,
+    route_class_override=lean(_extend),
+)
+router.add_api_route(
     "/{name}/sample",
+    sample,
+    methods=["POST"],
     name="sample",
     response_class=Response,
     responses={
@@ -209,12 +164,11 @@ async def _sample(request: Request) -> Response:
         ),
         **error_responses(TableNotFound, RateLimitTimeout, PayloadTooLarge),
     },
+    route_class_override=lean(_sample),
 )
-async def sample(name: TableName, batch_size: BatchSize, timeout: Timeout = None) -> Response:
-    """Sample ``batch_size`` items; waits up to ``timeout`` seconds for the rate limiter, then 429."""
-    raise NotImplementedError  # the declaration; `_sample` serves it
 
 
+# ------------------------------------------------------------------ stream
 @router.get(
     "/{name}/stream",
     name="stream",
@@ -225,13 +179,7 @@ async def sample(name: TableName, batch_size: BatchSize, timeout: Timeout = None
     },
 )
 async def stream(
-    handle: TableDep,
-    settings: SettingsDep,
-    batch_size: BatchSize,
-    count: Annotated[
-        int | None, Query(ge=1, description="Batches to send; omitted: until the client leaves.")
-    ] = None,
-    timeout: Timeout = None,
+    name: TableName, params: Annotated[StreamParams, Query()], core: CoreDep
 ) -> StreamingResponse:
     """Keep sampled batches coming as one Arrow IPC stream, as fast as the client reads them.
 
@@ -240,52 +188,25 @@ async def stream(
     out, or the table's deletion, ends the stream early with a clean end of
     stream: the client sees fewer than ``count`` batches.
     """
-    wait = resolve_timeout(settings, timeout)
-    handle.check_batch_size(batch_size)
-    layout = await run_in_threadpool(handle.samples.layout, batch_size)
-    per_run = max(1, settings.stream_chunk_bytes // layout.batch_len)
-    if not handle.runs_are_exact:
-        per_run = 1
-
-    async def draw(left: int | None) -> tuple[memoryview, int]:
-        k = per_run if left is None else min(per_run, left)
-        if k == 1:
-            return (await handle.sample(batch_size, wait)).batch, 1
-        run = await handle.sample_run(batch_size, k, wait)
-        return run, len(run) // layout.batch_len
-
-    first, sent = await draw(count)
+    header, batches = await core.stream(name, params)
 
     async def body() -> AsyncIterator[bytes | memoryview]:
-        nonlocal sent
-        yield layout.header
-        yield first
+        yield header
+        sent = 0
         try:
-            while count is None or sent < count:
-                chunk, k = await draw(None if count is None else count - sent)
-                sent += k
-                yield chunk
+            async for batch in batches:
+                sent += 1
+                yield batch
         except (RateLimitTimeout, TableNotFound, TableClosed) as err:
-            log.info("stream of table %r ends after %d batches: %s", handle.name, sent, err)
+            log.info("stream of table %r ends after %d chunks: %s", name, sent, err)
         except TDReplayError as err:  # pragma: no cover - defensive
-            log.warning("stream of table %r ends after %d batches: %s", handle.name, sent, err)
+            log.warning("stream of table %r ends after %d chunks: %s", name, sent, err)
         yield EOS
 
     return StreamingResponse(body(), media_type=protocol.ARROW_STREAM)
 
 
-class PriorityUpdate(BaseModel):
-    index: list[Annotated[int, Field(ge=0, lt=1 << 63)]] = Field(
-        description="Slots, as sampled (`index`)."
-    )
-    priority: list[float] = Field(description="New priorities, one per slot (>= 0, finite).")
-    key: list[Annotated[int, Field(ge=0, lt=1 << 63)]] | None = Field(
-        default=None,
-        description="The sampled items' keys (`sample_info.key`), one per slot: only slots "
-        "still holding the item with that key are updated. Omitted: no check.",
-    )
-
-
+# ------------------------------------------------------------------ priorities
 class PriorityResult(BaseModel):
     updated: int = Field(description="How many priorities were applied (skipped slots aside).")
 
@@ -296,23 +217,11 @@ class PriorityResult(BaseModel):
     response_model=PriorityResult,
     responses=error_responses(TableNotFound),
 )
-async def update_priority(handle: TableDep, update: PriorityUpdate) -> PriorityResult:
+async def update_priority(name: TableName, update: PriorityUpdate, core: CoreDep) -> PriorityResult:
     """Set the priorities of sampled slots (prioritized tables).
 
     Slots whose item was removed since the sample are skipped; with ``key``,
     so are slots overwritten since (their item has another key). A request with
     lengths that differ changes nothing (400).
     """
-    if len(update.index) != len(update.priority):
-        raise InvalidRequest(
-            f"{len(update.index)} indices but {len(update.priority)} priorities",
-            table=handle.name,
-            field="priority",
-            expected=len(update.index),
-            got=len(update.priority),
-        )
-    with handle.use() as table:
-        updated = await handle.call(
-            lambda: table.update_priority(update.index, update.priority, key=update.key)
-        )
-    return PriorityResult(updated=updated)
+    return PriorityResult(updated=await core.update_priority(name, update))

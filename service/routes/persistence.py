@@ -1,19 +1,13 @@
 """Persistence: checkpoint, restore, export.
 
-Paths are relative to the data root and stay in its server-owned areas: a
-checkpoint or restore path inside ``checkpoints/``, an export path inside
-``exports/``; the tables' own data (``tables/``) is out of reach. Nothing that
-exists is overwritten unless it is ours: a checkpoint replaces only a
-checkpoint of the same table, an export never replaces a file (409).
+Paths are relative to the data root and stay in its server-owned areas (the
+rules: :mod:`tdreplay.service.core.paths`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import uuid
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, JSONResponse
@@ -25,84 +19,19 @@ from tdreplay.storage import (
     BackendError,
     CheckpointError,
     InvalidCheckpoint,
-    InvalidRequest,
     PathExists,
     SchemaError,
     TableNotFound,
-    checkpoint_table,
-    is_reserved_checkpoint_name,
 )
 
-from ..deps import RegistryDep, TableDep, TableName, error_responses
-from ..registry import Registry
-from ..security import confine_area, relative
-
-#: the data root's area for exports written on the server (``exports/<file>``)
-EXPORTS = "exports"
+from ..core import ExportBody, PathBody
+from ..deps import CoreDep, TableName, error_responses
 
 router = APIRouter(prefix=protocol.TABLES, tags=["persistence"])
-
-#: folder under the data root for exports streamed back (deleted once sent)
-EXPORT_SCRATCH = ".exports"
-
-
-class PathBody(BaseModel):
-    path: str | None = Field(
-        default=None,
-        max_length=1024,
-        description="A folder relative to the data root, inside checkpoints/; "
-        "default: checkpoints/{name}.",
-    )
 
 
 class PathResult(BaseModel):
     path: str = Field(description="Relative to the data root.")
-
-
-class ExportBody(BaseModel):
-    format: Literal["parquet", "csv"] = "parquet"
-    path: str | None = Field(
-        default=None,
-        max_length=1024,
-        description="A new file relative to the data root, inside exports/, to write "
-        "(409 if it exists); omitted: the file is streamed back.",
-    )
-
-
-def _checkpoint_target(registry: Registry, name: str, given: str | None) -> Path:
-    target = (
-        registry.checkpoint_path(name)
-        if given is None
-        else confine_area(registry.root, protocol.CHECKPOINTS, given)
-    )
-    parts = target.relative_to((registry.root / protocol.CHECKPOINTS).resolve()).parts
-    if any(is_reserved_checkpoint_name(part) for part in parts):
-        raise InvalidRequest(
-            f"path {given!r}: names like '<x>.tmp-<hex>' / '<x>.old-<hex>' are kept for "
-            "interrupted checkpoints",
-            table=name,
-            field="path",
-            got=given,
-        )
-    if len(parts) == 1 and parts[0] != name:
-        # checkpoints/<x> is table x's default checkpoint (restored on start as table x)
-        raise InvalidRequest(
-            f"path {given!r}: checkpoints/{parts[0]} is the default checkpoint of table "
-            f"{parts[0]!r}; "
-            f"give checkpoints/{name} or a deeper path (checkpoints/<folder>/<name>)",
-            table=name,
-            field="path",
-            got=given,
-        )
-    if os.path.lexists(target) and (target.is_symlink() or checkpoint_table(target) != name):
-        raise PathExists(
-            f"path {relative(registry.root, target)!r} exists and is not a checkpoint of "
-            f"table {name!r}; it is left as it is (choose another path)",
-            table=name,
-            field="path",
-            got=given,
-        )
-    return target
 
 
 @router.post(
@@ -112,13 +41,10 @@ def _checkpoint_target(registry: Registry, name: str, given: str | None) -> Path
     responses=error_responses(TableNotFound, PathExists, CheckpointError),
 )
 async def checkpoint(
-    name: TableName, registry: RegistryDep, body: PathBody | None = None
+    name: TableName, core: CoreDep, body: PathBody | None = None
 ) -> dict[str, str]:
-    """Write the table's data and state to a folder, atomically (inserts and samples wait meanwhile)."""
-    registry.get(name)
-    target = _checkpoint_target(registry, name, body.path if body else None)
-    path = await registry.checkpoint(name, target)
-    return {"path": relative(registry.root, path)}
+    """Write the table's data and state to a folder, atomically (inserts and samples go on meanwhile)."""
+    return {"path": await core.checkpoint(name, body or PathBody())}
 
 
 @router.post(
@@ -126,14 +52,9 @@ async def checkpoint(
     name="restore",
     responses=error_responses(InvalidCheckpoint, SchemaError, CheckpointError, BackendError),
 )
-async def restore(
-    name: TableName, registry: RegistryDep, body: PathBody | None = None
-) -> dict[str, Any]:
+async def restore(name: TableName, core: CoreDep, body: PathBody | None = None) -> dict[str, Any]:
     """Replace the table (or create it) from a checkpoint of it. Answers its info."""
-    given = body.path if body else None
-    source = confine_area(registry.root, protocol.CHECKPOINTS, given) if given else None
-    handle = await registry.restore(name, source)
-    return await handle.info()
+    return await core.restore(name, body or PathBody())
 
 
 @router.post(
@@ -153,27 +74,13 @@ async def restore(
     },
 )
 async def export(
-    handle: TableDep, registry: RegistryDep, body: ExportBody | None = None
+    name: TableName, core: CoreDep, body: ExportBody | None = None
 ) -> JSONResponse | FileResponse:
     """Export the live items, oldest first, as Parquet or CSV: written under the data root, or sent back."""
     body = body or ExportBody()
-    if body.path is not None:
-        target = confine_area(registry.root, EXPORTS, body.path)
-        if os.path.lexists(target):
-            raise PathExists(
-                f"path {body.path!r} exists; an export never replaces a file (choose another path)",
-                table=handle.name,
-                field="path",
-                got=body.path,
-            )
-        fmt = body.format
-        with handle.use() as table:
-            path = await handle.call(lambda: table.export(target, format=fmt))
-        return JSONResponse({"path": relative(registry.root, path)})
-    scratch = registry.root / EXPORT_SCRATCH / f"{handle.name}-{uuid.uuid4().hex}.{body.format}"
-    fmt = body.format
-    with handle.use() as table:
-        path = await handle.call(lambda: table.export(scratch, format=fmt))
+    path, scratch = await core.export(name, body)
+    if not scratch:
+        return JSONResponse({"path": core.relative(path)})
 
     def cleanup() -> None:
         with contextlib.suppress(OSError):
@@ -182,6 +89,6 @@ async def export(
     return FileResponse(
         path,
         media_type=protocol.EXPORT_MEDIA[body.format],
-        filename=f"{handle.name}.{body.format}",
+        filename=f"{name}.{body.format}",
         background=BackgroundTask(cleanup),
     )

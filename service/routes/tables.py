@@ -17,7 +17,7 @@ from tdreplay.storage import (
     TableSpec,
 )
 
-from ..deps import RegistryDep, TableDep, TableName, error_responses
+from ..deps import CoreDep, TableName, error_responses
 from ..errors import Forbidden
 
 router = APIRouter(prefix=protocol.TABLES, tags=["tables"])
@@ -29,16 +29,10 @@ class TableList(BaseModel):
 
 
 @router.get("", name="list_tables", response_model=TableList, responses=error_responses())
-async def list_tables(registry: RegistryDep) -> dict[str, Any]:
-    """Every table, with its info; ``unavailable``: tables found on start but not served, and why."""
-    infos = []
-    for handle in registry.handles():
-        try:
-            infos.append(await handle.info())
-        except TableNotFound:  # deleted meanwhile
-            continue
-    # found on start but not served (damaged state, changed schema): their data is kept
-    return {"tables": infos, "unavailable": dict(registry.failed)}
+async def list_tables(core: CoreDep) -> dict[str, Any]:
+    """Every table, with its info; ``unavailable``: tables found on start but not served
+    (damaged state, changed schema; their data is kept), and why."""
+    return await core.tables()
 
 
 @router.post(
@@ -51,7 +45,7 @@ async def list_tables(registry: RegistryDep) -> dict[str, Any]:
 )
 async def create_table(
     spec: TableSpec,
-    registry: RegistryDep,
+    core: CoreDep,
     replace: Annotated[
         bool,
         Query(
@@ -66,14 +60,13 @@ async def create_table(
     a schema cannot name a path, and a Redis table names one of the server's
     configured connections (``backend.connection``).
     """
-    handle = await registry.create(spec, replace=replace)
-    return await handle.info()
+    return await core.create(spec, replace=replace)
 
 
 @router.get("/{name}", name="info", responses=error_responses(TableNotFound))
-async def info(handle: TableDep) -> dict[str, Any]:
+async def info(name: TableName, core: CoreDep) -> dict[str, Any]:
     """Size, capacity, backend, sampler, writer, counters, rate-limiter state, waiting calls."""
-    return await handle.info()
+    return await core.info(name)
 
 
 @router.delete(
@@ -83,7 +76,7 @@ async def info(handle: TableDep) -> dict[str, Any]:
     response_class=Response,
     responses=error_responses(TableNotFound),
 )
-async def delete_table(name: TableName, registry: RegistryDep) -> Response:
+async def delete_table(name: TableName, core: CoreDep) -> Response:
     """Delete a table and its data (calls waiting on it fail with 404)."""
-    await registry.delete(name)
+    await core.delete(name)
     return Response(status_code=204)

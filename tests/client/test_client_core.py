@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from tdreplay.client import ConnectionFailed, Settings, split_batch
+from tdreplay.client import ClientSettings, ConnectionFailed, split_batch
 from tdreplay.client import commands as C
 from tdreplay.client.core import Call, Calls, Gather
 
@@ -34,7 +34,7 @@ def drive(plan: Any, answer: Any) -> Any:
 
 
 def calls(n: int) -> Calls:
-    return Calls(Settings(urls=tuple(f"http://s{i}" for i in range(n))))
+    return Calls(ClientSettings(urls=tuple(f"http://s{i}" for i in range(n))))
 
 
 def rows(n: int) -> TensorDict:
@@ -152,11 +152,11 @@ def test_merged_info_sums_sizes() -> None:
 
 def test_settings_refuse_unbounded_timeouts() -> None:
     with pytest.raises(ValueError):
-        Settings(urls=("http://x",), timeout=float("inf"))
+        ClientSettings(urls=("http://x",), timeout=float("inf"))
     with pytest.raises(ValueError):
-        Settings(urls=("http://x",), wait=0)
+        ClientSettings(urls=("http://x",), wait=0)
     with pytest.raises(ValueError):
-        Settings(urls=())
+        ClientSettings(urls=())
 
 
 def test_extend_request_carries_one_id_across_retries() -> None:
@@ -181,3 +181,11 @@ def test_as_batch_shapes() -> None:
 
 def test_table_names_are_quoted() -> None:
     assert C.Info("a b").request().target == "/v1/tables/a%20b"
+
+
+def test_the_old_settings_name_warns_and_still_works() -> None:
+    import tdreplay.client as client
+
+    with pytest.warns(DeprecationWarning, match="ClientSettings"):
+        old = client.Settings
+    assert old is ClientSettings

@@ -20,7 +20,7 @@ from typing import Any
 from reliability_helpers import check_rows, create, extend, names, size
 from service_helpers import rows, spec
 
-from tdreplay.service import app as service_app
+from tdreplay.service.core import startup as service_startup
 from tdreplay.storage import Table, TableSpec
 from tdreplay.storage.debris import clean_checkpoints
 
@@ -89,14 +89,14 @@ def test_clean_checkpoints_keeps_the_last_complete_one(tmp_path: Path) -> None:
     ]
     kept = sorted(n for n, rows_ in expected.items() if rows_ is not None)
     assert sorted(p.name for p in folder.iterdir()) == kept
-    assert service_app.checkpoints_under(tmp_path / "data") == kept
+    assert service_startup.checkpoints_under(tmp_path / "data") == kept
     assert clean_checkpoints(folder) == []  # nothing left to do
 
 
 def test_debris_is_not_taken_for_tables(tmp_path: Path) -> None:
     folder = tmp_path / "data" / "checkpoints"
     plant(folder, tmp_path / "made")
-    assert service_app.checkpoints_under(tmp_path / "data") == ["a", "b"]  # complete, real names
+    assert service_startup.checkpoints_under(tmp_path / "data") == ["a", "b"]  # complete, real names
 
 
 def test_restore_after_a_crash_at_every_stage_of_a_checkpoint(

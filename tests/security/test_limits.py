@@ -225,21 +225,9 @@ def test_connections_beyond_the_cap_get_503(server: Any) -> None:
     still_serves(server)
 
 
-def _idempotency_bytes_wired() -> bool:
-    import inspect
-
-    from tdreplay.service import registry
-
-    return "idempotency_bytes" in inspect.getsource(registry)
-
-
-@pytest.mark.skipif(
-    not _idempotency_bytes_wired(),
-    reason="service/registry.py does not pass settings.idempotency_bytes to RecentRequests yet",
-)
 def test_idempotency_memory_is_bounded_in_bytes(live_server: Any) -> None:
     server = live_server("--schema", str(SCHEMA), backend="memory", idempotency_bytes=20_000)
-    body = rows(200)  # each answer: ~1.2 kB of indices
+    body = rows(200)  # each answer: 1.6 kB of indices (int64)
     for i in range(40):
         status, headers, _ = server.request(
             "POST", EXTEND, body, {**ARROW, "X-Request-Id": f"r{i}"}

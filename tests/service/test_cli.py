@@ -12,8 +12,8 @@ from pydantic import ValidationError
 from service_helpers import spec
 
 from tdreplay.service import Settings
-from tdreplay.service.app import load_specs
 from tdreplay.service.cli import build_parser, env_var, main, settings_from_args
+from tdreplay.service.core import load_specs
 from tdreplay.service.settings import is_loopback
 from tdreplay.service.tuning import apply, pin_malloc
 from tdreplay.storage.errors import SchemaError

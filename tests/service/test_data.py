@@ -60,7 +60,7 @@ def test_sample_bodies_are_pooled(service) -> None:
     client = service(pooled_buffers=2)
     create(client)
     extend(client, 0, 16)
-    handle = client.app.state.registry.get("t")
+    handle = client.app.state.core.table("t")
     for _ in range(20):
         assert_rows_match(decode(client.post(SAMPLE, params={"batch_size": 8}).content))
     kept = handle.samples.pool._kept[8]
@@ -242,7 +242,7 @@ def test_stream_waits_for_the_reader(tmp_path) -> None:
         async with served(tmp_path, stream_chunk_bytes=1) as (app, client):
             await client.post(protocol.TABLES, json=spec())
             await client.post(EXTEND, content=body(0, 8), headers=ARROW)
-            table = app.state.registry.get("t").table
+            table = app.state.core.table("t").table
             sent: list[dict] = []
             reader_stalls = asyncio.Event()
             hang_up = asyncio.Event()

@@ -181,12 +181,12 @@ def test_server_errors_leak_nothing(service, monkeypatch: pytest.MonkeyPatch, ca
     client = service(raise_server_exceptions=False)
     create(client)
     extend(client, 0, 4)
-    table = client.app.state.registry.get("t").table
+    table = client.app.state.core.table("t").table
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("secret internals at /srv/private")
 
-    monkeypatch.setattr(table, "sample", broken)
+    monkeypatch.setattr(table, "try_sample", broken)
     r = client.post(SAMPLE, params={"batch_size": 1})
     assert r.status_code == 500
     assert r.json() == {"type": "InternalError", "detail": "internal server error", "field": None}

@@ -60,11 +60,11 @@ def test_concurrent_duplicates_insert_once(tmp_path: Path) -> None:
     async def main() -> None:
         async with served(tmp_path) as (app, client):
             await client.post(protocol.TABLES, json=spec(rate_limiter=limiter))
-            handle = app.state.registry.get("t")
+            handle = app.state.core.table("t")
             headers = {**ARROW, RID: "dup"}
             assert (await client.post(EXTEND, content=body(0, 3), headers=ARROW)).status_code == 200
             first = asyncio.create_task(client.post(EXTEND, content=body(3, 2), headers=headers))
-            await until(lambda: handle.changes.waiting["insert"] == 1)
+            await until(lambda: handle.table.rate_limiter.waiting["insert"] == 1)
             second = asyncio.create_task(client.post(EXTEND, content=body(3, 2), headers=headers))
             await client.post(protocol.table_path("t", "sample"), params={"batch_size": 3})
             a, b = await asyncio.gather(first, second)
@@ -176,7 +176,7 @@ def test_failed_expired_and_oversized_answers_free_their_bytes(
 def test_extend_answers_are_kept_compactly(service) -> None:
     client = service()
     create(client, capacity=4096)
-    recent = client.app.state.registry.get("t").recent
+    recent = client.app.state.core.table("t").recent
     for i in range(40):
         assert extend(client, 100 * i, 100, **{RID: f"req-{i}"}).status_code == 200
     # 100 indices as JSON: ~6 bytes a row, not the 36 of a list of ints

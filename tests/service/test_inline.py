@@ -26,10 +26,10 @@ def test_small_calls_inline_large_ones_in_threads(tmp_path: Path) -> None:
     async def main() -> None:
         async with served(tmp_path, inline_bytes=4096) as (app, client):
             await client.post(protocol.TABLES, json=spec())
-            handle = app.state.registry.get("t")
+            handle = app.state.core.table("t")
             seen: list[int] = []
-            _spy(handle.table, "sample", seen)
-            _spy(handle.table, "extend", seen)
+            _spy(handle.table, "try_sample", seen)
+            _spy(handle.table, "try_extend", seen)
             loop_thread = threading.get_ident()
             await client.post(
                 protocol.table_path("t", "extend"), content=body(0, 40), headers=ARROW
@@ -47,7 +47,7 @@ def test_nothing_inline_while_a_thread_uses_the_table(tmp_path: Path) -> None:
     async def main() -> None:
         async with served(tmp_path) as (app, client):
             await client.post(protocol.TABLES, json=spec())
-            handle = app.state.registry.get("t")
+            handle = app.state.core.table("t")
             release = threading.Event()
             started = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -59,7 +59,7 @@ def test_nothing_inline_while_a_thread_uses_the_table(tmp_path: Path) -> None:
             slow_call = asyncio.create_task(handle.call(slow))
             await started.wait()
             seen: list[int] = []
-            _spy(handle.table, "sample", seen)
+            _spy(handle.table, "try_sample", seen)
             await client.post(protocol.table_path("t", "extend"), content=body(0, 4), headers=ARROW)
             r = await client.post(protocol.table_path("t", "sample"), params={"batch_size": 2})
             assert r.status_code == 200
@@ -78,7 +78,7 @@ def test_inline_off(tmp_path: Path) -> None:
         async with served(tmp_path, inline_bytes=0) as (app, client):
             await client.post(protocol.TABLES, json=spec())
             seen: list[int] = []
-            _spy(app.state.registry.get("t").table, "sample", seen)
+            _spy(app.state.core.table("t").table, "try_sample", seen)
             await client.post(protocol.table_path("t", "extend"), content=body(0, 4), headers=ARROW)
             await client.post(protocol.table_path("t", "sample"), params={"batch_size": 2})
             assert seen and seen[0] != threading.get_ident()

@@ -27,13 +27,13 @@ def test_waiters_hold_no_threads_and_an_extend_releases_them(tmp_path: Path) -> 
                 protocol.TABLES, json=spec(rate_limiter={"min_size_to_sample": 4})
             )
             assert r.status_code == 201
-            handle = app.state.registry.get("t")
+            handle = app.state.core.table("t")
             n = 60  # more than the threadpool's 40 workers
             waiters = [
                 asyncio.create_task(client.post(SAMPLE, params={"batch_size": 2, "timeout": 30}))
                 for _ in range(n)
             ]
-            await until(lambda: handle.changes.waiting["sample"] == n)
+            await until(lambda: handle.table.rate_limiter.waiting["sample"] == n)
             limiter = anyio.to_thread.current_default_thread_limiter()
             # their retries done, nobody holds a worker thread while waiting
             await until(lambda: limiter.borrowed_tokens == 0)
@@ -46,7 +46,7 @@ def test_waiters_hold_no_threads_and_an_extend_releases_them(tmp_path: Path) -> 
             assert [a.status_code for a in answers] == [200] * n
             for a in answers:
                 assert set(decode(a.content)["id"].tolist()) <= {0, 1, 2, 3}
-            assert handle.changes.waiting == {"insert": 0, "sample": 0}
+            assert handle.table.rate_limiter.waiting == {"insert": 0, "sample": 0}
 
     run(main())
 
@@ -57,12 +57,12 @@ def test_insert_waits_for_samples(tmp_path: Path) -> None:
     async def main() -> None:
         async with served(tmp_path) as (app, client):
             await client.post(protocol.TABLES, json=spec(rate_limiter=limiter))
-            handle = app.state.registry.get("t")
+            handle = app.state.core.table("t")
             assert (await client.post(EXTEND, content=body(0, 5), headers=ARROW)).status_code == 200
             held = asyncio.create_task(
                 client.post(EXTEND, content=body(5, 2), headers=ARROW, params={"timeout": 30})
             )
-            await until(lambda: handle.changes.waiting["insert"] == 1)
+            await until(lambda: handle.table.rate_limiter.waiting["insert"] == 1)
             assert handle.table.size == 5
             r = await client.post(SAMPLE, params={"batch_size": 4})
             assert r.status_code == 200
@@ -103,11 +103,11 @@ def test_delete_ends_waits_with_404(tmp_path: Path) -> None:
     async def main() -> None:
         async with served(tmp_path) as (app, client):
             await client.post(protocol.TABLES, json=spec())
-            handle = app.state.registry.get("t")
+            handle = app.state.core.table("t")
             waiter = asyncio.create_task(
                 client.post(SAMPLE, params={"batch_size": 1, "timeout": 30})
             )
-            await until(lambda: handle.changes.waiting["sample"] == 1)
+            await until(lambda: handle.table.rate_limiter.waiting["sample"] == 1)
             r = await client.delete(protocol.table_path("t"))
             assert r.status_code == 204
             r = await waiter
@@ -122,13 +122,13 @@ def test_every_waiter_is_served(tmp_path: Path) -> None:
     async def main() -> None:
         async with served(tmp_path) as (app, client):
             await client.post(protocol.TABLES, json=spec(sampler={"kind": "fifo"}))
-            handle = app.state.registry.get("t")
+            handle = app.state.core.table("t")
             n = 24
             waiters = [
                 asyncio.create_task(client.post(SAMPLE, params={"batch_size": 1, "timeout": 30}))
                 for _ in range(n)
             ]
-            await until(lambda: handle.changes.waiting["sample"] == n)
+            await until(lambda: handle.table.rate_limiter.waiting["sample"] == n)
             for i in range(n):
                 r = await client.post(EXTEND, content=body(i, 1), headers=ARROW)
                 assert r.status_code == 200

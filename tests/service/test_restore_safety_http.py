@@ -111,16 +111,16 @@ def test_a_call_waiting_on_the_replaced_table_ends(tmp_path: Path) -> None:
             )
             assert r.status_code == 200
             assert (await client.post(CHECKPOINT)).status_code == 200
-            old = app.state.registry.get("t")
+            old = app.state.core.table("t")
             waiter = asyncio.create_task(
                 client.post(SAMPLE, params={"batch_size": 2, "timeout": 30})
             )
-            await until(lambda: old.changes.waiting["sample"] == 1)
+            await until(lambda: old.table.rate_limiter.waiting["sample"] == 1)
             r = await client.post(RESTORE)
             assert r.status_code == 200 and r.json()["size"] == 5
             answer = await asyncio.wait_for(waiter, 10)
             assert answer.status_code == 404 and answer.json()["type"] == "TableNotFound"
             assert not old.is_open and old.table.closed
-            assert app.state.registry.get("t") is not old
+            assert app.state.core.table("t") is not old
 
     asyncio.run(main())

@@ -8,9 +8,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 from testkit import make_spec, rows
 
-from tdreplay.storage import InvalidRequest, RateLimiter, RateLimitTimeout, TableClosed
+from tdreplay.storage import (
+    InvalidRequest,
+    RateLimiter,
+    RateLimitTimeout,
+    SchemaError,
+    TableClosed,
+)
 
 
 def limited(tables, capacity: int = 64, **rate_limiter):
@@ -214,3 +221,74 @@ def test_rate_limiter_counts_only() -> None:
         plain.can_insert(10**9) and not plain.can_sample(1, size=2) and plain.can_sample(99, size=3)
     )
     assert not plain.insert_never_fits(10**9) and not plain.sample_never_fits(10**9)
+
+
+# ---------------------------------------------------------------- attempts and wait accounting
+def test_attempts_neither_wait_nor_count(tables) -> None:
+    """``try_extend`` / ``try_sample`` answer ``None`` when held back, and change nothing."""
+    table = spi_table(tables)
+    assert table.try_sample(1) is None  # empty: below min_size_to_sample
+    assert table.try_extend(rows(0, 3)).tolist() == [0, 1, 2]
+    assert table.try_extend(rows(3, 1)) is None  # 8 > max_diff 6
+    rl = table.rate_limiter
+    assert (rl.inserts, rl.samples, rl.insert_waits, rl.sample_waits) == (3, 0, 0, 0)
+    assert rl.timeouts == {"insert": 0, "sample": 0} and len(table) == 3
+    batch = table.try_sample(2)
+    assert batch is not None and batch["id"].max() <= 2
+    assert rl.samples == 2
+
+
+def test_a_wait_counts_once_however_often_the_call_is_woken(tables) -> None:
+    table = spi_table(tables)
+    table.extend(rows(0, 3))  # diff 6 = max_diff: inserts wait
+    call = Call(lambda: table.extend(rows(3, 3), timeout=10))  # needs diff <= 0
+    assert call.blocked()
+    assert table.rate_limiter.waiting == {"insert": 1, "sample": 0}
+    for _ in range(2):  # each sample wakes the waiting insert, which still cannot proceed
+        table.sample(2)
+        assert call.blocked(0.05)
+    table.sample(2)  # diff 0: through
+    assert call.join().tolist() == [3, 4, 5]
+    rl = table.rate_limiter
+    assert rl.insert_waits == 1 and rl.waiting == {"insert": 0, "sample": 0}
+    assert rl.timeouts["insert"] == 0 and rl.blocked_seconds["insert"] > 0.1
+    with pytest.raises(RateLimitTimeout):
+        table.extend(rows(6, 4), timeout=0.05)  # 6 + 8 > max_diff
+    assert rl.insert_waits == 2 and rl.timeouts["insert"] == 1
+    info = table.info()["rate_limiter"]
+    assert info["insert_waits"] == 2 and info["timeouts"] == {"insert": 1, "sample": 0}
+
+
+def test_an_insert_held_back_uses_no_episode_ids(tables) -> None:
+    """Episodes counted from end flags: a held-back attempt must not move the episode counter,
+    or the episode under way would be split in two when the insert goes through."""
+    spec = make_spec(
+        capacity=64,
+        sampler={"kind": "slice", "slice_len": 2, "end_key": "next.done"},
+        rate_limiter={"min_size_to_sample": 1, "samples_per_insert": 1.0, "error_buffer": 5},
+    )
+    table = tables.create(spec)
+    table.extend(rows(0, 5))  # episode 0: ids 0..4, not ended (episode_len 10)
+    for _ in range(3):
+        assert table.try_extend(rows(5, 5)) is None  # 10 > max_diff 6; the ended flag at id 9
+        with pytest.raises(RateLimitTimeout):
+            table.extend(rows(5, 5), timeout=0)
+    table.sample(4)
+    assert table.try_extend(rows(5, 5)) is not None  # ids 5..9 end episode 0
+    episodes = table.sampler.episode[:10]
+    assert episodes.tolist() == [episodes[0].item()] * 10, episodes
+
+
+def test_extend_takes_flat_columns_as_a_tensordict(tables) -> None:
+    table = limited(tables)
+    td = rows(0, 4)
+    columns = {k if isinstance(k, tuple) else (k,): v for k, v in td.items(True, True)}
+    assert table.extend(columns).tolist() == [0, 1, 2, 3]
+    back = table.read(torch.arange(4))
+    assert (back == td).all()
+    del columns[("next", "reward")]
+    with pytest.raises(SchemaError, match=r"missing key 'next\.reward'"):
+        table.extend(columns)
+    with pytest.raises(SchemaError, match="takes a TensorDict"):
+        table.extend({"id": td["id"]})  # a nested dict is not flat columns
+    assert len(table) == 4 and table.rate_limiter.inserts == 4

@@ -1,38 +1,30 @@
-"""The tables a server holds, by name; every call is delegated to a :class:`Table`.
+"""The tables a server holds, by name: create, reopen, restore, checkpoint, delete.
 
-Like Reverb's server, the service is a map of tables: a :class:`TableHandle`
-wraps one :class:`~tdreplay.storage.Table` with what serving it over HTTP
-needs (change events for asynchronous rate-limiter waits, the request-id
-memory, the pooled sample bodies), and the :class:`Registry` creates,
-restores, checkpoints and deletes them. Blocking table calls run in the
-threadpool; nothing here blocks the event loop.
+Like Reverb's server, the service is a map of tables. The :class:`Registry`
+admits every table through one gate (:meth:`Registry.admit`: backend,
+Redis connection, bytes), whatever its source - a client's create, a schema
+file on start, the spec inside a checkpoint - and holds each as a
+:class:`~.handle.TableHandle`. Blocking work runs in the threadpool.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
-import torch
 from starlette.concurrency import run_in_threadpool
-from tensordict import TensorDictBase
 
 from tdreplay.codec import protocol
 from tdreplay.storage import (
-    BackendError,
     CheckpointError,
     InsufficientStorage,
     InvalidCheckpoint,
     InvalidRequest,
-    RateLimitTimeout,
     SchemaError,
     Table,
     TableExists,
-    TableNotFound,
     TableSpec,
     find_checkpoint,
     read_checkpoint_metadata,
@@ -40,244 +32,12 @@ from tdreplay.storage import (
     table_nbytes,
 )
 
-from .errors import Forbidden, PayloadTooLarge
-from .idempotency import RecentRequests
-from .settings import Settings
-from .waiting import Changes, Op, rate_limited
-from .wire import Lease, SampleBuffers, sample_nbytes
+from ..errors import Forbidden
+from ..settings import Settings
+from .handle import TableHandle, not_found
+from .waiting import WaitHook
 
 log = logging.getLogger("tdreplay.service")
-
-WaitHook = Callable[[str, Op, float, bool], None]
-#: calls of one redis table running in worker threads at most (see TableHandle.call)
-REDIS_CALLS = 4
-T = TypeVar("T")
-
-
-class TableHandle:
-    """A table as the server holds it.
-
-    Args:
-        table: the table.
-        settings: the server's settings (idempotency memory, buffer pools).
-        on_wait: called after every rate-limiter wait with the table, the
-            operation, the seconds waited and whether it timed out.
-    """
-
-    def __init__(self, table: Table, settings: Settings, on_wait: WaitHook | None = None) -> None:
-        self.table = table
-        self.name = table.name
-        self.changes = Changes(asyncio.get_running_loop())
-        table.add_listener(self.changes.notify_threadsafe)
-        self.recent = RecentRequests(
-            settings.idempotency_size, settings.idempotency_ttl, settings.idempotency_bytes
-        )
-        self.samples = SampleBuffers(table.spec.torch_schema(), per_size=settings.pooled_buffers)
-        self.max_body = settings.max_body_bytes
-        kind = table.spec.backend.kind
-        self._inline_sample = settings.inline_bytes if kind in ("memory", "shared", "memmap") else 0
-        self._inline_extend = settings.inline_bytes if kind in ("memory", "shared") else 0
-        self._threads = 0
-        # A hung Redis holds each call for its timeout: a few at a time, so that one
-        # table cannot take every worker thread from the others (see :meth:`call`).
-        self._gate: asyncio.Semaphore | None = None
-        self._gate_timeout = 0.0
-        if kind == "redis":
-            self._gate = asyncio.Semaphore(REDIS_CALLS)
-            self._gate_timeout = table.backend.conn.timeout  # type: ignore[attr-defined]
-        self.is_open = True
-        self._on_wait = on_wait
-        self._active = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    # -- lifetime -----------------------------------------------------------
-    @contextlib.contextmanager
-    def use(self) -> Iterator[Table]:
-        """Hold the table for one call; a deleted table raises :class:`TableNotFound`."""
-        if not self.is_open:
-            raise _not_found(self.name)
-        self._active += 1
-        self._idle.clear()
-        try:
-            yield self.table
-        finally:
-            self._active -= 1
-            if not self._active:
-                self._idle.set()
-
-    async def retire(self) -> None:
-        """Stop serving: refuse new calls, end waits, and return once running calls are done."""
-        self.is_open = False
-        self.changes.fire()
-        await self._idle.wait()
-
-    # -- running table calls ------------------------------------------------
-    async def call(self, fn: Callable[[], T], *, inline: bool = False) -> T:
-        """Run a table call without blocking the event loop.
-
-        In the threadpool, except when ``inline`` (a small, memory-speed call)
-        and no worker thread is using the table: then nothing can hold the
-        table's locks (every table call of the service goes through here), so
-        the call cannot wait, and it runs on the loop, saving the thread hop
-        that costs more than the call itself.
-        """
-        if inline and self._threads == 0:
-            return fn()
-        if self._gate is not None:
-            return await self._gated(fn)
-        self._threads += 1
-        try:
-            return await run_in_threadpool(fn)
-        finally:
-            self._threads -= 1
-
-    async def _gated(self, fn: Callable[[], T]) -> T:
-        """A redis table's call: at most :data:`REDIS_CALLS` in threads at once; a call
-        that waits longer than the Redis timeout for its turn fails (the ones ahead are
-        stuck on a Redis that does not answer)."""
-        assert self._gate is not None
-        try:
-            await asyncio.wait_for(self._gate.acquire(), self._gate_timeout)
-        except TimeoutError:
-            conn = self.table.backend.conn  # type: ignore[attr-defined]
-            raise BackendError(
-                f"table {self.name!r}: {REDIS_CALLS} calls have been waiting on Redis "
-                f"{conn.name!r} ({conn.describe()}) for over {self._gate_timeout:g}s "
-                "(--redis-timeout); it is hung, overloaded or unreachable",
-                table=self.name,
-            ) from None
-        self._threads += 1
-        try:
-            return await run_in_threadpool(fn)
-        finally:
-            self._threads -= 1
-            self._gate.release()
-
-    # -- data ---------------------------------------------------------------
-    def _waited(self, op: Op) -> Callable[[float, bool], None]:
-        def hook(seconds: float, timed_out: bool) -> None:
-            if self._on_wait is not None:
-                self._on_wait(self.name, op, seconds, timed_out)
-
-        return hook
-
-    def _held_back(self, op: Op, n: int, timeout: float) -> Callable[[], str]:
-        def describe() -> str:
-            rl = self.table.rate_limiter
-            return (
-                f"table {self.name!r}: {op} of {n} items held back by the rate limiter for "
-                f"{timeout:g}s (size {self.table.size}, inserts {rl.inserts}, samples {rl.samples}, "
-                f"min_size_to_sample {rl.min_size_to_sample}, samples_per_insert "
-                f"{rl.samples_per_insert}, error_buffer {rl.error_buffer})"
-            )
-
-        return describe
-
-    async def _limited(
-        self, call: Callable[[], Any], op: Op, n: int, timeout: float, *, inline: bool = False
-    ) -> Any:
-        async def run(fn: Callable[[], Any]) -> Any:
-            return await self.call(fn, inline=inline)
-
-        return await rate_limited(
-            call,
-            run=run,
-            changes=self.changes,
-            name=self.name,
-            op=op,
-            timeout=timeout,
-            describe=self._held_back(op, n, timeout),
-            is_open=lambda: self.is_open,
-            on_wait=self._waited(op),
-        )
-
-    async def extend(self, td: TensorDictBase, timeout: float) -> torch.Tensor:
-        """``Table.extend``, waiting asynchronously up to ``timeout`` seconds for the rate limiter."""
-        with self.use() as table:
-            n = td.batch_size[0] if td.batch_dims else 0
-            inline = n * table.spec.item_nbytes <= self._inline_extend
-            return await self._limited(
-                lambda: table.extend(td, timeout=0), "insert", n, timeout, inline=inline
-            )
-
-    def check_batch_size(self, n: int) -> None:
-        """Refuse a sample size the table or the body limit cannot serve, before any buffer exists."""
-        self.table.check_batch_size(n)
-        if sample_nbytes(self.table.spec.item_nbytes, n) > self.max_body:
-            raise PayloadTooLarge(
-                f"table {self.name!r}: a sample of {n} items exceeds the server's body limit "
-                f"of {self.max_body} bytes",
-                table=self.name,
-                field="batch_size",
-                got=n,
-            )
-
-    async def sample(self, n: int, timeout: float) -> Lease:
-        """``Table.sample`` gathered straight into a pooled Arrow IPC body."""
-        with self.use() as table:
-            self.check_batch_size(n)
-            lease = await self.samples.lease(n)
-
-            def draw() -> None:
-                table.sample(n, timeout=0, out=lease.out)
-                lease.finish()
-
-            inline = sample_nbytes(table.spec.item_nbytes, n) <= self._inline_sample
-            await self._limited(draw, "sample", n, timeout, inline=inline)
-            return lease
-
-    @property
-    def runs_are_exact(self) -> bool:
-        """Whether one draw of ``k * n`` items is the same as ``k`` draws of ``n`` (see :meth:`sample_run`).
-
-        It is for every sampler (draws are independent, importance weights are
-        normalized over the whole table, queues hand out distinct items) except
-        where items are evicted after ``max_times_sampled`` draws: ``k``
-        separate draws would see an item removed after the first.
-        """
-        return self.table.sampler.consumes or not self.table.max_times_sampled
-
-    async def sample_run(self, n: int, k: int, timeout: float) -> memoryview:
-        """Up to ``k`` samples of ``n`` items as consecutive Arrow record-batch messages.
-
-        Draws ``k * n`` items in one ``Table.sample`` call and lays them out as
-        ``k`` record batches: one thread hop and one table call for many small
-        batches. Only for tables where :attr:`runs_are_exact`. When the rate
-        limiter allows fewer items, fewer batches come back.
-        """
-        with self.use() as table:
-            self.check_batch_size(n)
-            layout = await run_in_threadpool(self.samples.layout, n)
-            k = max(1, min(k, table.capacity // n))
-
-            def draw() -> memoryview:
-                m = k
-                while True:
-                    try:
-                        batch = table.sample(m * n, timeout=0)
-                        break
-                    except (RateLimitTimeout, InvalidRequest):
-                        if m == 1:
-                            raise
-                        m //= 2
-                return layout.tile(batch, m)
-
-            return await self._limited(draw, "sample", n, timeout)
-
-    async def info(self) -> dict[str, Any]:
-        with self.use() as table:
-            info = await self.call(table.info)
-        info["waiting"] = dict(self.changes.waiting)
-        if getattr(self.table.backend, "state", None) == "lost":  # Table.info does not say yet
-            info["state"] = "lost"
-        else:
-            info.setdefault("state", "ok")
-        return info
-
-
-def _not_found(name: str) -> TableNotFound:
-    return TableNotFound(f"no table {name!r}", table=name, field="name", got=name)
 
 
 class Registry:
@@ -318,7 +78,7 @@ class Registry:
         """
         handle = self._tables.get(name)
         if handle is None or not handle.is_open:
-            raise _not_found(name)
+            raise not_found(name)
         return handle
 
     def checkpoint_path(self, name: str) -> Path:

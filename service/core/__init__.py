@@ -1,0 +1,46 @@
+"""The server's core: its tables and their operations, with no transport around them.
+
+The HTTP routes (:mod:`tdreplay.service.routes`), the same-host socket and
+in-process callers are doors onto one :class:`Core`: they parse a request
+into a model of :mod:`.params`, call one operation, and encode its answer.
+Every rule - validation, limits, the rate-limiter wait, idempotency, where
+a client's path may lead - lives here once.
+
+* :class:`Core` (:mod:`.ops`): the operations;
+* :class:`Registry` (:mod:`.registry`): the tables by name, one admission gate;
+* :class:`TableHandle` (:mod:`.handle`): one served table, its calls off the loop;
+* :mod:`.waiting`: rate-limited calls wait on the loop, no thread held;
+* :mod:`.paths`: client paths confined to the data root's areas;
+* :mod:`.startup`: reopen, restore, create on start; periodic checkpoints.
+"""
+
+from .handle import TableHandle
+from .ops import Core
+from .params import (
+    ExportBody,
+    ExtendParams,
+    PathBody,
+    PriorityUpdate,
+    SampleParams,
+    StreamParams,
+    parse,
+)
+from .registry import Registry
+from .startup import PERIODIC_BACKENDS, PeriodicCheckpoints, load_specs, load_tables
+
+__all__ = [
+    "PERIODIC_BACKENDS",
+    "Core",
+    "ExportBody",
+    "ExtendParams",
+    "PathBody",
+    "PeriodicCheckpoints",
+    "PriorityUpdate",
+    "Registry",
+    "SampleParams",
+    "StreamParams",
+    "TableHandle",
+    "load_specs",
+    "load_tables",
+    "parse",
+]

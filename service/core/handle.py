@@ -1,0 +1,271 @@
+"""One served table: its calls run off the event loop, its rate-limited calls wait on the loop.
+
+A :class:`TableHandle` wraps one :class:`~tdreplay.storage.Table` with what
+serving it needs, whatever the door a call came through: change events for
+asynchronous rate-limiter waits (:mod:`.waiting`), the request-id memory
+(idempotent extends), the pooled sample bodies, a gate that keeps a hung
+Redis from taking every worker thread, and a count of running calls so a
+deleted table is destroyed only once they are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from starlette.concurrency import run_in_threadpool
+
+from tdreplay.storage import BackendError, InvalidRequest, NestedKey, Table, TableNotFound
+
+from ..errors import PayloadTooLarge
+from ..idempotency import RecentRequests
+from ..settings import Settings
+from ..wire import Lease, SampleBuffers, sample_nbytes
+from .waiting import Changes, WaitHook, admitted
+
+#: calls of one redis table running in worker threads at most (see TableHandle.call)
+REDIS_CALLS = 4
+T = TypeVar("T")
+
+
+def not_found(name: str) -> TableNotFound:
+    return TableNotFound(f"no table {name!r}", table=name, field="name", got=name)
+
+
+class TableHandle:
+    """A table as the server holds it.
+
+    Args:
+        table: the table.
+        settings: the server's settings (idempotency memory, buffer pools, limits).
+        on_wait: told of every rate-limiter wait (table, operation, seconds, timed out).
+    """
+
+    def __init__(self, table: Table, settings: Settings, on_wait: WaitHook | None = None) -> None:
+        self.table = table
+        self.name = table.name
+        self.changes = Changes(asyncio.get_running_loop())
+        table.add_listener(self.changes.notify_threadsafe)
+        self.recent = RecentRequests(
+            settings.idempotency_size, settings.idempotency_ttl, settings.idempotency_bytes
+        )
+        self.samples = SampleBuffers(table.spec.torch_schema(), per_size=settings.pooled_buffers)
+        self.max_body = settings.max_body_bytes
+        kind = table.spec.backend.kind
+        self._inline_sample = settings.inline_bytes if kind in ("memory", "shared", "memmap") else 0
+        self._inline_extend = settings.inline_bytes if kind in ("memory", "shared") else 0
+        self._threads = 0
+        # A hung Redis holds each call for its timeout: a few at a time, so that one
+        # table cannot take every worker thread from the others (see :meth:`call`).
+        self._gate: asyncio.Semaphore | None = None
+        self._gate_timeout = 0.0
+        if kind == "redis":
+            self._gate = asyncio.Semaphore(REDIS_CALLS)
+            self._gate_timeout = table.backend.conn.timeout  # type: ignore[attr-defined]
+        self.is_open = True
+        self._on_wait = on_wait
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifetime -----------------------------------------------------------
+    @contextlib.contextmanager
+    def use(self) -> Iterator[Table]:
+        """Hold the table for one call; a deleted table raises :class:`TableNotFound`."""
+        if not self.is_open:
+            raise not_found(self.name)
+        self._active += 1
+        self._idle.clear()
+        try:
+            yield self.table
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+
+    async def retire(self) -> None:
+        """Stop serving: refuse new calls, end waits, and return once running calls are done."""
+        self.is_open = False
+        self.changes.fire()
+        await self._idle.wait()
+
+    # -- running table calls ------------------------------------------------
+    async def call(self, fn: Callable[[], T], *, inline: bool = False) -> T:
+        """Run a table call without blocking the event loop.
+
+        In the threadpool, except when ``inline`` (a small, memory-speed call)
+        and no worker thread is using the table: then nothing can hold the
+        table's locks (every table call of the service goes through here), so
+        the call cannot wait, and it runs on the loop, saving the thread hop
+        that costs more than the call itself.
+        """
+        if inline and self._threads == 0:
+            return fn()
+        if self._gate is not None:
+            return await self._gated(fn)
+        self._threads += 1
+        try:
+            return await run_in_threadpool(fn)
+        finally:
+            self._threads -= 1
+
+    async def _gated(self, fn: Callable[[], T]) -> T:
+        """A redis table's call: at most :data:`REDIS_CALLS` in threads at once; a call
+        that waits longer than the Redis timeout for its turn fails (the ones ahead are
+        stuck on a Redis that does not answer)."""
+        assert self._gate is not None
+        try:
+            await asyncio.wait_for(self._gate.acquire(), self._gate_timeout)
+        except TimeoutError:
+            conn = self.table.backend.conn  # type: ignore[attr-defined]
+            raise BackendError(
+                f"table {self.name!r}: {REDIS_CALLS} calls have been waiting on Redis "
+                f"{conn.name!r} ({conn.describe()}) for over {self._gate_timeout:g}s "
+                "(--redis-timeout); it is hung, overloaded or unreachable",
+                table=self.name,
+            ) from None
+        self._threads += 1
+        try:
+            return await run_in_threadpool(fn)
+        finally:
+            self._threads -= 1
+            self._gate.release()
+
+    async def _admitted(
+        self, attempt: Callable[[], T | None], op: str, n: int, timeout: float, *, inline: bool
+    ) -> T:
+        async def run() -> T | None:
+            return await self.call(attempt, inline=inline)
+
+        return await admitted(
+            run,
+            table=self.table,
+            op=op,
+            n=n,
+            timeout=timeout,
+            changes=self.changes,
+            is_open=lambda: self.is_open,
+            on_wait=self._on_wait,
+        )
+
+    # -- data ---------------------------------------------------------------
+    async def extend(
+        self,
+        columns: Mapping[NestedKey, torch.Tensor],
+        n: int,
+        timeout: float,
+        request_id: str | None = None,
+    ) -> tuple[torch.Tensor, bool]:
+        """``Table.extend`` of flat columns (``n`` rows), waiting asynchronously up to
+        ``timeout`` seconds for the rate limiter.
+
+        With ``request_id``, a repeat of a recent id inserts nothing and gets the
+        first call's slots back (a retry after a lost answer).
+
+        Returns:
+            The slots written, and whether this was such a repeat.
+        """
+        with self.use() as table:
+            inline = n * table.spec.item_nbytes <= self._inline_extend
+
+            async def insert() -> bytes:
+                index = await self._admitted(
+                    lambda: table.try_extend(columns), "insert", n, timeout, inline=inline
+                )
+                return index.numpy().tobytes()  # what the request-id memory keeps: 8 bytes a row
+
+            answer, replayed = await self.recent.run(request_id, insert)
+            return torch.from_numpy(np.frombuffer(answer, dtype=np.int64).copy()), replayed
+
+    def check_batch_size(self, n: int) -> None:
+        """Refuse a sample size the table or the body limit cannot serve, before any buffer exists.
+
+        Raises:
+            InvalidRequest: not in ``[1, capacity]`` or not a multiple of the slice length.
+            PayloadTooLarge: the sample would exceed the server's body limit.
+        """
+        self.table.check_batch_size(n)
+        if sample_nbytes(self.table.spec.item_nbytes, n) > self.max_body:
+            raise PayloadTooLarge(
+                f"table {self.name!r}: a sample of {n} items exceeds the server's body limit "
+                f"of {self.max_body} bytes",
+                table=self.name,
+                field="batch_size",
+                got=n,
+            )
+
+    async def sample(self, n: int, timeout: float) -> Lease:
+        """``Table.sample`` gathered straight into a pooled Arrow IPC body."""
+        with self.use() as table:
+            self.check_batch_size(n)
+            lease = await self.samples.lease(n)
+
+            def draw() -> Lease | None:
+                if table.try_sample(n, out=lease.out) is None:
+                    return None
+                lease.finish()
+                return lease
+
+            inline = sample_nbytes(table.spec.item_nbytes, n) <= self._inline_sample
+            return await self._admitted(draw, "sample", n, timeout, inline=inline)
+
+    @property
+    def runs_are_exact(self) -> bool:
+        """Whether one draw of ``k * n`` items is the same as ``k`` draws of ``n`` (see :meth:`sample_run`).
+
+        It is for every sampler (draws are independent, importance weights are
+        normalized over the whole table, queues hand out distinct items) except
+        where items are evicted after ``max_times_sampled`` draws: ``k``
+        separate draws would see an item removed after the first.
+        """
+        return self.table.sampler.consumes or not self.table.max_times_sampled
+
+    async def sample_run(self, n: int, k: int, timeout: float) -> memoryview:
+        """Up to ``k`` samples of ``n`` items as consecutive Arrow record-batch messages.
+
+        Draws ``k * n`` items in one ``Table.sample`` call and lays them out as
+        ``k`` record batches: one thread hop and one table call for many small
+        batches. Only for tables where :attr:`runs_are_exact`. When the rate
+        limiter allows fewer items, fewer batches come back.
+        """
+        with self.use() as table:
+            self.check_batch_size(n)
+            layout = await run_in_threadpool(self.samples.layout, n)
+            k = max(1, min(k, table.capacity // n))
+
+            def draw() -> memoryview | None:
+                m = k
+                while True:
+                    try:
+                        batch = table.try_sample(m * n)
+                    except InvalidRequest:  # m * n items can never pass the rate limiter
+                        if m == 1:
+                            raise
+                        batch = None
+                    if batch is not None:
+                        return layout.tile(batch, m)
+                    if m == 1:
+                        return None
+                    m //= 2
+
+            return await self._admitted(draw, "sample", n, timeout, inline=False)
+
+    async def update_priority(self, index: Any, priority: Any, key: Any | None = None) -> int:
+        """``Table.update_priority``; returns how many priorities were applied."""
+        with self.use() as table:
+            return await self.call(lambda: table.update_priority(index, priority, key=key))
+
+    async def info(self) -> dict[str, Any]:
+        """``Table.info`` plus the calls waiting now and the table's state (``ok`` or ``lost``)."""
+        with self.use() as table:
+            info = await self.call(table.info)
+        info["waiting"] = dict(table.rate_limiter.waiting)
+        if getattr(table.backend, "state", None) == "lost":  # Table.info does not say yet
+            info["state"] = "lost"
+        else:
+            info.setdefault("state", "ok")
+        return info

@@ -1,0 +1,272 @@
+"""The server's table operations, transport-neutral: every door calls these.
+
+:class:`Core` is what the HTTP routes, the same-host socket and an
+in-process caller hold: a registry of tables and the operations on them -
+extend, sample, update priorities, info, checkpoint, restore, export,
+create, delete - each with its validation, limits and rate-limiter wait done
+here, once. A door parses its request into the models of
+:mod:`.params`, calls one method, and encodes the answer.
+
+    >>> import asyncio, tempfile, torch
+    >>> from tdreplay.service import Settings
+    >>> from tdreplay.storage import TableSpec
+    >>> async def main():
+    ...     core = Core(Settings(root=tempfile.mkdtemp()))
+    ...     spec = TableSpec.model_validate({"name": "t", "capacity": 8,
+    ...         "fields": {"x": {"shape": [], "dtype": "int64"}}})
+    ...     await core.create(spec)
+    ...     index, _ = await core.extend("t", {("x",): torch.arange(3)}, ExtendParams())
+    ...     lease = await core.sample("t", SampleParams(batch_size=2))
+    ...     await core.close()
+    ...     return index.tolist(), lease.out["x"].shape
+    >>> asyncio.run(main())
+    ([0, 1, 2], torch.Size([2]))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from starlette.concurrency import run_in_threadpool
+
+from tdreplay.codec import protocol
+from tdreplay.storage import InvalidRequest, NestedKey, TableNotFound, TableSpec
+
+from ..settings import Settings
+from ..wire import Lease
+from .handle import TableHandle
+from .params import ExportBody, ExtendParams, PathBody, PriorityUpdate, SampleParams, StreamParams
+from .paths import EXPORT_SCRATCH, checkpoint_target, confine_area, export_target, relative
+from .registry import Registry
+from .waiting import WaitHook
+
+#: seconds ``readiness`` waits for the Redis tables' marker probes
+PROBE_WAIT = 0.5
+
+
+class Core:
+    """The tables of one server and every operation on them.
+
+    Args:
+        settings: the server's settings (data root, limits, timeouts, pools).
+        on_wait: told of every rate-limiter wait (table, operation, seconds, timed out).
+    """
+
+    def __init__(self, settings: Settings, on_wait: WaitHook | None = None) -> None:
+        self.settings = settings
+        self.registry = Registry(settings, on_wait=on_wait)
+        self.root = self.registry.root
+
+    # -- rules shared by the operations ----------------------------------------
+    def timeout(self, given: float | None) -> float:
+        """The caller's timeout, or the server's default, capped by the server's maximum."""
+        s = self.settings
+        return min(s.default_timeout if given is None else given, s.max_timeout)
+
+    def table(self, name: str) -> TableHandle:
+        """The served table ``name``.
+
+        Raises:
+            TableNotFound: no such table.
+        """
+        return self.registry.get(name)
+
+    # -- data ----------------------------------------------------------------------
+    async def extend(
+        self, name: str, columns: Mapping[NestedKey, torch.Tensor], params: ExtendParams
+    ) -> tuple[torch.Tensor, bool]:
+        """Insert rows given as flat columns ``{nested key: tensor [N, *shape]}``.
+
+        Returns:
+            The slots written, and whether the call repeated a recent
+            ``request_id`` (then nothing was inserted; the first call's slots).
+
+        Raises:
+            SchemaError: a column is missing, extra, or of the wrong shape or dtype.
+            InvalidRequest: no rows, more than the capacity, or never insertable.
+            RateLimitTimeout: held back longer than the timeout.
+            TableNotFound: no such table, or it was deleted while the call waited.
+        """
+        handle = self.table(name)
+        n = _rows(columns)
+        return await handle.extend(columns, n, self.timeout(params.timeout), params.request_id)
+
+    async def sample(self, name: str, params: SampleParams) -> Lease:
+        """Sample ``batch_size`` items into a pooled Arrow IPC body (``lease.body``).
+
+        Raises:
+            InvalidRequest: the batch size does not fit the table.
+            PayloadTooLarge: the sample would exceed the body limit.
+            RateLimitTimeout: held back longer than the timeout.
+            TableNotFound: no such table, or it was deleted while the call waited.
+        """
+        handle = self.table(name)
+        return await handle.sample(params.batch_size, self.timeout(params.timeout))
+
+    async def stream(
+        self, name: str, params: StreamParams
+    ) -> tuple[bytes, AsyncIterator[memoryview]]:
+        """Samples one after the other: the Arrow stream's header, and its record batches.
+
+        The first sample is drawn before this returns, so a table that cannot
+        be sampled fails here as :meth:`sample` does. Batches are drawn
+        several at a time where the sampler allows (``TableHandle.sample_run``).
+        A later sample that times out, or the table's deletion, ends the
+        iterator early: the caller sees fewer than ``count`` batches.
+        """
+        handle = self.table(name)
+        n, count, wait = params.batch_size, params.count, self.timeout(params.timeout)
+        handle.check_batch_size(n)
+        layout = await run_in_threadpool(handle.samples.layout, n)
+        per_run = max(1, self.settings.stream_chunk_bytes // layout.batch_len)
+        if not handle.runs_are_exact:
+            per_run = 1
+
+        async def draw(left: int | None) -> tuple[memoryview, int]:
+            k = per_run if left is None else min(per_run, left)
+            if k == 1:
+                return (await handle.sample(n, wait)).batch, 1
+            run = await handle.sample_run(n, k, wait)
+            return run, len(run) // layout.batch_len
+
+        first, sent = await draw(count)
+
+        async def batches() -> AsyncIterator[memoryview]:
+            nonlocal sent
+            yield first
+            while count is None or sent < count:
+                chunk, k = await draw(None if count is None else count - sent)
+                sent += k
+                yield chunk
+
+        return layout.header, batches()
+
+    async def update_priority(self, name: str, update: PriorityUpdate) -> int:
+        """Set the priorities of sampled slots; returns how many were applied.
+
+        Raises:
+            InvalidRequest: the lengths differ, the sampler has no priorities,
+                an index is out of range or a priority negative or not finite.
+                Nothing is updated.
+        """
+        handle = self.table(name)
+        if len(update.index) != len(update.priority):
+            raise InvalidRequest(
+                f"{len(update.index)} indices but {len(update.priority)} priorities",
+                table=name,
+                field="priority",
+                expected=len(update.index),
+                got=len(update.priority),
+            )
+        return await handle.update_priority(update.index, update.priority, update.key)
+
+    # -- tables ------------------------------------------------------------------
+    async def tables(self) -> dict[str, Any]:
+        """Every table's info, and ``unavailable``: tables found on start but not served, and why."""
+        infos = []
+        for handle in self.registry.handles():
+            with contextlib.suppress(TableNotFound):  # deleted meanwhile
+                infos.append(await handle.info())
+        return {"tables": infos, "unavailable": dict(self.registry.failed)}
+
+    async def info(self, name: str) -> dict[str, Any]:
+        """Size, capacity, backend, sampler, writer, counters, rate-limiter state, waiting calls."""
+        return await self.table(name).info()
+
+    async def create(self, spec: TableSpec, *, replace: bool = False) -> dict[str, Any]:
+        """Create a table from a spec (see ``Registry.create``); returns its info."""
+        handle = await self.registry.create(spec, replace=replace)
+        return await handle.info()
+
+    async def delete(self, name: str) -> None:
+        """Delete a table and its data (calls waiting on it fail with ``TableNotFound``)."""
+        await self.registry.delete(name)
+
+    # -- persistence ------------------------------------------------------------
+    async def checkpoint(self, name: str, body: PathBody) -> str:
+        """Checkpoint a table; returns the folder relative to the data root.
+
+        Raises:
+            InvalidRequest, PathExists: see :func:`.paths.checkpoint_target`.
+            CheckpointError: it could not be written (the previous one is kept).
+        """
+        self.table(name)
+        target = checkpoint_target(self.root, name, body.path)
+        path = await self.registry.checkpoint(name, target)
+        return relative(self.root, path)
+
+    async def restore(self, name: str, body: PathBody) -> dict[str, Any]:
+        """Replace (or create) a table from a checkpoint of it; returns its info.
+
+        Raises:
+            InvalidRequest: the path is not inside ``checkpoints/``, holds no
+                checkpoint, or holds another table's.
+            InvalidCheckpoint, CheckpointError: the checkpoint cannot be read.
+        """
+        source = (
+            confine_area(self.root, protocol.CHECKPOINTS, body.path)
+            if body.path is not None
+            else None
+        )
+        handle = await self.registry.restore(name, source)
+        return await handle.info()
+
+    async def export(self, name: str, body: ExportBody) -> tuple[Path, bool]:
+        """Export the live items, oldest first, as Parquet or CSV.
+
+        Returns:
+            The file, and whether it is scratch: written for the caller to send
+            and then delete (no ``path`` given), or a file under ``exports/``.
+
+        Raises:
+            InvalidRequest, PathExists: see :func:`.paths.export_target`.
+            InsufficientStorage: the disk is full (nothing is left behind).
+        """
+        handle = self.table(name)
+        if body.path is not None:
+            target, scratch = export_target(self.root, name, body.path), False
+        else:
+            target = self.root / EXPORT_SCRATCH / f"{name}-{uuid.uuid4().hex}.{body.format}"
+            scratch = True
+        fmt = body.format
+        with handle.use() as table:
+            return await handle.call(lambda: table.export(target, format=fmt)), scratch
+
+    def relative(self, path: Path) -> str:
+        """``path`` as a client sees it: relative to the data root."""
+        return relative(self.root, path)
+
+    # -- the server ----------------------------------------------------------------
+    async def lost_tables(self) -> list[str]:
+        """Tables whose backend lost its data (a Redis that restarted empty).
+
+        Redis tables' markers are probed in worker threads (each at most once a
+        second, one probe at a time), waited for up to :data:`PROBE_WAIT`
+        seconds: a hung Redis does not hold the answer.
+        """
+        handles = self.registry.handles()
+        probes = [
+            asyncio.ensure_future(run_in_threadpool(h.table.backend.probe))
+            for h in handles
+            if hasattr(h.table.backend, "probe")
+        ]
+        if probes:
+            await asyncio.wait(probes, timeout=PROBE_WAIT)
+        return [h.name for h in handles if getattr(h.table.backend, "state", None) == "lost"]
+
+    async def close(self, *, checkpoint: bool = False) -> None:
+        """Stop serving every table (checkpointing each first when asked) and close them."""
+        await self.registry.close(checkpoint=checkpoint)
+
+
+def _rows(columns: Mapping[NestedKey, torch.Tensor]) -> int:
+    first = next(iter(columns.values()), None)
+    if not isinstance(first, torch.Tensor) or first.ndim == 0:
+        raise InvalidRequest("extend needs at least one column of shape [N, ...]", field="body")
+    return int(first.shape[0])

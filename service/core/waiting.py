@@ -1,0 +1,123 @@
+"""Waiting for the rate limiter without holding a thread.
+
+A table calls its listeners (under its lock) whenever an insert or a sample
+may have become possible. :class:`Changes` turns that into an
+``asyncio.Event`` on the server's loop, and :func:`admitted` tries a table
+call again (``Table.try_extend`` / ``try_sample``, which never block) each
+time the event fires, until it goes through or the caller's timeout runs
+out. Many waiters cost no threads; they are woken in the order they began to
+wait, so no client starves.
+
+The wait is counted by the table's rate limiter, once per call, like the
+table's own blocking wait (``Table.begin_wait`` / ``end_wait``): its
+counters say how many calls were held back, not how many tries were made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+
+from tdreplay.storage import Table, TableNotFound
+
+T = TypeVar("T")
+#: what a wait is reported to (metrics): table, operation, seconds waited, timed out
+WaitHook = Callable[[str, str, float, bool], None]
+
+
+class Changes:
+    """An event on ``loop`` fired (from any thread) when a table's state changes.
+
+    Firing costs nothing while nobody waits: a table changes on every insert
+    and sample, so the loop is woken only when a waiter is registered.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._event = asyncio.Event()
+        #: calls waiting on this event now
+        self.waiters = 0
+
+    @property
+    def event(self) -> asyncio.Event:
+        """The event the next change fires; take it *before* checking the table."""
+        return self._event
+
+    def notify_threadsafe(self) -> None:
+        """The table listener: schedule :meth:`fire` on the loop if anyone waits."""
+        if self.waiters:
+            # a closed loop (the server shutting down) has no one left to wake
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self.fire)
+
+    def fire(self) -> None:
+        """Wake every current waiter (on the loop)."""
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+
+async def admitted(
+    attempt: Callable[[], Awaitable[T | None]],
+    *,
+    table: Table,
+    op: str,
+    n: int,
+    timeout: float,
+    changes: Changes,
+    is_open: Callable[[], bool],
+    on_wait: WaitHook | None = None,
+) -> T:
+    """``attempt()``'s result once the rate limiter lets it through.
+
+    Args:
+        attempt: runs the table's ``try_*`` call (off the loop, or inline when
+            that is safe); ``None`` means held back.
+        table: the table, which counts the wait and words the timeout.
+        op: ``"insert"`` or ``"sample"``.
+        n: items, for the error message.
+        timeout: seconds to keep trying.
+        changes: the table's change events.
+        is_open: whether the table is still served; a deleted table ends the wait.
+        on_wait: told of the wait once it ends.
+
+    Raises:
+        RateLimitTimeout: still held back after ``timeout`` seconds (HTTP 429).
+        TableNotFound: the table was deleted (or replaced) while the call waited.
+    """
+    result = await attempt()
+    if result is not None:
+        return result
+    began = table.begin_wait(op)  # type: ignore[arg-type]
+    deadline = time.monotonic() + timeout
+    changes.waiters += 1
+    timed_out = False
+    try:
+        if timeout <= 0:
+            timed_out = True
+            raise table.held_back(op, n, timeout)  # type: ignore[arg-type]
+        while True:
+            # Registered (above), and the event taken before trying: a change during the try fires it.
+            event = changes.event
+            if not is_open():
+                raise TableNotFound(
+                    f"table {table.name!r} was deleted while a call waited", table=table.name
+                )
+            result = await attempt()
+            if result is not None:
+                return result
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                raise table.held_back(op, n, timeout)  # type: ignore[arg-type]
+            with anyio.move_on_after(remaining):
+                await event.wait()
+    finally:
+        changes.waiters -= 1
+        seconds = table.end_wait(op, began, timed_out=timed_out)  # type: ignore[arg-type]
+        if on_wait is not None:
+            on_wait(table.name, op, seconds, timed_out)

@@ -1,0 +1,301 @@
+"""The table's state and the rules every operation shares: locks, waiting, bookkeeping.
+
+:class:`TableBase` holds what a table is made of - its storage, slots,
+sampler, writer, rate limiter, locks - and the parts every operation uses:
+the rate-limiter wait (:meth:`TableBase._admit`), the change listeners, the
+durable state record, ``info`` and ``state_dict``. Inserts
+(:mod:`.inserts`) and draws (:mod:`.draws`) build on it; :class:`~.table.Table`
+puts them together.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import spec as S
+from ..backends import Backend
+from ..durable import STATE_DIR, DurableState
+from ..errors import RateLimitTimeout, TableClosed
+from ..rate_limiter import Op, RateLimiter
+from ..rwlock import RWLock
+from ..samplers import Sampler, make_sampler
+from ..slots import Slots
+from ..spec import TableSpec, split_key
+from ..statefile import StateError
+from ..tensordicts import key_tree
+from ..validation import INFO_KEYS, RowChecker
+from ..writers import MaxValueWriter, Writer, make_writer
+
+
+class _HeldBack(Exception):
+    """An attempt (``Table.try_extend`` / ``try_sample``) the rate limiter holds back."""
+
+
+class TableBase:
+    """What a table is made of, and the rules its operations share (see :class:`~.table.Table`)."""
+
+    def __init__(
+        self,
+        spec: TableSpec,
+        backend: Backend,
+        *,
+        root: str | Path,
+        seed: int | None = None,
+        reopen: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.capacity = spec.capacity
+        self.root = Path(root)
+        self.backend = backend
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        self.slots = Slots(spec.capacity)
+        self.writer: Writer = make_writer(spec, self.slots)
+        self.sampler: Sampler = make_sampler(spec, self.slots, self.writer, self.generator)
+        self.rate_limiter = RateLimiter.from_spec(spec.rate_limiter)
+        self.max_times_sampled = 1 if self.sampler.consumes else spec.max_times_sampled
+        # Samplers that may draw an item twice in one batch need the batch capped
+        # (queues and stacks never do; slices are drawn whole and are not capped).
+        self._cap_times = bool(
+            self.max_times_sampled and not self.sampler.consumes and not self.sampler.needs_episodes
+        )
+        self._schema = spec.torch_schema()
+        self._keys = list(self._schema)
+        self._item_nbytes = spec.item_nbytes
+        self._check = RowChecker(spec.name, self._schema, spec.capacity)
+        self._batch_tree = key_tree([*self._keys, *INFO_KEYS])
+        self._cond = threading.Condition(threading.Lock())
+        self._data_lock = RWLock()
+        self._listeners: list[Callable[[], None]] = []
+        #: called with the rows about to be overwritten, under the data write lock
+        self._before_write: list[Callable[[slice | torch.Tensor], None]] = []
+        self._episode_base = 0
+        self._traj_key = self._end_key = None
+        if isinstance(spec.sampler, S.SliceSampler):
+            if spec.sampler.traj_key:
+                self._traj_key = split_key(spec.sampler.traj_key)
+            else:
+                self._end_key = split_key(spec.sampler.end_key or "")
+        self._value_key = (
+            split_key(self.writer.key) if isinstance(self.writer, MaxValueWriter) else None
+        )
+        self.closed = False
+        #: memmap tables keep their state in files beside the rows (see durable.py)
+        self._durable: DurableState | None = None
+        self._fsync = False
+        if spec.backend.kind == "memmap" and backend.location is not None:
+            folder = Path(backend.location) / STATE_DIR
+            if reopen:
+                self._durable = DurableState.open(folder, self)
+            else:
+                self._durable = DurableState.create(folder, self)
+        # counters for info/metrics
+        self.created_at = time.time()
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    @property
+    def fsync(self) -> bool:
+        """Whether extends and samples flush rows and state to disk before returning (memmap)."""
+        return self._fsync
+
+    @fsync.setter
+    def fsync(self, value: bool) -> None:
+        self._fsync = bool(value)
+        if self._durable is not None:
+            self._durable.fsync = self._fsync
+
+    def _commit(self) -> None:
+        """Mark a memmap table's state complete: from now on it can be reopened."""
+        if self._durable is not None:
+            with self._cond:
+                self._durable.save()
+                self._durable.commit()
+
+    def _persist(self) -> None:
+        """Write the state record (memmap tables); the caller holds ``_cond``."""
+        if self._durable is not None:
+            self._durable.save()
+
+    # ------------------------------------------------------------ waiting
+    def _admit(
+        self,
+        op: Op,
+        n: int,
+        ready: Callable[[], bool],
+        timeout: float | None,
+        *,
+        attempt: bool = False,
+    ) -> None:
+        """Return once ``ready()`` (the table's lock held), waiting up to ``timeout`` seconds.
+
+        A call that cannot proceed is counted once as held back
+        (``RateLimiter.begin_wait``). An ``attempt`` neither waits nor counts:
+        it raises :class:`_HeldBack` at once (see :meth:`try_extend`).
+
+        Raises:
+            RateLimitTimeout: still held back after ``timeout`` seconds.
+            TableClosed: the table is closed, or was closed while the call waited.
+        """
+        if self.closed:  # its storage handles are gone: fail instead of reading garbage
+            raise TableClosed(f"table {self.name!r} is closed", table=self.name)
+        if ready():
+            return
+        if attempt:
+            raise _HeldBack
+        began = self.rate_limiter.begin_wait(op)
+        ok = False
+        try:
+            if timeout is None or timeout > 0:
+                ok = self._cond.wait_for(lambda: self.closed or ready(), timeout)
+        finally:
+            self.rate_limiter.end_wait(op, began, timed_out=not ok and not self.closed)
+        if self.closed:
+            raise TableClosed(
+                f"table {self.name!r} was closed while a call waited", table=self.name
+            )
+        if not ok:
+            raise self.held_back(op, n, timeout or 0.0)
+
+    def _sample_ready(self, n: int) -> bool:
+        return (
+            self.rate_limiter.can_sample(n, self.slots.n_live)
+            and self.sampler.ready(n)
+            and (not self._cap_times or self._samples_left(n))
+        )
+
+    def _samples_left(self, n: int) -> bool:
+        """Whether the live items may be returned ``n`` more times under ``max_times_sampled``."""
+        s = self.slots
+        if s.n_live >= n:  # every live item has at least one sample left
+            return True
+        return int((self.max_times_sampled - s.times_sampled[s.live]).sum()) >= n
+
+    def held_back(self, op: Op, n: int, waited: float) -> RateLimitTimeout:
+        """The error of a call the rate limiter held back for ``waited`` seconds."""
+        rl = self.rate_limiter
+        return RateLimitTimeout(
+            f"table {self.name!r}: {op} timed out after {waited:g}s: {n} items held back by the "
+            f"rate limiter (size {self.slots.n_live}, inserts {rl.inserts}, samples {rl.samples}, "
+            f"min_size_to_sample {rl.min_size_to_sample}, samples_per_insert "
+            f"{rl.samples_per_insert}, error_buffer {rl.error_buffer})",
+            table=self.name,
+        )
+
+    def begin_wait(self, op: Op) -> float:
+        """Count a call held back that its caller waits for (see ``RateLimiter.begin_wait``)."""
+        with self._cond:
+            return self.rate_limiter.begin_wait(op)
+
+    def end_wait(self, op: Op, began: float, *, timed_out: bool) -> float:
+        """The end of a wait begun with :meth:`begin_wait`; returns its seconds."""
+        with self._cond:
+            return self.rate_limiter.end_wait(op, began, timed_out=timed_out)
+
+    def _notify(self) -> None:
+        self._cond.notify_all()
+        for fn in self._listeners:
+            fn()
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` (under the table's lock; keep it short) whenever inserts or samples may proceed."""
+        self._listeners.append(fn)
+
+    def _remove(self, index: torch.Tensor) -> None:
+        """Mark live slots dead (lock held)."""
+        self.slots.live[index] = False
+        self.slots.n_live -= len(index)
+        self.sampler.on_remove(index)
+
+    # ------------------------------------------------------------ state
+    @property
+    def size(self) -> int:
+        """Items a sampler may return now."""
+        return self.slots.n_live
+
+    def __len__(self) -> int:
+        return self.slots.n_live
+
+    def info(self) -> dict[str, Any]:
+        """A JSON-ready summary: size, capacity, backend, sampler, writer, counters, limiter."""
+        with self._cond:
+            return {
+                "name": self.name,
+                "size": self.slots.n_live,
+                "capacity": self.capacity,
+                "backend": self.spec.backend.kind,
+                "location": self.backend.location,
+                "item_nbytes": self.spec.item_nbytes,
+                "fields": {k: f.model_dump() for k, f in self.spec.fields.items()},
+                "sampler": {**self.spec.sampler.model_dump(), **self.sampler.info()},
+                "writer": self.writer.info(),
+                "max_times_sampled": self.max_times_sampled,
+                "rate_limiter": self.rate_limiter.info(),
+                "can_sample": self._sample_ready(1),
+                "can_insert": self.rate_limiter.can_insert(1) and self.writer.can_claim(1),
+                "inserts": self.rate_limiter.inserts,
+                "samples": self.rate_limiter.samples,
+                "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out,
+            }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Slot, sampler, writer and rate-limiter state (no data); lock held by the caller or not."""
+        return {
+            "slots": self.slots.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "writer": self.writer.state_dict(),
+            "rate_limiter": self.rate_limiter.state_dict(),
+            "episode_base": self._episode_base,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        base = state.get("episode_base", 0)
+        if isinstance(base, bool) or not isinstance(base, int) or not 0 <= base < 1 << 62:
+            raise StateError(f"episode_base: expected an integer in [0, 2**62), got {base!r:.40}")
+        with self._cond:
+            self.slots.load_state_dict(state["slots"])
+            self.writer.load_state_dict(state["writer"])
+            self.sampler.load_state_dict(state["sampler"])
+            self.rate_limiter.load_state_dict(state["rate_limiter"])
+            self._episode_base = base
+            if "generator" in state:
+                self.generator.set_state(state["generator"])
+            if self._durable is not None:  # a restore: the state is whole now
+                self._durable.save()
+                self._durable.commit()
+            self._notify()
+
+    def close(self) -> None:
+        """Wake any waiting call (it raises) and release the storage handles."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+        with self._data_lock.write():
+            self.backend.flush()
+            self.backend.close()
+
+    def destroy(self) -> None:
+        """Close the table and delete its data."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+        with self._data_lock.write():
+            self.backend.destroy()
+
+    def __repr__(self) -> str:
+        return (
+            f"Table(name={self.name!r}, size={self.slots.n_live}, capacity={self.capacity}, "
+            f"backend={self.spec.backend.kind!r}, sampler={self.sampler.kind!r}, writer={self.writer.kind!r})"
+        )

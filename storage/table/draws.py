@@ -1,0 +1,261 @@
+"""Drawing: ``sample`` / ``try_sample``, ``max_times_sampled``, priorities and plain reads."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase, is_tensorclass
+
+from ..errors import InvalidRequest, TableClosed
+from ..tensordicts import fill, nest
+from .base import TableBase, _HeldBack
+
+
+class Draws(TableBase):
+    """The sampling and reading operations of :class:`~.table.Table`."""
+
+    # ------------------------------------------------------------ sample
+    def can_sample(self, n: int = 1) -> bool:
+        """Whether a sample of ``n`` items would proceed now, without waiting."""
+        with self._cond:
+            return self._sample_ready(n)
+
+    def _cap_times_sampled(
+        self, index: torch.Tensor, weight: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Redraw the draws that would return an item more than ``max_times_sampled`` times.
+
+        Reverb samples a batch item by item and removes an item the moment it
+        reaches ``max_times_sampled``; a batch drawn at once, with replacement,
+        must not return it more often. Items that reach the limit are removed
+        here so the redraws cannot pick them; :meth:`_samples_left` made sure
+        enough samples remain. Lock held.
+        """
+        s, limit = self.slots, self.max_times_sampled
+        while True:
+            order = torch.argsort(index, stable=True)
+            uniq, counts = torch.unique_consecutive(index[order], return_counts=True)
+            starts = torch.cumsum(counts, 0) - counts
+            rank = torch.empty_like(index)  # how many earlier draws picked the same item
+            rank[order] = torch.arange(len(index)) - torch.repeat_interleave(starts, counts)
+            over = (s.times_sampled[index] + rank >= limit).nonzero().squeeze(1)
+            if len(over) == 0:
+                return index, weight
+            spent = uniq[(s.times_sampled[uniq] + counts >= limit) & s.live[uniq]]
+            self._remove(spent)
+            redrawn, redrawn_weight = self.sampler.sample(len(over))
+            index = index.clone()
+            index[over] = redrawn
+            if weight is not None and redrawn_weight is not None:
+                weight[over] = redrawn_weight
+
+    def check_batch_size(self, batch_size: Any) -> int:
+        """``batch_size`` as an int, if a sample of that many items is possible at all.
+
+        Raises:
+            InvalidRequest: not an integer in ``[1, capacity]``, or not a multiple
+                of the slice sampler's ``slice_len``.
+        """
+        try:
+            n = operator.index(batch_size)  # 2.5 or "8" is an error, not a silent 2 or 8
+        except TypeError:
+            n = -1
+        if n < 1 or n > self.capacity:
+            raise InvalidRequest(
+                f"table {self.name!r}: batch_size must be an integer in [1, {self.capacity}], got {batch_size!r}",
+                table=self.name,
+                field="batch_size",
+                expected=f"[1, {self.capacity}]",
+                got=batch_size,
+            )
+        self.sampler.check_batch_size(n)
+        return n
+
+    def try_sample(
+        self, batch_size: int, *, out: TensorDictBase | None = None
+    ) -> TensorDictBase | None:
+        """:meth:`sample` if the rate limiter lets it through now, else ``None`` (nothing
+        drawn, nothing counted; see :meth:`try_extend`)."""
+        try:
+            return self._sample(batch_size, None, out, attempt=True)
+        except _HeldBack:
+            return None
+
+    def sample(
+        self, batch_size: int, *, timeout: float | None = None, out: TensorDictBase | None = None
+    ) -> TensorDictBase:
+        """Draw ``batch_size`` items.
+
+        Waits while the rate limiter holds samples back (too few items, or
+        too few inserts for ``samples_per_insert``).
+
+        Args:
+            batch_size: number of items; for the slice sampler a multiple of ``slice_len``.
+            timeout: seconds to wait for the rate limiter; ``None`` waits as long as it takes.
+            out: a TensorDict of batch ``[batch_size]`` with the schema's keys (and
+                optionally the sample-info keys) to gather into instead of
+                allocating; e.g. a previous batch.
+
+        Returns:
+            A TensorDict of batch ``[batch_size]``: every field plus ``index`` and
+            ``sample_info`` (see the module docstring).
+
+        Raises:
+            InvalidRequest: ``batch_size`` < 1, above capacity, not a multiple of
+                ``slice_len``, or ``out`` does not fit.
+            RateLimitTimeout: the sample waited ``timeout`` seconds.
+            TableClosed: the table is closed, or was closed while the sample waited.
+        """
+        return self._sample(batch_size, timeout, out)
+
+    def _sample(
+        self,
+        batch_size: int,
+        timeout: float | None,
+        out: TensorDictBase | None,
+        *,
+        attempt: bool = False,
+    ) -> TensorDictBase:
+        n = self.check_batch_size(batch_size)
+        bufs, out_info = self._check.out_buffers(out, n) if out is not None else (None, {})
+        with self._cond:
+            if self.rate_limiter.sample_never_fits(n):
+                raise InvalidRequest(
+                    f"table {self.name!r}: a sample of {n} items can never pass the rate limiter "
+                    f"(error_buffer {self.rate_limiter.error_buffer}); sample smaller batches",
+                    table=self.name,
+                    field="batch_size",
+                )
+            self._admit("sample", n, lambda: self._sample_ready(n), timeout, attempt=attempt)
+            index, weight = self.sampler.sample(n)
+            if self._cap_times:
+                index, weight = self._cap_times_sampled(index, weight)
+            s = self.slots
+            s.times_sampled.index_add_(0, index, torch.ones_like(index))
+            times = s.times_sampled.index_select(0, index)
+            keys = s.seq.index_select(0, index)
+            priority = self.sampler.priority(index)
+            if self.sampler.consumes:
+                # queues and stacks return distinct live items, each now spent
+                self._remove(index)
+            elif self.max_times_sampled:
+                done = torch.unique(index[times >= self.max_times_sampled])
+                done = done[s.live[done]]
+                if len(done):
+                    self._remove(done)
+            self.rate_limiter.sampled(n)
+            self.bytes_out += n * self._item_nbytes
+            self._persist()
+            # Take the read lock before letting go of the table lock: slots just
+            # evicted cannot be overwritten until the gather below is done.
+            self._data_lock.acquire_read()
+            self._notify()
+        try:
+            if bufs is None:
+                bufs = self.backend.empty(n)
+            self.backend.gather(index, bufs)
+        finally:
+            self._data_lock.release_read()
+        info = {
+            ("index",): index,
+            ("sample_info", "priority"): priority
+            if priority is not None
+            else torch.ones(n, dtype=torch.float32),
+            ("sample_info", "weight"): weight
+            if weight is not None
+            else torch.ones(n, dtype=torch.float32),
+            ("sample_info", "times_sampled"): times,
+            ("sample_info", "key"): keys,
+        }
+        if out is not None:
+            target = out._tensordict if is_tensorclass(out) else out
+            for key, value in info.items():
+                if key in out_info:
+                    out_info[key].copy_(value)
+                else:
+                    target.set(key, value)
+            return out
+        bufs.update(info)
+        # nest() with the key tree worked out once, in __init__
+        return TensorDict._new_unsafe(fill(self._batch_tree, bufs), batch_size=torch.Size([n]))
+
+    # ------------------------------------------------------------ priorities
+    def update_priority(self, index: Any, priority: Any, *, key: Any = None) -> int:
+        """Set the priorities of slots ``index`` (from ``batch["index"]``).
+
+        Slots removed since they were sampled are skipped. Without ``key`` a
+        slot overwritten since then is not told apart: the update applies to
+        the item now in it. With ``key`` (from ``batch["sample_info", "key"]``)
+        only slots whose item still has that key are updated; the others, whose
+        items were overwritten, are skipped.
+
+        Args:
+            index: the slots, int64 ``[N]``.
+            priority: their new priorities, ``[N]`` (finite, >= 0).
+            key: the sampled items' keys, int64 ``[N]``; ``None``: no check.
+
+        Returns:
+            How many priorities were applied (``N`` less the skipped slots).
+
+        Raises:
+            InvalidRequest: the sampler has no priorities, the lengths differ, an
+                index is out of range, a key is not an integer, or a priority is
+                negative or not finite. Nothing is updated.
+        """
+        index = torch.as_tensor(index).reshape(-1).to(torch.int64)
+        priority = torch.as_tensor(priority).reshape(-1)
+        if key is not None:
+            key = torch.as_tensor(key).reshape(-1)
+            if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
+                raise InvalidRequest(
+                    f"table {self.name!r}: keys must be integers, got {str(key.dtype).removeprefix('torch.')}",
+                    table=self.name,
+                    field="key",
+                    expected="int64",
+                    got=str(key.dtype).removeprefix("torch."),
+                )
+            if len(key) != len(index):
+                raise InvalidRequest(
+                    f"table {self.name!r}: {len(index)} indices but {len(key)} keys",
+                    table=self.name,
+                    field="key",
+                    expected=len(index),
+                    got=len(key),
+                )
+            key = key.to(torch.int64)
+        with self._cond:
+            updated = self.sampler.update_priority(index, priority, key)
+            self._persist()
+            self._notify()
+        return updated
+
+    def live_index(self) -> torch.Tensor:
+        """Slots of the live items, oldest first (insertion order)."""
+        with self._cond:
+            live = self.slots.live.nonzero().squeeze(1)
+            return live[torch.argsort(self.slots.seq[live])]
+
+    def read(self, index: torch.Tensor) -> TensorDictBase:
+        """The items in slots ``index`` (no sample info, no counters moved).
+
+        Raises:
+            InvalidRequest: an index is outside ``[0, capacity)``.
+            TableClosed: the table is closed.
+        """
+        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+        if self.closed:
+            raise TableClosed(f"table {self.name!r} is closed", table=self.name)
+        if len(index) and (int(index.min()) < 0 or int(index.max()) >= self.capacity):
+            bad = index[(index < 0) | (index >= self.capacity)][0].item()
+            raise InvalidRequest(
+                f"table {self.name!r}: index {bad} outside [0, {self.capacity})",
+                table=self.name,
+                field="index",
+                expected=f"[0, {self.capacity})",
+                got=bad,
+            )
+        with self._data_lock.read():
+            bufs = self.backend.read(index)
+        return nest(bufs, len(index))

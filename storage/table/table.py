@@ -1,0 +1,236 @@
+"""The replay table: a storage plus a sampler, a writer and a rate limiter.
+
+    >>> import tempfile, torch
+    >>> from tensordict import TensorDict
+    >>> from tdreplay.storage import Table, TableSpec
+    >>> spec = TableSpec.model_validate({"name": "demo", "capacity": 100, "fields": {
+    ...     "obs": {"shape": [4], "dtype": "float32"}, "next.reward": {"shape": [1], "dtype": "float32"}}})
+    >>> table = Table.create(spec, root=tempfile.mkdtemp())
+    >>> td = TensorDict({"obs": torch.randn(10, 4), "next": {"reward": torch.ones(10, 1)}}, batch_size=[10])
+    >>> table.extend(td).tolist()
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    >>> batch = table.sample(32)
+    >>> batch["obs"].shape, batch["index"].shape, sorted(batch["sample_info"].keys())
+    (torch.Size([32, 4]), torch.Size([32]), ['key', 'priority', 'times_sampled', 'weight'])
+
+Sample info sits beside the fields of every sampled batch:
+
+* ``batch["index"]`` (int64): the slot each row came from; pass it back to
+  :meth:`Table.update_priority`.
+* ``batch["sample_info", "priority"]`` (float32): the item's priority (1 for
+  samplers without priorities).
+* ``batch["sample_info", "weight"]`` (float32): the importance weight (1 unless
+  prioritized).
+* ``batch["sample_info", "times_sampled"]`` (int64): how often the item has now
+  been returned, this sample included.
+* ``batch["sample_info", "key"]`` (int64): the item's key, its insert number
+  (unique for the table's life, checkpoint and restore included). Pass it to
+  :meth:`Table.update_priority` with the index so that an update skips slots
+  overwritten since the sample, as Reverb's item keys do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..backends import allocate, reopen, sweep
+from ..redis_conn import RedisConnection, connections
+from ..spec import TableSpec
+from .draws import Draws
+from .inserts import Inserts
+
+
+class Table(Inserts, Draws):
+    """A fixed-capacity replay table on a tensordict storage.
+
+    Build one with :meth:`create` (new, empty storage) or :meth:`restore`
+    (from a checkpoint). Every method is thread safe: many threads may extend
+    and sample at once, and a sampled row is never a mix of two inserts.
+
+    Args:
+        spec: what the table is.
+        backend: its allocated storage (see :func:`~tdreplay.storage.backends.allocate`).
+        root: the data root the table lives under.
+        seed: seed of the table's sampling generator (``None``: random).
+    """
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def create(
+        cls,
+        spec: TableSpec | str | Path,
+        root: str | Path = "./tdreplay-data",
+        *,
+        seed: int | None = None,
+        replace: bool = False,
+        redis: Mapping[str, str | RedisConnection] | None = None,
+    ) -> Table:
+        """Allocate a new, empty table (``TensorDict.from_schema`` on the spec's backend).
+
+        Args:
+            spec: a :class:`TableSpec`, or the path of a schema file.
+            root: the data root; file backends keep their data in the table's own
+                folder, ``<root>/tables/<name>/`` (created with a marker file naming
+                the table; never over the data of a table open in this process;
+                see :func:`~tdreplay.storage.backends.allocate`).
+            seed: seed of the sampling generator.
+            replace: delete data an earlier table of this name left in its folder
+                (without it, such data is an error: restore it or replace it).
+            redis: Redis connections by name (``{"default": "redis://host:6379/0"}``);
+                a redis table's spec names one (``backend.connection``).
+
+        Raises:
+            SchemaError: the schema file is invalid, or names a Redis connection
+                not in ``redis``.
+            TableExists: ``<root>/tables/<name>`` is not this table's folder, or
+                holds an earlier table's data and ``replace`` is not set.
+            BackendError: the storage could not be allocated.
+        """
+        if not isinstance(spec, TableSpec):
+            spec = TableSpec.from_file(spec)
+        backend = allocate(
+            spec, root, exists="replace" if replace else "error", redis=connections(redis)
+        )
+        try:
+            table = cls(spec, backend, root=root, seed=seed)
+        except BaseException:
+            backend.destroy()
+            raise
+        table._commit()
+        return table
+
+    @classmethod
+    def open(
+        cls,
+        spec: TableSpec | str | Path,
+        root: str | Path = "./tdreplay-data",
+        *,
+        seed: int | None = None,
+        redis: Mapping[str, str | RedisConnection] | None = None,
+        fsync: bool = False,
+    ) -> Table:
+        """Reopen the memmap table a process left in ``<root>/tables/<name>/``, or create it.
+
+        A memmap table keeps its rows and its state in files (see
+        :mod:`tdreplay.storage.durable`): after its process ended - a clean
+        stop, ``kill -9`` - it comes back with every insert that returned.
+        Other backends, and a memmap table with nothing on disk, are created
+        new (an earlier table's leftovers there are an error, as for
+        :meth:`create`).
+
+        Args:
+            spec: a :class:`TableSpec`, or the path of a schema file.
+            root: the data root.
+            seed: seed of the sampling generator.
+            redis: Redis connections by name (see :meth:`create`).
+            fsync: flush rows and state to disk before every extend and sample
+                returns (survives a power loss, at the cost of a disk flush).
+
+        Raises:
+            TableExists: the data on disk was written under another schema.
+            BackendError: the data on disk is damaged.
+
+        Example:
+            >>> import tempfile, torch
+            >>> from tensordict import TensorDict
+            >>> root = tempfile.mkdtemp()
+            >>> spec = TableSpec.model_validate({"name": "t", "capacity": 8,
+            ...     "fields": {"x": {"shape": [], "dtype": "int64"}}})
+            >>> t = Table.open(spec, root)
+            >>> _ = t.extend(TensorDict({"x": torch.arange(3)}, [3]))
+            >>> t.close()   # or a crash: the rows are in the files already
+            >>> Table.open(spec, root).size
+            3
+        """
+        if not isinstance(spec, TableSpec):
+            spec = TableSpec.from_file(spec)
+        backend = reopen(spec, root)
+        if backend is None:
+            table = cls.create(spec, root, seed=seed, redis=redis)
+        else:
+            try:
+                table = cls(spec, backend, root=root, seed=seed, reopen=True)
+            except BaseException:
+                backend.close()  # lets the location go; its data stays as it is
+                raise
+            table._commit()
+            sweep(spec, root)
+        table.fsync = fsync
+        return table
+
+    @classmethod
+    def restore(
+        cls,
+        path: str | Path,
+        root: str | Path | None = None,
+        *,
+        seed: int | None = None,
+        redis: Mapping[str, str | RedisConnection] | None = None,
+        expect: TableSpec | None = None,
+    ) -> Table:
+        """Rebuild a table from a checkpoint written by :meth:`checkpoint`.
+
+        Nothing is deleted or overwritten until the new table is whole: when
+        the table's location under ``root`` exists (e.g. the data of the table
+        being served, which this one is to replace), the restored data goes to
+        a fresh location beside it. A failed restore deletes only what it
+        allocated; a successful one then deletes the table's dead data, which
+        no open table holds (see :mod:`tdreplay.storage.backends`).
+
+        Args:
+            path: the checkpoint folder.
+            root: data root of the restored table (default: the checkpoint's parent).
+            seed: seed of the sampling generator.
+            redis: Redis connections by name (for a checkpoint of a redis table).
+            expect: the spec the caller read from the checkpoint and checked: the
+                restore is refused (``InvalidCheckpoint``) unless it is still the one
+                there (a checkpoint folder changed between check and use).
+
+        Raises:
+            CheckpointError: the folder holds no readable checkpoint, or the
+                table's data would go inside it.
+            SchemaError: the checkpoint's spec is invalid, or names a Redis
+                connection not in ``redis``.
+            BackendError: the storage could not be allocated.
+        """
+        from ..checkpoint import restore
+
+        return restore(cls, Path(path), root, seed=seed, redis=connections(redis), expect=expect)
+
+    # ------------------------------------------------------------ persistence
+    def checkpoint(self, path: str | Path, *, ted2flat: bool | None = None) -> Path:
+        """Write data and state to ``path`` atomically (aside, then renamed into place).
+
+        Extends and samples wait while the checkpoint is written. An
+        interrupted checkpoint leaves the previous one at ``path`` intact.
+
+        Args:
+            path: the checkpoint folder (replaced if it exists).
+            ted2flat: store TED data flat with TorchRL's ``TED2Flat`` (default: the spec's setting).
+
+        Returns:
+            The checkpoint folder.
+
+        Raises:
+            CheckpointError: it could not be written (the previous one is kept).
+        """
+        from ..checkpoint import checkpoint
+
+        return checkpoint(self, Path(path), ted2flat=ted2flat)
+
+    def export(
+        self, path: str | Path, *, format: str | None = None, progress: bool | None = None
+    ) -> Path:
+        """Write the live items, oldest first, to a Parquet or CSV file (see :mod:`tdreplay.storage.export`)."""
+        from ..export import export
+
+        return export(self, Path(path), format=format, progress=progress)
+
+    def import_parquet(
+        self, path: str | Path, *, chunk: int = 4096, progress: bool | None = None
+    ) -> int:
+        """Extend the table with the rows of a Parquet dataset (see :mod:`tdreplay.storage.export`)."""
+        from ..importer import import_parquet
+
+        return import_parquet(self, Path(path), chunk=chunk, progress=progress)
