@@ -26,6 +26,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from ..codec import arrow, protocol
+from ..codec.ipc import LayoutDecoder
 from . import errors
 
 T = TypeVar("T")
@@ -133,9 +134,20 @@ def as_batch(data: Any) -> TensorDictBase:
     return data
 
 
+#: decodes sample responses: a client receives the same layout (table, batch size) again and
+#: again, so after the first one the columns are sliced, not parsed (shared by every thread)
+_decoder = LayoutDecoder()
+
+
 def decode_batch(body: memoryview | bytes) -> TensorDict:
+    """The TensorDict a sample response carries: views on ``body`` (bool columns excepted).
+
+    Raises:
+        errors.ProtocolError: the body is not an Arrow stream of one record batch
+            the codec can decode.
+    """
     try:
-        return arrow.decode(body)
+        return _decoder.decode(body)
     except arrow.CodecError as err:
         raise errors.ProtocolError(f"bad Arrow response: {err}") from None
 

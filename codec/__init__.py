@@ -1,5 +1,11 @@
 """tdreplay.codec: the wire format shared by the storage, the service and the client.
 
+:mod:`~tdreplay.codec.arrow` is the format (TensorDict <-> Arrow),
+:mod:`~tdreplay.codec.ipc` the byte layouts of its streams for the hot paths
+(:class:`SampleLayout` out, :class:`LayoutDecoder` in),
+:mod:`~tdreplay.codec.dtypes` the element types and
+:mod:`~tdreplay.codec.protocol` the routes, media types and errors.
+
 Depends only on torch, tensordict and pyarrow, so the client can use it
 without pulling in the service or the storage.
 """
@@ -14,12 +20,15 @@ from .arrow import (
     to_leaves,
     to_record_batch,
 )
+from .ipc import LayoutDecoder, SampleLayout
 from .protocol import ARROW_STREAM, ERROR_STATUS
 
 __all__ = [
     "ARROW_STREAM",
     "ERROR_STATUS",
     "CodecError",
+    "LayoutDecoder",
+    "SampleLayout",
     "decode",
     "encode",
     "from_column",

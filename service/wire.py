@@ -1,9 +1,10 @@
 """The hot path's memory on the way out: samples gathered straight into Arrow IPC bytes.
 
 A sampled batch of ``n`` rows always encodes to the same Arrow IPC stream
-layout: only the column bytes change, never the metadata (no nulls, fixed-size
-lists, no compression). :class:`SampleLayout` encodes one zero batch of
-``n`` rows once and records where each column's values sit in those bytes;
+layout: only the column bytes change, never the metadata.
+:class:`tdreplay.codec.ipc.SampleLayout` encodes one zero batch of ``n``
+rows once and records where each column's values sit in those bytes (here
+:class:`SampleLayout` adds the sample-info columns every sample carries);
 a :class:`SampleBuffer` is a copy of that template whose columns are exposed
 as torch tensors viewing the buffer, so ``Table.sample(n, out=buffer.out)``
 gathers rows (``index_select``) directly into the response body. The body
@@ -29,99 +30,47 @@ release call is needed and none can be forgotten.
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 import numpy as np
-import pyarrow as pa
 import torch
 from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
 
-from tdreplay.codec import arrow
-from tdreplay.storage import SAMPLE_INFO_DTYPES, NestedKey, tensordict_from_leaves
+from tdreplay.codec import ipc
+from tdreplay.codec.arrow import nest
+from tdreplay.codec.ipc import EOS, Schema
+from tdreplay.storage import SAMPLE_INFO_DTYPES, NestedKey
 
-Schema = Mapping[NestedKey, tuple[list[int], torch.dtype]]
+__all__ = [
+    "EOS",
+    "INFO_NBYTES",
+    "Lease",
+    "Pool",
+    "SampleBuffer",
+    "SampleBuffers",
+    "SampleLayout",
+    "sample_nbytes",
+]
 
-#: the Arrow IPC end-of-stream marker (continuation token, zero length)
-EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
-
-class SampleLayout:
-    """Where every column of an ``n``-row sampled batch sits in its Arrow IPC stream.
+class SampleLayout(ipc.SampleLayout):
+    """The layout of a table's ``n``-row samples: its fields, then the sample-info columns.
 
     Args:
-        schema: the table's fields, ``{key: (item shape, dtype)}``; the sample-info
-            columns are added.
+        schema: the table's fields, ``{key: (item shape, dtype)}``.
         n: rows per batch.
     """
 
     def __init__(self, schema: Schema, n: int) -> None:
-        self.n = n
-        full = dict(schema)
-        full.update({k: ([], d) for k, d in SAMPLE_INFO_DTYPES.items()})
-        zeros = {k: torch.zeros([n, *shape], dtype=dtype) for k, (shape, dtype) in full.items()}
-        rb = arrow.to_record_batch(tensordict_from_leaves(zeros, n))
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, rb.schema) as writer:
-            writer.write_batch(rb)
-        self.template = np.frombuffer(sink.getvalue(), dtype=np.uint8).copy()
-        sink = pa.BufferOutputStream()
-        pa.ipc.new_stream(sink, rb.schema).close()
-        #: bytes of the schema message that opens the stream
-        self.header_len = len(sink.getvalue()) - len(EOS)
-        self.header = self.template[: self.header_len].tobytes()
-        if self.template[-len(EOS) :].tobytes() != EOS:
-            raise AssertionError("unexpected Arrow IPC stream ending")
-        # read the template back zero-copy: its buffers' addresses give the column offsets
-        back = pa.ipc.open_stream(pa.py_buffer(self.template)).read_next_batch()
-        base = self.template.ctypes.data
-        #: key -> (offset, bytes, dtype, item shape) of each column's values
-        self.columns: dict[NestedKey, tuple[int, int, torch.dtype, list[int]]] = {}
-        for i, field in enumerate(back.schema):
-            key = tuple(field.name.split(arrow.SEP))
-            shape, dtype = full[key]
-            if math.prod(shape) == 0:  # a zero-size field: no bytes, nothing to gather
-                self.columns[key] = (self.header_len, 0, dtype, shape)
-                continue
-            values = back.column(i)
-            while pa.types.is_fixed_size_list(values.type):
-                values = values.values
-            data = values.buffers()[1]
-            offset = data.address - base
-            if not 0 <= offset <= len(self.template) - data.size or offset % 8:
-                raise AssertionError(f"column {field.name!r} is not where expected in the template")
-            self.columns[key] = (offset, data.size, dtype, shape)
-        self.nbytes = len(self.template)
-        #: bytes of the record-batch message alone
-        self.batch_len = self.nbytes - self.header_len - len(EOS)
-
-    def tile(self, batch: TensorDictBase, m: int) -> memoryview:
-        """``m`` record-batch messages of ``n`` rows each, from a batch of ``m * n`` rows.
-
-        Every message is this layout's template with its column bytes
-        replaced; each column is copied for all ``m`` messages at once through
-        a strided view.
-        """
-        length = self.batch_len
-        out = np.empty(m * length, dtype=np.uint8)
-        rows = out.reshape(m, length)
-        rows[:] = self.template[self.header_len : self.header_len + length]
-        for key, (offset, size, dtype, _) in self.columns.items():
-            if size == 0:  # zero-size field (reshape(m, -1) of no elements is ambiguous)
-                continue
-            src = batch.get(key).reshape(m, -1)
-            at = offset - self.header_len
-            if dtype == torch.bool:
-                raw = np.packbits(src.numpy(), axis=1, bitorder="little")
-            else:
-                raw = src.contiguous().view(torch.uint8).numpy()
-            rows[:, at : at + raw.shape[1]] = raw
-        return memoryview(out.data)
+        info: dict[NestedKey, tuple[list[int], torch.dtype]] = {
+            key: ([], dtype) for key, dtype in SAMPLE_INFO_DTYPES.items()
+        }
+        super().__init__({**schema, **info}, n)
 
 
 class SampleBuffer:
@@ -147,7 +96,7 @@ class SampleBuffer:
             else:
                 nbytes = n * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
                 views[key] = whole[offset : offset + nbytes].view(dtype).view([n, *shape])
-        self.out: TensorDictBase = tensordict_from_leaves(views, n)
+        self.out: TensorDictBase = nest(views, n)
         self._free_refs = self._refs()
 
     def _refs(self) -> int:

@@ -13,6 +13,7 @@ from tensordict import TensorDict, tensorclass
 from tdreplay.codec import (
     CodecError,
     decode,
+    dtypes,
     encode,
     from_column,
     from_record_batch,
@@ -68,6 +69,16 @@ def address_range(buf: pa.Buffer) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------ round trips
+def test_the_codec_carries_the_one_dtype_list() -> None:
+    """Every dtype of :mod:`tdreplay.codec.dtypes`, as its Arrow type, named in the metadata."""
+    assert list(dtypes.TORCH.values()) == DTYPES
+    rb = to_record_batch({dtypes.NAMES[d]: torch.zeros(2, dtype=d) for d in DTYPES})
+    for d in DTYPES:
+        field = rb.schema.field(dtypes.NAMES[d])
+        assert field.type == dtypes.ARROW[d], d
+        assert field.metadata[b"tdreplay.dtype"] == dtypes.NAMES[d].encode(), d
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_every_dtype_round_trips_exactly(dtype: torch.dtype) -> None:
     n = 7

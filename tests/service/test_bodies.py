@@ -16,6 +16,12 @@ def _view(data: bytes) -> memoryview:
     return memoryview(bytearray(data))  # writable, as the pooled body buffers are
 
 
+def test_the_service_decodes_with_the_codecs_decoder() -> None:
+    from tdreplay.codec import ipc
+
+    assert BodyDecoder is ipc.LayoutDecoder and metadata_len is ipc.metadata_len
+
+
 def test_repeated_layouts_are_sliced_not_parsed() -> None:
     decoder = BodyDecoder()
     first = decoder.decode(_view(encode(rows(0, 8)).to_pybytes()))
