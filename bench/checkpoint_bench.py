@@ -46,7 +46,7 @@ import yaml
 from tensordict import TensorDict
 
 from tdreplay.storage import Table, TableSpec
-from tdreplay.storage import checkpoint as C
+from tdreplay.storage.checkpoint import write as C
 
 HERE = Path(__file__).resolve().parent
 SCHEMA = HERE.parent / "schemas" / "atari.yaml"
@@ -125,7 +125,7 @@ def one(table: Table, sampler: Sampler, out: Path, *, locked: bool, idle_s: floa
     time.sleep(idle_s)
     idle = sampler.between(t0, time.perf_counter())
     t0 = time.perf_counter()
-    C._write(table, out, ted2flat=False, _stall=locked)
+    C.write(table, out, ted2flat=False, _stall=locked)
     t1 = time.perf_counter()
     during = sampler.between(t0, t1)
     shutil.rmtree(out)

@@ -8,8 +8,9 @@ and on :mod:`tdreplay.codec`. What is exported here (``__all__``) is the whole
 of what the service may use (``tests/test_import_cycles.py`` holds it so):
 
 * tables and their schema: :class:`Table`, :class:`TableSpec`,
-  :class:`FieldSpec`, :data:`NestedKey`, :func:`table_nbytes` (what a table
-  of a spec allocates);
+  :class:`FieldSpec`, :data:`NestedKey`, :data:`DTYPES` (the dtype names a
+  schema may use: :data:`tdreplay.codec.dtypes.TORCH`), :func:`table_nbytes`
+  (what a table of a spec allocates);
 * the data root: :func:`lock_root` / :class:`RootLock` (one process per
   root), :func:`stored_specs` (the tables a process left reopenable);
 * checkpoints: :func:`find_checkpoint`, :func:`read_checkpoint_metadata`, :func:`checkpoint_table`,
@@ -21,6 +22,8 @@ of what the service may use (``tests/test_import_cycles.py`` holds it so):
   carries besides the table's fields), :func:`tensordict_from_leaves`;
 * the error tree (:mod:`tdreplay.storage.errors`).
 """
+
+from tdreplay.codec.dtypes import TORCH as DTYPES
 
 from .backends import stored_specs
 from .checkpoint import find as find_checkpoint
@@ -53,7 +56,7 @@ from .redis_conn import RedisConnection
 from .redis_conn import resolve as resolve_redis_connection
 from .rootlock import RootLock, lock_root
 from .sizing import table_nbytes
-from .spec import DTYPES, FieldSpec, NestedKey, TableSpec, json_schema
+from .spec import FieldSpec, NestedKey, TableSpec, json_schema
 from .table import Table
 from .tensordicts import nest as tensordict_from_leaves
 from .validation import INFO_DTYPES as SAMPLE_INFO_DTYPES

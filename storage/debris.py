@@ -40,15 +40,12 @@ import shutil
 import uuid
 from pathlib import Path
 
-from .checkpoint import _ASIDE, _TMP
+from .checkpoint.folder import ASIDE, METADATA, TMP
 
 log = logging.getLogger("tdreplay.storage")
 
-#: the file whose presence makes a checkpoint folder complete (written last)
-METADATA = "metadata.json"
-
 _DEBRIS = re.compile(
-    rf"^(?P<name>.+?)(?P<kind>{re.escape(_TMP)}|{re.escape(_ASIDE)})(?P<tag>[0-9a-f]+)$"
+    rf"^(?P<name>.+?)(?P<kind>{re.escape(TMP)}|{re.escape(ASIDE)})(?P<tag>[0-9a-f]+)$"
 )
 
 
@@ -102,7 +99,7 @@ def clean_checkpoints(folder: str | Path) -> list[str]:
         m = _DEBRIS.match(entry.name)
         if m is None:
             continue
-        if m["kind"] == _TMP:
+        if m["kind"] == TMP:
             delete(entry, "an unfinished checkpoint")
         else:
             asides.setdefault(m["name"], []).append(entry)

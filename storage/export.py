@@ -84,10 +84,11 @@ import torch
 from tqdm import tqdm
 
 from tdreplay.codec import to_record_batch
+from tdreplay.codec.dtypes import ARROW
 
 from .diskspace import insufficient, is_full
 from .errors import BackendError, InvalidRequest, TableClosed
-from .spec import DTYPE_NAMES, NestedKey, join_key
+from .spec import NestedKey, join_key
 
 if TYPE_CHECKING:
     from .table import Table
@@ -302,7 +303,7 @@ def _write_csv(table: Table, path: Path, index: torch.Tensor, seq: torch.Tensor,
         if dtype.is_floating_point:
             typ = pa.string()
         else:
-            typ = pa.from_numpy_dtype(np.dtype(DTYPE_NAMES[dtype]))
+            typ = ARROW[dtype]
         fields += [pa.field(name, typ) for name in csv_columns(join_key(key), shape)]
     schema = pa.schema(fields)
     cells = max(len(fields), 1)

@@ -2,7 +2,7 @@
 
 Two processes on one data root would delete each other's live storage: each
 treats the table folders it does not hold as dead data (see
-:mod:`tdreplay.storage.backends`). ``tdreplay serve`` and the storage demo
+:mod:`tdreplay.storage.backends.locations`). ``tdreplay serve`` and the storage demo
 therefore lock the root for their lifetime; a second process on the same root
 fails at once with :class:`~tdreplay.storage.errors.RootLocked`, naming the
 holder's PID.

@@ -16,6 +16,12 @@ checkpoint hooks. A schema file is just another way to call the constructor::
     >>> sorted(spec.keys())
     [('next', 'reward'), ('obs',)]
 
+The specs of the parts (:class:`FieldSpec`, :data:`BackendSpec`,
+:data:`SamplerSpec`, :data:`WriterSpec`, :class:`RateLimiterSpec`,
+:class:`CheckpointSpec`) live in :mod:`~tdreplay.storage.component_specs` and
+are importable from here too. Element types are those of
+:mod:`tdreplay.codec.dtypes`, the one list of them.
+
 The JSON Schema of the file format, ``schemas/table.schema.json``, is generated
 from these models by ``python -m tdreplay.storage.spec``.
 """
@@ -23,31 +29,72 @@ from these models by ``python -m tdreplay.storage.spec``.
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import torch
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from .component_specs import (
+    BackendSpec,
+    CheckpointSpec,
+    FieldSpec,
+    FifoSamplerSpec,
+    H5BackendSpec,
+    LifoSamplerSpec,
+    MaxValueWriterSpec,
+    MemmapBackendSpec,
+    MemoryBackendSpec,
+    PrioritizedSamplerSpec,
+    RateLimiterSpec,
+    RedisBackendSpec,
+    RoundRobinWriterSpec,
+    SamplerSpec,
+    SharedBackendSpec,
+    SliceSamplerSpec,
+    SpecModel,
+    UniformSamplerSpec,
+    WithoutReplacementSamplerSpec,
+    WriterSpec,
+)
 from .errors import SchemaError
 
-#: dtype names a schema may use, and the torch dtype each stands for.
-DTYPES: dict[str, torch.dtype] = {
-    "bool": torch.bool,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
-DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+__all__ = [
+    "RESERVED_KEYS",
+    "BackendSpec",
+    "CheckpointSpec",
+    "FieldSpec",
+    "FifoSamplerSpec",
+    "H5BackendSpec",
+    "LifoSamplerSpec",
+    "MaxValueWriterSpec",
+    "MemmapBackendSpec",
+    "MemoryBackendSpec",
+    "NestedKey",
+    "PrioritizedSamplerSpec",
+    "RateLimiterSpec",
+    "RedisBackendSpec",
+    "RoundRobinWriterSpec",
+    "SamplerSpec",
+    "SharedBackendSpec",
+    "SliceSampler",
+    "SliceSamplerSpec",
+    "SpecModel",
+    "TableSpec",
+    "UniformSamplerSpec",
+    "WithoutReplacementSamplerSpec",
+    "WriterSpec",
+    "join_key",
+    "json_schema",
+    "main",
+    "split_key",
+]
+
+#: Deprecated alias of :class:`SliceSamplerSpec`, kept only until ``storage/table.py``
+#: (``S.SliceSampler``) is updated; do not use it in new code.
+SliceSampler = SliceSamplerSpec
 
 #: keys a sampled batch adds next to the schema's fields (see ``Table.sample``).
 RESERVED_KEYS = ("index", "sample_info")
@@ -75,204 +122,7 @@ class _FieldError(ValueError):
         self.where = where
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class FieldSpec(_Model):
-    """One field of an item: its per-item shape and dtype."""
-
-    shape: list[Annotated[int, Field(ge=1, le=1 << 31)]] = Field(
-        default_factory=list,
-        max_length=8,
-        description="Per-item shape; [] for a scalar. Every dimension is at least 1.",
-    )
-    dtype: Literal[
-        "bool",
-        "uint8",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-    ] = Field(description="Element type.")
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.torch_dtype.itemsize
-
-
-class MemoryBackend(_Model):
-    """Plain in-process tensors (lost when the process exits; checkpoint to keep them)."""
-
-    kind: Literal["memory"] = "memory"
-
-
-class SharedBackend(_Model):
-    """CPU shared-memory tensors: other processes on the host can attach."""
-
-    kind: Literal["shared"] = "shared"
-
-
-class MemmapBackend(_Model):
-    """Memory-mapped files on disk (the default), in the table's folder ``<root>/tables/<table>/``.
-
-    Where data lives is the operator's choice (the data root), never the
-    schema's: a schema cannot name a path.
-    """
-
-    kind: Literal["memmap"] = "memmap"
-
-
-class H5Backend(_Model):
-    """One HDF5 file in the table's folder, ``<root>/tables/<table>/storage.h5``."""
-
-    kind: Literal["h5"] = "h5"
-
-
-class RedisBackend(_Model):
-    """tensordict's ``TensorDictStore`` on a Redis (or Dragonfly) server.
-
-    The server is not named here: ``connection`` names one the operator
-    configured (``tdreplay serve --redis NAME=URL``, or ``redis={NAME: URL}``
-    in :meth:`Table.create <tdreplay.storage.Table.create>`), so a schema
-    cannot make the process connect anywhere else.
-    """
-
-    kind: Literal["redis"] = "redis"
-    connection: str = Field(
-        default="default",
-        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}$",
-        description="Name of an operator-configured Redis connection.",
-    )
-    prefix: str | None = Field(
-        default=None,
-        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_:\-.]{0,127}$",
-        description="Key namespace; defaults to 'tdreplay:<table>'.",
-    )
-
-
-Backend = Annotated[
-    MemoryBackend | SharedBackend | MemmapBackend | H5Backend | RedisBackend,
-    Field(discriminator="kind"),
-]
-
-
-class UniformSampler(_Model):
-    """Every stored item equally likely, with replacement."""
-
-    kind: Literal["uniform"] = "uniform"
-
-
-class PrioritizedSampler(_Model):
-    """Proportional prioritized replay (Schaul et al.): P(i) ~ p_i^alpha, weights (N P(i))^-beta."""
-
-    kind: Literal["prioritized"] = "prioritized"
-    alpha: float = Field(default=0.6, ge=0)
-    beta: float = Field(default=0.4, ge=0)
-    eps: float = Field(default=1e-6, gt=0, description="Added to every priority so none is zero.")
-    initial_priority: float | None = Field(
-        default=None, gt=0, description="Priority of new items; default: the largest seen so far."
-    )
-
-
-class FifoSampler(_Model):
-    """A queue: each item is returned once, oldest first; inserts wait while it is full."""
-
-    kind: Literal["fifo"] = "fifo"
-
-
-class LifoSampler(_Model):
-    """A stack: each item is returned once, newest first; inserts wait while it is full."""
-
-    kind: Literal["lifo"] = "lifo"
-
-
-class WithoutReplacementSampler(_Model):
-    """Epochs: every item once, in random order, before any repeats."""
-
-    kind: Literal["without_replacement"] = "without_replacement"
-
-
-class SliceSampler(_Model):
-    """Sequences of ``slice_len`` consecutive items that never cross an episode boundary.
-
-    Episodes are told apart by ``traj_key`` (an integer trajectory id per item,
-    e.g. ``collector.traj_ids``) or, when that is not given, by ``end_key`` (a
-    done flag that closes an episode, e.g. ``next.done``).
-    """
-
-    kind: Literal["slice"] = "slice"
-    slice_len: int = Field(ge=1)
-    traj_key: str | None = None
-    end_key: str | None = "next.done"
-
-
-Sampler = Annotated[
-    UniformSampler
-    | PrioritizedSampler
-    | FifoSampler
-    | LifoSampler
-    | WithoutReplacementSampler
-    | SliceSampler,
-    Field(discriminator="kind"),
-]
-
-
-class RoundRobinWriter(_Model):
-    """Writes slots in ring order; when full the oldest item is overwritten."""
-
-    kind: Literal["round_robin"] = "round_robin"
-
-
-class MaxValueWriter(_Model):
-    """Keeps the ``capacity`` items with the largest ``key`` (a scalar per item); others are dropped."""
-
-    kind: Literal["max_value"] = "max_value"
-    key: str
-
-
-Writer = Annotated[RoundRobinWriter | MaxValueWriter, Field(discriminator="kind")]
-
-
-class RateLimiterSpec(_Model):
-    """Reverb's rate limiter.
-
-    Sampling waits until the table holds ``min_size_to_sample`` items. With
-    ``samples_per_insert`` set, the ratio of sampled to inserted items is kept
-    within ``error_buffer`` of it: inserts wait when they run too far ahead of
-    samples, samples wait when they run too far ahead of inserts.
-    """
-
-    min_size_to_sample: int = Field(default=1, ge=1)
-    samples_per_insert: float | None = Field(default=None, gt=0)
-    error_buffer: float | None = Field(default=None, ge=0)
-
-    @model_validator(mode="after")
-    def _check_buffer(self) -> RateLimiterSpec:
-        if self.samples_per_insert is not None and self.error_buffer is None:
-            raise ValueError("samples_per_insert needs error_buffer (Reverb's SampleToInsertRatio)")
-        return self
-
-
-class CheckpointSpec(_Model):
-    """Checkpoint hooks: TorchRL's ``TED2Flat`` on save and ``Flat2TED`` on load."""
-
-    ted2flat: bool = False
-
-
-class TableSpec(_Model):
+class TableSpec(SpecModel):
     """A replay table, declared.
 
     Raises:
@@ -283,9 +133,9 @@ class TableSpec(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}$")
     capacity: int = Field(ge=1, le=1 << 40)
     fields: dict[str, FieldSpec] = Field(min_length=1, description="Nested keys written with dots.")
-    backend: Backend = Field(default_factory=MemmapBackend)
-    sampler: Sampler = Field(default_factory=UniformSampler)
-    writer: Writer = Field(default_factory=RoundRobinWriter)
+    backend: BackendSpec = Field(default_factory=MemmapBackendSpec)
+    sampler: SamplerSpec = Field(default_factory=UniformSamplerSpec)
+    writer: WriterSpec = Field(default_factory=RoundRobinWriterSpec)
     max_times_sampled: int = Field(
         default=0, ge=0, description="Remove an item after this many samples; 0: never."
     )
@@ -327,13 +177,13 @@ class TableSpec(_Model):
                 f"rate_limiter.min_size_to_sample {self.rate_limiter.min_size_to_sample} exceeds "
                 f"capacity {self.capacity}: the table could never be sampled",
             )
-        if isinstance(self.writer, MaxValueWriter):
+        if isinstance(self.writer, MaxValueWriterSpec):
             self._scalar_field(self.writer.key, "writer.key")
-            if isinstance(self.sampler, FifoSampler | LifoSampler | SliceSampler):
+            if isinstance(self.sampler, FifoSamplerSpec | LifoSamplerSpec | SliceSamplerSpec):
                 raise _FieldError(
                     "writer", f"sampler {self.sampler.kind!r} needs the round_robin writer"
                 )
-        if isinstance(self.sampler, SliceSampler):
+        if isinstance(self.sampler, SliceSamplerSpec):
             s = self.sampler
             if s.slice_len > self.capacity:
                 raise _FieldError(
@@ -346,7 +196,9 @@ class TableSpec(_Model):
                 self._scalar_field(s.traj_key, "sampler.traj_key")
             else:
                 self._scalar_field(s.end_key or "", "sampler.end_key")
-        if isinstance(self.sampler, FifoSampler | LifoSampler) and self.max_times_sampled not in (
+        if isinstance(
+            self.sampler, FifoSamplerSpec | LifoSamplerSpec
+        ) and self.max_times_sampled not in (
             0,
             1,
         ):

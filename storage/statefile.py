@@ -14,7 +14,7 @@ Reading it parses JSON and copies bytes; there is no pickle anywhere
 
 What is refused on load (:class:`StateError`): a file safetensors cannot parse
 (sizes not matching the header, a truncated file, a header that is not JSON),
-a dtype outside :data:`~tdreplay.storage.spec.DTYPES`, a structure that is not
+a dtype outside :data:`~tdreplay.codec.dtypes.TORCH`, a structure that is not
 a JSON object of the expected kinds, a reference to a missing tensor, or a
 tensor nothing refers to. The components then check what they are given
 (:func:`tensor`, :func:`integer`, :func:`number`): a state of the wrong shape,
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from .spec import DTYPES
+from tdreplay.codec.dtypes import TORCH
 
 #: the state file in a folder (a checkpoint, or a table's own folder)
 STATE_FILE = "state.safetensors"
@@ -55,7 +55,7 @@ _HEADER_KEY = "tdreplay.state"
 #: dicts and lists nest no deeper than this (the table's state nests three levels)
 _MAX_DEPTH = 32
 #: the dtypes a state tensor may have: those of the table schema
-ALLOWED_DTYPES = frozenset(DTYPES.values())
+ALLOWED_DTYPES = frozenset(TORCH.values())
 
 
 class StateError(ValueError):

@@ -149,7 +149,6 @@ class MaxValueWriter(Writer):
     """
 
     kind = "max_value"
-    needs_values = True
 
     def __init__(self, slots: Slots, *, key: str) -> None:
         super().__init__(slots)
@@ -207,10 +206,10 @@ class MaxValueWriter(Writer):
 
 def make_writer(spec: S.TableSpec, slots: Slots) -> Writer:
     """Build the writer ``spec`` declares (queues and stacks bring their own)."""
-    if isinstance(spec.sampler, S.FifoSampler):
+    if isinstance(spec.sampler, S.FifoSamplerSpec):
         return RoundRobinWriter(slots, overwrite=False)
-    if isinstance(spec.sampler, S.LifoSampler):
+    if isinstance(spec.sampler, S.LifoSamplerSpec):
         return StackWriter(slots)
-    if isinstance(spec.writer, S.MaxValueWriter):
+    if isinstance(spec.writer, S.MaxValueWriterSpec):
         return MaxValueWriter(slots, key=spec.writer.key)
     return RoundRobinWriter(slots)

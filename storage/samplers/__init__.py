@@ -31,9 +31,9 @@ def make_sampler(
 ) -> Sampler:
     """Build the sampler ``spec.sampler`` declares."""
     s = spec.sampler
-    if isinstance(s, S.UniformSampler):
+    if isinstance(s, S.UniformSamplerSpec):
         return UniformSampler(slots, generator)
-    if isinstance(s, S.PrioritizedSampler):
+    if isinstance(s, S.PrioritizedSamplerSpec):
         return PrioritizedSampler(
             slots,
             generator,
@@ -42,12 +42,12 @@ def make_sampler(
             eps=s.eps,
             initial_priority=s.initial_priority,
         )
-    if isinstance(s, S.FifoSampler):
+    if isinstance(s, S.FifoSamplerSpec):
         return FifoSampler(slots, generator)
-    if isinstance(s, S.LifoSampler):
+    if isinstance(s, S.LifoSamplerSpec):
         return LifoSampler(slots, generator, stack=writer)
-    if isinstance(s, S.WithoutReplacementSampler):
+    if isinstance(s, S.WithoutReplacementSamplerSpec):
         return WithoutReplacementSampler(slots, generator)
-    if isinstance(s, S.SliceSampler):
+    if isinstance(s, S.SliceSamplerSpec):
         return SliceSampler(slots, generator, slice_len=s.slice_len)
     raise AssertionError(f"unknown sampler {s!r}")

@@ -20,7 +20,7 @@ from tensordict import TensorDict
 from testkit import assert_consistent, make_spec, rows
 
 from tdreplay.storage import CheckpointError, Table, TableSpec
-from tdreplay.storage import checkpoint as C
+from tdreplay.storage.checkpoint import snapshot as C
 
 CAPACITY = 256
 PAD = 64  # int32 per row, so a chunk of a few rows is a real copy
@@ -218,7 +218,7 @@ def test_the_check_catches_a_snapshot_without_copy_on_write(
     tables, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Self-test of the checks above: without the hook the snapshot is torn, and they say so."""
-    monkeypatch.setattr(C._Snapshot, "before_write", lambda self, rows: None)
+    monkeypatch.setattr(C.Snapshot, "before_write", lambda self, rows: None)
     _, _, before, path = half_overwritten(tables, tmp_path)
     restored = tables.restore(path, root=tmp_path / "r")
     assert not torch.equal(restored.read(torch.arange(CAPACITY))["id"], before["id"])

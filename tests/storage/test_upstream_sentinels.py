@@ -20,7 +20,7 @@ from tensordict import TensorDict
     strict=True,
     raises=redis.exceptions.DataError,
     reason="tensordict 0.14: from_schema(storage='redis') rejects nested (tuple) keys; "
-    "tdreplay stores them flat (storage/backends.py RedisBackend)",
+    "tdreplay stores them flat (storage/backends/redis.py RedisBackend)",
 )
 def test_from_schema_redis_nested_keys(redis_server: dict) -> None:
     td = TensorDict.from_schema(

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from .errors import CheckpointError, InvalidCheckpoint
-from .spec import NestedKey, TableSpec, join_key
+from ..errors import CheckpointError, InvalidCheckpoint
+from ..spec import NestedKey, TableSpec, join_key
 
 #: a JSON file of a checkpoint larger than this is refused unread
 MAX_JSON_BYTES = 16 << 20

@@ -1,0 +1,126 @@
+"""Allocating a table's storage: a fresh backend of the kind its spec names."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Literal
+
+from tensordict import TensorDict
+
+from ..diskspace import reserve
+from ..errors import BackendError, InsufficientStorage, SchemaError, TableExists
+from ..redis_conn import Connections, resolve
+from ..spec import (
+    H5BackendSpec,
+    MemmapBackendSpec,
+    MemoryBackendSpec,
+    RedisBackendSpec,
+    SharedBackendSpec,
+    TableSpec,
+)
+from .base import Backend
+from .h5 import H5Backend
+from .locations import (
+    LocationClaim,
+    claim_location,
+    delete_location,
+    own_table_dir,
+    primary_location,
+    release_table_dir,
+    sweep,
+    unheld_data,
+)
+from .redis import RedisBackend
+from .tensor import TensorBackend
+
+Exists = Literal["error", "replace", "beside"]
+
+
+def allocate(
+    spec: TableSpec,
+    root: str | Path,
+    *,
+    exists: Exists = "replace",
+    redis: Connections | None = None,
+) -> Backend:
+    """Allocate the storage of ``spec`` with ``TensorDict.from_schema``.
+
+    File backends (memmap, h5) keep their data in the table's own folder,
+    ``<root>/tables/<name>/``, which carries a marker naming the table; a
+    folder without it is never used, written into or deleted. A location an
+    open backend of this process holds is never deleted or reused either: the
+    data goes to a fresh sibling instead (see :mod:`~.locations`).
+
+    Args:
+        spec: the table (validated: it names no path, only a Redis connection name).
+        root: the data root.
+        exists: what to do with data of this table left in its folder by an
+            earlier table of the same name: ``"error"`` refuses
+            (:class:`TableExists`), ``"replace"`` deletes it, ``"beside"``
+            leaves it and allocates a fresh sibling (a restore, which must
+            leave everything as it was should it fail).
+        redis: the operator's Redis connections, by name (redis backend only).
+
+    Raises:
+        TableExists: the table's folder is not its own, or (``exists="error"``)
+            holds data of an earlier table of that name.
+        SchemaError: the spec names a Redis connection that is not configured.
+        BackendError: the backend could not be allocated (disk full, Redis down, ...);
+            what it had written is deleted.
+    """
+    b = spec.backend
+    schema = spec.torch_schema()
+    cap = [spec.capacity]
+    primary = primary_location(spec, root)
+    claim: LocationClaim | None = None
+    if primary is not None:
+        own_table_dir(spec, root)
+        if exists == "error":
+            left = unheld_data(spec, root)
+            if left:
+                raise TableExists(
+                    f"table {spec.name!r}: {left[0]} holds data of an earlier table of that name; "
+                    "restore it, or create the table with replace to delete it",
+                    table=spec.name,
+                    field="name",
+                    got=str(left[0]),
+                )
+        claim = claim_location(primary, replace=exists != "beside")
+    try:
+        if isinstance(b, MemoryBackendSpec):
+            return TensorBackend(spec, TensorDict.from_schema(schema, batch_size=cap))
+        if isinstance(b, SharedBackendSpec):
+            return TensorBackend(
+                spec, TensorDict.from_schema(schema, batch_size=cap, storage="shared")
+            )
+        if isinstance(b, RedisBackendSpec):
+            conn = resolve(spec.name, b.connection, redis or {})
+            return RedisBackend.allocate(spec, conn, prefix=b.prefix or f"tdreplay:{spec.name}")
+        assert claim is not None
+        path = claim.path
+        if os.path.lexists(path):  # dead data (``replace``): a held location is never claimed
+            delete_location(path)
+        if isinstance(b, MemmapBackendSpec):
+            td = TensorDict.from_schema(schema, batch_size=cap, storage="memmap", prefix=str(path))
+            backend: Backend = TensorBackend(spec, td, claim)
+        elif isinstance(b, H5BackendSpec):
+            backend = H5Backend.allocate(spec, claim)
+        else:  # pragma: no cover
+            raise BackendError(f"unknown backend {b.kind!r}", table=spec.name)
+        reserve(backend, table=spec.name)  # a full disk fails here (507), not with SIGBUS later
+    except Exception as err:
+        if claim is not None:
+            with contextlib.suppress(OSError):
+                delete_location(claim.path)
+            claim.release()
+            release_table_dir(spec, root)
+        if isinstance(err, BackendError | TableExists | SchemaError | InsufficientStorage):
+            raise
+        raise BackendError(
+            f"cannot allocate {b.kind} storage for table {spec.name!r}: {err}", table=spec.name
+        ) from err
+    if exists == "replace":
+        sweep(spec, root)
+    return backend

@@ -1,0 +1,255 @@
+"""``redis``: tensordict's ``TensorDictStore`` on a Redis (or Dragonfly) server.
+
+Nested keys are stored flat (``next:reward``) because ``from_schema`` rejects
+tuple keys on this backend; Redis has no bfloat16, so such a field is stored
+as int16 with the same bits and viewed back on read. Every allocation gets
+keys of its own (a fresh ``TensorDictStore`` id under the prefix), on a
+connection the operator configured by name (:mod:`tdreplay.storage.redis_conn`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from ..errors import BackendError, TableLost, TDReplayError
+from ..redis_conn import RedisConnection
+from ..spec import NestedKey, TableSpec
+from .base import Backend, Rows, carrier
+
+#: nested keys are joined with this in Redis (``next:reward``)
+REDIS_SEP = ":"
+#: the suffix of a redis table's marker key (``<prefix>:{<td_id>}:__tdreplay__``)
+REDIS_MARKER = "__tdreplay__"
+#: seconds between two marker checks before reads (writes check every time)
+MARKER_INTERVAL = 1.0
+
+T = TypeVar("T")
+log = logging.getLogger("tdreplay.storage")
+
+
+class RedisBackend(Backend):
+    """``redis``: tensordict's ``TensorDictStore``, nested keys stored flat.
+
+    **Identity.** At allocation a marker key, ``<prefix>:{<td_id>}:__tdreplay__``,
+    is written with the table's name and a random epoch. A Redis that restarts
+    without persistence, or is flushed, loses it with the rows; and there
+    ``TensorDictStore`` would read missing keys as nothing and a write would
+    recreate them zero-filled, so the table would serve zeros. The marker is
+    checked before every write and, at most once a second (:data:`MARKER_INTERVAL`),
+    before reads (and after any read that failed on the data); once it is
+    missing the table's :attr:`state` is ``"lost"`` and every write and read
+    raises :class:`TableLost`.
+
+    **Hangs.** Every command has the connection's timeout, and a timed-out
+    command is not retried: redis-py's default policy retries three times and
+    each reconnect retries on its own (15 s for a 1 s timeout, measured), so a
+    hung Redis fails a call in about the timeout, with :class:`BackendError`.
+    A dropped connection is retried once (a restarted Redis).
+    """
+
+    kind = "redis"
+
+    def __init__(self, spec: TableSpec, storage: TensorDictBase, conn: RedisConnection) -> None:
+        super().__init__(spec, storage)
+        self.conn = conn
+        self.url = conn.describe()
+        self.flat = {k: REDIS_SEP.join(k) for k in self.keys}
+        self.client = _redis_client(conn)
+        #: the marker key (see the class docstring) and what it holds
+        self.marker_key: str = storage._redis_key(REDIS_MARKER)  # type: ignore[attr-defined]
+        self._marker = b""
+        self._lost = False
+        self._checked = 0.0
+        self._probing = threading.Lock()
+
+    @classmethod
+    def allocate(cls, spec: TableSpec, conn: RedisConnection, *, prefix: str) -> RedisBackend:
+        """A fresh ``TensorDictStore`` for ``spec`` under ``prefix``, marked as this table's.
+
+        Raises:
+            BackendError: Redis failed or did not answer in time (nothing is left there).
+        """
+        from redis.asyncio.retry import Retry
+
+        schema = spec.torch_schema()
+        flat = {REDIS_SEP.join(k): (s, carrier(d)) for k, (s, d) in schema.items()}
+        td = TensorDict.from_schema(
+            flat,
+            batch_size=[spec.capacity],
+            storage="redis",
+            prefix=prefix,
+            retry=Retry(*_retry_policy()),  # type: ignore[arg-type]
+            **conn.kwargs(),
+        )
+        backend = cls(spec, td, conn)
+        try:
+            backend.mark()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                backend.destroy()
+            raise
+        return backend
+
+    # -- identity ------------------------------------------------------------
+    def mark(self) -> None:
+        """Write the marker key: this table's name and a fresh epoch."""
+        body = {"table": self.spec.name, "epoch": uuid.uuid4().hex, "created_at": time.time()}
+        self._marker = json.dumps(body).encode()
+        self._redis(
+            "writing the table's marker", lambda: self.client.set(self.marker_key, self._marker)
+        )
+        self._checked = time.monotonic()
+
+    @property
+    def state(self) -> str:
+        """``"ok"``, or ``"lost"`` once the marker was found missing (never back to ``"ok"``)."""
+        return "lost" if self._lost else "ok"
+
+    def check(self, *, force: bool = False) -> None:
+        """Check the marker (unless checked less than :data:`MARKER_INTERVAL` ago and not ``force``).
+
+        Raises:
+            TableLost: the marker is missing or not this table's.
+            BackendError: Redis failed or did not answer in time.
+        """
+        if self._lost:
+            raise self._lost_error()
+        if not force and time.monotonic() - self._checked < MARKER_INTERVAL:
+            return
+        got = self._redis("checking the table's marker", lambda: self.client.get(self.marker_key))
+        if got != self._marker:
+            self._lost = True
+            log.error("%s", self._lost_error().message)
+            raise self._lost_error()
+        self._checked = time.monotonic()
+
+    def probe(self) -> str:
+        """:meth:`check` without raising, one probe at a time; returns :attr:`state`."""
+        if not self._lost and self._probing.acquire(blocking=False):
+            try:
+                self.check()
+            except TDReplayError:
+                pass  # lost: in the state; unreachable: the next call says so
+            finally:
+                self._probing.release()
+        return self.state
+
+    def _lost_error(self) -> TableLost:
+        return TableLost(
+            f"table {self.spec.name!r}: its data in Redis {self.conn.name!r} ({self.url}) is gone: "
+            f"the marker key {self.marker_key!r} written when the table was created is missing, "
+            "so that Redis restarted without persistence, or was flushed, or evicted the keys. "
+            "The table serves nothing rather than zeros: restore it from a checkpoint, or delete "
+            "it and create it again (Redis persistence, appendonly yes, keeps tables across "
+            "Redis restarts)",
+            table=self.spec.name,
+        )
+
+    def _redis(self, doing: str, fn: Callable[[], T]) -> T:
+        """``fn()``, Redis failures raised as :class:`BackendError` naming the connection."""
+        import redis
+
+        try:
+            return fn()
+        except redis.TimeoutError as err:
+            raise BackendError(
+                f"table {self.spec.name!r}: Redis {self.conn.name!r} ({self.url}) did not answer "
+                f"within {self.conn.timeout:g}s (--redis-timeout) while {doing}; it is hung, "
+                "overloaded or unreachable",
+                table=self.spec.name,
+            ) from err
+        except redis.RedisError as err:
+            raise BackendError(
+                f"table {self.spec.name!r}: Redis {self.conn.name!r} ({self.url}) failed while "
+                f"{doing}: {err}",
+                table=self.spec.name,
+            ) from err
+
+    # -- I/O -----------------------------------------------------------------
+    def _pack(self, data: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
+        return TensorDict(
+            {
+                self.flat[k]: (v.view(torch.int16) if v.dtype == torch.bfloat16 else v).contiguous()
+                for k, v in data.items()
+            },
+            batch_size=[n],
+        )
+
+    def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:
+        self.check(force=True)  # a write into a Redis that lost the table recreates it zero-filled
+        n = next(iter(data.values())).shape[0]
+        packed = self._pack(data, n)
+
+        def put() -> None:
+            self.storage[rows] = packed
+
+        try:
+            self._redis("writing rows", put)
+        except BackendError:
+            raise
+        except Exception as err:
+            raise BackendError(
+                f"redis write failed at {self.url}: {err}", table=self.spec.name
+            ) from err
+
+    def gather(self, index: torch.Tensor, out: Mapping[NestedKey, torch.Tensor]) -> None:
+        self.check()
+        try:
+            got = self._redis("reading rows", lambda: self.storage[index])
+        except BackendError:
+            raise
+        except Exception as err:  # missing keys read as b"": a lost table, most likely
+            self.check(force=True)
+            raise BackendError(
+                f"redis read failed at {self.url}: {err}", table=self.spec.name
+            ) from err
+        for key in self.keys:
+            value = got.get(self.flat[key])
+            if self.dtypes[key] == torch.bfloat16:
+                value = value.view(torch.bfloat16)
+            out[key].copy_(value)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.storage.close()  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            self.client.close()
+
+    def destroy(self) -> None:
+        try:
+            td_id = self.storage._td_id  # type: ignore[attr-defined]
+            namespace = self.storage._namespace  # type: ignore[attr-defined]
+            keys = list(self.client.scan_iter(match=f"{namespace}:{{{td_id}}}:*", count=1000))
+            if keys:
+                self.client.delete(*keys)
+        finally:
+            self.close()
+
+    @property
+    def location(self) -> str | None:
+        return self.url
+
+
+def _retry_policy() -> tuple[Any, int, tuple[type[Exception], ...]]:
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    return (NoBackoff(), 1, (RedisConnectionError,))
+
+
+def _redis_client(conn: RedisConnection) -> Any:
+    """A sync client with ``conn``'s timeouts and the retry policy of :class:`RedisBackend`."""
+    import redis
+    from redis.retry import Retry
+
+    return redis.Redis(**conn.kwargs(), retry=Retry(*_retry_policy()))

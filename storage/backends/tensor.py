@@ -1,0 +1,89 @@
+"""``memory``, ``memmap`` and ``shared``: one CPU tensor per field.
+
+Rows are gathered with ``torch.index_select`` into reused buffers (10x faster
+than advanced indexing) and written with slice copies or ``index_copy_``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from tensordict import TensorDictBase
+
+from ..diskspace import fsync_path
+from ..spec import NestedKey, TableSpec
+from .base import Backend, Rows
+from .locations import LocationClaim, delete_location, release_folder
+
+
+class TensorBackend(Backend):
+    """``memory``, ``memmap`` and ``shared``: one CPU tensor per field.
+
+    A memmap backend holds a :class:`~.locations.LocationClaim` on its folder
+    (``claim``); memory and shared backends have none.
+    """
+
+    def __init__(
+        self, spec: TableSpec, storage: TensorDictBase, claim: LocationClaim | None = None
+    ) -> None:
+        super().__init__(spec, storage)
+        self.kind = spec.backend.kind
+        self.claim = claim
+        self.path = claim.path if claim is not None else None
+        self._row_files: list[Path] | None = None
+        self.tensors: dict[NestedKey, torch.Tensor] = {k: storage.get(k) for k in self.keys}
+        # The hot paths use plain-Tensor views of the same memory: slicing a
+        # MemoryMappedTensor goes through its Python __getitem__ (9 us against
+        # 2 us per field for a slice copy).
+        self._items = [(k, t.as_subclass(torch.Tensor)) for k, t in self.tensors.items()]
+
+    def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:
+        if isinstance(rows, slice):
+            for key, t in self._items:
+                t[rows].copy_(data[key])
+        else:
+            for key, t in self._items:
+                t.index_copy_(0, rows, data[key])
+
+    def gather(self, index: torch.Tensor, out: Mapping[NestedKey, torch.Tensor]) -> None:
+        for key, t in self._items:
+            torch.index_select(t, 0, index, out=out[key])
+
+    def read_range(self, start: int, stop: int) -> dict[NestedKey, torch.Tensor]:
+        return {k: t[start:stop].clone() for k, t in self._items}
+
+    def view_range(self, start: int, stop: int) -> dict[NestedKey, torch.Tensor]:
+        """Rows ``start:stop`` without a copy (the caller must not hold them across writes)."""
+        return {k: t[start:stop] for k, t in self.tensors.items()}
+
+    def flush(self) -> None:
+        """memmap: fsync the row files (their dirty pages go to disk); nothing for memory/shared."""
+        if self.path is None:
+            return
+        if self._row_files is None:  # the same files for the backend's life: listed once
+            self._row_files = sorted(self.path.rglob("*.memmap"))
+        for file in self._row_files:
+            fsync_path(file)
+
+    def close(self) -> None:
+        self.tensors.clear()
+        self._items = []
+        if self.claim is not None:
+            self.claim.release()
+
+    def destroy(self) -> None:
+        self.tensors.clear()
+        self._items = []
+        if self.claim is not None:  # deleted before close() lets the location go
+            with contextlib.suppress(OSError):
+                delete_location(self.claim.path)
+        self.close()
+        if self.claim is not None:
+            release_folder(self.claim.path.parent, self.spec.name)
+
+    @property
+    def location(self) -> str | None:
+        return str(self.path) if self.path is not None else None

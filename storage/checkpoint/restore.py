@@ -1,0 +1,179 @@
+"""Restoring a table from a checkpoint, with nothing read from it able to run code.
+
+A checkpoint folder is as untrusted as a request body. ``metadata.json`` is
+parsed as JSON, the state file holds JSON and raw tensors
+(:mod:`~tdreplay.storage.statefile`), and the rows are read by
+:mod:`~tdreplay.storage.checkpoint.reader`, not ``TensorDict.load_memmap``
+(which unpickles a non-tensor entry's ``other.pickle``): only the ``.memmap``
+files the spec calls for, with the spec's dtypes and shapes, every
+``meta.json`` as JSON.
+
+Format 1 checkpoints (``state.pt``, written with ``torch.save``) are still
+restored: their state is read with ``torch.load(weights_only=True)``, which
+only rebuilds tensors and plain containers and refuses anything else, then
+checked like a format 2 state; the rows are read as above. Checkpointing the
+restored table writes format 2.
+
+A damaged, unsupported or unsafe checkpoint is refused with
+:class:`~tdreplay.storage.InvalidCheckpoint` (a :class:`CheckpointError`),
+whose message names the file and the problem; nothing of it was loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import statefile as SF
+from ..backends import allocate, primary_location, sweep
+from ..errors import CheckpointError, InvalidCheckpoint, TDReplayError
+from ..redis_conn import Connections
+from ..spec import TableSpec
+from ..tensordicts import leaves, nest
+from . import reader as R
+from .folder import METADATA, READABLE_FORMATS, V1_STATE, find, overlaps, read_metadata
+
+if TYPE_CHECKING:
+    from ..table import Table
+
+
+def restore(
+    cls: type[Table],
+    path: Path,
+    root: str | Path | None,
+    *,
+    seed: int | None = None,
+    redis: Connections | None = None,
+    expect: TableSpec | None = None,
+) -> Table:
+    """Rebuild a table from the checkpoint at ``path`` (see :meth:`Table.restore`).
+
+    Rows and state are read and checked first (see the module docstring: nothing
+    read can run code). The table is then allocated beside whatever exists at
+    its location, never over it, and both are loaded into it; if that fails it
+    is destroyed (its own, fresh location only) and the error raised.
+
+    Raises:
+        CheckpointError: no checkpoint at ``path``, the table's data would go
+            inside it, or a file could not be read (a disk error).
+        InvalidCheckpoint: the checkpoint is damaged, of an unsupported format,
+            or holds something unsafe to load; the message names the file.
+        SchemaError: the spec in ``metadata.json`` is invalid.
+    """
+    src = find(path.absolute())
+    meta = read_metadata(src)
+    version = meta.get("format_version")
+    if not R.is_int(version) or version not in READABLE_FORMATS:
+        raise InvalidCheckpoint(
+            f"{src}: checkpoint format {version!r:.40} not supported (this tdreplay reads "
+            f"formats {', '.join(map(str, READABLE_FORMATS))}); restore it with the tdreplay "
+            "that wrote it and checkpoint it again"
+        )
+    if not isinstance(meta.get("spec"), dict):
+        raise InvalidCheckpoint(f"{src / METADATA}: 'spec' is missing or not an object")
+    spec = TableSpec.parse(meta["spec"], source=str(src / METADATA))
+    if expect is not None and spec != expect:
+        # The caller checked ``expect`` (name, backend, limits); this is the read that counts.
+        raise InvalidCheckpoint(
+            f"{src / METADATA} changed while it was being restored; nothing was restored",
+            table=expect.name,
+        )
+    hi, ted2flat = meta.get("hi"), meta.get("ted2flat", False)
+    if not isinstance(hi, int) or isinstance(hi, bool) or not 0 <= hi <= spec.capacity:
+        raise InvalidCheckpoint(
+            f"{src / METADATA}: 'hi' is {hi!r:.40}, not an integer in [0, {spec.capacity}]"
+        )
+    if not isinstance(ted2flat, bool):
+        raise InvalidCheckpoint(f"{src / METADATA}: 'ted2flat' is {ted2flat!r:.40}, not a bool")
+    root = Path(root) if root is not None else src.parent
+    location = primary_location(spec, root)
+    if location is not None and overlaps(location, src):
+        # Allocating there would wipe (memmap) or write into the checkpoint being read.
+        raise CheckpointError(
+            f"cannot restore {src} under root {root}: the table's data would go to {location}, "
+            "inside the checkpoint; pass another root",
+            table=spec.name,
+        )
+    # Everything is read and checked before a table is allocated.
+    try:
+        rows = None
+        if hi and ted2flat:
+            schema = spec.torch_schema()
+            empty = {k: torch.empty([hi, *shape], dtype=d) for k, (shape, d) in schema.items()}
+            got = leaves(R.load_flat(src, spec, hi, nest(empty, hi)))
+            rows = {k: torch.as_tensor(got[k]) for k in schema}
+        elif hi:
+            rows = R.read_rows(src, spec, hi)
+        state = _read_state(src, version)
+    except InvalidCheckpoint as err:
+        raise InvalidCheckpoint(f"cannot restore {src}: {err}", table=spec.name) from None
+    except TDReplayError:
+        raise
+    except Exception as err:
+        raise _invalid(src, err, spec.name) from err
+    # Nothing that exists is deleted or overwritten until the table is whole: a
+    # table being served may live at the default location (see backends.locations).
+    table = cls(spec, allocate(spec, root, exists="beside", redis=redis), root=root, seed=seed)
+    try:
+        if rows is not None:
+            table.backend.write(slice(0, hi), {k: v.contiguous() for k, v in rows.items()})
+        _check_table_state(table, state, hi)
+        table.load_state_dict(state)
+    except Exception as err:
+        table.destroy()
+        if isinstance(err, TDReplayError):
+            raise
+        raise _invalid(src, err, spec.name) from err
+    sweep(spec, root)
+    return table
+
+
+def _invalid(src: Path, err: Exception, table: str) -> CheckpointError:
+    """``err`` raised while reading ``src``, as the error restore reports."""
+    if isinstance(err, OSError) and not isinstance(err, FileNotFoundError):
+        # the disk failed, not the checkpoint
+        return CheckpointError(f"cannot restore {src}: {err}", table=table)
+    return InvalidCheckpoint(f"cannot restore {src}: {err}", table=table)
+
+
+def _read_state(src: Path, version: int) -> dict[str, Any]:
+    """The table state of a checkpoint: JSON + raw tensors (format 2), or ``weights_only`` (1)."""
+    if version >= 2:
+        if os.path.lexists(src / V1_STATE):
+            # Never written beside a format 2 state: planted, or two checkpoints mixed up.
+            raise InvalidCheckpoint(
+                f"it holds {V1_STATE}, which a format {version} checkpoint never has "
+                "(a planted or mixed-up file); refused"
+            )
+        os.close(R.open_inside(src, src / SF.STATE_FILE))  # a regular file inside the checkpoint
+        return SF.load_state(src)
+    path = src / V1_STATE
+    os.close(R.open_inside(src, path))
+    try:
+        # weights_only: tensors and plain containers only; anything else is refused unrun.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise InvalidCheckpoint(
+            f"{path.name} (format 1) cannot be read safely: "
+            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        ) from None
+    structure, tensors = SF.encode(state)  # the same checks as a format 2 state
+    return SF.decode(structure, tensors)
+
+
+def _check_table_state(table: Table, state: dict[str, Any], hi: int) -> None:
+    """Check the table-level parts of ``state`` (the components check their own)."""
+    for part in ("slots", "sampler", "writer", "rate_limiter"):
+        if not isinstance(state.get(part), dict):
+            raise SF.StateError(f"{part}: expected a dict, got {type(state.get(part)).__name__}")
+    if state["slots"].get("hi") != hi:
+        raise SF.StateError(
+            f"slots.hi is {state['slots'].get('hi')!r:.40}, metadata.json says {hi}"
+        )
+    if "episode_base" in state:
+        SF.integer(state, "episode_base", "<state>")
+    if "generator" in state:
+        SF.tensor(state, "generator", "<state>", like=table.generator.get_state())

@@ -1,0 +1,253 @@
+"""Writing a checkpoint: one snapshot of a table, put in place atomically.
+
+The folder is written next to ``path`` under a temporary name
+(``<path>.tmp-<hex>``), flushed to disk, and renamed into place; an existing
+checkpoint is first renamed aside (``<path>.old-<hex>``) and deleted only once
+the new one is in place. A crash at any point leaves either the old or the
+new checkpoint readable (:func:`~tdreplay.storage.checkpoint.folder.find`
+falls back to the aside copy when ``path`` itself is missing).
+
+Checkpoints do not stall the service: under the table's locks only its state
+is taken, and the rows are copied afterwards from a copy-on-write snapshot
+(:mod:`~tdreplay.storage.checkpoint.snapshot`). The copy and the final flush
+run in a short-lived thread at nice :data:`BACKGROUND_NICE`, and give up the
+GIL about once per large field and chunk (rows move as bytes with ``pwrite``;
+small fields are written once): each time they take it back, a sampling thread
+may have to wait. With TorchRL's flat layout the rows are assembled in memory
+first, as ``TED2Flat`` needs them whole. Measured with
+``bench/checkpoint_bench.py`` (``bench/results/checkpoint.json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDict
+
+from .. import statefile as SF
+from ..backends import primary_location
+from ..diskspace import fsync_path, insufficient, is_full
+from ..errors import CheckpointError, TDReplayError
+from ..tensordicts import nest
+from ..writers import RoundRobinWriter
+from .folder import ASIDE, FORMAT_VERSION, METADATA, TMP, overlaps
+from .snapshot import RowFiles, RowsInMemory, Snapshot
+
+if TYPE_CHECKING:
+    from ..table import Table
+
+#: the nice value a checkpoint's copy and flush run at (a thread of their own)
+BACKGROUND_NICE = 10
+
+
+def _fsync_tree(path: Path) -> None:
+    """Flush every file and folder under ``path`` to disk.
+
+    The rename only makes the new checkpoint visible atomically; its files
+    must be on disk before the old checkpoint is deleted, or a power loss
+    can leave neither.
+    """
+    for folder, _, files in os.walk(path, topdown=False):
+        for name in files:
+            fsync_path(Path(folder) / name)  # an fsync on a read-only descriptor
+        fsync_path(Path(folder))
+
+
+_PATH_LOCKS: dict[Path, threading.Lock] = {}
+_PATH_LOCKS_GUARD = threading.Lock()
+
+
+def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Path:
+    """Write ``table`` to ``path`` (see the module docstring). Returns ``path``.
+
+    Checkpoints to one path are serialized within the process; once one is in
+    place, the debris of earlier interrupted ones (``<path>.tmp-*``,
+    ``<path>.old-*``) is deleted, so crashes do not pile up copies on disk.
+    """
+    path = path.absolute()
+    with _PATH_LOCKS_GUARD:
+        lock = _PATH_LOCKS.setdefault(path, threading.Lock())
+    with lock:
+        write(table, path, ted2flat=ted2flat)
+        for stale in path.parent.iterdir():
+            if stale.name.startswith((f"{path.name}{TMP}", f"{path.name}{ASIDE}")):
+                shutil.rmtree(stale, ignore_errors=True)
+    return path
+
+
+def write(table: Table, path: Path, *, ted2flat: bool | None, _stall: bool = False) -> Path:
+    """Write the checkpoint of ``table`` at ``path``, replacing any there (see the module docstring).
+
+    Unlike :func:`checkpoint`, takes no path lock and leaves earlier debris.
+    ``_stall`` copies the rows under the table's locks (the way before
+    snapshots), kept only for ``bench/checkpoint_bench.py`` to compare against.
+    """
+    # The swap would move the live table's files aside and delete them. A table
+    # restored beside another lives at a sibling of its primary location, which
+    # is deleted once no table holds it: neither may hold a checkpoint.
+    own = [primary_location(table.spec, table.root)]
+    if table.spec.backend.kind in ("memmap", "h5") and table.backend.location:
+        own.append(Path(table.backend.location))
+    for location in own:
+        if location is not None and overlaps(location, path):
+            raise CheckpointError(
+                f"table {table.name!r}: cannot checkpoint to {path}, it holds the table's own data "
+                f"({location})",
+                table=table.name,
+            )
+    if ted2flat is None:
+        ted2flat = table.spec.checkpoint.ted2flat
+    writer = table.writer
+    if ted2flat and not isinstance(writer, RoundRobinWriter):
+        raise CheckpointError(
+            f"table {table.name!r}: ted2flat needs the round_robin writer", table=table.name
+        )
+    path = path.absolute()
+    tmp = path.parent / f"{path.name}{TMP}{uuid.uuid4().hex[:8]}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        if _stall:
+            state, meta = _write_locked(table, tmp, ted2flat)
+        else:
+            state, meta = _write_snapshot(table, tmp, ted2flat)
+        SF.save_state(tmp, state)
+        (tmp / METADATA).write_text(json.dumps(meta, indent=2))
+        if _stall:
+            _fsync_tree(tmp)
+        else:
+            _in_background(lambda: _fsync_tree(tmp))
+        aside = None
+        if path.exists():
+            aside = path.parent / f"{path.name}{ASIDE}{uuid.uuid4().hex[:8]}"
+            os.rename(path, aside)
+        os.rename(tmp, path)
+        fsync_path(path.parent)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+        return path
+    except TDReplayError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except Exception as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_full(err):  # 507; the previous checkpoint is untouched
+            raise insufficient(
+                f"checkpoint of table {table.name!r}", path, err, table=table.name
+            ) from err
+        raise CheckpointError(
+            f"table {table.name!r}: checkpoint to {path} failed: {err}", table=table.name
+        ) from err
+
+
+def _in_background(fn: Callable[[], None]) -> None:
+    """Run ``fn`` in a thread of its own at nice :data:`BACKGROUND_NICE` and wait for it.
+
+    A checkpoint is background work: the samples and inserts it runs beside
+    should get the CPU first (on Linux a nice value is per thread; the thread
+    ends with ``fn``, so no worker thread of the caller's is left reniced).
+    """
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with contextlib.suppress(OSError, AttributeError):  # not Linux, or not allowed
+                tid = threading.get_native_id()
+                nice = max(os.getpriority(os.PRIO_PROCESS, tid), BACKGROUND_NICE)
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+            fn()
+        except BaseException as err:  # raised in the caller's thread
+            failed.append(err)
+
+    worker = threading.Thread(target=run, name="tdreplay-checkpoint", daemon=True)
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
+
+
+def _capture(table: Table, ted2flat: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The table's state and the checkpoint's metadata (both locks held by the caller)."""
+    state = table.state_dict()
+    meta: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "created_at": time.time(),
+        "spec": table.spec.model_dump(mode="json"),
+        "hi": table.slots.hi,
+        "size": table.slots.n_live,
+        "ted2flat": bool(ted2flat),
+    }
+    return state, meta
+
+
+def _save_rows(table: Table, data: TensorDict, folder: Path, state: dict[str, Any]) -> None:
+    """Rows ``[0, hi)`` (``data``) in TorchRL's flat TED layout."""
+    hi, cursor = data.batch_size[0], state["writer"]["cursor"]
+    # A full ring with its cursor at 0 is in order already: TorchRL's
+    # roll breaks on a shift of 0, so it is saved as not full.
+    full = hi == table.capacity and cursor != 0
+    # Not full, the rows end at hi (the reader closes the last trajectory
+    # there); the cursor is past it when an insert was in flight at the
+    # snapshot (claimed, not written: not in the checkpoint).
+    _save_flat(data, folder, cursor=cursor if full else hi % table.capacity, full=full)
+
+
+def _write_locked(table: Table, tmp: Path, ted2flat: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The checkpoint copied whole under the table's locks: the way before snapshots, kept
+    only for ``bench/checkpoint_bench.py`` to compare against."""
+    with table._cond, table._data_lock.read():
+        state, meta = _capture(table, ted2flat)
+        hi = meta["hi"]
+        if hi:
+            data = nest(table.backend.read_range(0, hi), hi)
+            if ted2flat:
+                _save_rows(table, data, tmp / "storage", state)
+            else:
+                data.memmap(tmp / "storage", num_threads=0)
+    return state, meta
+
+
+def _write_snapshot(
+    table: Table, tmp: Path, ted2flat: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Write the rows of one snapshot to ``tmp/storage`` (see the module docstring)."""
+    with table._cond, table._data_lock.read():
+        state, meta = _capture(table, ted2flat)
+        hi = meta["hi"]
+        snap = Snapshot(table, hi)
+        if hi:
+            table._before_write.append(snap.before_write)
+    if not hi:
+        return state, meta
+    try:
+        schema = table.spec.torch_schema()
+        if ted2flat:  # TED2Flat takes the rows whole
+            rows = RowsInMemory({k: torch.empty([hi, *s], dtype=d) for k, (s, d) in schema.items()})
+            _in_background(lambda: snap.copy(rows))
+            _save_rows(table, nest(rows.tensors, hi), tmp / "storage", state)
+        else:
+            with RowFiles(tmp / "storage", schema, hi) as files:
+                _in_background(lambda: snap.copy(files))
+    finally:
+        with table._data_lock.read():  # no extend is calling the hooks
+            table._before_write.remove(snap.before_write)
+    return state, meta
+
+
+def _save_flat(data: TensorDict, path: Path, *, cursor: int, full: bool) -> None:
+    from torchrl.data.replay_buffers.utils import TED2Flat
+
+    hook = TED2Flat()
+    hook.shift = cursor
+    hook.is_full = full
+    hook(data, path)

@@ -1,0 +1,217 @@
+"""The specs of a table's parts: its fields, backend, sampler, writer, rate limiter, checkpoint hooks.
+
+Each is a small frozen pydantic model named ``*Spec``, so that it never shares
+a name with the part it declares (:class:`SliceSamplerSpec` declares a
+:class:`~tdreplay.storage.samplers.SliceSampler`, :class:`H5BackendSpec` an
+:class:`~tdreplay.storage.backends.H5Backend`). The parts a table has one of
+several kinds of are discriminated unions on ``kind``: :data:`BackendSpec`,
+:data:`SamplerSpec`, :data:`WriterSpec`. :class:`~tdreplay.storage.TableSpec`
+puts them together.
+
+    >>> SliceSamplerSpec(slice_len=8).end_key
+    'next.done'
+    >>> FieldSpec(shape=[2, 3], dtype="bfloat16").nbytes
+    12
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tdreplay.codec.dtypes import TORCH, DTypeName
+
+
+class SpecModel(BaseModel):
+    """Base of every spec: unknown keys are refused, and a spec never changes once made."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FieldSpec(SpecModel):
+    """One field of an item: its per-item shape and dtype."""
+
+    shape: list[Annotated[int, Field(ge=1, le=1 << 31)]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Per-item shape; [] for a scalar. Every dimension is at least 1.",
+    )
+    dtype: DTypeName = Field(description="Element type.")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return TORCH[self.dtype]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.torch_dtype.itemsize
+
+
+# ------------------------------------------------------------------ backends
+class MemoryBackendSpec(SpecModel):
+    """Plain in-process tensors (lost when the process exits; checkpoint to keep them)."""
+
+    kind: Literal["memory"] = "memory"
+
+
+class SharedBackendSpec(SpecModel):
+    """CPU shared-memory tensors: other processes on the host can attach."""
+
+    kind: Literal["shared"] = "shared"
+
+
+class MemmapBackendSpec(SpecModel):
+    """Memory-mapped files on disk (the default), in the table's folder ``<root>/tables/<table>/``.
+
+    Where data lives is the operator's choice (the data root), never the
+    schema's: a schema cannot name a path.
+    """
+
+    kind: Literal["memmap"] = "memmap"
+
+
+class H5BackendSpec(SpecModel):
+    """One HDF5 file in the table's folder, ``<root>/tables/<table>/storage.h5``."""
+
+    kind: Literal["h5"] = "h5"
+
+
+class RedisBackendSpec(SpecModel):
+    """tensordict's ``TensorDictStore`` on a Redis (or Dragonfly) server.
+
+    The server is not named here: ``connection`` names one the operator
+    configured (``tdreplay serve --redis NAME=URL``, or ``redis={NAME: URL}``
+    in :meth:`Table.create <tdreplay.storage.Table.create>`), so a schema
+    cannot make the process connect anywhere else.
+    """
+
+    kind: Literal["redis"] = "redis"
+    connection: str = Field(
+        default="default",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}$",
+        description="Name of an operator-configured Redis connection.",
+    )
+    prefix: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_:\-.]{0,127}$",
+        description="Key namespace; defaults to 'tdreplay:<table>'.",
+    )
+
+
+BackendSpec = Annotated[
+    MemoryBackendSpec | SharedBackendSpec | MemmapBackendSpec | H5BackendSpec | RedisBackendSpec,
+    Field(discriminator="kind"),
+]
+
+
+# ------------------------------------------------------------------ samplers
+class UniformSamplerSpec(SpecModel):
+    """Every stored item equally likely, with replacement."""
+
+    kind: Literal["uniform"] = "uniform"
+
+
+class PrioritizedSamplerSpec(SpecModel):
+    """Proportional prioritized replay (Schaul et al.): P(i) ~ p_i^alpha, weights (N P(i))^-beta."""
+
+    kind: Literal["prioritized"] = "prioritized"
+    alpha: float = Field(default=0.6, ge=0)
+    beta: float = Field(default=0.4, ge=0)
+    eps: float = Field(default=1e-6, gt=0, description="Added to every priority so none is zero.")
+    initial_priority: float | None = Field(
+        default=None, gt=0, description="Priority of new items; default: the largest seen so far."
+    )
+
+
+class FifoSamplerSpec(SpecModel):
+    """A queue: each item is returned once, oldest first; inserts wait while it is full."""
+
+    kind: Literal["fifo"] = "fifo"
+
+
+class LifoSamplerSpec(SpecModel):
+    """A stack: each item is returned once, newest first; inserts wait while it is full."""
+
+    kind: Literal["lifo"] = "lifo"
+
+
+class WithoutReplacementSamplerSpec(SpecModel):
+    """Epochs: every item once, in random order, before any repeats."""
+
+    kind: Literal["without_replacement"] = "without_replacement"
+
+
+class SliceSamplerSpec(SpecModel):
+    """Sequences of ``slice_len`` consecutive items that never cross an episode boundary.
+
+    Episodes are told apart by ``traj_key`` (an integer trajectory id per item,
+    e.g. ``collector.traj_ids``) or, when that is not given, by ``end_key`` (a
+    done flag that closes an episode, e.g. ``next.done``).
+    """
+
+    kind: Literal["slice"] = "slice"
+    slice_len: int = Field(ge=1)
+    traj_key: str | None = None
+    end_key: str | None = "next.done"
+
+
+SamplerSpec = Annotated[
+    UniformSamplerSpec
+    | PrioritizedSamplerSpec
+    | FifoSamplerSpec
+    | LifoSamplerSpec
+    | WithoutReplacementSamplerSpec
+    | SliceSamplerSpec,
+    Field(discriminator="kind"),
+]
+
+
+# ------------------------------------------------------------------- writers
+class RoundRobinWriterSpec(SpecModel):
+    """Writes slots in ring order; when full the oldest item is overwritten."""
+
+    kind: Literal["round_robin"] = "round_robin"
+
+
+class MaxValueWriterSpec(SpecModel):
+    """Keeps the ``capacity`` items with the largest ``key`` (a scalar per item); others are dropped."""
+
+    kind: Literal["max_value"] = "max_value"
+    key: str
+
+
+WriterSpec = Annotated[RoundRobinWriterSpec | MaxValueWriterSpec, Field(discriminator="kind")]
+
+
+# ---------------------------------------------------------- limiter, hooks
+class RateLimiterSpec(SpecModel):
+    """Reverb's rate limiter.
+
+    Sampling waits until the table holds ``min_size_to_sample`` items. With
+    ``samples_per_insert`` set, the ratio of sampled to inserted items is kept
+    within ``error_buffer`` of it: inserts wait when they run too far ahead of
+    samples, samples wait when they run too far ahead of inserts.
+    """
+
+    min_size_to_sample: int = Field(default=1, ge=1)
+    samples_per_insert: float | None = Field(default=None, gt=0)
+    error_buffer: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _check_buffer(self) -> RateLimiterSpec:
+        if self.samples_per_insert is not None and self.error_buffer is None:
+            raise ValueError("samples_per_insert needs error_buffer (Reverb's SampleToInsertRatio)")
+        return self
+
+
+class CheckpointSpec(SpecModel):
+    """Checkpoint hooks: TorchRL's ``TED2Flat`` on save and ``Flat2TED`` on load."""
+
+    ted2flat: bool = False
