@@ -29,7 +29,7 @@ import torch
 from . import errors
 from .aio_transport import AsyncTransport
 from .base import ClientBase
-from .core import Call, Gather, Plan, ClientSettings
+from .core import Call, ClientSettings, Gather, Plan
 from .deprecation import warn_close_deprecated
 from .loader import Loader, LoaderIterator
 from .schema import load_spec

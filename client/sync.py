@@ -26,7 +26,7 @@ from . import commands as C
 from . import errors
 from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
-from .core import Call, Gather, Plan, ClientSettings
+from .core import Call, ClientSettings, Gather, Plan
 from .loader import Loader
 from .schema import load_spec
 from .transport import Transport

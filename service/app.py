@@ -27,10 +27,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from tdreplay.codec import protocol
+from tdreplay.codec.ipc import LayoutDecoder
 from tdreplay.storage import clean_checkpoints, lock_root
 
 from . import errors, tuning
-from .bodies import BodyBuffers, BodyDecoder
+from .bodies import BodyBuffers
 from .core import PERIODIC_BACKENDS, Core, PeriodicCheckpoints, load_tables
 from .metrics import Metrics, MetricsMiddleware
 from .routes import data, health, persistence, tables
@@ -118,7 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.core = Core(settings, on_wait=metrics.waited)
     app.state.bodies = BodyBuffers(per_class=settings.pooled_buffers)
-    app.state.decoder = BodyDecoder()
+    app.state.decoder = LayoutDecoder()
     app.state.ready = False
     app.state.lifespans = 0
     app.state.periodic = None

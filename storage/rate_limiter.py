@@ -28,7 +28,6 @@ from typing import Any, Literal
 from . import statefile as SF
 from .spec import RateLimiterSpec
 
-
 #: the two sides a rate limiter holds back
 Op = Literal["insert", "sample"]
 

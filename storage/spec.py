@@ -79,7 +79,6 @@ __all__ = [
     "RoundRobinWriterSpec",
     "SamplerSpec",
     "SharedBackendSpec",
-    "SliceSampler",
     "SliceSamplerSpec",
     "SpecModel",
     "TableSpec",
@@ -92,9 +91,6 @@ __all__ = [
     "split_key",
 ]
 
-#: Deprecated alias of :class:`SliceSamplerSpec`, kept only until ``storage/table.py``
-#: (``S.SliceSampler``) is updated; do not use it in new code.
-SliceSampler = SliceSamplerSpec
 
 #: keys a sampled batch adds next to the schema's fields (see ``Table.sample``).
 RESERVED_KEYS = ("index", "sample_info")

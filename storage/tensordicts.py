@@ -8,30 +8,9 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
+from tdreplay.codec.arrow import nest as nest  # the one nest helper: the codec's
+
 from .spec import NestedKey
-
-
-def nest(flat: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
-    """Build a TensorDict of batch ``[n]`` from ``{nested key: tensor}`` without re-validating shapes.
-
-    The tensors must already have ``n`` rows; callers are the table's own
-    gather paths, which allocate them so.
-    """
-    batch = torch.Size([n])
-    tree: dict = {}
-    for key, value in flat.items():
-        node = tree
-        for part in key[:-1]:
-            node = node.setdefault(part, {})
-        node[key[-1]] = value
-    return _build(tree, batch)
-
-
-def _build(tree: dict, batch: torch.Size) -> TensorDict:
-    return TensorDict._new_unsafe(
-        {k: (_build(v, batch) if isinstance(v, dict) else v) for k, v in tree.items()},
-        batch_size=batch,
-    )
 
 
 def leaves(td: TensorDictBase) -> dict[NestedKey, object]:

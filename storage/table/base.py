@@ -81,7 +81,7 @@ class TableBase:
         self._before_write: list[Callable[[slice | torch.Tensor], None]] = []
         self._episode_base = 0
         self._traj_key = self._end_key = None
-        if isinstance(spec.sampler, S.SliceSampler):
+        if isinstance(spec.sampler, S.SliceSamplerSpec):
             if spec.sampler.traj_key:
                 self._traj_key = split_key(spec.sampler.traj_key)
             else:
