@@ -30,6 +30,8 @@ def make_settings(
     retry: RetryPolicy | None,
     max_connections: int,
     shard_refresh: float,
+    transport: str = "auto",
+    lease_slots: int = 2,
 ) -> ClientSettings:
     """The :class:`ClientSettings` of a client built with these constructor arguments."""
     urls = (url,) if isinstance(url, str) else tuple(url)
@@ -42,6 +44,8 @@ def make_settings(
         retry=retry if retry is not None else RetryPolicy(),
         max_connections=max_connections,
         shard_refresh=shard_refresh,
+        transport=transport,
+        lease_slots=lease_slots,
     )
 
 
@@ -65,10 +69,21 @@ class ClientBase:
         retry: RetryPolicy | None = None,
         max_connections: int = 16,
         shard_refresh: float = 1.0,
+        transport: str = "auto",
+        lease_slots: int = 2,
     ) -> None:
         self._setup(
             make_settings(
-                url, token, timeout, connect_timeout, wait, retry, max_connections, shard_refresh
+                url,
+                token,
+                timeout,
+                connect_timeout,
+                wait,
+                retry,
+                max_connections,
+                shard_refresh,
+                transport,
+                lease_slots,
             )
         )
 

@@ -163,6 +163,18 @@ class Health(Command[dict[str, Any]]):
 
 
 @dataclass
+class ServerInfo(Command[dict[str, Any]]):
+    """``GET /v1/info``: the server's version and same-host transport."""
+
+    def request(self) -> Request:
+        return Request("GET", f"{protocol.API}/info")
+
+    def parse(self, response: Response) -> dict[str, Any]:
+        data = response.check().json()
+        return data if isinstance(data, dict) else {}
+
+
+@dataclass
 class ListTables(Command[list[dict[str, Any]]]):
     def request(self) -> Request:
         return Request("GET", protocol.TABLES)
@@ -255,6 +267,9 @@ class Sample(Command[TensorDict]):
     batch_size: int
     wait: float | None = None
     alloc: Alloc = fresh
+    #: over shared memory, the batch may view a leased slot (``ReplayClient.sample``); else
+    #: it is copied into ``alloc``'s buffer (the loader, which owns its buffers' lifetime)
+    lease: bool = False
 
     def request(self) -> Request:
         return Request(

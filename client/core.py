@@ -37,6 +37,10 @@ from .tensorclass import to_tensorclass
 T = TypeVar("T")
 
 
+#: how a client reaches its servers (see :attr:`ClientSettings.transport`)
+TRANSPORTS = ("auto", "shm", "http")
+
+
 @dataclass(frozen=True)
 class ClientSettings:
     """Everything a client is, besides its connections; a client pickles as this.
@@ -51,6 +55,10 @@ class ClientSettings:
         retry: the retry policy for lost connections.
         max_connections: idle keep-alive connections kept per server.
         shard_refresh: seconds a sharded client trusts its view of the servers' sizes.
+        transport: ``"auto"`` (shared memory with a server on this host, else HTTP),
+            ``"shm"`` (shared memory or an error) or ``"http"``.
+        lease_slots: shared-memory slots per table and batch size each thread
+            cycles through: a sampled batch stays as it is for that many samples.
     """
 
     urls: tuple[str, ...]
@@ -61,10 +69,16 @@ class ClientSettings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_connections: int = 16
     shard_refresh: float = 1.0
+    transport: str = "auto"
+    lease_slots: int = 2
 
     def __post_init__(self) -> None:
         if not self.urls:
             raise ValueError("a client needs at least one server URL")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if not 1 <= self.lease_slots <= 64:
+            raise ValueError(f"lease_slots must be in [1, 64], got {self.lease_slots!r}")
         for name in ("timeout", "connect_timeout", "wait"):
             value = getattr(self, name)
             if not value > 0 or value == float("inf"):
@@ -220,10 +234,11 @@ class Calls:
         wait: float | None = None,
         as_cls: type | None = None,
         alloc: C.Alloc = C.fresh,
+        lease: bool = False,
     ) -> Plan[Any]:
         wait = self._wait(wait)
         if self.n == 1:
-            td = yield Call(0, C.Sample(table, batch_size, wait, alloc))
+            td = yield Call(0, C.Sample(table, batch_size, wait, alloc, lease))
         else:
             sizes, unit = yield from self._shard_sizes(table)
             counts = split_batch(batch_size, sizes, unit)

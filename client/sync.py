@@ -14,6 +14,7 @@ its own connections.
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 from tensordict import TensorDict
 
 from . import commands as C
-from . import errors
+from . import errors, shm
 from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
 from .core import Call, ClientSettings, Gather, Plan
@@ -33,6 +34,7 @@ from .transport import Transport
 from .writer import Writer
 
 T = TypeVar("T")
+_UNRESOLVED = object()  # a shard whose same-host transport was not looked at yet
 
 
 class ReplayClient(ClientBase):
@@ -66,6 +68,50 @@ class ReplayClient(ClientBase):
             for u in settings.urls
         ]
         self._pool: ThreadPoolExecutor | None = None
+        self._links: list[Any] = [_UNRESOLVED] * len(settings.urls)
+        self._link_lock = threading.Lock()
+
+    # ---------------------------------------------------------------- same host
+    @property
+    def transport(self) -> str:
+        """``"shm"`` or ``"http"``: how this client reaches its (first) server.
+
+        Raises:
+            ShmUnavailable: ``transport="shm"`` and the server is not reachable so.
+        """
+        return "shm" if self._link(0) is not None else "http"
+
+    def _link(self, shard: int) -> shm.ShmLink | None:
+        link = self._links[shard]
+        if link is _UNRESOLVED:
+            with self._link_lock:
+                if self._links[shard] is _UNRESOLVED:
+                    self._links[shard] = self._resolve(shard)
+                link = self._links[shard]
+        return link
+
+    def _resolve(self, shard: int) -> shm.ShmLink | None:
+        """The server's same-host link, if ``settings.transport`` allows and it is on this host."""
+        s = self.settings
+        if s.transport == "http":
+            return None
+        info: dict[str, Any] = {}
+        try:
+            info = self._call(Call(shard, C.ServerInfo()))
+            why = shm.usable(info)
+        except errors.ServerError as err:  # a server without /v1/info
+            why = f"the server does not say where its socket is ({err.status})"
+        link = None
+        if why is None:
+            found = shm.ShmLink(info["shm"]["socket"], s.token, s.timeout, s.lease_slots)
+            try:
+                found.channel()
+                link = found
+            except errors.ReplayError as err:
+                why = str(err)
+        if why is not None and s.transport == "shm":
+            raise shm.ShmUnavailable(f"{s.urls[shard]}: no shared-memory transport: {why}")
+        return link
 
     # ---------------------------------------------------------------- driving
     def _run(self, plan: Plan[T]) -> T:
@@ -86,6 +132,21 @@ class ReplayClient(ClientBase):
                 exc = err
 
     def _call(self, call: Call) -> Any:
+        command = call.command
+        if isinstance(command, shm.COMMANDS) and self.settings.transport != "http":
+            link = self._link(call.shard)
+            if link is not None:
+                try:
+                    result = shm.run(link, command)
+                except errors.TransportError:
+                    if self.settings.transport == "shm":
+                        raise
+                    result = shm.HTTP  # the socket failed: this call goes over HTTP
+                if result is not shm.HTTP:
+                    return result
+        return self._call_http(call)
+
+    def _call_http(self, call: Call) -> Any:
         policy, command = self.settings.retry, call.command
         start, attempt = time.monotonic(), 0
         while True:
@@ -115,6 +176,9 @@ class ReplayClient(ClientBase):
         """Close idle connections; the client stays usable (it reconnects on demand)."""
         for t in self._transports:
             t.close()
+        for link in self._links:
+            if isinstance(link, shm.ShmLink):
+                link.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
@@ -190,12 +254,18 @@ class ReplayClient(ClientBase):
         :meth:`update_priority`) and ``sample_info`` (``priority``, ``weight``,
         ``times_sampled``, ``key``: pass it to :meth:`update_priority` too).
 
+        Over shared memory (:attr:`transport` ``"shm"``) the batch *views* a slot
+        leased to this thread: it stays as it is for the next ``lease_slots - 1``
+        samples of this table and size on this thread (default 1), then is
+        overwritten; ``batch.clone()`` what must live longer. Over HTTP it owns
+        its memory.
+
         Raises:
             RateLimitTimeout: the table could not be sampled within ``timeout``.
             InvalidRequest: a bad batch size (e.g. not a multiple of ``slice_len``).
             TableNotFound, TransportError: as their names say.
         """
-        return self._run(self._calls.sample(table, batch_size, timeout, as_cls))
+        return self._run(self._calls.sample(table, batch_size, timeout, as_cls, lease=True))
 
     def update_priority(self, table: str, index: Any, priority: Any, key: Any = None) -> int:
         """Set the priorities of the items ``index`` (from ``batch["index"]``).

@@ -23,24 +23,48 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 
 from tdreplay.codec import protocol
 from tdreplay.codec.ipc import LayoutDecoder
-from tdreplay.storage import clean_checkpoints, lock_root
+from tdreplay.storage import TDReplayError, clean_checkpoints, lock_root
 
-from . import errors, tuning
+from . import errors, shm, tuning
 from .bodies import BodyBuffers
 from .core import PERIODIC_BACKENDS, Core, PeriodicCheckpoints, load_tables
 from .metrics import Metrics, MetricsMiddleware
-from .routes import data, health, persistence, tables
+from .routes import data, health, persistence, server, tables
 from .security import BearerAuth
 from .settings import Settings, is_loopback
 
 log = logging.getLogger("tdreplay.service")
 
 VERSION = "0.1.0"
+
+
+async def start_shm(core: Core, settings: Settings) -> shm.ShmServer | None:
+    """The same-host transport, listening; ``None`` when it is off or cannot run here.
+
+    Raises:
+        InvalidRequest: ``--shm-socket`` was given and cannot be listened on.
+    """
+    if not settings.shm:
+        return None
+    if not shm.supported():
+        log.warning("no same-host transport: this OS lacks memfd_create or SCM_RIGHTS")
+        return None
+    path = settings.shm_socket or core.root / "run" / "tdreplay.sock"
+    server = shm.ShmServer(core, settings, Path(path).absolute())
+    try:
+        await server.start()
+    except TDReplayError as err:
+        if settings.shm_socket is not None:
+            raise
+        log.warning("no same-host transport: %s", err)  # e.g. a root too deep for a socket path
+        return None
+    return server
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -73,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             clean_checkpoints(registry.root / protocol.CHECKPOINTS)
             await load_tables(registry, settings)
+            app.state.shm = await start_shm(core, settings)
         except BaseException:
             await core.close()
             app.state.root_lock.close()
@@ -97,6 +122,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if state.periodic is not None:
                 await state.periodic.stop()
                 state.periodic = None
+            if state.shm is not None:
+                await state.shm.stop()
+                state.shm = None
             await state.core.close(checkpoint=settings.checkpoint_on_shutdown)
         finally:
             if state.root_lock is not None:
@@ -123,9 +151,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.ready = False
     app.state.lifespans = 0
     app.state.periodic = None
+    app.state.shm = None
+    app.state.version = VERSION
     app.state.root_lock = None
     errors.install(app)
-    for module in (data, tables, persistence, health):  # hot routes first: matched in order
+    for module in (data, tables, persistence, server, health):  # hot routes first: matched in order
         app.include_router(module.router)
     if settings.token_bytes:
         app.add_middleware(BearerAuth, token=settings.token_bytes)

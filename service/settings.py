@@ -170,6 +170,29 @@ class Settings(BaseSettings):
         description="Open connections at most; one more is answered 503 and closed.",
     )
 
+    # -- same-host shared memory ------------------------------------------------
+    shm: bool = Field(
+        default=True,
+        description="Serve clients on this host over a Unix socket and shared memory too "
+        "(rows in memfd buffers, no HTTP); off where the OS has no memfd_create.",
+    )
+    shm_socket: Path | None = Field(
+        default=None,
+        description="The Unix socket of the shared-memory transport "
+        "(default: <root>/run/tdreplay.sock, in a folder only the server's user may enter).",
+    )
+    shm_connection_bytes: int = Field(
+        default=1 * GiB,
+        ge=1,
+        description="Shared-memory slots one socket connection may hold, in bytes (a request "
+        "that would need more fails with 507).",
+    )
+    shm_max_connections: int = Field(
+        default=64,
+        ge=1,
+        description="Socket connections served at once (a further one is refused).",
+    )
+
     # -- performance --------------------------------------------------------
     torch_threads: int = Field(
         default=1,

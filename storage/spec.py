@@ -28,6 +28,7 @@ from these models by ``python -m tdreplay.storage.spec``.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -222,9 +223,9 @@ class TableSpec(SpecModel):
         """The ``{key: (shape, dtype)}`` mapping ``TensorDict.from_schema`` takes."""
         return {split_key(n): (list(f.shape), f.torch_dtype) for n, f in self.fields.items()}
 
-    @property
+    @functools.cached_property
     def item_nbytes(self) -> int:
-        """Bytes one item takes in storage."""
+        """Bytes one item takes in storage (computed once: the hot path asks often)."""
         return sum(f.nbytes for f in self.fields.values())
 
     # ---------------------------------------------------------------- files

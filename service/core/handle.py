@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 from starlette.concurrency import run_in_threadpool
+from tensordict import TensorDictBase
 
 from tdreplay.storage import BackendError, InvalidRequest, NestedKey, Table, TableNotFound
 
@@ -203,15 +204,26 @@ class TableHandle:
         with self.use() as table:
             self.check_batch_size(n)
             lease = await self.samples.lease(n)
+            await self._draw(table, n, timeout, lease.out)
+            lease.finish()
+            return lease
 
-            def draw() -> Lease | None:
-                if table.try_sample(n, out=lease.out) is None:
-                    return None
-                lease.finish()
-                return lease
+    async def sample_into(self, n: int, timeout: float, out: TensorDictBase) -> None:
+        """``Table.sample(n, out=out)``: gathered into the caller's buffers (e.g. shared memory).
 
-            inline = sample_nbytes(table.spec.item_nbytes, n) <= self._inline_sample
-            return await self._admitted(draw, "sample", n, timeout, inline=inline)
+        Raises:
+            InvalidRequest: ``n`` does not fit the table, or ``out`` does not fit ``n`` rows.
+        """
+        with self.use() as table:
+            table.check_batch_size(n)
+            await self._draw(table, n, timeout, out)
+
+    async def _draw(self, table: Table, n: int, timeout: float, out: TensorDictBase) -> None:
+        def draw() -> TensorDictBase | None:
+            return table.try_sample(n, out=out)
+
+        inline = sample_nbytes(table.spec.item_nbytes, n) <= self._inline_sample
+        await self._admitted(draw, "sample", n, timeout, inline=inline)
 
     @property
     def runs_are_exact(self) -> bool:

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from starlette.concurrency import run_in_threadpool
+from tensordict import TensorDictBase
 
 from tdreplay.codec import protocol
 from tdreplay.storage import InvalidRequest, NestedKey, TableNotFound, TableSpec
@@ -108,6 +109,17 @@ class Core:
         """
         handle = self.table(name)
         return await handle.sample(params.batch_size, self.timeout(params.timeout))
+
+    async def sample_into(self, name: str, params: SampleParams, out: TensorDictBase) -> None:
+        """Sample ``batch_size`` items into ``out`` (a TensorDict of the table's fields and,
+        optionally, the sample-info columns: e.g. views on a shared-memory slot).
+
+        Raises:
+            InvalidRequest: the batch size does not fit the table, or ``out`` does not fit it.
+            RateLimitTimeout, TableNotFound: as :meth:`sample`.
+        """
+        handle = self.table(name)
+        await handle.sample_into(params.batch_size, self.timeout(params.timeout), out)
 
     async def stream(
         self, name: str, params: StreamParams

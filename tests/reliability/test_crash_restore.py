@@ -96,7 +96,10 @@ def test_clean_checkpoints_keeps_the_last_complete_one(tmp_path: Path) -> None:
 def test_debris_is_not_taken_for_tables(tmp_path: Path) -> None:
     folder = tmp_path / "data" / "checkpoints"
     plant(folder, tmp_path / "made")
-    assert service_startup.checkpoints_under(tmp_path / "data") == ["a", "b"]  # complete, real names
+    assert service_startup.checkpoints_under(tmp_path / "data") == [
+        "a",
+        "b",
+    ]  # complete, real names
 
 
 def test_restore_after_a_crash_at_every_stage_of_a_checkpoint(

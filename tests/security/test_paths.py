@@ -56,6 +56,8 @@ def snapshot(*folders: Path) -> dict[str, Any]:
                     out[str(p)] = ("link", os.readlink(p))
                 elif p.is_dir():
                     out[str(p)] = "dir"
+                elif p.is_socket():  # the server's same-host socket (run/): no content
+                    out[str(p)] = "socket"
                 else:
                     out[str(p)] = ("file", hashlib.sha256(p.read_bytes()).hexdigest())
     return out

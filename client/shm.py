@@ -1,0 +1,320 @@
+"""The same-host transport of the client: a Unix socket and shared-memory slots.
+
+When the server runs on this host (``GET /v1/info`` names its socket and a
+host id equal to this one's), samples and extends skip HTTP: the server
+gathers a sample straight into a shared-memory slot this connection holds,
+and the client wraps the slot's columns as tensors - no socket copy, no
+decode. An extend writes its rows into a slot and the server copies them
+from there. See :mod:`tdreplay.codec.shm` for the wire.
+
+**The lease.** A sampled batch's tensors *are* the slot. Each thread's
+connection keeps a ring of ``lease_slots`` slots per table and batch size,
+used in turn: a batch stays as it is until ``lease_slots`` more samples of
+that table and size were drawn on that thread; clone what must live longer
+(``batch.clone()``). The loader copies each batch into its own buffers, so
+its batches keep their documented lifetime.
+
+A :class:`ShmLink` is one server's: a connection per thread, made on first
+use, closed with the client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase, is_tensorclass
+
+from ..codec import protocol
+from ..codec.arrow import nest
+from ..codec.shm import (
+    HEADER,
+    MAX_FRAME,
+    VERSION,
+    ShmProtocolError,
+    SlotLayout,
+    frame,
+    frame_length,
+    parse_frame,
+)
+from . import commands as C
+from . import errors
+from .commands import Alloc, as_batch
+
+#: slot numbers a connection uses at most (the server's bound)
+MAX_SLOTS = 256
+
+
+class ShmUnavailable(errors.TransportError):
+    """The same-host transport cannot be used here (no socket, another host, no memfd)."""
+
+
+def host_id() -> str:
+    """This host's identity, as the server computes it (the kernel's boot id)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def usable(info: dict[str, Any] | None) -> str | None:
+    """Why the server's ``/v1/info`` rules the transport out, or ``None`` if it may be tried."""
+    if not hasattr(socket, "AF_UNIX") or not hasattr(socket, "SCM_RIGHTS"):
+        return "this OS has no Unix sockets with descriptor passing"
+    shm = (info or {}).get("shm")
+    if not isinstance(shm, dict) or not isinstance(shm.get("socket"), str):
+        return "the server offers no shared-memory socket"
+    if shm.get("host") != host_id():
+        return "the server runs on another host"
+    if not os.path.exists(shm["socket"]):
+        return f"its socket {shm['socket']!r} is not reachable from here"
+    return None
+
+
+class _Mapped:
+    """A slot as this side maps it: the mapping and its column views."""
+
+    def __init__(self, fd: int, nbytes: int, layout: SlotLayout) -> None:
+        try:
+            self.map = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+        self.layout = layout
+        self.columns = layout.views(self.map)
+
+
+class Channel:
+    """One connection to the server's socket (one thread's; not thread safe)."""
+
+    def __init__(self, path: str, token: str | None, timeout: float, lease_slots: int) -> None:
+        self.timeout = timeout
+        self.lease_slots = lease_slots
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(path)
+        except OSError as err:
+            self.sock.close()
+            raise ShmUnavailable(f"cannot connect to {path}: {err}") from None
+        self._slots: dict[int, _Mapped] = {}
+        self._numbers: dict[tuple[Any, ...], list[int]] = {}
+        self._turn: dict[tuple[Any, ...], int] = {}
+        self._next = 0
+        reply, _ = self.call({"op": "hello", "version": VERSION, "token": token or ""}, wait=0)
+        if reply.get("host") != host_id():
+            self.close()
+            raise ShmUnavailable("the socket's server runs on another host")
+
+    # -- framing ------------------------------------------------------------
+    def call(self, message: dict[str, Any], *, wait: float) -> tuple[dict[str, Any], int]:
+        """Send ``message``, read the reply and the descriptor it carries (``-1``: none)."""
+        self.sock.settimeout(self.timeout + wait)
+        try:
+            self.sock.sendall(frame(message))
+            header, fds = self._recv_header()
+            body = self._recv_exactly(frame_length(header, MAX_FRAME))
+        except (OSError, ShmProtocolError) as err:
+            self.close()
+            raise errors.ConnectionFailed(f"shared-memory socket: {err}", sent=True) from None
+        reply = parse_frame(body)
+        fd = fds[0] if fds else -1
+        for extra in fds[1:]:
+            os.close(extra)
+        if not reply.get("ok"):
+            if fd >= 0:
+                os.close(fd)
+            raise _error(reply.get("error"))
+        return reply, fd
+
+    def _recv_header(self) -> tuple[bytes, list[int]]:
+        data, fds, _, _ = socket.recv_fds(self.sock, HEADER.size, 4)
+        if not data:
+            raise ConnectionResetError("the server closed the connection")
+        data += self._recv_exactly(HEADER.size - len(data))
+        return data, list(fds)
+
+    def _recv_exactly(self, n: int) -> bytes:
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            k = self.sock.recv_into(view[got:])
+            if k == 0:
+                raise ConnectionResetError("the server closed the connection")
+            got += k
+        return bytes(buf)
+
+    def _number(self, key: tuple[Any, ...], ring: int) -> int:
+        numbers = self._numbers.setdefault(key, [])
+        if len(numbers) < ring:
+            if self._next >= MAX_SLOTS:
+                raise errors.InvalidRequest(
+                    f"this thread's connection holds {MAX_SLOTS} shared-memory slots, the most "
+                    "it may (too many different tables and batch sizes)",
+                    field="slot",
+                )
+            numbers.append(self._next)
+            self._next += 1
+        turn = self._turn.get(key, -1) + 1
+        self._turn[key] = turn
+        return numbers[turn % len(numbers)]
+
+    def _map(self, reply: dict[str, Any], fd: int, number: int) -> _Mapped:
+        if fd >= 0:
+            try:
+                nbytes = int(reply["nbytes"])
+                layout = SlotLayout.from_json(reply["layout"], int(reply["rows"]), limit=nbytes)
+            except (KeyError, TypeError, ValueError, ShmProtocolError) as err:
+                os.close(fd)
+                raise errors.ProtocolError(f"bad shared-memory slot: {err}") from None
+            self._slots[number] = _Mapped(fd, nbytes, layout)
+        mapped = self._slots.get(number)
+        if mapped is None:
+            raise errors.ProtocolError(f"the server answered for slot {number}, never sent")
+        return mapped
+
+    # -- operations ---------------------------------------------------------
+    def sample(self, table: str, batch_size: int, wait: float, alloc: Alloc | None) -> TensorDict:
+        """A batch viewing this thread's next slot for ``(table, batch_size)`` (see the lease),
+        or, with ``alloc``, a copy in the buffer it gives (the loader's own buffers)."""
+        number = self._number(("sample", table, batch_size), self.lease_slots)
+        message = {"op": "sample", "table": table, "batch_size": batch_size, "slot": number}
+        message["timeout"] = wait
+        reply, fd = self.call(message, wait=wait)
+        mapped = self._map(reply, fd, number)
+        if alloc is None:
+            return nest(mapped.columns, batch_size)
+        nbytes = mapped.layout.nbytes
+        buf = alloc(nbytes)
+        if nbytes:
+            dst = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
+            dst.copy_(torch.frombuffer(mapped.map, dtype=torch.uint8, count=nbytes))
+        return nest(mapped.layout.views(buf), batch_size)
+
+    def extend(self, table: str, data: Any, wait: float, request_id: str) -> torch.Tensor | None:
+        """Insert ``data``; ``None`` when it does not fit the table's slot layout exactly
+        (the caller sends it over HTTP, whose answer names what is wrong)."""
+        td = as_batch(data._tensordict if is_tensorclass(data) else data)
+        n = td.batch_size[0] if td.batch_dims == 1 else 0
+        if n == 0:
+            return None
+        key = ("extend", table)
+        number = self._numbers[key][0] if key in self._numbers else self._number(key, 1)
+        mapped = self._slots.get(number)
+        if mapped is None or mapped.layout.rows < n:
+            reply, fd = self.call(
+                {"op": "extend_slot", "table": table, "rows": max(n, 64), "slot": number}, wait=0
+            )
+            mapped = self._map(reply, fd, number)
+        if mapped.layout.rows < n or not _fill(mapped, td, n):
+            return None  # more rows than the table holds, or keys that do not fit: HTTP says
+        reply, _ = self.call(
+            {
+                "op": "extend",
+                "table": table,
+                "slot": number,
+                "rows": n,
+                "timeout": wait,
+                "request_id": request_id,
+            },
+            wait=wait,
+        )
+        return torch.tensor(reply["index"], dtype=torch.int64)
+
+    def update_priority(self, table: str, payload: dict[str, Any]) -> int:
+        reply, _ = self.call({"op": "update_priority", "table": table, **payload}, wait=0)
+        return int(reply["updated"])
+
+    def close(self) -> None:
+        self._slots.clear()
+        self._numbers.clear()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def _fill(mapped: _Mapped, td: TensorDictBase, n: int) -> bool:
+    """Copy ``td``'s rows into the slot; ``False`` if its leaves are not exactly the layout's."""
+    leaves = {k if isinstance(k, tuple) else (k,): v for k, v in td.items(True, True)}
+    if len(leaves) != len(mapped.columns):
+        return False
+    for key, view in mapped.columns.items():
+        t = leaves.get(key)
+        if (
+            not isinstance(t, torch.Tensor)
+            or t.dtype != view.dtype
+            or tuple(t.shape) != (n, *view.shape[1:])
+        ):
+            return False
+    for key, view in mapped.columns.items():
+        view[:n].copy_(leaves[key])
+    return True
+
+
+def _error(body: Any) -> errors.ServerError:
+    body = body if isinstance(body, dict) else {"type": "InternalError", "detail": str(body)}
+    status = protocol.ERROR_STATUS.get(str(body.get("type")), 500)
+    return errors.from_response(status, json.dumps(body).encode())
+
+
+class ShmLink:
+    """One server's same-host transport: a :class:`Channel` per thread.
+
+    Args:
+        path: the server's socket.
+        token: the bearer token, if the server needs one.
+        timeout: seconds a read of an answer may take (beyond the call's wait).
+        lease_slots: slots per table and batch size each thread cycles through (see the lease).
+    """
+
+    def __init__(self, path: str, token: str | None, timeout: float, lease_slots: int = 2) -> None:
+        self.path = path
+        self.token = token
+        self.timeout = timeout
+        self.lease_slots = max(1, lease_slots)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._channels: list[Channel] = []
+
+    def channel(self) -> Channel:
+        chan = getattr(self._local, "channel", None)
+        if chan is None or chan.sock.fileno() < 0:
+            chan = Channel(self.path, self.token, self.timeout, self.lease_slots)
+            self._local.channel = chan
+            with self._lock:
+                self._channels.append(chan)
+        return chan
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = self._channels, []
+        for chan in channels:
+            chan.close()
+        self._local = threading.local()
+
+
+#: the commands the same-host transport carries (the others go over HTTP)
+COMMANDS = (C.Sample, C.Extend, C.UpdatePriority)
+#: :func:`run`'s answer for a call that must go over HTTP after all
+HTTP = object()
+
+
+def run(link: ShmLink, command: C.Command[Any]) -> Any:
+    """Execute ``command`` (one of :data:`COMMANDS`) over ``link``; :data:`HTTP` when an
+    extend's rows do not fit the table's layout (HTTP's answer names what is wrong)."""
+    chan = link.channel()
+    if isinstance(command, C.Sample):
+        alloc = None if command.lease else command.alloc
+        return chan.sample(command.table, command.batch_size, command.wait or 0.0, alloc)
+    if isinstance(command, C.Extend):
+        index = chan.extend(command.table, command.data, command.wait or 0.0, command.request_id)
+        return HTTP if index is None else index
+    if isinstance(command, C.UpdatePriority):
+        payload = json.loads(bytes(command.request().body or b"{}"))
+        return chan.update_priority(command.table, payload)
+    raise TypeError(f"the same-host transport does not carry {type(command).__name__}")

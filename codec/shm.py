@@ -1,0 +1,181 @@
+"""The same-host wire: control frames over a Unix socket, rows in shared-memory slots.
+
+A client on the server's host talks to it over a Unix-domain socket (the
+socket's path is in ``GET /v1/info``). Control messages are frames: a 4-byte
+little-endian length, then a JSON object. Rows never go through the socket:
+they lie in *slots*, ``memfd_create`` buffers the server creates for one
+connection and hands to it once, as a file descriptor attached to a reply
+(``SCM_RIGHTS``). A slot holds ``rows`` rows of a set of columns, each
+column contiguous, row-major, at an offset aligned to :data:`ALIGN` bytes:
+:class:`SlotLayout` says where. Both sides map the slot and view its columns
+as tensors (``torch.frombuffer``), with no copy and no decode.
+
+Messages (``→`` client to server, ``←`` the reply; ``slot`` is the client's
+number for a buffer, ``fd`` marks a reply that carries the slot's descriptor)::
+
+    → {"op": "hello", "version": 1, "token": "..."}
+    ← {"ok": true, "host": <host id>, "max_bytes": <slot bytes this connection may hold>}
+    → {"op": "sample", "table": t, "batch_size": n, "timeout": s, "slot": k}
+    ← {"ok": true, "slot": k, "generation": g, "rows": n, "layout": [...], "nbytes": b} (+ fd)
+    → {"op": "extend_slot", "table": t, "rows": n, "slot": k}
+    ← {"ok": true, "slot": k, "layout": [...], "nbytes": b} (+ fd)
+    → {"op": "extend", "table": t, "rows": n, "slot": k, "timeout": s, "request_id": id}
+    ← {"ok": true, "index": [...], "replayed": false}
+    → {"op": "update_priority", "table": t, "index": [...], "priority": [...], "key": [...]}
+    ← {"ok": true, "updated": k}
+    → {"op": "info", "table": t}
+    ← {"ok": true, "info": {...}}
+    ← {"ok": false, "error": {"type": ..., "detail": ..., "field": ...}}   any failure
+
+A sample's slot is *leased* to the client until its next request naming the
+same slot: the server writes into it only then. ``layout`` and the
+descriptor come with the first reply for a slot, and again whenever the
+server had to replace the slot (a new batch size); ``generation`` counts the
+fills of a slot.
+
+    >>> import torch
+    >>> layout = SlotLayout.of({("obs",): ([3], torch.float32), ("done",): ([], torch.bool)}, 4)
+    >>> [(c.key, c.offset, c.nbytes) for c in layout.columns], layout.nbytes
+    ([(('obs',), 0, 48), (('done',), 64, 4)], 68)
+    >>> SlotLayout.from_json(layout.to_json(), 4) == layout
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import dtypes
+from .format import SEP, NestedKey
+
+#: the protocol version a client says hello with
+VERSION = 1
+#: column offsets in a slot are multiples of this (a cache line; any dtype's alignment)
+ALIGN = 64
+#: bytes of a frame's length prefix
+HEADER = struct.Struct("<I")
+#: largest control frame either side reads by default (priority updates are the big ones)
+MAX_FRAME = 64 << 20
+
+
+class ShmProtocolError(ValueError):
+    """A frame or a layout that does not follow the same-host wire."""
+
+
+def frame(message: Mapping[str, Any]) -> bytes:
+    """``message`` as a frame: its JSON's length, then the JSON."""
+    body = json.dumps(message, separators=(",", ":")).encode()
+    return HEADER.pack(len(body)) + body
+
+
+def frame_length(header: bytes, limit: int = MAX_FRAME) -> int:
+    """The length a frame's 4-byte header announces.
+
+    Raises:
+        ShmProtocolError: it is over ``limit``.
+    """
+    (n,) = HEADER.unpack(header)
+    if n > limit:
+        raise ShmProtocolError(f"a control frame of {n} bytes exceeds the limit of {limit} bytes")
+    return int(n)
+
+
+def parse_frame(body: bytes) -> dict[str, Any]:
+    """The JSON object of a frame's body.
+
+    Raises:
+        ShmProtocolError: not a JSON object.
+    """
+    try:
+        message = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ShmProtocolError(f"a control frame is not JSON: {err}") from None
+    if not isinstance(message, dict):
+        raise ShmProtocolError(f"a control frame is a JSON {type(message).__name__}, not an object")
+    return message
+
+
+@dataclass(frozen=True)
+class Column:
+    """Where one column of a slot lies: ``rows`` rows of ``shape``-shaped ``dtype`` items."""
+
+    key: NestedKey
+    offset: int
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """The columns of a slot of ``rows`` rows, and its size in bytes."""
+
+    rows: int
+    columns: tuple[Column, ...]
+    nbytes: int
+
+    @classmethod
+    def of(
+        cls, schema: Mapping[NestedKey, tuple[list[int] | tuple[int, ...], torch.dtype]], rows: int
+    ) -> SlotLayout:
+        """The layout of ``rows`` rows of ``schema`` (``{key: (item shape, dtype)}``), in its order."""
+        columns, offset = [], 0
+        for key, (shape, dtype) in schema.items():
+            nbytes = rows * math.prod(shape) * dtype.itemsize
+            columns.append(Column(tuple(key), offset, nbytes, dtype, tuple(shape)))
+            offset += -(-nbytes // ALIGN) * ALIGN
+        end = columns[-1].offset + columns[-1].nbytes if columns else 0
+        return cls(rows, tuple(columns), end)
+
+    def to_json(self) -> list[list[Any]]:
+        """``[[dotted key, dtype name, shape, offset], ...]``."""
+        return [
+            [SEP.join(c.key), dtypes.name_of(c.dtype), list(c.shape), c.offset]
+            for c in self.columns
+        ]
+
+    @classmethod
+    def from_json(cls, data: Any, rows: int, *, limit: int | None = None) -> SlotLayout:
+        """A layout read from a reply, every column checked to lie inside ``limit`` bytes.
+
+        Raises:
+            ShmProtocolError: malformed, an unknown dtype, or a column out of bounds.
+        """
+        if not isinstance(data, list) or not isinstance(rows, int) or rows < 0:
+            raise ShmProtocolError("a slot layout is a list of columns and a row count")
+        columns = []
+        for entry in data:
+            try:
+                name, dtype_name, shape, offset = entry
+                dtype = dtypes.TORCH[dtype_name]
+                shape = tuple(int(d) for d in shape)
+                offset = int(offset)
+            except (TypeError, ValueError, KeyError):
+                raise ShmProtocolError(f"a malformed slot column: {entry!r:.80}") from None
+            if any(d < 0 for d in shape) or offset < 0 or offset % dtype.itemsize:
+                raise ShmProtocolError(f"a slot column out of bounds: {entry!r:.80}")
+            nbytes = rows * math.prod(shape) * dtype.itemsize
+            if limit is not None and offset + nbytes > limit:
+                raise ShmProtocolError(f"slot column {name!r} ends past the slot's {limit} bytes")
+            columns.append(Column(tuple(str(name).split(SEP)), offset, nbytes, dtype, shape))
+        end = max((c.offset + c.nbytes for c in columns), default=0)
+        return cls(rows, tuple(columns), end)
+
+    def views(self, buffer: Any) -> dict[NestedKey, torch.Tensor]:
+        """Tensors viewing each column of ``buffer`` (a writable buffer of at least ``nbytes``)."""
+        out = {}
+        for c in self.columns:
+            count = c.nbytes // c.dtype.itemsize
+            if count == 0:
+                flat = torch.empty(0, dtype=c.dtype)
+            else:
+                flat = torch.frombuffer(buffer, dtype=c.dtype, count=count, offset=c.offset)
+            out[c.key] = flat.view(self.rows, *c.shape)
+        return out

@@ -1,0 +1,407 @@
+"""The same-host door: a Unix socket onto the core, rows in shared-memory slots.
+
+:class:`ShmServer` listens on a Unix-domain socket beside the HTTP port and
+serves each connection on the event loop: it reads control frames
+(:mod:`tdreplay.codec.shm`), calls the same :class:`~tdreplay.service.core.Core`
+operations as the HTTP routes, with the same parameter models, and answers.
+Samples are gathered straight into the connection's slots; extends are
+inserted from the client's slot as flat columns (the one-element columns the
+table checks values of are copied first, so a client writing into its slot
+meanwhile cannot change a value after it was checked).
+
+A connection is one client thread's: it sends a request and waits for the
+answer. A client that dies, hangs up or sends garbage ends only its
+connection: a call it left waiting is cancelled (and a gather under way
+finishes first), its slots are unmapped, nothing it sent half-way is used.
+The first frame must be a hello carrying the server's token when one is
+configured (constant-time compare); the socket file is also only reachable
+by the server's user (its folder is mode 0700) unless the operator says
+otherwise.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+from tdreplay.codec.arrow import nest
+from tdreplay.codec.shm import (
+    HEADER,
+    VERSION,
+    ShmProtocolError,
+    SlotLayout,
+    frame,
+    frame_length,
+    parse_frame,
+)
+from tdreplay.storage import SAMPLE_INFO_DTYPES, InvalidRequest, TDReplayError
+
+from ..core import Core, ExtendParams, PriorityUpdate, SampleParams, parse
+from ..errors import Unauthorized, error_body
+from ..settings import Settings
+from .slots import Slot, Slots
+
+log = logging.getLogger("tdreplay.service")
+
+#: seconds a new connection has to say hello
+HELLO_TIMEOUT = 10.0
+
+
+def host_id() -> str:
+    """This host's identity: the kernel's boot id (containers on one host share it)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+class ShmServer:
+    """Serves the core over a Unix socket at ``path``.
+
+    Args:
+        core: the server's core.
+        settings: limits (``shm_connection_bytes``, ``shm_max_connections``,
+            ``max_body_bytes`` for control frames) and the token.
+        path: the socket's path.
+    """
+
+    def __init__(self, core: Core, settings: Settings, path: Path) -> None:
+        self.core = core
+        self.settings = settings
+        self.path = path
+        self.host = host_id()
+        self.connections: set[Connection] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        """Bind and listen (a stale socket a crashed server left is replaced; nothing else is)."""
+        folder = self.path.parent
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if os.path.lexists(self.path):
+            if not stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                raise InvalidRequest(
+                    f"{self.path} exists and is not a socket; it is left as it is "
+                    "(choose another --shm-socket)",
+                    field="shm_socket",
+                )
+            os.unlink(self.path)  # the data root is locked: no other server uses it
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(self.path))
+        except OSError as err:
+            sock.close()
+            raise InvalidRequest(
+                f"cannot listen on {self.path}: {err.strerror} (--shm-socket)",
+                field="shm_socket",
+            ) from None
+        sock.listen(128)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: Connection(self), sock=sock)
+        log.info("same-host transport on %s", self.path)
+
+    async def stop(self) -> None:
+        """Stop listening, end every connection (their calls cancelled), remove the socket."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            await conn.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+def _too_many(limit: int) -> TDReplayError:
+    from tdreplay.storage import InsufficientStorage
+
+    return InsufficientStorage(
+        f"the server serves {limit} shared-memory connections, its limit "
+        "(--shm-max-connections); use HTTP or try later",
+        field="connection",
+    )
+
+
+def _error_frame(err: BaseException) -> bytes:
+    return frame({"ok": False, "error": error_body(err)})
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: its slots, its frames, its one request at a time.
+
+    Reads arrive through the protocol (``data_received``): no future per
+    request, and a hang-up is seen at once (``connection_lost``), which
+    cancels a call the client left waiting. Replies go out through a
+    duplicate of the socket, because a descriptor travels only with
+    ``sendmsg``; the transport itself never writes.
+    """
+
+    def __init__(self, server: ShmServer) -> None:
+        self.server = server
+        self.core = server.core
+        self.slots = Slots(server.settings.shm_connection_bytes)
+        self.limit = server.settings.max_body_bytes
+        self.authed = False
+        self.task: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._buf = bytearray()
+        self._need = 0  # body bytes of the frame being read (0: reading a header)
+        self._out: socket.socket | None = None
+        self._transport: asyncio.Transport | None = None
+        self._hello_timer: asyncio.TimerHandle | None = None
+
+    # -- the protocol ---------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
+        raw = transport.get_extra_info("socket")
+        self._out = socket.socket(fileno=os.dup(raw.fileno()))
+        self._out.setblocking(False)
+        if len(self.server.connections) >= self.server.settings.shm_max_connections:
+            self._send_now(_error_frame(_too_many(self.server.settings.shm_max_connections)))
+            transport.close()
+            return
+        self.server.connections.add(self)
+        self._hello_timer = self._loop.call_later(HELLO_TIMEOUT, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        try:
+            while True:
+                if self._need == 0:
+                    if len(self._buf) < HEADER.size:
+                        return
+                    self._need = frame_length(bytes(self._buf[: HEADER.size]), self.limit)
+                    del self._buf[: HEADER.size]
+                    if self._need == 0:
+                        raise ShmProtocolError("an empty control frame")
+                if len(self._buf) < self._need:
+                    return
+                body = bytes(self._buf[: self._need])
+                del self._buf[: self._need]
+                self._need = 0
+                if self.task is not None and not self.task.done():
+                    raise ShmProtocolError("a request sent before the answer to the last one")
+                self.task = self._loop.create_task(self._serve(parse_frame(body)))
+        except ShmProtocolError as err:
+            self._send_now(frame(_bad(str(err))))
+            self._end()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # a gather under way in a thread finishes first (see _serve)
+            self.task.add_done_callback(lambda _: self._release())
+        else:
+            self._release()
+
+    # -- requests -------------------------------------------------------------
+    async def _serve(self, message: dict[str, Any]) -> None:
+        if not self.authed:
+            self._hello(message)
+            return
+        try:
+            reply, slot = await self._dispatch(message)
+        except TDReplayError as err:
+            reply, slot = {"ok": False, "error": err.to_dict()}, None
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            log.exception("shared-memory request %r failed", message.get("op"))
+            reply, slot = {"ok": False, "error": error_body(err)}, None
+        try:
+            await self._send(frame(reply), slot.fd if slot is not None else -1)
+        except OSError:
+            self._end()
+        finally:
+            if slot is not None:
+                slot.sent()
+
+    def _hello(self, message: dict[str, Any]) -> None:
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        token = self.server.settings.token_bytes
+        given = message.get("token")
+        given_bytes = given.encode() if isinstance(given, str) else b""
+        if message.get("op") != "hello" or message.get("version") != VERSION:
+            self._send_now(
+                frame(_bad(f"the first frame must be {{'op': 'hello', 'version': {VERSION}}}"))
+            )
+            self._end()
+        elif token is not None and not hmac.compare_digest(given_bytes, token):
+            err = Unauthorized("missing or wrong token on the shared-memory socket")
+            self._send_now(frame({"ok": False, "error": err.to_dict()}))
+            self._end()
+        else:
+            self.authed = True
+            reply = {"ok": True, "host": self.server.host, "max_bytes": self.slots.max_bytes}
+            self._send_now(frame(reply))
+
+    # -- writing ----------------------------------------------------------------
+    def _send_now(self, data: bytes) -> None:
+        """A small frame, sent if the socket takes it now (else dropped: the end is near)."""
+        with contextlib.suppress(OSError):
+            assert self._out is not None
+            self._out.send(data)
+
+    async def _send(self, data: bytes, fd: int = -1) -> None:
+        out = self._out
+        assert out is not None
+        ancillary = (
+            [] if fd < 0 else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+        )
+        sent = 0
+        while True:  # a descriptor goes with the first byte sent
+            try:
+                sent = out.sendmsg([data], ancillary)
+                break
+            except BlockingIOError:
+                await self._writable()
+        while sent < len(data):
+            try:
+                sent += out.send(data[sent:])
+            except BlockingIOError:
+                await self._writable()
+
+    async def _writable(self) -> None:
+        assert self._out is not None
+        ready = self._loop.create_future()
+        fileno = self._out.fileno()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        self._loop.add_writer(fileno, wake)
+        try:
+            await ready
+        finally:
+            self._loop.remove_writer(fileno)
+
+    # -- the end ----------------------------------------------------------------
+    def _end(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def _release(self) -> None:
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        self.slots.close()
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+        self.server.connections.discard(self)
+
+    async def close(self) -> None:
+        """End the connection (the server stops): its call is cancelled, its slots freed."""
+        self._end()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+
+    # -- operations ---------------------------------------------------------
+    async def _dispatch(self, m: dict[str, Any]) -> tuple[dict[str, Any], Slot | None]:
+        op = m.get("op")
+        if op == "sample":
+            return await self._sample(m)
+        if op == "extend_slot":
+            return self._extend_slot(m)
+        if op == "extend":
+            return await self._extend(m), None
+        if op == "update_priority":
+            update = parse(PriorityUpdate, m)
+            updated = await self.core.update_priority(_table(m), update)
+            return {"ok": True, "updated": updated}, None
+        if op == "info":
+            return {"ok": True, "info": await self.core.info(_table(m))}, None
+        if op == "release":
+            self.slots.drop(m.get("slot"))
+            return {"ok": True}, None
+        raise InvalidRequest(f"unknown operation {op!r:.40}", field="op")
+
+    async def _sample(self, m: dict[str, Any]) -> tuple[dict[str, Any], Slot | None]:
+        name = _table(m)
+        params = parse(SampleParams, m)
+        handle = self.core.table(name)
+        n = handle.table.check_batch_size(params.batch_size)
+        slot = self.slots.get(m.get("slot"), "sample", handle, n)
+        fresh = slot is None
+        if slot is None:
+            schema = {**handle.table.spec.torch_schema()}
+            schema.update({k: ([], d) for k, d in SAMPLE_INFO_DTYPES.items()})
+            slot = self.slots.make(m.get("slot"), "sample", handle, SlotLayout.of(schema, n))
+            slot.out = nest(slot.views(), n)
+        assert slot.out is not None
+        await self.core.sample_into(name, params, slot.out)
+        slot.generation += 1
+        reply: dict[str, Any] = {"ok": True, "slot": m["slot"], "generation": slot.generation}
+        if fresh:
+            reply.update(rows=n, layout=slot.layout.to_json(), nbytes=slot.size)
+            return reply, slot
+        return reply, None
+
+    def _extend_slot(self, m: dict[str, Any]) -> tuple[dict[str, Any], Slot | None]:
+        """A slot for extends of up to ``rows`` rows (at most the table's capacity)."""
+        name = _table(m)
+        handle = self.core.table(name)
+        rows = m.get("rows")
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise InvalidRequest(
+                f"rows must be a positive integer, got {rows!r:.40}", table=name, field="rows"
+            )
+        rows = min(rows, handle.table.capacity)
+        layout = SlotLayout.of(handle.table.spec.torch_schema(), rows)
+        slot = self.slots.make(m.get("slot"), "extend", handle, layout)
+        reply = {"ok": True, "slot": m["slot"], "rows": rows, "layout": layout.to_json()}
+        return {**reply, "nbytes": slot.size}, slot
+
+    async def _extend(self, m: dict[str, Any]) -> dict[str, Any]:
+        name = _table(m)
+        handle = self.core.table(name)
+        slot = self.slots.get(m.get("slot"), "extend", handle)
+        if slot is None:
+            raise InvalidRequest(
+                f"slot {m.get('slot')!r:.40} is no extend slot of table {name!r} "
+                "(ask for one with extend_slot)",
+                table=name,
+                field="slot",
+            )
+        rows = m.get("rows")
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= slot.layout.rows:
+            raise InvalidRequest(
+                f"rows must be an integer in [1, {slot.layout.rows}], got {rows!r:.40}",
+                table=name,
+                field="rows",
+            )
+        params = parse(
+            ExtendParams, {"timeout": m.get("timeout"), "X-Request-Id": m.get("request_id")}
+        )
+        # The client can write into its slot at any time. The columns the table reads values
+        # of before inserting them (max-value keys, trajectory ids, end flags: one element an
+        # item) are copied first, so what was checked is what goes in; the others go from the
+        # slot straight into the table (a client racing itself tears only its own rows).
+        columns = {
+            key: view[:rows].clone() if view[:1].numel() <= 1 else view[:rows]
+            for key, view in slot.views().items()
+        }
+        index, replayed = await self.core.extend(name, columns, params)
+        return {"ok": True, "index": index.tolist(), "replayed": replayed}
+
+
+def _table(m: dict[str, Any]) -> str:
+    name = m.get("table")
+    if not isinstance(name, str):
+        raise InvalidRequest("the request names no table", field="table")
+    return name
+
+
+def _bad(detail: str) -> dict[str, Any]:
+    return {"ok": False, "error": InvalidRequest(detail).to_dict()}
