@@ -199,7 +199,8 @@ class Channel:
 
     def extend(self, table: str, data: Any, wait: float, request_id: str) -> torch.Tensor | None:
         """Insert ``data``; ``None`` when it does not fit the table's slot layout exactly
-        (the caller sends it over HTTP, whose answer names what is wrong)."""
+        (the caller sends it over HTTP, whose answer names what is wrong), or a slot that
+        big would exceed the connection's shared memory (HTTP carries it)."""
         td = as_batch(data._tensordict if is_tensorclass(data) else data)
         n = td.batch_size[0] if td.batch_dims == 1 else 0
         if n == 0:
@@ -208,9 +209,11 @@ class Channel:
         number = self._numbers[key][0] if key in self._numbers else self._number(key, 1)
         mapped = self._slots.get(number)
         if mapped is None or mapped.layout.rows < n:
-            reply, fd = self.call(
-                {"op": "extend_slot", "table": table, "rows": max(n, 64), "slot": number}, wait=0
-            )
+            ask = {"op": "extend_slot", "table": table, "rows": max(n, 64), "slot": number}
+            try:
+                reply, fd = self.call(ask, wait=0)
+            except errors.InsufficientStorage:  # over this connection's shared memory: HTTP
+                return None
             mapped = self._map(reply, fd, number)
         if mapped.layout.rows < n or not _fill(mapped, td, n):
             return None  # more rows than the table holds, or keys that do not fit: HTTP says
