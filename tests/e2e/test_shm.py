@@ -138,7 +138,7 @@ def test_the_client_cannot_shrink_a_slot_under_the_server(twins: Any) -> None:
     client.create_table(spec("seal", {"kind": "uniform"}, capacity=16))
     client.extend("seal", rows(0, 16))
     chan = client._link(0).channel()
-    reply, fd = chan.call(
+    _, fd = chan.call(
         {"op": "sample", "table": "seal", "batch_size": 4, "slot": 200, "timeout": 1}, wait=1
     )
     assert fd >= 0
