@@ -12,6 +12,8 @@ Routes (``{name}``: a table; every data route is named like the storage API)::
     GET    /healthz                               liveness (never needs the token)
     GET    /readyz                                readiness: tables loaded (never needs the token)
     GET    /metrics                               Prometheus text format
+    GET    /v1/info                               {"version": ..., "shm": {"socket": path, "host": id} | null}
+                                                  the same-host transport (tdreplay.codec.shm), if it runs
     GET    /v1/tables                             {"tables": [info, ...]}
     POST   /v1/tables                             JSON TableSpec -> 201 info
     GET    /v1/tables/{name}                      info: size, capacity, backend, sampler, counters, limiter
