@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from . import errors
+from . import commands as C
+from . import errors, shm
 from .aio_transport import AsyncTransport
 from .base import ClientBase
 from .core import Call, ClientSettings, Gather, Plan
@@ -57,6 +58,8 @@ class AsyncReplayClient(ClientBase):
             )
             for u in settings.urls
         ]
+        self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
+        self._link_lock = asyncio.Lock()
 
     async def _run(self, plan: Plan[T]) -> T:
         result: Any = None
@@ -75,7 +78,49 @@ class AsyncReplayClient(ClientBase):
             except errors.ReplayError as err:
                 exc = err
 
+    # ---------------------------------------------------------------- same host
+    async def transport(self) -> str:
+        """``"shm"`` or ``"http"``: how this client reaches its (first) server (see
+        :attr:`ReplayClient.transport <tdreplay.client.ReplayClient.transport>`)."""
+        return "shm" if await self._link(0) is not None else "http"
+
+    async def _link(self, shard: int) -> shm.ShmLink | None:
+        link = self._links[shard]
+        if link is shm.UNRESOLVED:
+            async with self._link_lock:
+                if self._links[shard] is shm.UNRESOLVED:
+                    self._links[shard] = await self._resolve(shard)
+                link = self._links[shard]
+        return link
+
+    async def _resolve(self, shard: int) -> shm.ShmLink | None:
+        if self.settings.transport == "http":
+            return None
+        info, why = None, None
+        try:
+            info = await self._call_http(Call(shard, C.ServerInfo()))
+        except errors.ServerError as err:  # a server without /v1/info
+            why = f"the server does not say where its socket is ({err.status})"
+        return await asyncio.to_thread(shm.open_link, self.settings, shard, info, why)
+
     async def _call(self, call: Call) -> Any:
+        """Over shared memory when the server is on this host (the blocking socket call runs in
+        a worker thread; batches are copied out of the slot: they own their memory), else HTTP."""
+        command = call.command
+        if isinstance(command, shm.COMMANDS) and self.settings.transport != "http":
+            link = await self._link(call.shard)
+            if link is not None:
+                try:
+                    result = await asyncio.to_thread(shm.run, link, command)
+                except errors.TransportError:
+                    if self.settings.transport == "shm":
+                        raise
+                    result = shm.HTTP  # the socket failed: this call goes over HTTP
+                if result is not shm.HTTP:
+                    return result
+        return await self._call_http(call)
+
+    async def _call_http(self, call: Call) -> Any:
         policy, command = self.settings.retry, call.command
         start, attempt = time.monotonic(), 0
         while True:
@@ -98,6 +143,9 @@ class AsyncReplayClient(ClientBase):
         """Close idle connections; the client stays usable."""
         for t in self._transports:
             await t.aclose()
+        for link in self._links:
+            if isinstance(link, shm.ShmLink):
+                link.close()
 
     async def close(self) -> None:
         """Deprecated alias of :meth:`aclose`, removed in the next release."""

@@ -305,6 +305,8 @@ class ShmLink:
 COMMANDS = (C.Sample, C.Extend, C.UpdatePriority)
 #: :func:`run`'s answer for a call that must go over HTTP after all
 HTTP = object()
+#: a server whose same-host transport a client has not looked at yet
+UNRESOLVED = object()
 
 
 def run(link: ShmLink, command: C.Command[Any]) -> Any:
@@ -321,3 +323,31 @@ def run(link: ShmLink, command: C.Command[Any]) -> Any:
         payload = json.loads(bytes(command.request().body or b"{}"))
         return chan.update_priority(command.table, payload)
     raise TypeError(f"the same-host transport does not carry {type(command).__name__}")
+
+
+def open_link(
+    settings: Any, shard: int, info: dict[str, Any] | None, why: str | None
+) -> ShmLink | None:
+    """The link to server ``shard`` its ``/v1/info`` (``info``) allows, connected; or ``None``.
+
+    ``why`` is a reason already known not to try (the info could not be read).
+    Shared by both client twins, which only fetch ``info`` their own way.
+
+    Raises:
+        ShmUnavailable: ``settings.transport == "shm"`` and the link cannot be made.
+    """
+    if why is None:
+        why = usable(info)
+    link = None
+    if why is None and info is not None:
+        found = ShmLink(
+            info["shm"]["socket"], settings.token, settings.timeout, settings.lease_slots
+        )
+        try:
+            found.channel()
+            link = found
+        except errors.ReplayError as err:
+            why = str(err)
+    if link is None and settings.transport == "shm":
+        raise ShmUnavailable(f"{settings.urls[shard]}: no shared-memory transport: {why}")
+    return link

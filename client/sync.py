@@ -34,7 +34,6 @@ from .transport import Transport
 from .writer import Writer
 
 T = TypeVar("T")
-_UNRESOLVED = object()  # a shard whose same-host transport was not looked at yet
 
 
 class ReplayClient(ClientBase):
@@ -68,7 +67,7 @@ class ReplayClient(ClientBase):
             for u in settings.urls
         ]
         self._pool: ThreadPoolExecutor | None = None
-        self._links: list[Any] = [_UNRESOLVED] * len(settings.urls)
+        self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
         self._link_lock = threading.Lock()
 
     # ---------------------------------------------------------------- same host
@@ -83,35 +82,23 @@ class ReplayClient(ClientBase):
 
     def _link(self, shard: int) -> shm.ShmLink | None:
         link = self._links[shard]
-        if link is _UNRESOLVED:
+        if link is shm.UNRESOLVED:
             with self._link_lock:
-                if self._links[shard] is _UNRESOLVED:
+                if self._links[shard] is shm.UNRESOLVED:
                     self._links[shard] = self._resolve(shard)
                 link = self._links[shard]
         return link
 
     def _resolve(self, shard: int) -> shm.ShmLink | None:
         """The server's same-host link, if ``settings.transport`` allows and it is on this host."""
-        s = self.settings
-        if s.transport == "http":
+        if self.settings.transport == "http":
             return None
-        info: dict[str, Any] = {}
+        info, why = None, None
         try:
-            info = self._call(Call(shard, C.ServerInfo()))
-            why = shm.usable(info)
+            info = self._call_http(Call(shard, C.ServerInfo()))
         except errors.ServerError as err:  # a server without /v1/info
             why = f"the server does not say where its socket is ({err.status})"
-        link = None
-        if why is None:
-            found = shm.ShmLink(info["shm"]["socket"], s.token, s.timeout, s.lease_slots)
-            try:
-                found.channel()
-                link = found
-            except errors.ReplayError as err:
-                why = str(err)
-        if why is not None and s.transport == "shm":
-            raise shm.ShmUnavailable(f"{s.urls[shard]}: no shared-memory transport: {why}")
-        return link
+        return shm.open_link(self.settings, shard, info, why)
 
     # ---------------------------------------------------------------- driving
     def _run(self, plan: Plan[T]) -> T:

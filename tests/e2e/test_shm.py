@@ -272,3 +272,25 @@ def test_extend_through_shm_is_exactly_what_was_sent(twins: Any) -> None:
     for key in data.keys(True, True):
         assert torch.equal(out[key], data[key]), key
     assert isinstance(out, TensorDict)
+
+
+def test_the_async_twin_uses_shared_memory_and_owns_its_batches(twins: Any) -> None:
+    import asyncio
+
+    from tdreplay.client import AsyncReplayClient
+
+    a, _ = twins
+
+    async def main() -> None:
+        async with AsyncReplayClient(a.url, transport="shm") as client:
+            assert await client.transport() == "shm"
+            await client.create_table(spec("async", {"kind": "uniform"}, capacity=64))
+            assert (await client.extend("async", rows(0, 32))).tolist() == list(range(32))
+            batches = [await client.sample("async", 8) for _ in range(4)]
+            assert len({b["id"].untyped_storage().data_ptr() for b in batches}) == 4
+            for b in batches:
+                assert_consistent(b)
+            info = await client.info("async")
+            assert info["samples"] == 32 and info["inserts"] == 32
+
+    asyncio.run(main())
