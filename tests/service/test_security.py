@@ -19,7 +19,8 @@ def test_token_guards_every_route_but_the_probes(service) -> None:
     documented = client.app.openapi()["paths"]
     routes = [(path, method.upper()) for path, ops in documented.items() for method in ops]
     routes += [("/openapi.json", "GET"), ("/docs", "GET"), ("/redoc", "GET")]
-    assert len(routes) == 17  # 14 routes of the protocol + the docs
+    assert len(routes) == 18  # 15 routes of the protocol (GET /v1/info too) + the docs
+    assert ("/v1/info", "GET") in routes
     for path, method in routes:
         url = path.replace("{name}", "t")
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
