@@ -54,12 +54,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from compare_bench import free_port, schemas  # bench/ is on sys.path when run as a script
+from compare_trees import free_port, schemas  # bench/ is on sys.path when run as a script
 
 HERE = Path(__file__).resolve().parent
 MARK = "@@ "  # a worker's protocol lines on stdout start with this
 LEARNERS = 4
-ATARI_ITEMS = 4096  # the capacity compare_bench.schemas gives atari: filled to it
+ATARI_ITEMS = 4096  # the capacity compare_trees.schemas gives atari: filled to it
 CARTPOLE_ITEMS = 10_000
 
 #: (workload, case, batch): the cases compared with each other, a group per workload

@@ -1,7 +1,7 @@
 """Before/after: the same public-client workloads against two source trees, interleaved.
 
-    python bench/compare_bench.py --before ../old-checkout            # ~3 min
-    python bench/compare_bench.py --before ../old-checkout --quick    # ~1 min
+    python bench/compare_trees.py --before ../old-checkout            # ~3 min
+    python bench/compare_trees.py --before ../old-checkout --quick    # ~1 min
     git worktree add /tmp/before <commit>   # one way to get the old tree
 
 For a change that must not cost speed (a refactor): each round starts a
