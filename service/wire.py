@@ -34,7 +34,7 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -97,6 +97,8 @@ class SampleBuffer:
                 nbytes = n * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
                 views[key] = whole[offset : offset + nbytes].view(dtype).view([n, *shape])
         self.out: TensorDictBase = nest(views, n)
+        #: ``out`` as its table checked it once (``Table.target``), set by the first sample
+        self.target: Any = None
         self._free_refs = self._refs()
 
     def _refs(self) -> int:

@@ -19,7 +19,8 @@ of what the service may use (``tests/test_import_cycles.py`` holds it so):
   interrupted checkpoints leave);
 * Redis: :class:`RedisConnection`, :func:`resolve_redis_connection`;
 * sampled batches: :data:`SAMPLE_INFO_DTYPES` (the columns every sample
-  carries besides the table's fields), :func:`tensordict_from_leaves`;
+  carries besides the table's fields), :func:`tensordict_from_leaves`,
+  :class:`SampleTarget` (buffers checked once, sampled into again and again);
 * the error tree (:mod:`tdreplay.storage.errors`).
 """
 
@@ -60,10 +61,12 @@ from .spec import FieldSpec, NestedKey, TableSpec, json_schema
 from .table import Table
 from .tensordicts import nest as tensordict_from_leaves
 from .validation import INFO_DTYPES as SAMPLE_INFO_DTYPES
+from .validation import SampleTarget
 
 __all__ = [
     "DTYPES",
     "SAMPLE_INFO_DTYPES",
+    "SampleTarget",
     "BackendError",
     "CheckpointError",
     "EmptyTableError",

@@ -8,6 +8,7 @@ and what came.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,6 +32,26 @@ INFO_DTYPES = {
     ("sample_info", "times_sampled"): torch.int64,
     ("sample_info", "key"): torch.int64,
 }
+
+
+@dataclass(frozen=True)
+class SampleTarget:
+    """Buffers to sample into, checked once (``Table.target``) and then used again and again.
+
+    A server gathering into the same pooled body or shared-memory slot for
+    every request would otherwise check the same TensorDict every time.
+
+    Attributes:
+        out: the TensorDict (or tensorclass) a sample fills and returns.
+        rows: the batch size it is for.
+        bufs: its tensors of the table's fields, by key.
+        info: its sample-info tensors, by key (those it has).
+    """
+
+    out: Any
+    rows: int
+    bufs: dict[NestedKey, torch.Tensor]
+    info: dict[NestedKey, torch.Tensor]
 
 
 class RowChecker:

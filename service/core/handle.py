@@ -20,7 +20,14 @@ import torch
 from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
 
-from tdreplay.storage import BackendError, InvalidRequest, NestedKey, Table, TableNotFound
+from tdreplay.storage import (
+    BackendError,
+    InvalidRequest,
+    NestedKey,
+    SampleTarget,
+    Table,
+    TableNotFound,
+)
 
 from ..errors import PayloadTooLarge
 from ..idempotency import RecentRequests
@@ -204,11 +211,14 @@ class TableHandle:
         with self.use() as table:
             self.check_batch_size(n)
             lease = await self.samples.lease(n)
-            await self._draw(table, n, timeout, lease.out)
+            buffer = lease.buffer
+            if buffer.target is None:  # checked once per pooled body
+                buffer.target = table.target(lease.out, n)
+            await self._draw(table, n, timeout, buffer.target)
             lease.finish()
             return lease
 
-    async def sample_into(self, n: int, timeout: float, out: TensorDictBase) -> None:
+    async def sample_into(self, n: int, timeout: float, out: TensorDictBase | SampleTarget) -> None:
         """``Table.sample(n, out=out)``: gathered into the caller's buffers (e.g. shared memory).
 
         Raises:
@@ -218,7 +228,9 @@ class TableHandle:
             table.check_batch_size(n)
             await self._draw(table, n, timeout, out)
 
-    async def _draw(self, table: Table, n: int, timeout: float, out: TensorDictBase) -> None:
+    async def _draw(
+        self, table: Table, n: int, timeout: float, out: TensorDictBase | SampleTarget
+    ) -> None:
         def draw() -> TensorDictBase | None:
             return table.try_sample(n, out=out)
 

@@ -37,7 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
 
 from tdreplay.codec import protocol
-from tdreplay.storage import InvalidRequest, NestedKey, TableNotFound, TableSpec
+from tdreplay.storage import InvalidRequest, NestedKey, SampleTarget, TableNotFound, TableSpec
 
 from ..settings import Settings
 from ..wire import Lease
@@ -110,7 +110,9 @@ class Core:
         handle = self.table(name)
         return await handle.sample(params.batch_size, self.timeout(params.timeout))
 
-    async def sample_into(self, name: str, params: SampleParams, out: TensorDictBase) -> None:
+    async def sample_into(
+        self, name: str, params: SampleParams, out: TensorDictBase | SampleTarget
+    ) -> None:
         """Sample ``batch_size`` items into ``out`` (a TensorDict of the table's fields and,
         optionally, the sample-info columns: e.g. views on a shared-memory slot).
 

@@ -338,7 +338,7 @@ class Connection(asyncio.Protocol):
             schema = {**handle.table.spec.torch_schema()}
             schema.update({k: ([], d) for k, d in SAMPLE_INFO_DTYPES.items()})
             slot = self.slots.make(m.get("slot"), "sample", handle, SlotLayout.of(schema, n))
-            slot.out = nest(slot.views(), n)
+            slot.out = handle.table.target(nest(slot.views(), n), n)
         assert slot.out is not None
         await self.core.sample_into(name, params, slot.out)
         slot.generation += 1

@@ -19,10 +19,8 @@ import mmap
 import os
 from typing import Any
 
-from tensordict import TensorDictBase
-
 from tdreplay.codec.shm import ALIGN, SlotLayout
-from tdreplay.storage import InsufficientStorage, InvalidRequest
+from tdreplay.storage import InsufficientStorage, InvalidRequest, SampleTarget
 
 #: slots one connection may hold at most (each is a mapping of the server's)
 MAX_SLOTS = 256
@@ -47,7 +45,7 @@ class Slot:
         owner: what the slot was laid out for (the table's handle): a slot is
             laid out again when the table was replaced since.
         fd: the descriptor, until it was sent to the client (then ``-1``).
-        out: for a sample slot, the TensorDict of views the table gathers into.
+        out: for a sample slot, the views the table gathers into (checked once).
         generation: how many times the server filled it.
     """
 
@@ -57,7 +55,7 @@ class Slot:
         self.layout = layout
         self.size = max(ALIGN, layout.nbytes)
         self.generation = 0
-        self.out: TensorDictBase | None = None
+        self.out: SampleTarget | None = None
         self.fd = os.memfd_create(f"tdreplay-{kind}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, self.size)

@@ -10,6 +10,7 @@ from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from ..errors import InvalidRequest, TableClosed
 from ..tensordicts import fill, nest
+from ..validation import SampleTarget
 from .base import TableBase, _HeldBack
 
 
@@ -73,8 +74,18 @@ class Draws(TableBase):
         self.sampler.check_batch_size(n)
         return n
 
+    def target(self, out: TensorDictBase, batch_size: int) -> SampleTarget:
+        """``out`` checked once for samples of ``batch_size`` items: pass the result as
+        ``out=`` to sample into it again and again without checking it each time.
+
+        Raises:
+            InvalidRequest: ``out`` does not fit (see :meth:`sample`).
+        """
+        bufs, info = self._check.out_buffers(out, batch_size)
+        return SampleTarget(out, batch_size, bufs, info)
+
     def try_sample(
-        self, batch_size: int, *, out: TensorDictBase | None = None
+        self, batch_size: int, *, out: TensorDictBase | SampleTarget | None = None
     ) -> TensorDictBase | None:
         """:meth:`sample` if the rate limiter lets it through now, else ``None`` (nothing
         drawn, nothing counted; see :meth:`try_extend`)."""
@@ -84,7 +95,11 @@ class Draws(TableBase):
             return None
 
     def sample(
-        self, batch_size: int, *, timeout: float | None = None, out: TensorDictBase | None = None
+        self,
+        batch_size: int,
+        *,
+        timeout: float | None = None,
+        out: TensorDictBase | SampleTarget | None = None,
     ) -> TensorDictBase:
         """Draw ``batch_size`` items.
 
@@ -96,7 +111,8 @@ class Draws(TableBase):
             timeout: seconds to wait for the rate limiter; ``None`` waits as long as it takes.
             out: a TensorDict of batch ``[batch_size]`` with the schema's keys (and
                 optionally the sample-info keys) to gather into instead of
-                allocating; e.g. a previous batch.
+                allocating; e.g. a previous batch. Or a :meth:`target` made of one,
+                checked once for every sample into it.
 
         Returns:
             A TensorDict of batch ``[batch_size]``: every field plus ``index`` and
@@ -114,12 +130,25 @@ class Draws(TableBase):
         self,
         batch_size: int,
         timeout: float | None,
-        out: TensorDictBase | None,
+        out: TensorDictBase | SampleTarget | None,
         *,
         attempt: bool = False,
     ) -> TensorDictBase:
         n = self.check_batch_size(batch_size)
-        bufs, out_info = self._check.out_buffers(out, n) if out is not None else (None, {})
+        if isinstance(out, SampleTarget):
+            if out.rows != n:
+                raise InvalidRequest(
+                    f"table {self.name!r}: the target is for {out.rows} rows, not {n}",
+                    table=self.name,
+                    field="out",
+                    expected=out.rows,
+                    got=n,
+                )
+            bufs, out_info, dest = out.bufs, out.info, out.out
+        elif out is not None:
+            (bufs, out_info), dest = self._check.out_buffers(out, n), out
+        else:
+            bufs, out_info, dest = None, {}, None
         with self._cond:
             if self.rate_limiter.sample_never_fits(n):
                 raise InvalidRequest(
@@ -169,14 +198,14 @@ class Draws(TableBase):
             ("sample_info", "times_sampled"): times,
             ("sample_info", "key"): keys,
         }
-        if out is not None:
-            target = out._tensordict if is_tensorclass(out) else out
+        if dest is not None:
+            target = dest._tensordict if is_tensorclass(dest) else dest
             for key, value in info.items():
                 if key in out_info:
                     out_info[key].copy_(value)
                 else:
                     target.set(key, value)
-            return out
+            return dest
         bufs.update(info)
         # nest() with the key tree worked out once, in __init__
         return TensorDict._new_unsafe(fill(self._batch_tree, bufs), batch_size=torch.Size([n]))

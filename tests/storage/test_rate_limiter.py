@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from testkit import make_spec, rows
+from testkit import assert_consistent, make_spec, rows
 
 from tdreplay.storage import (
     InvalidRequest,
@@ -292,3 +292,20 @@ def test_extend_takes_flat_columns_as_a_tensordict(tables) -> None:
     with pytest.raises(SchemaError, match="takes a TensorDict"):
         table.extend({"id": td["id"]})  # a nested dict is not flat columns
     assert len(table) == 4 and table.rate_limiter.inserts == 4
+
+
+def test_a_target_is_checked_once_and_sampled_into_again(tables) -> None:
+    table = limited(tables)
+    table.extend(rows(0, 16))
+    out = table.sample(4).clone()
+    target = table.target(out, 4)
+    for _ in range(3):
+        got = table.sample(4, out=target)
+        assert got is out
+        assert_consistent(out)
+    assert table.try_sample(4, out=target) is out
+    with pytest.raises(InvalidRequest, match="for 4 rows, not 5"):
+        table.sample(5, out=target)
+    with pytest.raises(InvalidRequest, match="out"):
+        table.target(out, 5)  # checked when made: it has 4 rows
+    assert table.rate_limiter.samples == 4 * 5
