@@ -51,8 +51,12 @@ DRIVER = r"""
 import json, sys, time, torch
 from tensordict import TensorDict
 from tdreplay.client import ReplayClient
-url, fields, workloads, seconds = json.loads(sys.argv[1])
-client = ReplayClient(url)
+url, fields, workloads, seconds, transport = json.loads(sys.argv[1])
+try:
+    client = ReplayClient(url, transport=transport)
+except TypeError:  # a tree from before the transports: HTTP only
+    assert transport == "http", "this tree's client has no shared-memory transport"
+    client = ReplayClient(url)
 def rows(table, n):
     td = TensorDict(batch_size=[n])
     for name, (shape, dtype) in fields[table].items():
@@ -110,7 +114,9 @@ def schemas(into: Path) -> dict[str, dict[str, tuple[list[int], str]]]:
     return fields
 
 
-def run_tree(tree: Path, work: Path, fields: dict, seconds: float) -> dict[str, float]:
+def run_tree(
+    tree: Path, work: Path, fields: dict, seconds: float, transport: str
+) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(namespace(tree, work / "ns"))}
     port = free_port()
     root = tempfile.mkdtemp(dir=work)
@@ -130,7 +136,7 @@ def run_tree(tree: Path, work: Path, fields: dict, seconds: float) -> dict[str, 
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the server of {tree} did not come up") from None
                 time.sleep(0.2)
-        arg = json.dumps([url, fields, WORKLOADS, seconds])
+        arg = json.dumps([url, fields, WORKLOADS, seconds, transport])
         done = subprocess.run(
             [sys.executable, "-c", DRIVER, arg], env=env, cwd=work, capture_output=True, text=True
         )
@@ -149,6 +155,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=2.0, help="per workload and round")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 1 s")
+    parser.add_argument(
+        "--transport",
+        default="http",
+        choices=["http", "auto", "shm"],
+        help="the client's transport in both trees (a tree without one runs HTTP)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     if args.quick:
@@ -167,7 +179,8 @@ def main() -> None:
             order = ("before", "after") if r % 2 == 0 else ("after", "before")
             for side in order:
                 tree, folder = trees[side]
-                for name, rate in run_tree(tree, folder, fields, args.seconds).items():
+                rates = run_tree(tree, folder, fields, args.seconds, args.transport)
+                for name, rate in rates.items():
                     results[side].setdefault(name, []).append(rate)
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     rows = []
