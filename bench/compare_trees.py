@@ -191,7 +191,10 @@ def main() -> None:
         rows.append({"workload": name, "before": b, "after": a, "ratio": a / b})
         print(f"{name:<24} {b:>15,.0f} {a:>15,.0f} {a / b:>13.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"rounds": args.rounds, "results": rows}, indent=2))
+        command = " ".join(["python", "bench/compare_trees.py", *sys.argv[1:]])
+        out = {"command": command, "rounds": args.rounds, "results": rows}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -111,7 +111,9 @@ class AsyncReplayClient(ClientBase):
             link = await self._link(call.shard)
             if link is not None:
                 try:
-                    result = await asyncio.to_thread(shm.run, link, command)
+                    result = await asyncio.to_thread(
+                        shm.run, link, command, strict=self.settings.transport == "shm"
+                    )
                 except errors.TransportError:
                     if self.settings.transport == "shm":
                         raise

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import mmap
 import os
 import socket
 import threading
+import weakref
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from ..codec.shm import (
     HEADER,
     MAX_FRAME,
     VERSION,
+    SharedMap,
     ShmProtocolError,
     SlotLayout,
     frame,
@@ -83,17 +85,24 @@ class _Mapped:
 
     def __init__(self, fd: int, nbytes: int, layout: SlotLayout) -> None:
         try:
-            self.map = mmap.mmap(fd, nbytes)
+            self.map = SharedMap(fd, nbytes)
         finally:
             os.close(fd)
         self.layout = layout
-        self.columns = layout.views(self.map)
+        self.columns = layout.views(self.map.buffer)
 
 
 class Channel:
     """One connection to the server's socket (one thread's; not thread safe)."""
 
-    def __init__(self, path: str, token: str | None, timeout: float, lease_slots: int) -> None:
+    def __init__(
+        self,
+        path: str,
+        token: str | None,
+        timeout: float,
+        lease_slots: int,
+        instance: str | None = None,
+    ) -> None:
         self.timeout = timeout
         self.lease_slots = lease_slots
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -104,13 +113,26 @@ class Channel:
             self.sock.close()
             raise ShmUnavailable(f"cannot connect to {path}: {err}") from None
         self._slots: dict[int, _Mapped] = {}
-        self._numbers: dict[tuple[Any, ...], list[int]] = {}
+        #: slot numbers by (op, table, batch size), least recently used first
+        self._numbers: OrderedDict[tuple[Any, ...], list[int]] = OrderedDict()
         self._turn: dict[tuple[Any, ...], int] = {}
+        self._free: list[int] = []
         self._next = 0
-        reply, _ = self.call({"op": "hello", "version": VERSION, "token": token or ""}, wait=0)
+        try:
+            reply, _ = self.call({"op": "hello", "version": VERSION, "token": token or ""}, wait=0)
+        except errors.ReplayError as err:  # refused (token, too many connections) or cut off
+            self.close()
+            raise ShmUnavailable(f"the socket refused this client: {err}") from None
+        self.max_slots = min(MAX_SLOTS, int(reply.get("max_slots", MAX_SLOTS)))
         if reply.get("host") != host_id():
             self.close()
             raise ShmUnavailable("the socket's server runs on another host")
+        if instance is not None and reply.get("instance") != instance:
+            self.close()
+            raise ShmUnavailable(
+                f"the server listening on {path} is not the one asked over HTTP (two servers "
+                "publish that path: give each its own --shm-socket)"
+            )
 
     # -- framing ------------------------------------------------------------
     def call(self, message: dict[str, Any], *, wait: float) -> tuple[dict[str, Any], int]:
@@ -151,19 +173,37 @@ class Channel:
         return bytes(buf)
 
     def _number(self, key: tuple[Any, ...], ring: int) -> int:
+        """The slot number for the next call of ``key``: its ``ring`` numbers in turn.
+
+        Numbers of the least recently used keys are released (to the server too)
+        when the connection's ``max_slots`` would be passed.
+        """
         numbers = self._numbers.setdefault(key, [])
-        if len(numbers) < ring:
-            if self._next >= MAX_SLOTS:
-                raise errors.InvalidRequest(
-                    f"this thread's connection holds {MAX_SLOTS} shared-memory slots, the most "
-                    "it may (too many different tables and batch sizes)",
-                    field="slot",
-                )
-            numbers.append(self._next)
-            self._next += 1
+        self._numbers.move_to_end(key)
+        while len(numbers) < ring:
+            if self._free:
+                numbers.append(self._free.pop())
+            elif self._next < self.max_slots:
+                numbers.append(self._next)
+                self._next += 1
+            elif len(self._numbers) > 1:
+                self._release(next(iter(self._numbers)))
+            else:
+                break
         turn = self._turn.get(key, -1) + 1
         self._turn[key] = turn
         return numbers[turn % len(numbers)]
+
+    def _release(self, key: tuple[Any, ...]) -> None:
+        for number in self._numbers.pop(key, []):
+            self._slots.pop(number, None)
+            self.call({"op": "release", "slot": number}, wait=0)
+            self._free.append(number)
+        self._turn.pop(key, None)
+
+    def _forget(self, number: int) -> None:
+        """A slot the server no longer has as this side does: map it anew next time."""
+        self._slots.pop(number, None)
 
     def _map(self, reply: dict[str, Any], fd: int, number: int) -> _Mapped:
         if fd >= 0:
@@ -194,10 +234,12 @@ class Channel:
         buf = alloc(nbytes)
         if nbytes:
             dst = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
-            dst.copy_(torch.frombuffer(mapped.map, dtype=torch.uint8, count=nbytes))
+            dst.copy_(torch.frombuffer(mapped.map.buffer, dtype=torch.uint8, count=nbytes))
         return nest(mapped.layout.views(buf), batch_size)
 
-    def extend(self, table: str, data: Any, wait: float, request_id: str) -> torch.Tensor | None:
+    def extend(
+        self, table: str, data: Any, wait: float, request_id: str, *, strict: bool = False
+    ) -> torch.Tensor | None:
         """Insert ``data``; ``None`` when it does not fit the table's slot layout exactly
         (the caller sends it over HTTP, whose answer names what is wrong), or a slot that
         big would exceed the connection's shared memory (HTTP carries it)."""
@@ -206,33 +248,38 @@ class Channel:
         if n == 0:
             return None
         key = ("extend", table)
-        number = self._numbers[key][0] if key in self._numbers else self._number(key, 1)
-        mapped = self._slots.get(number)
-        if mapped is None or mapped.layout.rows < n:
-            ask = {"op": "extend_slot", "table": table, "rows": max(n, 64), "slot": number}
+        number = self._number(key, 1)
+        for attempt in range(2):
+            mapped = self._slots.get(number)
+            if mapped is None or mapped.layout.rows < n:
+                ask = {"op": "extend_slot", "table": table, "rows": max(n, 64), "slot": number}
+                try:
+                    reply, fd = self.call(ask, wait=0)
+                except errors.InsufficientStorage:  # over the shared-memory limits: HTTP
+                    if strict:
+                        raise
+                    return None
+                mapped = self._map(reply, fd, number)
+            if mapped.layout.rows < n or not _fill(mapped, td, n):
+                return None  # more rows than the table holds, or keys that do not fit: HTTP says
+            message = {"op": "extend", "table": table, "slot": number, "rows": n}
+            message.update(timeout=wait, request_id=request_id)
             try:
-                reply, fd = self.call(ask, wait=0)
-            except errors.InsufficientStorage:  # over this connection's shared memory: HTTP
-                return None
-            mapped = self._map(reply, fd, number)
-        if mapped.layout.rows < n or not _fill(mapped, td, n):
-            return None  # more rows than the table holds, or keys that do not fit: HTTP says
-        reply, _ = self.call(
-            {
-                "op": "extend",
-                "table": table,
-                "slot": number,
-                "rows": n,
-                "timeout": wait,
-                "request_id": request_id,
-            },
-            wait=wait,
-        )
-        return torch.tensor(reply["index"], dtype=torch.int64)
+                reply, _ = self.call(message, wait=wait)
+            except errors.InvalidRequest as err:
+                if err.field != "slot" or attempt:
+                    raise
+                self._forget(number)  # the table was replaced since the slot was laid out
+                continue
+            return torch.tensor(reply["index"], dtype=torch.int64)
+        return None
 
     def update_priority(self, table: str, payload: dict[str, Any]) -> int:
         reply, _ = self.call({"op": "update_priority", "table": table, **payload}, wait=0)
         return int(reply["updated"])
+
+    def __del__(self) -> None:
+        self.close()
 
     def close(self) -> None:
         self._slots.clear()
@@ -268,37 +315,76 @@ def _error(body: Any) -> errors.ServerError:
 class ShmLink:
     """One server's same-host transport: a :class:`Channel` per thread.
 
+    A thread's channel is closed when the thread ends (the loader starts
+    fetcher threads per pass), and a forked child starts with none of its
+    parent's (the socket and slots are the parent's).
+
     Args:
         path: the server's socket.
         token: the bearer token, if the server needs one.
         timeout: seconds a read of an answer may take (beyond the call's wait).
         lease_slots: slots per table and batch size each thread cycles through (see the lease).
+        instance: the server's identity from ``/v1/info``; a socket answering with
+            another is refused.
     """
 
-    def __init__(self, path: str, token: str | None, timeout: float, lease_slots: int = 2) -> None:
+    def __init__(
+        self,
+        path: str,
+        token: str | None,
+        timeout: float,
+        lease_slots: int = 2,
+        instance: str | None = None,
+    ) -> None:
         self.path = path
         self.token = token
         self.timeout = timeout
         self.lease_slots = max(1, lease_slots)
-        self._local = threading.local()
+        self.instance = instance
         self._lock = threading.Lock()
-        self._channels: list[Channel] = []
+        self._reset()
+        _LINKS.add(self)
+
+    def _reset(self) -> None:
+        self._local = threading.local()
+        # Weak: a thread's channel lives in its thread-local data only, and is closed when
+        # the thread ends (the loader starts fetcher threads for every pass).
+        self._channels: weakref.WeakSet[Channel] = weakref.WeakSet()
 
     def channel(self) -> Channel:
+        """This thread's channel (connected on first use).
+
+        Raises:
+            ShmUnavailable: the socket cannot be reached or refuses this client.
+        """
         chan = getattr(self._local, "channel", None)
         if chan is None or chan.sock.fileno() < 0:
-            chan = Channel(self.path, self.token, self.timeout, self.lease_slots)
+            chan = Channel(self.path, self.token, self.timeout, self.lease_slots, self.instance)
             self._local.channel = chan
             with self._lock:
-                self._channels.append(chan)
+                self._channels.add(chan)
         return chan
 
     def close(self) -> None:
         with self._lock:
-            channels, self._channels = self._channels, []
+            channels = list(self._channels)
+            self._channels = weakref.WeakSet()
         for chan in channels:
             chan.close()
         self._local = threading.local()
+
+
+#: every link of this process: a forked child drops its parent's connections
+_LINKS: weakref.WeakSet[ShmLink] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for link in list(_LINKS):
+        link._reset()  # the child's calls open their own connections
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 #: the commands the same-host transport carries (the others go over HTTP)
@@ -309,15 +395,24 @@ HTTP = object()
 UNRESOLVED = object()
 
 
-def run(link: ShmLink, command: C.Command[Any]) -> Any:
+def run(link: ShmLink, command: C.Command[Any], *, strict: bool = False) -> Any:
     """Execute ``command`` (one of :data:`COMMANDS`) over ``link``; :data:`HTTP` when an
-    extend's rows do not fit the table's layout (HTTP's answer names what is wrong)."""
+    extend's rows do not fit the table's layout (HTTP's answer names what is wrong), or
+    a slot would pass the server's shared-memory limits (HTTP has its own; ``strict``:
+    the limit's error is raised instead)."""
     chan = link.channel()
     if isinstance(command, C.Sample):
         alloc = None if command.lease else command.alloc
-        return chan.sample(command.table, command.batch_size, command.wait or 0.0, alloc)
+        try:
+            return chan.sample(command.table, command.batch_size, command.wait or 0.0, alloc)
+        except errors.InsufficientStorage as err:
+            if strict or err.field != "batch_size":
+                raise
+            return HTTP  # a slot that big is past the shared-memory limits: HTTP carries it
     if isinstance(command, C.Extend):
-        index = chan.extend(command.table, command.data, command.wait or 0.0, command.request_id)
+        index = chan.extend(
+            command.table, command.data, command.wait or 0.0, command.request_id, strict=strict
+        )
         return HTTP if index is None else index
     if isinstance(command, C.UpdatePriority):
         payload = json.loads(bytes(command.request().body or b"{}"))

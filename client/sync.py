@@ -124,7 +124,7 @@ class ReplayClient(ClientBase):
             link = self._link(call.shard)
             if link is not None:
                 try:
-                    result = shm.run(link, command)
+                    result = shm.run(link, command, strict=self.settings.transport == "shm")
                 except errors.TransportError:
                     if self.settings.transport == "shm":
                         raise

@@ -43,9 +43,14 @@ fills of a slot.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import math
+import mmap
+import os
 import struct
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -95,8 +100,8 @@ def parse_frame(body: bytes) -> dict[str, Any]:
     """
     try:
         message = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ShmProtocolError(f"a control frame is not JSON: {err}") from None
+    except (ValueError, RecursionError) as err:  # not UTF-8 or JSON, too deep, a huge integer
+        raise ShmProtocolError(f"a control frame is not JSON: {str(err)[:200]}") from None
     if not isinstance(message, dict):
         raise ShmProtocolError(f"a control frame is a JSON {type(message).__name__}, not an object")
     return message
@@ -179,3 +184,40 @@ class SlotLayout:
                 flat = torch.frombuffer(buffer, dtype=c.dtype, count=count, offset=c.offset)
             out[c.key] = flat.view(self.rows, *c.shape)
         return out
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class SharedMap:
+    """A shared, writable mapping of ``size`` bytes of file ``fd`` that keeps no descriptor.
+
+    (``mmap.mmap`` keeps a duplicate of the descriptor for as long as the
+    mapping lives: one descriptor per slot.) ``buffer`` is a ctypes array
+    over the mapping; views of it (``torch.frombuffer``) keep it alive, and
+    the mapping is unmapped once it and they are gone.
+
+    Raises:
+        OSError: the mapping failed (``ENOMEM`` and the like).
+    """
+
+    def __init__(self, fd: int, size: int) -> None:
+        addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        self.size = size
+        self.buffer = (ctypes.c_char * size).from_address(addr)
+        # unmapped when the buffer goes: after this object and every view of it
+        weakref.finalize(self.buffer, _libc.munmap, addr, size)

@@ -192,6 +192,24 @@ class Settings(BaseSettings):
         ge=1,
         description="Socket connections served at once (a further one is refused).",
     )
+    shm_total_bytes: int = Field(
+        default=4 * GiB,
+        ge=1,
+        description="Shared-memory slots all socket connections may hold together, in bytes "
+        "(a request that would need more fails with 507).",
+    )
+    shm_max_slots: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="Shared-memory slots one socket connection may hold.",
+    )
+    shm_idle_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds a socket connection may stay idle before the server ends it "
+        "(and frees its slots; the client reconnects when it needs to).",
+    )
 
     # -- performance --------------------------------------------------------
     torch_threads: int = Field(

@@ -17,6 +17,10 @@ router = APIRouter(prefix=protocol.API, tags=["server"])
 class ShmInfo(BaseModel):
     socket: str = Field(description="The Unix socket of the same-host transport.")
     host: str = Field(description="The host's identity (its kernel's boot id).")
+    instance: str = Field(
+        description="This server process's identity, which the socket's hello repeats: a "
+        "client checks it reached this server, not another one publishing the same path."
+    )
 
 
 class ServerInfo(BaseModel):
@@ -33,5 +37,7 @@ async def server_info(request: Request) -> dict[str, Any]:
     shm = state.shm
     return {
         "version": state.version,
-        "shm": None if shm is None else {"socket": str(shm.path), "host": shm.host},
+        "shm": None
+        if shm is None
+        else {"socket": str(shm.path), "host": shm.host, "instance": shm.instance},
     }

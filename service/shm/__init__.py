@@ -1,6 +1,10 @@
-"""The same-host transport: a Unix socket and shared-memory slots onto the core (see :mod:`.door`)."""
+"""The same-host transport: a Unix socket and shared-memory slots onto the core.
 
-from .door import ShmServer, host_id
+:mod:`.listener` binds the socket; :mod:`.connection` serves one client;
+:mod:`.slots` are the memfd buffers. The wire: :mod:`tdreplay.codec.shm`.
+"""
+
+from .listener import ShmServer, host_id
 from .slots import supported
 
 __all__ = ["ShmServer", "host_id", "supported"]

@@ -4,37 +4,72 @@ A :class:`Slot` is an anonymous memory file (``memfd_create``, no name in
 any file system, no ``/dev/shm``), sized and reserved up front
 (``posix_fallocate``: a full memory answers 507 here, not SIGBUS later),
 sealed against resizing (the client holds its descriptor and could
-otherwise truncate it under the server's mapping), mapped once. The server keeps only the mapping: the descriptor is handed to
-the client with the reply that created the slot and then closed, so a
-connection costs no file descriptors while it holds its slots.
-:class:`Slots` bounds what one connection may hold, in bytes and in count.
+otherwise truncate it under the server's mapping), mapped once. The server
+keeps only the mapping (:class:`~tdreplay.codec.shm.SharedMap`, which holds
+no descriptor): the descriptor goes to the client with the reply that made
+the slot and is closed then, so slots cost the server no file descriptors.
+:class:`Slots` bounds what one connection holds, in bytes and in count;
+:class:`Budget` bounds what all connections hold together.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
-import mmap
 import os
-from typing import Any
+import socket
 
-from tdreplay.codec.shm import ALIGN, SlotLayout
+import torch
+
+from tdreplay.codec.shm import ALIGN, SharedMap, SlotLayout
 from tdreplay.storage import InsufficientStorage, InvalidRequest, SampleTarget
 
-#: slots one connection may hold at most (each is a mapping of the server's)
-MAX_SLOTS = 256
 #: a slot's size is fixed for good before its descriptor leaves the server
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+#: errors that mean "no more memory or descriptors": 507, not 500
+FULL = (errno.ENOSPC, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
 
 
 def supported() -> bool:
-    """Whether this OS offers what the transport needs (``memfd_create``, ``SCM_RIGHTS``)."""
-    import socket
-
+    """Whether this OS offers what the transport needs (``memfd_create``, seals, ``SCM_RIGHTS``)."""
     return (
-        hasattr(os, "memfd_create") and hasattr(socket, "AF_UNIX") and hasattr(socket, "SCM_RIGHTS")
+        hasattr(os, "memfd_create")
+        and hasattr(fcntl, "F_ADD_SEALS")
+        and hasattr(socket, "AF_UNIX")
+        and hasattr(socket, "SCM_RIGHTS")
     )
+
+
+def _full(what: str, size: int, err: OSError) -> InsufficientStorage:
+    return InsufficientStorage(
+        f"no room for a shared-memory slot of {size} bytes ({what}: {err.strerror})",
+        field="batch_size",
+        got=size,
+    )
+
+
+class Budget:
+    """Bytes of slots all connections hold together, at most ``limit`` (``--shm-total-bytes``)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> None:
+        """Raises:
+        InsufficientStorage: ``size`` more would pass the limit."""
+        if self.used + size > self.limit:
+            raise InsufficientStorage(
+                f"a slot of {size} bytes would take the server's shared memory past its limit "
+                f"of {self.limit} bytes (--shm-total-bytes; {self.used} held by all connections)",
+                field="batch_size",
+                expected=f"<= {self.limit - self.used} bytes",
+                got=size,
+            )
+        self.used += size
+
+    def give(self, size: int) -> None:
+        self.used -= size
 
 
 class Slot:
@@ -47,62 +82,73 @@ class Slot:
         fd: the descriptor, until it was sent to the client (then ``-1``).
         out: for a sample slot, the views the table gathers into (checked once).
         generation: how many times the server filled it.
+
+    Raises:
+        InsufficientStorage: no memory, or no descriptor, for it.
     """
 
-    def __init__(self, kind: str, owner: Any, layout: SlotLayout) -> None:
+    def __init__(self, kind: str, owner: object, layout: SlotLayout) -> None:
         self.kind = kind
         self.owner = owner
         self.layout = layout
         self.size = max(ALIGN, layout.nbytes)
         self.generation = 0
         self.out: SampleTarget | None = None
-        self.fd = os.memfd_create(f"tdreplay-{kind}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            self.fd = os.memfd_create(f"tdreplay-{kind}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except OSError as err:
+            if err.errno in FULL:
+                raise _full("memfd_create", self.size, err) from None
+            raise
         try:
             os.ftruncate(self.fd, self.size)
-            try:
-                os.posix_fallocate(self.fd, 0, self.size)
-            except OSError as err:
-                if err.errno not in (errno.ENOSPC, errno.ENOMEM):
-                    raise
-                raise InsufficientStorage(
-                    f"no memory for a shared-memory slot of {self.size} bytes",
-                    field="batch_size",
-                    got=self.size,
-                ) from None
+            os.posix_fallocate(self.fd, 0, self.size)
             # The client gets this descriptor: sealed, it cannot shrink the file under the
             # server's mapping (a read or write past the end would be SIGBUS here).
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS)
-            self.map = mmap.mmap(self.fd, self.size)
+            self.map = SharedMap(self.fd, self.size)
+        except OSError as err:
+            os.close(self.fd)
+            if err.errno in FULL:
+                raise _full("reserve", self.size, err) from None
+            raise
         except BaseException:
             os.close(self.fd)
             raise
 
-    def views(self) -> dict[tuple[str, ...], Any]:
-        return self.layout.views(self.map)
+    def views(self) -> dict[tuple[str, ...], torch.Tensor]:
+        return self.layout.views(self.map.buffer)
+
+    @property
+    def fresh(self) -> bool:
+        """Whether its descriptor is still to be sent to the client."""
+        return self.fd >= 0
 
     def sent(self) -> None:
-        """The client has the descriptor now: the server keeps only the mapping."""
+        """The client has the descriptor now (or never will): the server keeps only the mapping."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
     def close(self) -> None:
-        """Unmap (once no view of the server's is left) and close."""
+        """Let go (the mapping goes with the last view of it)."""
         self.out = None
         self.sent()
-        with contextlib.suppress(BufferError):  # a view still alive: the mapping goes with it
-            self.map.close()
 
 
 class Slots:
     """The slots of one connection, by the client's number, bounded in bytes and count.
 
     Args:
-        max_bytes: bytes the slots may hold together.
+        max_bytes: bytes the slots may hold together (``--shm-connection-bytes``).
+        max_slots: slots at most (``--shm-max-slots``).
+        budget: the server's, shared by every connection.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, max_slots: int, budget: Budget) -> None:
         self.max_bytes = max_bytes
+        self.max_slots = max_slots
+        self.budget = budget
         self.nbytes = 0
         self._slots: dict[int, Slot] = {}
 
@@ -110,30 +156,37 @@ class Slots:
         return len(self._slots)
 
     def get(
-        self, number: Any, kind: str, owner: Any = None, rows: int | None = None
+        self, number: object, kind: str, owner: object = None, rows: int | None = None
     ) -> Slot | None:
         """Slot ``number`` if it is a ``kind`` slot of ``owner`` (and ``rows`` rows), else ``None``."""
-        slot = self._slots.get(number) if isinstance(number, int) else None
+        slot = self._slots.get(number) if type(number) is int else None
         if slot is None or slot.kind != kind or (owner is not None and slot.owner is not owner):
             return None
         if rows is not None and slot.layout.rows != rows:
             return None
         return slot
 
-    def make(self, number: Any, kind: str, owner: Any, layout: SlotLayout) -> Slot:
+    def check_number(self, number: object) -> int:
+        """Raises:
+        InvalidRequest: ``number`` is not an integer in ``[0, max_slots)``."""
+        if type(number) is not int or not 0 <= number < self.max_slots:
+            raise InvalidRequest(
+                f"slot must be an integer in [0, {self.max_slots}) (--shm-max-slots), "
+                f"got {number!r:.40}",
+                field="slot",
+                got=number if type(number) is int else None,
+            )
+        return number
+
+    def make(self, number: object, kind: str, owner: object, layout: SlotLayout) -> Slot:
         """A new slot ``number`` (replacing the one of that number).
 
         Raises:
-            InvalidRequest: ``number`` is not an integer in ``[0, MAX_SLOTS)``.
-            InsufficientStorage: the connection's slots would exceed ``max_bytes``,
-                or the memory is full.
+            InvalidRequest: see :meth:`check_number`.
+            InsufficientStorage: the connection's or the server's slots would
+                exceed their limits, or the memory or descriptors ran out.
         """
-        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < MAX_SLOTS:
-            raise InvalidRequest(
-                f"slot must be an integer in [0, {MAX_SLOTS}), got {number!r:.40}",
-                field="slot",
-                got=number if isinstance(number, int) else None,
-            )
+        number = self.check_number(number)
         self.drop(number)
         size = max(ALIGN, layout.nbytes)
         if self.nbytes + size > self.max_bytes:
@@ -145,15 +198,21 @@ class Slots:
                 expected=f"<= {self.max_bytes - self.nbytes} bytes",
                 got=size,
             )
-        slot = Slot(kind, owner, layout)
+        self.budget.take(size)
+        try:
+            slot = Slot(kind, owner, layout)
+        except BaseException:
+            self.budget.give(size)
+            raise
         self._slots[number] = slot
         self.nbytes += slot.size
         return slot
 
-    def drop(self, number: Any) -> None:
-        slot = self._slots.pop(number, None)
+    def drop(self, number: object) -> None:
+        slot = self._slots.pop(number, None) if type(number) is int else None
         if slot is not None:
             self.nbytes -= slot.size
+            self.budget.give(slot.size)
             slot.close()
 
     def close(self) -> None:

@@ -139,7 +139,7 @@ def test_the_client_cannot_shrink_a_slot_under_the_server(twins: Any) -> None:
     client.extend("seal", rows(0, 16))
     chan = client._link(0).channel()
     _, fd = chan.call(
-        {"op": "sample", "table": "seal", "batch_size": 4, "slot": 200, "timeout": 1}, wait=1
+        {"op": "sample", "table": "seal", "batch_size": 4, "slot": 60, "timeout": 1}, wait=1
     )
     assert fd >= 0
     try:
@@ -243,12 +243,17 @@ def test_a_connection_is_bounded_in_bytes(live_server: Any) -> None:
     server = live_server(shm_connection_bytes=4096)
     client = ReplayClient(server.url, transport="shm")
     client.create_table(spec("big", {"kind": "uniform"}, capacity=512))
-    client.extend("big", rows(0, 512))
+    with pytest.raises(ServerError) as err:  # a 512-row extend slot is over the bound too
+        client.extend("big", rows(0, 512))
+    assert err.value.type == "InsufficientStorage"
+    auto = ReplayClient(server.url)  # "auto" sends what does not fit over HTTP
+    assert auto.extend("big", rows(0, 512)).tolist() == list(range(512))
+    assert auto.sample("big", 256)["id"].shape == (256,)
     assert client.sample("big", 8)["id"].shape == (8,)  # a few hundred bytes: fine
     with pytest.raises(ServerError) as err:
         client.sample("big", 256)  # ~13 KB of slot: over the connection's 4096 bytes
     assert err.value.type == "InsufficientStorage" and "--shm-connection-bytes" in err.value.detail
-    assert client.info("big")["samples"] == 8  # the refused sample drew nothing
+    assert client.info("big")["samples"] == 8 + 256  # the refused sample drew nothing
 
 
 def test_the_loader_over_shm_owns_its_batches(twins: Any) -> None:

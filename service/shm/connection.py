@@ -1,7 +1,6 @@
-"""The same-host door: a Unix socket onto the core, rows in shared-memory slots.
+"""One connection of the same-host door: control frames onto the core, rows in slots.
 
-:class:`ShmServer` listens on a Unix-domain socket beside the HTTP port and
-serves each connection on the event loop: it reads control frames
+A :class:`Connection` serves one client on the event loop: it reads control frames
 (:mod:`tdreplay.codec.shm`), calls the same :class:`~tdreplay.service.core.Core`
 operations as the HTTP routes, with the same parameter models, and answers.
 Samples are gathered straight into the connection's slots; extends are
@@ -28,9 +27,7 @@ import hmac
 import logging
 import os
 import socket
-import stat
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tdreplay.codec.arrow import nest
 from tdreplay.codec.shm import (
@@ -42,88 +39,25 @@ from tdreplay.codec.shm import (
     frame_length,
     parse_frame,
 )
-from tdreplay.storage import SAMPLE_INFO_DTYPES, InvalidRequest, TDReplayError
+from tdreplay.storage import SAMPLE_INFO_DTYPES, InsufficientStorage, InvalidRequest, TDReplayError
 
-from ..core import Core, ExtendParams, PriorityUpdate, SampleParams, parse
+from ..core import ExtendParams, PriorityUpdate, SampleParams, parse
 from ..errors import Unauthorized, error_body
-from ..settings import Settings
 from .slots import Slot, Slots
+
+if TYPE_CHECKING:
+    from .listener import ShmServer
 
 log = logging.getLogger("tdreplay.service")
 
 #: seconds a new connection has to say hello
 HELLO_TIMEOUT = 10.0
-
-
-def host_id() -> str:
-    """This host's identity: the kernel's boot id (containers on one host share it)."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return socket.gethostname()
-
-
-class ShmServer:
-    """Serves the core over a Unix socket at ``path``.
-
-    Args:
-        core: the server's core.
-        settings: limits (``shm_connection_bytes``, ``shm_max_connections``,
-            ``max_body_bytes`` for control frames) and the token.
-        path: the socket's path.
-    """
-
-    def __init__(self, core: Core, settings: Settings, path: Path) -> None:
-        self.core = core
-        self.settings = settings
-        self.path = path
-        self.host = host_id()
-        self.connections: set[Connection] = set()
-        self._server: asyncio.AbstractServer | None = None
-
-    async def start(self) -> None:
-        """Bind and listen (a stale socket a crashed server left is replaced; nothing else is)."""
-        folder = self.path.parent
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if os.path.lexists(self.path):
-            if not stat.S_ISSOCK(os.lstat(self.path).st_mode):
-                raise InvalidRequest(
-                    f"{self.path} exists and is not a socket; it is left as it is "
-                    "(choose another --shm-socket)",
-                    field="shm_socket",
-                )
-            os.unlink(self.path)  # the data root is locked: no other server uses it
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.bind(str(self.path))
-        except OSError as err:
-            sock.close()
-            raise InvalidRequest(
-                f"cannot listen on {self.path}: {err.strerror} (--shm-socket)",
-                field="shm_socket",
-            ) from None
-        sock.listen(128)
-        sock.setblocking(False)
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(lambda: Connection(self), sock=sock)
-        log.info("same-host transport on %s", self.path)
-
-    async def stop(self) -> None:
-        """Stop listening, end every connection (their calls cancelled), remove the socket."""
-        if self._server is not None:
-            self._server.close()
-        for conn in list(self.connections):
-            await conn.close()
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
+#: largest frame before the hello went through (a hello is small; nothing big is parsed
+#: for a client that has not shown the token)
+MAX_HELLO = 4096
 
 
 def _too_many(limit: int) -> TDReplayError:
-    from tdreplay.storage import InsufficientStorage
-
     return InsufficientStorage(
         f"the server serves {limit} shared-memory connections, its limit "
         "(--shm-max-connections); use HTTP or try later",
@@ -148,8 +82,11 @@ class Connection(asyncio.Protocol):
     def __init__(self, server: ShmServer) -> None:
         self.server = server
         self.core = server.core
-        self.slots = Slots(server.settings.shm_connection_bytes)
-        self.limit = server.settings.max_body_bytes
+        settings = server.settings
+        self.slots = Slots(settings.shm_connection_bytes, settings.shm_max_slots, server.budget)
+        self.limit = settings.max_body_bytes
+        self.frame_timeout = settings.body_timeout
+        self.idle_timeout = settings.shm_idle_timeout
         self.authed = False
         self.task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
@@ -158,6 +95,13 @@ class Connection(asyncio.Protocol):
         self._out: socket.socket | None = None
         self._transport: asyncio.Transport | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
+        #: ends the connection when a frame stays incomplete, or nothing comes, too long
+        self._timer: asyncio.TimerHandle | None = None
+
+    def _arm(self, seconds: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_later(seconds, self._end)
 
     # -- the protocol ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -174,26 +118,35 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
+        limit = self.limit if self.authed else MAX_HELLO
         try:
             while True:
                 if self._need == 0:
                     if len(self._buf) < HEADER.size:
-                        return
-                    self._need = frame_length(bytes(self._buf[: HEADER.size]), self.limit)
+                        break
+                    self._need = frame_length(bytes(self._buf[: HEADER.size]), limit)
                     del self._buf[: HEADER.size]
                     if self._need == 0:
                         raise ShmProtocolError("an empty control frame")
                 if len(self._buf) < self._need:
-                    return
+                    break
                 body = bytes(self._buf[: self._need])
                 del self._buf[: self._need]
                 self._need = 0
                 if self.task is not None and not self.task.done():
                     raise ShmProtocolError("a request sent before the answer to the last one")
-                self.task = self._loop.create_task(self._serve(parse_frame(body)))
+                message = parse_frame(body)
+                if not self.authed:
+                    self._hello(message)
+                    limit = self.limit
+                    continue
+                self.task = self._loop.create_task(self._serve(message))
         except ShmProtocolError as err:
             self._send_now(frame(_bad(str(err))))
             self._end()
+            return
+        if self.authed and (self._buf or self._need):  # a frame under way: it must complete
+            self._arm(self.frame_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.task is not None and not self.task.done():
@@ -204,9 +157,8 @@ class Connection(asyncio.Protocol):
 
     # -- requests -------------------------------------------------------------
     async def _serve(self, message: dict[str, Any]) -> None:
-        if not self.authed:
-            self._hello(message)
-            return
+        if self._timer is not None:
+            self._timer.cancel()
         try:
             reply, slot = await self._dispatch(message)
         except TDReplayError as err:
@@ -223,14 +175,18 @@ class Connection(asyncio.Protocol):
         finally:
             if slot is not None:
                 slot.sent()
+        self._arm(self.idle_timeout)
 
     def _hello(self, message: dict[str, Any]) -> None:
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
+        """The first frame: protocol version and token, or the connection ends."""
         token = self.server.settings.token_bytes
         given = message.get("token")
-        given_bytes = given.encode() if isinstance(given, str) else b""
-        if message.get("op") != "hello" or message.get("version") != VERSION:
+        try:
+            given_bytes = given.encode() if isinstance(given, str) else b""
+        except UnicodeEncodeError:  # a lone surrogate: no token has one
+            given_bytes = b"\x00"
+        version = message.get("version")
+        if message.get("op") != "hello" or type(version) is not int or version != VERSION:
             self._send_now(
                 frame(_bad(f"the first frame must be {{'op': 'hello', 'version': {VERSION}}}"))
             )
@@ -241,8 +197,17 @@ class Connection(asyncio.Protocol):
             self._end()
         else:
             self.authed = True
-            reply = {"ok": True, "host": self.server.host, "max_bytes": self.slots.max_bytes}
+            if self._hello_timer is not None:
+                self._hello_timer.cancel()
+            reply = {
+                "ok": True,
+                "host": self.server.host,
+                "instance": self.server.instance,
+                "max_bytes": self.slots.max_bytes,
+                "max_slots": self.slots.max_slots,
+            }
             self._send_now(frame(reply))
+            self._arm(self.idle_timeout)
 
     # -- writing ----------------------------------------------------------------
     def _send_now(self, data: bytes) -> None:
@@ -291,8 +256,9 @@ class Connection(asyncio.Protocol):
             self._transport.close()
 
     def _release(self) -> None:
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
+        for timer in (self._hello_timer, self._timer):
+            if timer is not None:
+                timer.cancel()
         self.slots.close()
         if self._out is not None:
             self._out.close()
@@ -323,7 +289,7 @@ class Connection(asyncio.Protocol):
         if op == "info":
             return {"ok": True, "info": await self.core.info(_table(m))}, None
         if op == "release":
-            self.slots.drop(m.get("slot"))
+            self.slots.drop(self.slots.check_number(m.get("slot")))
             return {"ok": True}, None
         raise InvalidRequest(f"unknown operation {op!r:.40}", field="op")
 
@@ -332,18 +298,23 @@ class Connection(asyncio.Protocol):
         params = parse(SampleParams, m)
         handle = self.core.table(name)
         n = handle.table.check_batch_size(params.batch_size)
-        slot = self.slots.get(m.get("slot"), "sample", handle, n)
-        fresh = slot is None
+        number = self.slots.check_number(m.get("slot"))
+        slot = self.slots.get(number, "sample", handle, n)
         if slot is None:
             schema = {**handle.table.spec.torch_schema()}
             schema.update({k: ([], d) for k, d in SAMPLE_INFO_DTYPES.items()})
-            slot = self.slots.make(m.get("slot"), "sample", handle, SlotLayout.of(schema, n))
+            slot = self.slots.make(number, "sample", handle, SlotLayout.of(schema, n))
             slot.out = handle.table.target(nest(slot.views(), n), n)
         assert slot.out is not None
-        await self.core.sample_into(name, params, slot.out)
+        try:
+            await self.core.sample_into(name, params, slot.out)
+        except BaseException:
+            if slot.fresh:  # never handed over: the next request on its number starts anew
+                self.slots.drop(number)
+            raise
         slot.generation += 1
-        reply: dict[str, Any] = {"ok": True, "slot": m["slot"], "generation": slot.generation}
-        if fresh:
+        reply: dict[str, Any] = {"ok": True, "slot": number, "generation": slot.generation}
+        if slot.fresh:
             reply.update(rows=n, layout=slot.layout.to_json(), nbytes=slot.size)
             return reply, slot
         return reply, None
@@ -366,13 +337,16 @@ class Connection(asyncio.Protocol):
     async def _extend(self, m: dict[str, Any]) -> dict[str, Any]:
         name = _table(m)
         handle = self.core.table(name)
-        slot = self.slots.get(m.get("slot"), "extend", handle)
-        if slot is None:
+        number = self.slots.check_number(m.get("slot"))
+        slot = self.slots.get(number, "extend", handle)
+        if slot is None:  # never made, or made for a table of that name since replaced
             raise InvalidRequest(
-                f"slot {m.get('slot')!r:.40} is no extend slot of table {name!r} "
+                f"slot {number} is no extend slot of table {name!r} as it is now "
                 "(ask for one with extend_slot)",
                 table=name,
                 field="slot",
+                expected="extend_slot",
+                got=number,
             )
         rows = m.get("rows")
         if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= slot.layout.rows:

@@ -1,0 +1,127 @@
+"""The same-host door's listener: the Unix socket beside the HTTP port.
+
+:class:`ShmServer` binds the socket (in a folder only the server's user may
+enter), serves each connection with a :class:`~.connection.Connection` on
+the event loop, bounds them (``--shm-max-connections``, ``--shm-total-bytes``
+across all of them), and removes the socket when it stops - only the one it
+made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import stat
+from pathlib import Path
+
+from tdreplay.storage import InvalidRequest
+
+from ..core import Core
+from ..settings import Settings
+from .connection import Connection
+from .slots import Budget
+
+log = logging.getLogger("tdreplay.service")
+
+
+def host_id() -> str:
+    """This host's identity: the kernel's boot id (containers on one host share it)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+class ShmServer:
+    """Serves the core over a Unix socket at ``path``.
+
+    Args:
+        core: the server's core.
+        settings: limits (``shm_connection_bytes``, ``shm_max_connections``,
+            ``max_body_bytes`` for control frames) and the token.
+        path: the socket's path.
+    """
+
+    def __init__(self, core: Core, settings: Settings, path: Path) -> None:
+        self.core = core
+        self.settings = settings
+        self.path = path
+        self.host = host_id()
+        #: this server process's identity: a client checks that the socket it reached is the
+        #: one the server it asked over HTTP named (two servers may publish one path)
+        self.instance = secrets.token_hex(16)
+        self.budget = Budget(settings.shm_total_bytes)
+        self.connections: set[Connection] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._made: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket it bound
+
+    async def start(self) -> None:
+        """Bind and listen.
+
+        The socket's folder must be a real folder of the server's user; it is
+        made mode 0700. A socket already at the path is replaced only if it is
+        stale (nothing answers on it: a crashed server's); anything else there
+        is left alone and the transport does not start.
+
+        Raises:
+            InvalidRequest: the folder or the path cannot be used.
+        """
+        folder = self.path.parent
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            raise _unusable(self.path, f"{folder} is not a folder of this user")
+        os.chmod(folder, 0o700)
+        if os.path.lexists(self.path):
+            if not stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                raise _unusable(self.path, "it exists and is not a socket; it is left as it is")
+            if _answers(self.path):
+                raise _unusable(self.path, "another process listens on it; it is left as it is")
+            os.unlink(self.path)  # a stale socket: nobody listens on it
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(self.path))
+            os.chmod(self.path, 0o600)
+        except OSError as err:
+            sock.close()
+            raise _unusable(self.path, err.strerror or str(err)) from None
+        made = os.lstat(self.path)
+        self._made = (made.st_dev, made.st_ino)
+        sock.listen(128)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: Connection(self), sock=sock)
+        log.info("same-host transport on %s", self.path)
+
+    async def stop(self) -> None:
+        """Stop listening, end every connection (their calls cancelled), remove the socket
+        (if it is still the one this server made)."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            await conn.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+            with contextlib.suppress(OSError):
+                now = os.lstat(self.path)
+                if (now.st_dev, now.st_ino) == self._made:
+                    os.unlink(self.path)
+
+
+def _answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+        return True
+
+
+def _unusable(path: Path, why: str) -> InvalidRequest:
+    return InvalidRequest(f"cannot listen on {path}: {why} (--shm-socket)", field="shm_socket")
