@@ -24,10 +24,10 @@ from typing import Any
 from . import errors
 from .commands import Request, Response
 from .deprecation import warn_close_deprecated
+from .http1 import MAX_HEAD, chunk_size, has_body, parse_head, request_head
 from .transport import Endpoint, head_lines
 
 _SCRATCH = 64 * 1024
-_MAX_HEAD = 1 << 20
 
 
 class _Protocol(asyncio.BufferedProtocol):
@@ -111,34 +111,22 @@ class _Protocol(asyncio.BufferedProtocol):
         while True:
             end = self._scratch.find(b"\r\n\r\n", 0, self._n)
             if end < 0:
-                if self._n > _MAX_HEAD:
+                if self._n > MAX_HEAD:
                     raise ValueError("response head over 1 MiB")
                 return
-            lines = bytes(self._scratch[:end]).decode("latin-1").split("\r\n")
+            head = parse_head(bytes(self._scratch[:end]))
             self._consume(end + 4)
-            version, _, rest = lines[0].partition(" ")
-            code = rest[:3]
-            if not version.startswith("HTTP/1.") or not code.isdigit():
-                raise ValueError(f"bad status line {lines[0][:80]!r}")
-            status = int(code)
-            if 100 <= status < 200:
-                continue  # informational: the real answer follows
-            break
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise ValueError(f"bad header line {line[:80]!r}")
-            headers[name.strip().lower()] = value.strip()
-        self._status, self._headers = status, headers
-        self._keep = headers.get("connection", "").lower() != "close" and version != "HTTP/1.0"
+            if head is not None:  # else informational: the real answer follows
+                break
+        status, headers = head.status, head.headers
+        self._status, self._headers, self._keep = status, headers, head.keep_alive
         assert self._req is not None
-        if status in (204, 304) or self._req.method == "HEAD":
+        size = head.length
+        if not has_body(head, self._req.method):
             self._finish(memoryview(b""))
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
+        elif head.chunked:
             self._state, self._chunks, self._chunk_left = "chunked", [], -1
-        elif "content-length" in headers:
-            size = int(headers["content-length"])
+        elif size is not None:
             target = self._req.alloc(size) if status < 300 and size else memoryview(bytearray(size))
             have = min(self._n, size)
             target[:have] = self._scratch[:have]
@@ -173,7 +161,7 @@ class _Protocol(asyncio.BufferedProtocol):
                     self._finish(memoryview(b"".join(self._chunks)))
                     return
                 continue
-            size = int(line.split(b";")[0].strip() or b"x", 16)
+            size = chunk_size(line)
             self._chunk_left = size if size else -2
         self._consume(pos)
 
@@ -292,11 +280,11 @@ class AsyncTransport:
 
     async def _roundtrip(self, proto: _Protocol, req: Request) -> Response:
         url, what = self.endpoint.url, f"{req.method} {req.target}"
-        head = (
-            f"{req.method} {self.endpoint.prefix}{req.target} HTTP/1.1\r\n"
-            + "".join(f"{k}: {v}\r\n" for k, v in head_lines(req, self.endpoint, self.token))
-            + "\r\n"
-        ).encode("latin-1")
+        head = request_head(
+            req.method,
+            self.endpoint.prefix + req.target,
+            head_lines(req, self.endpoint, self.token),
+        )
         limit = self.timeout + req.wait
         result: Any
         try:

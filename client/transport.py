@@ -1,11 +1,15 @@
-"""The sync transport: ``http.client`` with a pool of keep-alive connections.
+"""The sync transport: a pool of keep-alive HTTP/1.1 connections (:mod:`.http1`).
 
 Chosen by measurement (``bench/client_bench.py``, against a bare Starlette
 route): on 14 MB bodies ``http.client`` reading with ``readinto`` ran at about
-5x httpx's throughput (2.6 vs 0.5 GB/s), and on tiny requests it made 3.5x
-as many calls per second (5.0k vs 1.4k). Bodies are received with ``readinto`` straight into a
-buffer the command chose (:attr:`Request.alloc`), so the loader can reuse its
-buffers (pinned memory on CUDA hosts) instead of allocating per batch.
+5x httpx's throughput (2.6 vs 0.5 GB/s), and our own connection
+(:class:`~tdreplay.client.http1.Connection`) keeps that ``recv_into`` while
+cutting ``http.client``'s per-call head building and ``email``-package
+parsing, a third of a one-item sample's client time. Bodies are received
+straight into a buffer the command chose (:attr:`Request.alloc`), so the
+loader can reuse its buffers (pinned memory on CUDA hosts) instead of
+allocating per batch. Chunked streams (:meth:`Transport.open_stream`) are
+read incrementally through ``http.client``.
 
 One :class:`Transport` per server; thread safe: each call takes an idle
 connection (or opens one), and puts it back when the answer was read whole.
@@ -21,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from . import errors
+from . import errors, http1
 from .commands import Request, Response
 
 USER_AGENT = "tdreplay-client/0.1"
@@ -89,12 +93,110 @@ class Transport:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
-        self._idle: deque[http.client.HTTPConnection] = deque()
+        self._idle: deque[http1.Connection] = deque()
         self._lock = threading.Lock()
         self._closed = False
 
     # ---------------------------------------------------------------- pool
-    def _new(self) -> http.client.HTTPConnection:
+    def _new(self) -> http1.Connection:
+        e = self.endpoint
+        try:
+            return http1.Connection(e.host, e.port, tls=e.tls, connect_timeout=self.connect_timeout)
+        except TimeoutError:
+            raise errors.Timeout(
+                f"connecting to {e.url} took over {self.connect_timeout}s", url=e.url
+            ) from None
+        except OSError as err:
+            raise errors.ConnectionFailed(
+                f"cannot connect to {e.url}: {err}", url=e.url, sent=False
+            ) from None
+
+    def _take(self) -> tuple[http1.Connection, bool]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        return self._new(), False
+
+    def _give(self, conn: http1.Connection) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self.max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Close every idle connection (calls in flight finish and close theirs)."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = list(self._idle), deque()
+        for conn in idle:
+            conn.close()
+
+    # ---------------------------------------------------------------- calls
+    def execute(self, req: Request) -> Response:
+        """Send ``req`` and read the whole answer.
+
+        A connection taken from the pool may have been closed by the server
+        while idle; if it ends before any byte of the answer arrives, the
+        request is sent once more on a fresh connection (as urllib3 does).
+
+        Raises:
+            ConnectionFailed: cannot connect, or the connection dropped.
+            Timeout: a connect or a read took longer than allowed.
+            ProtocolError: the answer is not valid HTTP.
+        """
+        conn, reused = self._take()
+        if reused:
+            try:
+                return self._roundtrip(conn, req, retry=True)
+            except _Stale:
+                pass
+            conn = self._new()
+        return self._roundtrip(conn, req, retry=False)
+
+    def head(self, req: Request) -> bytes:
+        """``req``'s request line and headers, as sent."""
+        return http1.request_head(
+            req.method,
+            self.endpoint.prefix + req.target,
+            head_lines(req, self.endpoint, self.token),
+        )
+
+    def _roundtrip(self, conn: http1.Connection, req: Request, *, retry: bool) -> Response:
+        url, what = self.endpoint.url, f"{req.method} {req.target}"
+        limit = self.timeout + req.wait
+        try:
+            status, headers, body, keep = conn.roundtrip(self.head(req), req, limit)
+        except TimeoutError:
+            conn.close()
+            raise errors.Timeout(
+                f"{what}: no answer from {url} within {limit:g}s", url=url
+            ) from None
+        except http1.ResetBeforeAnswer as err:
+            conn.close()
+            if retry:
+                raise _Stale from None
+            raise errors.ConnectionFailed(
+                f"{what}: connection to {url} lost: {err}", url=url, sent=True
+            ) from None
+        except OSError as err:
+            conn.close()
+            raise errors.ConnectionFailed(
+                f"{what}: connection to {url} lost: {err!r}", url=url, sent=True
+            ) from None
+        except ValueError as err:
+            conn.close()
+            raise errors.ProtocolError(f"{what}: bad answer from {url}: {err}", url=url) from None
+        except BaseException:
+            conn.close()
+            raise
+        if keep:
+            self._give(conn)
+        else:
+            conn.close()
+        return Response(status, headers, body)
+
+    def _stream_conn(self) -> http.client.HTTPConnection:
         e = self.endpoint
         conn: http.client.HTTPConnection
         if e.tls:
@@ -115,115 +217,21 @@ class Transport:
             ) from None
         return conn
 
-    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-        return self._new(), False
-
-    def _give(self, conn: http.client.HTTPConnection) -> None:
-        with self._lock:
-            if not self._closed and len(self._idle) < self.max_idle:
-                self._idle.append(conn)
-                return
-        conn.close()
-
-    def close(self) -> None:
-        """Close every idle connection (calls in flight finish and close theirs)."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = list(self._idle), deque()
-        for conn in idle:
-            conn.close()
-
-    # ---------------------------------------------------------------- calls
-    def execute(self, req: Request) -> Response:
-        """Send ``req`` and read the whole answer.
-
-        A connection taken from the pool may have been closed by the server
-        while idle; if it fails before any byte of the answer arrives, the
-        request is sent once more on a fresh connection (as urllib3 does).
-
-        Raises:
-            ConnectionFailed: cannot connect, or the connection dropped.
-            Timeout: a connect or a read took longer than allowed.
-            ProtocolError: the answer is not valid HTTP.
-        """
-        conn, reused = self._take()
-        try:
-            return self._roundtrip(conn, req)
-        except errors.ConnectionFailed:
-            if not reused:
-                raise
-        return self._roundtrip(self._new(), req)
-
-    def _put_head(self, conn: http.client.HTTPConnection, req: Request) -> None:
-        """Arm the socket's timeout and write the request line and headers (not yet sent)."""
-        assert conn.sock is not None
-        conn.sock.settimeout(self.timeout + req.wait)
-        conn.putrequest(
-            req.method, self.endpoint.prefix + req.target, skip_host=True, skip_accept_encoding=True
-        )
-        for name, value in head_lines(req, self.endpoint, self.token):
-            conn.putheader(name, value)
-
-    def _roundtrip(self, conn: http.client.HTTPConnection, req: Request) -> Response:
-        url = self.endpoint.url
-        sent = False
-        try:
-            self._put_head(conn, req)
-            sent = True
-            body = req.body
-            if body is not None and len(body) <= 65536:
-                conn.endheaders(bytes(body))  # one send for head and small body
-            else:
-                conn.endheaders(body)
-            resp = conn.getresponse()
-            headers = {k.lower(): v for k, v in resp.getheaders()}
-            if resp.status < 300 and resp.length is not None:
-                body_view = req.alloc(resp.length)
-                _readinto(resp, body_view)
-            else:
-                body_view = memoryview(resp.read())
-            will_close = resp.will_close
-            resp.close()  # read whole; frees the connection for the next request
-        except TimeoutError:
-            conn.close()
-            raise errors.Timeout(
-                f"{req.method} {req.target}: no answer from {url} within "
-                f"{self.timeout + req.wait:g}s",
-                url=url,
-            ) from None
-        except (ConnectionError, http.client.RemoteDisconnected, http.client.IncompleteRead) as err:
-            conn.close()
-            raise errors.ConnectionFailed(
-                f"{req.method} {req.target}: connection to {url} lost: {err!r}", url=url, sent=sent
-            ) from None
-        except http.client.HTTPException as err:
-            conn.close()
-            raise errors.ProtocolError(
-                f"{req.method} {req.target}: bad answer from {url}: {err!r}", url=url
-            ) from None
-        except OSError as err:
-            conn.close()
-            raise errors.ConnectionFailed(
-                f"{req.method} {req.target}: {url}: {err!r}", url=url, sent=sent
-            ) from None
-        except BaseException:
-            conn.close()
-            raise
-        if will_close:
-            conn.close()
-        else:
-            self._give(conn)
-        return Response(resp.status, headers, body_view)
-
     @contextmanager
     def open_stream(self, req: Request) -> Iterator[http.client.HTTPResponse]:
         """Send ``req`` and yield the unread response (for chunked streams); closes it after."""
-        conn = self._new()
+        conn = self._stream_conn()
         try:
-            self._put_head(conn, req)
+            assert conn.sock is not None
+            conn.sock.settimeout(self.timeout + req.wait)
+            conn.putrequest(
+                req.method,
+                self.endpoint.prefix + req.target,
+                skip_host=True,
+                skip_accept_encoding=True,
+            )
+            for name, value in head_lines(req, self.endpoint, self.token):
+                conn.putheader(name, value)
             conn.endheaders(req.body)
             resp = conn.getresponse()
         except TimeoutError:
@@ -246,10 +254,5 @@ class Transport:
             conn.close()
 
 
-def _readinto(resp: http.client.HTTPResponse, view: memoryview) -> None:
-    n, total = 0, len(view)
-    while n < total:
-        got = resp.readinto(view[n:])
-        if not got:
-            raise http.client.IncompleteRead(bytes(view[:0]), total - n)
-        n += got
+class _Stale(Exception):
+    """A pooled connection the server had closed: send again on a fresh one."""

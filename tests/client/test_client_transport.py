@@ -210,3 +210,70 @@ def test_async_transport(server: tuple[str, type[Handler]]) -> None:
 
     with srv:
         asyncio.run(garbage())
+
+
+def scripted_server(answer: bytes, *, close: bool = True) -> tuple[socket.socket, int]:
+    """A server that reads one request and writes ``answer`` as it is (then closes)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        conn.recv(65536)
+        conn.sendall(answer)
+        if close:
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, srv.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "body"),
+    [
+        # an informational answer first: the real one follows
+        (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            200,
+            b"ok",
+        ),
+        # no length, not chunked: the body runs to the end of the connection
+        (b"HTTP/1.1 200 OK\r\nContent-Type: x\r\n\r\nto the end", 200, b"to the end"),
+        # chunk extensions and trailers
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: 1\r\n\r\n",
+            200,
+            b"abcde",
+        ),
+        (b"HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n", 404, b""),
+    ],
+)
+def test_answers_the_parser_must_read(answer: bytes, status: int, body: bytes) -> None:
+    srv, port = scripted_server(answer)
+    with srv:
+        r = Transport(f"http://127.0.0.1:{port}").execute(Request("GET", "/"))
+    assert (r.status, bytes(r.body)) == (status, body)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA",  # more than one answer
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nX: " + b"a" * (1 << 20) + b"\r\n\r\n",  # a head over 1 MiB
+    ],
+)
+def test_malformed_answers_are_protocol_errors(answer: bytes) -> None:
+    srv, port = scripted_server(answer, close=False)
+    with srv, pytest.raises(ProtocolError):
+        Transport(f"http://127.0.0.1:{port}", timeout=5).execute(Request("GET", "/"))
+
+
+def test_an_answer_cut_short_is_connection_failed() -> None:
+    srv, port = scripted_server(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+    with srv, pytest.raises(ConnectionFailed):
+        Transport(f"http://127.0.0.1:{port}").execute(Request("GET", "/"))
