@@ -47,6 +47,11 @@ LAYERS: dict[str, frozenset[str]] = {
     "client": frozenset({"codec"}),
 }
 
+# Programs, not library code, that may also use a layer beside their own: the command line's
+# server commands drive a server through the public client, as a user's script would. Nothing
+# in their package imports them (the command line loads them for those commands only).
+PROGRAMS: dict[str, frozenset[str]] = {"tdreplay.service.cli_remote": frozenset({"client"})}
+
 # Module-level cycles still in the code, each as the set of modules it joins
 # (a strongly connected component of the import graph). Add none: break a new
 # cycle instead. Remove an entry when its cycle is broken (the test says so).
@@ -279,6 +284,7 @@ def test_imports_follow_the_layers() -> None:
         for e in imports(module_files())
         if package(e.target) != package(e.source)
         and package(e.target) not in LAYERS[package(e.source)]
+        and package(e.target) not in PROGRAMS.get(e.source, frozenset())
     ]
     assert not bad, (
         "imports against the layering codec <- storage <- service, codec <- client:\n  "

@@ -1,0 +1,299 @@
+"""The ``tdreplay`` commands that drive a running server, through the public client.
+
+A program, not library code: it uses :class:`tdreplay.client.ReplayClient` as
+a user's script would, and nothing in the service imports it (the command
+line loads it for these commands only). The arguments are those of
+:func:`tdreplay.service.cli.add_remote_commands`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from tqdm import tqdm
+
+from tdreplay import schemas
+from tdreplay.client import (
+    Forbidden,
+    ReplayClient,
+    ServerError,
+    TransportError,
+    Unauthorized,
+)
+from tdreplay.codec import CodecError, from_record_batch
+
+from .cli import CommandError, Exit, describe_file, export_format, show_progress
+from .settings import _check_token, _read_token_file
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def run(command: str, args: dict[str, Any]) -> None:
+    """Run ``command`` against the server of ``args`` (``--url``, token, ``--timeout``)."""
+    handler = COMMANDS[command]
+    with connect(args) as client:
+        handler(client, args)
+
+
+# ---------------------------------------------------------------- connecting
+def urls(args: dict[str, Any]) -> list[str]:
+    given = args.get("url") or [
+        u.strip() for u in os.environ.get("TDREPLAY_URL", "").split(",") if u.strip()
+    ]
+    return given or [DEFAULT_URL]
+
+
+def token(args: dict[str, Any]) -> str | None:
+    """The bearer token: from ``--token-file`` / ``TDREPLAY_TOKEN_FILE``, or ``TDREPLAY_TOKEN``."""
+    path = args.get("token_file") or os.environ.get("TDREPLAY_TOKEN_FILE")
+    env = os.environ.get("TDREPLAY_TOKEN")
+    try:
+        if path:
+            if env is not None:
+                raise ValueError(
+                    "the token is given twice: set TDREPLAY_TOKEN or --token-file "
+                    "(TDREPLAY_TOKEN_FILE), not both"
+                )
+            return _read_token_file(Path(path))
+        if env is not None:
+            _check_token(env, "TDREPLAY_TOKEN")
+            return env
+    except ValueError as err:  # the messages never quote the token
+        raise CommandError(str(err), Exit.USAGE) from None
+    return None
+
+
+@contextmanager
+def connect(args: dict[str, Any]) -> Iterator[ReplayClient]:
+    """A client of the server(s) of ``args``; its errors become :class:`CommandError`."""
+    where = ", ".join(urls(args))
+    try:
+        client = ReplayClient(
+            urls(args) if len(urls(args)) > 1 else urls(args)[0],
+            token(args),
+            timeout=args.get("timeout") or 600.0,
+        )
+    except ValueError as err:
+        raise CommandError(f"bad server URL {where!r}: {err}", Exit.USAGE) from None
+    try:
+        with client:
+            yield client
+    except (Unauthorized, Forbidden) as err:
+        hint = "" if token(args) else " (no token given: set TDREPLAY_TOKEN or --token-file)"
+        raise CommandError(f"{where} refused: {err}{hint}", Exit.UNAUTHORIZED) from None
+    except ServerError as err:
+        raise CommandError(f"{err} ({err.type}, HTTP {err.status})") from None
+    except TransportError as err:
+        raise CommandError(
+            f"no answer from {where}: {err}. Is the server running there? "
+            "(--url URL or TDREPLAY_URL)",
+            Exit.UNREACHABLE,
+        ) from None
+
+
+# ---------------------------------------------------------------- commands
+def tables(client: ReplayClient, args: dict[str, Any]) -> None:
+    listed = client.tables()
+    if args.get("json"):
+        print(json.dumps(listed, indent=2, default=str))
+        return
+    if not listed:
+        print("no tables")
+        return
+    rows = [("TABLE", "BACKEND", "SIZE", "CAPACITY", "SAMPLER")]
+    for info in listed:
+        rows.append(
+            (
+                str(info.get("name")),
+                str(_kind(info.get("backend"))),
+                str(info.get("size")),
+                str(info.get("capacity")),
+                str(_kind(info.get("sampler"))),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _kind(part: Any) -> Any:
+    return part.get("kind", part) if isinstance(part, dict) else part
+
+
+def info(client: ReplayClient, args: dict[str, Any]) -> None:
+    print(json.dumps(client.info(args["table"]), indent=2, default=str))
+
+
+def load_schema(name: str, backend: str | None) -> dict[str, Any]:
+    """A schema file (or a shipped schema's name) as the mapping ``POST /v1/tables`` takes."""
+    path = schemas.resolve(name)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        shipped = ", ".join(schemas.names())
+        raise CommandError(
+            f"cannot read schema {name!r}: {err.strerror or err} (shipped schemas: {shipped})"
+        ) from None
+    try:
+        spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as err:
+        raise CommandError(f"schema {str(path)!r} is not valid YAML/JSON: {err}") from None
+    if not isinstance(spec, dict):
+        raise CommandError(f"schema {str(path)!r} holds no mapping")
+    if backend:
+        spec["backend"] = {"kind": backend}
+    return spec
+
+
+def create(client: ReplayClient, args: dict[str, Any]) -> None:
+    for name in args["schemas"]:
+        made = client.create_table(load_schema(name, args.get("backend")))
+        print(
+            f"created table {made.get('name')!r}: capacity {made.get('capacity')}, "
+            f"backend {_kind(made.get('backend'))}"
+        )
+
+
+def drop(client: ReplayClient, args: dict[str, Any]) -> None:
+    table = args["table"]
+    if not args.get("yes"):
+        if not sys.stdin.isatty():
+            raise CommandError(f"deleting table {table!r} needs --yes", Exit.USAGE)
+        answer = input(f"delete table {table!r} and all its data? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            raise CommandError("not deleted")
+    client.delete_table(table)
+    print(f"deleted table {table!r}")
+
+
+def checkpoint(client: ReplayClient, args: dict[str, Any]) -> None:
+    table = args["table"]
+    written = client.checkpoint(table, args.get("path") or f"checkpoints/{table}")
+    for path in [written] if isinstance(written, str) else written:
+        print(f"checkpointed table {table!r} to {path} (under the server's data root)")
+
+
+def restore(client: ReplayClient, args: dict[str, Any]) -> None:
+    table = args["table"]
+    path = args.get("path") or f"checkpoints/{table}"
+    restored = client.restore(table, path)
+    print(f"restored table {table!r} from {path}: {restored.get('size')} rows")
+
+
+def export(client: ReplayClient, args: dict[str, Any]) -> None:
+    table = args.get("table")
+    if not table:
+        raise CommandError("which table? (export TABLE, or --checkpoint DIR offline)", Exit.USAGE)
+    output, on_server = args.get("output"), args.get("on_server")
+    if bool(output) == bool(on_server):
+        raise CommandError("give one of -o FILE (here) or --on-server PATH", Exit.USAGE)
+    fmt = export_format(args.get("format"), output or on_server)
+    if on_server:
+        print(
+            f"exported table {table!r} to {client.export(table, fmt, path=on_server)} "
+            "(under the server's data root)"
+        )
+        return
+    dest = Path(str(output))
+    with spinner(args, f"export {table}"):
+        data = client.export(table, fmt)
+    write_atomically(dest, data)
+    print(f"exported table {table!r} to {dest} ({describe_file(dest, fmt)})")
+
+
+def write_atomically(dest: Path, data: bytes) -> None:
+    """``data`` to ``dest`` (its folder made), written aside and renamed: never half a file."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def spinner(args: dict[str, Any], desc: str) -> Iterator[None]:
+    """A bar that shows the command is still at work (the server sends no progress)."""
+    bar = tqdm(
+        desc=desc, total=None, bar_format="{desc}: {elapsed}", disable=not show_progress(args)
+    )
+    try:
+        yield
+    finally:
+        bar.close()
+
+
+def parquet_files(source: Path) -> list[Path]:
+    if source.is_dir():
+        found = sorted(
+            p
+            for p in source.rglob("*")
+            if p.suffix in (".parquet", ".pq") and not p.name.startswith(("_", "."))
+        )
+        if not found:
+            raise CommandError(f"{str(source)!r} holds no *.parquet file")
+        return found
+    if not source.exists():
+        raise CommandError(f"{str(source)!r}: no such file or folder")
+    return [source]
+
+
+def import_(client: ReplayClient, args: dict[str, Any]) -> None:
+    table, chunk = args["table"], args["chunk"]
+    if chunk < 1:
+        raise CommandError(f"--chunk must be >= 1, got {chunk}", Exit.USAGE)
+    files = parquet_files(Path(args["source"]))
+    try:
+        opened = [(f, pq.ParquetFile(f)) for f in files]
+    except (OSError, pa.ArrowException) as err:
+        raise CommandError(f"cannot read Parquet: {err}") from None
+    total = sum(pf.metadata.num_rows for _, pf in opened)
+    written = 0
+    with tqdm(
+        total=total,
+        desc=f"import {table}",
+        unit="rows",
+        unit_scale=True,
+        disable=not show_progress(args),
+    ) as bar:
+        for path, pf in opened:
+            try:
+                for batch in pf.iter_batches(batch_size=chunk):
+                    rows = from_record_batch(batch)
+                    written += len(client.extend(table, rows))
+                    bar.update(batch.num_rows)
+            except (CodecError, pa.ArrowException) as err:
+                raise CommandError(
+                    f"{path}: not a tdreplay Parquet export ({err}); {written} rows were "
+                    "written before it"
+                ) from None
+            except ServerError as err:
+                if isinstance(err, Unauthorized | Forbidden):
+                    raise
+                raise CommandError(
+                    f"{path}: {err} ({err.type}, HTTP {err.status}); {written} rows were "
+                    "written before it"
+                ) from None
+    print(f"imported {written} rows into table {table!r} from {len(files)} file(s)")
+
+
+COMMANDS = {
+    "tables": tables,
+    "info": info,
+    "create": create,
+    "drop": drop,
+    "checkpoint": checkpoint,
+    "restore": restore,
+    "export": export,
+    "import": import_,
+}
