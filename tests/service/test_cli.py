@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -237,3 +239,186 @@ def test_a_repeated_list_flag_adds_to_the_list() -> None:
     assert args.redis == ["a=redis://h:1/0", "b=redis://h:2/0", "c=redis://h:3/0"]
     settings = Settings(redis=args.redis)
     assert sorted(settings.redis_connections) == ["a", "b", "c"]
+
+
+# ---------------------------------------------------------------- the commands that drive a server
+TOKEN = "cli-test-token-0123456789"
+
+
+def tdreplay_cli(
+    *argv: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, **env: str
+) -> tuple[int, str, str]:
+    """Run ``tdreplay *argv`` in this process: ``(exit status, stdout, stderr)``."""
+    for name in ("TDREPLAY_URL", "TDREPLAY_TOKEN", "TDREPLAY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def test_the_server_commands(
+    live_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tensordict import TensorDict
+    from testkit import make_rows, schema_fields
+
+    from tdreplay.client import ReplayClient
+
+    server = live_server("--schema", "cartpole", token=TOKEN)  # a shipped schema, by name
+    secret = tmp_path / "token"
+    secret.write_text(TOKEN + "\n")
+    env = {"TDREPLAY_URL": server.url, "TDREPLAY_TOKEN_FILE": str(secret)}
+
+    def cli(*argv: str, **extra: str) -> tuple[int, str, str]:
+        return tdreplay_cli(*argv, capsys=capsys, monkeypatch=monkeypatch, **{**env, **extra})
+
+    # no token: 4, and the message says where a token goes
+    code, _, err = tdreplay_cli(
+        "tables", "--url", server.url, capsys=capsys, monkeypatch=monkeypatch
+    )
+    assert code == 4 and "TDREPLAY_TOKEN" in err
+    code, out, _ = cli("tables")
+    assert code == 0 and out.split("\n")[1].split()[:4] == ["cartpole", "memmap", "0", "100000"]
+    code, out, _ = cli("create", "atari", "--backend", "memory")
+    assert code == 0 and "created table 'atari'" in out
+    code, _, err = cli("create", "atari")
+    assert code == 1 and "TableExists" in err and "already exists" in err
+    code, _, err = cli("create", str(tmp_path / "missing.yaml"))
+    assert code == 1 and "cannot read schema" in err and "cartpole" in err
+
+    rows = make_rows(schema_fields("cartpole"), 300)
+    with ReplayClient(server.url, TOKEN) as client:
+        client.extend("cartpole", rows)
+    code, out, _ = cli("info", "cartpole")
+    assert code == 0 and json.loads(out)["size"] == 300
+
+    # export: here (Parquet, CSV) and on the server; each reader loads the Parquet file
+    code, out, _ = cli("export", "cartpole", "-o", str(tmp_path / "out" / "cp.parquet"))
+    assert code == 0 and "300 rows" in out
+    assert cli("export", "cartpole", "-o", str(tmp_path / "cp.csv"))[0] == 0
+    code, out, _ = cli("export", "cartpole", "--on-server", "exports/cp.parquet")
+    assert code == 0 and (server.root / "exports" / "cp.parquet").is_file()
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    parquet = tmp_path / "out" / "cp.parquet"
+    frame = pd.read_parquet(parquet)
+    assert len(frame) == 300 and "next.reward" in frame.columns
+    assert pq.read_table(parquet).num_rows == 300
+    td = TensorDict.from_parquet(str(parquet), separator=".")
+    assert td.batch_size == (300,)
+    assert torch.equal(td["next", "observation"], rows["next", "observation"])
+    assert torch.equal(td["collector", "traj_ids"], rows["collector", "traj_ids"])
+    assert len(pd.read_csv(tmp_path / "cp.csv")) == 300
+
+    # import into a second table of the same fields: the same rows, in order
+    spec2 = yaml.safe_load((Path("schemas") / "cartpole.yaml").read_text())
+    spec2.update(name="cartpole2", backend={"kind": "memory"})
+    (tmp_path / "cartpole2.yaml").write_text(yaml.safe_dump(spec2))
+    assert cli("create", str(tmp_path / "cartpole2.yaml"))[0] == 0
+    code, out, _ = cli("import", "cartpole2", str(parquet), "--chunk", "128", "--progress")
+    assert code == 0 and "imported 300 rows" in out
+    with ReplayClient(server.url, TOKEN) as client:
+        assert client.info("cartpole2")["size"] == 300
+        again = client.export("cartpole2")
+    copied, original = pq.read_table(pa_buffer(again)), pq.read_table(parquet)
+    assert sorted(copied.column_names) == sorted(original.column_names)
+    assert all(copied.column(c).equals(original.column(c)) for c in original.column_names)
+    code, _, err = cli("import", "atari", str(parquet))
+    assert code == 1 and "0 rows were written" in err
+
+    # checkpoint, drop, restore
+    code, out, _ = cli("checkpoint", "cartpole")
+    assert code == 0 and "checkpoints/cartpole" in out
+    code, _, err = cli("drop", "cartpole")  # no terminal to ask on: --yes it is
+    assert code == 2 and "--yes" in err
+    assert cli("drop", "cartpole", "--yes")[0] == 0
+    code, _, err = cli("info", "cartpole")
+    assert code == 1 and "TableNotFound" in err
+    code, out, _ = cli("restore", "cartpole")
+    assert code == 0 and "300 rows" in out
+
+    # nobody at the URL: 3
+    code, _, err = cli("tables", "--url", "http://127.0.0.1:9")
+    assert code == 3 and "Is the server running" in err
+
+
+def pa_buffer(data: bytes) -> Any:
+    import pyarrow as pa
+
+    return pa.BufferReader(data)
+
+
+def test_offline_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a data root no server holds (the table's files, else its checkpoint), and from a checkpoint."""
+    import pyarrow.parquet as pq
+    from testkit import make_spec, rows
+
+    from tdreplay.storage import Table, lock_root
+
+    root = tmp_path / "data"
+    table = Table.open(make_spec("mm", backend={"kind": "memmap"}), root)
+    table.extend(rows(0, 40))
+    table.checkpoint(root / "checkpoints" / "mm")
+    table.extend(rows(40, 5))
+    table.close()  # or a crash: the files hold every row
+    mem = Table.create(make_spec("mem"), root)
+    mem.extend(rows(0, 7))
+    mem.checkpoint(root / "checkpoints" / "mem")
+    mem.destroy()
+
+    def cli(*argv: str) -> tuple[int, str, str]:
+        return tdreplay_cli(*argv, capsys=capsys, monkeypatch=monkeypatch)
+
+    code, out, _ = cli("export", "mm", "--root", str(root), "-o", str(tmp_path / "mm.parquet"))
+    assert code == 0 and "45 rows" in out and "tables/mm" in out
+    assert pq.read_table(tmp_path / "mm.parquet").column("id").to_pylist() == list(range(45))
+    code, out, _ = cli("export", "mem", "--root", str(root), "-o", str(tmp_path / "mem.csv"))
+    assert code == 0 and "checkpoints/mem" in out
+    code, out, _ = cli(
+        "export", "--checkpoint", str(root / "checkpoints" / "mm"), "-o", str(tmp_path / "c.pq")
+    )
+    assert code == 0 and "table 'mm'" in out
+    assert pq.read_table(tmp_path / "c.pq").column("id").to_pylist() == list(range(40))
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # scratch gone
+    code, _, err = cli("export", "nope", "--root", str(root), "-o", str(tmp_path / "x.parquet"))
+    assert code == 1 and "no table 'nope'" in err and "mm" in err
+    with lock_root(root):  # as a running server holds it
+        code, _, err = cli("export", "mm", "--root", str(root), "-o", str(tmp_path / "y.parquet"))
+    assert code == 1 and "in use" in err and "--url" in err
+    code, _, err = cli("export", "mm", "--root", str(root))
+    assert code == 2 and "-o FILE" in err
+
+
+def test_version_usage_and_shipped_schemas(tmp_path: Path) -> None:
+    import subprocess
+
+    from tdreplay import schemas
+    from tdreplay.service.cli import Exit, with_shipped_schemas
+
+    done = subprocess.run(
+        [sys.executable, "-m", "tdreplay.service", "--version"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "tdreplay 0.1.0"
+    assert int(Exit.UNREACHABLE) == 3 and int(Exit.UNAUTHORIZED) == 4
+    assert schemas.names() == ["atari", "cartpole", "robot"]
+    assert with_shipped_schemas(Settings(schema_path="cartpole", root=tmp_path)).schema_path == (
+        schemas.find("cartpole")
+    )
+    assert with_shipped_schemas(
+        Settings(schema_path=tmp_path / "schemas", root=tmp_path)
+    ).schema_path == (schemas.FOLDER)
+    kept = Settings(schema_path=tmp_path / "mine.yaml", root=tmp_path)
+    assert with_shipped_schemas(kept) is kept  # a missing path of the user's stays an error
