@@ -1,0 +1,381 @@
+"""What every benchmark shares: result entries, machine info, worker processes, timing.
+
+Every ``*_bench.py`` reports its figures as a list of entries, one per
+figure, with the same keys (``bench/run.py --json FILE`` collects them)::
+
+    {"bench": "http", "workload": "cartpole sample b32 (http)", "value": 41000.0,
+     "unit": "items/s", "baseline": "raw HTTP, same bytes", "baseline_value": 90000.0,
+     "ratio": 0.46, "goal": null, "pass": null}
+
+``ratio`` is value / baseline_value unless the benchmark says otherwise (a
+median of per-round ratios, or a lower-is-better figure turned round);
+``goal`` is the ratio a goal asks for (``ratio >= goal`` passes), ``None``
+where a figure is only reported.
+
+This module imports only the standard library at import time: the Reverb
+peer (``bench/reverb_peer.py``) runs it in an environment without torch.
+Not named ``*_bench.py``: ``bench/run.py`` runs every file that is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import select
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+MARK = "@@ "  # a worker's protocol lines on stdout start with this
+
+
+# ------------------------------------------------------------------ entries
+def entry(
+    bench: str,
+    workload: str,
+    value: float,
+    unit: str,
+    baseline: str | None = None,
+    baseline_value: float | None = None,
+    *,
+    ratio: float | None = None,
+    goal: float | None = None,
+) -> dict[str, Any]:
+    """One figure; ``ratio`` defaults to value / baseline_value, ``pass`` is ratio >= goal."""
+    if ratio is None and baseline_value:
+        ratio = value / baseline_value
+    ok = None if goal is None or ratio is None else bool(ratio >= goal)
+    return {
+        "bench": bench,
+        "workload": workload,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_value": baseline_value,
+        "ratio": ratio,
+        "goal": goal,
+        "pass": ok,
+    }
+
+
+def goal_entry(bench: str, text: str, value: float, ok: bool, unit: str = "") -> dict[str, Any]:
+    """An entry for a goal stated another way (a growth limit, a latency bound): its text is kept."""
+    return {
+        "bench": bench,
+        "workload": text,
+        "value": value,
+        "unit": unit,
+        "baseline": None,
+        "baseline_value": None,
+        "ratio": None,
+        "goal": text,
+        "pass": bool(ok),
+    }
+
+
+def fmt(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    text = f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+    return f"{text} {unit}".strip()
+
+
+def print_entries(entries: list[dict[str, Any]]) -> None:
+    """The entries as a table, then each goal as PASS / FAIL."""
+    width = max([len(e["workload"]) for e in entries] + [8])
+    print(f"\n{'workload':<{width}}  {'value':>18}  {'baseline':<26} {'its value':>18}  ratio")
+    for e in entries:
+        ratio = "" if e["ratio"] is None else f"{e['ratio']:.2f}x"
+        print(
+            f"{e['workload']:<{width}}  {fmt(e['value'], e['unit']):>18}  "
+            f"{e['baseline'] or '':<26} {fmt(e['baseline_value'], e['unit']):>18}  {ratio}"
+        )
+    goals = [e for e in entries if e["goal"] is not None]
+    if goals:
+        print("\ngoals:")
+        for e in goals:
+            want = f" >= {e['goal']:g}x" if isinstance(e["goal"], int | float) else ""
+            got = f"{e['ratio']:.2f}x" if e["ratio"] is not None else fmt(e["value"], e["unit"])
+            versus = f" {e['baseline']}" if e["baseline"] else ""
+            print(f"  {'PASS' if e['pass'] else 'FAIL'}  {e['workload']}:{versus} {got}{want}")
+        print(f"{sum(bool(e['pass']) for e in goals)}/{len(goals)} goals met")
+
+
+def write_json(path: Path, bench: str, entries: list[dict[str, Any]], **extra: Any) -> None:
+    """``{"bench", "command", "machine", "entries", ...extra}`` to ``path``."""
+    out = {
+        "bench": bench,
+        "command": " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
+        "machine": extra.pop("machine", None) or machine(),
+        "entries": entries,
+        **extra,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+def failed(entries: Iterable[dict[str, Any]]) -> bool:
+    return any(e["pass"] is False for e in entries)
+
+
+# ------------------------------------------------------------------ machine
+def machine() -> dict[str, Any]:
+    """Cores, CPU, memory, versions and load of this machine (for every JSON)."""
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    info: dict[str, Any] = {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg": list(os.getloadavg()),
+    }
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        kib = Path("/proc/meminfo").read_text().split("\n", 1)[0].split()[1]
+        info["mem_gib"] = round(int(kib) / 2**20, 1)
+    for name in ("torch", "tensordict", "torchrl"):
+        try:
+            info[name] = __import__(name).__version__
+        except ImportError:
+            info[name] = None
+    return info
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, all its threads, from ``/proc/<pid>/stat``."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    after_comm = stat[stat.rindex(")") + 2 :].split()  # fields 3.. (comm may hold spaces)
+    return (int(after_comm[11]) + int(after_comm[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------ processes
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_up(url: str, proc: subprocess.Popen, what: str, timeout: float = 120.0) -> None:
+    """Poll ``url`` until it answers; raise if ``proc`` exits first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)  # readiness poll
+    raise RuntimeError(f"{what} did not come up in {timeout:.0f}s")
+
+
+def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 120.0) -> None:
+    """Wait until something accepts TCP connections on ``port`` (a gRPC server)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)  # readiness poll
+    raise RuntimeError(f"{what} did not come up in {timeout:.0f}s")
+
+
+def schemas(into: Path) -> dict[str, dict[str, tuple[list[int], str]]]:
+    """The shipped cartpole and atari schemas as the benchmarks run them; returns their fields.
+
+    Fields, samplers and backend (memmap) as shipped. The atari schema's rate
+    limiter (samples_per_insert 8) would hold a benchmark's inserts back: it
+    runs with ``min_size_to_sample: 1`` and no ratio, and a capacity of 4096.
+    """
+    import yaml
+
+    into.mkdir(parents=True, exist_ok=True)
+    fields = {}
+    for name in ("cartpole", "atari"):
+        spec = yaml.safe_load((REPO / "schemas" / f"{name}.yaml").read_text())
+        if name == "atari":
+            spec["capacity"] = 4096
+            spec["rate_limiter"] = {"min_size_to_sample": 1}
+        (into / f"{name}.yaml").write_text(yaml.safe_dump(spec))
+        fields[name] = {k: (v["shape"], v["dtype"]) for k, v in spec["fields"].items()}
+    return fields
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """End the processes this benchmark started: workers by closing stdin, servers by SIGTERM."""
+    for proc in procs[::-1]:
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        else:
+            proc.terminate()
+    for proc in procs[::-1]:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# ------------------------------------------------------------------ workers
+class Case:
+    """A timed workload in a worker: ``call()`` moves ``items`` items; ``finish`` ends a run.
+
+    ``finish`` (a writer's flush) runs inside the timed window, once, after the
+    last call.
+    """
+
+    def __init__(
+        self, call: Callable[[], Any], items: int, finish: Callable[[], Any] | None = None
+    ) -> None:
+        self.call, self.items, self.finish = call, items, finish
+
+
+def timed_run(case: Case, seconds: float, start: float | None = None) -> dict[str, float]:
+    """Call ``case`` for about ``seconds`` (after one untimed call); calls, items, wall, CPU, p50."""
+    case.call()
+    if case.finish is not None:
+        case.finish()
+    if start is not None:
+        time.sleep(max(0.0, start - time.monotonic()))
+    lat: list[float] = []
+    c0, t0 = time.process_time(), time.perf_counter()
+    end, last = t0 + seconds, t0
+    while True:
+        case.call()
+        now = time.perf_counter()
+        lat.append(now - last)
+        last = now
+        if now >= end:
+            break
+    if case.finish is not None:
+        case.finish()
+        now = time.perf_counter()
+    wall = now - t0
+    return {
+        "calls": len(lat),
+        "items_per_s": len(lat) * case.items / wall,
+        "wall": wall,
+        "cpu": time.process_time() - c0,
+        "p50_ms": statistics.median(lat) * 1e3,
+    }
+
+
+def serve_worker(make_cases: Callable[[dict[str, Any]], dict[str, Case]], hello: dict) -> None:
+    """A worker's loop: JSON commands on stdin, ``MARK``-ed JSON answers on stdout.
+
+    Commands: ``{"op": "setup", ...}`` (passed to ``make_cases``, which fills
+    tables and returns the cases), ``{"op": "run", "case", "seconds"}``.
+    An exception is answered as ``{"error": ...}`` and the worker goes on.
+    """
+
+    def reply(obj: dict[str, Any]) -> None:
+        sys.stdout.write(MARK + json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    reply({"ready": True, **hello})
+    cases: dict[str, Case] = {}
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            if cmd["op"] == "setup":
+                cases = make_cases(cmd)
+                reply({"cases": sorted(cases)})
+            elif cmd["op"] == "run":
+                reply(timed_run(cases[cmd["case"]], cmd["seconds"], cmd.get("start")))
+        except Exception as exc:  # reported to the driver, which names the case
+            reply({"error": f"{type(exc).__name__}: {exc}"})
+
+
+class Worker:
+    """A worker process driven over its stdin/stdout (``serve_worker`` on the other end)."""
+
+    def __init__(
+        self, cmd: list[str], env: dict[str, str] | None = None, stderr: Any = None
+    ) -> None:
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            bufsize=1, env=env,
+        )  # fmt: skip
+        self.hello = self.read(600)
+
+    def send(self, cmd: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def read(self, timeout: float = 600.0) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                raise RuntimeError(f"worker {self.proc.pid} did not answer in {timeout:.0f}s")
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"worker {self.proc.pid} exited with {self.proc.wait()}")
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK) :])
+            sys.stdout.write(line)  # anything else a library printed
+
+    def ask(self, cmd: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
+        self.send(cmd)
+        got = self.read(timeout)
+        if "error" in got:
+            raise RuntimeError(f"worker {self.proc.pid}, {cmd}: {got['error']}")
+        return got
+
+
+def paired_ratio(runs: list[dict], base: list[dict], key: str = "items_per_s") -> float:
+    """Median over rounds of this round's value / the baseline's in the same round."""
+    return statistics.median(a[key] / b[key] for a, b in zip(runs, base, strict=True))
+
+
+def rotate(items: list[Any], r: int) -> list[Any]:
+    """``items`` starting at position ``r`` (mod its length): each round a new first case."""
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def run_rounds(
+    groups: list[list[str]],
+    worker_of: Callable[[str], Worker],
+    rounds: int,
+    seconds: float,
+) -> dict[str, list[dict[str, float]]]:
+    """Every case of every group once per round, each group's cases in a rotating order.
+
+    Cases compared with each other share a group, so they run back to back and
+    a burst of load from elsewhere lands on all of them alike; ratios are then
+    taken within a round (``paired_ratio``).
+    """
+    runs: dict[str, list[dict[str, float]]] = {}
+    for r in range(rounds):
+        for group in groups:
+            for case in rotate(group, r):
+                got = worker_of(case).ask({"op": "run", "case": case, "seconds": seconds})
+                runs.setdefault(case, []).append(got)
+        print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
+    return runs
+
+
+def median_of(runs: list[dict[str, float]], key: str = "items_per_s") -> float:
+    return statistics.median(run[key] for run in runs)
