@@ -34,8 +34,10 @@ from tdreplay.storage import TDReplayError, clean_checkpoints, lock_root
 from . import errors, shm, tuning
 from .bodies import BodyBuffers
 from .core import PERIODIC_BACKENDS, Core, PeriodicCheckpoints, load_tables
+from .hotpath import HotRoutes
 from .metrics import Metrics, MetricsMiddleware
 from .routes import data, health, persistence, server, tables
+from .routes.data import HOT_ROUTES
 from .security import BearerAuth
 from .settings import Settings, is_loopback
 
@@ -141,7 +143,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "(`{type, detail, field}`). See `tdreplay.codec.protocol`."
         ),
         lifespan=lifespan,
+        docs_url=None,  # served by _offline_docs from bundled assets, not a CDN
     )
+    _offline_docs(app)
     metrics = Metrics(lambda: app.state.core.registry.handles())
     app.state.settings = settings
     app.state.metrics = metrics
@@ -157,6 +161,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     for module in (data, tables, persistence, server, health):  # hot routes first: matched in order
         app.include_router(module.router)
+    # innermost: authentication and metrics (added below) see the hot routes' requests too
+    app.add_middleware(HotRoutes, fastapi=app, router=data.router, names=HOT_ROUTES)
     if settings.token_bytes:
         app.add_middleware(BearerAuth, token=settings.token_bytes)
         _declare_bearer(app)
@@ -168,6 +174,40 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts 401s too
     return app
+
+
+#: the Swagger UI files /docs needs, served from the swagger-ui-bundle package (works offline)
+DOCS_ASSETS = {
+    "swagger-ui-bundle.js": "text/javascript",
+    "swagger-ui.css": "text/css",
+    "favicon-32x32.png": "image/png",
+}
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI from the assets bundled with ``swagger-ui-bundle``, no CDN."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import FileResponse, HTMLResponse
+    from starlette.exceptions import HTTPException
+    from swagger_ui_bundle import swagger_ui_path
+
+    assets = Path(swagger_ui_path)
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} - API",
+            swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs/assets/swagger-ui.css",
+            swagger_favicon_url="/docs/assets/favicon-32x32.png",
+        )
+
+    @app.get("/docs/assets/{name}", include_in_schema=False)
+    async def docs_asset(name: str) -> FileResponse:
+        if name not in DOCS_ASSETS:  # a fixed list: no path from the request reaches the disk
+            raise HTTPException(404, f"no docs asset {name!r}")
+        return FileResponse(assets / name, media_type=DOCS_ASSETS[name])
 
 
 def _declare_bearer(app: FastAPI) -> None:

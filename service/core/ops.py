@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -46,6 +48,8 @@ from .params import ExportBody, ExtendParams, PathBody, PriorityUpdate, SamplePa
 from .paths import EXPORT_SCRATCH, checkpoint_target, confine_area, export_target, relative
 from .registry import Registry
 from .waiting import WaitHook
+
+log = logging.getLogger("tdreplay.service")
 
 #: seconds ``readiness`` waits for the Redis tables' marker probes
 PROBE_WAIT = 0.5
@@ -249,8 +253,18 @@ class Core:
             target = self.root / EXPORT_SCRATCH / f"{name}-{uuid.uuid4().hex}.{body.format}"
             scratch = True
         fmt = body.format
+        began = time.monotonic()
         with handle.use() as table:
-            return await handle.call(lambda: table.export(target, format=fmt)), scratch
+            written = await handle.call(lambda: table.export(target, format=fmt))
+        log.info(
+            "table %r exported as %s to %s: %d bytes in %.2f s",
+            name,
+            fmt,
+            "the client" if scratch else relative(self.root, written),
+            written.stat().st_size,
+            time.monotonic() - began,
+        )
+        return written, scratch
 
     def relative(self, path: Path) -> str:
         """``path`` as a client sees it: relative to the data root."""
