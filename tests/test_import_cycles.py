@@ -1,7 +1,8 @@
 """No import cycles; imports only down the layers: codec <- storage <- service, codec <- client.
 
 The import graph is read statically: every module of the ``tdreplay``
-packages (the ``codec``, ``storage``, ``service`` and ``client`` folders) is
+packages (the ``codec``, ``storage``, ``service`` and ``client`` folders, and
+``adapters/torchrl`` for ``tdreplay.torchrl``) is
 parsed with :mod:`ast`, and each ``import`` / ``from ... import`` (relative
 ones resolved) is an edge to the tdreplay module it names — to the submodule
 when ``from package import name`` names one, else to the package.
@@ -37,7 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("codec", "storage", "service", "client")
+PACKAGES = ("codec", "storage", "service", "client", "torchrl")
+# The folder of each package, where it is not the package's own name.
+FOLDERS: dict[str, str] = {"torchrl": "adapters/torchrl"}
 
 # What each package may import of tdreplay (besides itself).
 LAYERS: dict[str, frozenset[str]] = {
@@ -45,6 +48,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "storage": frozenset({"codec"}),
     "service": frozenset({"storage", "codec"}),
     "client": frozenset({"codec"}),
+    "torchrl": frozenset({"client", "codec"}),  # an adapter on the client side
 }
 
 # Programs, not library code, that may also use a layer beside their own: the command line's
@@ -72,8 +76,9 @@ def module_files(root: Path = REPO) -> dict[str, Path]:
     """Every tdreplay module by dotted name (``tdreplay.client.core``; packages by their own)."""
     out = {}
     for pkg in PACKAGES:
-        for path in sorted((root / pkg).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
+        folder = root / FOLDERS.get(pkg, pkg)
+        for path in sorted(folder.rglob("*.py")):
+            parts = (pkg, *path.relative_to(folder).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             out[".".join(("tdreplay", *parts))] = path
@@ -251,6 +256,9 @@ def test_the_walker_sees_the_modules_and_their_edges() -> None:
         "tdreplay.client.commands",
         "tdreplay.codec.arrow",
     ) in edges  # from ..codec import arrow
+    # adapters/torchrl is read as tdreplay.torchrl
+    assert ("tdreplay.torchrl.buffer", "tdreplay.client") in edges  # from tdreplay.client import
+    assert ("tdreplay.torchrl.buffer", "tdreplay.torchrl.rows") in edges  # from . import rows
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert components(graph) == [frozenset("abc")]
     assert a_cycle(graph, frozenset("abc")) == ["a", "b", "c", "a"]
@@ -287,7 +295,7 @@ def test_imports_follow_the_layers() -> None:
         and package(e.target) not in PROGRAMS.get(e.source, frozenset())
     ]
     assert not bad, (
-        "imports against the layering codec <- storage <- service, codec <- client:\n  "
+        "imports against the layering codec <- storage <- service, codec <- client <- torchrl:\n  "
         + ("\n  ".join(bad))
     )
 

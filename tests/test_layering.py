@@ -1,4 +1,4 @@
-"""Dependencies point one way: service -> storage -> codec; client -> codec only.
+"""Dependencies point one way: service -> storage -> codec; torchrl -> client -> codec.
 
 Each check imports one package in a fresh interpreter and looks at what else
 got loaded, so a stray import anywhere in the package fails it. The layers
@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from test_import_cycles import LAYERS
+from test_import_cycles import FOLDERS, LAYERS
 
 # Third-party packages a layer must not load: the web stack belongs to the service.
 WEB_STACK = {
@@ -23,6 +23,7 @@ WEB_STACK = {
     "storage": ["fastapi", "uvicorn", "starlette", "httpx"],
     "service": [],
     "client": ["fastapi", "uvicorn", "starlette"],
+    "torchrl": ["fastapi", "uvicorn", "starlette"],
 }
 
 
@@ -65,8 +66,9 @@ def test_every_subpackage_is_packaged() -> None:
     config = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     found = set()
-    for top in ("storage", "service", "client", "codec"):
-        for init in (repo / top).rglob("__init__.py"):
-            rel = init.parent.relative_to(repo).parts
-            found.add(".".join(("tdreplay", *rel)))
+    for top in ("storage", "service", "client", "codec", "torchrl"):
+        folder = repo / FOLDERS.get(top, top)
+        for init in folder.rglob("__init__.py"):
+            rel = init.parent.relative_to(folder).parts
+            found.add(".".join(("tdreplay", top, *rel)))
     assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"

@@ -1,0 +1,473 @@
+"""``TDReplayBuffer``: TorchRL's ``TensorDictReplayBuffer``, its table held by a tdreplay server.
+
+A script switches from TorchRL's in-process buffer to the service by changing
+one constructor line::
+
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100_000), batch_size=256)
+    rb = TDReplayBuffer("http://replay:8000", "cartpole", batch_size=256)
+
+Everything else stays: collectors take it as ``replay_buffer=``, losses read
+``priority_weight`` from its samples and write ``td_error`` that
+``update_tensordict_priority`` sends back. Like TorchRL's ``RayReplayBuffer``
+it *is* a ``ReplayBuffer`` to TorchRL (``isinstance`` holds) whose work
+happens elsewhere: the storage, sampler and writer are the table's, in the
+server (``_storage`` / ``_sampler`` / ``_writer`` are the markers of
+:mod:`.remote`); ``share()`` has nothing to share; the buffer pickles as its
+connection settings, so every collector worker opens its own connection.
+"""
+
+from __future__ import annotations  # noqa: I001 (ruff takes adapters/torchrl for the torchrl package)
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+from torchrl.data import TensorDictReplayBuffer
+
+from tdreplay.client import ReplayClient, TableNotFound
+
+from . import rows as R
+from .remote import ServiceSampler, ServiceStorage, ServiceWriter
+from .state import ServiceStateMixin
+
+
+class TDReplayBuffer(ServiceStateMixin, TensorDictReplayBuffer):
+    """A TorchRL ``TensorDictReplayBuffer`` whose storage and sampler are a tdreplay table.
+
+    The table (its capacity, fields, sampler, writer, rate limiter) is
+    declared on the server, by a schema or by ``create=`` here; this object
+    holds only a client. Its methods follow TorchRL's:
+    :meth:`extend` / :meth:`add` insert rows, :meth:`sample` returns a
+    TensorDict with ``index`` and, from a prioritized table,
+    ``priority_weight`` (the importance weight TorchRL's losses read), and
+    :meth:`update_tensordict_priority` sends back the loss's ``td_error``.
+
+    Args:
+        url: the server's URL, a list of URLs (a sharded table), or a
+            :class:`~tdreplay.client.ReplayClient` to use.
+        table: the table's name.
+
+    Keyword Args:
+        batch_size: the default size of :meth:`sample` and of iteration.
+        prefetch: keep this many samples of ``batch_size`` in flight (background threads).
+        priority_key: where losses write priorities (TorchRL's default ``"td_error"``).
+        transform: a callable (e.g. a TorchRL ``Transform``) applied to every sampled batch.
+        strict: send every key of extended data: the server refuses keys the
+            table does not declare. By default they are left out, with a warning
+            naming them once (collectors add keys such as ``action_value``).
+        create: table options (``capacity`` required, ``sampler``, ``backend``...)
+            to create the table from the first extended batch's layout when it
+            does not exist — TorchRL's lazy storages' behaviour.
+        timeout: seconds ``extend`` / ``sample`` may wait on the table's rate
+            limiter (default: the client's ``wait``).
+        **client_options: passed to :class:`~tdreplay.client.ReplayClient`
+            (``token``, ``transport``, ``retry``...).
+
+    Raises:
+        TypeError: ``url`` is a client and ``client_options`` were given too.
+
+    Example:
+        >>> from tdreplay.torchrl import TDReplayBuffer
+        >>> rb = TDReplayBuffer("http://127.0.0.1:8000", "cartpole", batch_size=256)  # doctest: +SKIP
+        >>> collector = Collector(env, policy, frames_per_batch=200, total_frames=-1,
+        ...                       replay_buffer=rb)                                  # doctest: +SKIP
+        >>> batch = rb.sample()                     # doctest: +SKIP
+        >>> loss = loss_module(batch)               # writes batch["td_error"]  # doctest: +SKIP
+        >>> rb.update_tensordict_priority(batch)    # doctest: +SKIP
+    """
+
+    # TorchRL's ReplayBuffer metaclass: this class is already the service backend,
+    # and its `transport=` (shared memory or HTTP) is not TorchRL's transport.
+    _service_backend_resolved = True
+    _accepts_transport_backend = False
+
+    def __init__(
+        self,
+        url: str | Sequence[str] | ReplayClient,
+        table: str,
+        *,
+        batch_size: int | None = None,
+        prefetch: int | None = None,
+        priority_key: NestedKey = "td_error",
+        transform: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        strict: bool = False,
+        create: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        **client_options: Any,
+    ) -> None:
+        if isinstance(url, ReplayClient):
+            if client_options:
+                raise TypeError(
+                    f"TDReplayBuffer got a client and client options {sorted(client_options)}: "
+                    "set them on the client"
+                )
+            client = url
+        else:
+            client = ReplayClient(url, **client_options)
+        if batch_size is not None and batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive number of items, got {batch_size!r}")
+        if prefetch and batch_size is None:
+            raise ValueError("prefetch needs a batch_size: the samples in flight have that size")
+        if create is not None and "capacity" not in create:
+            raise ValueError("create= needs the table's capacity: create={'capacity': N, ...}")
+        self._client = client
+        self._table = table
+        self._batch_size = batch_size
+        self._prefetch_cap = int(prefetch or 0)
+        self.priority_key = priority_key
+        self._transform_fn = transform
+        self._strict = strict
+        self._create = dict(create) if create is not None else None
+        self._timeout = timeout
+        self._setup_local()
+
+    def _setup_local(self) -> None:
+        """Per-process state (made again when unpickled): no connection is opened here."""
+        self._meta: dict[str, Any] | None = None
+        self._keys: frozenset[tuple[str, ...]] | None = None
+        self._warned: set[frozenset[tuple[str, ...]]] = set()
+        self._warned_uniform = False
+        self._copy_samples: bool | None = None
+        self._prefetcher: Iterator[Any] | None = None
+        self._lock = threading.Lock()
+        # what TorchRL's own code reads on any ReplayBuffer
+        self.shared = True
+        self._delayed_init = False
+        self._initialized = True
+        self._service_shutdown = False
+        self._replay_lock = threading.RLock()
+        self._futures_lock = threading.RLock()
+        self._write_lock = contextlib.nullcontext()
+        self._dim_extend = 0
+        self._iterator: Iterator[TensorDictBase] | None = None
+
+    # ---------------------------------------------------------------- pickling
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles as the client's settings and the options: each process connects on its own."""
+        options = {
+            "batch_size": self._batch_size,
+            "prefetch": self._prefetch_cap or None,
+            "priority_key": self.priority_key,
+            "transform": self._transform_fn,
+            "strict": self._strict,
+            "create": self._create,
+            "timeout": self._timeout,
+        }
+        return (_rebuild, (type(self), self._client, self._table, options))
+
+    # ---------------------------------------------------------------- the table
+    @property
+    def replay_client(self) -> ReplayClient:
+        """The :class:`~tdreplay.client.ReplayClient` this buffer talks through."""
+        return self._client
+
+    @property
+    def table(self) -> str:
+        """The table's name."""
+        return self._table
+
+    def info(self) -> dict[str, Any]:
+        """The table's info from the server (size, counters, fields, sampler...)."""
+        info = self._client.info(self._table)
+        if self._meta is None:
+            self._meta = {k: info[k] for k in ("fields", "sampler", "writer") if k in info}
+            self._keys = R.table_keys(info["fields"])
+        return info
+
+    def _meta_info(self) -> dict[str, Any]:
+        if self._meta is None:
+            self.info()
+        assert self._meta is not None
+        return self._meta
+
+    @property
+    def _storage(self) -> ServiceStorage:  # type: ignore[override]
+        return ServiceStorage(self._table)
+
+    @property
+    def _sampler(self) -> ServiceSampler:  # type: ignore[override]
+        try:
+            sampler = dict(self._meta_info().get("sampler") or {})
+        except TableNotFound:
+            if self._create is None:
+                raise
+            sampler = dict(R.spec_sampler(self._create))
+        kind = str(sampler.pop("kind", "uniform"))
+        return ServiceSampler(self._table, kind, sampler)
+
+    @property
+    def _writer(self) -> ServiceWriter:  # type: ignore[override]
+        writer = self._meta_info().get("writer") or {}
+        return ServiceWriter(self._table, str(writer.get("kind", "round_robin")))
+
+    @property
+    def batch_size(self) -> int | None:
+        """The default size of :meth:`sample` and of iteration."""
+        return self._batch_size
+
+    def __len__(self) -> int:
+        """How many items the table holds now."""
+        return int(self.info()["size"])
+
+    @property
+    def write_count(self) -> int:  # type: ignore[override]
+        """How many items were ever written to the table (by every writer, checkpoints kept)."""
+        return int(self.info()["inserts"])
+
+    def stats(self) -> dict[str, int | float | bool]:
+        """A snapshot of the table's counters, named as TorchRL's ``stats()`` names them."""
+        info = self.info()
+        return {
+            "size": int(info["size"]),
+            "capacity": int(info["capacity"]),
+            "write_count": int(info["inserts"]),
+            "sample_count": int(info["samples"]),
+            "can_sample": bool(info.get("can_sample", True)),
+        }
+
+    def can_sample(self, batch_size: int | None = None) -> bool:
+        """Whether a sample of ``batch_size`` would proceed now (rate limiter and size)."""
+        info = self.info()
+        n = batch_size or self._batch_size or 1
+        return bool(info.get("can_sample", True)) and int(info["size"]) >= n
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(url={self._client!r}, table={self._table!r}, "
+            f"batch_size={self._batch_size})"
+        )
+
+    # ---------------------------------------------------------------- writing
+    def _table_keys(self, data: TensorDictBase) -> frozenset[tuple[str, ...]]:
+        if self._keys is None:
+            try:
+                self.info()
+            except TableNotFound:
+                if self._create is None:
+                    raise
+                self._create_from(data)
+                self.info()
+        assert self._keys is not None
+        return self._keys
+
+    def _create_from(self, data: TensorDictBase) -> None:
+        assert self._create is not None
+        spec = R.spec_from_tensordict(
+            data, self._table, exclude=(*R.SAMPLE_KEYS, self.priority_key), **self._create
+        )
+        with contextlib.suppress(Exception):  # another worker created it first: info() tells
+            self._client.create_table(spec)
+
+    def extend(  # type: ignore[override]
+        self, tensordicts: Any, *, update_priority: bool | None = None
+    ) -> torch.Tensor:
+        """Insert a batch (``[N]``, ``[B, T]`` or ``[]``); returns the slots written, shaped like it.
+
+        As TorchRL's: ``index`` is set in ``tensordicts`` (when it is not locked)
+        and, for a prioritized table, a ``priority_key`` entry sets the new
+        items' priorities.
+
+        Raises:
+            TypeError: not a TensorDict or tensorclass.
+            SchemaError: a key the table declares is missing, or a shape or dtype differs
+                (nothing was written).
+            RateLimitTimeout: the table's rate limiter held the insert past ``timeout``.
+        """
+        data = R.as_tensordict(tensordicts, who="TDReplayBuffer.extend")
+        keys = self._table_keys(data)
+        extra: set[tuple[str, ...]] = set()
+        if self._strict:
+            rows = data.unsqueeze(0) if data.batch_dims == 0 else data.reshape(-1)
+        else:
+            rows, extra = R.rows_for(data, keys, (*R.SAMPLE_KEYS, self.priority_key))
+        if extra:
+            self._warn_extra(extra)
+        index = self._client.extend(self._table, rows, timeout=self._timeout)
+        shaped = index.reshape(data.batch_size) if data.batch_dims else index.reshape(())
+        if not data.is_locked:
+            data.set("index", shaped)
+        if update_priority is not False and self._sampler.prioritized:
+            priority = data.get(self.priority_key, None)
+            if priority is not None:
+                self._client.update_priority(
+                    self._table, index, R.priority_vector(data, self.priority_key)
+                )
+        return shaped
+
+    def add(self, data: Any) -> int:
+        """Insert one step (a TensorDict with an empty batch); returns its slot."""
+        index = self.extend(data)
+        return int(index.reshape(-1)[0])
+
+    def _warn_extra(self, extra: set[tuple[str, ...]]) -> None:
+        key = frozenset(extra)
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        names = sorted(".".join(k) for k in extra)
+        warnings.warn(
+            f"TDReplayBuffer(table={self._table!r}): the table does not declare {names}; "
+            "they are not stored (add them to the schema, or pass strict=True to have "
+            "the server refuse them)",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    # ---------------------------------------------------------------- sampling
+    def sample(  # type: ignore[override]
+        self, batch_size: int | None = None, return_info: bool = False
+    ) -> Any:
+        """Sample ``batch_size`` items (default: the buffer's ``batch_size``).
+
+        Returns:
+            A TensorDict ``[batch_size]`` with the table's fields, ``index``,
+            ``sample_info`` (``priority``, ``weight``, ``times_sampled``, ``key``)
+            and, from a prioritized table, ``priority_weight``; with
+            ``return_info``, ``(batch, {"index": ..., "priority_weight": ...})``.
+            The batch owns its memory (a shared-memory sample is copied out).
+
+        Raises:
+            RuntimeError: no ``batch_size`` here nor at construction.
+            RateLimitTimeout: the table could not be sampled within ``timeout``.
+        """
+        n = batch_size if batch_size is not None else self._batch_size
+        if n is None:
+            raise RuntimeError(
+                "TDReplayBuffer.sample needs a batch size: pass sample(batch_size) or "
+                "TDReplayBuffer(..., batch_size=N)"
+            )
+        if self._prefetch_cap and n == self._batch_size:
+            batch = next(self._prefetched())
+        else:
+            batch = self._client.sample(self._table, n, timeout=self._timeout)
+            if self._copies():
+                batch = batch.clone()
+        info: dict[str, Any] = {"index": batch.get("index")}
+        if self._sampler.prioritized:
+            weight = batch.get(("sample_info", "weight"))
+            batch.set("priority_weight", weight)
+            info["priority_weight"] = weight
+        if self._transform_fn is not None:
+            batch = self._transform_fn(batch)
+        return (batch, info) if return_info else batch
+
+    def _copies(self) -> bool:
+        """Whether samples view a leased shared-memory slot, so must be copied to be owned."""
+        if self._copy_samples is None:
+            self._copy_samples = len(self._client.urls) == 1 and self._client.transport == "shm"
+        return self._copy_samples
+
+    def _prefetched(self) -> Iterator[Any]:
+        with self._lock:
+            if self._prefetcher is None:
+                assert self._batch_size is not None
+                loader = self._client.loader(
+                    self._table,
+                    self._batch_size,
+                    prefetch=self._prefetch_cap,
+                    keep=True,
+                    timeout=self._timeout,
+                )
+                self._prefetcher = iter(loader)
+            return self._prefetcher
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        """Batches of ``batch_size``: endless, or until the table runs low for fifo/lifo tables."""
+        if self._batch_size is None:
+            raise RuntimeError(
+                "cannot iterate over a TDReplayBuffer without batch_size: "
+                "pass TDReplayBuffer(..., batch_size=N)"
+            )
+        consuming = self._sampler.consuming
+        while not consuming or len(self) >= self._batch_size:
+            yield self.sample()
+
+    def next(self) -> TensorDictBase | None:
+        """The next batch of the iteration, or ``None`` when it ends (TorchRL's remote protocol)."""
+        if self._iterator is None:
+            self._iterator = iter(self)
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._iterator = None
+            return None
+
+    # ---------------------------------------------------------------- priorities
+    def update_priority(  # type: ignore[override]
+        self, index: Any, priority: Any, *, key: Any = None
+    ) -> int:
+        """Set the priorities of the items at ``index`` (from ``batch["index"]``).
+
+        Pass ``key=batch["sample_info", "key"]`` and slots overwritten since the
+        sample keep their new items' priorities. On a table without priorities
+        this does nothing (with a warning, as TorchRL's samplers do).
+
+        Returns:
+            How many priorities were applied.
+
+        Raises:
+            ValueError: ``index``, ``priority`` (and ``key``) differ in length.
+            InvalidRequest: a bad index or priority (negative, not finite).
+        """
+        if not self._sampler.prioritized:
+            if not self._warned_uniform:
+                self._warned_uniform = True
+                warnings.warn(
+                    f"update_priority on table {self._table!r}, whose sampler "
+                    f"{self._sampler.kind!r} keeps no priorities: nothing is updated",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            return 0
+        if isinstance(index, tuple):
+            index = torch.stack([torch.as_tensor(i) for i in index], -1)[..., 0]
+        return self._client.update_priority(self._table, index, priority, key=key)
+
+    def update_tensordict_priority(self, data: TensorDictBase) -> None:  # type: ignore[override]
+        """Send the priorities a loss wrote in a sampled batch (``priority_key``) to the table.
+
+        Reads ``index`` and ``priority_key`` (reduced to one value per item with
+        ``max``, as TorchRL does) and ``("sample_info", "key")`` when present, so
+        items overwritten since the sample are left alone. Does nothing for
+        tables without priorities, like TorchRL.
+
+        Raises:
+            KeyError: the batch has no ``index`` or no ``priority_key``.
+        """
+        if not self._sampler.prioritized:
+            return
+        index = R.flat_index(data)
+        priority = R.priority_vector(data, self.priority_key)
+        key = data.get(("sample_info", "key"), None)
+        self._client.update_priority(
+            self._table, index, priority, key=None if key is None else key.reshape(-1)
+        )
+
+    # ---------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Stop prefetching and close idle connections (the buffer stays usable)."""
+        with self._lock:
+            prefetcher, self._prefetcher = self._prefetcher, None
+        if prefetcher is not None:
+            close = getattr(prefetcher, "close", None)
+            if close is not None:
+                close()
+        self._client.close()
+
+    def __enter__(self) -> TDReplayBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _rebuild(
+    cls: type[TDReplayBuffer], client: ReplayClient, table: str, options: dict[str, Any]
+) -> TDReplayBuffer:
+    """Unpickle a :class:`TDReplayBuffer` (the function ``__reduce__`` names)."""
+    return cls(client, table, **options)

@@ -1,0 +1,187 @@
+"""Rows in and out of a table, the way TorchRL's ``TensorDictReplayBuffer`` shapes them.
+
+* :func:`table_keys` reads a table's fields (dotted names) as TensorDict keys.
+* :func:`rows_for` turns what a collector hands ``extend`` into the rows the
+  table declares: a tensorclass becomes its TensorDict, ``[B, T]`` batches
+  are flattened, and keys the buffer itself adds (``index``,
+  ``priority_weight``, the loss's ``td_error``, ``sample_info``) are dropped.
+* :func:`priority_vector` reduces a loss's per-item priority to one number
+  per row, with TorchRL's default reduction (``max`` over trailing dims).
+* :func:`spec_from_tensordict` writes the schema of a table that stores
+  exactly what a TensorDict holds, for ``ReplayClient.create_table``.
+
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> td = TensorDict({"obs": torch.zeros(3, 4), "next": {"reward": torch.zeros(3, 1)}}, [3])
+    >>> spec = spec_from_tensordict(td, "demo", capacity=100)
+    >>> spec["fields"]
+    {'next.reward': {'shape': [1], 'dtype': 'float32'}, 'obs': {'shape': [4], 'dtype': 'float32'}}
+    >>> sorted(table_keys(spec["fields"]))
+    [('next', 'reward'), ('obs',)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase, is_tensorclass
+from tensordict.utils import NestedKey
+
+from tdreplay.codec.dtypes import name_of
+
+#: keys a sampled batch (or a loss run on it) carries that are not rows of the table
+SAMPLE_KEYS: tuple[NestedKey, ...] = ("index", "priority_weight", "sample_info")
+
+
+def as_tuple(key: NestedKey) -> tuple[str, ...]:
+    """``"a"`` -> ``("a",)``; tuples as they are."""
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def table_keys(fields: Iterable[str]) -> frozenset[tuple[str, ...]]:
+    """The TensorDict keys of a table's fields (``"next.reward"`` -> ``("next", "reward")``)."""
+    return frozenset(tuple(name.split(".")) for name in fields)
+
+
+def as_tensordict(data: Any, *, who: str) -> TensorDictBase:
+    """``data`` as a TensorDict: a TensorDict as it is, a tensorclass as its TensorDict.
+
+    Raises:
+        TypeError: anything else (TorchRL's TensorDict buffers take only these).
+    """
+    if isinstance(data, TensorDictBase):
+        return data
+    if is_tensorclass(data):
+        return data._tensordict
+    raise TypeError(
+        f"{who} takes a TensorDict or a tensorclass, got {type(data).__name__}; "
+        "wrap other data in a TensorDict"
+    )
+
+
+def rows_for(
+    data: TensorDictBase,
+    keys: frozenset[tuple[str, ...]],
+    ignored: Iterable[NestedKey],
+) -> tuple[TensorDictBase, set[tuple[str, ...]]]:
+    """The rows of ``data`` the table stores, flattened to ``[N]``, and the keys left out.
+
+    Args:
+        data: a batch ``[N]``, ``[B, T]`` or ``[]`` (one step).
+        keys: the table's keys (:func:`table_keys`).
+        ignored: keys never stored nor reported (what sampling and losses add).
+
+    Returns:
+        ``(rows, extra)``: ``rows`` holds the table's keys that ``data`` has (the
+        server names any it lacks); ``extra`` the leaf keys of ``data`` the table
+        does not declare, beside ``ignored`` ones.
+    """
+    skip = [as_tuple(k) for k in ignored]
+    extra: set[tuple[str, ...]] = set()
+    for key in data.keys(include_nested=True, leaves_only=True):
+        k = as_tuple(key)
+        if k not in keys and not any(k[: len(s)] == s for s in skip):
+            extra.add(k)
+    present = [k for k in keys if k in data.keys(include_nested=True)]
+    rows = data.select(*present)
+    if rows.batch_dims == 0:
+        rows = rows.unsqueeze(0)
+    elif rows.batch_dims > 1:
+        rows = rows.reshape(-1)
+    return rows, extra
+
+
+def priority_vector(data: TensorDictBase, priority_key: NestedKey) -> torch.Tensor:
+    """One priority per row of ``data`` (batch ``[N]``, ``[B, T]`` or ``[]``): ``max`` over the rest.
+
+    Raises:
+        KeyError: ``data`` has no ``priority_key`` (run the loss on the batch first).
+    """
+    priority = data.get(priority_key, None)
+    if priority is None:
+        raise KeyError(
+            f"no {priority_key!r} in the batch to take priorities from: run the loss on "
+            "the sampled batch first (it writes the key), or pass priority_key= to "
+            "TDReplayBuffer to name another"
+        )
+    priority = torch.as_tensor(priority).detach()
+    n = max(1, data.batch_size.numel())
+    return priority.reshape(n, -1).amax(dim=1)
+
+
+def flat_index(data: TensorDictBase) -> torch.Tensor:
+    """``data["index"]`` as one slot per row (TorchRL expands it over trailing dims).
+
+    Raises:
+        KeyError: ``data`` has no ``index`` (it was not sampled from, nor extended into, a buffer).
+    """
+    index = data.get("index", None)
+    if index is None:
+        raise KeyError(
+            "no 'index' in the batch: update priorities of batches returned by sample() "
+            "(or extended through the buffer)"
+        )
+    index = torch.as_tensor(index)
+    while index.ndim > data.batch_dims and index.ndim > 0:
+        index = index[..., 0]
+    return index.reshape(-1)
+
+
+def spec_from_tensordict(
+    data: TensorDictBase,
+    name: str,
+    *,
+    capacity: int,
+    sampler: Mapping[str, Any] | str = "uniform",
+    backend: Mapping[str, Any] | str = "memmap",
+    exclude: Iterable[NestedKey] = SAMPLE_KEYS,
+    **options: Any,
+) -> dict[str, Any]:
+    """The spec of a table storing the leaves of ``data`` (one row per item of its batch).
+
+    Args:
+        data: an example batch ``[N]``, ``[B, T]`` or ``[]``: its batch dims are
+            the rows, every other dim is a field's shape.
+        name: the table's name.
+        capacity: how many items it holds.
+        sampler: a sampler kind (``"prioritized"``) or its whole block
+            (``{"kind": "prioritized", "alpha": 0.6, "beta": 0.4}``).
+        backend: a backend kind or block.
+        exclude: keys left out (by default what sampling adds).
+        **options: further spec entries (``writer``, ``rate_limiter``...).
+
+    Returns:
+        A mapping :meth:`tdreplay.client.ReplayClient.create_table` takes.
+
+    Raises:
+        ValueError: a key holds something other than a tensor, or has a dot in it.
+    """
+    skip = [as_tuple(k) for k in exclude]
+    fields: dict[str, dict[str, Any]] = {}
+    for key in sorted(data.keys(include_nested=True, leaves_only=True), key=as_tuple):
+        k = as_tuple(key)
+        if any(k[: len(s)] == s for s in skip):
+            continue
+        if any("." in part for part in k):
+            raise ValueError(f"key {key!r}: a table's field names cannot hold dots")
+        value = data.get(key)
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"key {key!r} holds a {type(value).__name__}, not a tensor")
+        shape = list(value.shape[data.batch_dims :])
+        fields[".".join(k)] = {"shape": shape, "dtype": name_of(value.dtype)}
+    return {
+        "name": name,
+        "capacity": capacity,
+        "fields": fields,
+        "sampler": {"kind": sampler} if isinstance(sampler, str) else dict(sampler),
+        "backend": {"kind": backend} if isinstance(backend, str) else dict(backend),
+        **options,
+    }
+
+
+def spec_sampler(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampler block of table options given as ``create=`` (``"uniform"`` when unset)."""
+    sampler = options.get("sampler", "uniform")
+    return {"kind": sampler} if isinstance(sampler, str) else dict(sampler)

@@ -1,0 +1,215 @@
+"""TDReplayBuffer against a real server: TorchRL's buffer contract, call by call."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.collectors import Collector
+from torchrl.data import TensorDictReplayBuffer
+from torchrl.modules import QValueActor
+from torchrl.objectives import DQNLoss
+from torchrl_kit import check_exactly_once, make_env, stored_frame_ids
+
+from tdreplay.client import ReplayClient, SchemaError, TableNotFound
+from tdreplay.torchrl import TDReplayBuffer, spec_from_tensordict
+
+
+def rollout(frames: int = 64) -> TensorDict:
+    """``frames`` CartPole frames, as a TorchRL collector emits them."""
+    collector = Collector(make_env(), policy=None, frames_per_batch=frames, total_frames=frames)
+    try:
+        return next(iter(collector))
+    finally:
+        collector.shutdown()
+
+
+@pytest.fixture(scope="module")
+def frames() -> TensorDict:
+    return rollout(64)
+
+
+@pytest.mark.parametrize("transport", ["http", "shm"])
+def test_extend_sample_len(
+    server: Any, make_table: Callable[..., str], frames: TensorDict, transport: str
+) -> None:
+    table = make_table()
+    rb = TDReplayBuffer(server.url, table, batch_size=16, transport=transport)
+    assert isinstance(rb, TensorDictReplayBuffer)
+    assert rb.replay_client.transport == transport
+    data = frames.clone()
+    index = rb.extend(data)
+    assert index.tolist() == list(range(64))
+    assert torch.equal(data["index"], index)  # set in the data, as TorchRL does
+    assert len(rb) == rb.write_count == 64
+    batch = rb.sample()
+    assert batch.batch_size == (16,)
+    assert "priority_weight" not in batch  # uniform table: TorchRL adds none either
+    by_id = {int(i): k for k, i in enumerate(frames["next", "frame_id"])}
+    rows = torch.tensor([by_id[int(i)] for i in batch["next", "frame_id"]])
+    assert torch.equal(batch["index"], rows)
+    assert torch.equal(batch["observation"], frames["observation"][rows])
+    # samples own their memory: later samples do not overwrite them (shared memory is leased)
+    kept = batch.clone()
+    for _ in range(4):
+        rb.sample()
+    assert (batch == kept).all()
+    assert rb.sample(5).batch_size == (5,)
+    _, info = rb.sample(return_info=True)
+    assert set(info) == {"index"}
+
+
+def test_prioritized_with_a_torchrl_loss(
+    server: Any, make_table: Callable[..., str], frames: TensorDict
+) -> None:
+    table = make_table(sampler="prioritized")
+    rb = TDReplayBuffer(server.url, table, batch_size=32)
+    rb.extend(frames.clone())
+    batch, info = rb.sample(return_info=True)
+    assert torch.equal(batch["priority_weight"], batch["sample_info", "weight"])
+    assert torch.equal(info["priority_weight"], batch["priority_weight"])
+    qnet = torch.nn.Linear(4, 2)
+    actor = QValueActor(qnet, in_keys=["observation"], action_space="one-hot")
+    loss = DQNLoss(actor, action_space="one-hot")
+    loss.make_value_estimator(gamma=0.99)
+    loss(batch)  # reads priority_weight, writes td_error
+    assert batch["td_error"].shape[0] == 32
+    rb.update_tensordict_priority(batch)
+    # one item's priority far above the rest: it is (nearly) all that is sampled
+    target = int(batch["index"][0])
+    rb.update_priority(torch.tensor([target]), torch.tensor([1e6]))
+    again = rb.sample(64)
+    assert (again["index"] == target).float().mean() > 0.9
+    # a loss's output extended back in: index, priority_weight, sample_info and
+    # td_error are not stored, and td_error sets the new items' priorities
+    loss(again)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = rb.extend(again)
+    assert len(rb) == 128
+    assert new.tolist() == list(range(64, 128))
+
+
+def test_extra_keys_are_left_out_with_a_warning_or_refused_when_strict(
+    server: Any, make_table: Callable[..., str], frames: TensorDict
+) -> None:
+    table = make_table()
+    data = frames.clone().set("action_value", torch.zeros(64, 2))
+    rb = TDReplayBuffer(server.url, table)
+    with pytest.warns(UserWarning, match=r"does not declare \['action_value'\]"):
+        rb.extend(data.exclude("index"))
+    assert len(rb) == 64
+    strict = TDReplayBuffer(server.url, table, strict=True)
+    with pytest.raises(SchemaError, match="action_value"):
+        strict.extend(data.exclude("index"))
+    with pytest.raises(SchemaError, match="frame_id"):
+        rb.extend(frames.exclude("frame_id"))  # a declared key missing: the server names it
+    assert len(rb) == 64
+
+
+def test_add_steps_and_batches_of_envs(
+    server: Any, make_table: Callable[..., str], frames: TensorDict
+) -> None:
+    rb = TDReplayBuffer(server.url, make_table())
+    assert rb.add(frames[0].clone()) == 0
+    assert rb.extend(frames[1:9].clone().reshape(2, 4)).shape == (2, 4)
+    assert len(rb) == 9
+
+
+def test_pickles_as_connection_info(
+    server: Any, client: ReplayClient, make_table: Callable[..., str], frames: TensorDict
+) -> None:
+    table = make_table()
+    rb = TDReplayBuffer(server.url, table, batch_size=8, priority_key="err")
+    blob = pickle.dumps(rb)
+    assert len(blob) < 2000  # settings, not state
+    copy = pickle.loads(blob)
+    assert copy.replay_client is not rb.replay_client
+    assert (copy.table, copy.batch_size, copy.priority_key) == (table, 8, "err")
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=_extend_in_child, args=(rb, frames[:10].clone()))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == 0
+    check_exactly_once(stored_frame_ids(client, table))
+    assert len(rb) == 10
+    assert rb.share() is rb and rb.shared  # nothing to share
+    assert [type(c) for c in rb.clients(2)] == [TDReplayBuffer] * 2
+
+
+def _extend_in_child(rb: TDReplayBuffer, data: TensorDict) -> None:
+    rb.extend(data)
+
+
+def test_dumps_and_loads_are_server_checkpoints(
+    server: Any, make_table: Callable[..., str], frames: TensorDict
+) -> None:
+    table = make_table()
+    rb = TDReplayBuffer(server.url, table)
+    rb.extend(frames[:20].clone())
+    path = rb.dumps(f"checkpoints/adapter/{table}")
+    assert path == f"checkpoints/adapter/{table}"
+    rb.extend(frames[20:].clone())
+    assert len(rb) == 64
+    rb.loads(path)
+    assert len(rb) == rb.write_count == 20
+
+
+def test_iteration_prefetch_and_consuming_tables(
+    server: Any, make_table: Callable[..., str], frames: TensorDict
+) -> None:
+    rb = TDReplayBuffer(server.url, make_table(), batch_size=8, prefetch=2)
+    rb.extend(frames.clone())
+    batches = [b for _, b in zip(range(3), rb, strict=False)]
+    assert [b.batch_size for b in batches] == [(8,)] * 3
+    assert len({id(b) for b in batches}) == 3
+    rb.close()
+    fifo = TDReplayBuffer(server.url, make_table(sampler="fifo"), batch_size=20)
+    fifo.extend(frames.clone())
+    drained = list(fifo)  # each item once: 3 batches, 4 items left
+    assert len(drained) == 3
+    ids = torch.cat([b["next", "frame_id"] for b in drained])
+    assert torch.equal(ids, frames["next", "frame_id"][:60])
+    assert fifo.next() is None
+
+
+def test_create_lays_out_the_table_from_the_first_batch(
+    server: Any, client: ReplayClient, frames: TensorDict
+) -> None:
+    rb = TDReplayBuffer(
+        server.url, "lazy_cartpole", create={"capacity": 500, "sampler": "prioritized"}
+    )
+    with pytest.raises(TableNotFound):
+        len(rb)
+    rb.extend(frames.clone())
+    info = client.info("lazy_cartpole")
+    assert info["capacity"] == 500 and info["sampler"]["kind"] == "prioritized"
+    assert info["fields"] == spec_from_tensordict(frames, "x", capacity=1)["fields"]
+    assert "index" not in info["fields"]
+    assert len(rb) == 64
+
+
+def test_clear_errors(server: Any, make_table: Callable[..., str]) -> None:
+    rb = TDReplayBuffer(server.url, make_table())
+    with pytest.raises(RuntimeError, match="needs a batch size"):
+        rb.sample()
+    with pytest.raises(TypeError, match="TensorDict or a tensorclass"):
+        rb.extend({"observation": torch.zeros(3, 4)})
+    with pytest.raises(NotImplementedError, match="lives in the server"):
+        rb.empty()
+    with pytest.raises(NotImplementedError, match="dumps"):
+        rb.state_dict()
+    with pytest.raises(ValueError, match="prefetch needs a batch_size"):
+        TDReplayBuffer(server.url, "t", prefetch=2)
+    with pytest.raises(ValueError, match="capacity"):
+        TDReplayBuffer(server.url, "t", create={"sampler": "uniform"})
+    with pytest.warns(UserWarning, match="keeps no priorities"):
+        assert rb.update_priority(torch.tensor([0]), torch.tensor([1.0])) == 0
+    with pytest.raises(TableNotFound):
+        len(TDReplayBuffer(server.url, "no_such_table"))
