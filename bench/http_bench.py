@@ -1,368 +1,204 @@
-"""HTTP throughput of tdreplay next to the Python HTTP ceiling and the in-process table, in one run.
+"""The HTTP client path, as a user runs it, next to raw loopback HTTP and TorchRL's in-process buffer.
 
-For cartpole and atari items (the shapes of BASELINES.md), sample and extend
-at batch 1, 32 and 256:
+    python bench/http_bench.py                  # full run (~4 min)
+    python bench/http_bench.py --quick          # a smoke run (~1.5 min)
+    python bench/http_bench.py --json bench/results/http.json   # what the README renders
+    python bench/http_bench.py --strict         # exit 1 when a goal fails
 
-* **tdreplay**: a ``tdreplay serve`` process (memory backend, uniform
-  sampler, no rate limiter), ``POST /v1/tables/{name}/sample`` and
-  ``/extend`` with Arrow IPC bodies;
-* **ceiling**: a bare Starlette route in a uvicorn process configured the
-  same way (uvloop, httptools, pinned malloc thresholds) that returns, or
-  reads, the same number of raw bytes: the most a Python HTTP server does;
-* **in-process**: ``Table.sample`` / ``Table.extend`` on the same table spec,
-  no HTTP.
+One tdreplay server (``python -m tdreplay.service serve``: the shipped
+cartpole (11 fields) and atari schemas on the default memmap backend, see
+``common.schemas``) and one client process (``tdreplay_cases.py``) using
+the public ``ReplayClient(url, transport="http")``, batches decoded into
+TensorDicts, one torch thread. Workloads, for cartpole and atari:
+``sample`` one call per batch (b1, b32, b256), ``loader`` with prefetch 4,
+``loader(stream=True)``, ``writer(chunk=256)`` fed step by step, and
+``extend`` of 256-row batches. Baselines in the same run:
 
-The client is ``http.client`` on one persistent connection, reading bodies
-into a reused buffer (the same for both servers). Every figure is the
-median of ``--reps`` repetitions; ratios are tdreplay over ceiling (MB/s)
-and over in-process (items/s). Also reported: cartpole batch-32 sample
-latency (p50) and batch-1 streaming throughput.
+* **raw HTTP**: ``http.client`` on one keep-alive connection, against a bare
+  Starlette app on the same loop and parser (uvloop, httptools), returning
+  the very bytes of a tdreplay sample of that size (or reading the same
+  Arrow extend body) into a reused buffer, without decoding them: what is
+  left of a call when the replay work and the decode are taken out;
+* **TorchRL**: ``ReplayBuffer(LazyTensorStorage, RandomSampler)`` of the
+  same items in the client process, ``rb.sample(n)``, ``rb.extend(rows)``,
+  ``rb.add(step)`` per step (the in-process buffer tdreplay replaces).
 
-    python bench/http_bench.py            # full run, about 2-3 minutes
-    python bench/http_bench.py --quick    # a smoke run, well under a minute
-
-Not a test: figures depend on the machine; compare ratios, not absolutes.
+Every case runs once per round, the cases compared with each other back to
+back in a rotating order; a figure is the median over rounds, a ratio the
+median of the per-round ratios. Figures vary +-25% when other work shares
+the cores: compare ratios within one run.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-import yaml
-from items import ATARI, CARTPOLE  # bench/ is on sys.path when run as a script
-from tensordict import TensorDict
+from common import (
+    Worker,
+    bound_entry,
+    entry,
+    failed,
+    free_port,
+    machine,
+    median_of,
+    paired_ratio,
+    print_entries,
+    run_rounds,
+    schemas,
+    stop,
+    wait_up,
+    write_json,
+)
+from tdreplay_cases import RAW_APP
 
-from tdreplay.codec import encode
-from tdreplay.service.tuning import pin_malloc
-from tdreplay.storage import Table, TableSpec
+HERE = Path(__file__).resolve().parent
+TR = "tdreplay http"
 
-REPO = Path(__file__).resolve().parents[1]
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
-BATCHES = (1, 32, 256)
-ARROW = "application/vnd.apache.arrow.stream"
-
-SPECS: dict[str, dict[str, Any]] = {
-    "cartpole": {"capacity": 100_000, "fields": CARTPOLE},
-    "atari": {"capacity": 4096, "fields": ATARI},
-}
-
-
-def spec(name: str) -> dict[str, Any]:
-    return {"name": name, "backend": {"kind": "memory"}, **SPECS[name]}
-
-
-def rows(name: str, n: int, seed: int = 0) -> TensorDict:
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for key, f in SPECS[name]["fields"].items():
-        shape = [n, *f["shape"]]
-        if f["dtype"] == "bool":
-            out[key] = torch.rand(shape, generator=g) < 0.1
-        elif f["dtype"] == "uint8":
-            out[key] = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
-        elif f["dtype"] == "int64":
-            out[key] = torch.randint(0, 6, shape, generator=g)
-        else:
-            out[key] = torch.randn(shape, generator=g)
-    return TensorDict(out, batch_size=[n]).unflatten_keys(".")
-
-
-# ------------------------------------------------------------------ the ceiling server
-def ceiling_app() -> Any:
-    """Bare Starlette: GET /bytes?n= returns n raw bytes, POST /sink reads the body."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
-
-    payload = memoryview(os.urandom(1 << 20) * 16)  # 16 MiB
-
-    async def give(request: Request) -> Response:
-        n = int(request.query_params["n"])
-        return Response(payload[:n], media_type="application/octet-stream")
-
-    async def sink(request: Request) -> Response:
-        body = await request.body()
-        return Response(b'{"rows": %d}' % len(body), media_type="application/json")
-
-    async def ping(request: Request) -> Response:
-        return Response(b"ok")
-
-    return Starlette(
-        routes=[
-            Route("/bytes", give, methods=["POST"]),
-            Route("/sink", sink, methods=["POST"]),
-            Route("/readyz", ping),
-        ]
-    )
+#: (workload, our case, baseline case, goal): ratios ours / baseline, items/s
+WORKLOADS: list[tuple[str, str, str, float | None]] = [
+    ("cartpole sample b1", "cartpole sample b1", "raw http: cartpole sample b1", None),
+    ("cartpole sample b1", "cartpole sample b1", "torchrl: cartpole sample b1", None),
+    ("cartpole sample b32", "cartpole sample b32", "raw http: cartpole sample b32", None),
+    ("cartpole sample b32", "cartpole sample b32", "torchrl: cartpole sample b32", None),
+    ("cartpole sample b256", "cartpole sample b256", "raw http: cartpole sample b256", None),
+    ("cartpole sample b256", "cartpole sample b256", "torchrl: cartpole sample b256", None),
+    ("cartpole loader b1", "cartpole loader b1", "torchrl: cartpole sample b1", None),
+    ("cartpole loader(stream=True) b1", "cartpole stream b1", "torchrl: cartpole sample b1", None),
+    ("cartpole loader b32", "cartpole loader b32", "torchrl: cartpole sample b32", None),
+    ("cartpole loader b256", "cartpole loader b256", "torchrl: cartpole sample b256", None),
+    ("atari sample b32", "atari sample b32", "raw http: atari sample b32", None),
+    ("atari sample b32", "atari sample b32", "torchrl: atari sample b32", None),
+    ("atari sample b256", "atari sample b256", "raw http: atari sample b256", 0.7),
+    ("atari sample b256", "atari sample b256", "torchrl: atari sample b256", None),
+    ("atari loader b256", "atari loader b256", "torchrl: atari sample b256", None),
+    ("cartpole writer(chunk=256)", "cartpole writer", "torchrl: cartpole add", None),
+    ("atari writer(chunk=256)", "atari writer", "torchrl: atari add", None),
+    ("cartpole extend b256", "cartpole extend b256", "raw http: cartpole extend b256", None),
+    ("cartpole extend b256", "cartpole extend b256", "torchrl: cartpole extend b256", None),
+    ("atari extend b256", "atari extend b256", "raw http: atari extend b256", None),
+    ("atari extend b256", "atari extend b256", "torchrl: atari extend b256", None),
+]
+#: cases run back to back, each round in a rotating order
+GROUPS: list[list[str]] = [
+    [f"{TR}: cartpole sample b1", f"{TR}: cartpole loader b1", f"{TR}: cartpole stream b1",
+     "raw http: cartpole sample b1", "torchrl: cartpole sample b1"],
+    [f"{TR}: cartpole sample b32", f"{TR}: cartpole loader b32", "raw http: cartpole sample b32",
+     "torchrl: cartpole sample b32"],
+    [f"{TR}: cartpole sample b256", f"{TR}: cartpole loader b256",
+     "raw http: cartpole sample b256", "torchrl: cartpole sample b256"],
+    [f"{TR}: atari sample b32", "raw http: atari sample b32", "torchrl: atari sample b32"],
+    [f"{TR}: atari sample b256", f"{TR}: atari loader b256", "raw http: atari sample b256",
+     "torchrl: atari sample b256"],
+    [f"{TR}: cartpole writer", f"{TR}: cartpole extend b256", "raw http: cartpole extend b256",
+     "torchrl: cartpole extend b256", "torchrl: cartpole add"],
+    [f"{TR}: atari writer", f"{TR}: atari extend b256", "raw http: atari extend b256",
+     "torchrl: atari extend b256", "torchrl: atari add"],
+]  # fmt: skip
+STREAM_GOAL = 10_000  # items/s: cartpole loader(stream=True) at batch 1
+P50_GOAL_MS = 2.0  # cartpole sample b32, one call's latency (median)
 
 
-def serve_ceiling(port: int) -> None:
-    import uvicorn
-
-    uvicorn.run(ceiling_app(), host="127.0.0.1", port=port, log_level="warning", access_log=False)
-
-
-# ------------------------------------------------------------------ processes
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(cmd: list[str], port: int) -> subprocess.Popen:
-    env = {**os.environ, **MALLOC_ENV}
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited: {' '.join(cmd)}")
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="2 rounds of 0.4 s per case")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--seconds", type=float, default=1.5, help="per case and round")
+    p.add_argument("--json", type=Path, help="also write the figures to this file")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a goal fails")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.seconds = 2, 0.4
+    t_start = time.perf_counter()
+    info = machine()
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="tdreplay-http-bench-") as tmp:
+        work = Path(tmp)
+        fields = schemas(work / "schemas")
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                conn.close()
-                return proc
-        except OSError:
-            pass
-        time.sleep(0.1)  # readiness poll
-    proc.kill()
-    raise SystemExit(f"server not ready: {' '.join(cmd)}")
-
-
-class Client:
-    """One keep-alive connection; bodies read into a reused buffer."""
-
-    def __init__(self, port: int) -> None:
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        self.buf = bytearray(32 << 20)
-        self.view = memoryview(self.buf)
-
-    def call(self, method: str, path: str, body: Any = None, headers: dict | None = None) -> int:
-        self.conn.request(method, path, body=body, headers=headers or {})
-        resp = self.conn.getresponse()
-        n = int(resp.getheader("Content-Length") or 0)
-        got = resp.readinto(self.view[:n]) if n else len(resp.read())
-        if resp.status != 200:
-            raise RuntimeError(
-                f"{method} {path}: {resp.status} {bytes(self.view[: min(n, 300)])!r}"
+            port, raw_port = free_port(), free_port()
+            server = subprocess.Popen(
+                [sys.executable, "-m", "tdreplay.service", "serve", "--schema", str(work / "schemas"),
+                 "--root", str(work / "data"), "--port", str(port), "--log-level", "warning"],
+            )  # fmt: skip
+            procs.append(server)
+            # glibc's mmap threshold pinned as tdreplay's server pins it (BASELINES.md "Large
+            # buffers and glibc"): without it, large bodies flip between two speeds
+            malloc = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+            raw = subprocess.Popen(
+                [sys.executable, "-c", RAW_APP, str(raw_port)], env={**os.environ, **malloc}
             )
-        return got
-
-
-# ------------------------------------------------------------------ measuring
-def measure(fn: Callable[[], Any], seconds: float) -> tuple[float, list[float]]:
-    """Calls per second of ``fn`` over about ``seconds``, and each call's latency."""
-    fn()  # warm
-    lat = []
-    start = time.perf_counter()
-    while True:
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        lat.append(t1 - t0)
-        if t1 - start >= seconds and len(lat) >= 3:
-            return len(lat) / (t1 - start), lat
-
-
-def median(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short runs (a smoke test)")
-    parser.add_argument("--reps", type=int, default=3, help="repetitions per figure (median)")
-    parser.add_argument("--seconds", type=float, default=None, help="seconds per measurement")
-    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    parser.add_argument(
-        "--only",
-        default="",
-        help="run the workloads whose name contains this (e.g. 'atari sample')",
-    )
-    parser.add_argument(
-        "--server-threads", type=int, default=1, help="the server's --torch-threads (default 1)"
-    )
-    parser.add_argument("--serve-ceiling", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve_ceiling is not None:
-        serve_ceiling(args.serve_ceiling)
-        return
-    seconds = args.seconds or (0.25 if args.quick else 0.7)
-    reps = max(3, args.reps)
-    pin_malloc(32 << 20, 256 << 20)
-    torch.set_num_threads(1)
-
-    tmp = Path(tempfile.mkdtemp(prefix="tdreplay-bench-"))
-    schemas = tmp / "schemas"
-    schemas.mkdir()
-    for name in SPECS:
-        (schemas / f"{name}.yaml").write_text(yaml.safe_dump(spec(name)))
-    port, cport = free_port(), free_port()
-    servers = [
-        start(
-            [
-                sys.executable,
-                "-m",
-                "tdreplay.service",
-                "serve",
-                "--schema",
-                str(schemas),
-                "--root",
-                str(tmp / "data"),
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
-            port,
-        ),
-        start([sys.executable, __file__, "--serve-ceiling", str(cport)], cport),
-    ]
-    try:
-        results = run(port, cport, seconds, reps, tmp, args.only)
-    finally:
-        for proc in servers:
-            proc.terminate()
-            proc.wait(30)
+            procs.append(raw)
+            url, raw_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{raw_port}"
+            wait_up(f"{url}/readyz", server, "tdreplay server")
+            wait_up(f"{raw_url}/readyz", raw, "raw HTTP app")
+            worker = Worker([sys.executable, str(HERE / "tdreplay_cases.py")])
+            procs.append(worker.proc)
+            print("filling the tables ...", file=sys.stderr, flush=True)
+            worker.ask(
+                {"op": "setup", "url": url, "fields": fields, "transports": ["http"],
+                 "raw_url": raw_url, "torchrl": True}
+            )  # fmt: skip
+            print(
+                f"# tdreplay HTTP client path ({'quick' if args.quick else 'full'}): {args.rounds} "
+                f"rounds of {args.seconds:g} s per case; {info['cores']} cores, {info['cpu']}",
+                flush=True,
+            )
+            runs = run_rounds(GROUPS, lambda case: worker, args.rounds, args.seconds)
+        finally:
+            stop(procs)
+    info["loadavg_end"] = list(os.getloadavg())
+    entries = report(runs)
+    wall = time.perf_counter() - t_start
+    print(f"\n{wall:.0f}s")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        write_json(
+            args.json,
+            "http",
+            entries,
+            machine=info,
+            quick=args.quick,
+            rounds=args.rounds,
+            seconds=args.seconds,
+            runs=runs,
+            wall_s=wall,
+        )
+    return 1 if args.strict and failed(entries) else 0
 
 
-def run(
-    port: int, cport: int, seconds: float, reps: int, tmp: Path, only: str = ""
-) -> dict[str, Any]:
-    tdr, ceil = Client(port), Client(cport)
-    local = {
-        name: Table.create(TableSpec.model_validate(spec(name)), tmp / "local", seed=0)
-        for name in SPECS
-    }
-    fill = {"cartpole": 20_000, "atari": 2048}
-    for name, n in fill.items():  # both tables hold the same rows before sampling
-        for start_row in range(0, n, 256):
-            chunk = rows(name, 256, seed=start_row)
-            local[name].extend(chunk)
-            tdr.call(
-                "POST",
-                f"/v1/tables/{name}/extend",
-                encode(chunk).to_pybytes(),
-                {"Content-Type": ARROW},
+def report(runs: dict[str, list[dict]]) -> list[dict[str, Any]]:
+    entries = []
+    for workload, ours, base, goal in WORKLOADS:
+        a, b = runs[f"{TR}: {ours}"], runs[base]
+        entries.append(
+            entry(
+                "http",
+                workload,
+                median_of(a),
+                "items/s",
+                base.split(":")[0],
+                median_of(b),
+                ratio=paired_ratio(a, b),
+                goal=goal,
             )
-    print(f"tdreplay http bench: {reps} reps x {seconds}s per figure, medians; torch threads 1\n")
-    head = (
-        f"{'workload':<22}{'tdreplay it/s':>14}{'MB/s':>9}{'ceiling MB/s':>14}{'vs ceiling':>12}"
-        f"{'in-proc it/s':>14}{'vs in-proc':>12}{'p50 ms':>9}"
+        )
+    stream = median_of(runs[f"{TR}: cartpole stream b1"])
+    entries.append(
+        bound_entry("http", "cartpole loader(stream=True) b1", stream, "items/s", STREAM_GOAL)
     )
-    print(head)
-    print("-" * len(head))
-    results: dict[str, Any] = {}
-    for name in SPECS:
-        for op in ("sample", "extend"):
-            for n in BATCHES:
-                if only not in f"{name} {op} b{n}":
-                    continue
-                body = encode(rows(name, n, seed=n)).to_pybytes() if op == "extend" else None
-                td = rows(name, n, seed=n)
-                if op == "sample":
-                    nbytes = tdr.call("POST", f"/v1/tables/{name}/sample?batch_size={n}")
-
-                    def t_call(name=name, n=n) -> None:
-                        tdr.call("POST", f"/v1/tables/{name}/sample?batch_size={n}")
-
-                    def c_call(nbytes=nbytes) -> None:
-                        ceil.call("POST", f"/bytes?n={nbytes}")
-
-                    def l_call(name=name, n=n) -> None:
-                        local[name].sample(n)
-                else:
-                    nbytes = len(body)
-                    hdr = {"Content-Type": ARROW}
-
-                    def t_call(name=name, body=body, hdr=hdr) -> None:
-                        tdr.call("POST", f"/v1/tables/{name}/extend", body, hdr)
-
-                    def c_call(body=body) -> None:
-                        ceil.call(
-                            "POST", "/sink", body, {"Content-Type": "application/octet-stream"}
-                        )
-
-                    def l_call(name=name, td=td) -> None:
-                        local[name].extend(td)
-
-                t_rates, c_rates, l_rates, lats = [], [], [], []
-                for _ in range(reps):  # interleaved, so drift hits all three alike
-                    rate, lat = measure(t_call, seconds)
-                    t_rates.append(rate)
-                    lats.append(median(lat))
-                    c_rates.append(measure(c_call, seconds)[0])
-                    l_rates.append(measure(l_call, seconds / 2)[0])
-                t_items, c_calls, l_items = (
-                    median(t_rates) * n,
-                    median(c_rates),
-                    median(l_rates) * n,
-                )
-                t_mbs = median(t_rates) * nbytes / 1e6
-                c_mbs = c_calls * nbytes / 1e6
-                key = f"{name} {op} b{n}"
-                results[key] = {
-                    "tdreplay_items_s": t_items,
-                    "tdreplay_mb_s": t_mbs,
-                    "ceiling_mb_s": c_mbs,
-                    "vs_ceiling": t_mbs / c_mbs,
-                    "inprocess_items_s": l_items,
-                    "vs_inprocess": t_items / l_items,
-                    "p50_ms": median(lats) * 1e3,
-                    "body_bytes": nbytes,
-                }
-                print(
-                    f"{key:<22}{t_items:>14,.0f}{t_mbs:>9,.0f}{c_mbs:>14,.0f}{t_mbs / c_mbs:>12.2f}"
-                    f"{l_items:>14,.0f}{t_items / l_items:>12.2f}{median(lats) * 1e3:>9.2f}"
-                )
-    if only in "cartpole stream b1":
-        rates = [
-            stream(port, "cartpole", 1, 20_000 if seconds > 0.5 else 5_000) for _ in range(reps)
-        ]
-        results["cartpole stream b1"] = {"tdreplay_items_s": median(rates)}
-        print(f"\ncartpole stream b1: {median(rates):,.0f} items/s (one chunked Arrow stream)")
-    goals = [
-        ("atari sample b256", "vs_ceiling", ">= 70% of the ceiling (MB/s)", lambda v: v >= 0.70),
-        ("cartpole sample b32", "p50_ms", "p50 <= 2 ms", lambda v: v <= 2.0),
-        ("cartpole stream b1", "tdreplay_items_s", ">= 10k items/s", lambda v: v >= 10_000),
-    ]
-    print("\ngoals:")
-    for key, metric, text, ok in goals:
-        if key in results:
-            value = results[key][metric]
-            print(f"  [{'met' if ok(value) else 'MISSED'}] {key} {text}: {value:,.2f}")
-    return results
-
-
-def stream(port: int, name: str, batch: int, count: int) -> float:
-    import pyarrow as pa
-
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    start = time.perf_counter()
-    conn.request("GET", f"/v1/tables/{name}/stream?batch_size={batch}&count={count}")
-    resp = conn.getresponse()
-    got = sum(rb.num_rows for rb in pa.ipc.open_stream(resp))
-    elapsed = time.perf_counter() - start
-    conn.close()
-    assert got == batch * count, got
-    return got / elapsed
+    p50 = median_of(runs[f"{TR}: cartpole sample b32"], "p50_ms")
+    entries.append(
+        bound_entry("http", "cartpole sample b32, p50 latency", p50, "ms", P50_GOAL_MS, most=True)
+    )
+    print_entries(entries)
+    return entries
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

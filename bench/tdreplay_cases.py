@@ -68,7 +68,7 @@ app = Starlette(routes=[Route("/bytes/{name}", put, methods=["PUT"]),
                         Route("/bytes/{name}", get, methods=["POST"]),
                         Route("/sink", sink, methods=["POST"]), Route("/readyz", ready)])
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
-            loop="uvloop", http="httptools", access_log=False)
+            loop="uvloop", http="httptools", access_log=False, timeout_keep_alive=3600)
 """.replace(
     "ARROW_TYPE", ARROW
 )  # the same loop and parser as tdreplay's server: only the replay work differs
@@ -102,8 +102,13 @@ class RawHTTP:
         self.view = memoryview(bytearray(64 << 20))
 
     def call(self, method: str, path: str, body: Any = None, headers: dict | None = None) -> int:
-        self.conn.request(method, path, body=body, headers=headers or {})
-        resp = self.conn.getresponse()
+        try:
+            self.conn.request(method, path, body=body, headers=headers or {})
+            resp = self.conn.getresponse()
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            self.conn.close()  # the server dropped an idle keep-alive connection: once more
+            self.conn.request(method, path, body=body, headers=headers or {})
+            resp = self.conn.getresponse()
         n = int(resp.getheader("Content-Length") or 0)
         got = resp.readinto(self.view[:n]) if n else len(resp.read())
         if resp.status != 200:
