@@ -1,59 +1,85 @@
-# tdreplay server: `docker build -t tdreplay .` then, with the bearer token in a file,
-#   docker run -p 8000:8000 -v "$PWD/secrets/tdreplay_token:/run/secrets/tdreplay_token:ro" \
-#     -e TDREPLAY_TOKEN_FILE=/run/secrets/tdreplay_token -v tdreplay-data:/data tdreplay
-# or with it in your environment (`-e NAME` alone copies it, keeping it off the command line):
-#   export TDREPLAY_TOKEN=$(openssl rand -hex 32); docker run -p 8000:8000 -e TDREPLAY_TOKEN ... tdreplay
+# syntax=docker/dockerfile:1
+# tdreplay server image: CPU torch by default; a CUDA build with
+#   docker build --build-arg TORCH_VARIANT=cu128 -t tdreplay:cuda .
+# (TORCH_VARIANT names an index of the PyTorch wheel server that carries torch TORCH_VERSION;
+# the CUDA wheels bring their own CUDA runtime: the host needs only the NVIDIA driver and
+# container toolkit, and `docker run --gpus all`).
+#
+# Run it with its token in a file (a Docker secret, or a mounted file), never on a command line:
+#   docker run -p 8000:8000 -v tdreplay-data:/data -v tdreplay-run:/run/tdreplay \
+#     -v "$PWD/secrets/tdreplay_token:/run/secrets/tdreplay_token:ro" tdreplay
 # The server binds 0.0.0.0 in the container, so it refuses to start without a token
-# (--insecure overrides that; see SECURITY.md). It serves every schema in /schemas (the
-# repository's by default; mount your own there) with data, checkpoints and exports under /data.
-FROM python:3.11-slim
+# (--insecure overrides that; see SECURITY.md). It serves every schema in /schemas (the shipped
+# ones by default; mount your own there), with tables, checkpoints and exports in the /data
+# volume: memmap tables reopen from their own files, the others are checkpointed every 5 minutes
+# and on stop and restored on start, so a restarted container keeps its tables.
+ARG PYTHON_VERSION=3.11
+FROM python:${PYTHON_VERSION}-slim-bookworm
+
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_VARIANT=cpu
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /src
 
-# torch first, from the CPU index: the default wheel pulls gigabytes of CUDA libraries
-RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch>=2.5"
+# torch first, from its own index: the default wheel pulls gigabytes of CUDA libraries
+RUN pip install --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}" "torch==${TORCH_VERSION}"
 
-# then tdreplay (its torch requirement is already met)
+# then tdreplay, every dependency at the version it was tested with
+COPY deploy/docker/constraints.txt /tmp/constraints.txt
 COPY pyproject.toml README.md ./
 COPY codec codec
 COPY storage storage
 COPY service service
 COPY client client
-RUN pip install . && rm -rf /src/build
+COPY schemas schemas
+COPY adapters adapters
+RUN pip install --constraint /tmp/constraints.txt . \
+    && rm -rf /src /tmp/constraints.txt
 
+# A numeric user, so `--user 10001` in a learner container matches it (the same-host socket
+# folder admits only the server's user). /run/tdreplay holds that socket: mount it as a volume
+# in the learner containers too.
 COPY schemas /schemas
-RUN useradd --create-home --uid 10001 tdreplay \
-    && mkdir -p /data \
-    && chown -R tdreplay /data /schemas
-USER tdreplay
+RUN groupadd --gid 10001 tdreplay \
+    && useradd --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin tdreplay \
+    && mkdir -p /data /run/tdreplay \
+    && chown 10001:10001 /data /run/tdreplay \
+    && chmod 0700 /run/tdreplay
+USER 10001:10001
 WORKDIR /home/tdreplay
 
 # Every flag of `tdreplay serve` has a TDREPLAY_* twin; these are the image's defaults.
-# The token has none here: give TDREPLAY_TOKEN or TDREPLAY_TOKEN_FILE at run time.
+# The token has none here: TDREPLAY_TOKEN_FILE names the Docker secret's file.
 # The malloc thresholds keep large request bodies off fresh mmaps (steady throughput).
+# TDREPLAY_TOKEN_FILE is a path, not a secret:
+# hadolint ignore=DL3064
 ENV TDREPLAY_SCHEMA=/schemas \
     TDREPLAY_ROOT=/data \
     TDREPLAY_HOST=0.0.0.0 \
     TDREPLAY_PORT=8000 \
+    TDREPLAY_TOKEN_FILE=/run/secrets/tdreplay_token \
     TDREPLAY_RESTORE=true \
     TDREPLAY_CHECKPOINT_ON_SHUTDOWN=true \
     TDREPLAY_CHECKPOINT_EVERY=300 \
+    TDREPLAY_SHM_SOCKET=/run/tdreplay/tdreplay.sock \
     MALLOC_MMAP_THRESHOLD_=33554432 \
     MALLOC_TRIM_THRESHOLD_=268435456
 
-VOLUME ["/data"]
+VOLUME ["/data", "/run/tdreplay"]
 EXPOSE 8000
 
-HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('TDREPLAY_PORT', '8000'), timeout=2)"]
+# Ready means the tables are loaded (restored): /readyz answers 200 then, 503 before.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('TDREPLAY_PORT', '8000'), timeout=2)"]
 
-# SIGTERM (docker stop) shuts down gracefully: running requests finish, tables close
-# (and are checkpointed first with TDREPLAY_CHECKPOINT_ON_SHUTDOWN=true).
+# SIGTERM (docker stop) shuts down gracefully: running requests finish, tables are
+# checkpointed (TDREPLAY_CHECKPOINT_ON_SHUTDOWN) and closed. Give it time: --stop-timeout 60.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["tdreplay"]
-CMD ["serve", "--host", "0.0.0.0"]
+CMD ["serve"]
