@@ -22,7 +22,6 @@ from deploykit import (
     env_vars,
     parse_serve,
     pyproject,
-    serve_flags,
     settings_from_env,
     torch_pin,
 )
@@ -160,11 +159,7 @@ def test_compose_agrees_with_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyP
     ours = {k for k in env if k.startswith("TDREPLAY_")}
     assert ours <= env_vars(), sorted(ours - env_vars())
     assert "TDREPLAY_TOKEN" not in env
-    parse_serve(server["command"])
-    assert (
-        not [a for a in server["command"] if a.startswith("--")]
-        or set(a.split("=")[0] for a in server["command"] if a.startswith("--")) <= serve_flags()
-    )
+    parse_serve(server["command"])  # an unknown flag stops argparse
 
     # the secret is where the token file says, readable under the name compose gives it
     (secret,) = server["secrets"]
