@@ -116,6 +116,8 @@ class Metrics:
     def __init__(self, handles: Callable[[], Iterable[TableHandle]]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
+        #: labelled children of the request metrics, by (method, route, status)
+        self._children: dict[tuple[str, str, int], tuple[Any, Any, Any, Any]] = {}
         self.requests = Counter(
             "tdreplay_http_requests",
             "HTTP requests answered.",
@@ -181,12 +183,23 @@ class Metrics:
         self, method: str, route: str, status: int, seconds: float, received: int, sent: int
     ) -> None:
         method = method if method in METHODS else "other"
-        self.requests.labels(method, route, str(status)).inc()
-        self.latency.labels(method, route).observe(seconds)
+        key = (method, route, status)
+        children = self._children.get(key)
+        if children is None:  # labels() costs more than the update: look each up once
+            children = (
+                self.requests.labels(method, route, str(status)),
+                self.latency.labels(method, route),
+                self.received.labels(route),
+                self.sent.labels(route),
+            )
+            self._children[key] = children
+        requests, latency, received_bytes, sent_bytes = children
+        requests.inc()
+        latency.observe(seconds)
         if received:
-            self.received.labels(route).inc(received)
+            received_bytes.inc(received)
         if sent:
-            self.sent.labels(route).inc(sent)
+            sent_bytes.inc(sent)
 
 
 class MetricsMiddleware:

@@ -87,19 +87,38 @@ class SampleBuffer:
         whole = torch.from_numpy(self.array)
         n = layout.n
         views: dict[NestedKey, torch.Tensor] = {}
-        self.bools: list[tuple[torch.Tensor, np.ndarray]] = []
-        for key, (offset, size, dtype, shape) in layout.columns.items():
-            if dtype == torch.bool:
-                scratch = torch.zeros([n, *shape], dtype=torch.bool)
-                self.bools.append((scratch, self.array[offset : offset + size]))
-                views[key] = scratch
-            else:
+        bools = [
+            (key, offset, n * int(np.prod(shape, dtype=np.int64)), shape)
+            for key, (offset, _, dtype, shape) in layout.columns.items()
+            if dtype == torch.bool
+        ]
+        # Bool columns are gathered into the rows of one scratch matrix (each padded to a
+        # whole byte of bits) and packed by one packbits; ``_dest``/``_src`` move the
+        # packed bytes to the columns' regions of the body in one assignment.
+        width = max((-(-w // 8) * 8 for _, _, w, _ in bools), default=0)
+        self._bits = torch.zeros([len(bools), width], dtype=torch.bool)
+        dest, src = [], []
+        for i, (key, offset, w, shape) in enumerate(bools):
+            views[key] = self._bits[i, :w].view([n, *shape])
+            nbytes = -(-w // 8)
+            dest.append(np.arange(offset, offset + nbytes))
+            src.append(np.arange(i * (width // 8), i * (width // 8) + nbytes))
+        self._dest = np.concatenate(dest) if dest else None
+        self._src = np.concatenate(src) if src else None
+        for key, (offset, _, dtype, shape) in layout.columns.items():
+            if dtype != torch.bool:
                 nbytes = n * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
                 views[key] = whole[offset : offset + nbytes].view(dtype).view([n, *shape])
         self.out: TensorDictBase = nest(views, n)
         #: ``out`` as its table checked it once (``Table.target``), set by the first sample
         self.target: Any = None
         self._free_refs = self._refs()
+
+    def pack_bools(self) -> None:
+        """Write the bool columns gathered into the scratch matrix into the body, as bits."""
+        if self._dest is not None:
+            packed = np.packbits(self._bits.numpy(), axis=1, bitorder="little")
+            self.array[self._dest] = packed.reshape(-1)[self._src]
 
     def _refs(self) -> int:
         return sys.getrefcount(self.array)
@@ -127,9 +146,7 @@ class Lease:
 
     def finish(self) -> None:
         """Pack the gathered bool columns into the body (call after the gather)."""
-        for scratch, region in self.buffer.bools:
-            bits = np.packbits(scratch.numpy().reshape(-1), bitorder="little")
-            region[: len(bits)] = bits
+        self.buffer.pack_bools()
 
 
 K = TypeVar("K", bound=Hashable)

@@ -167,6 +167,9 @@ router.add_api_route(
     route_class_override=lean(_sample),
 )
 
+#: the routes :class:`~tdreplay.service.hotpath.HotRoutes` serves without routing
+HOT_ROUTES = ("extend", "sample")
+
 
 # ------------------------------------------------------------------ stream
 @router.get(

@@ -130,3 +130,28 @@ def test_zero_size_fields(shape: list[int], dtype: torch.dtype) -> None:
         [6],
     )
     assert len(layout.tile(run, 2)) == 2 * layout.batch_len
+
+
+@pytest.mark.parametrize("n", [1, 7, 9, 64])
+def test_bool_columns_of_any_shape_pack_into_the_sample_body(n: int) -> None:
+    """Bool columns are packed together (one packbits for all): each lands as its own bits."""
+    from tdreplay.codec import decode
+    from tdreplay.service.wire import SampleBuffer, SampleLayout
+
+    shapes = {("a",): [], ("b",): [3], ("c", "d"): [2, 5], ("e",): [1]}
+    schema = {k: (s, torch.bool) for k, s in shapes.items()}
+    layout = SampleLayout({("id",): ([], torch.int64), **schema}, n=n)
+    buffer = SampleBuffer(layout)
+    gen = torch.Generator().manual_seed(n)
+    for round_ in range(2):  # a reused body: the second fill overwrites the first's bits
+        lease = buffer.lease()
+        want = {k: torch.rand([n, *s], generator=gen) < 0.5 for k, s in shapes.items()}
+        for key, value in want.items():
+            lease.out.get(key).copy_(value)
+        lease.out["id"].copy_(torch.arange(n) + round_)
+        lease.finish()
+        back = decode(lease.body)
+        for key, value in want.items():
+            assert torch.equal(back.get(key), value), key
+        assert back["id"].tolist() == list(range(round_, n + round_))
+        del lease, back
