@@ -8,7 +8,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 TOKEN_FILE ?=
 
-.PHONY: setup dev serve demo test lint typecheck check bench schema wheel clean redis
+.PHONY: setup dev serve demo test lint typecheck check bench bench-peers schema wheel clean redis
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,8 +46,28 @@ typecheck: setup
 test: setup redis lint typecheck   ## lint, type-check and run the test suite
 	$(BIN)/python -m pytest -q
 
-bench: setup                       ## benchmarks (not tests): ratios against baselines in the same run
-	$(BIN)/python bench/run.py
+BENCH_ARGS ?=
+bench: setup                       ## benchmarks (not tests): ratios against baselines in the same run (BENCH_ARGS="--quick --json out.json")
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# DeepMind Reverb in an environment of its own: dm-reverb 0.14.0 (its last release) has wheels
+# for CPython 3.8-3.11 on x86-64 Linux only, and wants TensorFlow 2.15 (the CPU build will do)
+PEERS        ?= .venv-peers
+PEERS_PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo $(PYTHON))
+PEERS_JSON   ?= bench/results/peers.json
+PEERS_ARGS   ?=
+$(PEERS)/.installed:
+	rm -rf $(PEERS) && $(PEERS_PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/pip install -q --upgrade pip
+	$(PEERS)/bin/pip install -q "dm-reverb==0.14.0" "tensorflow-cpu==2.15.*" "numpy<2"
+	touch $@
+
+bench-peers: setup                 ## tdreplay next to DeepMind Reverb, same workloads, one run (~8 min; PEERS_ARGS=--quick)
+	@$(MAKE) --no-print-directory $(PEERS)/.installed || { rm -rf $(PEERS); \
+	  echo "bench-peers skipped: DeepMind Reverb could not be installed with $(PEERS_PYTHON) (dm-reverb 0.14.0 needs CPython 3.8-3.11 on x86-64 Linux; set PEERS_PYTHON=python3.11)"; \
+	  exit 0; }
+	@if [ -f $(PEERS)/.installed ]; then \
+	  $(BIN)/python bench/peers_bench.py --peers-python $(PEERS)/bin/python --json $(PEERS_JSON) $(PEERS_ARGS); fi
 
 schema: setup                      ## regenerate schemas/table.schema.json from the pydantic models
 	$(BIN)/python -c "from tdreplay.storage.spec import main; main()"

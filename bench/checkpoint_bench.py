@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 import yaml
+from common import bound_entry, machine
 from tensordict import TensorDict
 
 from tdreplay.storage import Table, TableSpec
@@ -213,6 +214,25 @@ def main(argv: list[str] | None = None) -> int:
         "locked": old,
         "ratios": ratios,
         "goals": goals,
+        "entries": [
+            bound_entry(
+                "checkpoint",
+                "p99 sample latency during a checkpoint / idle p99",
+                ratios["snapshot_p99_during_over_idle"],
+                "x",
+                P99_MAX_RATIO,
+                most=True,
+            ),
+            bound_entry(
+                "checkpoint",
+                "checkpoint time / the locked checkpoint's",
+                ratios["snapshot_time_over_locked"],
+                "x",
+                TIME_MAX_RATIO,
+                most=True,
+            ),
+        ],
+        "machine": machine(),
         "runs": runs,
         "wall_s": time.perf_counter() - t_start,
     }

@@ -2,11 +2,13 @@
 
     python bench/client_bench.py            # full run (< 3 min)
     python bench/client_bench.py --quick    # a smoke run (~30 s)
+    python bench/client_bench.py --json bench/results/client.json   # what the README renders
 
 Starts, in the same run and on this machine:
 
-* a tdreplay server (``python -m tdreplay.service serve``) holding an atari-like
-  table (u8[84,84,4] frames, ~56 KB per item) and a cartpole-like one;
+* a tdreplay server (``python -m tdreplay.service serve``) holding the shipped
+  atari (u8[84,84,4] frames, ~56 KB per item) and cartpole schemas on the
+  default memmap backend (``common.schemas``);
 * a bare Starlette app (uvicorn, same loop and parser) that answers ``POST /raw``
   with the very bytes of a sampled atari batch and ``GET /tiny`` with ``{}``:
   the ceiling a Python HTTP server and client can reach with no replay work.
@@ -31,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import entry, free_port, machine, schemas, write_json
 from items import ATARI, CARTPOLE  # bench/ is on sys.path when run as a script
 from tensordict import TensorDict
 
@@ -65,12 +67,6 @@ app = Starlette(routes=[Route("/raw", raw, methods=["POST"]), Route("/tiny", tin
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning",
             loop="uvloop", http="httptools", access_log=False)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
@@ -138,6 +134,7 @@ def timed_async(make: Callable[[], Any], seconds: float, reps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short smoke run")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     quick = args.quick
     secs, reps = (0.6, 1) if quick else (2.0, 3)
@@ -148,21 +145,19 @@ def main() -> None:
     try:
         port, raw_port = free_port(), free_port()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        schemas(Path(tmp.name) / "schemas")
         server = subprocess.Popen(
             [
                 *(sys.executable, "-m", "tdreplay.service", "serve", "--root", f"{tmp.name}/data"),
-                *("--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
+                *("--schema", f"{tmp.name}/schemas", "--host", "127.0.0.1", "--port", str(port)),
+                *("--log-level", "warning"),
             ],
             env=env,
         )
         procs.append(server)
         url = f"http://127.0.0.1:{port}"
         wait_up(f"{url}/healthz", server, "tdreplay server")
-        client = ReplayClient(url, timeout=60)
-        for name, fields, cap in (("atari", ATARI, atari_items), ("cartpole", CARTPOLE, 100_000)):
-            client.create_table(
-                {"name": name, "capacity": cap, "backend": {"kind": "memory"}, "fields": fields}
-            )
+        client = ReplayClient(url, timeout=60, transport="http")
         for _ in range(atari_items // 256):
             client.extend("atari", rows(ATARI, 256))
         client.extend("cartpole", rows(CARTPOLE, 50_000))
@@ -313,6 +308,9 @@ def main() -> None:
                 f"{results['raw asyncio tiny/s'] / results['raw httpx.AsyncClient tiny/s']:.2f}"
             )
         print(f"  learner step simulated         {step * 1e3:.1f} ms")
+        if args.json:
+            write_json(args.json, "client", entries(results), machine=machine(), quick=quick,
+                       reps=reps, seconds=secs, results=results)  # fmt: skip
     finally:
         for p in procs:
             p.terminate()
@@ -322,6 +320,33 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
         tmp.cleanup()
+
+
+def entries(results: dict[str, float]) -> list[dict]:
+    """The common entries (``bench/common.py``) of the ratios printed above."""
+    r = results
+    out = [
+        entry("client", "sample atari b256", r["sample atari b256 GB/s"], "GB/s",
+              "raw http.client, same bytes", r["raw http.client GB/s"]),
+        entry("client", "loader atari b256 (prefetch 4)", r["loader atari b256 (prefetch 4) GB/s"],
+              "GB/s", "raw http.client, same bytes", r["raw http.client GB/s"]),
+        entry("client", "async sample atari b256", r["async sample atari b256 GB/s"], "GB/s",
+              "raw http.client, same bytes", r["raw http.client GB/s"]),
+        entry("client", "learner wait per batch, prefetch 4", r["learner wait/batch, prefetch 4 ms"],
+              "ms", "no prefetch", r["learner wait/batch, no prefetch ms"]),
+    ]  # fmt: skip
+    if "raw httpx GB/s" in r:
+        for what, a, b, unit in (
+            ("http.client, 14 MB body", "raw http.client GB/s", "raw httpx GB/s", "GB/s"),
+            ("http.client, tiny call", "raw http.client tiny/s", "raw httpx tiny/s", "calls/s"),
+            ("asyncio streams, 14 MB body", "raw asyncio GB/s", "raw httpx.AsyncClient GB/s",
+             "GB/s"),
+            ("asyncio streams, tiny call", "raw asyncio tiny/s", "raw httpx.AsyncClient tiny/s",
+             "calls/s"),
+        ):  # fmt: skip
+            base = "httpx.AsyncClient" if "asyncio" in what else "httpx"
+            out.append(entry("client", what, r[a], unit, base, r[b]))
+    return out
 
 
 if __name__ == "__main__":

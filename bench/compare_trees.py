@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-import yaml
+from common import free_port, schemas  # bench/ is on sys.path when run as a script
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -93,25 +92,6 @@ def namespace(tree: Path, into: Path) -> Path:
         if not link.exists():
             link.symlink_to(tree.resolve() / name)
     return into
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def schemas(into: Path) -> dict[str, dict[str, tuple[list[int], str]]]:
-    """The shipped cartpole and atari schemas as the benchmark runs them; returns their fields."""
-    fields = {}
-    for name in ("cartpole", "atari"):
-        spec = yaml.safe_load((REPO / "schemas" / f"{name}.yaml").read_text())
-        if name == "atari":
-            spec["capacity"] = 4096
-            spec["rate_limiter"] = {"min_size_to_sample": 1}
-        (into / f"{name}.yaml").write_text(yaml.safe_dump(spec))
-        fields[name] = {k: (v["shape"], v["dtype"]) for k, v in spec["fields"].items()}
-    return fields
 
 
 def run_tree(

@@ -13,7 +13,7 @@ run, interleaved, medians of the rounds:
 
     python bench/durability_bench.py            # full
     python bench/durability_bench.py --quick    # short
-Writes bench/results/durability.json.
+Writes bench/results/durability.json (``--json FILE`` elsewhere).
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ from tensordict import TensorDict
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common import entry, machine  # noqa: E402
+
 from tdreplay.storage import Table, TableSpec  # noqa: E402
-from tdreplay.storage import table as table_module  # noqa: E402
 from tdreplay.storage.spec import RateLimiterSpec  # noqa: E402
+from tdreplay.storage.table import base as table_module  # noqa: E402  (where Table looks it up)
 
 MODES = ("volatile", "durable", "fsync")
 
@@ -80,7 +82,9 @@ def rate(fn: Any, items: int, seconds: float) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "durability.json"))
+    p.add_argument(
+        "--json", "--out", dest="out", default=str(REPO / "bench" / "results" / "durability.json")
+    )
     args = p.parse_args()
     # short windows, many rounds: a long run of memmap extends measures the disk's writeback
     # (dirty pages past vm.dirty_ratio throttle the writer), the same with or without durability
@@ -134,6 +138,18 @@ def main() -> int:
             f"{label:24} {med['volatile']:12,.0f} {med['durable']:12,.0f} {med['fsync']:12,.0f} "
             f"{ratio:17.2f}"
         )
+    out["entries"] = [
+        e
+        for label, v in out["workloads"].items()
+        for e in (
+            entry("durability", f"{label}: crash-durable", v["durable"], "items/s",
+                  "state in RAM", v["volatile"]),
+            entry("durability", f"{label}: --fsync always", v["fsync"], "items/s",
+                  "crash-durable", v["durable"]),
+        )
+    ]  # fmt: skip
+    out["machine"] = machine()
+    out["command"] = " ".join(["python", "bench/durability_bench.py", *sys.argv[1:]])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")

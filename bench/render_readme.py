@@ -2,7 +2,9 @@
 
     python bench/durability_bench.py && python bench/render_readme.py
 
-Each table sits between ``<!-- NAME -->`` and ``<!-- /NAME -->`` in README.md.
+Each table sits between ``<!-- NAME -->`` and ``<!-- /NAME -->`` in README.md
+and is rendered from one file in ``bench/results/`` (see ``TABLES``); a
+missing file leaves its table as it is.
 """
 
 from __future__ import annotations
@@ -30,33 +32,119 @@ def durability() -> str:
     return "\n".join(lines)
 
 
-def _value(v: float, unit: str) -> str:
+def _value(v: float | None, unit: str) -> str:
+    if v is None:
+        return ""
     return f"{v:,.2f} {unit}" if v < 100 else f"{v:,.0f} {unit}"
 
 
-def shm() -> str:
-    """The same-host transport (``bench/shm_bench.py --json bench/results/shm.json``)."""
-    data = json.loads((RESULTS / "shm.json").read_text())
+def _goal(e: dict) -> str:
+    if e["goal"] is None:
+        return ""
+    if str(e["baseline"]).startswith("goal: "):
+        want = f"{e['baseline'][6:]} {_value(e['baseline_value'], e['unit'])}"
+    else:
+        want = f"≥ {e['goal']:g}x"
+    return f"{want} " + ("✓" if e["pass"] else "✗ not met")
+
+
+def _caption(data: dict) -> str:
+    m = data.get("machine") or {}
+    load = m.get("loadavg") or m.get("loadavg_start")
+    rounds = f"{data['rounds']} interleaved rounds of {data['seconds']:g} s per case, medians"
+    quick = " (a quick run: noisy)" if data.get("quick") else ""
+    return (
+        f"`{data['command']}`{quick}: {rounds}; {m.get('cores', '?')} cores ({m.get('cpu', '?')}), "
+        f"load average {load[0]:.1f} at the start; torch {m.get('torch')}, tensordict "
+        f"{m.get('tensordict')}, torchrl {m.get('torchrl')}."
+        if load
+        else f"`{data['command']}`{quick}: {rounds}."
+    )
+
+
+def entries_table(source: str) -> str:
+    """Any benchmark's entries, one row each (``bench/common.py``)."""
+    data = json.loads((RESULTS / source).read_text())
     lines = [
         "| workload | value | against | its value | ratio | goal |",
         "|---|---|---|---|---|---|",
     ]
     for e in data["entries"]:
-        goal = (
-            "" if e["goal"] is None else f"≥ {e['goal']:g}x " + ("✓" if e["pass"] else "✗ not met")
-        )
         ratio = "" if e["ratio"] is None else f"{e['ratio']:.2f}x"
+        against = "" if str(e["baseline"]).startswith("goal: ") else e["baseline"]
+        base = "" if not against else _value(e["baseline_value"], e["unit"])
         lines.append(
-            f"| {e['workload']} | {_value(e['value'], e['unit'])} | {e['baseline']} | "
-            f"{_value(e['baseline_value'], e['unit'])} | {ratio} | {goal} |"
+            f"| {e['workload']} | {_value(e['value'], e['unit'])} | {against} | {base} | "
+            f"{'' if not against else ratio} | {_goal(e)} |"
         )
-    m = data["machine"]
-    lines.append("")
-    lines.append(
-        f"`{data['command']}`: {data['rounds']} interleaved rounds, medians; "
-        f"{m.get('cores', '?')} cores shared by server and clients."
-    )
+    if "rounds" in data:
+        lines += ["", _caption(data)]
+    else:
+        lines += [
+            "",
+            f"`{data['command']}`" + (" (a quick run: noisy)" if data.get("quick") else ""),
+        ]
     return "\n".join(lines)
+
+
+def http() -> str:
+    """The HTTP client path (``bench/http_bench.py --json bench/results/http.json``)."""
+    return entries_table("http.json")
+
+
+def client() -> str:
+    """HTTP client libraries (``bench/client_bench.py --json bench/results/client.json``)."""
+    return entries_table("client.json")
+
+
+def peers() -> str:
+    """tdreplay / Reverb (``bench/peers_bench.py --json bench/results/peers.json``).
+
+    One row per workload, a column per tdreplay transport.
+    """
+    data = json.loads((RESULTS / "peers.json").read_text())
+    rows: dict[str, dict] = {}
+    transports: list[str] = []
+    for e in data["entries"]:
+        workload, _, tr = e["workload"].rpartition(" (")
+        tr = tr.rstrip(")")
+        if tr not in transports:
+            transports.append(tr)
+        rows.setdefault(workload, {"reverb": e})[tr] = e
+    head = " | ".join(f"tdreplay {tr}" for tr in transports)
+    ratios = " | ".join(f"{tr} / Reverb" for tr in transports)
+    lines = [
+        f"| workload | {head} | Reverb (its best way) | {ratios} | goal |",
+        "|---|" + "---|" * (2 * len(transports) + 2),
+    ]
+    for workload, by in rows.items():
+        r = by["reverb"]
+        vals = " | ".join(
+            _value(by[tr]["value"], "items/s") if tr in by else "" for tr in transports
+        )
+        rats = " | ".join(
+            (
+                f"{by[tr]['ratio']:.2f}x"
+                + ("" if by[tr]["pass"] is None else (" ✓" if by[tr]["pass"] else " ✗"))
+            )
+            if tr in by
+            else ""
+            for tr in transports
+        )
+        goal = "" if r["goal"] is None else f"≥ {r['goal']:g}x"
+        lines.append(
+            f"| {workload} | {vals} | {_value(r['baseline_value'], 'items/s')} "
+            f"({r['baseline']}) | {rats} | {goal} |"
+        )
+    rv = (data.get("machine") or {}).get("reverb") or {}
+    versions = ", ".join(f"{k} {v}" for k, v in rv.items() if v)
+    lines += ["", _caption(data) + (f" Reverb side: {versions}." if versions else "")]
+    return "\n".join(lines)
+
+
+def shm() -> str:
+    """The same-host transport (``bench/shm_bench.py --json bench/results/shm.json``)."""
+    return entries_table("shm.json")
 
 
 def refactor() -> str:
@@ -79,6 +167,9 @@ TABLES = {
     "durability-table": (durability, "durability.json"),
     "shm-table": (shm, "shm.json"),
     "core-reshape-table": (refactor, "core-reshape.json"),
+    "http-table": (http, "http.json"),
+    "peers-table": (peers, "peers.json"),
+    "client-table": (client, "client.json"),
 }
 
 

@@ -43,7 +43,6 @@ import json
 import logging
 import math
 import os
-import platform
 import select
 import statistics
 import subprocess
@@ -54,7 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from compare_trees import free_port, schemas  # bench/ is on sys.path when run as a script
+from common import cpu_seconds, entry, free_port, machine, schemas, write_json  # bench/ on sys.path
 
 HERE = Path(__file__).resolve().parent
 MARK = "@@ "  # a worker's protocol lines on stdout start with this
@@ -186,40 +185,6 @@ class Worker:
         return self.read()
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, all its threads, from ``/proc/<pid>/stat``."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    after_comm = stat[stat.rindex(")") + 2 :].split()  # fields 3.. (comm may hold spaces)
-    return (int(after_comm[11]) + int(after_comm[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine() -> dict[str, Any]:
-    import tensordict
-    import torch
-    import torchrl
-
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    mem = Path("/proc/meminfo").read_text().split("\n", 1)[0].split()[1]
-    return {
-        "cpu": cpu,
-        "cores": len(os.sched_getaffinity(0)),
-        "mem_gib": round(int(mem) / 2**20, 1),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "tensordict": tensordict.__version__,
-        "torchrl": torchrl.__version__,
-        "loadavg_start": os.getloadavg(),
-    }
-
-
 def measure(workers: list[Worker], server: int, case: str, n: int, seconds: float) -> dict:
     """One timed run of ``case`` on the first ``n`` workers, started together."""
     start = time.monotonic() + 0.3 if n > 1 else None
@@ -256,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     info = machine()
+    info["loadavg_start"] = info.pop("loadavg")
     procs: list[subprocess.Popen] = []
     runs: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="tdreplay-shm-bench-") as tmp:
@@ -364,17 +330,16 @@ def report(args: argparse.Namespace, info: dict, fields: dict, runs: dict, wall_
         want = f" (goal >= {goal:g}x)" if goal is not None else ""
         print(f"  {mark}  {wl}: {case} / {base} = {ratio:.2f}x{want}")
         entries.append(
-            {
-                "bench": "shm",
-                "workload": f"{wl}: {case}",
-                "value": med(wl, case, "calls_per_s", batch[wl]),
-                "unit": "items/s",
-                "baseline": base,
-                "baseline_value": med(wl, base, "calls_per_s", batch[wl]),
-                "ratio": ratio,
-                "goal": goal,
-                "pass": ok,
-            }
+            entry(
+                "shm",
+                f"{wl}: {case}",
+                med(wl, case, "calls_per_s", batch[wl]),
+                "items/s",
+                base,
+                med(wl, base, "calls_per_s", batch[wl]),
+                ratio=ratio,
+                goal=goal,
+            )
         )
     wl = "atari sample b256, learners"
     one, many = "1 learner", f"{LEARNERS} learners"
@@ -382,19 +347,7 @@ def report(args: argparse.Namespace, info: dict, fields: dict, runs: dict, wall_
     for who in ("server_cpu", "client_cpu"):
         a, b = med(wl, many, who), med(wl, one, who)
         name = "server" if who == "server_cpu" else "learners"
-        entries.append(
-            {
-                "bench": "shm",
-                "workload": f"{wl}: {many}, {name} CPU",
-                "value": a,
-                "unit": "CPU s/s",
-                "baseline": one,
-                "baseline_value": b,
-                "ratio": a / b if b else None,
-                "goal": None,
-                "pass": None,
-            }
-        )
+        entries.append(entry("shm", f"{wl}: {many}, {name} CPU", a, "CPU s/s", one, b))
     for case in (one, many):
         srv, cli = med(wl, case, "server_cpu"), med(wl, case, "client_cpu")
         print(
@@ -403,20 +356,17 @@ def report(args: argparse.Namespace, info: dict, fields: dict, runs: dict, wall_
     goals = [e for e in entries if e["goal"] is not None]
     print(f"\n{sum(e['pass'] for e in goals)}/{len(goals)} goals met; {wall_s:.0f}s")
     if args.json:
-        out = {
-            "bench": "shm",
-            "command": " ".join(["python", "bench/shm_bench.py", *sys.argv[1:]]),
-            "quick": args.quick,
-            "rounds": args.rounds,
-            "seconds": args.seconds,
-            "machine": info,
-            "entries": entries,
-            "runs": {f"{wl}: {case}": r for (wl, case), r in runs.items()},
-            "wall_s": wall_s,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_json(
+            args.json,
+            "shm",
+            entries,
+            machine=info,
+            quick=args.quick,
+            rounds=args.rounds,
+            seconds=args.seconds,
+            runs={f"{wl}: {case}": r for (wl, case), r in runs.items()},
+            wall_s=wall_s,
+        )
     return 1 if args.strict and not all(e["pass"] for e in goals) else 0
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import math
 import platform
@@ -44,6 +43,7 @@ from typing import Any
 import tensordict
 import torch
 import torchrl
+from common import bound_entry, entry, write_json
 from items import FIELDS
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
@@ -370,7 +370,7 @@ def print_throughput(rows: list[dict]) -> list[dict]:
 def print_latency(results: list[dict]) -> list[dict]:
     small, large = results[0]["sizes"]
     print(
-        f"\nsample latency, batch {LATENCY_BATCH}, cartpole-size items (45 B) on memmap "
+        f"\nsample latency, batch {LATENCY_BATCH}, cartpole items (the shipped 11 fields) on memmap "
         "(1M atari items would need ~56 GB).\n"
         "total: the whole table.sample(n) call. own: the same calls less the time spent in the\n"
         "row copy (the backend's gather, timed inside each call): sampler, bookkeeping,\n"
@@ -462,8 +462,53 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_s"] = time.perf_counter() - t0
     print(f"\n{results['wall_s']:.0f}s")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        write_json(args.json, "storage", entries(results), **results)
     return 1 if args.strict and not all(g["pass"] for g in goals) else 0
+
+
+def entries(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The common entries (``bench/common.py``): ours / TorchRL per workload, growth bounds."""
+    out = []
+    rows = results.get("throughput", [])
+    base = {
+        (r["env"], r["backend"], r["op"], r["batch"]): r for r in rows if r["impl"] == "torchrl"
+    }
+    for r in rows:
+        if r["impl"] == "torchrl":
+            continue
+        key = (r["env"], r["backend"], r["op"], r["batch"])
+        goal = None
+        if r["batch"] == 256 and r["impl"] == "ours":
+            if r["env"] == "cartpole":
+                goal = CARTPOLE_MIN_RATIO
+            elif r["op"] == "sample":
+                goal = ATARI_MIN_RATIO
+        impl = "" if r["impl"] == "ours" else f" {r['impl']}"
+        out.append(
+            entry(
+                "storage",
+                f"{r['env']} {r['backend']} {r['op']} b{r['batch']}{impl}",
+                r["items_per_s"],
+                "items/s",
+                "torchrl",
+                base[key]["items_per_s"],
+                ratio=r["ratio_vs_torchrl"],
+                goal=goal,
+            )
+        )
+    for r in results.get("latency", []):
+        small, large = r["sizes"]
+        out.append(
+            bound_entry(
+                "storage",
+                f"{r['sampler']} sample cost (own) at {large:,} / at {small:,} items",
+                r["own_growth"],
+                "x",
+                r["limit"],
+                most=True,
+            )
+        )
+    return out
 
 
 if __name__ == "__main__":
