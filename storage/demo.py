@@ -43,6 +43,11 @@ def find_schema() -> Path:
     for base in (*here.parents, Path.cwd()):
         if (base / SCHEMA).is_file():
             return base / SCHEMA
+    from tdreplay.schemas import find  # installed from the wheel: the shipped copy
+
+    shipped = find(SCHEMA.name)
+    if shipped is not None:
+        return shipped
     raise FileNotFoundError(f"cannot find {SCHEMA}; pass --schema PATH")
 
 
