@@ -82,21 +82,22 @@ def make_spec(
 
 
 def make_batch(env: str, n: int, seed: int = 0) -> TensorDict:
+    """``n`` items in ``env``'s shipped layout; ``next.done`` ends an episode every EPISODE_LEN."""
     g = torch.Generator().manual_seed(seed)
-    done = (torch.arange(n) % EPISODE_LEN == EPISODE_LEN - 1)[:, None]
-    if env == "cartpole":
-        obs, nxt = torch.randn(n, 4, generator=g), torch.randn(n, 4, generator=g)
-    else:
-        obs = torch.randint(0, 256, (n, 84, 84, 4), dtype=torch.uint8, generator=g)
-        nxt = torch.randint(0, 256, (n, 84, 84, 4), dtype=torch.uint8, generator=g)
-    return TensorDict(
-        {
-            "observation": obs,
-            "action": torch.randint(0, 4, (n,), generator=g),
-            "next": {"observation": nxt, "reward": torch.rand(n, 1, generator=g), "done": done},
-        },
-        batch_size=[n],
-    )
+    td = TensorDict(batch_size=[n])
+    for name, f in FIELDS[env].items():
+        dtype, shape = getattr(torch, f["dtype"]), [n, *f["shape"]]
+        if dtype == torch.bool:
+            value = torch.zeros(shape, dtype=torch.bool)
+        elif dtype.is_floating_point:
+            value = torch.randn(shape, generator=g).to(dtype)
+        else:
+            value = torch.randint(0, 4 if dtype != torch.uint8 else 256, shape, generator=g).to(
+                dtype
+            )
+        td.set(tuple(name.split(".")), value)
+    td.set(("next", "done"), (torch.arange(n) % EPISODE_LEN == EPISODE_LEN - 1)[:, None])
+    return td
 
 
 # ---------------------------------------------------------------- timing
