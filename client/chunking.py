@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, cast
+from typing import Any
 
-import torch
 from tensordict import TensorDictBase
 
-from .commands import as_batch
+from .columns import ColumnBuffer
 
 
 class ChunkBuffer:
     """The writer's buffer and chunking rule, without I/O (shared by both writers).
+
+    Steps are copied into preallocated columns as they come
+    (:class:`~tdreplay.client.columns.ColumnBuffer`); a chunk is a slice of
+    them. The first step fixes the keys, shapes and dtypes every later step
+    must have.
 
     Args:
         chunk: steps per chunk (a target for trajectory tables, see the module doc).
@@ -51,46 +55,84 @@ class ChunkBuffer:
         self.max_rows = max_rows or None
         if self.max_rows is not None:
             self.chunk = min(chunk, self.max_rows)  # a bigger insert could never fit
-        self.parts: list[TensorDictBase] = []
-        self.n = 0
         self.boundaries: list[int] = []  # row counts at which whole episodes end
         self.first_at: float | None = None
         self._last_id: int | None = None
+        self._rows = ColumnBuffer(self.chunk)
+
+    @property
+    def n(self) -> int:
+        """Steps buffered."""
+        return self._rows.n
 
     @property
     def trajectory(self) -> bool:
         return self.episode_key is not None or self.end_key is not None
 
+    @property
+    def waiting(self) -> bool:
+        """Whether :meth:`due` is ``None`` for want of a step or a whole episode (a timer sleeps)."""
+        return self.first_at is None or (self.trajectory and not self.boundaries)
+
     def append(self, step: Any) -> None:
-        td = as_batch(step)
-        k = td.batch_size[0]
+        """Copy one step (batch ``[]``) or several (``[k]``) into the buffer.
+
+        Raises:
+            KeyError: the step lacks a key the first step had (or the end /
+                trajectory key), or has one it had not.
+            ValueError, TypeError: a leaf's shape or dtype differs from the first step's.
+        """
+        base = self.n
+        k = self._rows.append(step)
         if k == 0:
             return
-        base = self.n
-        if self.end_key is not None:
-            flags = td.get(self.end_key).reshape(k, -1).any(-1)
-            self.boundaries.extend(base + i + 1 for i in flags.nonzero().flatten().tolist())
-        elif self.episode_key is not None:
-            ids = td.get(self.episode_key).reshape(k).to(torch.int64)
-            change = torch.zeros(k, dtype=torch.bool)
-            change[1:] = ids[1:] != ids[:-1]
-            if self._last_id is not None:
-                change[0] = int(ids[0]) != self._last_id
-            self.boundaries.extend(
-                base + i for i in change.nonzero().flatten().tolist() if base + i
-            )
-            self._last_id = int(ids[-1])
-        self.parts.append(td)
-        self.n += k
+        try:
+            if self.end_key is not None:
+                self._find_ends(base, k)
+            elif self.episode_key is not None:
+                self._find_starts(base, k)
+        except BaseException:
+            self._rows.n = base  # the step is not taken
+            raise
         if self.first_at is None:
             self.first_at = time.monotonic()
 
+    def _column(self, key: tuple[str, ...], base: int, k: int) -> Any:
+        try:
+            return self._rows.column(key)[base : base + k]
+        except ValueError:
+            raise KeyError(f"step has no key {'.'.join(key)!r} (the table's episode key)") from None
+
+    def _find_ends(self, base: int, k: int) -> None:
+        assert self.end_key is not None
+        flags = self._column(self.end_key, base, k)
+        if k == 1:
+            if flags[0].any():
+                self.boundaries.append(base + 1)
+            return
+        self.boundaries.extend(base + i + 1 for i, f in enumerate(flags.any(-1).tolist()) if f)
+
+    def _find_starts(self, base: int, k: int) -> None:
+        assert self.episode_key is not None
+        ids = self._column(self.episode_key, base, k)
+        if ids.shape[1] != 1:
+            raise ValueError(
+                f"trajectory id {'.'.join(self.episode_key)!r} must be one value per step, "
+                f"got {ids.shape[1]}"
+            )
+        last = self._last_id
+        for i, x in enumerate(ids[:, 0].tolist()):
+            x = int(x)
+            if last is not None and x != last and base + i:
+                self.boundaries.append(base + i)
+            last = x
+        self._last_id = last
+
     def due(self, max_delay: float | None) -> float | None:
         """Seconds until the time limit sends what is buffered (``None``: nothing to wait for)."""
-        if max_delay is None or self.first_at is None:
+        if max_delay is None or self.waiting:
             return None
-        if self.trajectory and not self.boundaries:
-            return None
+        assert self.first_at is not None
         return self.first_at + max_delay - time.monotonic()
 
     def _cut(self, *, expired: bool, final: bool) -> int:
@@ -102,11 +144,13 @@ class ChunkBuffer:
             if n >= self.chunk:
                 return self.chunk
             return min(n, cap) if expired or final else 0
+        sealed = self.boundaries[-1] if self.boundaries else 0
+        if sealed < self.chunk and n <= cap and not (expired or final):
+            return 0  # the common case, per step: nothing due
         if final and n <= cap:
             return n
         fits = [b for b in self.boundaries if b <= cap]
         best = fits[-1] if fits else 0
-        sealed = self.boundaries[-1] if self.boundaries else 0
         if best and (sealed >= self.chunk or expired or final or n > cap):
             return best
         if n > cap:
@@ -119,20 +163,23 @@ class ChunkBuffer:
             return cap
         return n if final else 0
 
-    def take(self, *, expired: bool = False, final: bool = False) -> list[TensorDictBase]:
-        """The chunks to send now, in order; they leave the buffer."""
+    def take(
+        self, *, expired: bool = False, final: bool = False, borrow: bool = False
+    ) -> list[TensorDictBase]:
+        """The chunks to send now, in order; they leave the buffer.
+
+        Args:
+            expired: the time limit passed (send what may be sent, even short).
+            final: the writer closes (send everything that may be sent).
+            borrow: chunks are views on the buffer, valid until the next
+                :meth:`append` (the writers send them before that), instead of copies.
+        """
         out: list[TensorDictBase] = []
         while True:
             m = self._cut(expired=expired, final=final)
             if not m:
                 break
-            whole: TensorDictBase = (
-                self.parts[0] if len(self.parts) == 1 else cast(Any, torch.cat)(self.parts, 0)
-            )
-            out.append(whole[:m])
-            rest = whole[m:]
-            self.parts = [rest] if rest.batch_size[0] else []
-            self.n -= m
+            out.append(self._rows.front(m, copy=not borrow))
             self.boundaries = [b - m for b in self.boundaries if b > m]
             self.first_at = time.monotonic() if self.n else None
         return out
@@ -142,7 +189,8 @@ class ChunkBuffer:
         return self.n - (self.boundaries[-1] if self.boundaries else 0)
 
     def clear(self) -> None:
-        self.parts, self.n, self.boundaries, self.first_at = [], 0, [], None
+        self._rows.clear()
+        self.boundaries, self.first_at = [], None
 
 
 def episode_keys(

@@ -188,9 +188,11 @@ class Writer(_WriterBase):
         buf = self._buf()
         with self._send_lock:
             with self._cond:
+                waiting = buf.waiting
                 buf.append(step)
-                chunks = buf.take()
-                self._cond.notify_all()
+                chunks = buf.take(borrow=True)
+                if waiting and not buf.waiting:
+                    self._cond.notify_all()  # the timer has a deadline now
             self._send(chunks)
 
     def flush(self) -> None:
@@ -200,7 +202,7 @@ class Writer(_WriterBase):
             return
         with self._send_lock:
             with self._cond:
-                chunks = self._buffer.take(expired=True)
+                chunks = self._buffer.take(expired=True, borrow=True)
             self._send(chunks)
 
     def _send_expired(self) -> None:
@@ -209,7 +211,7 @@ class Writer(_WriterBase):
         try:
             with self._send_lock:
                 with self._cond:
-                    chunks = self._buffer.take(expired=True)
+                    chunks = self._buffer.take(expired=True, borrow=True)
                 self._send(chunks)
         except BaseException as err:
             self._error = err
@@ -274,11 +276,11 @@ def _timer_loop(ref: weakref.ReferenceType[Writer], cond: threading.Condition) -
 def _final_chunks(buf: ChunkBuffer) -> list[TensorDictBase]:
     if buf.end_key is not None and buf.unfinished():
         n = buf.unfinished()
-        chunks = buf.take(expired=True)
+        chunks = buf.take(expired=True, borrow=True)
         _warn_dropped(n, ".".join(buf.end_key))
         buf.clear()
         return chunks
-    return buf.take(final=True)
+    return buf.take(final=True, borrow=True)
 
 
 class AsyncWriter(_WriterBase):
@@ -349,16 +351,18 @@ class AsyncWriter(_WriterBase):
         self._raise_pending()
         buf = await self._buf()
         async with self._lock:
+            waiting = buf.waiting
             buf.append(step)
-            self._wake.set()
-            await self._send(buf.take())
+            if waiting and not buf.waiting:
+                self._wake.set()  # the timer has a deadline now
+            await self._send(buf.take(borrow=True))
 
     async def flush(self) -> None:
         """Send what is buffered now (trajectory tables: the whole episodes only)."""
         self._raise_pending()
         if self._buffer is not None:
             async with self._lock:
-                await self._send(self._buffer.take(expired=True))
+                await self._send(self._buffer.take(expired=True, borrow=True))
 
     async def _timer_loop(self) -> None:
         assert self._buffer is not None
@@ -371,7 +375,7 @@ class AsyncWriter(_WriterBase):
                 continue
             try:
                 async with self._lock:
-                    await self._send(self._buffer.take(expired=True))
+                    await self._send(self._buffer.take(expired=True, borrow=True))
             except Exception as err:
                 self._error = err
                 self._buffer.clear()

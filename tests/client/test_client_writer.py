@@ -136,3 +136,66 @@ def test_a_dropped_writer_stops_its_timer(client: ReplayClient) -> None:
     gc.collect()
     timer.join(10)
     assert not timer.is_alive()
+
+
+def test_steps_are_copied_into_columns_allocated_once(client: ReplayClient) -> None:
+    """A collector may reuse one step object, writing each new step into it in place."""
+    name = table(client)
+    step0 = step(0, done=True)
+    with client.writer(name, chunk=4, max_delay=None) as w:
+        w.append(step0)
+        buf = w._buffer
+        assert buf is not None
+        columns = [t.data_ptr() for t in buf._rows._cols]
+        for i in range(1, 13):
+            step0["x"].fill_(i)  # the same tensors, new values: copied at append
+            step0["next", "done"].fill_(i % 5 == 0)
+            w.append(step0)
+        assert [t.data_ptr() for t in buf._rows._cols] == columns  # no allocation per chunk
+    batch = client.sample(name, 256)
+    assert sorted(batch["x"].unique().tolist()) == list(range(13))
+    assert torch.equal(batch["next", "done"].squeeze(-1), batch["x"] % 5 == 0)
+
+
+def test_single_steps_and_batches_of_steps_mix(client: ReplayClient) -> None:
+    name = table(client)
+    with client.writer(name, chunk=5, max_delay=None) as w:
+        w.append(step(0))
+        w.append(torch.stack([step(i) for i in range(1, 8)]))  # [7]
+        w.append(torch.stack([step(i) for i in range(8, 14)]).reshape(2, 3))  # [envs, time]
+        w.append(step(14))
+    assert w.sent_rows == 15 and w.sent_chunks == 3
+    got = client.sample(name, 512)
+    assert sorted(got["x"].unique().tolist()) == list(range(15))
+
+
+def test_a_step_unlike_the_first_is_refused_at_append(client: ReplayClient) -> None:
+    name = table(client)
+    with client.writer(name, chunk=4, max_delay=None) as w:
+        w.append(step(0))
+        with pytest.raises(KeyError, match=r"lacks key.*next\.done"):
+            w.append(TensorDict({"x": torch.tensor(1)}, []))
+        with pytest.raises(KeyError, match=r"has key.*extra"):
+            w.append(step(1).set("extra", torch.zeros(2)))
+        with pytest.raises(ValueError, match=r"'x' has shape \[2\].*was \[\]"):
+            w.append(step(1).set("x", torch.zeros(2, dtype=torch.int64)))
+        with pytest.raises(TypeError, match=r"'x' has dtype torch\.float32"):
+            w.append(step(1).set("x", torch.tensor(1.0)))
+        w.append(step(2))
+    assert w.sent_rows == 2  # the refused steps changed nothing
+    assert sorted(client.sample(name, 64)["x"].unique().tolist()) == [0, 2]
+
+
+def test_trajectory_rows_move_to_the_front_between_chunks(client: ReplayClient) -> None:
+    """Unfinished episodes stay in the buffer across sends; what is sent is whole and in order."""
+    name = slice_table(client)
+    with client.writer(name, chunk=4, max_delay=None) as w:
+        x = 0
+        for e, length in enumerate([3, 6, 2, 7, 5, 4, 9]):
+            for t in range(length):
+                w.append(step(x, done=t == length - 1, episode=e))
+                x += 1
+    assert w.sent_rows == x
+    batch = client.sample(name, 256)
+    order = batch["index"].argsort()
+    assert torch.equal(batch["x"][order], batch["index"][order])  # row i went to slot i

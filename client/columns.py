@@ -1,0 +1,282 @@
+"""The writer's step storage: one preallocated tensor per column, steps copied in row by row.
+
+A collector appends steps one at a time; stacking them as TensorDicts costs
+far more than the copy itself (an ``unsqueeze`` per step, a ``cat`` per
+chunk). Here the first step fixes the layout — its leaf keys, shapes and
+dtypes — and every step after it is copied straight into the next row of
+each column (one fused copy of all its leaves), after a check that it has
+the same keys, shapes and dtypes. Chunks are slices of the columns.
+
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> cols = ColumnBuffer(4)
+    >>> for t in range(3):
+    ...     _ = cols.append(TensorDict({"obs": torch.full((2,), t), "done": torch.tensor([t == 2])}, []))
+    >>> chunk = cols.front(2, copy=True)  # the first two rows leave the buffer
+    >>> chunk["obs"].tolist(), cols.n
+    ([[0, 0], [1, 1]], 1)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase, is_tensorclass
+
+from .commands import as_batch
+
+#: a leaf key as ``TensorDictBase.items(True, True)`` yields it: a name, or a tuple of names
+Key = str | tuple[str, ...]
+
+
+def _leaves(td: TensorDictBase) -> tuple[tuple[Key, ...], tuple[Any, ...]]:
+    pairs = tuple(td.items(include_nested=True, leaves_only=True))
+    if not pairs:
+        return (), ()
+    keys, values = zip(*pairs, strict=True)
+    return keys, values
+
+
+def _dotted(key: Key) -> str:
+    return key if isinstance(key, str) else ".".join(key)
+
+
+#: the key tree of a step: the names at one level, and for each the tree below it (``None``: a leaf)
+Tree = tuple[tuple[str, ...], tuple["Tree | None", ...]]
+
+
+def _tree(td: TensorDictBase) -> Tree:
+    names, subs = [], []
+    for name, value in td.items():
+        names.append(name)
+        subs.append(_tree(value) if isinstance(value, TensorDictBase) else None)
+    return tuple(names), tuple(subs)
+
+
+def _gather(td: TensorDictBase, tree: Tree, out: list[Any]) -> bool:
+    """Append the leaves of ``td`` to ``out`` in ``tree``'s order; False if its keys differ.
+
+    Four times cheaper than ``td.items(True, True)``, which is generic
+    (leaf predicates, key tuples); per step, that difference is most of the cost.
+    """
+    names, subs = tree
+    i = 0
+    for name, value in td.items():
+        if i == len(names) or name != names[i]:
+            return False
+        sub = subs[i]
+        i += 1
+        if sub is None:
+            out.append(value)
+        elif not isinstance(value, TensorDictBase) or not _gather(value, sub, out):
+            return False
+    return i == len(names)
+
+
+class ColumnBuffer:
+    """Rows of steps, one tensor per leaf key, allocated once and grown only when needed.
+
+    Live rows are ``[start, start + n)`` of each column; sending the front
+    rows advances ``start``, and the rows left are moved to the front when the
+    next append needs the room (so chunks handed out as views stay valid until
+    the next :meth:`append`).
+
+    Args:
+        rows: rows to allocate at first (the chunk size).
+    """
+
+    def __init__(self, rows: int) -> None:
+        self.rows = max(1, rows)
+        self.keys: tuple[Key, ...] | None = None  # as the first step's items() yields them
+        self._tree: Tree | None = None
+        self.start = 0
+        self.n = 0
+        self._shapes: list[torch.Size] = []
+        self._dtypes: list[torch.dtype] = []
+        self._cols: list[torch.Tensor] = []
+        self._row_views: list[list[torch.Tensor] | None] = []
+        self._numpy: dict[Key, Any] = {}
+
+    @property
+    def capacity(self) -> int:
+        return self._cols[0].shape[0] if self._cols else 0
+
+    # ---------------------------------------------------------------- layout
+    def _layout(
+        self, td: TensorDictBase, keys: tuple[Key, ...], values: tuple[Any, ...], rows: bool
+    ) -> None:
+        if not keys:
+            raise ValueError("a step must hold at least one tensor")
+        for key, v in zip(keys, values, strict=True):
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(f"step key {_dotted(key)!r} holds {type(v).__name__}, not a tensor")
+        self.keys = keys
+        self._tree = _tree(td)
+        flat: list[Any] = []
+        if not _gather(td, self._tree, flat) or len(flat) != len(keys):  # pragma: no cover
+            raise AssertionError("the key tree walks the leaves in items()'s order")
+        self._shapes = [v.shape[1:] if rows else v.shape for v in values]
+        self._dtypes = [v.dtype for v in values]
+
+    def _mismatch(self, keys: tuple[Key, ...], values: tuple[Any, ...], rows: bool) -> Exception:
+        """The error for a step whose keys, shapes or dtypes differ from the first step's."""
+        assert self.keys is not None
+        want = {_dotted(k) for k in self.keys}
+        got = {_dotted(k) for k in keys}
+        if want - got:
+            return KeyError(f"step lacks key(s) {sorted(want - got)} that the first step had")
+        if got - want:
+            return KeyError(f"step has key(s) {sorted(got - want)} that the first step had not")
+        index = {_dotted(k): i for i, k in enumerate(self.keys)}
+        for key, v in zip(keys, values, strict=True):
+            i = index[_dotted(key)]
+            if not isinstance(v, torch.Tensor):
+                return TypeError(
+                    f"step key {_dotted(key)!r} holds {type(v).__name__}, not a tensor"
+                )
+            shape = v.shape[1:] if rows else v.shape
+            if shape != self._shapes[i]:
+                return ValueError(
+                    f"step key {_dotted(key)!r} has shape {list(shape)}, "
+                    f"the first step's was {list(self._shapes[i])}"
+                )
+            if v.dtype != self._dtypes[i]:
+                return TypeError(
+                    f"step key {_dotted(key)!r} has dtype {v.dtype}, the first step's was {self._dtypes[i]}"
+                )
+        return ValueError("step does not match the first step's layout")  # pragma: no cover
+
+    def _ordered(
+        self, keys: tuple[Key, ...], values: tuple[Any, ...], rows: bool
+    ) -> tuple[Any, ...]:
+        """``values`` in the layout's column order, checked against it."""
+        if keys != self.keys:
+            if self.keys is None or sorted(map(_dotted, keys)) != sorted(map(_dotted, self.keys)):
+                raise self._mismatch(keys, values, rows)
+            by_key = dict(zip(map(_dotted, keys), values, strict=True))
+            values = tuple(by_key[_dotted(k)] for k in self.keys)
+            keys = self.keys
+        if not self._same(values, rows=rows):
+            raise self._mismatch(keys, values, rows)
+        return values
+
+    def _same(self, values: Any, *, rows: bool = False) -> bool:
+        """Whether ``values`` (in column order) are tensors of the layout's shapes and dtypes."""
+        try:
+            return [v.dtype for v in values] == self._dtypes and (
+                [v.shape[1:] for v in values] if rows else [v.shape for v in values]
+            ) == self._shapes
+        except AttributeError:  # a leaf that is not a tensor
+            return False
+
+    # ---------------------------------------------------------------- storage
+    def _allocate(self, rows: int) -> None:
+        old, live = self._cols, self.n
+        self._cols = [
+            torch.empty((rows, *shape), dtype=dtype)
+            for shape, dtype in zip(self._shapes, self._dtypes, strict=True)
+        ]
+        if old and live:
+            for new, col in zip(self._cols, old, strict=True):
+                new[:live].copy_(col[self.start : self.start + live])
+        self.start = 0
+        self._row_views = [None] * rows
+        self._numpy = {}
+
+    def _reserve(self, k: int) -> None:
+        """Room for ``k`` more rows after the live ones."""
+        if self.start + self.n + k <= self.capacity:
+            return
+        if self.n + k <= self.capacity:  # move the live rows to the front
+            src = slice(self.start, self.start + self.n)
+            for col in self._cols:
+                rows = col[src]
+                col[: self.n].copy_(rows.clone() if self.start < self.n else rows)
+            self.start = 0
+            return
+        self._allocate(max(self.rows, 2 * self.capacity, self.n + k))
+
+    def append(self, data: Any) -> int:
+        """Copy a step (batch ``[]``) or rows (batch ``[k]``, a tensorclass, a mapping) in.
+
+        Returns:
+            The rows added.
+
+        Raises:
+            KeyError: the step lacks a key of the first step, or has one more.
+            ValueError, TypeError: a leaf's shape or dtype differs from the first step's.
+        """
+        if is_tensorclass(data):
+            data = data._tensordict  # type: ignore[union-attr]
+        if isinstance(data, TensorDictBase) and data.batch_dims == 0:
+            values: Any = []
+            if (
+                self._tree is None
+                or not _gather(data, self._tree, values)
+                or not self._same(values)
+            ):
+                keys, values = _leaves(data)  # the first step, or one that differs: the slow way
+                if self.keys is None:
+                    self._layout(data, keys, values, rows=False)
+                values = self._ordered(keys, values, rows=False)
+            self._reserve(1)
+            pos = self.start + self.n
+            views = self._row_views[pos]
+            if views is None:
+                views = self._row_views[pos] = [col[pos] for col in self._cols]
+            # one fused copy of all the leaves (a Python loop of copy_ costs 4x more)
+            torch._foreach_copy_(views, values)
+            self.n += 1
+            return 1
+        td = as_batch(data)
+        k = td.batch_size[0]
+        if k == 0:
+            return 0
+        keys, values = _leaves(td)
+        if self.keys is None:
+            self._layout(td, keys, values, rows=True)
+        values = self._ordered(keys, values, rows=True)
+        self._reserve(k)
+        pos = self.start + self.n
+        for col, v in zip(self._cols, values, strict=True):
+            col[pos : pos + k].copy_(v)
+        self.n += k
+        return k
+
+    def column(self, key: Key) -> Any:
+        """Live rows ``[n, -1]`` of column ``key``: numpy where it can, else torch (read only)."""
+        assert self.keys is not None
+        view = self._numpy.get(key)
+        if view is None:
+            i = [_dotted(k) for k in self.keys].index(_dotted(key))
+            flat = self._cols[i].reshape(self.capacity, -1)
+            try:
+                view = flat.numpy()
+            except TypeError:  # a dtype numpy lacks (bfloat16): stay in torch
+                view = flat
+            self._numpy[key] = view
+        return view[self.start : self.start + self.n]
+
+    def front(self, m: int, *, copy: bool) -> TensorDict:
+        """The first ``m`` live rows as a TensorDict (views unless ``copy``); they leave the buffer.
+
+        Views stay valid until the next :meth:`append` (which may move rows).
+        """
+        assert self.keys is not None and 0 < m <= self.n
+        rows = slice(self.start, self.start + m)
+        out = TensorDict(batch_size=[m])
+        for key, col in zip(self.keys, self._cols, strict=True):
+            part = col[rows]
+            out.set(key, part.clone() if copy else part)
+        self.start += m
+        self.n -= m
+        if not self.n:
+            self.clear()
+        return out
+
+    def clear(self) -> None:
+        """Forget the live rows; a buffer grown far past its first size is given back."""
+        self.start = self.n = 0
+        if self.capacity > 4 * self.rows:
+            self._cols, self._row_views, self._numpy = [], [], {}
