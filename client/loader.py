@@ -35,6 +35,7 @@ memory (the DataLoader pins and moves them itself).
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
@@ -117,6 +118,74 @@ def _identity(batch: Any) -> Any:
     return batch
 
 
+def _check_device(device: str | torch.device | None) -> torch.device | None:
+    """``device`` as a ``torch.device``; a CUDA device this process cannot use is an error now.
+
+    (Found later, in a fetcher thread, it would leave the learner waiting.)
+    """
+    if device is None:
+        return None
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"loader device={str(device)!r}: CUDA is not available to this process "
+                "(torch.cuda.is_available() is False); pass device='cpu' or None"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"loader device={str(device)!r}: this process sees "
+                f"{torch.cuda.device_count()} CUDA device(s)"
+            )
+    return dev
+
+
+#: the pipelines whose fetcher threads may still run; stopped and joined at interpreter exit
+_PIPELINES: weakref.WeakSet[_Pipeline] = weakref.WeakSet()
+_EXIT_JOIN_S = 5.0
+_exit_hook = threading.Lock()
+_hooked = False
+
+
+def _stop_at_exit() -> None:
+    """Stop every fetcher and wait for it (up to ``_EXIT_JOIN_S`` in all).
+
+    Fetchers are daemon threads so that a learner that never closes its
+    loader can still exit. Left running, one would be inside torch (decoding
+    or copying a batch) while the interpreter tears torch down — a segfault,
+    or a C++ thread unwound mid-call ("terminate called without an active
+    exception"). A fetcher stops at its next batch boundary; one waiting on
+    the server finishes its request first.
+    """
+    pipes = list(_PIPELINES)
+    for pipe in pipes:
+        pipe.close()
+    deadline = time.monotonic() + _EXIT_JOIN_S
+    for pipe in pipes:
+        for t in pipe.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _hook_exit() -> None:
+    """Run :func:`_stop_at_exit` when the interpreter exits, before anything is torn down."""
+    global _hooked
+    with _exit_hook:
+        if _hooked:
+            return
+        _hooked = True
+    # threading's exit hooks run first at shutdown: before the executors' (whose
+    # workers may be waiting on a batch: the async loader), before atexit and
+    # weakref finalizers (torch's among them); concurrent.futures uses it so
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(_stop_at_exit)
+            return
+        except RuntimeError:  # the interpreter is already shutting down
+            return
+    atexit.register(_stop_at_exit)  # pragma: no cover - Pythons without the hook
+
+
 class Loader(IterableDataset):
     """Sampled batches of ``table``, ``prefetch`` requests ahead of the learner.
 
@@ -160,7 +229,7 @@ class Loader(IterableDataset):
         self.table = table
         self.batch_size = batch_size
         self.prefetch = prefetch
-        self.device = torch.device(device) if device is not None else None
+        self.device = _check_device(device)
         self.as_cls = as_cls
         self.num_batches = num_batches
         self.timeout = timeout
@@ -210,11 +279,13 @@ class _Pipeline:
                 self._free.put(_Slot(pinned=self.cuda))
         n_threads = 1 if loader.stream else loader.prefetch
         target = self._stream_fetcher if loader.stream else self._fetcher
-        self._threads = [
+        self.threads = [
             threading.Thread(target=target, args=(i,), daemon=True, name=f"tdreplay-loader-{i}")
             for i in range(n_threads)
         ]
-        for t in self._threads:
+        _hook_exit()
+        _PIPELINES.add(self)
+        for t in self.threads:
             t.start()
 
     # ---------------------------------------------------------------- fetchers
@@ -231,9 +302,10 @@ class _Pipeline:
         return True
 
     def _fetcher(self, i: int) -> None:
-        stream = torch.cuda.Stream(self.device) if self.cuda else None
         loader = self.loader
         try:
+            # in the try: whatever fails here reaches the learner, who would wait forever else
+            stream = torch.cuda.Stream(self.device) if self.cuda else None
             while self._claim():
                 slot: _Slot | None = None
                 alloc = C.fresh
@@ -251,11 +323,11 @@ class _Pipeline:
 
     def _stream_fetcher(self, i: int) -> None:
         loader = self.loader
-        stream = torch.cuda.Stream(self.device) if self.cuda else None
         command_count = 1024 if loader.num_batches is None else loader.num_batches
-        transport = loader.client._transports[0]
         wait = loader.client.settings.wait if loader.timeout is None else loader.timeout
         try:
+            stream = torch.cuda.Stream(self.device) if self.cuda else None
+            transport = loader.client._transports[0]
             while not self._stop.is_set():
                 cmd = C.Stream(loader.table, loader.batch_size, command_count, wait)
                 with transport.open_stream(cmd.request()) as resp:
@@ -313,7 +385,7 @@ class _Pipeline:
             return
         self.closed = True
         self._stop.set()
-        for _ in self._threads:
+        for _ in self.threads:
             self._credits.release()
 
 
