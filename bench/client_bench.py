@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import entry, free_port, machine, schemas, write_json
+from common import entry, free_port, machine, print_entries, schemas, write_json
 from items import ATARI, CARTPOLE  # bench/ is on sys.path when run as a script
 from tensordict import TensorDict
 
@@ -308,6 +308,7 @@ def main() -> None:
                 f"{results['raw asyncio tiny/s'] / results['raw httpx.AsyncClient tiny/s']:.2f}"
             )
         print(f"  learner step simulated         {step * 1e3:.1f} ms")
+        print_entries(entries(results))
         if args.json:
             write_json(args.json, "client", entries(results), machine=machine(), quick=quick,
                        reps=reps, seconds=secs, results=results)  # fmt: skip

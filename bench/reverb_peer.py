@@ -178,7 +178,9 @@ def hello() -> dict[str, Any]:
     return {
         "side": "reverb",
         "versions": {
-            p: _version(p) for p in ("dm-reverb", "tensorflow-cpu", "tensorflow", "numpy")
+            p: v
+            for p in ("dm-reverb", "tensorflow-cpu", "tensorflow", "numpy")
+            if (v := _version(p)) is not None
         },
     }
 
