@@ -7,6 +7,12 @@ one's answer and inserts nothing. A retry that arrives while the first is
 still running waits for it. A request that fails is forgotten, so its retry
 runs again.
 
+Ids outlive a crash where the table keeps its items' tags (memmap tables:
+see ``Table.tagged``): each insert is tagged with :func:`request_tag` of its
+id, and a handle reopened after a restart is :meth:`~RecentRequests.seed`-ed
+with the tags of the items found, so the retry of an extend whose answer the
+crash swallowed inserts nothing again.
+
 The memory is bounded three ways, the oldest ids forgotten first: ``size``
 ids, ``ttl`` seconds, and ``max_bytes`` bytes. The bytes are counted from
 what is held: the id, the answer (see :func:`answer_bytes`) and a fixed
@@ -17,6 +23,7 @@ what is held: the id, the answer (see :func:`answer_bytes`) and a fixed
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import sys
 import time
 from collections import OrderedDict
@@ -46,6 +53,16 @@ def answer_bytes(answer: Any) -> int:
             answer_bytes(k) + answer_bytes(v) for k, v in answer.items()
         )
     return sys.getsizeof(answer)
+
+
+def request_tag(request_id: str) -> int:
+    """A nonzero int64 naming ``request_id`` (the first 8 bytes of its BLAKE2b hash).
+
+    >>> request_tag("a") == request_tag("a") != request_tag("b")
+    True
+    """
+    digest = hashlib.blake2b(request_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True) or 1
 
 
 class _Entry:
@@ -89,6 +106,14 @@ class RecentRequests:
         #: bytes held now (ids, answers, bookkeeping)
         self.nbytes = 0
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._seeded: dict[int, Any] = {}
+        self._seeded_at = 0.0
+
+    def seed(self, answers: dict[int, Any]) -> None:
+        """Remember ``{request_tag(id): answer}`` found in a reopened table (kept ``ttl``
+        seconds from now; at most ``size`` of them)."""
+        self._seeded = dict(list(answers.items())[: self.size])
+        self._seeded_at = time.monotonic()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -125,6 +150,11 @@ class RecentRequests:
         entry = self._entries.get(request_id)
         if entry is not None:
             return await asyncio.shield(entry.future), True
+        if self._seeded:
+            if now - self._seeded_at > self.ttl:
+                self._seeded = {}
+            elif (seeded := self._seeded.get(request_tag(request_id))) is not None:
+                return seeded, True
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         entry = _Entry(now, fut, ENTRY_BYTES + sys.getsizeof(request_id))
         self._entries[request_id] = entry

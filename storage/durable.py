@@ -70,6 +70,10 @@ STATE_DIR = ".tdreplay-state"
 SPEC_FILE = "spec.json"
 RECORD_FILE = "record.bin"
 
+#: per-slot columns later versions added: missing from an older table's state, they
+#: are created as zeros (what they hold for items written before them)
+ADDED_COLUMNS = frozenset({"slots.tag"})
+
 #: the scalars of a table, in the order the record stores them
 SCALARS = (
     "cursor",
@@ -233,7 +237,10 @@ class DurableState:
         state = cls(folder, table)
         mapped = {}
         for name, tensor in cls._columns(table).items():
-            mapped[name] = map_file(folder / f"{name}.bin", tensor.dtype, tuple(tensor.shape))
+            path = folder / f"{name}.bin"
+            if name in ADDED_COLUMNS and not path.exists():  # state of an earlier version
+                _create_file(path, tensor.numel() * tensor.element_size())
+            mapped[name] = map_file(path, tensor.dtype, tuple(tensor.shape))
         state._map_record()
         state._bind(mapped)
         try:

@@ -8,7 +8,11 @@ The table, its writer and its sampler agree on the state of every slot:
   which tells insertion order, lets the slice sampler check contiguity, and
   is the item's key (unique for the table's life, checkpoints included) that
   a sample hands out and ``update_priority`` checks;
-* ``times_sampled`` — how often the item in the slot was returned.
+* ``times_sampled`` — how often the item in the slot was returned;
+* ``tag``   — the tag of the insert that wrote the item (a hash of the client's
+  request id; 0: none), durable with the rest, so that a server restarted
+  after a crash still knows which requests its live items came from (a
+  retried extend is then not inserted twice; see :meth:`Slots.tagged`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class Slots:
         self.times_sampled = self.pairs[:, 0]
         self.seq = self.pairs[:, 1]
         self.seq.fill_(-1)
+        self.tag = torch.zeros(capacity, dtype=torch.int64)
         self.n_live = 0
         #: slots ``[0, hi)`` have been written at least once
         self.hi = 0
@@ -41,7 +46,7 @@ class Slots:
 
     def columns(self) -> dict[str, torch.Tensor]:
         """The per-slot tensors that hold durable state (see :mod:`tdreplay.storage.durable`)."""
-        return {"slots.live": self.live, "slots.pairs": self.pairs}
+        return {"slots.live": self.live, "slots.pairs": self.pairs, "slots.tag": self.tag}
 
     def bind_columns(self, columns: dict[str, torch.Tensor]) -> None:
         """Use ``columns`` (same shapes and dtypes, e.g. memory-mapped) instead of the own tensors."""
@@ -49,6 +54,25 @@ class Slots:
         self.pairs = columns["slots.pairs"]
         self.times_sampled = self.pairs[:, 0]
         self.seq = self.pairs[:, 1]
+        self.tag = columns["slots.tag"]
+
+    def tagged(self, limit: int) -> dict[int, torch.Tensor]:
+        """The live items' slots by the tag of the insert that wrote them, for the ``limit``
+        most recent tags (0, no tag, left out); each tensor in the order the items were
+        inserted (as the insert answered them, less any overwritten since)."""
+        slots = (self.live & (self.tag != 0)).nonzero().squeeze(1)
+        if not len(slots) or limit <= 0:
+            return {}
+        slots = slots[torch.argsort(self.seq[slots])]
+        # one insert's items have consecutive insert numbers: a run of equal tags each
+        tags, counts = torch.unique_consecutive(self.tag[slots], return_counts=True)
+        groups = torch.split(slots, counts.tolist())
+        out: dict[int, torch.Tensor] = {}
+        for tag, group in zip(reversed(tags.tolist()), reversed(groups), strict=True):
+            if len(out) == limit:
+                break
+            out.setdefault(tag, group)
+        return out
 
     def free(self) -> torch.Tensor:
         """Mask of slots neither live nor busy."""

@@ -30,7 +30,7 @@ from tdreplay.storage import (
 )
 
 from ..errors import PayloadTooLarge
-from ..idempotency import RecentRequests
+from ..idempotency import RecentRequests, request_tag
 from ..settings import Settings
 from ..wire import Lease, SampleBuffers, sample_nbytes
 from .waiting import Changes, WaitHook, admitted
@@ -61,6 +61,10 @@ class TableHandle:
         self.recent = RecentRequests(
             settings.idempotency_size, settings.idempotency_ttl, settings.idempotency_bytes
         )
+        # a table reopened after a crash: the requests its items came from are answered again
+        tagged = table.tagged(settings.idempotency_size) if settings.idempotency_size else {}
+        if tagged:
+            self.recent.seed({t: slots.numpy().tobytes() for t, slots in tagged.items()})
         self.samples = SampleBuffers(table.spec.torch_schema(), per_size=settings.pooled_buffers)
         self.max_body = settings.max_body_bytes
         kind = table.spec.backend.kind
@@ -180,9 +184,11 @@ class TableHandle:
         with self.use() as table:
             inline = n * table.spec.item_nbytes <= self._inline_extend
 
+            tag = request_tag(request_id) if request_id else 0
+
             async def insert() -> bytes:
                 index = await self._admitted(
-                    lambda: table.try_extend(columns), "insert", n, timeout, inline=inline
+                    lambda: table.try_extend(columns, tag=tag), "insert", n, timeout, inline=inline
                 )
                 return index.numpy().tobytes()  # what the request-id memory keeps: 8 bytes a row
 

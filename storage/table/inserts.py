@@ -16,23 +16,37 @@ class Inserts(TableBase):
     """The insert operations of :class:`~.table.Table`."""
 
     # ------------------------------------------------------------ extend
+    def tagged(self, limit: int = 10_000) -> dict[int, torch.Tensor]:
+        """The slots of live items by the (nonzero) tag of the insert that wrote them, for
+        the ``limit`` most recent tags (see :meth:`Slots.tagged
+        <tdreplay.storage.slots.Slots.tagged>`)."""
+        with self._cond:
+            return self.slots.tagged(limit)
+
     def can_insert(self, n: int = 1) -> bool:
         """Whether an insert of ``n`` items would proceed now, without waiting."""
         with self._cond:
             return self.rate_limiter.can_insert(n) and self.writer.can_claim(n)
 
-    def try_extend(self, td: Any, *, priority: torch.Tensor | None = None) -> torch.Tensor | None:
+    def try_extend(
+        self, td: Any, *, priority: torch.Tensor | None = None, tag: int = 0
+    ) -> torch.Tensor | None:
         """:meth:`extend` if the rate limiter lets it through now, else ``None`` (nothing
         written, nothing counted). For callers that wait their own way: a server
         waiting asynchronously tries again as the table changes (:meth:`add_listener`),
         counting its wait with :meth:`begin_wait` / :meth:`end_wait`."""
         try:
-            return self._extend(td, priority, None, attempt=True)
+            return self._extend(td, priority, None, tag, attempt=True)
         except _HeldBack:
             return None
 
     def extend(
-        self, td: Any, *, timeout: float | None = None, priority: torch.Tensor | None = None
+        self,
+        td: Any,
+        *,
+        timeout: float | None = None,
+        priority: torch.Tensor | None = None,
+        tag: int = 0,
     ) -> torch.Tensor:
         """Insert the rows of ``td``: a TensorDict or tensorclass of batch ``[N]``, or its
         flat columns ``{nested key: tensor [N, *shape]}`` (no nesting needed: a server
@@ -44,6 +58,9 @@ class Inserts(TableBase):
             td: the items; exactly the schema's keys, shapes and dtypes.
             timeout: seconds to wait for the rate limiter; ``None`` waits as long as it takes.
             priority: initial priorities (prioritized sampler only; default: its initial priority).
+            tag: a nonzero int64 naming this insert (e.g. a hash of the client's request
+                id), kept with each item, durably for memmap tables: ``tagged()``
+                answers which live items an insert wrote, after a restart too.
 
         Returns:
             The slots written, int64 ``[K]`` in the order of ``td``'s rows. ``K == N``
@@ -57,13 +74,14 @@ class Inserts(TableBase):
             TableClosed: the table is closed, or was closed while the insert waited.
             BackendError: the storage failed to write.
         """
-        return self._extend(td, priority, timeout)
+        return self._extend(td, priority, timeout, tag)
 
     def _extend(
         self,
         td: Any,
         priority: torch.Tensor | None,
         timeout: float | None,
+        tag: int = 0,
         *,
         attempt: bool = False,
     ) -> torch.Tensor:
@@ -160,6 +178,7 @@ class Inserts(TableBase):
             # between leaves the slots empty, never live with a predecessor's state.
             s.seq[target] = seq
             s.times_sampled[target] = 0
+            s.tag[target] = tag
             self.sampler.before_live(index, episode)
             s.live[target] = True
             s.n_live += k
