@@ -380,13 +380,15 @@ class _Pipeline:
         self._free.put(slot)
 
     def close(self) -> None:
-        """Stop the fetchers (a request in flight finishes within its timeout)."""
+        """Stop the fetchers (a request in flight finishes within its timeout); ``get()`` ends."""
         if self.closed:
             return
         self.closed = True
         self._stop.set()
         for _ in self.threads:
             self._credits.release()
+        # wakes a learner blocked in get() (an iterator closed from another thread, or at exit)
+        self._ready.put((StopIteration(), None))
 
 
 class LoaderIterator(Iterator[Any]):

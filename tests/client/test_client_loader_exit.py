@@ -131,3 +131,28 @@ def test_exit_with_loaders_running_is_clean(server: Any, table: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     codes = proc.stdout.split("exit codes:")[-1].split()
     assert codes == ["0"] * 20, f"exit codes {codes}; stderr:\n{proc.stderr[-3000:]}"
+
+
+def test_close_wakes_a_learner_waiting_for_a_batch(client: ReplayClient) -> None:
+    """A loader closed from another thread (or at exit) ends a ``next()`` that waits on the server."""
+    import threading
+
+    name = unique("starved")
+    client.create_table(
+        {
+            "name": name,
+            "capacity": 8,
+            "backend": {"kind": "memory"},
+            "fields": FIELDS,
+            "rate_limiter": {"min_size_to_sample": 8},
+        }
+    )
+    it = iter(client.loader(name, 4, prefetch=1, timeout=60))
+    got: list[Any] = []
+    learner = threading.Thread(target=lambda: got.append(next(it, "ended")))
+    learner.start()
+    learner.join(0.5)
+    assert learner.is_alive()  # waiting: the table is empty
+    it.close()
+    learner.join(30)
+    assert not learner.is_alive() and got == ["ended"]
