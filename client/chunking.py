@@ -93,6 +93,8 @@ class ChunkBuffer:
                 self._find_starts(base, k)
         except BaseException:
             self._rows.n = base  # the step is not taken
+            if not base:  # nor is its layout: the next step may be the right one
+                self._rows = ColumnBuffer(self.chunk)
             raise
         if self.first_at is None:
             self.first_at = time.monotonic()
