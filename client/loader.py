@@ -22,6 +22,11 @@ How it keeps the learner from waiting:
   or pass ``keep=True`` for batches that own their memory (one allocation
   each). CUDA batches always own their device memory.
 
+A CUDA ``device`` this process cannot use is refused when the loader is
+made. The fetchers are daemon threads, stopped and joined (up to 5 s in all)
+when the interpreter exits, before torch is torn down: a learner may end
+without closing its loader.
+
 Sharded clients fetch each batch from several servers and concatenate the
 parts (one copy). ``stream=True`` uses the server's ``/stream`` route instead
 of one request per batch: one long answer carrying many record batches,
@@ -203,6 +208,12 @@ class Loader(IterableDataset):
 
     Iterating raises what the client's ``sample`` raises (``RateLimitTimeout``
     when no data comes within ``timeout``, ...); the loader then stops.
+
+    Raises:
+        ValueError: ``prefetch`` or ``batch_size`` below 1; ``stream=True`` on a
+            sharded client.
+        RuntimeError: ``device`` is a CUDA device this process cannot use (no
+            CUDA, or an index past the devices it sees).
     """
 
     def __init__(
