@@ -1,0 +1,68 @@
+"""Each example runs with one command; here in its short mode, each starting its own server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(script: str, *args: str, timeout: float = 240) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_dqn_smoke() -> None:
+    out = run("dqn/train.py", "--smoke")
+    assert "frames" in out and "samples/s" in out
+
+
+@pytest.mark.slow  # two collector start/stop cycles: minutes on a loaded 2-core machine
+def test_dqn_throughput_smoke(tmp_path: Path) -> None:
+    path = tmp_path / "throughput.json"
+    args = ["--seconds", "0.5", "--rounds", "1", "--init-frames", "200", "--json", str(path)]
+    run("dqn/throughput.py", *args)
+    entries = json.loads(path.read_text())
+    assert {e["workload"].split(",")[0] for e in entries} == {"cartpole sample b128"}
+    for e in entries:
+        assert set(e) == {
+            "bench",
+            "workload",
+            "value",
+            "unit",
+            "baseline",
+            "baseline_value",
+            "ratio",
+            "goal",
+            "pass",
+        }
+        assert e["value"] > 0 and e["baseline_value"] > 0
+
+
+def test_offline_smoke() -> None:
+    out = run("offline/bc.py", "--smoke")
+    assert "TensorDict.from_parquet: batch [1000]" in out
+    assert "behaviour clone's average return" in out
+
+
+def test_tensorclass_smoke() -> None:
+    out = run("tensorclass/transitions.py", "--smoke")
+    assert "500 transitions stored" in out
+    assert "sampled Transition: obs (64, 4)" in out
+
+
+@pytest.mark.parametrize("script", ["dqn/train.py", "dqn/throughput.py", "offline/bc.py"])
+def test_help(script: str) -> None:
+    assert "--url" in run(script, "--help", timeout=60)
