@@ -62,7 +62,7 @@ $(PEERS)/.installed:
 	$(PEERS)/bin/pip install -q "dm-reverb==0.14.0" "tensorflow-cpu==2.15.*" "numpy<2"
 	touch $@
 
-bench-peers: setup                 ## tdreplay next to DeepMind Reverb, same workloads, one run (~8 min; PEERS_ARGS=--quick)
+bench-peers: setup                 ## tdreplay next to DeepMind Reverb, same workloads, one run (~7 min; PEERS_ARGS=--quick)
 	@$(MAKE) --no-print-directory $(PEERS)/.installed || { rm -rf $(PEERS); \
 	  echo "bench-peers skipped: DeepMind Reverb could not be installed with $(PEERS_PYTHON) (dm-reverb 0.14.0 needs CPython 3.8-3.11 on x86-64 Linux; set PEERS_PYTHON=python3.11)"; \
 	  exit 0; }

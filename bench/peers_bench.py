@@ -1,6 +1,6 @@
 """tdreplay next to DeepMind Reverb: the same workloads, the same item layouts, one run, interleaved.
 
-    make bench-peers                                 # builds .venv-peers, then the full run (~8 min)
+    make bench-peers                                 # builds .venv-peers, then the full run (~7 min)
     python bench/peers_bench.py --quick              # ~2 min: 2 rounds of 0.4 s per case
     python bench/peers_bench.py --json bench/results/peers.json   # what the README renders
     python bench/peers_bench.py --transports http    # tdreplay over HTTP only

@@ -1,8 +1,9 @@
 """tdreplay's side of the client-path benchmarks: a worker process and the workloads it times.
 
-Run by ``bench/http_bench.py`` and ``bench/peers_bench.py`` (not on its own)::
-
-    python bench/tdreplay_cases.py '{"url": ..., "fields": ..., "transports": ["http"]}'
+Started by ``bench/http_bench.py`` and ``bench/peers_bench.py`` as ``python
+bench/tdreplay_cases.py`` and driven over stdin/stdout (``common.serve_worker``):
+the setup command carries the server's ``url``, the tables' ``fields``, the
+``transports`` to build clients for, and optionally ``raw_url`` and ``torchrl``.
 
 Every tdreplay case goes through the public client, as a user's code does:
 ``ReplayClient(url, transport=...)``, batches decoded into TensorDicts.
