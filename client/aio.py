@@ -30,7 +30,7 @@ from . import commands as C
 from . import errors, shm
 from .aio_transport import AsyncTransport
 from .base import ClientBase
-from .core import Call, ClientSettings, Gather, Plan
+from .core import Call, ClientSettings, Gather, Pause, Plan
 from .deprecation import warn_close_deprecated
 from .loader import Loader, LoaderIterator
 from .schema import load_spec
@@ -73,6 +73,8 @@ class AsyncReplayClient(ClientBase):
             try:
                 if isinstance(step, Call):
                     result = await self._call(step)
+                elif isinstance(step, Pause):
+                    await asyncio.sleep(step.seconds)
                 else:
                     result = await self._gather(step)
             except errors.ReplayError as err:
@@ -107,6 +109,7 @@ class AsyncReplayClient(ClientBase):
         """Over shared memory when the server is on this host (the blocking socket call runs in
         a worker thread; batches are copied out of the slot: they own their memory), else HTTP."""
         command = call.command
+        in_doubt: errors.TransportError | None = None
         if isinstance(command, shm.COMMANDS) and self.settings.transport != "http":
             link = await self._link(call.shard)
             if link is not None:
@@ -114,13 +117,20 @@ class AsyncReplayClient(ClientBase):
                     result = await asyncio.to_thread(
                         shm.run, link, command, strict=self.settings.transport == "shm"
                     )
-                except errors.TransportError:
+                except errors.TransportError as err:
                     if self.settings.transport == "shm":
                         raise
+                    in_doubt = err
                     result = shm.HTTP  # the socket failed: this call goes over HTTP
+                    # and the next asks the server anew where its socket is (it may have
+                    # restarted: another process, another socket)
+                    self._links[call.shard] = shm.UNRESOLVED
                 if result is not shm.HTTP:
                     return result
-        return await self._call_http(call)
+        try:
+            return await self._call_http(call)
+        except errors.TransportError as err:
+            raise shm.in_doubt(err, in_doubt) from None
 
     async def _call_http(self, call: Call) -> Any:
         policy, command = self.settings.retry, call.command
@@ -139,7 +149,14 @@ class AsyncReplayClient(ClientBase):
             return command.parse(response)
 
     async def _gather(self, gather: Gather) -> list[Any]:
-        return list(await asyncio.gather(*(self._call(c) for c in gather.calls)))
+        call = self._call_partial if gather.partial else self._call
+        return list(await asyncio.gather(*(call(c) for c in gather.calls)))
+
+    async def _call_partial(self, call: Call) -> Any:
+        try:
+            return await self._call(call)
+        except errors.TransportError as err:
+            return err
 
     async def aclose(self) -> None:
         """Close idle connections; the client stays usable."""

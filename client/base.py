@@ -11,7 +11,9 @@ neither twin imports the other for what they share.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from .core import Calls, ClientSettings
@@ -19,6 +21,10 @@ from .retry import RetryPolicy
 from .tensorclass import from_fields
 
 B = TypeVar("B", bound="ClientBase")
+
+#: where a pod finds its namespace
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def make_settings(
@@ -102,6 +108,66 @@ class ClientBase:
     @property
     def urls(self) -> tuple[str, ...]:
         return self.settings.urls
+
+    @classmethod
+    def from_statefulset(
+        cls: type[B],
+        name: str = "tdreplay",
+        replicas: int = 1,
+        *,
+        namespace: str | None = None,
+        port: int = 8000,
+        service: str | None = None,
+        scheme: str = "http",
+        cluster_domain: str = "cluster.local",
+        namespace_file: str | Path = SERVICE_ACCOUNT_NAMESPACE,
+        **kwargs: Any,
+    ) -> B:
+        """A client sharded over the pods of a Kubernetes StatefulSet (``deploy/kubernetes``).
+
+        The pods' stable names are ``<name>-<i>.<service>.<namespace>.svc.<domain>``,
+        in ordinal order (sharded indices depend on it). Nothing is resolved here:
+        pods may not be ready yet, and a server that does not answer is skipped
+        until it does (see :mod:`tdreplay.client.shards`).
+
+        Args:
+            name: the StatefulSet.
+            replicas: its number of pods.
+            namespace: default: the pod's own namespace (read from ``namespace_file``,
+                inside a cluster), else ``"default"``.
+            port: the pods' HTTP port.
+            service: the headless Service (default: ``name``).
+            kwargs: passed to the constructor (``token``, ``transport``, ...).
+
+        Raises:
+            ValueError: ``replicas < 1``, a name that is not a DNS-1123 label, or a bad port.
+
+        >>> from tdreplay.client import ReplayClient
+        >>> ReplayClient.from_statefulset("tdreplay", 2, namespace="rl").urls[1]
+        'http://tdreplay-1.tdreplay.rl.svc.cluster.local:8000'
+        """
+        if namespace is None:
+            path = Path(namespace_file)
+            namespace = path.read_text().strip() if path.is_file() else "default"
+        service = service or name
+        for what, label in (("name", name), ("service", service), ("namespace", namespace)):
+            if not _DNS_LABEL.fullmatch(label):
+                raise ValueError(f"{what} {label!r} is not a DNS-1123 label")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ValueError(f"port must be in [1, 65535], got {port!r}")
+        if scheme not in ("http", "https"):
+            raise ValueError(f"scheme must be http or https, got {scheme!r}")
+        host = f"{service}.{namespace}.svc.{cluster_domain}"
+        urls = [f"{scheme}://{name}-{i}.{host}:{port}" for i in range(replicas)]
+        return cls(urls, **kwargs)
+
+    def shard_status(self) -> list[dict[str, Any]]:
+        """Per server, as this client sees it (no request is made): ``url``, ``up``,
+        ``seconds`` in that state, ``failovers`` (times it went down) and
+        ``last_error``. See :mod:`tdreplay.client.shards`."""
+        return self._calls.shards.status()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore, (type(self), self.settings))

@@ -8,10 +8,15 @@ blocking I/O, :class:`~tdreplay.client.AsyncReplayClient` with ``await``;
 sharding, index encoding and merging live here, once.
 
 Sharding (Reverb's model). With several servers, each ``extend`` goes to the
-next server in turn (round robin; a server that cannot be reached is skipped
-when the request surely did not reach it), and a ``sample`` of ``n`` items is
+next server in turn (round robin), and a ``sample`` of ``n`` items is
 split across the servers in proportion to their sizes (a multinomial draw, in
-whole slices for slice samplers), fetched concurrently and concatenated. The
+whole slices for slice samplers: uniform over the union of the servers' items),
+fetched concurrently and concatenated. A server that cannot be reached is
+marked down (:mod:`tdreplay.client.shards`): its share of samples and its turn
+of extends go to the others until it answers again. An extend that may have
+reached a server before the connection broke is sent to that same server again
+(same request id) until it answers, within the retry policy's ``deadline``:
+sending it elsewhere could store it twice. The
 ``index`` of a sharded sample encodes its server: ``slot * n_servers + server``,
 which :meth:`Calls.update_priority` decodes. With one server indices are the
 server's slots, unchanged.
@@ -32,6 +37,7 @@ from tensordict import TensorDict
 from . import commands as C
 from . import errors
 from .retry import RetryPolicy
+from .shards import ShardHealth
 from .tensorclass import to_tensorclass
 
 T = TypeVar("T")
@@ -95,12 +101,25 @@ class Call:
 
 @dataclass
 class Gather:
-    """Run several calls concurrently; the plan receives their results in order."""
+    """Run several calls concurrently; the plan receives their results in order.
+
+    With ``partial``, a call whose server could not be reached (a
+    :class:`~tdreplay.client.errors.TransportError`) gives that error as its
+    result instead of failing the gather.
+    """
 
     calls: list[Call]
+    partial: bool = False
 
 
-Step = Call | Gather
+@dataclass
+class Pause:
+    """Wait ``seconds`` (the driver's way: ``time.sleep`` or ``asyncio.sleep``)."""
+
+    seconds: float
+
+
+Step = Call | Gather | Pause
 Plan = Generator[Step, Any, T]
 
 
@@ -161,6 +180,7 @@ class Calls:
         self._cursor = itertools.count()
         self._lock = threading.Lock()
         self._sizes: dict[str, tuple[float, list[int], int]] = {}
+        self.shards = ShardHealth(list(settings.urls))
 
     def _wait(self, wait: float | None) -> float:
         return self.settings.wait if wait is None else wait
@@ -195,37 +215,96 @@ class Calls:
         self._remember(table, results)
         return merge_infos(results)
 
-    def _remember(self, table: str, infos: list[dict[str, Any]]) -> None:
-        sampler = infos[0].get("sampler") or {}
+    def _remember(self, table: str, infos: list[dict[str, Any] | None]) -> None:
+        """Cache the servers' sizes of ``table`` (``None``: a server that did not answer)."""
+        sampler = next(i for i in infos if i is not None).get("sampler") or {}
         unit = int(sampler.get("slice_len", 1)) if sampler.get("kind") == "slice" else 1
-        sizes = [int(i.get("size", 0)) for i in infos]
+        sizes = [0 if i is None else int(i.get("size", 0)) for i in infos]
         with self._lock:
             self._sizes[table] = (time.monotonic(), sizes, unit)
+
+    def _forget_size(self, table: str, shard: int) -> None:
+        with self._lock:
+            cached = self._sizes.get(table)
+            if cached is not None:
+                cached[1][shard] = 0
+
+    def _answers(self, calls: list[Call], results: list[Any]) -> list[Any]:
+        """A partial gather's results, each server marked up or down; ``None`` for a
+        server that did not answer.
+
+        Raises:
+            TransportError: no server answered.
+        """
+        out: list[Any] = []
+        for call, result in zip(calls, results, strict=True):
+            if isinstance(result, errors.TransportError):
+                self.shards.down(call.shard, result)
+                out.append(None)
+            else:
+                self.shards.answered(call.shard)
+                out.append(result)
+        if calls and all(o is None for o in out):
+            raise results[0]
+        return out
 
     def _shard_sizes(self, table: str) -> Plan[tuple[list[int], int]]:
         with self._lock:
             cached = self._sizes.get(table)
         if cached is None or time.monotonic() - cached[0] > self.settings.shard_refresh:
-            results = yield self._all(lambda: C.Info(table))
-            self._remember(table, results)
+            calls = [Call(i, C.Info(table)) for i in range(self.n)]
+            results = yield Gather(calls, partial=True)
+            self._remember(table, self._answers(calls, results))
             with self._lock:
                 cached = self._sizes[table]
-        return cached[1], cached[2]
+        return list(cached[1]), cached[2]
 
     # ---------------------------------------------------------------- data
     def extend(self, table: str, data: Any, wait: float | None = None) -> Plan[torch.Tensor]:
         command = C.Extend(table, data, wait=self._wait(wait))
         first = next(self._cursor) % self.n
-        for k in range(self.n):
-            shard = (first + k) % self.n
+        turn = [(first + k) % self.n for k in range(self.n)]
+        up = [s for s in turn if self.shards.is_up(s)]  # servers thought down: last resort
+        order = up + [s for s in turn if s not in up]
+        for k, shard in enumerate(order):
             try:
                 index = yield Call(shard, command)
-            except errors.ConnectionFailed as err:
-                if err.sent or k == self.n - 1:
+            except errors.TransportError as err:
+                if self.n == 1:
                     raise
-                continue
+                self.shards.down(shard, err)
+                sent = not isinstance(err, errors.ConnectionFailed) or err.sent
+                if sent:  # it may have been stored there: only there may it go again
+                    index = yield from self._resend(shard, command, err)
+                elif k == len(order) - 1:
+                    raise
+                else:
+                    continue
+            self.shards.answered(shard)
             return index * self.n + shard if self.n > 1 else index
         raise AssertionError("unreachable")
+
+    def _resend(self, shard: int, command: C.Extend, err: errors.TransportError) -> Plan[Any]:
+        """Send ``command`` to ``shard`` again until it answers (the server keeps each
+        request id's answer, across a crash too: it inserts once), within the retry
+        policy's deadline.
+
+        Raises:
+            TransportError: ``err`` (or the last failure) once the deadline passed.
+        """
+        policy = self.settings.retry
+        limit = policy.deadline if policy.deadline is not None else 30.0
+        start, paused, attempt = time.monotonic(), 0.0, 0
+        while time.monotonic() - start < limit and paused < limit:
+            attempt += 1
+            pause = min(policy.max_backoff, policy.delay(attempt))
+            paused += pause
+            yield Pause(pause)
+            try:
+                return (yield Call(shard, command))
+            except errors.TransportError as again:
+                err = again
+        raise err
 
     def sample(
         self,
@@ -241,13 +320,24 @@ class Calls:
             td = yield Call(0, C.Sample(table, batch_size, wait, alloc, lease))
         else:
             sizes, unit = yield from self._shard_sizes(table)
-            counts = split_batch(batch_size, sizes, unit)
-            calls = [
-                Call(i, C.Sample(table, c, wait, alloc)) for i, c in enumerate(counts) if c > 0
-            ]
-            parts: list[TensorDict] = yield Gather(calls)
-            for call, part in zip(calls, parts, strict=True):
-                part.set("index", part.get("index") * self.n + call.shard)
+            parts: list[TensorDict] = []
+            missing = batch_size
+            while missing:
+                if sum(sizes) <= 0:  # empty (or not answering): wait where servers are up
+                    sizes = [int(self.shards.is_up(i)) for i in range(self.n)]
+                counts = split_batch(missing, sizes, unit)
+                calls = [
+                    Call(i, C.Sample(table, c, wait, alloc)) for i, c in enumerate(counts) if c > 0
+                ]
+                answers = self._answers(calls, (yield Gather(calls, partial=True)))
+                for call, part in zip(calls, answers, strict=True):
+                    if part is None:  # down: its share is drawn from the others
+                        sizes[call.shard] = 0
+                        self._forget_size(table, call.shard)
+                        continue
+                    missing -= len(part)
+                    part.set("index", part.get("index") * self.n + call.shard)
+                    parts.append(part)
             td = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
         return to_tensorclass(td, as_cls) if as_cls is not None else td
 
@@ -273,8 +363,9 @@ class Calls:
                     table, index[mine] // self.n, priority[mine], None if key is None else key[mine]
                 )
                 calls.append(Call(s, command))
-        results: list[int] = yield Gather(calls)
-        return sum(results)
+        # a server that is down keeps its old priorities (a lost update, logged as down)
+        results = self._answers(calls, (yield Gather(calls, partial=True)))
+        return sum(r for r in results if r is not None)
 
     def _paths(self, path: str) -> list[str]:
         return [path] if self.n == 1 else [f"{path}-shard{i}" for i in range(self.n)]

@@ -420,6 +420,23 @@ def run(link: ShmLink, command: C.Command[Any], *, strict: bool = False) -> Any:
     raise TypeError(f"the same-host transport does not carry {type(command).__name__}")
 
 
+def in_doubt(
+    err: errors.TransportError, over_shm: errors.TransportError | None
+) -> errors.TransportError:
+    """The error of a call whose HTTP try failed with ``err`` after its shared-memory try
+    failed with ``over_shm``: if the socket may have carried the request to the server, so
+    may the call have (``sent``), whatever the HTTP try says (a sharded extend must then
+    not go to another server: it may be stored already)."""
+    shm_sent = isinstance(over_shm, errors.ConnectionFailed) and over_shm.sent
+    if shm_sent and isinstance(err, errors.ConnectionFailed) and not err.sent:
+        return errors.ConnectionFailed(
+            f"{err} (after the shared-memory socket broke mid-call: {over_shm})",
+            url=err.url,
+            sent=True,
+        )
+    return err
+
+
 def open_link(
     settings: Any, shard: int, info: dict[str, Any] | None, why: str | None
 ) -> ShmLink | None:
@@ -436,7 +453,11 @@ def open_link(
     link = None
     if why is None and info is not None:
         found = ShmLink(
-            info["shm"]["socket"], settings.token, settings.timeout, settings.lease_slots
+            info["shm"]["socket"],
+            settings.token,
+            settings.timeout,
+            settings.lease_slots,
+            instance=info["shm"].get("instance"),
         )
         try:
             found.channel()

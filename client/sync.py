@@ -27,7 +27,7 @@ from . import commands as C
 from . import errors, shm
 from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
-from .core import Call, ClientSettings, Gather, Plan
+from .core import Call, ClientSettings, Gather, Pause, Plan
 from .loader import Loader
 from .schema import load_spec
 from .transport import Transport
@@ -113,6 +113,8 @@ class ReplayClient(ClientBase):
             try:
                 if isinstance(step, Call):
                     result = self._call(step)
+                elif isinstance(step, Pause):
+                    time.sleep(step.seconds)
                 else:
                     result = self._gather(step)
             except errors.ReplayError as err:
@@ -120,18 +122,26 @@ class ReplayClient(ClientBase):
 
     def _call(self, call: Call) -> Any:
         command = call.command
+        in_doubt: errors.TransportError | None = None
         if isinstance(command, shm.COMMANDS) and self.settings.transport != "http":
             link = self._link(call.shard)
             if link is not None:
                 try:
                     result = shm.run(link, command, strict=self.settings.transport == "shm")
-                except errors.TransportError:
+                except errors.TransportError as err:
                     if self.settings.transport == "shm":
                         raise
+                    in_doubt = err
                     result = shm.HTTP  # the socket failed: this call goes over HTTP
+                    # and the next asks the server anew where its socket is (it may have
+                    # restarted: another process, another socket)
+                    self._links[call.shard] = shm.UNRESOLVED
                 if result is not shm.HTTP:
                     return result
-        return self._call_http(call)
+        try:
+            return self._call_http(call)
+        except errors.TransportError as err:
+            raise shm.in_doubt(err, in_doubt) from None
 
     def _call_http(self, call: Call) -> Any:
         policy, command = self.settings.retry, call.command
@@ -150,14 +160,21 @@ class ReplayClient(ClientBase):
             return command.parse(response)
 
     def _gather(self, gather: Gather) -> list[Any]:
+        call = self._call_partial if gather.partial else self._call
         if len(gather.calls) == 1:
-            return [self._call(gather.calls[0])]
+            return [call(gather.calls[0])]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 max_workers=max(2, len(self._transports)), thread_name_prefix="tdreplay-client"
             )
-        futures = [self._pool.submit(self._call, c) for c in gather.calls]
+        futures = [self._pool.submit(call, c) for c in gather.calls]
         return [f.result() for f in futures]
+
+    def _call_partial(self, call: Call) -> Any:
+        try:
+            return self._call(call)
+        except errors.TransportError as err:
+            return err
 
     def close(self) -> None:
         """Close idle connections; the client stays usable (it reconnects on demand)."""

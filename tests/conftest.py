@@ -209,9 +209,10 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
         root: Path | None = None,
         env: dict[str, str] | None = None,
         timeout: float = 60.0,
+        port: int | None = None,
         **flags: object,
     ) -> LiveServer:
-        port = free_port()
+        port = port or free_port()  # a given port: a server started again where it was
         root = root or tmp_path_factory.mktemp("live") / "data"
         log = root.parent / f"server-{port}.log"
         cmd = [

@@ -10,11 +10,12 @@ from tensordict import TensorDict
 
 from tdreplay.client import ClientSettings, ConnectionFailed, split_batch
 from tdreplay.client import commands as C
-from tdreplay.client.core import Call, Calls, Gather
+from tdreplay.client.core import Call, Calls, Gather, Pause
 
 
-def drive(plan: Any, answer: Any) -> Any:
-    """Run ``plan``, answering each Call with ``answer(call)`` (which may raise)."""
+def drive(plan: Any, answer: Any, pauses: list[float] | None = None) -> Any:
+    """Run ``plan``, answering each Call with ``answer(call)`` (which may raise); pauses are
+    recorded in ``pauses``, not slept."""
     result: Any = None
     exc: BaseException | None = None
     while True:
@@ -26,11 +27,21 @@ def drive(plan: Any, answer: Any) -> Any:
         try:
             if isinstance(step, Call):
                 result = answer(step)
+            elif isinstance(step, Pause):
+                if pauses is not None:
+                    pauses.append(step.seconds)
             else:
                 assert isinstance(step, Gather)
-                result = [answer(c) for c in step.calls]
+                result = [_partial(answer, c) if step.partial else answer(c) for c in step.calls]
         except ConnectionFailed as err:
             exc = err
+
+
+def _partial(answer: Any, call: Call) -> Any:
+    try:
+        return answer(call)
+    except ConnectionFailed as err:
+        return err
 
 
 def calls(n: int) -> Calls:
@@ -97,8 +108,51 @@ def test_extend_fails_over_only_when_nothing_was_sent() -> None:
     def lost(call: Call) -> Any:
         raise ConnectionFailed("lost", sent=True)
 
+    pauses: list[float] = []
     with pytest.raises(ConnectionFailed):
-        drive(calls(2).extend("t", rows(1)), lost)
+        drive(calls(2).extend("t", rows(1)), lost, pauses)
+    assert sum(pauses) >= 30.0  # resent to the same server for the retry deadline, then raised
+
+
+def test_an_extend_that_may_have_arrived_goes_to_that_server_only() -> None:
+    c = calls(3)
+    tried: list[int] = []
+
+    def back_on_third_try(call: Call) -> Any:
+        tried.append(call.shard)
+        if len(tried) < 3:
+            raise ConnectionFailed("lost mid-call", sent=True)
+        return torch.tensor([7])
+
+    pauses: list[float] = []
+    first = drive(c.extend("t", rows(1)), back_on_third_try, pauses)
+    assert tried == [0, 0, 0] and len(pauses) == 2  # never to another server: no duplicate
+    assert int(first) == 7 * 3 + 0
+    assert c.shards.is_up(0)  # it answered: up again
+    nxt = drive(c.extend("t", rows(1)), lambda call: torch.tensor([1]))
+    assert int(nxt) % 3 == 1  # the round robin goes on
+
+
+def test_a_server_that_fails_mid_sample_has_its_share_drawn_elsewhere() -> None:
+    c = calls(3)
+    asked: list[tuple[int, int]] = []
+
+    def answer(call: Call) -> Any:
+        if isinstance(call.command, C.Info):
+            return info(100)
+        n = call.command.batch_size
+        asked.append((call.shard, n))
+        if call.shard == 1:
+            raise ConnectionFailed("refused", sent=False)
+        return TensorDict({"index": torch.zeros(n, dtype=torch.int64)}, [n])
+
+    torch.manual_seed(0)
+    batch = drive(c.sample("t", 300), answer)
+    assert len(batch) == 300 and set((batch["index"] % 3).tolist()) <= {0, 2}
+    assert not c.shards.is_up(1)
+    asked.clear()
+    drive(c.sample("t", 300), answer)  # sizes cached: the down server is not asked
+    assert {shard for shard, _ in asked} <= {0, 2}
 
 
 def info(size: int) -> dict[str, Any]:
