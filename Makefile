@@ -37,8 +37,8 @@ demo: setup                        ## a storage-only walk-through: extend, sampl
 	$(BIN)/python -m tdreplay.storage.demo --root $(ROOT)
 
 lint: setup
-	$(BIN)/ruff check storage service client codec tests bench
-	$(BIN)/ruff format --check storage service client codec tests bench
+	$(BIN)/ruff check storage service client codec adapters examples tests bench
+	$(BIN)/ruff format --check storage service client codec adapters examples tests bench
 
 typecheck: setup
 	$(BIN)/mypy

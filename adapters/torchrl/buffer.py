@@ -16,7 +16,7 @@ server (``_storage`` / ``_sampler`` / ``_writer`` are the markers of
 connection settings, so every collector worker opens its own connection.
 """
 
-from __future__ import annotations  # noqa: I001 (ruff takes adapters/torchrl for the torchrl package)
+from __future__ import annotations
 
 import contextlib
 import threading

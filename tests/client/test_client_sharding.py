@@ -126,3 +126,25 @@ def test_async_sharded(servers: list[Any]) -> None:
     assert isinstance(paths, list) and len(paths) == 2
     sync.extend(name, rows(0, 5))
     assert sync.restore(name, f"checkpoints/ck/{name}")["size"] == 40
+
+
+def test_from_statefulset_names_the_pods_in_order(tmp_path: Any) -> None:
+    import pickle
+
+    ns = tmp_path / "namespace"
+    ns.write_text("rl-team\n")
+    client = ReplayClient.from_statefulset(
+        "tdreplay", 3, namespace_file=ns, port=9000, token="t0ken"
+    )
+    assert client.urls == tuple(
+        f"http://tdreplay-{i}.tdreplay.rl-team.svc.cluster.local:9000" for i in range(3)
+    )
+    assert client.settings.token == "t0ken"
+    assert pickle.loads(pickle.dumps(client)).urls == client.urls
+    outside = ReplayClient.from_statefulset(namespace_file=tmp_path / "absent")
+    assert outside.urls == ("http://tdreplay-0.tdreplay.default.svc.cluster.local:8000",)
+    aio = AsyncReplayClient.from_statefulset("replay", 2, namespace="a", service="hl")
+    assert aio.urls[1] == "http://replay-1.hl.a.svc.cluster.local:8000"
+    for bad in ({"replicas": 0}, {"name": "Bad_Name"}, {"port": 70000}, {"namespace": "a.b"}):
+        with pytest.raises(ValueError):
+            ReplayClient.from_statefulset(**{"namespace": "x", **bad})
