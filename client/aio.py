@@ -34,6 +34,7 @@ from .core import Call, ClientSettings, Gather, Pause, Plan
 from .deprecation import warn_close_deprecated
 from .loader import Loader, LoaderIterator
 from .schema import load_spec
+from .stats import flatten
 from .sync import ReplayClient
 from .writer import AsyncWriter
 
@@ -192,6 +193,10 @@ class AsyncReplayClient(ClientBase):
 
     async def info(self, table: str) -> dict[str, Any]:
         return await self._run(self._calls.info(table))
+
+    async def stats(self, table: str, prefix: str = "buffer/") -> dict[str, float]:
+        """See :meth:`ReplayClient.stats`."""
+        return flatten(await self.info(table), prefix)
 
     # ---------------------------------------------------------------- data
     async def extend(self, table: str, data: Any, *, timeout: float | None = None) -> torch.Tensor:

@@ -30,6 +30,7 @@ from .base import _restore as _restore  # pickles of clients made before base.py
 from .core import Call, ClientSettings, Gather, Pause, Plan
 from .loader import Loader
 from .schema import load_spec
+from .stats import flatten
 from .transport import Transport
 from .writer import Writer
 
@@ -221,6 +222,11 @@ class ReplayClient(ClientBase):
         Sharded: sizes and counters are summed, and ``info["shards"]`` lists each server's.
         """
         return self._run(self._calls.info(table))
+
+    def stats(self, table: str, prefix: str = "buffer/") -> dict[str, float]:
+        """``table``'s figures as ``{"buffer/size": ..., "buffer/samples_per_insert": ...}``
+        for a logger; sharded: merged (see :mod:`tdreplay.client.stats`)."""
+        return flatten(self.info(table), prefix)
 
     # ---------------------------------------------------------------- data
     def extend(self, table: str, data: Any, *, timeout: float | None = None) -> torch.Tensor:

@@ -35,18 +35,22 @@ from . import errors, shm, tuning
 from .bodies import BodyBuffers
 from .core import PERIODIC_BACKENDS, Core, PeriodicCheckpoints, load_tables
 from .hotpath import HotRoutes
-from .metrics import Metrics, MetricsMiddleware
+from .metrics import Metrics, MetricsMiddleware, RequestHook
 from .routes import data, health, persistence, server, tables
 from .routes.data import HOT_ROUTES
 from .security import BearerAuth
 from .settings import Settings, is_loopback
+from .status import routes as status
+from .status.history import History
 
 log = logging.getLogger("tdreplay.service")
 
 VERSION = "0.1.0"
 
 
-async def start_shm(core: Core, settings: Settings) -> shm.ShmServer | None:
+async def start_shm(
+    core: Core, settings: Settings, on_request: RequestHook | None = None
+) -> shm.ShmServer | None:
     """The same-host transport, listening; ``None`` when it is off or cannot run here.
 
     Raises:
@@ -58,7 +62,7 @@ async def start_shm(core: Core, settings: Settings) -> shm.ShmServer | None:
         log.warning("no same-host transport: this OS lacks memfd_create or SCM_RIGHTS")
         return None
     path = settings.shm_socket or core.root / "run" / "tdreplay.sock"
-    server = shm.ShmServer(core, settings, Path(path).absolute())
+    server = shm.ShmServer(core, settings, Path(path).absolute(), on_request)
     try:
         await server.start()
     except TDReplayError as err:
@@ -99,7 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             clean_checkpoints(registry.root / protocol.CHECKPOINTS)
             await load_tables(registry, settings)
-            app.state.shm = await start_shm(core, settings)
+            app.state.shm = await start_shm(core, settings, app.state.metrics.request)
         except BaseException:
             await core.close()
             app.state.root_lock.close()
@@ -116,11 +120,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "/".join(sorted(PERIODIC_BACKENDS)),
                 settings.checkpoint_every,
             )
+        app.state.history.start()
         app.state.ready = True
 
     async def _stop(app: FastAPI) -> None:
         state = app.state
         try:
+            await state.history.stop()
             if state.periodic is not None:
                 await state.periodic.stop()
                 state.periodic = None
@@ -149,6 +155,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics(lambda: app.state.core.registry.handles())
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.history = History(metrics, lambda: app.state.core.registry.handles())
     app.state.core = Core(settings, on_wait=metrics.waited)
     app.state.bodies = BodyBuffers(per_class=settings.pooled_buffers)
     app.state.decoder = LayoutDecoder()
@@ -159,7 +166,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.version = VERSION
     app.state.root_lock = None
     errors.install(app)
-    for module in (data, tables, persistence, server, health):  # hot routes first: matched in order
+    for module in (
+        data,
+        tables,
+        persistence,
+        server,
+        health,
+        status,
+    ):  # hot routes first: matched in order
         app.include_router(module.router)
     # innermost: authentication and metrics (added below) see the hot routes' requests too
     app.add_middleware(HotRoutes, fastapi=app, router=data.router, names=HOT_ROUTES)

@@ -1,33 +1,36 @@
-"""Prometheus metrics: HTTP traffic, table counters, rate-limiter waits.
+"""Prometheus metrics: requests by transport, HTTP traffic, table figures, rate-limiter waits.
 
 Served at ``GET /metrics`` in the Prometheus text format. Each app has its
 own ``CollectorRegistry`` (several apps may live in one process, as in tests).
 
+Requests, whatever door they came through (by ``transport`` = http / shm,
+``op`` = the operation: the HTTP route's name or the socket's op, and
+``table``: the served table the request named, else ``-``):
+    ``tdreplay_requests_total`` (with ``outcome`` = ok / error),
+    ``tdreplay_request_duration_seconds`` (histogram), ``tdreplay_request_received_bytes_total``,
+    ``tdreplay_request_sent_bytes_total`` (HTTP: body bytes; shm: control frames plus the
+    item bytes moved through the shared-memory slot).
 HTTP (by route template, method, status):
     ``tdreplay_http_requests_total``, ``tdreplay_http_request_duration_seconds``
     (histogram; for a stream, its whole duration), ``tdreplay_http_received_bytes_total``,
     ``tdreplay_http_sent_bytes_total``.
-Tables (read from each table at scrape time):
-    ``tdreplay_table_inserts_total``, ``tdreplay_table_samples_total`` (items),
-    ``tdreplay_table_bytes_in_total``, ``tdreplay_table_bytes_out_total`` (item bytes),
-    ``tdreplay_table_size``, ``tdreplay_table_capacity``, ``tdreplay_table_fill_ratio``,
-    ``tdreplay_table_waiting`` (calls waiting for the rate limiter now),
-    ``tdreplay_table_lost`` (1: the backend lost the table's data, e.g. a Redis restarted empty).
-Rate limiter (by table and ``op``, insert or sample):
+Tables and their rate limiters: read at scrape time, see :mod:`.status.collector`.
+Rate-limiter waits (by table and ``op``, insert or sample), counted as each ends:
     ``tdreplay_rate_limiter_waits_total``, ``tdreplay_rate_limiter_timeouts_total``,
     ``tdreplay_rate_limiter_wait_seconds`` (histogram).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .status.collector import TableCollector
 
 if TYPE_CHECKING:
     from .core import TableHandle
@@ -51,63 +54,10 @@ LATENCY_BUCKETS = (
     60.0,
 )
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})
-
-
-class TableCollector(Collector):
-    """Reads every table's counters at scrape time, without its locks (plain counts; a scrape
-    never waits on a table, e.g. behind a checkpoint)."""
-
-    def __init__(self, handles: Callable[[], Iterable[TableHandle]]) -> None:
-        self._handles = handles
-
-    def collect(self) -> Iterator[Metric]:
-        fams: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
-            "inserts": CounterMetricFamily(
-                "tdreplay_table_inserts", "Items inserted.", labels=["table"]
-            ),
-            "samples": CounterMetricFamily(
-                "tdreplay_table_samples", "Items sampled.", labels=["table"]
-            ),
-            "bytes_in": CounterMetricFamily(
-                "tdreplay_table_bytes_in", "Item bytes inserted.", labels=["table"]
-            ),
-            "bytes_out": CounterMetricFamily(
-                "tdreplay_table_bytes_out", "Item bytes sampled.", labels=["table"]
-            ),
-            "size": GaugeMetricFamily("tdreplay_table_size", "Items stored.", labels=["table"]),
-            "capacity": GaugeMetricFamily(
-                "tdreplay_table_capacity", "Items the table holds at most.", labels=["table"]
-            ),
-            "fill": GaugeMetricFamily(
-                "tdreplay_table_fill_ratio", "size / capacity.", labels=["table"]
-            ),
-            "lost": GaugeMetricFamily(
-                "tdreplay_table_lost",
-                "1 when the table's backend lost its data (a Redis restarted empty), else 0.",
-                labels=["table"],
-            ),
-        }
-        waiting = GaugeMetricFamily(
-            "tdreplay_table_waiting",
-            "Calls waiting for the rate limiter now.",
-            labels=["table", "op"],
-        )
-        for handle in list(self._handles()):
-            t = handle.table
-            name = [handle.name]
-            size, capacity = t.size, t.capacity
-            fams["inserts"].add_metric(name, t.rate_limiter.inserts)
-            fams["samples"].add_metric(name, t.rate_limiter.samples)
-            fams["bytes_in"].add_metric(name, t.bytes_in)
-            fams["bytes_out"].add_metric(name, t.bytes_out)
-            fams["size"].add_metric(name, size)
-            fams["capacity"].add_metric(name, capacity)
-            fams["fill"].add_metric(name, size / max(capacity, 1))
-            fams["lost"].add_metric(name, float(getattr(t.backend, "state", None) == "lost"))
-            for op, count in t.rate_limiter.waiting.items():
-                waiting.add_metric([handle.name, op], count)
-        yield from fams.values()
-        yield waiting
+#: the table label of a request that names no served table (unbounded names make no labels)
+NO_TABLE = "-"
+#: what a request is reported to: transport, op, table, seconds, bytes received, sent, ok
+RequestHook = Callable[[str, str, str, float, int, int, bool], None]
 
 
 class Metrics:
@@ -118,6 +68,33 @@ class Metrics:
         r = self.registry
         #: labelled children of the request metrics, by (method, route, status)
         self._children: dict[tuple[str, str, int], tuple[Any, Any, Any, Any]] = {}
+        #: and of the per-transport ones, by (transport, op, table, ok)
+        self._by_op: dict[tuple[str, str, str, bool], tuple[Any, Any, Any, Any]] = {}
+        self.op_requests = Counter(
+            "tdreplay_requests",
+            "Requests answered, by transport, operation, table and outcome.",
+            ["transport", "op", "table", "outcome"],
+            registry=r,
+        )
+        self.op_latency = Histogram(
+            "tdreplay_request_duration_seconds",
+            "Time from a request's arrival to its answer's last byte, by transport, op, table.",
+            ["transport", "op", "table"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.op_received = Counter(
+            "tdreplay_request_received_bytes",
+            "Bytes received with requests (shm: frames and slot data).",
+            ["transport", "op", "table"],
+            registry=r,
+        )
+        self.op_sent = Counter(
+            "tdreplay_request_sent_bytes",
+            "Bytes sent with answers (shm: frames and slot data).",
+            ["transport", "op", "table"],
+            registry=r,
+        )
         self.requests = Counter(
             "tdreplay_http_requests",
             "HTTP requests answered.",
@@ -174,6 +151,67 @@ class Metrics:
         self.wait_seconds.labels(table, op).observe(seconds)
         if timed_out:
             self.timeouts.labels(table, op).inc()
+
+    def request(
+        self,
+        transport: str,
+        op: str,
+        table: str,
+        seconds: float,
+        received: int,
+        sent: int,
+        ok: bool,
+    ) -> None:
+        """One request through ``transport`` (a :data:`RequestHook`); ``table`` must be a
+        served table's name or :data:`NO_TABLE`, ``op`` one of a fixed set."""
+        key = (transport, op, table, ok)
+        children = self._by_op.get(key)
+        if children is None:
+            children = (
+                self.op_requests.labels(transport, op, table, "ok" if ok else "error"),
+                self.op_latency.labels(transport, op, table),
+                self.op_received.labels(transport, op, table),
+                self.op_sent.labels(transport, op, table),
+            )
+            self._by_op[key] = children
+        requests, latency, received_bytes, sent_bytes = children
+        requests.inc()
+        latency.observe(seconds)
+        if received:
+            received_bytes.inc(received)
+        if sent:
+            sent_bytes.inc(sent)
+
+    def forget(self, table: str) -> None:
+        """Drop the request metrics of ``table`` (deleted: its name makes no more labels)."""
+        for key in [k for k in self._by_op if k[2] == table]:
+            transport, op, _, ok = key
+            del self._by_op[key]
+            for metric, labels in (
+                (self.op_requests, (transport, op, table, "ok" if ok else "error")),
+                (self.op_latency, (transport, op, table)),
+                (self.op_received, (transport, op, table)),
+                (self.op_sent, (transport, op, table)),
+            ):
+                with contextlib.suppress(KeyError):
+                    metric.remove(*labels)
+
+    def latency_buckets(self) -> dict[tuple[str, str], list[float]]:
+        """Cumulative counts of :attr:`op_latency`'s buckets by (table, op), summed over the
+        transports (for :mod:`.status.history`)."""
+        out: dict[tuple[str, str], list[float]] = {}
+        for family in self.op_latency.collect():
+            for sample in family.samples:
+                if not sample.name.endswith("_bucket"):
+                    continue
+                labels = sample.labels
+                counts = out.setdefault(
+                    (labels["table"], labels["op"]), [0.0] * (len(LATENCY_BUCKETS) + 1)
+                )
+                le = labels["le"]
+                i = len(LATENCY_BUCKETS) if le == "+Inf" else LATENCY_BUCKETS.index(float(le))
+                counts[i] += sample.value
+        return out
 
     def render(self) -> bytes:
         """The text exposition (call from a worker thread)."""
@@ -232,12 +270,26 @@ class MetricsMiddleware:
         try:
             await self.app(scope, counting_receive, counting_send)
         finally:
+            seconds = time.perf_counter() - start
             route = scope.get("route")
+            status, received, sent = state["status"], state["received"], state["sent"]
             self.metrics.observe(
                 scope["method"],
                 getattr(route, "path", "unmatched"),
-                state["status"],
-                time.perf_counter() - start,
-                state["received"],
-                state["sent"],
+                status,
+                seconds,
+                received,
+                sent,
             )
+            table = scope.get("path_params", {}).get("name", NO_TABLE)
+            if table != NO_TABLE and table not in _served(scope):
+                table = NO_TABLE
+            op = getattr(route, "name", "unmatched")
+            self.metrics.request("http", op, table, seconds, received, sent, status < 400)
+
+
+def _served(scope: Scope) -> Any:
+    """The served tables (a registry: ``name in``) of the app ``scope`` reached."""
+    app = scope.get("app")
+    core = getattr(getattr(app, "state", None), "core", None)
+    return core.registry if core is not None else ()

@@ -1,6 +1,7 @@
 """Bearer-token check.
 
-With a token configured, every request but ``/healthz`` and ``/readyz``
+With a token configured, every request but ``/healthz``, ``/readyz`` and the
+``/status`` page's shell (no data: see :mod:`.status.routes`)
 carries ``Authorization: Bearer <token>``; the comparison is constant-time
 (``hmac.compare_digest``). A missing or wrong token gets 401 and nothing runs.
 (Client-given paths are confined by the core: :mod:`tdreplay.service.core.paths`.)
@@ -15,9 +16,11 @@ from collections.abc import Iterable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import Unauthorized
+from .status.routes import PUBLIC_PATHS as STATUS_PAGE
 
-#: routes that never need the token (probes of orchestrators carry none)
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+#: routes that never need the token (probes of orchestrators carry none; a browser cannot
+#: send one on the page it navigates to, which then asks for it)
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"}) | STATUS_PAGE
 
 
 class BearerAuth:

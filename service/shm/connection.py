@@ -27,6 +27,7 @@ import hmac
 import logging
 import os
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 from tdreplay.codec.arrow import nest
@@ -43,6 +44,7 @@ from tdreplay.storage import SAMPLE_INFO_DTYPES, InsufficientStorage, InvalidReq
 
 from ..core import ExtendParams, PriorityUpdate, SampleParams, parse
 from ..errors import Unauthorized, error_body
+from ..metrics import NO_TABLE
 from .slots import Slot, Slots
 
 if TYPE_CHECKING:
@@ -52,6 +54,8 @@ log = logging.getLogger("tdreplay.service")
 
 #: seconds a new connection has to say hello
 HELLO_TIMEOUT = 10.0
+#: the operations a client may ask for (metrics label them; anything else is "other")
+OPS = frozenset({"sample", "extend_slot", "extend", "update_priority", "info", "release"})
 #: largest frame before the hello went through (a hello is small; nothing big is parsed
 #: for a client that has not shown the token)
 MAX_HELLO = 4096
@@ -140,7 +144,7 @@ class Connection(asyncio.Protocol):
                     self._hello(message)
                     limit = self.limit
                     continue
-                self.task = self._loop.create_task(self._serve(message))
+                self.task = self._loop.create_task(self._serve(message, HEADER.size + len(body)))
         except ShmProtocolError as err:
             self._send_now(frame(_bad(str(err))))
             self._end()
@@ -156,9 +160,10 @@ class Connection(asyncio.Protocol):
             self._release()
 
     # -- requests -------------------------------------------------------------
-    async def _serve(self, message: dict[str, Any]) -> None:
+    async def _serve(self, message: dict[str, Any], received: int) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        began = time.perf_counter()
         try:
             reply, slot = await self._dispatch(message)
         except TDReplayError as err:
@@ -168,14 +173,36 @@ class Connection(asyncio.Protocol):
         except Exception as err:
             log.exception("shared-memory request %r failed", message.get("op"))
             reply, slot = {"ok": False, "error": error_body(err)}, None
+        data = frame(reply)
         try:
-            await self._send(frame(reply), slot.fd if slot is not None else -1)
+            await self._send(data, slot.fd if slot is not None else -1)
         except OSError:
             self._end()
         finally:
             if slot is not None:
                 slot.sent()
         self._arm(self.idle_timeout)
+        if self.server.on_request is not None:
+            self._report(message, reply, time.perf_counter() - began, received, len(data))
+
+    def _report(self, m: dict[str, Any], reply: dict[str, Any], s: float, rx: int, tx: int) -> None:
+        """Tell the metrics of a request; slot data counts as bytes moved (rows x item bytes)."""
+        op, name, ok = (
+            str(m.get("op")) if m.get("op") in OPS else "other",
+            m.get("table"),
+            reply["ok"],
+        )
+        handle = None
+        if isinstance(name, str) and name in self.core.registry:
+            with contextlib.suppress(TDReplayError):  # deleted meanwhile
+                handle = self.core.registry.get(name)
+        if ok and handle is not None and op in ("extend", "sample"):
+            rows = len(reply["index"]) if op == "extend" else m["batch_size"]
+            moved = rows * handle.table.spec.item_nbytes
+            rx, tx = (rx + moved, tx) if op == "extend" else (rx, tx + moved)
+        table = handle.name if handle is not None else NO_TABLE
+        assert self.server.on_request is not None
+        self.server.on_request("shm", op, table, s, rx, tx, bool(ok))
 
     def _hello(self, message: dict[str, Any]) -> None:
         """The first frame: protocol version and token, or the connection ends."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from tdreplay.storage import InvalidRequest
 
 from ..core import Core
+from ..metrics import RequestHook
 from ..settings import Settings
 from .connection import Connection
 from .slots import Budget
@@ -44,10 +45,14 @@ class ShmServer:
         settings: limits (``shm_connection_bytes``, ``shm_max_connections``,
             ``max_body_bytes`` for control frames) and the token.
         path: the socket's path.
+        on_request: told of every request (metrics, with ``transport="shm"``).
     """
 
-    def __init__(self, core: Core, settings: Settings, path: Path) -> None:
+    def __init__(
+        self, core: Core, settings: Settings, path: Path, on_request: RequestHook | None = None
+    ) -> None:
         self.core = core
+        self.on_request = on_request
         self.settings = settings
         self.path = path
         self.host = host_id()

@@ -31,6 +31,7 @@ from ..statefile import StateError
 from ..tensordicts import key_tree
 from ..validation import INFO_KEYS, RowChecker
 from ..writers import MaxValueWriter, Writer, make_writer
+from .stats import limiter_stats, scan
 
 
 class _HeldBack(Exception):
@@ -103,6 +104,16 @@ class TableBase:
         self.created_at = time.time()
         self.bytes_in = 0
         self.bytes_out = 0
+        #: checkpoints written (ok) and failed since the table was opened; the last good one
+        self.checkpoints: dict[str, Any] = {
+            "ok": 0,
+            "failed": 0,
+            "last_ok_at": None,
+            "seconds": None,
+            "bytes": None,
+        }
+        self._scan: tuple[float, float, dict[str, Any]] | None = None  # (when, good for, figures)
+        self._scanning = threading.Lock()
 
     @property
     def fsync(self) -> bool:
@@ -227,9 +238,10 @@ class TableBase:
         return self.slots.n_live
 
     def info(self) -> dict[str, Any]:
-        """A JSON-ready summary: size, capacity, backend, sampler, writer, counters, limiter."""
+        """A JSON-ready summary: size, capacity, backend, sampler, writer, counters, limiter,
+        and ``stats`` (see :meth:`stats`)."""
         with self._cond:
-            return {
+            info = {
                 "name": self.name,
                 "size": self.slots.n_live,
                 "capacity": self.capacity,
@@ -248,6 +260,78 @@ class TableBase:
                 "bytes_in": self.bytes_in,
                 "bytes_out": self.bytes_out,
             }
+        info["stats"] = self.stats()
+        return info
+
+    def stats(self, *, wait: float | None = None) -> dict[str, Any]:
+        """Reverb ``TableInfo``-grade figures (see :mod:`.stats`): size, capacity, inserts,
+        samples, item bytes in and out, ``rate_limiter`` (ratio, band, headroom, blocked
+        time), ``checkpoint`` (last good one: when, seconds, bytes; counts), and what a
+        scan of the live items gives: ``unique_sampled``, ``times_sampled``, ``priority``,
+        ``trajectories``.
+
+        The scan runs on a copy of the per-slot state (it holds the table's lock for
+        the copy only). One that took over a millisecond (a large table) is reused
+        for 100 times its cost (a million items: a few seconds); a cheaper one is
+        redone at every call.
+
+        Args:
+            wait: seconds to wait for the table's lock (``None``: as long as it takes);
+                past them (a checkpoint holds it) the counters are read without it and
+                the scan's last figures are given (``stale: True``).
+        """
+        locked = self._cond.acquire(timeout=-1 if wait is None else wait)
+        try:
+            out = {
+                "size": self.slots.n_live,
+                "capacity": self.capacity,
+                "inserts": self.rate_limiter.inserts,
+                "samples": self.rate_limiter.samples,
+                "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out,
+                "rate_limiter": limiter_stats(self.rate_limiter, self.slots.n_live),
+                "checkpoint": dict(self.checkpoints),
+            }
+        finally:
+            if locked:
+                self._cond.release()
+        figures, fresh = self._scanned(wait if locked else 0.0)
+        out.update(figures or {"unique_sampled": None, "times_sampled": None})
+        out.setdefault("priority", None)
+        out.setdefault("trajectories", None)
+        out["stale"] = not fresh
+        return out
+
+    def _scanned(self, wait: float | None) -> tuple[dict[str, Any] | None, bool]:
+        """The live items' scan figures, and whether they are current (see :meth:`stats`)."""
+        cached = self._scan
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < cached[1]:
+            return cached[2], True
+        if not self._scanning.acquire(blocking=False):  # another thread scans now
+            return (cached[2], False) if cached is not None else (None, False)
+        try:
+            if not self._cond.acquire(timeout=-1 if wait is None else wait):
+                return (cached[2], False) if cached is not None else (None, False)
+            began = time.perf_counter()
+            try:
+                s, sampler = self.slots, self.sampler
+                live = s.live.clone()
+                times = s.times_sampled[live]
+                prio = getattr(sampler, "priorities", None)
+                prio = prio[live] if isinstance(prio, torch.Tensor) else None
+                episode = getattr(sampler, "episode", None)
+                episode = episode[live] if isinstance(episode, torch.Tensor) else None
+            finally:
+                self._cond.release()
+            figures = scan(times, prio, episode)
+            cost = time.perf_counter() - began
+            # a cheap scan (a small table) is redone every time: its figures are exact
+            good_for = min(5.0, 100 * cost) if cost > 0.001 else 0.0
+            self._scan = (time.monotonic(), good_for, figures)
+            return figures, True
+        finally:
+            self._scanning.release()
 
     def state_dict(self) -> dict[str, Any]:
         """Slot, sampler, writer and rate-limiter state (no data); lock held by the caller or not."""

@@ -31,6 +31,7 @@ Sample info sits beside the fields of every sampled batch:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -217,7 +218,20 @@ class Table(Inserts, Draws):
         """
         from ..checkpoint import checkpoint
 
-        return checkpoint(self, Path(path), ted2flat=ted2flat)
+        began = time.monotonic()
+        try:
+            written = checkpoint(self, Path(path), ted2flat=ted2flat)
+        except BaseException:
+            self.checkpoints["failed"] += 1
+            raise
+        nbytes = sum(f.stat().st_size for f in written.rglob("*") if f.is_file())
+        self.checkpoints.update(
+            ok=self.checkpoints["ok"] + 1,
+            last_ok_at=time.time(),
+            seconds=time.monotonic() - began,
+            bytes=nbytes,
+        )
+        return written
 
     def export(
         self, path: str | Path, *, format: str | None = None, progress: bool | None = None
