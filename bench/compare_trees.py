@@ -38,6 +38,7 @@ PACKAGES = ("storage", "service", "client", "codec")
 
 #: (name, table, op, batch): the workloads, as a learner and a collector run them
 WORKLOADS = [
+    ("cartpole sample b1", "cartpole", "sample", 1),
     ("cartpole sample b32", "cartpole", "sample", 32),
     ("cartpole sample b256", "cartpole", "sample", 256),
     ("atari sample b32", "atari", "sample", 32),

@@ -14,6 +14,7 @@ A :class:`Command` builds one HTTP :class:`Request` and parses its
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Callable, Mapping
@@ -106,6 +107,13 @@ def _target(path: str, **query: Any) -> str:
 
 def _table(name: str, action: str = "") -> str:
     return protocol.table_path(quote(name, safe=""), action)
+
+
+@functools.lru_cache(maxsize=256)
+def _sample_target(table: str, batch_size: int, wait: float | None) -> str:
+    """A sample's path and query, built once per table, size and wait (quoting costs more
+    than a small sample's decode)."""
+    return _target(_table(table, "sample"), batch_size=batch_size, timeout=wait)
 
 
 def _json_body(data: Any) -> tuple[dict[str, str], bytes]:
@@ -274,7 +282,7 @@ class Sample(Command[TensorDict]):
     def request(self) -> Request:
         return Request(
             "POST",
-            _target(_table(self.table, "sample"), batch_size=self.batch_size, timeout=self.wait),
+            _sample_target(self.table, self.batch_size, self.wait),
             {"Accept": protocol.ARROW_STREAM},
             None,
             wait=self.wait or 0.0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -29,3 +30,28 @@ def test_quickstart_runs_twice(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, (run, done.stdout[-2000:], done.stderr[-4000:])
     assert (tmp_path / "tdreplay-data" / "tables" / "cartpole" / "storage").is_dir()
+
+
+def test_the_raw_arrow_snippet_runs_against_a_server(live_server, tmp_path: Path) -> None:
+    """The README's "any Arrow client works" block, as written, against a server with a token."""
+    text = (REPO / "README.md").read_text()
+    block = re.search(
+        r"```python\n(import http\.client, json, os, pyarrow as pa.*?)```", text, re.S
+    )
+    assert block, "the README has no raw-Arrow block"
+    token = "readme-snippet-token-0123456789"
+    server = live_server(token=token)
+    code = block.group(1).replace('("127.0.0.1", 8000)', f'("127.0.0.1", {server.port})')
+    assert code != block.group(1), "the snippet no longer connects to 127.0.0.1:8000"
+    (tmp_path / "snippet.py").write_text(code + "\nprint(sampled.num_rows)\n")
+    env = {**os.environ, "TDREPLAY_TOKEN": token}
+    outputs = []
+    for _ in range(2):  # the second run finds the table: 409, and goes on
+        done = subprocess.run(
+            [sys.executable, "snippet.py"], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        outputs.append(done.stdout.split("\n"))
+    assert outputs[0][0] == "201" and outputs[1][0] == "409"
+    assert outputs[0][1] == "{'index': [0, 1], 'rows': 2}"
+    assert outputs[1][2] == "32"  # sampled after the second extend: 4 rows, 32 draws
