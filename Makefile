@@ -8,7 +8,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 TOKEN_FILE ?=
 
-.PHONY: setup dev serve demo test lint typecheck check bench bench-peers schema wheel clean redis
+.PHONY: setup dev serve demo test lint typecheck check bench bench-peers schema wheel clean redis chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,13 @@ redis:                             ## make sure redis-server is installed (the t
 	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; \
 	  else echo "install redis-server (e.g. brew install redis)"; exit 1; fi; }
 
+chromium:                          ## make sure chromium is installed (the /status page's browser test drives it)
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; \
+	  else echo "no chromium: the /status browser test will be skipped (install chromium to run it)"; fi; }
+
 # HOST other than loopback needs a token: TOKEN_FILE=path (or TDREPLAY_TOKEN in the environment)
 serve: setup                       ## run the service on the embedded default (memmap, no Redis)
 	$(BIN)/tdreplay serve --schema $(SCHEMA) --root $(ROOT) --host $(HOST) --port $(PORT) --restore --checkpoint-on-shutdown $(if $(TOKEN_FILE),--token-file $(TOKEN_FILE))
@@ -43,7 +50,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-test: setup redis lint typecheck   ## lint, type-check and run the test suite
+test: setup redis chromium lint typecheck   ## lint, type-check and run the test suite
 	$(BIN)/python -m pytest -q
 
 BENCH_ARGS ?=

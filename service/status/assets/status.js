@@ -82,7 +82,7 @@
   // plot name -> [title, y label, series, data of (table)]
   var LINES = {
     fill: ["Fill level", "%", [line("fill %", C.fill, { fill: "rgba(111,66,193,.08)" })],
-      function (s) { return [pct(s.fill)]; }],
+      function (s) { return [pct(s.fill)]; }, [0, 100]],
     rates: ["Insert and sample rate", "items/s", [line("inserts/s", C.insert), line("samples/s", C.sample)],
       function (s) { return [s.insert_rate, s.sample_rate]; }],
     spi: ["Samples per insert", "ratio", [
@@ -102,7 +102,7 @@
   function timePlot(box, spec) {
     var opts = {
       width: width(box), height: 170,
-      scales: { x: { time: true } },
+      scales: { x: { time: true }, y: spec[4] ? { range: spec[4] } : {} },
       series: [{}].concat(spec[2]),
       axes: [{}, { label: spec[1], size: 56 }],
       legend: { live: false },
@@ -124,12 +124,13 @@
   function barPlot(box, label, color, hist, integer) {
     var n = hist.edges.length;
     var labels = hist.edges.map(function (_, i) { return binLabel(hist.edges, i, integer); });
+    var step = Math.ceil(n / 8);  // a label every few bins: they must not overlap
     var opts = {
       width: width(box), height: 170,
       scales: { x: { time: false, range: [-0.5, n - 0.5] } },
       series: [{ label: "bin", value: function (u, i) { return i === null ? "" : labels[i]; } },
-        { label: label, stroke: color, fill: color, paths: uPlot.paths.bars({ size: [0.7, 60] }) }],
-      axes: [{ splits: function () { return labels.map(function (_, i) { return i; }); },
+        { label: label, stroke: color, fill: color, points: { show: false }, paths: uPlot.paths.bars({ size: [0.7, 60] }) }],
+      axes: [{ splits: function () { return labels.map(function (_, i) { return i; }).filter(function (i) { return i % step === 0; }); },
         values: function (u, splits) { return splits.map(function (i) { return labels[i] || ""; }); },
         rotate: 0, size: 30 }, { label: "items", size: 56 }],
       legend: { live: false },
@@ -176,7 +177,7 @@
       "samples/insert " + number(rl.samples_per_insert) + (rl.target === null ? "" : " (target " + number(rl.target) + ")"),
       "sampled at least once " + number(st.unique_sampled, 0),
       "headroom insert " + number(rl.headroom.insert, 0) + ", sample " + number(rl.headroom.sample, 0),
-      "waiting " + rl.waiting.insert + " / " + rl.waiting.sample,
+      "waiting: insert " + rl.waiting.insert + ", sample " + rl.waiting.sample,
     ];
     if (st.trajectories !== null) parts.push("trajectories " + number(st.trajectories, 0));
     if (st.priority) parts.push("priority sum " + number(st.priority.sum) + ", max " + number(st.priority.max));
