@@ -32,11 +32,12 @@ from torchrl.data import TensorDictReplayBuffer
 from tdreplay.client import ReplayClient, TableNotFound
 
 from . import rows as R
+from .priorities import PrioritiesMixin
 from .remote import ServiceSampler, ServiceStorage, ServiceWriter
 from .state import ServiceStateMixin
 
 
-class TDReplayBuffer(ServiceStateMixin, TensorDictReplayBuffer):
+class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer):
     """A TorchRL ``TensorDictReplayBuffer`` whose storage and sampler are a tdreplay table.
 
     The table (its capacity, fields, sampler, writer, rate limiter) is
@@ -396,57 +397,6 @@ class TDReplayBuffer(ServiceStateMixin, TensorDictReplayBuffer):
         except StopIteration:
             self._iterator = None
             return None
-
-    # ---------------------------------------------------------------- priorities
-    def update_priority(  # type: ignore[override]
-        self, index: Any, priority: Any, *, key: Any = None
-    ) -> int:
-        """Set the priorities of the items at ``index`` (from ``batch["index"]``).
-
-        Pass ``key=batch["sample_info", "key"]`` and slots overwritten since the
-        sample keep their new items' priorities. On a table without priorities
-        this does nothing (with a warning, as TorchRL's samplers do).
-
-        Returns:
-            How many priorities were applied.
-
-        Raises:
-            ValueError: ``index``, ``priority`` (and ``key``) differ in length.
-            InvalidRequest: a bad index or priority (negative, not finite).
-        """
-        if not self._sampler.prioritized:
-            if not self._warned_uniform:
-                self._warned_uniform = True
-                warnings.warn(
-                    f"update_priority on table {self._table!r}, whose sampler "
-                    f"{self._sampler.kind!r} keeps no priorities: nothing is updated",
-                    UserWarning,
-                    stacklevel=2,
-                )
-            return 0
-        if isinstance(index, tuple):
-            index = torch.stack([torch.as_tensor(i) for i in index], -1)[..., 0]
-        return self._client.update_priority(self._table, index, priority, key=key)
-
-    def update_tensordict_priority(self, data: TensorDictBase) -> None:  # type: ignore[override]
-        """Send the priorities a loss wrote in a sampled batch (``priority_key``) to the table.
-
-        Reads ``index`` and ``priority_key`` (reduced to one value per item with
-        ``max``, as TorchRL does) and ``("sample_info", "key")`` when present, so
-        items overwritten since the sample are left alone. Does nothing for
-        tables without priorities, like TorchRL.
-
-        Raises:
-            KeyError: the batch has no ``index`` or no ``priority_key``.
-        """
-        if not self._sampler.prioritized:
-            return
-        index = R.flat_index(data)
-        priority = R.priority_vector(data, self.priority_key)
-        key = data.get(("sample_info", "key"), None)
-        self._client.update_priority(
-            self._table, index, priority, key=None if key is None else key.reshape(-1)
-        )
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:

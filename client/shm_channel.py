@@ -1,0 +1,295 @@
+"""One connection to a server's same-host socket (:class:`Channel`): framing, slots, calls.
+
+:mod:`tdreplay.client.shm` builds links (a channel per thread) and runs
+commands on them; the wire is :mod:`tdreplay.codec.shm`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase, is_tensorclass
+
+from ..codec import protocol
+from ..codec.arrow import nest
+from ..codec.shm import (
+    HEADER,
+    MAX_FRAME,
+    VERSION,
+    SharedMap,
+    ShmProtocolError,
+    SlotLayout,
+    frame,
+    frame_length,
+    parse_frame,
+)
+from . import errors
+from .commands import Alloc, as_batch
+
+#: slot numbers a connection uses at most (the server's bound)
+MAX_SLOTS = 256
+
+
+class ShmUnavailable(errors.TransportError):
+    """The same-host transport cannot be used here (no socket, another host, no memfd)."""
+
+
+def host_id() -> str:
+    """This host's identity, as the server computes it (the kernel's boot id)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def usable(info: dict[str, Any] | None) -> str | None:
+    """Why the server's ``/v1/info`` rules the transport out, or ``None`` if it may be tried."""
+    if not hasattr(socket, "AF_UNIX") or not hasattr(socket, "SCM_RIGHTS"):
+        return "this OS has no Unix sockets with descriptor passing"
+    shm = (info or {}).get("shm")
+    if not isinstance(shm, dict) or not isinstance(shm.get("socket"), str):
+        return "the server offers no shared-memory socket"
+    if shm.get("host") != host_id():
+        return "the server runs on another host"
+    if not os.path.exists(shm["socket"]):
+        return f"its socket {shm['socket']!r} is not reachable from here"
+    return None
+
+
+class _Mapped:
+    """A slot as this side maps it: the mapping and its column views."""
+
+    def __init__(self, fd: int, nbytes: int, layout: SlotLayout) -> None:
+        try:
+            self.map = SharedMap(fd, nbytes)
+        finally:
+            os.close(fd)
+        self.layout = layout
+        self.columns = layout.views(self.map.buffer)
+
+
+class Channel:
+    """One connection to the server's socket (one thread's; not thread safe)."""
+
+    def __init__(
+        self,
+        path: str,
+        token: str | None,
+        timeout: float,
+        lease_slots: int,
+        instance: str | None = None,
+    ) -> None:
+        self.timeout = timeout
+        self.lease_slots = lease_slots
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(path)
+        except OSError as err:
+            self.sock.close()
+            raise ShmUnavailable(f"cannot connect to {path}: {err}") from None
+        self._slots: dict[int, _Mapped] = {}
+        #: slot numbers by (op, table, batch size), least recently used first
+        self._numbers: OrderedDict[tuple[Any, ...], list[int]] = OrderedDict()
+        self._turn: dict[tuple[Any, ...], int] = {}
+        self._free: list[int] = []
+        self._next = 0
+        try:
+            reply, _ = self.call({"op": "hello", "version": VERSION, "token": token or ""}, wait=0)
+        except errors.ReplayError as err:  # refused (token, too many connections) or cut off
+            self.close()
+            raise ShmUnavailable(f"the socket refused this client: {err}") from None
+        self.max_slots = min(MAX_SLOTS, int(reply.get("max_slots", MAX_SLOTS)))
+        if reply.get("host") != host_id():
+            self.close()
+            raise ShmUnavailable("the socket's server runs on another host")
+        if instance is not None and reply.get("instance") != instance:
+            self.close()
+            raise ShmUnavailable(
+                f"the server listening on {path} is not the one asked over HTTP (two servers "
+                "publish that path: give each its own --shm-socket)"
+            )
+
+    # -- framing ------------------------------------------------------------
+    def call(self, message: dict[str, Any], *, wait: float) -> tuple[dict[str, Any], int]:
+        """Send ``message``, read the reply and the descriptor it carries (``-1``: none)."""
+        self.sock.settimeout(self.timeout + wait)
+        try:
+            self.sock.sendall(frame(message))
+            header, fds = self._recv_header()
+            body = self._recv_exactly(frame_length(header, MAX_FRAME))
+        except (OSError, ShmProtocolError) as err:
+            self.close()
+            raise errors.ConnectionFailed(f"shared-memory socket: {err}", sent=True) from None
+        reply = parse_frame(body)
+        fd = fds[0] if fds else -1
+        for extra in fds[1:]:
+            os.close(extra)
+        if not reply.get("ok"):
+            if fd >= 0:
+                os.close(fd)
+            raise _error(reply.get("error"))
+        return reply, fd
+
+    def _recv_header(self) -> tuple[bytes, list[int]]:
+        data, fds, _, _ = socket.recv_fds(self.sock, HEADER.size, 4)
+        if not data:
+            raise ConnectionResetError("the server closed the connection")
+        data += self._recv_exactly(HEADER.size - len(data))
+        return data, list(fds)
+
+    def _recv_exactly(self, n: int) -> bytes:
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            k = self.sock.recv_into(view[got:])
+            if k == 0:
+                raise ConnectionResetError("the server closed the connection")
+            got += k
+        return bytes(buf)
+
+    def _number(self, key: tuple[Any, ...], ring: int) -> int:
+        """The slot number for the next call of ``key``: its ``ring`` numbers in turn.
+
+        Numbers of the least recently used keys are released (to the server too)
+        when the connection's ``max_slots`` would be passed.
+        """
+        numbers = self._numbers.setdefault(key, [])
+        self._numbers.move_to_end(key)
+        while len(numbers) < ring:
+            if self._free:
+                numbers.append(self._free.pop())
+            elif self._next < self.max_slots:
+                numbers.append(self._next)
+                self._next += 1
+            elif len(self._numbers) > 1:
+                self._release(next(iter(self._numbers)))
+            else:
+                break
+        turn = self._turn.get(key, -1) + 1
+        self._turn[key] = turn
+        return numbers[turn % len(numbers)]
+
+    def _release(self, key: tuple[Any, ...]) -> None:
+        for number in self._numbers.pop(key, []):
+            self._slots.pop(number, None)
+            self.call({"op": "release", "slot": number}, wait=0)
+            self._free.append(number)
+        self._turn.pop(key, None)
+
+    def _forget(self, number: int) -> None:
+        """A slot the server no longer has as this side does: map it anew next time."""
+        self._slots.pop(number, None)
+
+    def _map(self, reply: dict[str, Any], fd: int, number: int) -> _Mapped:
+        if fd >= 0:
+            try:
+                nbytes = int(reply["nbytes"])
+                layout = SlotLayout.from_json(reply["layout"], int(reply["rows"]), limit=nbytes)
+            except (KeyError, TypeError, ValueError, ShmProtocolError) as err:
+                os.close(fd)
+                raise errors.ProtocolError(f"bad shared-memory slot: {err}") from None
+            self._slots[number] = _Mapped(fd, nbytes, layout)
+        mapped = self._slots.get(number)
+        if mapped is None:
+            raise errors.ProtocolError(f"the server answered for slot {number}, never sent")
+        return mapped
+
+    # -- operations ---------------------------------------------------------
+    def sample(self, table: str, batch_size: int, wait: float, alloc: Alloc | None) -> TensorDict:
+        """A batch viewing this thread's next slot for ``(table, batch_size)`` (see the lease),
+        or, with ``alloc``, a copy in the buffer it gives (the loader's own buffers)."""
+        number = self._number(("sample", table, batch_size), self.lease_slots)
+        message = {"op": "sample", "table": table, "batch_size": batch_size, "slot": number}
+        message["timeout"] = wait
+        reply, fd = self.call(message, wait=wait)
+        mapped = self._map(reply, fd, number)
+        if alloc is None:
+            return nest(mapped.columns, batch_size)
+        nbytes = mapped.layout.nbytes
+        buf = alloc(nbytes)
+        if nbytes:
+            dst = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
+            dst.copy_(torch.frombuffer(mapped.map.buffer, dtype=torch.uint8, count=nbytes))
+        return nest(mapped.layout.views(buf), batch_size)
+
+    def extend(
+        self, table: str, data: Any, wait: float, request_id: str, *, strict: bool = False
+    ) -> torch.Tensor | None:
+        """Insert ``data``; ``None`` when it does not fit the table's slot layout exactly
+        (the caller sends it over HTTP, whose answer names what is wrong), or a slot that
+        big would exceed the connection's shared memory (HTTP carries it)."""
+        td = as_batch(data._tensordict if is_tensorclass(data) else data)
+        n = td.batch_size[0] if td.batch_dims == 1 else 0
+        if n == 0:
+            return None
+        key = ("extend", table)
+        number = self._number(key, 1)
+        for attempt in range(2):
+            mapped = self._slots.get(number)
+            if mapped is None or mapped.layout.rows < n:
+                ask = {"op": "extend_slot", "table": table, "rows": max(n, 64), "slot": number}
+                try:
+                    reply, fd = self.call(ask, wait=0)
+                except errors.InsufficientStorage:  # over the shared-memory limits: HTTP
+                    if strict:
+                        raise
+                    return None
+                mapped = self._map(reply, fd, number)
+            if mapped.layout.rows < n or not _fill(mapped, td, n):
+                return None  # more rows than the table holds, or keys that do not fit: HTTP says
+            message = {"op": "extend", "table": table, "slot": number, "rows": n}
+            message.update(timeout=wait, request_id=request_id)
+            try:
+                reply, _ = self.call(message, wait=wait)
+            except errors.InvalidRequest as err:
+                if err.field != "slot" or attempt:
+                    raise
+                self._forget(number)  # the table was replaced since the slot was laid out
+                continue
+            return torch.tensor(reply["index"], dtype=torch.int64)
+        return None
+
+    def update_priority(self, table: str, payload: dict[str, Any]) -> int:
+        reply, _ = self.call({"op": "update_priority", "table": table, **payload}, wait=0)
+        return int(reply["updated"])
+
+    def __del__(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._slots.clear()
+        self._numbers.clear()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def _fill(mapped: _Mapped, td: TensorDictBase, n: int) -> bool:
+    """Copy ``td``'s rows into the slot; ``False`` if its leaves are not exactly the layout's."""
+    leaves = {k if isinstance(k, tuple) else (k,): v for k, v in td.items(True, True)}
+    if len(leaves) != len(mapped.columns):
+        return False
+    for key, view in mapped.columns.items():
+        t = leaves.get(key)
+        if (
+            not isinstance(t, torch.Tensor)
+            or t.dtype != view.dtype
+            or tuple(t.shape) != (n, *view.shape[1:])
+        ):
+            return False
+    for key, view in mapped.columns.items():
+        view[:n].copy_(leaves[key])
+    return True
+
+
+def _error(body: Any) -> errors.ServerError:
+    body = body if isinstance(body, dict) else {"type": "InternalError", "detail": str(body)}
+    status = protocol.ERROR_STATUS.get(str(body.get("type")), 500)
+    return errors.from_response(status, json.dumps(body).encode())
