@@ -147,6 +147,44 @@ def shm() -> str:
     return entries_table("shm.json")
 
 
+def scale() -> str:
+    """S servers, K collectors, L learners on one host (``bench/scale_bench.py --json bench/results/scale.json``).
+
+    One row per configuration; ratios are S servers / 1 server with the same K, L and transport.
+    """
+    data = json.loads((RESULTS / "scale.json").read_text())
+    lines = [
+        "| servers S | collectors K | learners L | transport | insert items/s | sample items/s "
+        "| insert / 1 server | sample / 1 server | servers' CPU s/s (each) | collectors' CPU s/s "
+        "| learners' CPU s/s | items per server CPU-second |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in data["configs"]:
+        one = c["servers"] == 1
+        each = " + ".join(f"{x:.2f}" for x in c["server_cpu_each"])
+        ins = "baseline" if one else f"{c['insert_ratio']:.2f}x"
+        smp = "baseline" if one else f"{c['sample_ratio']:.2f}x"
+        cpu = f"{c['server_cpu']:.2f}" + ("" if one else f" ({each})")
+        lines.append(
+            f"| {c['servers']} | {c['collectors']} | {c['learners']} | {c['transport']} "
+            f"| {c['insert']:,.0f} | {c['sample']:,.0f} | {ins} | {smp} | {cpu} "
+            f"| {c['collector_cpu']:.2f} | {c['learner_cpu']:.2f} "
+            f"| {c['items_per_server_cpu_s']:,.0f} |"
+        )
+    lines += [
+        "",
+        _caption(data).replace("per case", "per configuration")
+        + f" {data['table']}: extends of {data['chunk']} rows, samples of {data['batch']}; "
+        "every server, collector and learner a process of its own on these cores.",
+    ]
+    return "\n".join(lines)
+
+
+def writer() -> str:
+    """The collector's writer (``bench/writer_bench.py --json bench/results/writer.json``)."""
+    return entries_table("writer.json")
+
+
 def refactor() -> str:
     """Before/after a refactor (``bench/compare_trees.py --json bench/results/core-reshape.json``)."""
     data = json.loads((RESULTS / "core-reshape.json").read_text())
@@ -170,6 +208,8 @@ TABLES = {
     "http-table": (http, "http.json"),
     "peers-table": (peers, "peers.json"),
     "client-table": (client, "client.json"),
+    "scale-table": (scale, "scale.json"),
+    "writer-table": (writer, "writer.json"),
 }
 
 

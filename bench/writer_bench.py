@@ -1,0 +1,192 @@
+"""The collector's writer: ``client.writer(table, chunk=256)`` fed step by step, next to batched extends.
+
+    python bench/writer_bench.py                 # full run (~1.5 min): 5 rounds of 1.5 s per case
+    python bench/writer_bench.py --quick         # ~20 s: 2 rounds of 0.5 s
+    python bench/writer_bench.py --json bench/results/writer.json
+    python bench/writer_bench.py --transports http
+
+A collector produces one step at a time; ``client.writer(table, chunk=256)``
+buffers the steps and sends one ``extend`` of 256 rows per chunk. This
+measures that path through the public client, as a collector runs it: 256
+single-step TensorDicts (batch ``[]``, each its own tensors, the way an
+environment step comes out) appended one by one per timed call, the writer
+made with its defaults (``max_delay`` 1 s, so its timer thread runs), its
+last chunk flushed inside the timed window. The baseline, in the same run,
+interleaved, is ``client.extend(table, rows)`` of the same 256 rows already
+batched: what the writer could at best reach, since it sends exactly that.
+The ratio (writer / extend) is the cost of collecting the steps into a chunk
+on the client (stacking 256 TensorDicts) on top of the send; the writer
+against Reverb's writers is in ``peers_bench.py``.
+
+One server (``python -m tdreplay.service serve``, one torch thread, memmap)
+holding the shipped cartpole (11 fields, ~70 B) and atari (84x84x4 frame
+stacks, ~56 KB) schemas, atari at a capacity of 4096 with no ratio limiter
+(``common.schemas``), and one client process (one torch thread) with a
+client per transport (HTTP and the same-host shared memory). Every case runs
+once per round, the writer and its extend back to back in a rotating order;
+figures are medians over rounds, ratios the median of per-round ratios.
+Figures vary +-25% when other work shares the cores: compare ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import (
+    Case,
+    Worker,
+    entry,
+    free_port,
+    machine,
+    median_of,
+    paired_ratio,
+    print_entries,
+    run_rounds,
+    schemas,
+    serve_worker,
+    stop,
+    wait_up,
+    write_json,
+)
+
+CHUNK = 256
+TABLES = ("cartpole", "atari")
+
+
+# ------------------------------------------------------------------ worker side
+def make_cases(cfg: dict[str, Any]) -> dict[str, Case]:
+    """``{tr}: {t} writer`` and ``{tr}: {t} extend b256`` for every transport and table."""
+    import torch
+    from tdreplay_cases import rows
+
+    from tdreplay.client import ReplayClient
+
+    torch.set_num_threads(1)
+    cases: dict[str, Case] = {}
+    for tr in cfg["transports"]:
+        client = ReplayClient(cfg["url"], transport=tr, timeout=120)
+        if client.transport != tr:
+            raise RuntimeError(f"asked for transport {tr!r}, got {client.transport!r}")
+        for t in TABLES:
+            fields = {k: (s, d) for k, (s, d) in cfg["fields"][t].items()}
+            batch = rows(fields, CHUNK, seed=1)
+            steps = [batch[i].clone() for i in range(CHUNK)]  # each step its own tensors
+            writer = client.writer(t, chunk=CHUNK)  # defaults: max_delay 1 s, as users run it
+
+            def append(w: Any = writer, steps: list[Any] = steps) -> None:
+                for step in steps:
+                    w.append(step)
+
+            cases[f"{tr}: {t} writer"] = Case(append, CHUNK, finish=writer.flush)
+            cases[f"{tr}: {t} extend b{CHUNK}"] = Case(
+                lambda c=client, t=t, b=batch: c.extend(t, b), CHUNK
+            )
+    return cases
+
+
+# ------------------------------------------------------------------ main side
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="2 rounds of 0.5 s per case")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--seconds", type=float, default=1.5, help="per case and round")
+    p.add_argument("--transports", default="http,shm", help="comma-separated")
+    p.add_argument("--json", type=Path, help="also write the figures to this file")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        serve_worker(make_cases, {"side": "writer"})
+        return 0
+    if args.quick:
+        args.rounds, args.seconds = 2, 0.5
+    transports = [t for t in args.transports.split(",") if t]
+
+    t_start = time.perf_counter()
+    info = machine()
+    info["loadavg_start"] = info.pop("loadavg")
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="tdreplay-writer-bench-") as tmp:
+        work = Path(tmp)
+        fields = schemas(work / "schemas")
+        try:
+            port = free_port()
+            server = subprocess.Popen(
+                [sys.executable, "-m", "tdreplay.service", "serve", "--schema", str(work / "schemas"),
+                 "--root", str(work / "data"), "--port", str(port), "--torch-threads", "1",
+                 "--log-level", "warning"],
+            )  # fmt: skip
+            procs.append(server)
+            url = f"http://127.0.0.1:{port}"
+            wait_up(f"{url}/readyz", server, "tdreplay server")
+            worker = Worker([sys.executable, str(Path(__file__).resolve()), "--worker"])
+            procs.append(worker.proc)
+            worker.ask({"op": "setup", "url": url, "fields": fields, "transports": transports})
+            print(
+                f"# tdreplay writer bench ({'quick' if args.quick else 'full'}): {args.rounds} "
+                f"rounds of {args.seconds:g} s per case; {info['cores']} cores, {info['cpu']}",
+                flush=True,
+            )
+            groups = [
+                [f"{tr}: {t} writer", f"{tr}: {t} extend b{CHUNK}"]
+                for t in TABLES
+                for tr in transports
+            ]
+            runs = run_rounds(groups, lambda _case: worker, args.rounds, args.seconds)
+        finally:
+            stop(procs)
+    info["loadavg_end"] = list(os.getloadavg())
+    entries = []
+    for t in TABLES:
+        for tr in transports:
+            ours, base = runs[f"{tr}: {t} writer"], runs[f"{tr}: {t} extend b{CHUNK}"]
+            entries.append(
+                entry(
+                    "writer",
+                    f"{t} writer(chunk={CHUNK}), single steps ({tr})",
+                    median_of(ours),
+                    "items/s",
+                    f"extend b{CHUNK}, pre-batched ({tr})",
+                    median_of(base),
+                    ratio=paired_ratio(ours, base),
+                )
+            )
+            us = statistics.median(r["cpu"] / (r["items_per_s"] * r["wall"]) * 1e6 for r in ours)
+            ub = statistics.median(r["cpu"] / (r["items_per_s"] * r["wall"]) * 1e6 for r in base)
+            entries.append(
+                entry(
+                    "writer",
+                    f"{t} writer(chunk={CHUNK}), client CPU per step ({tr})",
+                    us,
+                    "us/item",
+                    f"extend b{CHUNK}, pre-batched ({tr})",
+                    ub,
+                )
+            )
+    print_entries(entries)
+    wall = time.perf_counter() - t_start
+    print(f"\n{wall:.0f}s")
+    if args.json:
+        write_json(
+            args.json,
+            "writer",
+            entries,
+            machine=info,
+            quick=args.quick,
+            rounds=args.rounds,
+            seconds=args.seconds,
+            runs=runs,
+            wall_s=wall,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
