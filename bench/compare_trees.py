@@ -129,6 +129,20 @@ def run_tree(
         server.wait(30)
 
 
+def _portable(argv: list[str]) -> list[str]:
+    """``argv`` with the trees named by their commits, not by where they lie on this machine."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg in ("--before", "--after"):
+            rev = subprocess.run(
+                ["git", "-C", out[i + 1], "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            out[i + 1] = f"<checkout of {rev or 'the old tree'}>"
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", type=Path, required=True, help="the old source tree")
@@ -172,7 +186,7 @@ def main() -> None:
         rows.append({"workload": name, "before": b, "after": a, "ratio": a / b})
         print(f"{name:<24} {b:>15,.0f} {a:>15,.0f} {a / b:>13.2f}")
     if args.json:
-        command = " ".join(["python", "bench/compare_trees.py", *sys.argv[1:]])
+        command = " ".join(["python", "bench/compare_trees.py", *_portable(sys.argv[1:])])
         out = {"command": command, "rounds": args.rounds, "results": rows}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2) + "\n")

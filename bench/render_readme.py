@@ -185,11 +185,11 @@ def writer() -> str:
     return entries_table("writer.json")
 
 
-def refactor() -> str:
-    """Before/after a refactor (``bench/compare_trees.py --json bench/results/core-reshape.json``)."""
-    data = json.loads((RESULTS / "core-reshape.json").read_text())
+def refactor(source: str = "core-reshape.json", how: str = "HTTP client") -> str:
+    """Before/after a change (``bench/compare_trees.py --json bench/results/<source>``)."""
+    data = json.loads((RESULTS / source).read_text())
     lines = [
-        "| workload (HTTP client, shipped schemas, memmap) | before items/s | after items/s | after/before |",
+        f"| workload ({how}, shipped schemas, memmap) | before items/s | after items/s | after/before |",
         "|---|---|---|---|",
     ]
     for r in data["results"]:
@@ -198,6 +198,21 @@ def refactor() -> str:
         )
     lines.append("")
     lines.append(f"`{data['command']}`: {data['rounds']} interleaved rounds, medians.")
+    return "\n".join(lines)
+
+
+def torchrl() -> str:
+    """TorchRL drop-in (``examples/dqn/throughput.py --json examples/dqn/throughput.json``)."""
+    data = json.loads((REPO / "examples" / "dqn" / "throughput.json").read_text())
+    lines = [
+        "| learner workload (2 collector processes writing) | TDReplayBuffer | TorchRL in-process | ratio |",
+        "|---|---|---|---|",
+    ]
+    for e in data:
+        lines.append(
+            f"| {e['workload']} | {e['value']:,.0f} {e['unit']} | "
+            f"{e['baseline_value']:,.0f} {e['unit']} | {e['ratio']:.2f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -210,6 +225,15 @@ TABLES = {
     "client-table": (client, "client.json"),
     "scale-table": (scale, "scale.json"),
     "writer-table": (writer, "writer.json"),
+    "session-http-table": (
+        lambda: refactor("session-http.json", "HTTP client"),
+        "session-http.json",
+    ),
+    "session-shm-table": (
+        lambda: refactor("session-shm.json", "shared-memory client"),
+        "session-shm.json",
+    ),
+    "torchrl-table": (torchrl, "../../examples/dqn/throughput.json"),
 }
 
 
