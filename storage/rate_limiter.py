@@ -67,8 +67,10 @@ class RateLimiter:
         self.waiting: dict[Op, int] = {"insert": 0, "sample": 0}
         #: calls that gave up (their timeout ran out while held back), since the process started
         self.timeouts: dict[Op, int] = {"insert": 0, "sample": 0}
-        #: seconds calls spent held back, since the process started
+        #: seconds calls spent held back, since the process started (waits that ended)
         self.blocked_seconds: dict[Op, float] = {"insert": 0.0, "sample": 0.0}
+        #: the sum of the start times of the waits under way (see :meth:`blocked`)
+        self._began: dict[Op, float] = {"insert": 0.0, "sample": 0.0}
 
     @classmethod
     def from_spec(cls, spec: RateLimiterSpec) -> RateLimiter:
@@ -116,16 +118,25 @@ class RateLimiter:
         else:
             self.sample_waits += 1
         self.waiting[op] += 1
-        return time.monotonic()
+        began = time.monotonic()
+        self._began[op] += began
+        return began
 
     def end_wait(self, op: Op, began: float, *, timed_out: bool) -> float:
         """A held-back call went through (or gave up, ``timed_out``); returns the seconds it waited."""
         seconds = time.monotonic() - began
         self.waiting[op] -= 1
+        self._began[op] = self._began[op] - began if self.waiting[op] else 0.0
         self.blocked_seconds[op] += seconds
         if timed_out:
             self.timeouts[op] += 1
         return seconds
+
+    def blocked(self, op: Op) -> float:
+        """Seconds calls spent held back on ``op``, the waits under way included (so the
+        figure grows while a learner starves, not only once it is fed)."""
+        ongoing = self.waiting[op] * time.monotonic() - self._began[op]
+        return self.blocked_seconds[op] + max(0.0, ongoing)
 
     def inserted(self, n: int) -> None:
         self.inserts += n
@@ -161,5 +172,5 @@ class RateLimiter:
             **self.state_dict(),
             "waiting": dict(self.waiting),
             "timeouts": dict(self.timeouts),
-            "blocked_seconds": dict(self.blocked_seconds),
+            "blocked_seconds": {op: self.blocked(op) for op in ("insert", "sample")},
         }

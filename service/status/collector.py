@@ -76,7 +76,7 @@ FAMILIES: dict[str, tuple[type, str, str]] = {
     ),
     "tdreplay_rate_limiter_blocked_seconds": (
         C,
-        "Seconds calls spent held back by the rate limiter (counted as each wait ends).",
+        "Seconds calls spent held back by the rate limiter (waits under way included).",
         "op",
     ),
     "tdreplay_table_waiting": (G, "Calls waiting for the rate limiter now.", "op"),

@@ -113,7 +113,7 @@ class History:
             name, t = handle.name, handle.table
             served.add(name)
             rl = t.rate_limiter
-            counts = (mono, rl.inserts, rl.samples, *rl.blocked_seconds.values())
+            counts = (mono, rl.inserts, rl.samples, rl.blocked("insert"), rl.blocked("sample"))
             before = self._last.get(name)
             self._last[name] = counts
             if before is None or counts[0] <= before[0]:

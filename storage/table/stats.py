@@ -110,7 +110,7 @@ def limiter_stats(rl: RateLimiter, size: int) -> dict[str, Any]:
     (narrowing as inserts grow). ``headroom`` is how many more items each side may
     move before it waits (``None``: no limit; sampling also needs
     ``min_size_to_sample`` items). ``blocked_seconds`` sums the time held-back calls
-    waited (counted when each wait ends), ``waits`` counts them, ``waiting`` holds
+    waited (the waits under way included), ``waits`` counts them, ``waiting`` holds
     them now.
     """
     inserts, samples, spi = rl.inserts, rl.samples, rl.samples_per_insert
@@ -132,7 +132,7 @@ def limiter_stats(rl: RateLimiter, size: int) -> dict[str, Any]:
         "error_buffer": rl.error_buffer,
         "min_size_to_sample": rl.min_size_to_sample,
         "headroom": head,
-        "blocked_seconds": dict(rl.blocked_seconds),
+        "blocked_seconds": {op: rl.blocked(op) for op in ("insert", "sample")},
         "waits": {"insert": rl.insert_waits, "sample": rl.sample_waits},
         "waiting": dict(rl.waiting),
         "timeouts": dict(rl.timeouts),
