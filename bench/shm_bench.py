@@ -43,7 +43,6 @@ import json
 import logging
 import math
 import os
-import select
 import statistics
 import subprocess
 import sys
@@ -53,7 +52,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import cpu_seconds, entry, free_port, machine, schemas, write_json  # bench/ on sys.path
+import common  # bench/ on sys.path
+from common import cpu_seconds, entry, free_port, machine, schemas, write_json
 
 HERE = Path(__file__).resolve().parent
 MARK = "@@ "  # a worker's protocol lines on stdout start with this
@@ -151,38 +151,12 @@ def worker(url: str, fields: dict[str, Any], torchrl: bool) -> None:
 
 
 # ------------------------------------------------------------------ main side
-class Worker:
-    """A client process driven over its stdin/stdout."""
+class Worker(common.Worker):
+    """A client process of :func:`worker`, driven over its stdin/stdout."""
 
     def __init__(self, url: str, fields: dict[str, Any], torchrl: bool) -> None:
         arg = json.dumps([url, fields, torchrl])
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", arg],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-        )  # fmt: skip
-
-    def send(self, cmd: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def read(self, timeout: float = 300.0) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
-                raise RuntimeError(f"worker {self.proc.pid} did not answer in {timeout:.0f}s")
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"worker {self.proc.pid} exited with {self.proc.wait()}")
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK) :])
-            sys.stdout.write(line)  # anything else a library printed
-
-    def ask(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        self.send(cmd)
-        return self.read()
+        super().__init__([sys.executable, str(Path(__file__).resolve()), "--worker", arg])
 
 
 def measure(workers: list[Worker], server: int, case: str, n: int, seconds: float) -> dict:
@@ -240,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             workers = [Worker(url, fields, torchrl=i == 0) for i in range(LEARNERS)]
             procs += [w.proc for w in workers]
             for w in workers:
-                hello = w.read()
+                hello = w.hello
                 if hello["transports"] != ["shm", "http"]:
                     raise RuntimeError(f"the clients' transports are {hello['transports']}")
             workers[0].ask({"op": "fill"})

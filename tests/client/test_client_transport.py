@@ -158,23 +158,8 @@ def test_stale_pooled_connection_is_replaced(server: tuple[str, type[Handler]]) 
     assert t.execute(Request("GET", "/")).json() == {"ok": True}
 
 
-def garbage_server() -> tuple[socket.socket, int]:
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-
-    def serve() -> None:
-        conn, _ = srv.accept()
-        conn.recv(65536)
-        conn.sendall(b"SMTP ready\r\n\r\n")
-        conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
-    return srv, srv.getsockname()[1]
-
-
 def test_garbage_is_a_protocol_error() -> None:
-    srv, port = garbage_server()
+    srv, port = scripted_server(b"SMTP ready\r\n\r\n")
     with srv, pytest.raises(ProtocolError):
         Transport(f"http://127.0.0.1:{port}").execute(Request("GET", "/"))
 
