@@ -187,7 +187,7 @@ def test_async_transport(server: tuple[str, type[Handler]]) -> None:
             await bad.execute(Request("GET", "/"))
 
     asyncio.run(main())
-    srv, port = garbage_server()
+    srv, port = scripted_server(b"SMTP ready\r\n\r\n")
 
     async def garbage() -> None:
         with pytest.raises(ProtocolError):
