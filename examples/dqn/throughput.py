@@ -22,6 +22,7 @@ workload, value, unit, baseline, baseline_value, ratio, goal, pass}``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -75,9 +76,13 @@ def measure(kind: str, url: str, args: argparse.Namespace) -> dict[str, float]:
         out["frames"] = float(rb.write_count)
         return out
     finally:
-        collector.async_shutdown()
+        collector.shutdown()
         if hasattr(rb, "close"):
             rb.close()
+        # TorchRL's weight-sync schemes shut down in __del__, which starts a thread: at
+        # interpreter exit that thread never starts and the process hangs. Collect them now.
+        del collector
+        gc.collect()
 
 
 def entries(

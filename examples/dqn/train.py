@@ -18,6 +18,7 @@ and the learner's samples/s) and ``learning_curve.json`` beside this file.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -112,6 +113,8 @@ def train(args: argparse.Namespace, url: str) -> list[dict[str, float]]:
     finally:
         collector.shutdown()
         rb.close()
+        del collector  # TorchRL's weight-sync schemes must go while threads can still start
+        gc.collect()  # (their __del__ starts one: at interpreter exit that hangs)
     return curve
 
 
