@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .commands import Request
@@ -163,13 +164,43 @@ class Connection:
             out = target
         if self._n:  # more than one answer: not from a server we speak to
             raise ValueError("bytes after the end of the answer")
+        if len(self._scratch) > 16 * _SCRATCH:  # grown for a big chunk: not kept pooled
+            self._scratch = bytearray(_SCRATCH)
         return answer.status, answer.headers, out, answer.keep_alive
 
+    def start(self, head: bytes, req: Request, timeout: float) -> Head:
+        """Send ``head`` (and ``req.body``) and read the answer's head only: the body follows
+        through :meth:`chunks` (a chunked answer) or :meth:`rest` (any other)."""
+        self.sock.settimeout(timeout)
+        self.sock.sendall(head + bytes(req.body or b""))
+        self._n = 0
+        return self._head()
+
+    def chunks(self) -> Iterator[bytes]:
+        """The chunks of a chunked body as they arrive."""
+        while size := chunk_size(self._line()):
+            while self._n < size + 2:
+                self._fill(cap=None)
+            yield bytes(self._scratch[:size])
+            self._consume(size + 2)
+        while self._line():  # trailers, up to an empty line
+            pass
+
+    def rest(self, head: Head) -> memoryview:
+        """The whole body of a non-chunked answer (its length, or to the end)."""
+        size = head.length
+        if size is None:
+            return self._until_eof()
+        out = memoryview(bytearray(size))
+        self._into(out)
+        return out
+
     # -- reading --------------------------------------------------------------
-    def _fill(self) -> int:
-        """Receive more bytes into scratch (growing it when full); how many came."""
+    def _fill(self, cap: int | None = MAX_HEAD) -> int:
+        """Receive more bytes into scratch (growing it when full, up to ``cap`` bytes for a
+        head or a line; a chunk's data has no cap); how many came."""
         if self._n == len(self._scratch):
-            if self._n >= MAX_HEAD:
+            if cap is not None and self._n >= cap:
                 raise ValueError("response head over 1 MiB")
             self._scratch.extend(bytes(len(self._scratch)))
         got = self.sock.recv_into(memoryview(self._scratch)[self._n :])
@@ -226,7 +257,7 @@ class Connection:
         parts: list[bytes] = []
         while size := chunk_size(self._line()):
             while self._n < size + 2:
-                self._fill()
+                self._fill(cap=None)
             parts.append(bytes(self._scratch[:size]))
             self._consume(size + 2)
         while self._line():  # trailers, up to an empty line

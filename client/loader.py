@@ -48,17 +48,16 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-import pyarrow as pa
 import torch
 from tensordict import TensorDictBase
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..codec import arrow
 from . import commands as C
 from . import errors
 from .core import ClientSettings
 from .staging import Slot as _Slot
 from .staging import check_device as _check_device
+from .streams import one_batch_streams
 from .tensorclass import to_tensorclass
 from .transport import Transport
 
@@ -281,17 +280,16 @@ class _Pipeline:
             transport = loader.client._transports[0]
             while not self._stop.is_set():
                 cmd = C.Stream(loader.table, loader.batch_size, command_count, wait)
-                with transport.open_stream(cmd.request()) as resp:
+                with transport.open_stream(cmd.request()) as chunks:
+                    got = 0
                     try:
-                        reader = pa.ipc.open_stream(resp)
-                        got = 0
-                        for rb in reader:
+                        for body in one_batch_streams(chunks):
                             got += 1
-                            td = arrow.from_record_batch(rb)
+                            td = C.decode_batch(body)  # sliced at the layout's offsets
                             if not self._claim():
                                 return
                             self._ready.put(self._stage(td, None, stream))
-                    except (pa.ArrowInvalid, arrow.CodecError, OSError) as err:
+                    except ValueError as err:
                         raise errors.ProtocolError(f"bad sample stream: {err}") from None
                 if got == 0:  # the server ends a stream early when a sample times out
                     raise errors.RateLimitTimeout(

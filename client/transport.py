@@ -8,8 +8,8 @@ cutting ``http.client``'s per-call head building and ``email``-package
 parsing, a third of a one-item sample's client time. Bodies are received
 straight into a buffer the command chose (:attr:`Request.alloc`), so the
 loader can reuse its buffers (pinned memory on CUDA hosts) instead of
-allocating per batch. Chunked streams (:meth:`Transport.open_stream`) are
-read incrementally through ``http.client``.
+allocating per batch. Chunked streams (:meth:`Transport.open_stream`) are read
+chunk by chunk on a connection of their own (:mod:`tdreplay.client.streams`).
 
 One :class:`Transport` per server; thread safe: each call takes an idle
 connection (or opens one), and puts it back when the answer was read whole.
@@ -17,7 +17,6 @@ connection (or opens one), and puts it back when the answer was read whole.
 
 from __future__ import annotations
 
-import http.client
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -196,60 +195,36 @@ class Transport:
             conn.close()
         return Response(status, headers, body)
 
-    def _stream_conn(self) -> http.client.HTTPConnection:
-        e = self.endpoint
-        conn: http.client.HTTPConnection
-        if e.tls:
-            conn = http.client.HTTPSConnection(e.host, e.port, timeout=self.connect_timeout)
-        else:
-            conn = http.client.HTTPConnection(e.host, e.port, timeout=self.connect_timeout)
-        try:
-            conn.connect()
-        except TimeoutError:
-            conn.close()
-            raise errors.Timeout(
-                f"connecting to {e.url} took over {self.connect_timeout}s", url=e.url
-            ) from None
-        except OSError as err:
-            conn.close()
-            raise errors.ConnectionFailed(
-                f"cannot connect to {e.url}: {err}", url=e.url, sent=False
-            ) from None
-        return conn
-
     @contextmanager
-    def open_stream(self, req: Request) -> Iterator[http.client.HTTPResponse]:
-        """Send ``req`` and yield the unread response (for chunked streams); closes it after."""
-        conn = self._stream_conn()
+    def open_stream(self, req: Request) -> Iterator[Iterator[bytes]]:
+        """Send ``req`` on a connection of its own and yield the answer's body as it arrives
+        (the chunks of a chunked answer); the connection is closed after.
+
+        Raises:
+            ServerError: the server answered an error (its JSON body).
+            ConnectionFailed, Timeout, ProtocolError: as :meth:`execute`, also while the
+                body is read.
+        """
+        url, what = self.endpoint.url, f"{req.method} {req.target}"
+        conn = self._new()
         try:
-            assert conn.sock is not None
-            conn.sock.settimeout(self.timeout + req.wait)
-            conn.putrequest(
-                req.method,
-                self.endpoint.prefix + req.target,
-                skip_host=True,
-                skip_accept_encoding=True,
-            )
-            for name, value in head_lines(req, self.endpoint, self.token):
-                conn.putheader(name, value)
-            conn.endheaders(req.body)
-            resp = conn.getresponse()
+            head = conn.start(self.head(req), req, self.timeout + req.wait)
+            if head.status >= 400:
+                body = b"".join(conn.chunks()) if head.chunked else bytes(conn.rest(head))
+                raise errors.from_response(head.status, memoryview(body))
+            yield conn.chunks() if head.chunked else iter([bytes(conn.rest(head))])
+        except errors.ReplayError:  # the server's own error (RateLimitTimeout is a TimeoutError)
+            raise
         except TimeoutError:
-            conn.close()
             raise errors.Timeout(
-                f"no answer from {self.endpoint.url}", url=self.endpoint.url
+                f"{what}: no answer from {url} within the timeout", url=url
             ) from None
-        except (OSError, http.client.HTTPException) as err:
-            conn.close()
+        except ValueError as err:
+            raise errors.ProtocolError(f"{what}: bad answer from {url}: {err}", url=url) from None
+        except OSError as err:
             raise errors.ConnectionFailed(
-                f"{req.method} {req.target}: {self.endpoint.url}: {err!r}",
-                url=self.endpoint.url,
-                sent=True,
+                f"{what}: connection to {url} lost: {err!r}", url=url, sent=True
             ) from None
-        try:
-            if resp.status >= 400:
-                raise errors.from_response(resp.status, resp.read())
-            yield resp
         finally:
             conn.close()
 

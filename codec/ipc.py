@@ -81,6 +81,10 @@ def _message_end(body: Body, pos: int) -> int | None:
     return pos + 8 + length
 
 
+#: where the metadata of the message at a position ends (public name for the client)
+message_end = _message_end
+
+
 def metadata_len(body: Body) -> int | None:
     """Bytes before the first column: the schema message and the record batch's metadata.
 
