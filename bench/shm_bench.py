@@ -38,7 +38,6 @@ other work shares the cores; compare ratios within one run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
@@ -53,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import common  # bench/ on sys.path
-from common import cpu_seconds, entry, free_port, machine, schemas, write_json
+from common import cpu_seconds, entry, free_port, machine, schemas, stop, write_json
 
 HERE = Path(__file__).resolve().parent
 MARK = "@@ "  # a worker's protocol lines on stdout start with this
@@ -244,17 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                         runs.setdefault((workload, case), []).append(got)
                 print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         finally:
-            for proc in procs[::-1]:
-                if proc.stdin is not None:  # a worker: ends when its stdin does
-                    with contextlib.suppress(OSError):
-                        proc.stdin.close()
-                else:
-                    proc.terminate()
-            for proc in procs[::-1]:
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop(procs)
     info["loadavg_end"] = os.getloadavg()
     return report(args, info, fields, runs, time.perf_counter() - t_start)
 

@@ -254,15 +254,7 @@ class Connection:
         return line
 
     def _chunked(self) -> memoryview:
-        parts: list[bytes] = []
-        while size := chunk_size(self._line()):
-            while self._n < size + 2:
-                self._fill(cap=None)
-            parts.append(bytes(self._scratch[:size]))
-            self._consume(size + 2)
-        while self._line():  # trailers, up to an empty line
-            pass
-        return memoryview(b"".join(parts))
+        return memoryview(b"".join(self.chunks()))
 
     def _until_eof(self) -> memoryview:
         parts = [bytes(self._scratch[: self._n])]

@@ -76,10 +76,8 @@ def _message_length(buf: bytearray) -> int:
     reader = pa.BufferReader(pa.py_buffer(bytes(buf)))
     try:
         pa.ipc.read_message(reader)
-    except (OSError, EOFError):  # its body is not all here yet
-        return 0
-    except pa.ArrowInvalid as err:
-        if "Expected to" in str(err) or "read" in str(err).lower():
-            return 0
+    except pa.ArrowInvalid as err:  # the metadata is all here: it is not a message
         raise ValueError(f"not an Arrow IPC message: {err}") from None
+    except OSError:  # its body is not all here yet ("expected to be able to read ...")
+        return 0
     return int(reader.tell())
