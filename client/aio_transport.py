@@ -186,13 +186,13 @@ class _Protocol(asyncio.BufferedProtocol):
             raise ConnectionResetError("connection already closed")
         self._req, self._state, self._n = req, "head", 0
         fut = self._fut = asyncio.get_running_loop().create_future()
-        body = req.body
-        if body is not None and len(body) and len(body) <= _SCRATCH:
-            self.transport.write(head + bytes(body))
+        if req.nbytes <= _SCRATCH:  # a small body goes out with the head in one write
+            self.transport.write(b"".join((head, *req.parts)))
         else:
             self.transport.write(head)
-            if body is not None and len(body):
-                self.transport.write(body)
+            for part in req.parts:
+                if len(part):
+                    self.transport.write(part)
         await self._writable.wait()
         if self.closed and not fut.done():
             raise ConnectionResetError("connection closed while sending")

@@ -52,7 +52,8 @@ class Request:
         method: ``GET``, ``POST`` or ``DELETE``.
         target: path and query string.
         headers: extra headers (the transport adds Host, Content-Length, Authorization).
-        body: the body, if any.
+        body: the body, if any: bytes, or buffers sent one after the other
+            (an extend's columns, uncopied: :func:`tdreplay.codec.encode_parts`).
         wait: seconds the server may hold the call (rate limiter); the
             transport's read timeout is this plus its own.
         idempotent: whether sending it twice is harmless (retries after the
@@ -63,10 +64,23 @@ class Request:
     method: str
     target: str
     headers: dict[str, str] = field(default_factory=dict)
-    body: bytes | memoryview | None = None
+    body: bytes | memoryview | tuple[memoryview, ...] | None = None
     wait: float = 0.0
     idempotent: bool = True
     alloc: Alloc = fresh
+
+    @property
+    def parts(self) -> tuple[bytes | memoryview, ...]:
+        """The body as buffers to send in order (none for no body)."""
+        body = self.body
+        if body is None:
+            return ()
+        return body if isinstance(body, tuple) else (body,)
+
+    @property
+    def nbytes(self) -> int:
+        """The body's length in bytes (its Content-Length)."""
+        return sum(len(part) for part in self.parts)
 
 
 @dataclass
@@ -243,15 +257,15 @@ class Extend(Command[torch.Tensor]):
 
     def request(self) -> Request:
         if self._body is None:  # encoded once, reused by retries
-            try:
-                self._body = arrow.encode(as_batch(self.data))
+            try:  # the columns are sent from their own memory, not copied into a body
+                self._body = tuple(arrow.encode_parts(as_batch(self.data)))
             except arrow.CodecError as err:
                 raise errors.SchemaError(str(err), field=err.field, type="CodecError") from None
         return Request(
             "POST",
             _target(_table(self.table, "extend"), timeout=self.wait),
             {"Content-Type": protocol.ARROW_STREAM, protocol.REQUEST_ID: self.request_id},
-            memoryview(self._body),
+            self._body,
             wait=self.wait or 0.0,
             idempotent=True,  # thanks to the request id
         )

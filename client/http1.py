@@ -137,14 +137,8 @@ class Connection:
             length) and whether the connection may be used again.
         """
         self.sock.settimeout(timeout)
-        body = req.body
         try:
-            if body is not None and len(body) and len(body) <= _SCRATCH:
-                self.sock.sendall(head + bytes(body))
-            else:
-                self.sock.sendall(head)
-                if body is not None and len(body):
-                    self.sock.sendall(body)
+            self._send(head, req)
         except (BrokenPipeError, ConnectionResetError) as err:  # closed while idle
             raise ResetBeforeAnswer(str(err)) from None
         self._n = 0
@@ -172,9 +166,20 @@ class Connection:
         """Send ``head`` (and ``req.body``) and read the answer's head only: the body follows
         through :meth:`chunks` (a chunked answer) or :meth:`rest` (any other)."""
         self.sock.settimeout(timeout)
-        self.sock.sendall(head + bytes(req.body or b""))
+        self._send(head, req)
         self._n = 0
         return self._head()
+
+    def _send(self, head: bytes, req: Request) -> None:
+        """``head``, then the body's parts; a small body goes out with the head in one write."""
+        parts = req.parts
+        if req.nbytes <= _SCRATCH:
+            self.sock.sendall(b"".join((head, *parts)))
+            return
+        self.sock.sendall(head)
+        for part in parts:
+            if len(part):
+                self.sock.sendall(part)
 
     def chunks(self) -> Iterator[bytes]:
         """The chunks of a chunked body as they arrive."""

@@ -149,7 +149,7 @@ def run(link: ShmLink, command: C.Command[Any], *, strict: bool = False) -> Any:
         )
         return HTTP if index is None else index
     if isinstance(command, C.UpdatePriority):
-        payload = json.loads(bytes(command.request().body or b"{}"))
+        payload = json.loads(b"".join(command.request().parts) or b"{}")
         return chan.update_priority(command.table, payload)
     raise TypeError(f"the same-host transport does not carry {type(command).__name__}")
 

@@ -62,7 +62,7 @@ def head_lines(req: Request, endpoint: Endpoint, token: str | None) -> list[tupl
     if token:
         out.append(("Authorization", f"Bearer {token}"))
     out.extend(req.headers.items())
-    out.append(("Content-Length", str(len(req.body) if req.body is not None else 0)))
+    out.append(("Content-Length", str(req.nbytes)))
     return out
 
 

@@ -97,6 +97,36 @@ def refusal(status: int, error: TDReplayError, default_headers: list[tuple[bytes
     return b"".join(head) + body
 
 
+class _BodyChunks:
+    """What uvicorn accumulates a request's body chunks in, without its two copies.
+
+    uvicorn appends each chunk to a ``bytearray`` and hands the app
+    ``bytes(bytearray)``: two copies of every body byte (28 MB for an atari
+    extend of 256 steps), on top of the parser's own. This keeps the chunks as
+    they came and joins them only when the app takes them; a single chunk (the
+    usual case: reading pauses past 64 KiB until the app takes it) is handed
+    over as is. uvicorn puts a fresh ``bytearray`` back after each hand-over,
+    and :meth:`LimitedHttpProtocol.on_body` swaps it for one of these again.
+    """
+
+    __slots__ = ("chunks", "nbytes")
+
+    def __init__(self, first: bytes = b"") -> None:
+        self.chunks = [first] if first else []
+        self.nbytes = len(first)
+
+    def __iadd__(self, chunk: bytes) -> _BodyChunks:
+        self.chunks.append(chunk)
+        self.nbytes += len(chunk)
+        return self
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.chunks)
+
+
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing once a request is refused."""
 
@@ -204,6 +234,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._body_bytes > self.limits.max_body_bytes:
             self._refuse(self._body_too_large(self._body_bytes, "so far"), in_body=True)
             raise _Refused
+        cycle = self.cycle
+        if cycle is not None and not isinstance(cycle.body, _BodyChunks):
+            cycle.body = _BodyChunks(bytes(cycle.body))  # type: ignore[assignment]
         super().on_body(body)
 
     def on_message_complete(self) -> None:
