@@ -21,7 +21,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from .columns import ColumnBuffer
+from .columns import ColumnBuffer, Lent
 
 
 class ChunkBuffer:
@@ -82,10 +82,12 @@ class ChunkBuffer:
                 trajectory key), or has one it had not.
             ValueError, TypeError: a leaf's shape or dtype differs from the first step's.
         """
-        base = self.n
+        base = self._rows.n
         k = self._rows.append(step)
-        if k == 0:
+        if not k:
             return
+        if self.first_at is not None and self.end_key is None and self.episode_key is None:
+            return  # the common case, per step: a plain table's step, after the first
         try:
             if self.end_key is not None:
                 self._find_ends(base, k)
@@ -129,6 +131,13 @@ class ChunkBuffer:
                 self.boundaries.append(base + i)
             last = x
         self._last_id = last
+
+    def ready(self) -> bool:
+        """Whether :meth:`take` has a chunk now (a full one; cheaper than asking it, per step)."""
+        if self.end_key is None and self.episode_key is None:
+            return self._rows.n >= self.chunk
+        sealed = self.boundaries[-1] if self.boundaries else 0
+        return sealed >= self.chunk or (self.max_rows is not None and self.n > self.max_rows)
 
     def due(self, max_delay: float | None) -> float | None:
         """Seconds until the time limit sends what is buffered (``None``: nothing to wait for)."""
@@ -185,6 +194,20 @@ class ChunkBuffer:
             self.boundaries = [b - m for b in self.boundaries if b > m]
             self.first_at = time.monotonic() if self.n else None
         return out
+
+    def take_lent(self) -> tuple[list[TensorDictBase], Lent | None]:
+        """The chunks due now (:meth:`take`) as views, and the columns they view, now lent.
+
+        Later appends go to a second set of columns, so the chunks stay valid
+        until the lent set is given back with :meth:`reclaim` (a writer that
+        sends them in the background).
+        """
+        out = self.take(borrow=True)
+        return out, self._rows.lend() if out else None
+
+    def reclaim(self, lent: Lent | None) -> None:
+        """Give back columns :meth:`take_lent` lent, once their chunks are sent."""
+        self._rows.reclaim(lent)
 
     def unfinished(self) -> int:
         """Buffered steps past the last episode boundary (trajectory tables)."""

@@ -7,6 +7,17 @@ dtypes — and every step after it is copied straight into the next row of
 each column (one fused copy of all its leaves), after a check that it has
 the same keys, shapes and dtypes. Chunks are slices of the columns.
 
+Per step, walking a TensorDict's leaves the generic way
+(``items(include_nested=True, leaves_only=True)``) costs about as much as
+the copy; a plain ``TensorDict`` step of the first step's key tree is read
+straight from its key dicts instead (:func:`_gather_dicts`), and anything
+else (another TensorDict class, a tensorclass, a differing step) goes the
+general way, which also names what differs.
+
+A writer that sends in the background lends the columns a chunk views
+(:meth:`ColumnBuffer.lend`) and appends into a second set meanwhile; the
+lent set comes back (:meth:`ColumnBuffer.reclaim`) once the chunk is sent.
+
     >>> import torch
     >>> from tensordict import TensorDict
     >>> cols = ColumnBuffer(4)
@@ -42,8 +53,12 @@ def _dotted(key: Key) -> str:
     return key if isinstance(key, str) else ".".join(key)
 
 
-#: the key tree of a step: the names at one level, and for each the tree below it (``None``: a leaf)
-Tree = tuple[tuple[str, ...], tuple["Tree | None", ...]]
+#: a set of columns lent out (:meth:`ColumnBuffer.lend`): the columns and their row views
+Lent = tuple[list[torch.Tensor], list[list[torch.Tensor] | None]]
+
+#: the key tree of a step: the names at one level, for each the tree below it (``None``: a
+#: leaf), and whether the level holds leaves only
+Tree = tuple[tuple[str, ...], tuple["Tree | None", ...], bool]
 
 
 def _tree(keys: tuple[Key, ...]) -> Tree:
@@ -58,7 +73,7 @@ def _tree(keys: tuple[Key, ...]) -> Tree:
         if len(path) > 1:
             below[path[0]].append(path[1:] if len(path) > 2 else path[1])
     subs = tuple(_tree(tuple(below[n])) if below[n] else None for n in names)
-    return tuple(names), subs
+    return tuple(names), subs, all(sub is None for sub in subs)
 
 
 def _gather(td: TensorDictBase, tree: Tree, out: list[Any]) -> bool:
@@ -69,7 +84,7 @@ def _gather(td: TensorDictBase, tree: Tree, out: list[Any]) -> bool:
     A step with more (a non-tensor entry, which the wire format leaves out too)
     is False here and goes the slow way.
     """
-    names, subs = tree
+    names, subs, _ = tree
     i = 0
     for name, value in td.items():
         if i == len(names) or name != names[i]:
@@ -83,13 +98,37 @@ def _gather(td: TensorDictBase, tree: Tree, out: list[Any]) -> bool:
     return i == len(names)
 
 
+def _gather_dicts(entries: dict[str, Any], tree: Tree, out: list[Any]) -> bool:
+    """:func:`_gather` for a plain ``TensorDict``, read from its key dicts (``_tensordict``).
+
+    A plain TensorDict keeps its entries, nested TensorDicts included, in one
+    dict per level, in ``items()`` order: a level with the same names in the
+    same order is one tuple comparison, and its values are the leaves. Three
+    times cheaper again than :func:`_gather`; any other kind of nested entry
+    is False here (the general way handles it).
+    """
+    names, subs, flat = tree
+    if tuple(entries) != names:
+        return False
+    if flat:
+        out.extend(entries.values())
+        return True
+    for value, sub in zip(entries.values(), subs, strict=True):
+        if sub is None:
+            out.append(value)
+        elif type(value) is not TensorDict or not _gather_dicts(value._tensordict, sub, out):
+            return False
+    return True
+
+
 class ColumnBuffer:
     """Rows of steps, one tensor per leaf key, allocated once and grown only when needed.
 
     Live rows are ``[start, start + n)`` of each column; sending the front
     rows advances ``start``, and the rows left are moved to the front when the
     next append needs the room (so chunks handed out as views stay valid until
-    the next :meth:`append`).
+    the next :meth:`append`, or, once the columns are lent, until they are
+    reclaimed).
 
     Args:
         rows: rows to allocate at first (the chunk size).
@@ -104,12 +143,14 @@ class ColumnBuffer:
         self._shapes: list[torch.Size] = []
         self._dtypes: list[torch.dtype] = []
         self._cols: list[torch.Tensor] = []
+        self._capacity = 0
         self._row_views: list[list[torch.Tensor] | None] = []
         self._numpy: dict[Key, Any] = {}
+        self._spare: Lent | None = None  # a second set of columns, for lend()
 
     @property
     def capacity(self) -> int:
-        return self._cols[0].shape[0] if self._cols else 0
+        return self._capacity
 
     # ---------------------------------------------------------------- layout
     def _layout(self, keys: tuple[Key, ...], values: tuple[Any, ...], rows: bool) -> None:
@@ -185,21 +226,43 @@ class ColumnBuffer:
             for new, col in zip(self._cols, old, strict=True):
                 new[:live].copy_(col[self.start : self.start + live])
         self.start = 0
+        self._capacity = rows
         self._row_views = [None] * rows
         self._numpy = {}
+        self._spare = None  # the old size
 
     def _reserve(self, k: int) -> None:
         """Room for ``k`` more rows after the live ones."""
-        if self.start + self.n + k <= self.capacity:
+        if self.start + self.n + k <= self._capacity:
             return
-        if self.n + k <= self.capacity:  # move the live rows to the front
+        if self.n + k <= self._capacity:  # move the live rows to the front
             src = slice(self.start, self.start + self.n)
             for col in self._cols:
                 rows = col[src]
                 col[: self.n].copy_(rows.clone() if self.start < self.n else rows)
             self.start = 0
             return
-        self._allocate(max(self.rows, 2 * self.capacity, self.n + k))
+        self._allocate(max(self.rows, 2 * self._capacity, self.n + k))
+
+    def _put(self, values: Any) -> None:
+        """Copy one step's leaves (checked, in column order) into the next row."""
+        pos = self.start + self.n
+        if pos >= self._capacity:
+            self._reserve(1)
+            pos = self.start + self.n
+        views = self._row_views[pos]
+        if views is None:
+            views = self._row_views[pos] = [col[pos] for col in self._cols]
+        # one fused copy of all the leaves (a Python loop of copy_ costs 4x more);
+        # grad off: a step that requires grad must not tie the buffer to its graph
+        # (set directly: ``with torch.no_grad()`` costs a sixth of a step)
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            torch._foreach_copy_(views, values)
+        finally:
+            torch._C._set_grad_enabled(grad)
+        self.n += 1
 
     def append(self, data: Any) -> int:
         """Copy a step (batch ``[]``) or rows (batch ``[k]``, a tensorclass, a mapping) in.
@@ -211,6 +274,17 @@ class ColumnBuffer:
             KeyError: the step lacks a key of the first step, or has one more.
             ValueError, TypeError: a leaf's shape or dtype differs from the first step's.
         """
+        tree = self._tree
+        if tree is not None and type(data) is TensorDict and not data.batch_dims:
+            # the per-step fast path: a plain TensorDict shaped like the first step
+            values: list[Any] = []
+            if _gather_dicts(data._tensordict, tree, values) and self._same(values):
+                self._put(values)
+                return 1
+        return self._append_any(data)
+
+    def _append_any(self, data: Any) -> int:
+        """:meth:`append` the general way: any step or rows, checked, with errors naming what differs."""
         if is_tensorclass(data):
             data = data._tensordict  # type: ignore[union-attr]
         if isinstance(data, TensorDictBase) and data.batch_dims == 0:
@@ -224,16 +298,7 @@ class ColumnBuffer:
                 if self.keys is None:
                     self._layout(keys, values, rows=False)
                 values = self._ordered(keys, values, rows=False)
-            self._reserve(1)
-            pos = self.start + self.n
-            views = self._row_views[pos]
-            if views is None:
-                views = self._row_views[pos] = [col[pos] for col in self._cols]
-            # one fused copy of all the leaves (a Python loop of copy_ costs 4x more);
-            # no_grad: a step that requires grad must not tie the buffer to its graph
-            with torch.no_grad():
-                torch._foreach_copy_(views, values)
-            self.n += 1
+            self._put(values)
             return 1
         td = as_batch(data)
         k = td.batch_size[0]
@@ -257,7 +322,7 @@ class ColumnBuffer:
         view = self._numpy.get(key)
         if view is None:
             i = [_dotted(k) for k in self.keys].index(_dotted(key))
-            flat = self._cols[i].reshape(self.capacity, -1)
+            flat = self._cols[i].reshape(self._capacity, -1)
             try:
                 view = flat.numpy()
             except TypeError:  # a dtype numpy lacks (bfloat16): stay in torch
@@ -268,7 +333,8 @@ class ColumnBuffer:
     def front(self, m: int, *, copy: bool) -> TensorDict:
         """The first ``m`` live rows as a TensorDict (views unless ``copy``); they leave the buffer.
 
-        Views stay valid until the next :meth:`append` (which may move rows).
+        Views stay valid until the next :meth:`append` (which may move rows),
+        or, after :meth:`lend`, until the lent columns are reclaimed.
         """
         assert self.keys is not None and 0 < m <= self.n
         rows = slice(self.start, self.start + m)
@@ -282,8 +348,46 @@ class ColumnBuffer:
             self.clear()
         return out
 
+    # ---------------------------------------------------------------- lending
+    def lend(self) -> Lent | None:
+        """Set the columns aside for the views :meth:`front` handed out; append into a second set.
+
+        The live rows (an unfinished episode) move to the second set (the
+        spare a :meth:`reclaim` gave back, or a new one), so the lent views
+        stay as they are while they are sent. Nothing changes for the caller
+        but where the rows are.
+
+        Returns:
+            The lent set, for :meth:`reclaim` (``None``: no columns yet).
+        """
+        if not self._cols:
+            return None
+        lent: Lent = (self._cols, self._row_views)
+        if self._spare is not None:
+            cols, views = self._spare
+        else:
+            cols, views = [torch.empty_like(c) for c in self._cols], [None] * self._capacity
+        self._spare = None
+        if self.n:
+            with torch.no_grad():
+                for new, col in zip(cols, self._cols, strict=True):
+                    new[: self.n].copy_(col[self.start : self.start + self.n])
+        self._cols, self._row_views, self._numpy, self.start = cols, views, {}, 0
+        return lent
+
+    def reclaim(self, lent: Lent | None) -> None:
+        """Take back a set :meth:`lend` gave out (nothing views it any more) as the spare."""
+        if lent is None or not self._cols:
+            return
+        cols = lent[0]
+        if len(cols) == len(self._cols) and all(
+            c.shape == o.shape and c.dtype == o.dtype for c, o in zip(cols, self._cols, strict=True)
+        ):
+            self._spare = lent  # else the buffer grew meanwhile: let it go
+
     def clear(self) -> None:
         """Forget the live rows; a buffer grown far past its first size is given back."""
         self.start = self.n = 0
-        if self.capacity > 4 * self.rows:
-            self._cols, self._row_views, self._numpy = [], [], {}
+        if self._capacity > 4 * self.rows:
+            self._cols, self._row_views, self._numpy, self._spare = [], [], {}, None
+            self._capacity = 0

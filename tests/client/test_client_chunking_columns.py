@@ -64,3 +64,117 @@ def test_non_tensor_entries_are_left_out_as_on_the_wire() -> None:
     chunk = cols.front(2, copy=True)
     assert set(chunk.keys(True, True)) == {"x", ("sub", "y")}
     assert chunk["sub", "y"].tolist() == [0, 1]
+
+
+def test_later_steps_take_the_fast_path_and_differing_ones_the_checked_way() -> None:
+    """After the first step, a plain TensorDict of the same key tree is read from its key dicts;
+    any other step (another order, a tensorclass, a lazy stack inside) still goes in, checked."""
+    from tensordict import LazyStackedTensorDict, tensorclass
+
+    @tensorclass
+    class Step:
+        id: torch.Tensor
+        next: TensorDict
+
+    cols = ColumnBuffer(8)
+    cols.append(step(0))
+    cols.append(step(1))  # the fast path
+    cols.append(TensorDict({"next": {"done": torch.tensor([True])}, "id": torch.tensor(2)}, []))
+    lazy = LazyStackedTensorDict(TensorDict({"done": torch.tensor(False)}, []), stack_dim=0)
+    cols.append(TensorDict({"id": torch.tensor(3), "next": lazy}, []))  # done: [1] as well
+    cols.append(Step(id=torch.tensor(4), next=TensorDict({"done": torch.tensor([True])}, [])))
+    cols.append(step(5))
+    chunk = cols.front(6, copy=True)
+    assert chunk["id"].tolist() == [0, 1, 2, 3, 4, 5]
+    assert chunk["next", "done"].flatten().tolist() == [False, False, True, False, True, False]
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "match"),
+    [
+        (
+            lambda: step(1).set("id", torch.zeros(2, dtype=torch.int64)),
+            ValueError,
+            r"'id' has shape \[2\]",
+        ),
+        (lambda: step(1).set("id", torch.tensor(1.0)), TypeError, r"'id' has dtype torch\.float32"),
+        (
+            lambda: step(1).set(("next", "done"), torch.tensor([1])),
+            TypeError,
+            r"'next\.done' has dtype",
+        ),
+        (lambda: step(1).set(("next", "x"), torch.tensor(1)), KeyError, r"has key.*next\.x"),
+        (
+            lambda: TensorDict({"id": torch.tensor(1), "next": {}}, []),
+            KeyError,
+            r"lacks key.*next\.done",
+        ),
+        (
+            lambda: TensorDict({"id": torch.tensor(1), "next": torch.tensor(0)}, []),
+            KeyError,
+            r"lacks",
+        ),
+    ],
+)
+def test_a_step_unlike_the_first_falls_back_and_is_refused_naming_what_differs(
+    bad: object, error: type[Exception], match: str
+) -> None:
+    cols = ColumnBuffer(4)
+    cols.append(step(0))
+    cols.append(step(1))
+    with pytest.raises(error, match=match):
+        cols.append(bad())  # type: ignore[operator]
+    assert cols.n == 2  # nothing changed
+    cols.append(step(2))  # and the fast path goes on
+    assert cols.front(3, copy=True)["id"].tolist() == [0, 1, 2]
+
+
+def test_a_batch_is_never_taken_for_one_step() -> None:
+    """A ``[k]`` batch whose leaves have the step's shapes (one row each of one dim less) is refused."""
+    cols = ColumnBuffer(4)
+    cols.append(TensorDict({"x": torch.zeros(3)}, []))
+    with pytest.raises(ValueError, match=r"'x' has shape \[\]"):
+        cols.append(TensorDict({"x": torch.ones(3)}, [3]))
+    assert cols.n == 1
+
+
+def test_the_fast_path_copies_without_the_graph_and_keeps_grad_mode() -> None:
+    cols = ColumnBuffer(2)
+    x = torch.ones(3, requires_grad=True)
+    cols.append(TensorDict({"x": x * 1}, []))
+    cols.append(TensorDict({"x": x * 2}, []))  # the fast path
+    assert torch.is_grad_enabled()
+    chunk = cols.front(2, copy=False)
+    assert not chunk["x"].requires_grad and chunk["x"].tolist() == [[1.0] * 3, [2.0] * 3]
+
+
+def test_lent_columns_stay_as_they_are_until_reclaimed_and_are_reused() -> None:
+    cols = ColumnBuffer(4)
+    for i in range(5):
+        cols.append(step(i))
+    first = [c.data_ptr() for c in cols._cols]
+    sent = cols.front(4, copy=False)  # rows 0..3 as views
+    lent = cols.lend()  # row 4 moves to a second set of columns
+    for i in range(5, 8):  # without lend() these would overwrite rows 0..3
+        cols.append(step(i))
+    assert sent["id"].tolist() == [0, 1, 2, 3]
+    second = [c.data_ptr() for c in cols._cols]
+    assert second != first
+    cols.reclaim(lent)  # sent: the first set is the spare now
+    cols.front(2, copy=False)
+    cols.reclaim(cols.lend())
+    assert [c.data_ptr() for c in cols._cols] == first  # the two sets take turns
+    assert cols.front(2, copy=True)["id"].tolist() == [6, 7]
+
+
+def test_a_lent_set_of_the_old_size_is_let_go() -> None:
+    cols = ColumnBuffer(2)
+    for i in range(2):
+        cols.append(step(i))
+    cols.front(2, copy=False)
+    lent = cols.lend()
+    for i in range(2, 7):  # the buffer grows past the lent set's size
+        cols.append(step(i))
+    cols.reclaim(lent)
+    assert cols._spare is None
+    assert cols.front(5, copy=True)["id"].tolist() == [2, 3, 4, 5, 6]
