@@ -19,6 +19,11 @@ TensorDicts, one torch thread. Workloads, for cartpole and atari:
   the very bytes of a tdreplay sample of that size (or reading the same
   Arrow extend body) into a reused buffer, without decoding them: what is
   left of a call when the replay work and the decode are taken out;
+* **raw HTTP + gather** (atari b256): the same, the bare app first gathering
+  the batch's two frame columns from memmap files into the body with
+  ``index_select``, as the memmap backend does: the least a sample of 14 MB
+  costs here (its memory traffic is the gather's, the socket's and the
+  client's copies);
 * **TorchRL**: ``ReplayBuffer(LazyTensorStorage, RandomSampler)`` of the
   same items in the client process, ``rb.sample(n)``, ``rb.extend(rows)``,
   ``rb.add(step)`` per step (the in-process buffer tdreplay replaces).
@@ -76,6 +81,7 @@ WORKLOADS: list[tuple[str, str, str, float | None]] = [
     ("atari sample b32", "atari sample b32", "raw http: atari sample b32", None),
     ("atari sample b32", "atari sample b32", "torchrl: atari sample b32", None),
     ("atari sample b256", "atari sample b256", "raw http: atari sample b256", 0.7),
+    ("atari sample b256", "atari sample b256", "raw http + gather: atari sample b256", None),
     ("atari sample b256", "atari sample b256", "torchrl: atari sample b256", None),
     ("atari loader b256", "atari loader b256", "torchrl: atari sample b256", None),
     ("cartpole writer(chunk=256)", "cartpole writer", "torchrl: cartpole add", None),
@@ -95,7 +101,7 @@ GROUPS: list[list[str]] = [
      "raw http: cartpole sample b256", "torchrl: cartpole sample b256"],
     [f"{TR}: atari sample b32", "raw http: atari sample b32", "torchrl: atari sample b32"],
     [f"{TR}: atari sample b256", f"{TR}: atari loader b256", "raw http: atari sample b256",
-     "torchrl: atari sample b256"],
+     "raw http + gather: atari sample b256", "torchrl: atari sample b256"],
     [f"{TR}: cartpole writer", f"{TR}: cartpole extend b256", "raw http: cartpole extend b256",
      "torchrl: cartpole extend b256", "torchrl: cartpole add"],
     [f"{TR}: atari writer", f"{TR}: atari extend b256", "raw http: atari extend b256",
@@ -132,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             # buffers and glibc"): without it, large bodies flip between two speeds
             malloc = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
             raw = subprocess.Popen(
-                [sys.executable, "-c", RAW_APP, str(raw_port)], env={**os.environ, **malloc}
+                [sys.executable, "-c", RAW_APP, str(raw_port), str(work)],
+                env={**os.environ, **malloc},
             )
             procs.append(raw)
             url, raw_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{raw_port}"

@@ -20,6 +20,10 @@ and the in-run baselines, built only when asked for (``"baselines": true``)::
     raw http: {t} sample b{n}             http.client reading the very bytes of a tdreplay
                                           sample of that size from a bare Starlette app,
                                           into a reused buffer, no decode
+    raw http + gather: atari sample b256  the same, the bare app first gathering the batch's
+                                          large columns (index_select of random rows of
+                                          memmap files, as tdreplay's memmap backend) into
+                                          the body: the least a sample costs on the machine
     raw http: {t} extend b256             http.client posting the same Arrow body to it
     torchrl: {t} sample b{n}              ReplayBuffer(LazyTensorStorage, RandomSampler),
                                           in process, rb.sample(n)
@@ -45,6 +49,8 @@ LOADERS = {"cartpole": (1, 32, 256), "atari": (256,)}
 STREAMS = {"cartpole": (1,), "atari": ()}
 FILL = {"cartpole": 10_000, "atari": 4096}
 CHUNK = 256  # writer(chunk=256) and extends of 256 rows
+GATHERED = {("atari", 256)}  # the samples that also get a "raw http + gather" baseline
+DTYPE_BYTES = {"uint8": 1, "bool": 1, "int64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 PREFETCH = 4
 ARROW = "application/vnd.apache.arrow.stream"
 
@@ -65,8 +71,34 @@ async def sink(request):
     return Response(b'{"rows": %d}' % len(body), media_type="application/json")
 async def ready(request):
     return Response(b"ok")
+import numpy as np, torch
+torch.set_num_threads(1)
+gathers = {}
+async def gather_put(request):
+    q = request.query_params  # columns of random rows in memmap files, and a body to gather into
+    rows, cols = int(q["capacity"]), [int(b) for b in q["row_bytes"].split(",")]
+    name, folder = request.path_params["name"], sys.argv[2]
+    files = [np.memmap(f"{folder}/{name}-{i}.memmap", dtype=np.uint8, mode="w+", shape=(rows, b))
+             for i, b in enumerate(cols)]
+    for f in files:
+        f[:] = np.random.default_rng(0).integers(0, 256, f.shape, dtype=np.uint8)
+    body = np.frombuffer(bytearray(await request.body()), dtype=np.uint8)
+    n, at, outs = int(q["n"]), 0, []
+    for b in cols:
+        outs.append(torch.from_numpy(body[at : at + n * b]).view(n, b))
+        at += n * b
+    gathers[name] = ([torch.from_numpy(np.asarray(f)) for f in files], outs, body, rows, n)
+    return Response(b"{}", media_type="application/json")
+async def gather(request):
+    cols, outs, body, rows, n = gathers[request.path_params["name"]]
+    index = torch.randint(0, rows, (n,))
+    for t, out in zip(cols, outs):
+        torch.index_select(t, 0, index, out=out)
+    return Response(memoryview(body), media_type="ARROW_TYPE")
 app = Starlette(routes=[Route("/bytes/{name}", put, methods=["PUT"]),
                         Route("/bytes/{name}", get, methods=["POST"]),
+                        Route("/gather/{name}", gather_put, methods=["PUT"]),
+                        Route("/gather/{name}", gather, methods=["POST"]),
                         Route("/sink", sink, methods=["POST"]), Route("/readyz", ready)])
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
             loop="uvloop", http="httptools", access_log=False, timeout_keep_alive=3600)
@@ -157,7 +189,7 @@ def make_cases(cfg: dict[str, Any]) -> dict[str, Case]:
                 lambda c=client, t=t: c.extend(t, chunks[t]), CHUNK
             )
     if cfg.get("raw_url"):
-        cases.update(raw_cases(cfg["url"], cfg["raw_url"], tables, chunks))
+        cases.update(raw_cases(cfg["url"], cfg["raw_url"], fields, chunks))
     if cfg.get("torchrl"):
         cases.update(torchrl_cases(fields, chunks, steps))
     return cases
@@ -180,9 +212,12 @@ def writer_case(client: Any, table: str, steps: list[Any]) -> Case:
     return Case(call, len(steps), finish=writer.flush)
 
 
-def raw_cases(url: str, raw_url: str, tables: list[str], chunks: dict) -> dict[str, Case]:
+def raw_cases(url: str, raw_url: str, fields: dict, chunks: dict) -> dict[str, Case]:
+    import math
+
     from tdreplay.codec import encode
 
+    tables = list(fields)
     src, raw = RawHTTP(url), RawHTTP(raw_url)
     cases: dict[str, Case] = {}
     for t in tables:
@@ -192,6 +227,14 @@ def raw_cases(url: str, raw_url: str, tables: list[str], chunks: dict) -> dict[s
             cases[f"raw http: {t} sample b{n}"] = Case(
                 lambda p=f"/bytes/{t}-{n}": raw.call("POST", p), n
             )
+            if (t, n) in GATHERED:
+                big = [math.prod(s) * DTYPE_BYTES[d] for s, d in fields[t].values()]
+                big = [b for b in big if b >= 1024]  # the columns a gather costs anything for
+                query = f"capacity={FILL[t]}&n={n}&row_bytes={','.join(map(str, big))}"
+                raw.call("PUT", f"/gather/{t}-{n}?{query}", body)
+                cases[f"raw http + gather: {t} sample b{n}"] = Case(
+                    lambda p=f"/gather/{t}-{n}": raw.call("POST", p), n
+                )
         body = encode(chunks[t]).to_pybytes()
         cases[f"raw http: {t} extend b{CHUNK}"] = Case(
             lambda b=body: raw.call("POST", "/sink", b, {"Content-Type": ARROW}), CHUNK
