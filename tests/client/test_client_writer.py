@@ -11,6 +11,8 @@ from tensordict import TensorDict
 from testkit import unique
 
 from tdreplay.client import ReplayClient
+from tdreplay.client.errors import SchemaError
+from tdreplay.client.writer import Writer
 
 FIELDS = {"x": {"shape": [], "dtype": "int64"}, "next.done": {"shape": [1], "dtype": "bool"}}
 TRAJ = {
@@ -45,7 +47,8 @@ def test_chunks_and_close(client: ReplayClient) -> None:
     with client.writer(name, chunk=4, max_delay=None) as w:
         for i in range(10):
             w.append(step(i))
-            assert client.info(name)["size"] == 4 * ((i + 1) // 4)
+            assert w.wait_sent(4 * ((i + 1) // 4), timeout=30)  # full chunks go in the background
+            assert client.info(name)["size"] == w.sent_rows == 4 * ((i + 1) // 4)
     assert w.sent_chunks == 3 and w.sent_rows == 10
     assert client.info(name)["size"] == 10
     assert sorted(client.sample(name, 64)["x"].unique().tolist()) == list(range(10))
@@ -79,14 +82,18 @@ def slice_table(client: ReplayClient, **sampler: Any) -> str:
     )
 
 
+@pytest.mark.parametrize("background", [False, True])
 @pytest.mark.parametrize("by", ["end_key", "traj_key"])
-def test_trajectory_rule_with_interleaved_collectors(client: ReplayClient, by: str) -> None:
+def test_trajectory_rule_with_interleaved_collectors(
+    client: ReplayClient, by: str, background: bool
+) -> None:
     """Two collectors write episodes at once; every sampled slice stays in one episode."""
     name = slice_table(client, **({"traj_key": "episode"} if by == "traj_key" else {}))
     barrier = threading.Barrier(2)
 
     def collect(worker: int) -> None:
-        with client.writer(name, chunk=4, max_delay=None) as w:
+        key = {"episode_key": "episode"} if by == "traj_key" else {}
+        with Writer(client, name, chunk=4, max_delay=None, background=background, **key) as w:
             for e in range(6):
                 episode = worker * 100 + e
                 length = 5 + (e % 3)
@@ -138,20 +145,26 @@ def test_a_dropped_writer_stops_its_timer(client: ReplayClient) -> None:
     assert not timer.is_alive()
 
 
-def test_steps_are_copied_into_columns_allocated_once(client: ReplayClient) -> None:
+@pytest.mark.parametrize("background", [False, True])
+def test_steps_are_copied_into_columns_allocated_once(
+    client: ReplayClient, background: bool
+) -> None:
     """A collector may reuse one step object, writing each new step into it in place."""
     name = table(client)
     step0 = step(0, done=True)
-    with client.writer(name, chunk=4, max_delay=None) as w:
+    with Writer(client, name, chunk=4, max_delay=None, background=background) as w:
         w.append(step0)
         buf = w._buffer
         assert buf is not None
-        columns = [t.data_ptr() for t in buf._rows._cols]
+        columns = {tuple(t.data_ptr() for t in buf._rows._cols)}
         for i in range(1, 13):
             step0["x"].fill_(i)  # the same tensors, new values: copied at append
             step0["next", "done"].fill_(i % 5 == 0)
             w.append(step0)
-        assert [t.data_ptr() for t in buf._rows._cols] == columns  # no allocation per chunk
+            columns.add(tuple(t.data_ptr() for t in buf._rows._cols))
+        # no allocation per chunk (in the background: the columns being filled and
+        # those being sent take turns)
+        assert len(columns) == (2 if background else 1)
     batch = client.sample(name, 256)
     assert sorted(batch["x"].unique().tolist()) == list(range(13))
     assert torch.equal(batch["next", "done"].squeeze(-1), batch["x"] % 5 == 0)
@@ -186,10 +199,13 @@ def test_a_step_unlike_the_first_is_refused_at_append(client: ReplayClient) -> N
     assert sorted(client.sample(name, 64)["x"].unique().tolist()) == [0, 2]
 
 
-def test_trajectory_rows_move_to_the_front_between_chunks(client: ReplayClient) -> None:
+@pytest.mark.parametrize("background", [False, True])
+def test_trajectory_rows_move_to_the_front_between_chunks(
+    client: ReplayClient, background: bool
+) -> None:
     """Unfinished episodes stay in the buffer across sends; what is sent is whole and in order."""
     name = slice_table(client)
-    with client.writer(name, chunk=4, max_delay=None) as w:
+    with Writer(client, name, chunk=4, max_delay=None, background=background) as w:
         x = 0
         for e, length in enumerate([3, 6, 2, 7, 5, 4, 9]):
             for t in range(length):
@@ -199,3 +215,101 @@ def test_trajectory_rows_move_to_the_front_between_chunks(client: ReplayClient) 
     batch = client.sample(name, 256)
     order = batch["index"].argsort()
     assert torch.equal(batch["x"][order], batch["index"][order])  # row i went to slot i
+
+
+# ------------------------------------------------------------------ in the background
+def in_slot_order(client: ReplayClient, name: str) -> list[int]:
+    batch = client.sample(name, 512)
+    order = batch["index"].argsort()
+    return batch["x"][order].unique_consecutive().tolist()
+
+
+def test_background_sends_keep_the_order(client: ReplayClient) -> None:
+    name = table(client)
+    with Writer(client, name, chunk=4, max_delay=None, background=True) as w:
+        for i in range(50):
+            w.append(step(i))
+        w.append(torch.stack([step(i) for i in range(50, 61)]))  # several chunks at once
+    assert w.sent_rows == 61 and w.sent_chunks == 16
+    assert in_slot_order(client, name) == list(range(61))  # row i went to slot i
+
+
+def test_flush_returns_once_the_chunk_in_flight_and_the_rest_are_acknowledged(
+    client: ReplayClient,
+) -> None:
+    name = table(client)
+    w = Writer(client, name, chunk=4, max_delay=None, background=True)
+    for i in range(6):
+        w.append(step(i))  # 0..3 go to the sender, 4..5 wait
+    w.flush()
+    assert w.sent_rows == 6 and client.info(name)["size"] == 6
+    for i in range(6, 10):
+        w.append(step(i))
+    w.close()
+    assert client.info(name)["size"] == 10 and in_slot_order(client, name) == list(range(10))
+
+
+def bad_step(x: int) -> TensorDict:
+    return step(x).set("extra", torch.zeros(2))  # the writer takes it; the table does not
+
+
+def test_an_error_of_a_background_send_is_raised_by_the_next_append(client: ReplayClient) -> None:
+    name = table(client)
+    w = Writer(client, name, chunk=2, max_delay=None, background=True)
+    for i in range(2):
+        w.append(bad_step(i))  # chunk 1 goes to the sender
+    for i in range(2, 4):
+        w.append(bad_step(i))  # chunk 2 waits for chunk 1 to be done (its error kept)
+    with pytest.raises(SchemaError, match="extra"):
+        w.append(bad_step(4))
+    with pytest.raises(SchemaError, match="extra"):
+        w.flush()  # chunk 2's error: flush waits for it
+    w.close(discard=True)
+    assert client.info(name)["size"] == 0
+
+
+@pytest.mark.parametrize("end", ["flush", "close", "wait_sent"])
+def test_an_error_of_a_background_send_is_raised_by_flush_close_and_wait_sent(
+    client: ReplayClient, end: str
+) -> None:
+    name = table(client)
+    w = Writer(client, name, chunk=2, max_delay=None, background=True)
+    for i in range(3):
+        w.append(bad_step(i))
+    with pytest.raises(SchemaError, match="extra"):
+        if end == "wait_sent":
+            w.wait_sent(2, timeout=30)
+        else:
+            getattr(w, end)()
+    w.close(discard=True)
+
+
+def test_leaving_with_on_an_exception_discards_what_is_unsent(client: ReplayClient) -> None:
+    name = table(client)
+    with (
+        pytest.raises(RuntimeError, match="collector crashed"),
+        Writer(client, name, chunk=4, max_delay=None, background=True) as w,
+    ):
+        for i in range(6):
+            w.append(step(i))  # 0..3 were handed to the sender: they are sent
+        raise RuntimeError("collector crashed")
+    assert client.info(name)["size"] == 4 and w.sent_rows == 4
+    with pytest.raises(RuntimeError, match="closed"):
+        w.append(step(0))
+
+
+def test_the_default_sends_in_the_background_over_shm_only(
+    server: Any, client: ReplayClient
+) -> None:
+    name = table(client)
+    with (
+        ReplayClient(server.url, transport="http") as http,
+        http.writer(name, chunk=2, max_delay=None) as w,
+    ):
+        w.append(step(0))
+        w.append(step(1))
+        assert client.info(name)["size"] == 2  # acknowledged by the append that filled it
+    assert w.background is False
+    with client.writer(name, chunk=2, max_delay=None) as w:
+        w.append(step(2))
+    assert w.background is (client.transport == "shm")
