@@ -28,9 +28,13 @@ from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from ..codec import arrow, protocol
 from ..codec.ipc import LayoutDecoder
+from ..codec.parts import LayoutEncoder
 from . import errors
 
 T = TypeVar("T")
+
+#: extend bodies: layouts sent again and again are encoded without pyarrow (codec.parts)
+ENCODER = LayoutEncoder()
 
 #: ``alloc(n)`` returns a writable buffer of exactly ``n`` bytes to receive a body into
 Alloc = Callable[[int], memoryview]
@@ -258,7 +262,7 @@ class Extend(Command[torch.Tensor]):
     def request(self) -> Request:
         if self._body is None:  # encoded once, reused by retries
             try:  # the columns are sent from their own memory, not copied into a body
-                self._body = tuple(arrow.encode_parts(as_batch(self.data)))
+                self._body = tuple(ENCODER.encode_parts(as_batch(self.data)))
             except arrow.CodecError as err:
                 raise errors.SchemaError(str(err), field=err.field, type="CodecError") from None
         return Request(

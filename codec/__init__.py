@@ -14,7 +14,6 @@ from .arrow import (
     CodecError,
     decode,
     encode,
-    encode_parts,
     from_column,
     from_record_batch,
     read_batches,
@@ -22,6 +21,7 @@ from .arrow import (
     to_record_batch,
 )
 from .ipc import LayoutDecoder, SampleLayout
+from .parts import LayoutEncoder, encode_parts
 from .protocol import ARROW_STREAM, ERROR_STATUS
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "ERROR_STATUS",
     "CodecError",
     "LayoutDecoder",
+    "LayoutEncoder",
     "SampleLayout",
     "decode",
     "encode",

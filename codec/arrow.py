@@ -61,7 +61,7 @@ from .from_arrow import (
     read_one,
     to_leaves,
 )
-from .to_arrow import column, encode, encode_parts, to_record_batch
+from .to_arrow import column, encode, to_record_batch
 
 __all__ = [
     "MAX_COLUMNS",
@@ -76,7 +76,6 @@ __all__ = [
     "column",
     "decode",
     "encode",
-    "encode_parts",
     "from_column",
     "from_record_batch",
     "nest",
