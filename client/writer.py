@@ -490,7 +490,8 @@ class AsyncWriter(_WriterBase):
             buf.append(step)
             if waiting and not buf.waiting:
                 self._wake.set()  # the timer has a deadline now
-            await self._send(buf.take(borrow=True))
+            if buf.ready():
+                await self._send(buf.take(borrow=True))
 
     async def flush(self) -> None:
         """Send what is buffered now (trajectory tables: the whole episodes only)."""
