@@ -313,3 +313,19 @@ def test_the_default_sends_in_the_background_over_shm_only(
     with client.writer(name, chunk=2, max_delay=None) as w:
         w.append(step(2))
     assert w.background is (client.transport == "shm")
+
+
+def test_a_dropped_background_writer_stops_its_sender(client: ReplayClient) -> None:
+    import gc
+
+    name = table(client)
+    before = set(threading.enumerate())
+    w = Writer(client, name, chunk=2, max_delay=None, background=True)
+    for i in range(3):
+        w.append(step(i))
+    assert w.wait_sent(2, timeout=30)
+    (sender,) = [t for t in set(threading.enumerate()) - before if "send" in t.name]
+    del w
+    gc.collect()
+    sender.join(10)
+    assert not sender.is_alive()
