@@ -11,6 +11,7 @@ from tensordict import TensorDict
 from tdreplay.client import ClientSettings, ConnectionFailed, split_batch
 from tdreplay.client import commands as C
 from tdreplay.client.core import Call, Calls, Gather, Pause
+from tdreplay.codec import encode
 
 
 def drive(plan: Any, answer: Any, pauses: list[float] | None = None) -> Any:
@@ -214,10 +215,12 @@ def test_settings_refuse_unbounded_timeouts() -> None:
 
 
 def test_extend_request_carries_one_id_across_retries() -> None:
-    cmd = C.Extend("t", rows(4), wait=2.0)
+    data = rows(4)
+    cmd = C.Extend("t", data, wait=2.0)
     a, b = cmd.request(), cmd.request()
     assert a.headers["X-Request-Id"] == b.headers["X-Request-Id"]
-    assert a.body is not None and bytes(a.body) == bytes(b.body or b"")
+    assert a.parts and b"".join(a.parts) == b"".join(b.parts) == encode(data).to_pybytes()
+    assert a.nbytes == sum(len(p) for p in a.parts)
     assert a.target == "/v1/tables/t/extend?timeout=2.0"
     assert C.Extend("t", rows(1)).request_id != C.Extend("t", rows(1)).request_id
 
