@@ -14,6 +14,7 @@ pyarrow only: never on the service or the storage.
 """
 
 from .aio import AsyncLoader, AsyncReplayClient
+from .aio_writer import AsyncWriter
 from .core import ClientSettings, split_batch
 from .errors import (
     BackendError,
@@ -46,7 +47,7 @@ from .loader import Loader, LoaderIterator
 from .retry import NO_RETRY, RetryPolicy
 from .sync import ReplayClient
 from .tensorclass import from_fields, to_tensorclass
-from .writer import AsyncWriter, ChunkBuffer, Writer
+from .writer import ChunkBuffer, Writer
 
 __all__ = [
     "NO_RETRY",

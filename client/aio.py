@@ -29,6 +29,7 @@ import torch
 from . import commands as C
 from . import errors, shm
 from .aio_transport import AsyncTransport
+from .aio_writer import AsyncWriter
 from .base import ClientBase
 from .core import Call, ClientSettings, Gather, Pause, Plan
 from .deprecation import warn_close_deprecated
@@ -36,7 +37,6 @@ from .loader import Loader, LoaderIterator
 from .schema import load_spec
 from .stats import flatten
 from .sync import ReplayClient
-from .writer import AsyncWriter
 
 T = TypeVar("T")
 

@@ -380,10 +380,13 @@ class ReplayClient(ClientBase):
         episode_key: str | None = None,
         end_key: str | None = None,
         timeout: float | None = None,
+        background: bool | None = None,
     ) -> Writer:
         """A buffer for collectors: append steps, chunks are sent when full, late, or closed.
 
-        See :class:`~tdreplay.client.writer.Writer` for the trajectory rule.
+        See :class:`~tdreplay.client.writer.Writer` for the trajectory rule and
+        ``background`` (full chunks sent by a sender thread; default: over the
+        same-host transport only).
         """
         return Writer(
             self,
@@ -393,6 +396,7 @@ class ReplayClient(ClientBase):
             episode_key=episode_key,
             end_key=end_key,
             timeout=timeout,
+            background=background,
         )
 
     # used by the loader: sample into caller-provided buffers

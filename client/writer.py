@@ -52,8 +52,6 @@ The key comes from the table's info, or from ``episode_key=`` / ``end_key=``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
 import warnings
 import weakref
@@ -64,7 +62,6 @@ from tensordict import TensorDictBase
 
 from .chunking import ChunkBuffer, episode_keys
 from .columns import Lent
-from .deprecation import warn_close_deprecated
 from .errors import ReplayError
 
 
@@ -76,14 +73,6 @@ class ExtendClient(Protocol):
     def info(self, table: str) -> dict[str, Any]: ...
 
     def extend(self, table: str, data: Any, *, timeout: float | None = None) -> Any: ...
-
-
-class AsyncExtendClient(Protocol):
-    """An asyncio client an :class:`AsyncWriter` sends through (an ``AsyncReplayClient``)."""
-
-    async def info(self, table: str) -> dict[str, Any]: ...
-
-    async def extend(self, table: str, data: Any, *, timeout: float | None = None) -> Any: ...
 
 
 def _warn_dropped(n: int, key: str) -> None:
@@ -416,135 +405,3 @@ def _final_chunks(buf: ChunkBuffer) -> list[TensorDictBase]:
         buf.clear()
         return chunks
     return buf.take(final=True, borrow=True)
-
-
-class AsyncWriter(_WriterBase):
-    """The :class:`Writer` of :class:`~tdreplay.client.AsyncReplayClient`: ``await w.append(step)``.
-
-    Same chunking and trajectory rule; the time limit runs as an asyncio task.
-    Use ``async with client.writer(...) as w``.
-    """
-
-    def __init__(
-        self,
-        client: AsyncExtendClient,
-        table: str,
-        chunk: int = 256,
-        *,
-        max_delay: float | None = 1.0,
-        episode_key: str | None = None,
-        end_key: str | None = None,
-        timeout: float | None = None,
-    ) -> None:
-        super().__init__(
-            client,
-            table,
-            chunk,
-            max_delay=max_delay,
-            episode_key=episode_key,
-            end_key=end_key,
-            timeout=timeout,
-        )
-        self.client: AsyncExtendClient = client
-        self._lock = asyncio.Lock()
-        self._wake = asyncio.Event()
-        self._progress = asyncio.Event()
-        self._timer: asyncio.Task[None] | None = None
-
-    async def _buf(self) -> ChunkBuffer:
-        if self._buffer is None:
-            ep, end, cap = episode_keys(await self.client.info(self.table), *self._keys)
-            self._buffer = ChunkBuffer(self.chunk, episode_key=ep, end_key=end, max_rows=cap)
-            if self.max_delay is not None:
-                self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
-        return self._buffer
-
-    async def _send(self, chunks: list[TensorDictBase]) -> None:
-        for td in chunks:
-            await self.client.extend(self.table, td, timeout=self.timeout)
-            self.sent_rows += td.batch_size[0]
-            self.sent_chunks += 1
-            self._progress.set()
-
-    async def wait_sent(self, rows: int, timeout: float | None = None) -> bool:
-        """Wait until ``rows`` steps in all have been sent; whether they were within ``timeout``."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while self.sent_rows < rows:
-            self._progress.clear()
-            left = None if deadline is None else deadline - loop.time()
-            if left is not None and left <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), left)
-        return True
-
-    async def append(self, step: Any) -> None:
-        """Buffer one step (batch ``[]``) or several (``[k]``); sends the chunks that are due."""
-        if self._closed:
-            raise RuntimeError("append() on a closed writer")
-        self._raise_pending()
-        buf = await self._buf()
-        async with self._lock:
-            waiting = buf.waiting
-            buf.append(step)
-            if waiting and not buf.waiting:
-                self._wake.set()  # the timer has a deadline now
-            if buf.ready():
-                await self._send(buf.take(borrow=True))
-
-    async def flush(self) -> None:
-        """Send what is buffered now (trajectory tables: the whole episodes only)."""
-        self._raise_pending()
-        if self._buffer is not None:
-            async with self._lock:
-                await self._send(self._buffer.take(expired=True, borrow=True))
-
-    async def _timer_loop(self) -> None:
-        assert self._buffer is not None
-        while not self._closed:
-            left = self._buffer.due(self.max_delay)
-            if left is None or left > 0:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), left)
-                continue
-            try:
-                async with self._lock:
-                    await self._send(self._buffer.take(expired=True, borrow=True))
-            except Exception as err:
-                self._error = err
-                self._buffer.clear()
-
-    async def aclose(self, *, discard: bool = False) -> None:
-        """Send what is left and stop the timer (see :meth:`Writer.close`).
-
-        Args:
-            discard: drop the buffer instead of sending it.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        self._wake.set()
-        if self._timer is not None:
-            await self._timer  # it sees _closed and returns; a send in progress completes
-        buf = self._buffer
-        if buf is None:
-            return
-        if discard:
-            buf.clear()
-            return
-        self._raise_pending()
-        async with self._lock:
-            await self._send(_final_chunks(buf))
-
-    async def __aenter__(self) -> AsyncWriter:
-        return self
-
-    async def close(self, *, discard: bool = False) -> None:
-        """Deprecated alias of :meth:`aclose`, removed in the next release."""
-        warn_close_deprecated(self)
-        await self.aclose(discard=discard)
-
-    async def __aexit__(self, exc_type: object, *rest: object) -> None:
-        await self.aclose(discard=exc_type is not None)
