@@ -1,4 +1,5 @@
-"""Where the loader's batches land: reused receive buffers, and the device they go to."""
+"""Where the loader's batches land (reused receive buffers, the device they go to), and how
+far ahead its fetchers may run (prefetch credits)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,46 @@ def check_device(device: str | torch.device | None) -> torch.device | None:
                 f"{torch.cuda.device_count()} CUDA device(s)"
             )
     return dev
+
+
+class Credits:
+    """How many more batches the fetchers may fetch ahead, given back as the learner takes them.
+
+    A semaphore, with hysteresis for a stream: once the credits run out, its
+    fetcher sleeps until ``wake`` of them are back (half of ``prefetch``),
+    then fetches that many in a row. A plain semaphore wakes it for every
+    batch taken, so every small batch paid two thread wake-ups (the learner
+    waking the fetcher, the fetcher the learner): cartpole batches of
+    1 through ``loader(stream=True)`` ran at about 10k/s with ``prefetch=4``,
+    and at 13-16k/s with the hysteresis (the same run, alternating). A batch
+    per request costs far more than a wake-up: those fetchers keep ``wake=1``,
+    and the whole ``prefetch`` lookahead.
+    """
+
+    def __init__(self, n: int, *, wake: int = 1) -> None:
+        self._n = n
+        self._wake = wake
+        self._cond = threading.Condition(threading.Lock())
+        self._shut = False  # ran out: closed until ``_wake`` credits are back
+
+    def acquire(self) -> None:
+        with self._cond:
+            while self._shut or self._n == 0:
+                self._cond.wait()
+            self._n -= 1
+            if self._n == 0:
+                self._shut = True
+
+    def release(self) -> None:
+        with self._cond:
+            self._n += 1
+            if self._shut and self._n >= self._wake:
+                self._shut = False
+                self._cond.notify_all()
+
+    def open(self) -> None:
+        """Let every fetcher through (to see that the pass is over)."""
+        with self._cond:
+            self._n += 1 << 30
+            self._shut = False
+            self._cond.notify_all()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from tdreplay.client.loader import _Credits
+from tdreplay.client.staging import Credits as _Credits
 
 
 def _taker(credits: _Credits) -> threading.Thread:
