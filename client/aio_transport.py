@@ -314,6 +314,12 @@ class AsyncTransport:
 
 
 def _close(proto: _Protocol) -> None:
+    """Drop ``proto``: aborted, not closed, so that no queued part of a request goes out later.
+
+    A body's parts view the caller's tensors, and from Python 3.12 asyncio
+    queues them uncopied; ``close()`` would go on sending them after the call
+    failed, while the caller may already be changing those tensors.
+    """
     proto.closed = True
     if proto.transport is not None:
-        proto.transport.close()
+        proto.transport.abort()
