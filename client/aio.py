@@ -200,7 +200,9 @@ class AsyncReplayClient(ClientBase):
 
     # ---------------------------------------------------------------- data
     async def extend(self, table: str, data: Any, *, timeout: float | None = None) -> torch.Tensor:
-        """See :meth:`ReplayClient.extend`."""
+        """See :meth:`ReplayClient.extend`. The rows are sent from their tensors' own
+        memory: do not change them until this call has completed (a task running it
+        too)."""
         return await self._run(self._calls.extend(table, data, timeout))
 
     async def sample(

@@ -235,6 +235,9 @@ class ReplayClient(ClientBase):
         Idempotent: the request carries an ``X-Request-Id``, so a retry after a
         lost answer does not insert the rows twice.
 
+        The rows are sent from their tensors' own memory, not copied into a
+        request body first: do not change them until the call returns.
+
         Args:
             table: the table.
             data: the rows; exactly the table's keys, shapes and dtypes.

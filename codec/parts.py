@@ -169,15 +169,17 @@ class LayoutEncoder:
             return encode_parts(td)  # the codec names what is wrong
         sig = (first.shape[0], *((k, t.shape, t.dtype) for k, t in leaves.items()))
         with self._lock:
+            known = sig in self._layouts  # learnt, or found not to fit a template
             layout = self._layouts.get(sig)
-            if layout is not None:
+            if known:
                 self._layouts.move_to_end(sig)
+            if layout is not None:
+                self.hits += 1
         if layout is None:
             parts = encode_parts(td)  # the codec's checks and bytes
-            if sig not in self._layouts and self._second_sighting(sig):
+            if not known and self._second_sighting(sig):
                 self._learn(sig, leaves, b"".join(parts))
             return parts
-        self.hits += 1
         return self._fill(layout, leaves)
 
     def _second_sighting(self, sig: tuple) -> bool:
