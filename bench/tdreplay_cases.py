@@ -50,7 +50,6 @@ STREAMS = {"cartpole": (1,), "atari": ()}
 FILL = {"cartpole": 10_000, "atari": 4096}
 CHUNK = 256  # writer(chunk=256) and extends of 256 rows
 GATHERED = {("atari", 256)}  # the samples that also get a "raw http + gather" baseline
-DTYPE_BYTES = {"uint8": 1, "bool": 1, "int64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 PREFETCH = 4
 ARROW = "application/vnd.apache.arrow.stream"
 
@@ -216,6 +215,7 @@ def raw_cases(url: str, raw_url: str, fields: dict, chunks: dict) -> dict[str, C
     import math
 
     from tdreplay.codec import encode
+    from tdreplay.codec.dtypes import TORCH
 
     tables = list(fields)
     src, raw = RawHTTP(url), RawHTTP(raw_url)
@@ -228,7 +228,7 @@ def raw_cases(url: str, raw_url: str, fields: dict, chunks: dict) -> dict[str, C
                 lambda p=f"/bytes/{t}-{n}": raw.call("POST", p), n
             )
             if (t, n) in GATHERED:
-                big = [math.prod(s) * DTYPE_BYTES[d] for s, d in fields[t].values()]
+                big = [math.prod(s) * TORCH[d].itemsize for s, d in fields[t].values()]
                 big = [b for b in big if b >= 1024]  # the columns a gather costs anything for
                 query = f"capacity={FILL[t]}&n={n}&row_bytes={','.join(map(str, big))}"
                 raw.call("PUT", f"/gather/{t}-{n}?{query}", body)
