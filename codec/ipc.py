@@ -54,7 +54,7 @@ from tensordict import TensorDict, TensorDictBase
 from .dtypes import NUMPY
 from .format import SEP, NestedKey
 from .from_arrow import nest, read_one, to_leaves
-from .to_arrow import to_record_batch
+from .to_arrow import stream, to_record_batch
 
 #: the token that opens every message of an Arrow IPC stream
 CONTINUATION = 0xFFFFFFFF
@@ -123,11 +123,7 @@ class SampleLayout:
     def __init__(self, schema: Schema, n: int) -> None:
         self.n = n
         zeros = {k: torch.zeros([n, *shape], dtype=dtype) for k, (shape, dtype) in schema.items()}
-        rb = to_record_batch(zeros)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, rb.schema) as writer:
-            writer.write_batch(rb)
-        self.template = np.frombuffer(sink.getvalue(), dtype=np.uint8).copy()
+        self.template = np.frombuffer(stream(to_record_batch(zeros)), dtype=np.uint8).copy()
         header_len = _message_end(self.template.data, 0)
         if header_len is None or self.template[-len(EOS) :].tobytes() != EOS:
             raise AssertionError("unexpected Arrow IPC stream framing")

@@ -44,7 +44,7 @@ from tensordict import TensorDictBase
 
 from .format import SEP
 from .ipc import SampleLayout
-from .to_arrow import _flat_leaves, to_record_batch
+from .to_arrow import _flat_leaves, stream, to_record_batch, write_stream
 
 __all__ = ["SMALL_PART", "LayoutEncoder", "encode_parts"]
 
@@ -111,13 +111,9 @@ def encode_parts(td: TensorDictBase | Mapping[Any, torch.Tensor]) -> list[memory
     """
     rb = to_record_batch(td)
     if rb.nbytes < 4 * SMALL_PART:  # pyarrow's own sink is quicker than a Python one
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, rb.schema) as writer:
-            writer.write_batch(rb)
-        return [memoryview(sink.getvalue())]
+        return [memoryview(stream(rb))]
     kept = _Sink()
-    with pa.ipc.new_stream(pa.PythonFile(kept, mode="w"), rb.schema) as writer:
-        writer.write_batch(rb)
+    write_stream(rb, pa.PythonFile(kept, mode="w"))
     return _joined(kept.parts)
 
 

@@ -111,8 +111,17 @@ def encode(td: TensorDictBase | Mapping[Any, torch.Tensor]) -> pa.Buffer:
     Raises:
         CodecError: see :func:`to_record_batch`.
     """
-    rb = to_record_batch(td)
-    sink = pa.BufferOutputStream()
+    return stream(to_record_batch(td))
+
+
+def write_stream(rb: pa.RecordBatch, sink: Any) -> None:
+    """Write ``rb`` to ``sink`` (a pyarrow output stream) as an IPC stream of one record batch."""
     with pa.ipc.new_stream(sink, rb.schema) as writer:
         writer.write_batch(rb)
+
+
+def stream(rb: pa.RecordBatch) -> pa.Buffer:
+    """``rb`` as the bytes of an IPC stream of one record batch (:func:`write_stream`)."""
+    sink = pa.BufferOutputStream()
+    write_stream(rb, sink)
     return sink.getvalue()
