@@ -216,8 +216,14 @@ def torchrl() -> str:
     return "\n".join(lines)
 
 
+def footprint() -> str:
+    """Disk, memory, stop and reopen (``bench/footprint_bench.py --json bench/results/footprint.json``)."""
+    return entries_table("footprint.json")
+
+
 TABLES = {
     "durability-table": (durability, "durability.json"),
+    "footprint-table": (footprint, "footprint.json"),
     "shm-table": (shm, "shm.json"),
     "core-reshape-table": (refactor, "core-reshape.json"),
     "http-table": (http, "http.json"),

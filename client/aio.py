@@ -34,6 +34,7 @@ from .base import ClientBase
 from .core import Call, ClientSettings, Gather, Pause, Plan
 from .deprecation import warn_close_deprecated
 from .loader import Loader, LoaderIterator
+from .retry import NO_RETRY
 from .schema import load_spec
 from .stats import flatten
 from .sync import ReplayClient
@@ -87,21 +88,21 @@ class AsyncReplayClient(ClientBase):
         :attr:`ReplayClient.transport <tdreplay.client.ReplayClient.transport>`)."""
         return "shm" if await self._link(0) is not None else "http"
 
-    async def _link(self, shard: int) -> shm.ShmLink | None:
+    async def _link(self, shard: int, once: bool = False) -> shm.ShmLink | None:
         link = self._links[shard]
         if link is shm.UNRESOLVED:
             async with self._link_lock:
                 if self._links[shard] is shm.UNRESOLVED:
-                    self._links[shard] = await self._resolve(shard)
+                    self._links[shard] = await self._resolve(shard, once)
                 link = self._links[shard]
         return link
 
-    async def _resolve(self, shard: int) -> shm.ShmLink | None:
+    async def _resolve(self, shard: int, once: bool = False) -> shm.ShmLink | None:
         if self.settings.transport == "http":
             return None
         info, why = None, None
         try:
-            info = await self._call_http(Call(shard, C.ServerInfo()))
+            info = await self._call_http(Call(shard, C.ServerInfo(), once))
         except errors.ServerError as err:  # a server without /v1/info
             why = f"the server does not say where its socket is ({err.status})"
         return await asyncio.to_thread(shm.open_link, self.settings, shard, info, why)
@@ -112,20 +113,20 @@ class AsyncReplayClient(ClientBase):
         command = call.command
         in_doubt: errors.TransportError | None = None
         if isinstance(command, shm.COMMANDS) and self.settings.transport != "http":
-            link = await self._link(call.shard)
+            link = await self._link(call.shard, call.once)
             if link is not None:
                 try:
                     result = await asyncio.to_thread(
                         shm.run, link, command, strict=self.settings.transport == "shm"
                     )
                 except errors.TransportError as err:
+                    # the next call asks the server anew where its socket is (it may have
+                    # restarted: another process, another socket, another instance)
+                    self._links[call.shard] = shm.UNRESOLVED
                     if self.settings.transport == "shm":
                         raise
                     in_doubt = err
                     result = shm.HTTP  # the socket failed: this call goes over HTTP
-                    # and the next asks the server anew where its socket is (it may have
-                    # restarted: another process, another socket)
-                    self._links[call.shard] = shm.UNRESOLVED
                 if result is not shm.HTTP:
                     return result
         try:
@@ -134,7 +135,8 @@ class AsyncReplayClient(ClientBase):
             raise shm.in_doubt(err, in_doubt) from None
 
     async def _call_http(self, call: Call) -> Any:
-        policy, command = self.settings.retry, call.command
+        policy = NO_RETRY if call.once else self.settings.retry
+        command = call.command
         start, attempt = time.monotonic(), 0
         while True:
             attempt += 1

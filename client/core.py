@@ -93,10 +93,12 @@ class ClientSettings:
 
 @dataclass
 class Call:
-    """Run ``command`` on server number ``shard``."""
+    """Run ``command`` on server number ``shard`` (``once``: a try of a server thought
+    down, which is not retried: if it does not answer, the plan goes on elsewhere)."""
 
     shard: int
     command: C.Command[Any]
+    once: bool = False
 
 
 @dataclass
@@ -180,7 +182,7 @@ class Calls:
         self._cursor = itertools.count()
         self._lock = threading.Lock()
         self._sizes: dict[str, tuple[float, list[int], int]] = {}
-        self.shards = ShardHealth(list(settings.urls))
+        self.shards = ShardHealth(list(settings.urls), retry_every=settings.shard_refresh)
 
     def _wait(self, wait: float | None) -> float:
         return self.settings.wait if wait is None else wait
@@ -264,11 +266,12 @@ class Calls:
         command = C.Extend(table, data, wait=self._wait(wait))
         first = next(self._cursor) % self.n
         turn = [(first + k) % self.n for k in range(self.n)]
-        up = [s for s in turn if self.shards.is_up(s)]  # servers thought down: last resort
+        # servers thought down are a last resort, but for one due for a try in its turn
+        up = [s for s in turn if self.shards.usable(s)]
         order = up + [s for s in turn if s not in up]
         for k, shard in enumerate(order):
             try:
-                index = yield Call(shard, command)
+                index = yield Call(shard, command, once=not self.shards.is_up(shard))
             except errors.TransportError as err:
                 if self.n == 1:
                     raise

@@ -28,6 +28,7 @@ raises a :class:`TransportError`. The tree::
     │   └── InternalError        anything else that went wrong in the server   500
     └── TransportError           no usable answer came back
         ├── ConnectionFailed     could not connect, or the connection dropped  (ConnectionError)
+        │   └── ShmUnavailable   the same-host socket cannot be used (nothing was sent)
         ├── Timeout              connect or read took longer than the timeout  (TimeoutError)
         └── ProtocolError        the answer was not the HTTP/Arrow/JSON expected
 

@@ -2,12 +2,15 @@
 
 A server that cannot be reached is marked *down*: samples are drawn from the
 others (its share of a batch goes to them, in proportion to their sizes),
-extends go to the others, and a warning is logged once. Every
-``shard_refresh`` seconds the client asks each server for its table's size
-(it does anyway, to split samples); a down server that answers is *up*
-again, an info line says so, and it takes its share again with the data it
-kept (durable tables). :meth:`ShardHealth.status` reports each server's
-state and how often it went down.
+extends go to the others, and a warning is logged once. A down server is
+tried again every ``shard_refresh`` seconds, whatever the client does: a
+sampling client asks each server for its table's size that often (it does
+anyway, to split samples), and a writing client sends one extend in that
+many seconds to it in its turn (:meth:`ShardHealth.usable`; if it still
+does not answer, the extend goes on to the next server). A down server that
+answers is *up* again, an info line says so, and it takes its share again
+with the data it kept (durable tables). :meth:`ShardHealth.status` reports
+each server's state and how often it went down.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class _Shard:
     since: float = 0.0
     failovers: int = 0
     last_error: str | None = None
+    tried: float = 0.0  # when a call last went to it while down
 
 
 class ShardHealth:
@@ -35,14 +39,29 @@ class ShardHealth:
 
     Args:
         urls: the servers, by shard number.
+        retry_every: seconds between tries of a server that is down.
     """
 
-    def __init__(self, urls: list[str]) -> None:
+    def __init__(self, urls: list[str], retry_every: float = 1.0) -> None:
         self._shards = [_Shard(u, since=time.monotonic()) for u in urls]
         self._lock = threading.Lock()
+        self.retry_every = retry_every
 
     def is_up(self, shard: int) -> bool:
         return self._shards[shard].up
+
+    def usable(self, shard: int) -> bool:
+        """Whether a call may go to ``shard`` now: it is up, or it is down and due for a
+        try (one caller at a time gets ``True``, once every ``retry_every`` seconds)."""
+        s = self._shards[shard]
+        if s.up:
+            return True
+        now = time.monotonic()
+        with self._lock:
+            if now - max(s.since, s.tried) < self.retry_every:
+                return False
+            s.tried = now
+            return True
 
     def up(self) -> list[int]:
         """The shards thought up, in order."""

@@ -37,8 +37,10 @@ from .commands import Alloc, as_batch
 MAX_SLOTS = 256
 
 
-class ShmUnavailable(errors.TransportError):
-    """The same-host transport cannot be used here (no socket, another host, no memfd)."""
+class ShmUnavailable(errors.ConnectionFailed):
+    """The same-host transport cannot be used here (no socket, another host, another
+    server, no memfd): the request was never sent (``sent`` is false), so a sharded
+    extend may go to another server."""
 
 
 def host_id() -> str:
@@ -88,6 +90,13 @@ class Channel:
     ) -> None:
         self.timeout = timeout
         self.lease_slots = lease_slots
+        # every attribute close() reads is set before anything can fail (__del__ calls it)
+        self._slots: dict[int, _Mapped] = {}
+        #: slot numbers by (op, table, batch size), least recently used first
+        self._numbers: OrderedDict[tuple[Any, ...], list[int]] = OrderedDict()
+        self._turn: dict[tuple[Any, ...], int] = {}
+        self._free: list[int] = []
+        self._next = 0
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         try:
@@ -95,12 +104,6 @@ class Channel:
         except OSError as err:
             self.sock.close()
             raise ShmUnavailable(f"cannot connect to {path}: {err}") from None
-        self._slots: dict[int, _Mapped] = {}
-        #: slot numbers by (op, table, batch size), least recently used first
-        self._numbers: OrderedDict[tuple[Any, ...], list[int]] = OrderedDict()
-        self._turn: dict[tuple[Any, ...], int] = {}
-        self._free: list[int] = []
-        self._next = 0
         try:
             reply, _ = self.call({"op": "hello", "version": VERSION, "token": token or ""}, wait=0)
         except errors.ReplayError as err:  # refused (token, too many connections) or cut off
@@ -267,8 +270,10 @@ class Channel:
     def close(self) -> None:
         self._slots.clear()
         self._numbers.clear()
-        with contextlib.suppress(OSError):
-            self.sock.close()
+        sock = getattr(self, "sock", None)  # socket() itself may have failed (no descriptors)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
 
 
 def _fill(mapped: _Mapped, td: TensorDictBase, n: int) -> bool:

@@ -37,7 +37,7 @@ SUMS = (
     "size", "capacity", "inserts", "samples", "bytes_in", "bytes_out", "insert_headroom",
     "sample_headroom", "blocked_insert_s", "blocked_sample_s", "waiting_insert",
     "waiting_sample", "unique_sampled", "times_sampled_sum", "priority_sum", "priority_items",
-    "trajectories", "checkpoint_bytes", "shards",
+    "trajectories", "checkpoint_bytes", "shards", "reserved_bytes", "capacity_bytes",
 )  # fmt: skip
 #: the least over servers
 MINS = ("priority_min", "samples_per_insert_low")
@@ -54,6 +54,8 @@ def server_figures(stats: Mapping[str, Any], now: float | None = None) -> dict[s
     out: dict[str, Any] = {
         "size": stats["size"],
         "capacity": stats["capacity"],
+        "reserved_bytes": stats.get("reserved_bytes"),  # servers before 0.2 do not say
+        "capacity_bytes": stats.get("capacity_bytes"),
         "inserts": stats["inserts"],
         "samples": stats["samples"],
         "bytes_in": stats["bytes_in"],

@@ -29,6 +29,7 @@ from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
 from .core import Call, ClientSettings, Gather, Pause, Plan
 from .loader import Loader
+from .retry import NO_RETRY
 from .schema import load_spec
 from .stats import flatten
 from .transport import Transport
@@ -81,22 +82,22 @@ class ReplayClient(ClientBase):
         """
         return "shm" if self._link(0) is not None else "http"
 
-    def _link(self, shard: int) -> shm.ShmLink | None:
+    def _link(self, shard: int, once: bool = False) -> shm.ShmLink | None:
         link = self._links[shard]
         if link is shm.UNRESOLVED:
             with self._link_lock:
                 if self._links[shard] is shm.UNRESOLVED:
-                    self._links[shard] = self._resolve(shard)
+                    self._links[shard] = self._resolve(shard, once)
                 link = self._links[shard]
         return link
 
-    def _resolve(self, shard: int) -> shm.ShmLink | None:
+    def _resolve(self, shard: int, once: bool = False) -> shm.ShmLink | None:
         """The server's same-host link, if ``settings.transport`` allows and it is on this host."""
         if self.settings.transport == "http":
             return None
         info, why = None, None
         try:
-            info = self._call_http(Call(shard, C.ServerInfo()))
+            info = self._call_http(Call(shard, C.ServerInfo(), once))
         except errors.ServerError as err:  # a server without /v1/info
             why = f"the server does not say where its socket is ({err.status})"
         return shm.open_link(self.settings, shard, info, why)
@@ -125,18 +126,18 @@ class ReplayClient(ClientBase):
         command = call.command
         in_doubt: errors.TransportError | None = None
         if isinstance(command, shm.COMMANDS) and self.settings.transport != "http":
-            link = self._link(call.shard)
+            link = self._link(call.shard, call.once)
             if link is not None:
                 try:
                     result = shm.run(link, command, strict=self.settings.transport == "shm")
                 except errors.TransportError as err:
+                    # the next call asks the server anew where its socket is (it may have
+                    # restarted: another process, another socket, another instance)
+                    self._links[call.shard] = shm.UNRESOLVED
                     if self.settings.transport == "shm":
                         raise
                     in_doubt = err
                     result = shm.HTTP  # the socket failed: this call goes over HTTP
-                    # and the next asks the server anew where its socket is (it may have
-                    # restarted: another process, another socket)
-                    self._links[call.shard] = shm.UNRESOLVED
                 if result is not shm.HTTP:
                     return result
         try:
@@ -145,7 +146,8 @@ class ReplayClient(ClientBase):
             raise shm.in_doubt(err, in_doubt) from None
 
     def _call_http(self, call: Call) -> Any:
-        policy, command = self.settings.retry, call.command
+        policy = NO_RETRY if call.once else self.settings.retry
+        command = call.command
         start, attempt = time.monotonic(), 0
         while True:
             attempt += 1

@@ -197,6 +197,9 @@ _libc.mmap.argtypes = [
     ctypes.c_long,
 ]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+#: madvise: free the pages *and* their backing store (a hole punched in the memfd)
+MADV_REMOVE = getattr(mmap, "MADV_REMOVE", 9)
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
@@ -218,6 +221,19 @@ class SharedMap:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
         self.size = size
+        self.addr = addr
         self.buffer = (ctypes.c_char * size).from_address(addr)
         # unmapped when the buffer goes: after this object and every view of it
         weakref.finalize(self.buffer, _libc.munmap, addr, size)
+
+    def discard(self) -> None:
+        """Free the file's memory, in every process that maps it (a hole punched in it:
+        reads give zeros from then on). What another process still holds of the file
+        costs nothing until it writes there again - its own memory then, not this one's.
+
+        Raises:
+            OSError: the kernel refused (a file sealed against writes, or no hole support).
+        """
+        if _libc.madvise(self.addr, self.size, MADV_REMOVE) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))

@@ -33,7 +33,7 @@ from tdreplay.storage import TDReplayError, clean_checkpoints, lock_root
 
 from . import errors, shm, tuning
 from .bodies import BodyBuffers
-from .core import PERIODIC_BACKENDS, Core, PeriodicCheckpoints, load_tables
+from .core import Core, PeriodicCheckpoints, load_tables
 from .hotpath import HotRoutes
 from .metrics import Metrics, MetricsMiddleware, RequestHook
 from .routes import data, health, persistence, server, tables
@@ -116,9 +116,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             periodic.start()
             app.state.periodic = periodic
             log.info(
-                "checkpointing the %s tables every %g s",
-                "/".join(sorted(PERIODIC_BACKENDS)),
+                "checkpointing the tables every %g s%s",
                 settings.checkpoint_every,
+                "" if settings.checkpoint_durable else " (memmap tables need none: skipped)",
             )
         app.state.history.start()
         app.state.ready = True

@@ -208,7 +208,9 @@ class Settings(BaseSettings):
         default=600.0,
         gt=0,
         description="Seconds a socket connection may stay idle before the server ends it "
-        "(and frees its slots; the client reconnects when it needs to).",
+        "(the client reconnects when it needs to); also how long the memory of a slot the "
+        "server let go of stays readable for its client before it is reclaimed (sooner when "
+        "--shm-total-bytes needs the room).",
     )
 
     # -- performance --------------------------------------------------------
@@ -255,7 +257,22 @@ class Settings(BaseSettings):
         "is answered (survives a power loss; costs a disk flush per call).",
     )
     checkpoint_on_shutdown: bool = Field(
-        default=False, description="Checkpoint every table to <root>/checkpoints/ on shutdown."
+        default=False,
+        description="Checkpoint the tables to <root>/checkpoints/ on shutdown: memory, shared, "
+        "h5 and redis tables; memmap tables too with --checkpoint-durable (a restarted server "
+        "reopens them from their own files with every acknowledged row).",
+    )
+    checkpoint_durable: bool = Field(
+        default=False,
+        description="Include memmap tables in --checkpoint-on-shutdown and --checkpoint-every "
+        "(copies of their files; they need none to survive a restart).",
+    )
+    preallocate: bool = Field(
+        default=False,
+        description="Reserve disk for every memmap table's whole capacity when it is created "
+        "(a full disk fails the create) instead of in extents as rows arrive (disk follows the "
+        "data; a full disk fails the extend that needs more, with 507). A schema can ask the "
+        "same for its own table (backend: {kind: memmap, preallocate: true}).",
     )
     checkpoint_every: float | None = Field(
         default=None,

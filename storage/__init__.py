@@ -57,7 +57,7 @@ from .redis_conn import RedisConnection
 from .redis_conn import resolve as resolve_redis_connection
 from .rootlock import RootLock, lock_root
 from .sizing import table_nbytes
-from .spec import FieldSpec, NestedKey, TableSpec, json_schema
+from .spec import SELF_DURABLE_BACKENDS, FieldSpec, NestedKey, TableSpec, json_schema
 from .table import Table
 from .tensordicts import nest as tensordict_from_leaves
 from .validation import INFO_DTYPES as SAMPLE_INFO_DTYPES
@@ -66,6 +66,7 @@ from .validation import SampleTarget
 __all__ = [
     "DTYPES",
     "SAMPLE_INFO_DTYPES",
+    "SELF_DURABLE_BACKENDS",
     "SampleTarget",
     "BackendError",
     "CheckpointError",

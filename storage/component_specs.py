@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tdreplay.codec.dtypes import TORCH, DTypeName
 
+from . import names
+
 
 class SpecModel(BaseModel):
     """Base of every spec: unknown keys are refused, and a spec never changes once made."""
@@ -55,6 +57,11 @@ class FieldSpec(SpecModel):
 
 
 # ------------------------------------------------------------------ backends
+#: backends whose tables reopen from their own files with every acknowledged row (see
+#: :mod:`tdreplay.storage.durable`): a checkpoint only copies them
+SELF_DURABLE_BACKENDS = frozenset({"memmap"})
+
+
 class MemoryBackendSpec(SpecModel):
     """Plain in-process tensors (lost when the process exits; checkpoint to keep them)."""
 
@@ -75,6 +82,12 @@ class MemmapBackendSpec(SpecModel):
     """
 
     kind: Literal["memmap"] = "memmap"
+    preallocate: bool = Field(
+        default=False,
+        description="Reserve disk for the whole capacity when the table is created (a full "
+        "disk fails the create) instead of in extents as rows arrive (a full disk fails the "
+        "extend that needs more, with 507); the server's --preallocate does it for every table.",
+    )
 
 
 class H5BackendSpec(SpecModel):
@@ -95,12 +108,12 @@ class RedisBackendSpec(SpecModel):
     kind: Literal["redis"] = "redis"
     connection: str = Field(
         default="default",
-        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}$",
+        pattern=names.CONNECTION_PATTERN,
         description="Name of an operator-configured Redis connection.",
     )
     prefix: str | None = Field(
         default=None,
-        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_:\-.]{0,127}$",
+        pattern=names.PREFIX_PATTERN,
         description="Key namespace; defaults to 'tdreplay:<table>'.",
     )
 

@@ -1,12 +1,10 @@
-"""Disk space: reserve a table's files up front, and tell a full disk from other failures.
+"""Disk space: tell a full disk from other failures, and say so (507).
 
 A memory-mapped write past the free space of its file system ends the process
-with SIGBUS, not an exception; ``TensorDict.from_schema(..., storage="memmap")``
-creates sparse files, and HDF5 extends its file as it goes. So a file
-backend's files are given their blocks at allocation (``posix_fallocate``):
-a full disk then fails ``create`` with :class:`InsufficientStorage` (507),
-quoting the bytes needed and free, instead of killing the server later.
-Checkpoints and exports that run out of room are reported the same way
+with SIGBUS, not an exception, so file backends reserve the blocks under their
+rows before writing there (:mod:`~tdreplay.storage.backends.extents`). Those
+reservations, checkpoints and exports that run out of room are reported as
+:class:`InsufficientStorage` (507), quoting the bytes free
 (:func:`is_full`, :func:`insufficient`).
 
     >>> import errno
@@ -87,81 +85,3 @@ def insufficient(
         field="path",
         got=str(path),
     )
-
-
-def _files(location: Path) -> list[Path]:
-    if location.is_file():
-        return [location]
-    return sorted(p for p in location.rglob("*") if p.is_file() and not p.is_symlink())
-
-
-def _missing(path: Path) -> int:
-    """Bytes of ``path`` not backed by disk blocks yet (a sparse file's holes)."""
-    st = path.stat()
-    return max(0, st.st_size - st.st_blocks * 512)
-
-
-def reserve(backend: _Backend, *, table: str) -> None:
-    """Give every file of a file backend (memmap folder, h5 file) all its disk blocks now.
-
-    Called once the files exist (after ``from_schema``); a backend with no
-    path (memory, shared, redis) is left alone. A file system without
-    ``fallocate`` support is logged and skipped (writes then behave as they
-    always did there).
-
-    Raises:
-        InsufficientStorage: the files need more bytes than are free (checked
-            first, quoting both figures), or the reservation ran out of room.
-            The backend is closed; the caller deletes its files.
-    """
-    location = backend.location
-    if location is None or not os.path.exists(location):
-        return
-    root = Path(location)
-    try:
-        # HDF5 writes what fits and reports nothing: its file reaches full size (sparse) on flush
-        backend.flush()
-    except OSError as err:
-        backend.close()
-        if is_full(err):
-            raise insufficient(
-                f"table {table!r}: allocating its storage", root, err, table=table
-            ) from err
-        raise
-    files = _files(root)
-    needed = sum(_missing(p) for p in files)
-    if not needed:
-        return
-    free = free_bytes(root)
-    if needed > free:
-        backend.close()
-        raise InsufficientStorage(
-            f"table {table!r}: its storage needs {needed} more bytes at {root} but only {free} "
-            "are free; free disk space, or create a smaller table (capacity) or put the data "
-            "root on a larger volume",
-            table=table,
-            field="capacity",
-            expected=f"<= {free} bytes",
-            got=f"{needed} bytes",
-        )
-    for path in files:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
-        except OSError as err:
-            if err.errno in FALLOCATE_UNSUPPORTED:
-                log.warning("cannot preallocate %s (%s); a full disk may end in SIGBUS", path, err)
-                return
-            backend.close()
-            if is_full(err):
-                raise InsufficientStorage(
-                    f"table {table!r}: its storage needs {needed} more bytes at {root} and the "
-                    f"disk ran out while reserving them ({err}); free disk space, or create a "
-                    "smaller table",
-                    table=table,
-                    field="capacity",
-                    got=f"{needed} bytes",
-                ) from err
-            raise
-        finally:
-            os.close(fd)

@@ -191,12 +191,18 @@ class DurableState:
         return state
 
     def commit(self) -> None:
-        """Mark the state complete (the table may be reopened from it): ``spec.json``, written last."""
+        """Mark the state complete (the table may be reopened from it): ``spec.json``, written
+        last. A reopened table whose stored spec is this one's already writes nothing (a
+        server restarted on a full disk serves its tables)."""
         spec = self.table.spec.model_dump(mode="json")
+        path = self.folder / SPEC_FILE
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            if json.loads(path.read_text())["spec"] == spec:
+                return
         body = json.dumps({"spec": spec, "created_at": time.time()})
         tmp = self.folder / f"{SPEC_FILE}.tmp"
         tmp.write_text(body)
-        os.replace(tmp, self.folder / SPEC_FILE)
+        os.replace(tmp, path)
 
     @staticmethod
     def complete(location: Path) -> bool:
@@ -347,5 +353,14 @@ class DurableState:
 
 
 def spec_matches(stored: dict[str, Any], spec: TableSpec) -> bool:
-    """Whether a stored spec (JSON) describes the same table layout as ``spec``."""
-    return stored == spec.model_dump(mode="json")
+    """Whether a stored spec (JSON) describes the same table as ``spec``: equal once both
+    are validated (defaults added since it was stored filled in), how the disk is reserved
+    (``backend.preallocate``) aside."""
+    try:
+        then = TableSpec.model_validate(stored).model_dump(mode="json")
+    except ValueError:
+        return False
+    now = spec.model_dump(mode="json")
+    for dump in (then, now):
+        dump["backend"].pop("preallocate", None)
+    return then == now

@@ -16,15 +16,13 @@ holding it forever.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
+from . import names
 from .errors import SchemaError
-
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}$")
 
 #: seconds a Redis connect or command may take before it fails (``--redis-timeout``)
 DEFAULT_TIMEOUT = 5.0
@@ -46,8 +44,7 @@ class RedisConnection:
     timeout: float = DEFAULT_TIMEOUT
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
-            raise ValueError(f"redis connection name {self.name!r} must match {_NAME.pattern}")
+        names.check_connection(self.name)
         if self.timeout <= 0:
             raise ValueError(f"redis connection {self.name!r}: timeout must be > 0")
         self.kwargs()  # a malformed URL fails here, at configuration time

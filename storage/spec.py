@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,9 @@ import torch
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from . import names
 from .component_specs import (
+    SELF_DURABLE_BACKENDS,
     BackendSpec,
     CheckpointSpec,
     FieldSpec,
@@ -63,6 +64,7 @@ from .component_specs import (
 from .errors import SchemaError
 
 __all__ = [
+    "SELF_DURABLE_BACKENDS",
     "RESERVED_KEYS",
     "BackendSpec",
     "CheckpointSpec",
@@ -96,7 +98,6 @@ __all__ = [
 #: keys a sampled batch adds next to the schema's fields (see ``Table.sample``).
 RESERVED_KEYS = ("index", "sample_info")
 
-_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 
 NestedKey = tuple[str, ...]
 
@@ -127,7 +128,7 @@ class TableSpec(SpecModel):
             malformed; the message names the file, the field and the problem.
     """
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}$")
+    name: str = Field(pattern=names.TABLE_PATTERN)
     capacity: int = Field(ge=1, le=1 << 40)
     fields: dict[str, FieldSpec] = Field(min_length=1, description="Nested keys written with dots.")
     backend: BackendSpec = Field(default_factory=MemmapBackendSpec)
@@ -144,14 +145,20 @@ class TableSpec(SpecModel):
     @classmethod
     def _check_fields(cls, fields: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         keys = set()
+        folded: dict[str, str] = {}
         for name in fields:
             parts = split_key(name)
             for part in parts:
-                if not _SEGMENT.match(part):
-                    raise _FieldError(
-                        f"fields.{name}",
-                        f"field name {name!r}: segment {part!r} must match {_SEGMENT.pattern}",
-                    )
+                try:
+                    names.check_field_segment(part)
+                except ValueError as err:
+                    raise _FieldError(f"fields.{name}", f"field name {name!r}: {err}") from None
+            other = folded.setdefault(name.lower(), name)
+            if other != name:  # one file on a case-insensitive file system
+                raise _FieldError(
+                    f"fields.{name}",
+                    f"field names {other!r} and {name!r} differ only in case",
+                )
             if parts[0] in RESERVED_KEYS:
                 raise _FieldError(
                     f"fields.{name}", f"field name {name!r} is reserved for sample info"

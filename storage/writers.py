@@ -55,6 +55,12 @@ class Writer:
     def claim(self, n: int, values: torch.Tensor | None = None) -> Claim:
         raise NotImplementedError
 
+    def reach(self, n: int) -> int:
+        """The end (exclusive) of the slots a claim of ``n`` items may write, for the table
+        to reserve disk up to before it claims. New items take the lowest free slots, so
+        never past the written ones (``slots.hi``) plus ``n``."""
+        return min(self.slots.capacity, self.slots.hi + n)
+
     def columns(self) -> dict[str, torch.Tensor]:
         """Per-slot tensors holding state to keep across a crash (see :mod:`tdreplay.storage.durable`)."""
         return {}
@@ -102,6 +108,9 @@ class RoundRobinWriter(Writer):
         self.cursor = (self.cursor + n) % self.slots.capacity
         return c
 
+    def reach(self, n: int) -> int:
+        return min(self.slots.capacity, max(self.slots.hi, self.cursor) + n)
+
     def state_dict(self) -> dict[str, Any]:
         return {"cursor": self.cursor}
 
@@ -128,6 +137,9 @@ class StackWriter(Writer):
         c = _claim_range(self.top, n, self.slots.capacity)
         self.top += n
         return c
+
+    def reach(self, n: int) -> int:
+        return min(self.slots.capacity, max(self.slots.hi, self.top) + n)
 
     def state_dict(self) -> dict[str, Any]:
         return {"top": self.top}

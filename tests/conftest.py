@@ -195,13 +195,14 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
     flags are spelled ``schema="schemas/"`` -> ``--schema schemas/``), waits until
     ``/readyz`` answers 200, and returns a :class:`LiveServer`. ``TDREPLAY_*``
     variables of the test environment are not passed on. Every server started
-    is stopped when the module's tests are done.
+    is stopped when the module's tests are done, and the roots it made are deleted.
 
         >>> server = live_server("--schema", "schemas/cartpole.yaml", backend="memory")  # doctest: +SKIP
         >>> server.request("GET", "/v1/tables")[0]  # doctest: +SKIP
         200
     """
     started: list[LiveServer] = []
+    made: list[Path] = []
 
     def start(
         *args: str,
@@ -213,7 +214,9 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
         **flags: object,
     ) -> LiveServer:
         port = port or free_port()  # a given port: a server started again where it was
-        root = root or tmp_path_factory.mktemp("live") / "data"
+        if root is None:
+            made.append(tmp_path_factory.mktemp("live"))
+            root = made[-1] / "data"
         log = root.parent / f"server-{port}.log"
         cmd = [
             sys.executable,
@@ -248,6 +251,8 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
     yield start
     for server in started:
         server.stop()
+    for folder in made:  # the servers' roots: a module's tables do not outlive it
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- in-process tdreplay apps

@@ -26,10 +26,9 @@ from .params import (
     parse,
 )
 from .registry import Registry
-from .startup import PERIODIC_BACKENDS, PeriodicCheckpoints, load_specs, load_tables
+from .startup import PeriodicCheckpoints, load_specs, load_tables
 
 __all__ = [
-    "PERIODIC_BACKENDS",
     "Core",
     "ExportBody",
     "ExtendParams",

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import protocol
 from tdreplay.storage import (
+    SELF_DURABLE_BACKENDS,
     CheckpointError,
     InsufficientStorage,
     InvalidCheckpoint,
@@ -186,7 +187,12 @@ class Registry:
         with self._reserve(spec.name, nbytes):
             table = await run_in_threadpool(
                 lambda: Table.create(
-                    spec, self.root, seed=self.settings.seed, replace=replace, redis=self.redis
+                    spec,
+                    self.root,
+                    seed=self.settings.seed,
+                    replace=replace,
+                    redis=self.redis,
+                    preallocate=self.settings.preallocate,
                 )
             )
             table.fsync = self.settings.fsync == "always"
@@ -208,6 +214,7 @@ class Registry:
                     seed=self.settings.seed,
                     redis=self.redis,
                     fsync=self.settings.fsync == "always",
+                    preallocate=self.settings.preallocate,
                 )
             )
             return self._install(table)
@@ -288,10 +295,18 @@ class Registry:
                 await run_in_threadpool(old.table.destroy)
             return handle
 
+    def needs_checkpoint(self, handle: TableHandle) -> bool:
+        """Whether the periodic and shutdown checkpoints include ``handle``'s table: not one
+        durable on its own files (memmap; a restart reopens it with every acknowledged row)
+        unless ``--checkpoint-durable`` says so."""
+        kind = handle.table.spec.backend.kind
+        return kind not in SELF_DURABLE_BACKENDS or self.settings.checkpoint_durable
+
     async def close(self, *, checkpoint: bool = False) -> None:
-        """Stop serving every table (checkpointing each first when asked) and close them."""
+        """Stop serving every table (checkpointing first, when asked, each that needs it; see
+        :meth:`needs_checkpoint`) and close them."""
         for handle in list(self._tables.values()):
-            if checkpoint:
+            if checkpoint and self.needs_checkpoint(handle):
                 try:
                     await self.checkpoint(handle.name)
                 except Exception:

@@ -87,15 +87,8 @@ def checkpoints_under(root: Path) -> list[str]:
     )
 
 
-#: backends whose tables ``--checkpoint-every`` checkpoints: their rows live in the
-#: process (memory, shared), in a file a crash can leave torn (h5), or on a Redis whose
-#: persistence tdreplay cannot see (redis). memmap tables are reopened from their own
-#: files after a crash (storage/durable.py).
-PERIODIC_BACKENDS = frozenset({"memory", "shared", "h5", "redis"})
-
-
 class PeriodicCheckpoints:
-    """Checkpoint the tables on :data:`PERIODIC_BACKENDS` every ``every`` seconds.
+    """Checkpoint the tables that need it (:meth:`Registry.needs_checkpoint`) every ``every`` seconds.
 
     Each to its default path (``<root>/checkpoints/<name>``), one table after the
     other, the next round ``every`` seconds after the previous one ended. A
@@ -141,11 +134,11 @@ class PeriodicCheckpoints:
             await self.round()
 
     async def round(self) -> None:
-        """Checkpoint every table on :data:`PERIODIC_BACKENDS` once."""
+        """Checkpoint every table that needs it once."""
         for handle in self.registry.handles():
             if self._stop.is_set():
                 return
-            if handle.table.spec.backend.kind not in PERIODIC_BACKENDS:
+            if not self.registry.needs_checkpoint(handle):
                 continue
             try:
                 await self.registry.checkpoint(handle.name)

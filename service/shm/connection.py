@@ -28,6 +28,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tdreplay.codec.arrow import nest
@@ -48,6 +49,7 @@ from ..metrics import NO_TABLE
 from .slots import Slot, Slots
 
 if TYPE_CHECKING:
+    from ..core.handle import TableHandle
     from .listener import ShmServer
 
 log = logging.getLogger("tdreplay.service")
@@ -164,15 +166,17 @@ class Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         began = time.perf_counter()
+        done = _Done(_op(message))
         try:
-            reply, slot = await self._dispatch(message)
+            await self._dispatch(message, done)
         except TDReplayError as err:
-            reply, slot = {"ok": False, "error": err.to_dict()}, None
+            done.reply, done.slot = {"ok": False, "error": err.to_dict()}, None
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            log.exception("shared-memory request %r failed", message.get("op"))
-            reply, slot = {"ok": False, "error": error_body(err)}, None
+            log.exception("shared-memory request %r failed", done.op)
+            done.reply, done.slot = {"ok": False, "error": error_body(err)}, None
+        reply, slot = done.reply, done.slot
         data = frame(reply)
         try:
             await self._send(data, slot.fd if slot is not None else -1)
@@ -183,26 +187,18 @@ class Connection(asyncio.Protocol):
                 slot.sent()
         self._arm(self.idle_timeout)
         if self.server.on_request is not None:
-            self._report(message, reply, time.perf_counter() - began, received, len(data))
+            self._report(done, time.perf_counter() - began, received, len(data))
 
-    def _report(self, m: dict[str, Any], reply: dict[str, Any], s: float, rx: int, tx: int) -> None:
-        """Tell the metrics of a request; slot data counts as bytes moved (rows x item bytes)."""
-        op, name, ok = (
-            str(m.get("op")) if m.get("op") in OPS else "other",
-            m.get("table"),
-            reply["ok"],
-        )
-        handle = None
-        if isinstance(name, str) and name in self.core.registry:
-            with contextlib.suppress(TDReplayError):  # deleted meanwhile
-                handle = self.core.registry.get(name)
-        if ok and handle is not None and op in ("extend", "sample"):
-            rows = len(reply["index"]) if op == "extend" else m["batch_size"]
-            moved = rows * handle.table.spec.item_nbytes
-            rx, tx = (rx + moved, tx) if op == "extend" else (rx, tx + moved)
-        table = handle.name if handle is not None else NO_TABLE
+    def _report(self, done: _Done, s: float, rx: int, tx: int) -> None:
+        """Tell the metrics of a request, from what its operation validated (never the raw
+        frame); slot data counts as bytes moved (rows x item bytes)."""
+        ok = done.reply.get("ok") is True
+        if ok and done.handle is not None:
+            moved = done.rows * done.handle.table.spec.item_nbytes
+            rx, tx = (rx + moved, tx) if done.op == "extend" else (rx, tx + moved)
+        table = done.handle.name if done.handle is not None else NO_TABLE
         assert self.server.on_request is not None
-        self.server.on_request("shm", op, table, s, rx, tx, bool(ok))
+        self.server.on_request("shm", done.op, table, s, rx, tx, ok)
 
     def _hello(self, message: dict[str, Any]) -> None:
         """The first frame: protocol version and token, or the connection ends."""
@@ -301,26 +297,38 @@ class Connection(asyncio.Protocol):
                 await self.task
 
     # -- operations ---------------------------------------------------------
-    async def _dispatch(self, m: dict[str, Any]) -> tuple[dict[str, Any], Slot | None]:
-        op = m.get("op")
+    async def _dispatch(self, m: dict[str, Any], done: _Done) -> None:
+        """Run the frame's operation. Every field is validated once, here and in the
+        operation's parameter model; only validated values go on (into ``done``)."""
+        op = done.op
         if op == "sample":
-            return await self._sample(m)
-        if op == "extend_slot":
-            return self._extend_slot(m)
-        if op == "extend":
-            return await self._extend(m), None
-        if op == "update_priority":
+            await self._sample(m, done)
+        elif op == "extend_slot":
+            self._extend_slot(m, done)
+        elif op == "extend":
+            await self._extend(m, done)
+        elif op == "update_priority":
+            name = _table(m)
             update = parse(PriorityUpdate, m)
-            updated = await self.core.update_priority(_table(m), update)
-            return {"ok": True, "updated": updated}, None
-        if op == "info":
-            return {"ok": True, "info": await self.core.info(_table(m))}, None
-        if op == "release":
+            updated = await self.core.update_priority(name, update)
+            done.reply, done.handle = {"ok": True, "updated": updated}, self._found(name)
+        elif op == "info":
+            name = _table(m)
+            info = await self.core.info(name)
+            done.reply, done.handle = {"ok": True, "info": info}, self._found(name)
+        elif op == "release":
             self.slots.drop(self.slots.check_number(m.get("slot")))
-            return {"ok": True}, None
-        raise InvalidRequest(f"unknown operation {op!r:.40}", field="op")
+            done.reply = {"ok": True}
+        else:
+            raise InvalidRequest(f"unknown operation {m.get('op')!r:.40}", field="op")
 
-    async def _sample(self, m: dict[str, Any]) -> tuple[dict[str, Any], Slot | None]:
+    def _found(self, name: str) -> TableHandle | None:
+        """The table an operation just served (``None``: deleted meanwhile)."""
+        with contextlib.suppress(TDReplayError):
+            return self.core.table(name)
+        return None
+
+    async def _sample(self, m: dict[str, Any], done: _Done) -> None:
         name = _table(m)
         params = parse(SampleParams, m)
         handle = self.core.table(name)
@@ -340,28 +348,30 @@ class Connection(asyncio.Protocol):
                 self.slots.drop(number)
             raise
         slot.generation += 1
-        reply: dict[str, Any] = {"ok": True, "slot": number, "generation": slot.generation}
+        done.handle, done.rows = handle, n
+        done.reply = {"ok": True, "slot": number, "generation": slot.generation}
         if slot.fresh:
-            reply.update(rows=n, layout=slot.layout.to_json(), nbytes=slot.size)
-            return reply, slot
-        return reply, None
+            done.reply.update(rows=n, layout=slot.layout.to_json(), nbytes=slot.size)
+            done.slot = slot
 
-    def _extend_slot(self, m: dict[str, Any]) -> tuple[dict[str, Any], Slot | None]:
+    def _extend_slot(self, m: dict[str, Any], done: _Done) -> None:
         """A slot for extends of up to ``rows`` rows (at most the table's capacity)."""
         name = _table(m)
         handle = self.core.table(name)
         rows = m.get("rows")
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        if type(rows) is not int or rows < 1:
             raise InvalidRequest(
                 f"rows must be a positive integer, got {rows!r:.40}", table=name, field="rows"
             )
         rows = min(rows, handle.table.capacity)
+        number = self.slots.check_number(m.get("slot"))
         layout = SlotLayout.of(handle.table.spec.torch_schema(), rows)
-        slot = self.slots.make(m.get("slot"), "extend", handle, layout)
-        reply = {"ok": True, "slot": m["slot"], "rows": rows, "layout": layout.to_json()}
-        return {**reply, "nbytes": slot.size}, slot
+        slot = self.slots.make(number, "extend", handle, layout)
+        done.reply = {"ok": True, "slot": number, "rows": rows, "layout": layout.to_json()}
+        done.reply["nbytes"] = slot.size
+        done.slot = slot
 
-    async def _extend(self, m: dict[str, Any]) -> dict[str, Any]:
+    async def _extend(self, m: dict[str, Any], done: _Done) -> None:
         name = _table(m)
         handle = self.core.table(name)
         number = self.slots.check_number(m.get("slot"))
@@ -376,7 +386,7 @@ class Connection(asyncio.Protocol):
                 got=number,
             )
         rows = m.get("rows")
-        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= slot.layout.rows:
+        if type(rows) is not int or not 1 <= rows <= slot.layout.rows:
             raise InvalidRequest(
                 f"rows must be an integer in [1, {slot.layout.rows}], got {rows!r:.40}",
                 table=name,
@@ -394,7 +404,26 @@ class Connection(asyncio.Protocol):
             for key, view in slot.views().items()
         }
         index, replayed = await self.core.extend(name, columns, params)
-        return {"ok": True, "index": index.tolist(), "replayed": replayed}
+        done.handle, done.rows = handle, len(index)
+        done.reply = {"ok": True, "index": index.tolist(), "replayed": replayed}
+
+
+@dataclass
+class _Done:
+    """What a request came to: its operation (validated: one of :data:`OPS`, else
+    ``"other"``), the reply, the slot whose descriptor goes with it, and the table
+    and rows it moved (for the metrics)."""
+
+    op: str
+    reply: dict[str, Any] = field(default_factory=lambda: {"ok": False})
+    slot: Slot | None = None
+    handle: TableHandle | None = None
+    rows: int = 0
+
+
+def _op(m: dict[str, Any]) -> str:
+    op = m.get("op")
+    return op if type(op) is str and op in OPS else "other"
 
 
 def _table(m: dict[str, Any]) -> str:

@@ -59,16 +59,20 @@ class ShmServer:
         #: this server process's identity: a client checks that the socket it reached is the
         #: one the server it asked over HTTP named (two servers may publish one path)
         self.instance = secrets.token_hex(16)
-        self.budget = Budget(settings.shm_total_bytes)
+        # a slot let go of lingers (still counted) for as long as an idle connection may stay
+        self.budget = Budget(settings.shm_total_bytes, linger=settings.shm_idle_timeout)
         self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self._made: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket it bound
 
     async def start(self) -> None:
         """Bind and listen.
 
-        The socket's folder must be a real folder of the server's user; it is
-        made mode 0700. A socket already at the path is replaced only if it is
+        The socket's folder is created with mode 0700 when missing; one that
+        exists must be a real folder of the server's user that no one else may
+        enter (the server changes no folder it did not create: ``/tmp`` stays
+        ``/tmp``). A socket already at the path is replaced only if it is
         stale (nothing answers on it: a crashed server's); anything else there
         is left alone and the transport does not start.
 
@@ -76,11 +80,22 @@ class ShmServer:
             InvalidRequest: the folder or the path cannot be used.
         """
         folder = self.path.parent
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(mode=0o700)
+            os.chmod(folder, 0o700)  # what the umask took off mkdir's mode
+        except FileExistsError:
+            pass
         info = os.lstat(folder)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
             raise _unusable(self.path, f"{folder} is not a folder of this user")
-        os.chmod(folder, 0o700)
+        if info.st_mode & 0o077:
+            raise _unusable(
+                self.path,
+                f"other users may enter {folder} (mode {stat.S_IMODE(info.st_mode):o}) and the "
+                "server changes no folder it did not create: name a socket in a folder of its "
+                "own (a missing one is created with mode 0700), or chmod 700 that folder",
+            )
         if os.path.lexists(self.path):
             if not stat.S_ISSOCK(os.lstat(self.path).st_mode):
                 raise _unusable(self.path, "it exists and is not a socket; it is left as it is")
@@ -100,11 +115,22 @@ class ShmServer:
         sock.setblocking(False)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: Connection(self), sock=sock)
+        self._sweeper = loop.create_task(self._sweep())
         log.info("same-host transport on %s", self.path)
+
+    async def _sweep(self) -> None:
+        """Reclaim lingering slots once their time is up, even when no new slot asks."""
+        every = max(0.05, min(30.0, self.budget.linger / 4))
+        while True:
+            await asyncio.sleep(every)
+            self.budget.sweep()
 
     async def stop(self) -> None:
         """Stop listening, end every connection (their calls cancelled), remove the socket
         (if it is still the one this server made)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):

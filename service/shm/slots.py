@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import socket
+import time
+from collections import deque
 
 import torch
 
 from tdreplay.codec.shm import ALIGN, SharedMap, SlotLayout
 from tdreplay.storage import InsufficientStorage, InvalidRequest, SampleTarget
+
+log = logging.getLogger("tdreplay.service")
 
 #: a slot's size is fixed for good before its descriptor leaves the server
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
@@ -49,15 +54,46 @@ def _full(what: str, size: int, err: OSError) -> InsufficientStorage:
 
 
 class Budget:
-    """Bytes of slots all connections hold together, at most ``limit`` (``--shm-total-bytes``)."""
+    """Bytes of slots all connections hold together, at most ``limit`` (``--shm-total-bytes``).
 
-    def __init__(self, limit: int) -> None:
+    A slot the server let go of (dropped, replaced, or its connection ended)
+    may still be mapped by its client, who got its descriptor: it stays
+    counted, as *lingering*, until the server reclaims it - punches its
+    memory out (:meth:`~tdreplay.codec.shm.SharedMap.discard`), in the
+    client's mapping too. Lingering slots are reclaimed oldest first when a
+    new slot needs their room, when more than ``max_lingering`` linger, and
+    ``linger`` seconds after they were let go (:meth:`sweep`). So a client
+    that reconnects again and again, keeping every descriptor, holds no more
+    than the limit; a departed client's last batches stay readable for a
+    while, unless the room is needed.
+
+    Args:
+        limit: bytes at most.
+        linger: seconds a let-go slot is kept before it is reclaimed.
+        max_lingering: let-go slots kept at most (each holds a mapping).
+    """
+
+    def __init__(self, limit: int, linger: float = 600.0, max_lingering: int = 1024) -> None:
         self.limit = limit
+        self.linger = linger
+        self.max_lingering = max_lingering
         self.used = 0
+        self._lingering: deque[tuple[float, Slot]] = deque()
+
+    @property
+    def lingering(self) -> int:
+        """Bytes of let-go slots not reclaimed yet (counted in :attr:`used`)."""
+        return sum(slot.size for _, slot in self._lingering)
 
     def take(self, size: int) -> None:
-        """Raises:
-        InsufficientStorage: ``size`` more would pass the limit."""
+        """Count ``size`` more bytes, reclaiming let-go slots first where needed.
+
+        Raises:
+            InsufficientStorage: ``size`` more would pass the limit.
+        """
+        self.sweep()
+        while self.used + size > self.limit and self._lingering:
+            self._reclaim()
         if self.used + size > self.limit:
             raise InsufficientStorage(
                 f"a slot of {size} bytes would take the server's shared memory past its limit "
@@ -69,7 +105,38 @@ class Budget:
         self.used += size
 
     def give(self, size: int) -> None:
+        """``size`` bytes that no client can hold are free again."""
         self.used -= size
+
+    def let_go(self, slot: Slot) -> None:
+        """The server is done with ``slot``; its client may still map it."""
+        if slot.fresh:  # its descriptor never left the server: nobody else holds it
+            slot.close()
+            self.give(slot.size)
+            return
+        slot.close()
+        self._lingering.append((time.monotonic(), slot))
+        while len(self._lingering) > self.max_lingering:
+            self._reclaim()
+
+    def sweep(self) -> None:
+        """Reclaim the slots let go of more than ``linger`` seconds ago."""
+        deadline = time.monotonic() - self.linger
+        while self._lingering and self._lingering[0][0] <= deadline:
+            self._reclaim()
+
+    def _reclaim(self) -> None:
+        _, slot = self._lingering.popleft()
+        try:
+            slot.map.discard()
+        except OSError as err:  # not expected on Linux memfds; the count must not lie
+            log.error("could not reclaim a shared-memory slot of %d bytes: %s", slot.size, err)
+            self._lingering.appendleft((time.monotonic(), slot))
+            raise InsufficientStorage(
+                f"a lingering shared-memory slot could not be reclaimed: {err.strerror}",
+                field="batch_size",
+            ) from None
+        self.give(slot.size)
 
 
 class Slot:
@@ -131,7 +198,8 @@ class Slot:
             self.fd = -1
 
     def close(self) -> None:
-        """Let go (the mapping goes with the last view of it)."""
+        """The server is done with it: no views of its own, no descriptor (the mapping stays
+        for :meth:`Budget.let_go`, which reclaims the memory; it goes with the object)."""
         self.out = None
         self.sent()
 
@@ -212,8 +280,7 @@ class Slots:
         slot = self._slots.pop(number, None) if type(number) is int else None
         if slot is not None:
             self.nbytes -= slot.size
-            self.budget.give(slot.size)
-            slot.close()
+            self.budget.let_go(slot)
 
     def close(self) -> None:
         for number in list(self._slots):

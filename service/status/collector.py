@@ -11,6 +11,8 @@ Per table (label ``table``):
     ``tdreplay_table_inserts_total``, ``tdreplay_table_samples_total`` (items),
     ``tdreplay_table_bytes_in_total``, ``tdreplay_table_bytes_out_total`` (item bytes),
     ``tdreplay_table_size``, ``tdreplay_table_capacity``, ``tdreplay_table_fill_ratio``,
+    ``tdreplay_table_reserved_bytes``, ``tdreplay_table_capacity_bytes`` (rows: held now,
+    on disk or in memory, and at capacity),
     ``tdreplay_table_lost``, ``tdreplay_table_unique_sampled_items``,
     ``tdreplay_table_times_sampled_items`` (a gauge histogram over the stored items:
     ``_bucket{le}``, ``_gcount``, ``_gsum``), ``tdreplay_table_trajectories`` (slice
@@ -52,6 +54,12 @@ FAMILIES: dict[str, tuple[type, str, str]] = {
     "tdreplay_table_size": (G, "Items stored.", ""),
     "tdreplay_table_capacity": (G, "Items the table holds at most.", ""),
     "tdreplay_table_fill_ratio": (G, "size / capacity.", ""),
+    "tdreplay_table_reserved_bytes": (
+        G,
+        "Bytes of rows held now: reserved on disk (memmap, h5: grows in extents) or allocated.",
+        "",
+    ),
+    "tdreplay_table_capacity_bytes": (G, "Bytes of rows at capacity.", ""),
     "tdreplay_table_lost": (
         G,
         "1 when the table's backend lost its data (a Redis restarted empty).",
@@ -108,7 +116,8 @@ def histogram_buckets(hist: dict[str, Any], integer: bool) -> list[tuple[str, fl
 def table_samples(name: str, st: dict[str, Any], lost: bool) -> Iterator[tuple[Any, ...]]:
     """``(family, labels, value[, sum])`` for one table's ``stats``."""
     t = [name]
-    for key in ("inserts", "samples", "bytes_in", "bytes_out", "size", "capacity"):
+    keys = ("inserts", "samples", "bytes_in", "bytes_out", "size", "capacity")
+    for key in (*keys, "reserved_bytes", "capacity_bytes"):
         yield f"tdreplay_table_{key}", t, st[key]
     yield "tdreplay_table_fill_ratio", t, st["size"] / max(st["capacity"], 1)
     yield "tdreplay_table_lost", t, float(lost)

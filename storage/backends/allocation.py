@@ -9,7 +9,7 @@ from typing import Literal
 
 from tensordict import TensorDict
 
-from ..diskspace import reserve
+from ..diskspace import insufficient, is_full
 from ..errors import BackendError, InsufficientStorage, SchemaError, TableExists
 from ..redis_conn import Connections, resolve
 from ..spec import (
@@ -44,6 +44,7 @@ def allocate(
     *,
     exists: Exists = "replace",
     redis: Connections | None = None,
+    preallocate: bool = False,
 ) -> Backend:
     """Allocate the storage of ``spec`` with ``TensorDict.from_schema``.
 
@@ -62,13 +63,17 @@ def allocate(
             leaves it and allocates a fresh sibling (a restore, which must
             leave everything as it was should it fail).
         redis: the operator's Redis connections, by name (redis backend only).
+        preallocate: reserve a memmap table's whole capacity on disk now (as does the
+            spec's ``backend.preallocate``); else its disk is reserved in extents as rows
+            arrive (:mod:`~.extents`).
 
     Raises:
         TableExists: the table's folder is not its own, or (``exists="error"``)
             holds data of an earlier table of that name.
         SchemaError: the spec names a Redis connection that is not configured.
-        BackendError: the backend could not be allocated (disk full, Redis down, ...);
-            what it had written is deleted.
+        InsufficientStorage: the disk has no room for what must be reserved now.
+        BackendError: the backend could not be allocated (Redis down, ...); what it had
+            written is deleted.
     """
     b = spec.backend
     schema = spec.torch_schema()
@@ -104,12 +109,12 @@ def allocate(
             delete_location(path)
         if isinstance(b, MemmapBackendSpec):
             td = TensorDict.from_schema(schema, batch_size=cap, storage="memmap", prefix=str(path))
-            backend: Backend = TensorBackend(spec, td, claim)
+            whole = preallocate or b.preallocate
+            backend: Backend = TensorBackend(spec, td, claim, preallocate=whole)
         elif isinstance(b, H5BackendSpec):
             backend = H5Backend.allocate(spec, claim)
         else:  # pragma: no cover
             raise BackendError(f"unknown backend {b.kind!r}", table=spec.name)
-        reserve(backend, table=spec.name)  # a full disk fails here (507), not with SIGBUS later
     except Exception as err:
         if claim is not None:
             with contextlib.suppress(OSError):
@@ -118,6 +123,10 @@ def allocate(
             release_table_dir(spec, root)
         if isinstance(err, BackendError | TableExists | SchemaError | InsufficientStorage):
             raise
+        if is_full(err):
+            raise insufficient(
+                f"table {spec.name!r}: allocating its storage", root, err, table=spec.name
+            ) from err
         raise BackendError(
             f"cannot allocate {b.kind} storage for table {spec.name!r}: {err}", table=spec.name
         ) from err

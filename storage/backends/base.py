@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDictBase
 
 from ..spec import NestedKey, TableSpec
+from .extents import Extents
 
 Rows = slice | torch.Tensor
 """Rows to write: a ``slice`` for a contiguous run (the fast path) or an int64 index tensor."""
@@ -32,6 +33,8 @@ class Backend:
     """
 
     kind: str = ""
+    #: a file backend's reserved rows (``None``: the backend holds its rows in memory)
+    extents: Extents | None = None
 
     def __init__(self, spec: TableSpec, storage: TensorDictBase) -> None:
         self.spec = spec
@@ -86,6 +89,24 @@ class Backend:
             out[k] = block[start : start + size].view(self.dtypes[k]).view(n, *self.shapes[k])
             start += span
         return out
+
+    # -- disk --------------------------------------------------------------
+    def reserve(self, end: int) -> None:
+        """Make sure rows ``[0, end)`` can be written without running out of disk (file
+        backends reserve blocks in extents, see :mod:`~.extents`; others need nothing).
+
+        Raises:
+            InsufficientStorage: no room on the disk; nothing was written.
+        """
+        if self.extents is not None:
+            self.extents.reserve(end)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of rows held now: reserved on disk (file backends) or allocated (the others)."""
+        if self.extents is not None:
+            return self.extents.nbytes
+        return self.capacity * sum(self._row_nbytes)
 
     # -- lifecycle ---------------------------------------------------------
     def flush(self) -> None:

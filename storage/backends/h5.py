@@ -16,11 +16,20 @@ from tensordict import TensorDict, TensorDictBase
 
 from ..spec import NestedKey, TableSpec
 from .base import Backend, Rows, carrier
+from .extents import Extents, Span
 from .locations import LocationClaim, release_folder
 
 
 class H5Backend(Backend):
-    """``h5``: one HDF5 file, a dataset per field."""
+    """``h5``: one HDF5 file, a dataset per field.
+
+    Its whole capacity is on disk from the start: tensordict's ``from_schema``
+    writes every dataset whole (zeros) when it creates the file, and the
+    datasets' blocks are reserved (:attr:`extents`) before the table serves.
+
+    Raises:
+        InsufficientStorage: the disk has no room for the capacity.
+    """
 
     kind = "h5"
 
@@ -30,6 +39,17 @@ class H5Backend(Backend):
         self.path = claim.path
         self.file = storage.file  # type: ignore[attr-defined]
         self.datasets = {k: self.file["/".join(k)] for k in self.keys}
+        try:
+            self.file.flush()  # HDF5 writes what fits and reports nothing: the file is whole now
+            spans = [
+                Span(self.path, int(self.datasets[k].id.get_offset() or 0), nbytes)
+                for k, nbytes in zip(self.keys, self._row_nbytes, strict=True)
+            ]
+            self.extents = Extents(spans, self.capacity, spec.name, preallocate=True)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.file.close()
+            raise
 
     @classmethod
     def allocate(cls, spec: TableSpec, claim: LocationClaim) -> H5Backend:

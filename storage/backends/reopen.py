@@ -7,12 +7,13 @@ A memmap table's rows and state survive its process (see
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from tensordict import TensorDict
 
 from ..durable import DurableState, map_file, spec_matches
-from ..errors import BackendError, TableExists, TDReplayError
+from ..errors import BackendError, InsufficientStorage, TableExists, TDReplayError
 from ..spec import MemmapBackendSpec, TableSpec
 from .locations import (
     TABLES_DIR,
@@ -23,6 +24,8 @@ from .locations import (
     unheld_data,
 )
 from .tensor import TensorBackend
+
+log = logging.getLogger("tdreplay.storage")
 
 
 def stored_specs(root: str | Path, failed: dict[str, str] | None = None) -> list[TableSpec]:
@@ -55,14 +58,17 @@ def stored_specs(root: str | Path, failed: dict[str, str] | None = None) -> list
     return out
 
 
-def reopen(spec: TableSpec, root: str | Path) -> TensorBackend | None:
+def reopen(spec: TableSpec, root: str | Path, *, preallocate: bool = False) -> TensorBackend | None:
     """Map the rows a memmap table of ``spec`` left in its folder, to reopen it (``None``: nothing to reopen).
 
     Of the table's locations holding a complete state (see
     :mod:`tdreplay.storage.durable`), the newest is taken: an older one is dead
     data of a restore that was under way (:func:`~.locations.sweep` deletes it
     once the table is open). Row files are mapped with the dtype and shape the
-    spec gives, their size checked; nothing is unpickled.
+    spec gives, their size checked; nothing is unpickled. The rows written are on disk
+    already; more are reserved as they come (:mod:`~.extents`), or, with ``preallocate``
+    (or the spec's), the whole capacity now if the disk has room (else a warning: a table
+    that holds acknowledged rows is served whatever the disk has left).
 
     Raises:
         TableExists: the folder is not the table's own, or its data was written
@@ -98,10 +104,16 @@ def reopen(spec: TableSpec, root: str | Path) -> TensorBackend | None:
         for key, (shape, dtype) in spec.torch_schema().items():
             file = location.joinpath(*key[:-1], f"{key[-1]}.memmap")  # from_schema's layout
             td.set(key, map_file(file, dtype, (spec.capacity, *shape)))
-        return TensorBackend(spec, td, claim)
+        backend = TensorBackend(spec, td, claim)
     except BackendError as err:
         claim.release()
         raise BackendError(f"table {spec.name!r}: {err}", table=spec.name) from None
     except BaseException:
         claim.release()
         raise
+    if (preallocate or spec.backend.preallocate) and backend.extents is not None:
+        try:
+            backend.extents.reserve(spec.capacity, exact=True)
+        except InsufficientStorage as err:
+            log.warning("table %r reopened without its whole capacity reserved: %s", spec.name, err)
+    return backend

@@ -16,6 +16,7 @@ from tensordict import TensorDictBase
 from ..diskspace import fsync_path
 from ..spec import NestedKey, TableSpec
 from .base import Backend, Rows
+from .extents import Extents, Span
 from .locations import LocationClaim, delete_location, release_folder
 
 
@@ -23,16 +24,32 @@ class TensorBackend(Backend):
     """``memory``, ``memmap`` and ``shared``: one CPU tensor per field.
 
     A memmap backend holds a :class:`~.locations.LocationClaim` on its folder
-    (``claim``); memory and shared backends have none.
+    (``claim``); memory and shared backends have none. A memmap backend's row
+    files are sparse: their disk is reserved in extents (:attr:`extents`), or
+    all at once with ``preallocate``.
+
+    Raises:
+        InsufficientStorage: (``preallocate``) the disk has no room for the capacity.
     """
 
     def __init__(
-        self, spec: TableSpec, storage: TensorDictBase, claim: LocationClaim | None = None
+        self,
+        spec: TableSpec,
+        storage: TensorDictBase,
+        claim: LocationClaim | None = None,
+        *,
+        preallocate: bool = False,
     ) -> None:
         super().__init__(spec, storage)
         self.kind = spec.backend.kind
         self.claim = claim
         self.path = claim.path if claim is not None else None
+        if self.path is not None:
+            spans = [
+                Span(self.path.joinpath(*k[:-1], f"{k[-1]}.memmap"), 0, nbytes)  # from_schema's
+                for k, nbytes in zip(self.keys, self._row_nbytes, strict=True)
+            ]
+            self.extents = Extents(spans, self.capacity, spec.name, preallocate=preallocate)
         self._row_files: list[Path] | None = None
         self.tensors: dict[NestedKey, torch.Tensor] = {k: storage.get(k) for k in self.keys}
         # The hot paths use plain-Tensor views of the same memory: slicing a
@@ -41,6 +58,9 @@ class TensorBackend(Backend):
         self._items = [(k, t.as_subclass(torch.Tensor)) for k, t in self.tensors.items()]
 
     def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:
+        ext = self.extents
+        if ext is not None and ext.reserved < self.capacity:  # never a hole under a write
+            ext.reserve(rows.stop if isinstance(rows, slice) else int(rows.max()) + 1)
         if isinstance(rows, slice):
             for key, t in self._items:
                 t[rows].copy_(data[key])

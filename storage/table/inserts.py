@@ -135,6 +135,9 @@ class Inserts(TableBase):
                 timeout,
                 attempt=attempt,
             )
+            # Disk for the rows before anything changes: a full disk is a 507 here, with
+            # no slot claimed, nothing evicted, no episode id used (a no-op once reserved).
+            self.backend.reserve(self.writer.reach(n))
             # episode ids once admitted: a call held back must not use any up
             episode = self._episodes(data, n) if self.sampler.needs_episodes else None
             claim = self.writer.claim(n, values)

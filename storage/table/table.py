@@ -66,6 +66,7 @@ class Table(Inserts, Draws):
         seed: int | None = None,
         replace: bool = False,
         redis: Mapping[str, str | RedisConnection] | None = None,
+        preallocate: bool = False,
     ) -> Table:
         """Allocate a new, empty table (``TensorDict.from_schema`` on the spec's backend).
 
@@ -80,18 +81,26 @@ class Table(Inserts, Draws):
                 (without it, such data is an error: restore it or replace it).
             redis: Redis connections by name (``{"default": "redis://host:6379/0"}``);
                 a redis table's spec names one (``backend.connection``).
+            preallocate: reserve a memmap table's whole capacity on disk now (as
+                the spec's ``backend.preallocate`` does); by default disk is reserved
+                in extents as rows arrive and follows the data.
 
         Raises:
             SchemaError: the schema file is invalid, or names a Redis connection
                 not in ``redis``.
             TableExists: ``<root>/tables/<name>`` is not this table's folder, or
                 holds an earlier table's data and ``replace`` is not set.
+            InsufficientStorage: the disk has no room for what must be reserved now.
             BackendError: the storage could not be allocated.
         """
         if not isinstance(spec, TableSpec):
             spec = TableSpec.from_file(spec)
         backend = allocate(
-            spec, root, exists="replace" if replace else "error", redis=connections(redis)
+            spec,
+            root,
+            exists="replace" if replace else "error",
+            redis=connections(redis),
+            preallocate=preallocate,
         )
         try:
             table = cls(spec, backend, root=root, seed=seed)
@@ -110,6 +119,7 @@ class Table(Inserts, Draws):
         seed: int | None = None,
         redis: Mapping[str, str | RedisConnection] | None = None,
         fsync: bool = False,
+        preallocate: bool = False,
     ) -> Table:
         """Reopen the memmap table a process left in ``<root>/tables/<name>/``, or create it.
 
@@ -127,6 +137,8 @@ class Table(Inserts, Draws):
             redis: Redis connections by name (see :meth:`create`).
             fsync: flush rows and state to disk before every extend and sample
                 returns (survives a power loss, at the cost of a disk flush).
+            preallocate: see :meth:`create` (a reopened table gets its capacity
+                reserved if the disk has room).
 
         Raises:
             TableExists: the data on disk was written under another schema.
@@ -146,9 +158,9 @@ class Table(Inserts, Draws):
         """
         if not isinstance(spec, TableSpec):
             spec = TableSpec.from_file(spec)
-        backend = reopen(spec, root)
+        backend = reopen(spec, root, preallocate=preallocate)
         if backend is None:
-            table = cls.create(spec, root, seed=seed, redis=redis)
+            table = cls.create(spec, root, seed=seed, redis=redis, preallocate=preallocate)
         else:
             try:
                 table = cls(spec, backend, root=root, seed=seed, reopen=True)

@@ -168,3 +168,71 @@ def test_a_killed_shard_fails_over_and_rejoins(
     missing = set(load.acked) - set(stored)
     assert not missing, f"{len(missing)} acknowledged rows lost, e.g. {sorted(missing)[:5]}"
     assert set(stored) <= set(load.acked) | set(load.failed)
+
+
+def test_a_restarted_shard_is_taken_back_by_every_kind_of_client(
+    three: tuple[list[Any], Path], live_server: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Writers that never sample and readers that never write, over HTTP and over shared
+    memory, all take a restarted server back within a few refresh periods: rows go to it
+    again, samples come from it again, no call is still blocked once it is back (an extend
+    in flight at the kill waits for it: only there may it be stored), and nothing is
+    printed on the client's stderr."""
+    servers, schema = three
+    urls = [s.url for s in servers]
+    seed = ReplayClient(urls, transport="http")
+    for i in range(3):  # every server holds something
+        seed.extend("t", rows(torch.arange(-16 * (i + 1), -16 * i)))
+    kinds = [(role, transport) for role in ("writer", "reader") for transport in ("http", "shm")]
+    clients = {k: ReplayClient(urls, shard_refresh=0.2, transport=k[1]) for k in kinds}
+    stop, lock = threading.Event(), threading.Lock()
+    hits: dict[tuple[str, str], list[tuple[float, int]]] = {k: [] for k in kinds}
+    calls: dict[tuple[str, str], list[tuple[float, float]]] = {k: [] for k in kinds}
+    errors: list[BaseException] = []
+    ids = itertools.count()
+
+    def run(kind: tuple[str, str]) -> None:
+        client = clients[kind]
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                if kind[0] == "writer":
+                    with lock:
+                        start = next(ids) * 4
+                    shards = (client.extend("t", rows(torch.arange(start, start + 4))) % 3).tolist()
+                else:
+                    shards = (client.sample("t", 16, timeout=5)["index"] % 3).tolist()
+            except Exception as err:  # the one call in flight at the kill may fail
+                errors.append(err)
+                continue
+            calls[kind].append((began, time.monotonic()))
+            hits[kind] += [(time.monotonic(), s) for s in shards]
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in kinds]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.5)
+        victim = servers[1]
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait(10)
+        time.sleep(1.0)
+        live_server(schema=schema, root=victim.root, port=victim.port)
+        back_at = time.monotonic()
+        time.sleep(4.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    for kind in kinds:
+        status = clients[kind].shard_status()[1]
+        assert status["up"], (kind, status)
+        again = [at for at, shard in hits[kind] if shard == 1 and at > back_at]
+        assert again, f"{kind}: the restarted server got no {kind[0][:-2]}s back"
+        assert again[0] - back_at < 3.0, f"{kind}: taken back only after {again[0] - back_at:.1f}s"
+        blocked = max(end - max(began, back_at) for began, end in calls[kind])
+        assert blocked < 3.0, f"{kind}: a call still blocked {blocked:.1f}s after the restart"
+    assert not errors, errors
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-2000:]

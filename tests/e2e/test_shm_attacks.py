@@ -10,6 +10,8 @@ import time
 from typing import Any
 
 import pytest
+import torch
+from tensordict import TensorDict
 from test_shm import fd_count, spec, wait_until
 from testkit import REPO, assert_consistent, rows
 
@@ -218,3 +220,128 @@ def test_a_live_socket_at_the_path_is_never_taken_over(tmp_path: Any) -> None:
             probe.connect(str(path))
     finally:
         owner.close()
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def _recv_reply(s: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    header, fds, _, _ = socket.recv_fds(s, HEADER.size, 4)
+    (n,) = HEADER.unpack(header)
+    body = b""
+    while len(body) < n:
+        body += s.recv(n - len(body))
+    return parse_frame(body), fds
+
+
+WIDE = {"id": {"shape": [], "dtype": "int32"}, "x": {"shape": [65536], "dtype": "uint8"}}
+
+
+def test_frame_fields_are_used_only_as_validated(live_server: Any) -> None:
+    """A numeric string is validated into a number for the operation; nothing after it
+    (the metrics) may use the raw string: a 50 KB batch size of '000...1' costs the server
+    nothing (it cost frame length x item bytes: 3 GB here), and an op that is no string
+    is an error, not a crash."""
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table({"name": "w", "capacity": 8, "fields": WIDE, "backend": {"kind": "memory"}})
+    client.extend("w", TensorDict({"id": torch.arange(8, dtype=torch.int32),
+                                   "x": torch.zeros(8, 65536, dtype=torch.uint8)}, [8]))  # fmt: skip
+    peak = _rss(server.proc.pid)
+    with raw(server) as s:
+        s.sendall(
+            frame({"op": "sample", "table": "w", "batch_size": "0" * 50_000 + "1", "slot": 0})
+        )
+        reply, fds = _recv_reply(s)
+        for fd in fds:
+            os.close(fd)
+        assert reply["ok"] is True and reply["rows"] == 1
+        for bad in [{"op": ["sample"], "table": "w"}, {"op": {"a": 1}}, {"op": None}]:
+            s.sendall(frame(bad))
+            answer = read(s)
+            assert answer["ok"] is False and answer["error"]["field"] == "op", answer
+        s.sendall(frame({"op": "info", "table": "w"}))
+        assert read(s)["ok"] is True  # the connection still serves
+    assert _rss(server.proc.pid) - peak < 64 << 20
+    metrics = server.request("GET", "/metrics")[2].decode()
+    sent = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("tdreplay_request_sent_bytes_total{")
+        and 'transport="shm"' in line and 'op="sample"' in line and 'table="w"' in line
+    ]  # fmt: skip
+    assert len(sent) == 1 and 65540 <= sent[0] < 2 * 65540, sent  # one row, as validated
+    log = server.log.read_text()
+    assert "Traceback" not in log and "TypeError" not in log, log[-2000:]
+
+
+def _held(fds: list[int]) -> int:
+    """Bytes of memory the files behind ``fds`` hold (what a client keeps alive)."""
+    return sum(os.fstat(fd).st_blocks * 512 for fd in fds)
+
+
+def test_memory_handed_out_counts_until_reclaimed_across_reconnects(live_server: Any) -> None:
+    """A client that reconnects again and again, keeping every descriptor it got, holds no
+    more than --shm-total-bytes: slots of a finished connection stay counted until the
+    server reclaims their memory (in the client's mapping too). A live connection's slots
+    are never taken from it."""
+    server = live_server(shm_connection_bytes=10_000_000, shm_total_bytes=25_000_000)
+    http = ReplayClient(server.url, transport="http")
+    http.create_table({"name": "w", "capacity": 64, "fields": WIDE, "backend": {"kind": "memory"}})
+    honest = raw(server)
+    honest.sendall(frame({"op": "extend_slot", "table": "w", "rows": 64, "slot": 0}))
+    reply, mine = _recv_reply(honest)
+    assert reply["ok"] is True and len(mine) == 1
+    kept: list[int] = []
+    try:
+        for _ in range(20):
+            with raw(server) as s:
+                for slot in (0, 1):
+                    s.sendall(frame({"op": "extend_slot", "table": "w", "rows": 64, "slot": slot}))
+                    reply, fds = _recv_reply(s)
+                    assert reply["ok"] is True, reply
+                    kept += fds
+            assert _held(kept) + _held(mine) <= 25_000_000
+        assert _held(mine) >= 64 * 65540  # the live connection's slot was left alone
+        honest.sendall(frame({"op": "extend", "table": "w", "rows": 4, "slot": 0}))
+        assert read(honest)["ok"] is True
+    finally:
+        honest.close()
+        for fd in kept + mine:
+            os.close(fd)
+
+
+def test_a_departed_clients_slots_are_reclaimed_after_the_idle_timeout(live_server: Any) -> None:
+    server = live_server(shm_idle_timeout=1)
+    http = ReplayClient(server.url, transport="http")
+    http.create_table({"name": "w", "capacity": 8, "fields": WIDE, "backend": {"kind": "memory"}})
+    with raw(server) as s:
+        s.sendall(frame({"op": "extend_slot", "table": "w", "rows": 8, "slot": 0}))
+        reply, fds = _recv_reply(s)
+        assert reply["ok"] is True
+    try:
+        assert _held(fds) >= 8 * 65540  # the departed client's batch stays readable a while
+        wait_until(lambda: _held(fds) == 0, timeout=10)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_the_server_changes_no_folder_it_did_not_create(tmp_path: Any, live_server: Any) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)  # /tmp's mode: the socket must not go there, nor change it
+    proc = subprocess.run(
+        [sys.executable, "-m", "tdreplay.service", "serve", "--root", str(tmp_path / "data"),
+         "--port", "0", "--shm-socket", str(shared / "tdr.sock")],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "changes no folder it did not create" in proc.stderr + proc.stdout
+    assert oct(os.stat(shared).st_mode & 0o7777) == oct(0o1777) and not list(shared.iterdir())
+    fresh = tmp_path / "mine" / "run"
+    server = live_server(shm_socket=fresh / "tdr.sock")  # a folder it makes is its own: 0700
+    assert os.stat(fresh).st_mode & 0o777 == 0o700
+    assert ReplayClient(server.url, transport="shm").transport == "shm"

@@ -1,8 +1,10 @@
 """The /status page in a real headless Chromium against a live server with traffic.
 
 The page loads with no token (its shell holds no data), asks for the token,
-then polls GET /v1/status: every plot draws data, nothing goes to the console
-as an error, no request leaves the host, the token is in no URL. The
+then polls GET /v1/status: every plot of every table draws data (tables
+named like JavaScript's object internals too), nothing goes to the console
+as an error, no request leaves the host - neither the page's nor the
+browser's own (:mod:`browserkit`) - and the token is in no URL. The
 screenshot lands in ``tmp_path``, and in ``docs/status.png`` (the README's)
 with ``TDREPLAY_UPDATE_SCREENSHOT=1``.
 
@@ -22,14 +24,12 @@ from urllib.parse import urlsplit
 
 import pytest
 import torch
+from browserkit import CHROMIUM, host_only_browser
 from obs_helpers import spec
 from testkit import REPO, rows
 
 from tdreplay.client import RateLimitTimeout, ReplayClient
 
-CHROMIUM = next(
-    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
-)
 playwright = pytest.importorskip(
     "playwright.sync_api", reason="pip install playwright (the test extra)"
 )
@@ -39,13 +39,15 @@ pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="no chromium on this machine (make chromium installs it)"
 )
 TOKEN = "status-page-t0ken"
+ODD_NAMES = ("__proto__", "constructor")
 PLOTS = {"fill", "rates", "spi", "blocked", "latency", "times", "priority"}
 
 #: per plot: points, whether a series holds a finite value, colored pixels on its canvas
 PLOT_STATE = """() => {
-  const out = {};
-  for (const [table, plots] of Object.entries(window.tdreplayStatus.plots)) {
-    out[table] = {};
+  const out = [];
+  for (const [table, plots] of window.tdreplayStatus.plots) {
+    const mine = {};
+    out.push([table, mine]);
     for (const [name, u] of Object.entries(plots)) {
       const values = u.data.slice(1).flat().filter((v) => v !== null && Number.isFinite(v));
       const c = u.ctx.canvas, px = u.ctx.getImageData(0, 0, c.width, c.height).data;
@@ -54,7 +56,7 @@ PLOT_STATE = """() => {
         const hi = Math.max(px[i], px[i + 1], px[i + 2]), lo = Math.min(px[i], px[i + 1], px[i + 2]);
         if (px[i + 3] > 0 && hi - lo > 60) colored++;
       }
-      out[table][name] = { points: u.data[0].length, finite: values.length, colored };
+      mine[name] = { points: u.data[0].length, finite: values.length, colored };
     }
   }
   return out;
@@ -101,6 +103,10 @@ def test_status_page_draws_every_plot(live_server: Any, tmp_path: Path) -> None:
     assert server.request("GET", "/v1/status", headers={"Authorization": ""})[0] == 401
     stop = threading.Event()
     threads = traffic(server.url, stop)
+    admin = ReplayClient(server.url, token=TOKEN, transport="http")
+    for name in ODD_NAMES:  # keys of every JavaScript object: they must not blank the page
+        admin.create_table({**spec(name, {"kind": "uniform"}), "capacity": 64})
+        admin.extend(name, rows(0, 8))
     time.sleep(0.5)
     ReplayClient(server.url, token=TOKEN).checkpoint("replay", "checkpoints/replay")
     host = urlsplit(server.url).netloc
@@ -108,8 +114,7 @@ def test_status_page_draws_every_plot(live_server: Any, tmp_path: Path) -> None:
     left: list[str] = []
     errors: list[str] = []
     try:
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        with playwright.sync_playwright() as p, host_only_browser(p) as (browser, proxy):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
 
             def route(r: Any) -> None:
@@ -132,18 +137,20 @@ def test_status_page_draws_every_plot(live_server: Any, tmp_path: Path) -> None:
             while page.evaluate("() => window.tdreplayStatus.polls") < 6:
                 assert time.monotonic() < deadline, "the page did not poll six times in 30 s"
                 time.sleep(0.25)
-            plots = page.evaluate(PLOT_STATE)
+            plots = dict(page.evaluate(PLOT_STATE))
             page.screenshot(path=str(tmp_path / "status.png"), full_page=True)
             summary = page.inner_text("section.table .summary")
-            browser.close()
     finally:
         stop.set()
         for t in threads:
             t.join(5)
     assert not errors, errors
     assert not left, left
+    assert not proxy.attempts, f"the browser reached for other hosts: {proxy.attempts}"
     assert requests and all(TOKEN not in url for url in requests)
-    assert set(plots) == {"replay"} and set(plots["replay"]) == PLOTS
+    assert set(plots) == {"replay", *ODD_NAMES} and set(plots["replay"]) == PLOTS
+    for name in ODD_NAMES:
+        assert plots[name]["fill"]["finite"] > 0, (name, plots[name])
     for name, plot in plots["replay"].items():
         assert plot["finite"] > 0 and plot["colored"] > 20, (name, plot)
         if name not in ("times", "priority"):

@@ -80,13 +80,21 @@ def serve(live_server: Callable[..., Any], mnt: Path) -> Any:
     return live_server(root=mnt / "data")
 
 
-@pytest.mark.parametrize("backend", ["memmap", "h5"])
-def test_a_table_larger_than_the_disk_is_refused_with_507_and_leaves_nothing(
-    live_server: Callable[..., Any], small_disk: Path, backend: str
+@pytest.mark.parametrize(
+    ("backend", "how"), [("memmap", "schema"), ("memmap", "flag"), ("h5", "always")]
+)
+def test_a_table_larger_than_the_disk_is_refused_with_507_when_its_capacity_is_reserved(
+    live_server: Callable[..., Any], small_disk: Path, backend: str, how: str
 ) -> None:
-    server = serve(live_server, small_disk)
+    """``preallocate`` (the schema's or the server's ``--preallocate``) reserves the whole
+    capacity at create, as h5 always does: a table larger than the disk is refused."""
+    flags = ["--preallocate"] if how == "flag" else []
+    server = live_server(*flags, root=small_disk / "data")
     capacity = 2 * SIZE_MB * 256  # 2x the disk
-    status, err = post(server, protocol.TABLES, spec("big", capacity, backend))
+    body = json.loads(spec("big", capacity, backend))
+    if how == "schema":
+        body["backend"]["preallocate"] = True
+    status, err = post(server, protocol.TABLES, body)
     assert (status, err.get("type")) == (507, "InsufficientStorage"), err
     assert "bytes" in err["detail"] and "free" in err["detail"], err["detail"]
     assert not (server.root / "tables" / "big").exists()
@@ -95,6 +103,94 @@ def test_a_table_larger_than_the_disk_is_refused_with_507_and_leaves_nothing(
     status, err = post(server, protocol.TABLES, spec("small", 64, backend))
     assert status == 201, err
     assert server.request("GET", "/healthz")[0] == 200
+
+
+def items(start: int, n: int) -> bytes:
+    ids = torch.arange(start, start + n, dtype=torch.float32)
+    return encode(TensorDict({"x": ids[:, None].expand(n, 1024).contiguous()}, [n])).to_pybytes()
+
+
+def extend(server: Any, name: str, start: int, n: int) -> tuple[int, dict[str, Any]]:
+    return post(server, protocol.table_path(name, "extend"), items(start, n), headers=ARROW)
+
+
+def sampled(server: Any, name: str, n: int = 64) -> torch.Tensor:
+    status, _, raw = server.request(
+        "POST", protocol.table_path(name, "sample") + f"?batch_size={n}"
+    )
+    assert status == 200, raw[:300]
+    x = decode(raw)["x"]
+    assert torch.equal(x, x[:, :1].expand_as(x)), "a row mixes two items"  # no torn rows
+    return x[:, 0].long()
+
+
+def used(mnt: Path) -> int:
+    st = os.statvfs(mnt)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def test_disk_follows_the_rows_and_a_full_disk_is_a_507_before_any_row_lands(
+    live_server: Callable[..., Any], small_disk: Path
+) -> None:
+    """A memmap table 4x the disk is created with next to nothing on it, takes rows until
+    the disk is full - then answers 507 with no row landed and keeps serving every
+    acknowledged row, before and after a restart on the full disk - and takes more once
+    there is room again. Never SIGBUS."""
+    server = serve(live_server, small_disk)
+    capacity = 4 * SIZE_MB * 256  # 4 KiB items: 32 MiB of rows on an 8 MiB disk
+    assert post(server, protocol.TABLES, spec("big", capacity, "memmap"))[0] == 201
+    assert used(small_disk) < 1 << 20  # bookkeeping only
+    info = json.loads(server.request("GET", protocol.table_path("big"))[2])
+    assert info["stats"]["reserved_bytes"] < 1 << 16  # tensordict touches the first page
+    assert info["stats"]["capacity_bytes"] == capacity * 4096
+    filler = fill(small_disk, leave=5 << 20)  # others' files: 5 MiB left for the table
+    acked = 0
+    while True:
+        status, err = extend(server, "big", acked, 64)
+        if status != 200:
+            break
+        acked += 64
+    assert (status, err.get("type")) == (507, "InsufficientStorage"), err
+    assert "no room for more rows" in err["detail"] and "keeps serving" in err["detail"]
+    assert 3 << 8 <= acked <= 5 << 8  # the 5 MiB filled (3-5 MiB of 4 KiB rows), no more
+    got = json.loads(server.request("GET", protocol.table_path("big"))[2])
+    assert got["size"] == acked and got["inserts"] == acked  # nothing of the 507 landed
+    assert acked * 4096 <= got["stats"]["reserved_bytes"] <= used(small_disk)
+    assert int(sampled(server, "big").max()) < acked
+    # a restart on the full disk: every acknowledged row is back, the disk is still full
+    server.stop()
+    server = serve(live_server, small_disk)
+    got = json.loads(server.request("GET", protocol.table_path("big"))[2])
+    assert got["size"] == acked
+    ids = sampled(server, "big", 256)
+    assert int(ids.max()) < acked and int(ids.min()) >= 0
+    assert extend(server, "big", acked, 64)[1].get("type") == "InsufficientStorage"
+    # room again: rows go on from where they stopped
+    filler.unlink()
+    for start in range(acked, acked + 256, 64):
+        status, err = extend(server, "big", start, 64)
+        assert status == 200, err
+    got = json.loads(server.request("GET", protocol.table_path("big"))[2])
+    assert got["size"] == acked + 256
+    assert server.proc.poll() is None  # never a SIGBUS
+
+
+def test_a_table_that_wrapped_needs_no_more_disk(
+    live_server: Callable[..., Any], small_disk: Path
+) -> None:
+    """Once a table holds its capacity, new rows reuse its slots: a full disk changes nothing."""
+    server = serve(live_server, small_disk)
+    capacity = 256  # 1 MiB of rows
+    assert post(server, protocol.TABLES, spec("ring", capacity, "memmap"))[0] == 201
+    for start in range(0, capacity, 64):
+        assert extend(server, "ring", start, 64)[0] == 200
+    fill(small_disk, leave=0)
+    for start in range(capacity, 3 * capacity, 64):  # twice round the ring on a full disk
+        status, err = extend(server, "ring", start, 64)
+        assert status == 200, err
+    ids = sampled(server, "ring", 256)
+    assert int(ids.min()) >= 2 * capacity  # the newest round only
+    assert server.proc.poll() is None
 
 
 def test_a_checkpoint_or_export_on_a_full_disk_answers_507_and_keeps_the_previous(

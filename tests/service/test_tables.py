@@ -63,6 +63,27 @@ def test_bad_schema_is_422_naming_the_field(service) -> None:
     assert client.get(protocol.TABLES).json() == {"tables": [], "unavailable": {}}
 
 
+def test_names_are_checked_whole(service, tmp_path: Path) -> None:
+    """A name is a file name on the server: one that only starts right ("obs\n": ``$``
+    matches before a final newline) is refused before anything is made."""
+    client = service()
+    for bad in [
+        {**spec("t"), "fields": {"obs\n": {"shape": [], "dtype": "int64"}}},
+        {
+            **spec("t"),
+            "backend": {"kind": "memmap"},
+            "fields": {"a.b\n": {"shape": [], "dtype": "int64"}},
+        },
+        {**spec("t\n")},
+    ]:
+        r = client.post(protocol.TABLES, json=bad)
+        assert r.status_code == 422 and r.json()["type"] == "SchemaError", r.json()
+    assert client.get(protocol.TABLES).json()["tables"] == []
+    assert not (tmp_path / "data" / "tables").exists() or not list(
+        (tmp_path / "data" / "tables").iterdir()
+    )
+
+
 def test_server_policy_on_client_tables(service) -> None:
     client = service(allowed_backends=["memory"], max_table_bytes=10_000)
     r = client.post(protocol.TABLES, json={**spec("a"), "backend": {"kind": "memmap"}})

@@ -166,6 +166,19 @@ MALFORMED = [
         ["'next..obs'", "must match"],
     ),
     (
+        "field-segment-with-a-final-newline",  # "$" matches before a final newline: whole names
+        'name: x\ncapacity: 4\nfields:\n  "obs\\n": {shape: [], dtype: int64}\n',
+        "fields.obs\n",
+        ["'obs\\n'", "must match", "(whole)"],
+    ),
+    (
+        "field-names-differing-only-in-case",  # one file on a case-insensitive file system
+        "name: x\ncapacity: 4\nfields:\n  obs: {shape: [], dtype: int64}\n"
+        "  Obs: {shape: [], dtype: int64}\n",
+        "fields.Obs",
+        ["'obs' and 'Obs'", "only in case"],
+    ),
+    (
         "field-nested-under-field",
         "name: x\ncapacity: 4\nfields:\n  next: {shape: [1], dtype: float32}\n"
         "  next.obs: {shape: [1], dtype: float32}\n",

@@ -1,6 +1,7 @@
 // tdreplay /status: polls GET /v1/status and plots each table with uPlot (bundled).
 // The token, when the server needs one, is asked for once, kept in sessionStorage (this tab
-// only) and sent as an Authorization header: never in a URL. Table names are set as text.
+// only) and sent as an Authorization header: never in a URL. Table names are set as text, and
+// key only Maps and Sets, never plain objects (a table may be named "__proto__" or "constructor").
 (function () {
   "use strict";
   var KEY = "tdreplay.token";
@@ -12,7 +13,7 @@
   var stateEl = document.getElementById("state");
   var C = { insert: "#1f77b4", sample: "#ff7f0e", band: "#9aa3b2", target: "#2ca02c", fill: "#6f42c1" };
   // what the page shows, for people and for the browser test: plots by table, then by name
-  var view = (window.tdreplayStatus = { plots: {}, cards: {}, polls: 0, errors: [] });
+  var view = (window.tdreplayStatus = { plots: new Map(), cards: new Map(), polls: 0, errors: [] });
   var timer = null;
 
   function el(tag, cls, text) {
@@ -139,7 +140,7 @@
   }
 
   function card(t) {
-    var c = view.cards[t.name];
+    var c = view.cards.get(t.name);
     if (c) return c;
     var root = el("section", "table");
     var h = el("h2", null, t.name);
@@ -150,8 +151,9 @@
     var grid = el("div", "plots");
     root.appendChild(grid);
     main.appendChild(root);
-    c = view.cards[t.name] = { root: root, summary: summary, grid: grid, boxes: {} };
-    view.plots[t.name] = {};
+    c = { root: root, summary: summary, grid: grid, boxes: {} };
+    view.cards.set(t.name, c);
+    view.plots.set(t.name, {});
     return c;
   }
 
@@ -187,11 +189,11 @@
   }
 
   function render(data) {
-    var seen = {};
+    var seen = new Set();
     if (!data.tables.length && !main.querySelector(".empty")) main.appendChild(el("p", "empty", "No tables yet."));
     data.tables.forEach(function (t) {
-      seen[t.name] = true;
-      var c = card(t), plots = view.plots[t.name], s = t.series, st = t.stats;
+      seen.add(t.name);
+      var c = card(t), plots = view.plots.get(t.name), s = t.series, st = t.stats;
       summarize(c, st);
       Object.keys(LINES).forEach(function (key) {
         var spec = LINES[key];
@@ -206,17 +208,17 @@
         else plots[h[0]] = barPlot(box(c, h[0], h[1]), h[2], h[3], h[4], h[5]);
       });
     });
-    Object.keys(view.cards).forEach(function (name) {
-      if (seen[name]) return;
-      Object.values(view.plots[name]).forEach(function (u) { u.destroy(); });
-      view.cards[name].root.remove();
-      delete view.cards[name];
-      delete view.plots[name];
+    Array.from(view.cards.keys()).forEach(function (name) {
+      if (seen.has(name)) return;
+      Object.values(view.plots.get(name)).forEach(function (u) { u.destroy(); });
+      view.cards.get(name).root.remove();
+      view.cards.delete(name);
+      view.plots.delete(name);
     });
   }
 
   window.addEventListener("resize", function () {
-    Object.values(view.plots).forEach(function (plots) {
+    view.plots.forEach(function (plots) {
       Object.values(plots).forEach(function (u) { u.setSize({ width: width(u.root.parentNode), height: 170 }); });
     });
   });

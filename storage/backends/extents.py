@@ -1,0 +1,164 @@
+"""Disk for a file backend's rows, reserved in extents ahead of the write position.
+
+A memory-mapped write into a hole of a sparse file on a full disk ends the
+process with SIGBUS. A file backend's row files are sparse (``from_schema``
+sizes them, writes nothing), so before rows land the blocks under them are
+reserved with ``posix_fallocate``: a full disk is then an
+:class:`~tdreplay.storage.InsufficientStorage` (507) before any row is
+written, and the table keeps serving what it holds.
+
+Rows are reserved from the first one up, an *extent* at a time: when an
+insert would reach past the reserved rows, the reservation grows to cover
+it and then some - the larger of :data:`MIN_EXTENT_BYTES` and an eighth of
+what is reserved already (a geometric growth: few reservations for a big
+table, little waste for a small one; measured in ``bench/footprint_bench.py``).
+Disk then follows the data: an empty table holds next to nothing, a table
+that wrapped around holds its capacity and reuses it. With ``preallocate``
+the whole capacity is reserved at once (the operator's choice: ENOSPC at
+create rather than later).
+
+    >>> extent_rows(reserved=0, row_bytes=45, capacity=10**7) * 45 >= MIN_EXTENT_BYTES
+    True
+    >>> extent_rows(reserved=16_000_000, row_bytes=45, capacity=10**8)  # an eighth
+    2000000
+    >>> extent_rows(reserved=9_900_000, row_bytes=45, capacity=10**7)  # what is left
+    100000
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..diskspace import FALLOCATE_UNSUPPORTED, free_bytes, is_full
+from ..errors import InsufficientStorage
+
+log = logging.getLogger("tdreplay.storage")
+
+#: the smallest extent, in bytes of rows (all fields together)
+MIN_EXTENT_BYTES = 64 << 20
+
+
+def extent_rows(reserved: int, row_bytes: int, capacity: int) -> int:
+    """Rows the next extent adds to ``reserved`` (at least one; at most what is left)."""
+    rows = max(-(-MIN_EXTENT_BYTES // max(1, row_bytes)), reserved // 8, 1)
+    return min(rows, capacity - reserved)
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where one field's rows live: ``file``, from byte ``base``, ``row_bytes`` each."""
+
+    file: Path
+    base: int
+    row_bytes: int
+
+
+class Extents:
+    """The rows ``[0, reserved)`` whose disk blocks are reserved, for every field.
+
+    Args:
+        spans: one per field.
+        capacity: rows in all.
+        table: the table's name (for errors).
+        preallocate: reserve the whole capacity now.
+
+    Raises:
+        InsufficientStorage: (``preallocate``) the capacity does not fit.
+    """
+
+    def __init__(self, spans: list[Span], capacity: int, table: str, preallocate: bool = False):
+        self.spans = spans
+        self.capacity = capacity
+        self.table = table
+        self.row_bytes = sum(s.row_bytes for s in spans)
+        self.reserved = min((_backed_rows(s, capacity) for s in spans), default=capacity)
+        if preallocate:
+            self.reserve(capacity, exact=True)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reserved for rows."""
+        return self.reserved * self.row_bytes
+
+    def reserve(self, end: int, *, exact: bool = False) -> None:
+        """Make sure rows ``[0, end)`` are backed by disk. Grows by an extent, or, when the
+        disk has no room for one (or ``exact``), to ``end`` only. A no-op (one comparison)
+        when they are backed.
+
+        Raises:
+            InsufficientStorage: the disk (or quota) has no room for them; nothing
+                was written, the rows reserved before stay reserved.
+        """
+        if end <= self.reserved:
+            return
+        end = min(end, self.capacity)
+        start = self.reserved
+        stop = end if exact else max(end, start + extent_rows(start, self.row_bytes, self.capacity))
+        try:
+            self._fallocate(start, stop)
+        except InsufficientStorage:
+            if stop == end:
+                raise
+            self._fallocate(start, end)  # what this insert needs, if the disk has that much
+            stop = end
+        self.reserved = max(self.reserved, stop)
+
+    def _fallocate(self, start: int, stop: int) -> None:
+        needed = (stop - start) * self.row_bytes
+        for span in self.spans:
+            fd = os.open(span.file, os.O_RDWR)
+            try:
+                os.posix_fallocate(
+                    fd, span.base + start * span.row_bytes, (stop - start) * span.row_bytes
+                )
+            except OSError as err:
+                if err.errno in FALLOCATE_UNSUPPORTED:
+                    log.warning(
+                        "table %r: %s cannot reserve disk blocks (%s); a full disk may end in "
+                        "SIGBUS there", self.table, span.file, err,
+                    )  # fmt: skip
+                    self.reserved = self.capacity
+                    return
+                if is_full(err):
+                    raise self._full(needed, err) from None
+                raise
+            finally:
+                os.close(fd)
+
+    def _full(self, needed: int, err: OSError) -> InsufficientStorage:
+        where = self.spans[0].file.parent
+        return InsufficientStorage(
+            f"table {self.table!r}: no room for more rows: {needed} more bytes needed at {where} "
+            f"({free_bytes(where)} free; {self.reserved} of {self.capacity} rows reserved, "
+            f"{err.strerror}); the table keeps serving what it holds. Free disk space or move "
+            "the data root to a larger volume",
+            table=self.table,
+            field="rows",
+            expected=f"<= {free_bytes(where)} bytes",
+            got=f"{needed} bytes",
+        )
+
+
+def _backed_rows(span: Span, capacity: int) -> int:
+    """Rows of ``span`` from the first up that have disk blocks (a reopened table's rows):
+    the first hole ends them. Conservative: blocks reserved but never written may count as
+    a hole (ext4), and are then reserved again, which costs nothing."""
+    end = span.base + capacity * span.row_bytes
+    try:
+        fd = os.open(span.file, os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        hole = os.lseek(fd, span.base, os.SEEK_HOLE)
+        # a file system without holes says "data to the end": no more than its blocks hold
+        hole = min(hole, span.base + os.fstat(fd).st_blocks * 512)
+    except OSError:  # no SEEK_HOLE here: reserve again from the start (idempotent)
+        return 0
+    finally:
+        os.close(fd)
+    if not span.row_bytes:
+        return capacity
+    return max(0, min(hole, end) - span.base) // span.row_bytes
