@@ -50,8 +50,10 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# the suite in TEST_JOBS processes, a test file each at a time (its module's servers shared)
+TEST_JOBS ?= 3
 test: setup redis chromium lint typecheck   ## lint, type-check and run the test suite
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 BENCH_ARGS ?=
 bench: setup                       ## benchmarks (not tests): ratios against baselines in the same run (BENCH_ARGS="--quick --json out.json")

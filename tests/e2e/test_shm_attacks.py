@@ -22,6 +22,12 @@ from tdreplay.codec.shm import HEADER, frame, parse_frame
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create")
 
 
+@pytest.fixture(scope="module")
+def shared(live_server: Any) -> Any:
+    """One plain server for the tests that need nothing else of it (each its own tables)."""
+    return live_server()
+
+
 def sock_path(server: Any) -> str:
     return str(server.root / "run" / "tdreplay.sock")
 
@@ -46,8 +52,8 @@ def read(s: socket.socket) -> dict[str, Any]:
     return parse_frame(body)
 
 
-def test_failed_samples_and_many_slots_cost_no_descriptors(live_server: Any) -> None:
-    server = live_server()
+def test_failed_samples_and_many_slots_cost_no_descriptors(shared: Any) -> None:
+    server = shared
     client = ReplayClient(server.url, transport="http")
     client.create_table(spec("empty", {"kind": "uniform"}, capacity=16))
     client.create_table(spec("full", {"kind": "uniform"}, capacity=64))
@@ -87,8 +93,8 @@ def test_failed_samples_and_many_slots_cost_no_descriptors(live_server: Any) -> 
     wait_until(lambda: fd_count(server.proc.pid) <= before)
 
 
-def test_a_sample_that_failed_on_a_new_slot_leaves_no_half_slot(live_server: Any) -> None:
-    server = live_server()
+def test_a_sample_that_failed_on_a_new_slot_leaves_no_half_slot(shared: Any) -> None:
+    server = shared
     client = ReplayClient(server.url, transport="shm")
     client.create_table(spec("late", {"kind": "uniform"}, capacity=16))
     with pytest.raises(ServerError):
@@ -98,8 +104,8 @@ def test_a_sample_that_failed_on_a_new_slot_leaves_no_half_slot(live_server: Any
         assert_consistent(client.sample("late", 2))
 
 
-def test_a_replaced_table_gets_fresh_extend_slots(live_server: Any) -> None:
-    server = live_server()
+def test_a_replaced_table_gets_fresh_extend_slots(shared: Any) -> None:
+    server = shared
     client = ReplayClient(server.url, transport="shm")
     client.create_table(spec("re", {"kind": "uniform"}, capacity=16))
     client.extend("re", rows(0, 4))
@@ -109,8 +115,8 @@ def test_a_replaced_table_gets_fresh_extend_slots(live_server: Any) -> None:
     assert client.transport == "shm" and client.info("re")["inserts"] == 4
 
 
-def test_a_socket_of_another_server_is_refused(live_server: Any) -> None:
-    server = live_server()
+def test_a_socket_of_another_server_is_refused(shared: Any) -> None:
+    server = shared
     with pytest.raises(ShmUnavailable, match="not the one asked over HTTP"):
         Channel(sock_path(server), None, 5.0, 2, instance="another-server")
 
@@ -170,8 +176,8 @@ def test_big_or_strange_hellos_are_refused(live_server: Any) -> None:
     assert good.transport == "shm"
 
 
-def test_deeply_nested_or_huge_json_ends_only_that_connection(live_server: Any) -> None:
-    server = live_server()
+def test_deeply_nested_or_huge_json_ends_only_that_connection(shared: Any) -> None:
+    server = shared
     for body in [b"[" * 100_000 + b"]" * 100_000, b'{"slot": ' + b"9" * 100_000 + b"}"]:
         with raw(server) as s:
             s.sendall(HEADER.pack(len(body)) + body)
@@ -329,19 +335,20 @@ def test_a_departed_clients_slots_are_reclaimed_after_the_idle_timeout(live_serv
             os.close(fd)
 
 
-def test_the_server_changes_no_folder_it_did_not_create(tmp_path: Any, live_server: Any) -> None:
+def test_the_server_changes_no_folder_it_did_not_create(tmp_path: Any, service: Any) -> None:
+    """The app's start (in process: the lifespan a served app runs) refuses a socket in a
+    folder others may enter, and leaves that folder as it was; a folder it makes is 0700."""
+    from tdreplay.storage import InvalidRequest
+
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o1777)  # /tmp's mode: the socket must not go there, nor change it
-    proc = subprocess.run(
-        [sys.executable, "-m", "tdreplay.service", "serve", "--root", str(tmp_path / "data"),
-         "--port", "0", "--shm-socket", str(shared / "tdr.sock")],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode != 0
-    assert "changes no folder it did not create" in proc.stderr + proc.stdout
+    with pytest.raises(InvalidRequest, match="changes no folder it did not create") as err:
+        service(shm_socket=shared / "tdr.sock")
+    assert "mode 1777" in str(err.value)
     assert oct(os.stat(shared).st_mode & 0o7777) == oct(0o1777) and not list(shared.iterdir())
     fresh = tmp_path / "mine" / "run"
-    server = live_server(shm_socket=fresh / "tdr.sock")  # a folder it makes is its own: 0700
+    app = service(shm_socket=fresh / "tdr.sock")  # a folder it makes is its own: 0700
     assert os.stat(fresh).st_mode & 0o777 == 0o700
-    assert ReplayClient(server.url, transport="shm").transport == "shm"
+    info = app.get("/v1/info").json()
+    assert info["shm"]["socket"] == str(fresh / "tdr.sock")
