@@ -71,7 +71,7 @@ def entries_table(source: str) -> str:
     ]
     for e in data["entries"]:
         ratio = "" if e["ratio"] is None else f"{e['ratio']:.2f}x"
-        against = "" if str(e["baseline"]).startswith("goal: ") else e["baseline"]
+        against = "" if str(e["baseline"]).startswith("goal: ") else e["baseline"] or ""
         base = "" if not against else _value(e["baseline_value"], e["unit"])
         lines.append(
             f"| {e['workload']} | {_value(e['value'], e['unit'])} | {against} | {base} | "

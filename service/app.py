@@ -103,6 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             clean_checkpoints(registry.root / protocol.CHECKPOINTS)
             await load_tables(registry, settings)
+            tuning.trim()  # what loading the tables freed goes back to the system
             app.state.shm = await start_shm(core, settings, app.state.metrics.request)
         except BaseException:
             await core.close()
