@@ -2,8 +2,9 @@
 
 A server that answers with a JSON error (``{"type", "detail", "field", ...}``,
 see :mod:`tdreplay.codec.protocol`) raises the :class:`ServerError` subclass of
-the same name as the server's ``type``; a call that never got an answer
-raises a :class:`TransportError`. The tree::
+the same name as the server's ``type`` - the very class the server's storage
+raised (:mod:`tdreplay.codec.errors`, the one hierarchy); a call that never got
+an answer raises a :class:`TransportError`. The tree::
 
     ReplayError
     ├── ServerError              the server answered with an error (.status, .detail, .field, ...)
@@ -44,186 +45,65 @@ import contextlib
 import json
 from typing import Any
 
-from ..codec.protocol import ERROR_STATUS
+from ..codec.errors import (
+    ANSWERS,
+    BY_STATUS,
+    BackendError,
+    CheckpointError,
+    CodecError,
+    EmptyTableError,
+    Forbidden,
+    InsufficientStorage,
+    InternalError,
+    InvalidCheckpoint,
+    InvalidRequest,
+    PathExists,
+    PayloadTooLarge,
+    RateLimitTimeout,
+    ReplayError,
+    SchemaError,
+    ServerError,
+    TableClosed,
+    TableExists,
+    TableLost,
+    TableNotFound,
+    Unauthorized,
+    UnsupportedMediaType,
+    from_body,
+)
 
+__all__ = [
+    "BackendError",
+    "CheckpointError",
+    "CodecError",
+    "ConnectionFailed",
+    "EmptyTableError",
+    "Forbidden",
+    "InsufficientStorage",
+    "InternalError",
+    "InvalidCheckpoint",
+    "InvalidRequest",
+    "PathExists",
+    "PayloadTooLarge",
+    "ProtocolError",
+    "RateLimitTimeout",
+    "ReplayError",
+    "SERVER_ERRORS",
+    "SchemaError",
+    "ServerError",
+    "TableClosed",
+    "TableExists",
+    "TableLost",
+    "TableNotFound",
+    "Timeout",
+    "TransportError",
+    "Unauthorized",
+    "UnsupportedMediaType",
+    "from_response",
+]
 
-class ReplayError(Exception):
-    """Base class of every error the client raises."""
-
-
-# ------------------------------------------------------------------ server errors
-class ServerError(ReplayError):
-    """The server answered with an error.
-
-    Attributes:
-        status: the HTTP status.
-        type: the server's error class name (``"SchemaError"``, ...).
-        detail: the server's message (quotes the bad value).
-        field: the dotted key or argument at fault, if any.
-        table: the table involved, if the server said.
-        expected: what was expected, if the server said.
-        got: what came instead, if the server said.
-        body: the whole decoded error body.
-    """
-
-    def __init__(
-        self,
-        detail: str,
-        *,
-        status: int = 0,
-        type: str | None = None,
-        field: str | None = None,
-        table: str | None = None,
-        expected: Any = None,
-        got: Any = None,
-        body: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.status = status
-        self.type = type or self.__class__.__name__
-        self.field = field
-        self.table = table
-        self.expected = expected
-        self.got = got
-        self.body = body or {}
-
-    @property
-    def message(self) -> str:
-        return self.detail
-
-    def __str__(self) -> str:  # KeyError subclasses would repr() the message
-        where = f" [field {self.field!r}]" if self.field else ""
-        return f"{self.detail}{where}"
-
-    def __reduce__(self) -> tuple[Any, ...]:  # keyword-only args: pickle by state
-        return (_rebuild, (type(self), self.detail, self.__dict__))
-
-
-def _rebuild(cls: type[ServerError], detail: str, state: dict[str, Any]) -> ServerError:
-    err = cls.__new__(cls)
-    Exception.__init__(err, detail)
-    err.__dict__.update(state)
-    return err
-
-
-class SchemaError(ServerError, ValueError):
-    """The data (or a schema) does not match the table: wrong key, shape, dtype, batch dims."""
-
-
-class InvalidRequest(ServerError, ValueError):
-    """An argument is out of range or malformed (batch size, index, path, ...)."""
-
-
-class CodecError(ServerError, ValueError):
-    """The server could not decode the request body as an Arrow IPC stream."""
-
-
-class TableNotFound(ServerError, KeyError):
-    """No table of that name exists on the server."""
-
-
-class TableExists(ServerError):
-    """A table of that name already exists."""
-
-
-class TableClosed(ServerError):
-    """The table was closed under the call (deleted, replaced by a restore, or the server is
-    stopping); a call to a table of that name made afterwards reaches whatever holds it then."""
-
-
-class PathExists(ServerError):
-    """A checkpoint or export path holds something the server will not replace; nothing changed."""
-
-
-class RateLimitTimeout(ServerError, TimeoutError):
-    """The rate limiter held the call back past its timeout."""
-
-
-class EmptyTableError(ServerError):
-    """The table holds nothing a sampler may return."""
-
-
-class CheckpointError(ServerError):
-    """A checkpoint could not be written or read."""
-
-
-class InvalidCheckpoint(CheckpointError):
-    """The checkpoint is damaged, of an unsupported format, or unsafe to load; nothing changed."""
-
-
-class InsufficientStorage(ServerError):
-    """No room on the server: its disk is full, or a table would exceed its byte limits."""
-
-
-class BackendError(ServerError):
-    """The table's storage backend failed (disk, Redis, ...)."""
-
-
-class TableLost(BackendError):
-    """The server's backend lost the table's data (a Redis restarted empty, or flushed);
-    restore the table from a checkpoint, or delete and create it again."""
-
-
-class Unauthorized(ServerError, PermissionError):
-    """The bearer token is missing or wrong."""
-
-
-class Forbidden(ServerError, PermissionError):
-    """The token is valid but may not make this call."""
-
-
-class PayloadTooLarge(ServerError):
-    """The request body is over the server's size limit; send smaller chunks."""
-
-
-class UnsupportedMediaType(ServerError):
-    """The request body is not of the media type the route takes."""
-
-
-class InternalError(ServerError):
-    """The server failed in a way it did not classify."""
-
-
-#: server error ``type`` -> client class; every name of ``protocol.ERROR_STATUS``
-SERVER_ERRORS: dict[str, type[ServerError]] = {
-    cls.__name__: cls
-    for cls in (
-        SchemaError,
-        InvalidRequest,
-        CodecError,
-        TableNotFound,
-        TableExists,
-        TableClosed,
-        PathExists,
-        RateLimitTimeout,
-        EmptyTableError,
-        CheckpointError,
-        InvalidCheckpoint,
-        InsufficientStorage,
-        BackendError,
-        TableLost,
-        Unauthorized,
-        Forbidden,
-        PayloadTooLarge,
-        UnsupportedMediaType,
-        InternalError,
-    )
-}
-assert set(SERVER_ERRORS) == set(ERROR_STATUS), "client errors out of step with the protocol"
-
-_BY_STATUS: dict[int, type[ServerError]] = {
-    400: InvalidRequest,
-    401: Unauthorized,
-    403: Forbidden,
-    404: TableNotFound,
-    413: PayloadTooLarge,
-    415: UnsupportedMediaType,
-    422: SchemaError,
-    429: RateLimitTimeout,
-    500: InternalError,
-    503: BackendError,
-}
+#: server error ``type`` -> class: the classes the storage raises and the server answers with
+SERVER_ERRORS = ANSWERS
 
 
 def from_response(status: int, body: bytes | bytearray | memoryview) -> ServerError:
@@ -237,28 +117,9 @@ def from_response(status: int, body: bytes | bytearray | memoryview) -> ServerEr
         data = json.loads(bytes(body) or b"null")
     if not isinstance(data, dict):
         text = bytes(body[:500]).decode("utf-8", "replace") if body else ""
-        cls = _BY_STATUS.get(status, ServerError)
+        cls = BY_STATUS.get(status, ServerError)
         return cls(f"HTTP {status}: {text}".rstrip(": "), status=status, body={})
-    type_name = data.get("type")
-    detail = data.get("detail")
-    if not isinstance(detail, str):
-        detail = json.dumps(detail) if detail is not None else f"HTTP {status}"
-    known = SERVER_ERRORS.get(type_name) if isinstance(type_name, str) else None
-    if known is not None:
-        cls = known
-    else:
-        cls = _BY_STATUS.get(status, ServerError) if type_name is None else ServerError
-    field = data.get("field")
-    return cls(
-        detail,
-        status=status,
-        type=type_name if isinstance(type_name, str) else None,
-        field=field if isinstance(field, str) else None,
-        table=data.get("table"),
-        expected=data.get("expected"),
-        got=data.get("got"),
-        body=data,
-    )
+    return from_body(status, data)
 
 
 # ------------------------------------------------------------------ transport errors
@@ -272,18 +133,6 @@ class TransportError(ReplayError):
     def __init__(self, message: str, *, url: str | None = None) -> None:
         super().__init__(message)
         self.url = url
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_transport, (type(self), str(self), self.__dict__))
-
-
-def _rebuild_transport(
-    cls: type[TransportError], message: str, state: dict[str, Any]
-) -> TransportError:
-    err = cls.__new__(cls)
-    Exception.__init__(err, message)
-    err.__dict__.update(state)
-    return err
 
 
 class ConnectionFailed(TransportError, ConnectionError):

@@ -41,6 +41,7 @@ IPC streams, for the hot paths, are in :mod:`~tdreplay.codec.ipc`.
 
 from __future__ import annotations
 
+from .errors import CodecError
 from .format import (
     MAX_COLUMNS,
     MAX_DIM,
@@ -49,7 +50,6 @@ from .format import (
     META_DTYPE,
     META_SHAPE,
     SEP,
-    CodecError,
     NestedKey,
 )
 from .from_arrow import (

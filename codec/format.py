@@ -30,15 +30,3 @@ MAX_META_BYTES = 512
 
 #: what pyarrow raises on bytes or arrays it cannot make sense of
 ARROW_ERRORS = (pa.ArrowException, OSError, ValueError, UnicodeDecodeError)
-
-
-class CodecError(ValueError):
-    """The bytes are not a tdreplay-compatible Arrow IPC stream, or a column cannot be decoded.
-
-    Attributes:
-        field: the column (dotted key) at fault, when one is.
-    """
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field

@@ -29,6 +29,7 @@ import torch
 from tensordict import TensorDict
 
 from .dtypes import ARROW, NUMPY, TORCH
+from .errors import CodecError
 from .format import (
     ARROW_ERRORS,
     MAX_COLUMNS,
@@ -38,7 +39,6 @@ from .format import (
     META_DTYPE,
     META_SHAPE,
     SEP,
-    CodecError,
     NestedKey,
 )
 

@@ -56,6 +56,8 @@ bodies are relative to the server's data root and may not leave it (400).
 
 from __future__ import annotations
 
+from .errors import ANSWERS
+
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
 PARQUET = "application/vnd.apache.parquet"
@@ -83,24 +85,5 @@ IDEMPOTENT_REPLAY = "X-Idempotent-Replay"
 CHECKPOINTS = "checkpoints"
 
 #: error ``type`` -> HTTP status; the service answers with these, the client maps back
-ERROR_STATUS: dict[str, int] = {
-    "SchemaError": 422,
-    "InvalidRequest": 400,
-    "CodecError": 400,
-    "TableNotFound": 404,
-    "TableExists": 409,
-    "TableClosed": 409,
-    "PathExists": 409,
-    "RateLimitTimeout": 429,
-    "EmptyTableError": 409,
-    "CheckpointError": 500,
-    "InvalidCheckpoint": 422,
-    "InsufficientStorage": 507,
-    "BackendError": 503,
-    "TableLost": 503,
-    "Unauthorized": 401,
-    "Forbidden": 403,
-    "PayloadTooLarge": 413,
-    "UnsupportedMediaType": 415,
-    "InternalError": 500,
-}
+#: (each class of :mod:`tdreplay.codec.errors` carries its own: this is a view of them)
+ERROR_STATUS: dict[str, int] = {name: cls.status for name, cls in ANSWERS.items()}

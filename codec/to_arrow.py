@@ -19,7 +19,8 @@ import torch
 from tensordict import TensorDictBase, is_tensorclass
 
 from .dtypes import ARROW, NAMES
-from .format import META_DTYPE, META_SHAPE, SEP, CodecError
+from .errors import CodecError
+from .format import META_DTYPE, META_SHAPE, SEP
 
 
 def _flat_leaves(td: TensorDictBase | Mapping[Any, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,9 +1,9 @@
 """The one place errors become HTTP responses.
 
 Every error body is ``{"type", "detail", "field", ...}`` (see
-:mod:`tdreplay.codec.protocol`) with the status :data:`ERROR_STATUS` gives its
-``type``. Storage errors (:mod:`tdreplay.storage.errors`) and codec errors
-pass through unchanged; the service adds the few errors of its own below.
+:mod:`tdreplay.codec.protocol`) with the status its class carries: the errors
+are the one hierarchy of :mod:`tdreplay.codec.errors`, which the storage
+raises, the server answers with and the client raises again.
 Anything else is an ``InternalError`` 500 whose body says nothing about the
 cause; the traceback goes to the server log.
 """
@@ -18,47 +18,38 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from tdreplay.codec import CodecError
-from tdreplay.codec.protocol import ERROR_STATUS
-from tdreplay.storage import InvalidRequest, SchemaError, TDReplayError
+from tdreplay.codec.errors import (
+    Forbidden,
+    InternalError,
+    InvalidRequest,
+    PayloadTooLarge,
+    SchemaError,
+    TDReplayError,
+    Unauthorized,
+    UnsupportedMediaType,
+    status_of,
+)
 
 log = logging.getLogger("tdreplay.service")
 
 
-class Unauthorized(TDReplayError):
-    """The request carries no bearer token, or the wrong one."""
-
-
-class Forbidden(TDReplayError):
-    """The request is understood but not allowed here (e.g. a backend the server does not offer)."""
-
-
-class PayloadTooLarge(TDReplayError):
-    """A request or response body exceeds the server's ``max_body_bytes``."""
-
-
-class UnsupportedMediaType(TDReplayError):
-    """The request body has the wrong ``Content-Type``."""
-
-
-class InternalError(TDReplayError):
-    """The server failed; the details are in its log, not in the response."""
-
-
-def status_of(exc: BaseException) -> int:
-    """The HTTP status of an error: its class's, or the nearest base class's, in ERROR_STATUS."""
-    for cls in type(exc).__mro__:
-        if cls.__name__ in ERROR_STATUS:
-            return ERROR_STATUS[cls.__name__]
-    return 500
+__all__ = [
+    "Forbidden",
+    "InternalError",
+    "PayloadTooLarge",
+    "Unauthorized",
+    "UnsupportedMediaType",
+    "error_body",
+    "error_response",
+    "install",
+    "status_of",
+]
 
 
 def error_body(exc: BaseException) -> dict[str, Any]:
     """The JSON body of an error response."""
     if isinstance(exc, TDReplayError):
         return exc.to_dict()
-    if isinstance(exc, CodecError):
-        return {"type": "CodecError", "detail": str(exc), "field": exc.field}
     return InternalError("internal server error").to_dict()
 
 
@@ -122,7 +113,6 @@ def install(app: FastAPI) -> None:
         return error_response(InternalError("internal server error"))
 
     app.add_exception_handler(TDReplayError, on_tdreplay)
-    app.add_exception_handler(CodecError, on_tdreplay)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)

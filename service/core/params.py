@@ -11,7 +11,7 @@ field (:func:`parse`).
     >>> parse(SampleParams, {"batch_size": "0"})
     Traceback (most recent call last):
     ...
-    tdreplay.storage.errors.InvalidRequest: batch_size: Input should be greater than or equal to 1 (got '0')
+    tdreplay.codec.errors.InvalidRequest: batch_size: Input should be greater than or equal to 1 (got '0')
 """
 
 from __future__ import annotations

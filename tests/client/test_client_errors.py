@@ -52,3 +52,27 @@ def test_errors_pickle() -> None:
     cf = errors.ConnectionFailed("lost", url="http://x", sent=True)
     back2 = pickle.loads(pickle.dumps(cf))
     assert type(back2) is errors.ConnectionFailed and back2.sent and back2.url == "http://x"
+
+
+def test_one_hierarchy_for_storage_server_and_client() -> None:
+    """The storage raises, the server answers with, and the client raises the same classes:
+    an error goes to its body and back to its own class, with its status and fields."""
+    from tdreplay import storage
+    from tdreplay.codec import errors as one
+    from tdreplay.service import errors as service_errors
+
+    for name in ERROR_STATUS:
+        cls = getattr(errors, name)
+        assert cls is one.ANSWERS[name]
+        assert getattr(storage, name, cls) is cls and getattr(service_errors, name, cls) is cls
+        assert issubclass(cls, errors.ServerError) and issubclass(cls, errors.ReplayError)
+    err = storage.TableNotFound("no table 'x'", table="x", field="name", got="x")
+    assert service_errors.status_of(err) == 404
+    back = errors.from_response(404, json.dumps(err.to_dict()).encode())
+    assert type(back) is storage.TableNotFound
+    assert (back.table, back.field, back.got, back.status) == ("x", "name", "x", 404)
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is storage.TableNotFound and again.table == "x" and str(again) == str(err)
+    locked = pickle.loads(pickle.dumps(storage.RootLocked("busy", root="/r", pid=7)))
+    assert (locked.root, locked.pid, locked.status) == ("/r", 7, 409)
+    assert not issubclass(errors.TransportError, errors.ServerError)
