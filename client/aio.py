@@ -187,8 +187,10 @@ class AsyncReplayClient(ClientBase):
     async def tables(self) -> list[dict[str, Any]]:
         return await self._run(self._calls.tables())
 
-    async def create_table(self, spec: dict[str, Any] | str | Path) -> dict[str, Any]:
-        return await self._run(self._calls.create_table(load_spec(spec)))
+    async def create_table(
+        self, spec: dict[str, Any] | str | Path, *, if_absent: bool = False
+    ) -> dict[str, Any]:
+        return await self._run(self._calls.create_table(load_spec(spec), if_absent))
 
     async def delete_table(self, table: str) -> None:
         await self._run(self._calls.delete_table(table))

@@ -213,10 +213,13 @@ class ListTables(Command[list[dict[str, Any]]]):
 @dataclass
 class CreateTable(Command[dict[str, Any]]):
     spec: dict[str, Any]
+    if_absent: bool = False
 
     def request(self) -> Request:
         headers, body = _json_body(self.spec)
-        return Request("POST", protocol.TABLES, headers, body, idempotent=False)
+        target = _target(protocol.TABLES, if_absent="true" if self.if_absent else None)
+        # create-if-absent answers the same however often it is sent: it may be retried
+        return Request("POST", target, headers, body, idempotent=self.if_absent)
 
     def parse(self, response: Response) -> dict[str, Any]:
         return response.check().json()

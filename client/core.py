@@ -203,8 +203,8 @@ class Calls:
                 by_name.setdefault(str(info.get("name")), []).append(info)
         return [merge_infos(infos) for infos in by_name.values()]
 
-    def create_table(self, spec: dict[str, Any]) -> Plan[dict[str, Any]]:
-        results = yield self._all(lambda: C.CreateTable(spec))
+    def create_table(self, spec: dict[str, Any], if_absent: bool = False) -> Plan[dict[str, Any]]:
+        results = yield self._all(lambda: C.CreateTable(spec, if_absent))
         return merge_infos(results)
 
     def delete_table(self, table: str) -> Plan[None]:

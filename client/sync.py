@@ -205,14 +205,21 @@ class ReplayClient(ClientBase):
         """The info of every table."""
         return self._run(self._calls.tables())
 
-    def create_table(self, spec: dict[str, Any] | str | Path) -> dict[str, Any]:
+    def create_table(
+        self, spec: dict[str, Any] | str | Path, *, if_absent: bool = False
+    ) -> dict[str, Any]:
         """Create a table from a spec (a mapping, or a YAML/JSON schema file); returns its info.
 
+        With ``if_absent`` it is create-if-absent, one server operation: a table of that
+        name with this spec (one being created by another caller meanwhile included) is
+        answered with its info, so that any number of workers may call it at once.
+
         Raises:
-            TableExists: a table of that name exists.
+            TableExists: a table of that name exists (with ``if_absent``: with another
+                spec; the message names the first difference).
             SchemaError: the spec is invalid (the message names the field).
         """
-        return self._run(self._calls.create_table(load_spec(spec)))
+        return self._run(self._calls.create_table(load_spec(spec), if_absent))
 
     def delete_table(self, table: str) -> None:
         """Delete a table and its data. Raises TableNotFound."""

@@ -102,6 +102,25 @@ RESERVED_KEYS = ("index", "sample_info")
 NestedKey = tuple[str, ...]
 
 
+def _identity(spec: TableSpec) -> dict[str, Any]:
+    data = spec.model_dump(mode="json")
+    data["backend"].pop("preallocate", None)
+    return data
+
+
+def _difference(a: Any, b: Any, where: str, names: tuple[str, str]) -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in [*a, *(k for k in b if k not in a)]:
+            at = f"{where}.{key}" if where else str(key)
+            found = _difference(a.get(key), b.get(key), at, names)
+            if found is not None:
+                return found
+        return None
+    if a != b:
+        return f"{where or 'spec'}: {a!r} {names[0]}, {b!r} {names[1]}"
+    return None
+
+
 def split_key(name: str) -> NestedKey:
     """``"next.reward"`` -> ``("next", "reward")``."""
     return tuple(name.split("."))
@@ -234,6 +253,20 @@ class TableSpec(SpecModel):
     def item_nbytes(self) -> int:
         """Bytes one item takes in storage (computed once: the hot path asks often)."""
         return sum(f.nbytes for f in self.fields.values())
+
+    def difference(
+        self, other: TableSpec, names: tuple[str, str] = ("here", "there")
+    ) -> str | None:
+        """The first place where ``other`` declares another table than this one, as text
+        (``None``: the same table), calling the two ``names``. How its disk is reserved
+        (``backend.preallocate``) is no difference: it changes no row, no answer.
+
+            >>> a = TableSpec.model_validate({"name": "t", "capacity": 8,
+            ...     "fields": {"x": {"shape": [], "dtype": "int64"}}})
+            >>> a.difference(a.model_copy(update={"capacity": 16}))
+            'capacity: 8 here, 16 there'
+        """
+        return _difference(_identity(self), _identity(other), "", names)
 
     # ---------------------------------------------------------------- files
     @classmethod

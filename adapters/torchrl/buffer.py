@@ -261,8 +261,8 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
         spec = R.spec_from_tensordict(
             data, self._table, exclude=(*R.SAMPLE_KEYS, self.priority_key), **self._create
         )
-        with contextlib.suppress(Exception):  # another worker created it first: info() tells
-            self._client.create_table(spec)
+        # create-if-absent on the server: workers racing to create it all succeed
+        self._client.create_table(spec, if_absent=True)
 
     def extend(  # type: ignore[override]
         self, tensordicts: Any, *, update_priority: bool | None = None

@@ -197,9 +197,12 @@ class Core:
         """Size, capacity, backend, sampler, writer, counters, rate-limiter state, waiting calls."""
         return await self.table(name).info()
 
-    async def create(self, spec: TableSpec, *, replace: bool = False) -> dict[str, Any]:
-        """Create a table from a spec (see ``Registry.create``); returns its info."""
-        handle = await self.registry.create(spec, replace=replace)
+    async def create(
+        self, spec: TableSpec, *, replace: bool = False, if_absent: bool = False
+    ) -> dict[str, Any]:
+        """Create a table from a spec, or with ``if_absent`` find it (see ``Registry.create``);
+        returns its info."""
+        handle = await self.registry.create(spec, replace=replace, if_absent=if_absent)
         return await handle.info()
 
     async def delete(self, name: str) -> None:

@@ -9,6 +9,7 @@ file on start, the spec inside a checkpoint - and holds each as a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -56,6 +57,8 @@ class Registry:
         self._on_wait = on_wait
         self._tables: dict[str, TableHandle] = {}
         self._pending: dict[str, int] = {}  # name -> bytes reserved by a create/restore under way
+        #: name -> set when the create/restore of that name under way ended (either way)
+        self._settled: dict[str, asyncio.Event] = {}
         self.redis = settings.redis_connections
         #: tables found on start that could not be served (name -> why); their data is kept
         self.failed: dict[str, str] = {}
@@ -156,17 +159,22 @@ class Registry:
                 got=nbytes,
             )
         self._pending[name] = nbytes
+        settled = self._settled[name] = asyncio.Event()
         try:
             yield
         finally:
             self._pending.pop(name, None)
+            self._settled.pop(name, None)
+            settled.set()
 
     def _install(self, table: Table) -> TableHandle:
         handle = TableHandle(table, self.settings, self._on_wait)
         self._tables[table.name] = handle
         return handle
 
-    async def create(self, spec: TableSpec, *, replace: bool = False) -> TableHandle:
+    async def create(
+        self, spec: TableSpec, *, replace: bool = False, if_absent: bool = False
+    ) -> TableHandle:
         """Admit and allocate a new table (in the threadpool).
 
         Args:
@@ -175,14 +183,25 @@ class Registry:
                 (marked) folder under ``<root>/tables/``; without it such data is
                 a :class:`TableExists` error. A folder tdreplay did not create
                 for this table is never touched either way.
+            if_absent: create-if-absent, one operation: a table of that name and
+                this spec (being created meanwhile included: this call waits for
+                it) is answered as if created; only another spec is an error.
+                Many creators racing with one spec all succeed, none sees the
+                table missing.
 
         Raises:
             Forbidden, SchemaError: see :meth:`admit`.
             TableExists: a table of that name exists or is being created, or its
-                folder is not its own or holds data (without ``replace``).
+                folder is not its own or holds data (without ``replace``); with
+                ``if_absent``: the one there has another spec (the message names
+                the first difference).
             InsufficientStorage: the tables together would exceed ``max_total_bytes``.
             BackendError: its storage could not be allocated.
         """
+        if if_absent:
+            found = await self._existing(spec)
+            if found is not None:
+                return found
         nbytes = self.admit(spec)
         with self._reserve(spec.name, nbytes):
             table = await run_in_threadpool(
@@ -197,6 +216,27 @@ class Registry:
             )
             table.fsync = self.settings.fsync == "always"
             return self._install(table)
+
+    async def _existing(self, spec: TableSpec) -> TableHandle | None:
+        """The table of ``spec``'s name if there is one (after a create of it under way
+        ended), ``None`` if there is none.
+
+        Raises:
+            TableExists: it has another spec.
+        """
+        while spec.name in self._settled:
+            await self._settled[spec.name].wait()
+        handle = self._tables.get(spec.name)
+        if handle is None:
+            return None
+        different = handle.table.spec.difference(spec, ("on the server", "asked"))
+        if different is not None:
+            raise TableExists(
+                f"table {spec.name!r} exists with another spec ({different})",
+                table=spec.name,
+                field=different.partition(":")[0],
+            )
+        return handle
 
     async def open(self, spec: TableSpec) -> TableHandle:
         """Admit ``spec`` and reopen its memmap table from disk (or create it; see ``Table.open``).

@@ -53,6 +53,14 @@ async def create_table(
             "(without it: 409). Folders tdreplay did not create are never touched."
         ),
     ] = False,
+    if_absent: Annotated[
+        bool,
+        Query(
+            description="Create-if-absent, one operation: a table of that name and this spec "
+            "(one being created meanwhile included) is answered as if created; another spec "
+            "is 409 naming the first difference. Concurrent creators with one spec all succeed."
+        ),
+    ] = False,
 ) -> dict[str, Any]:
     """Create a table from a schema (the JSON form of a schema file). Answers its info.
 
@@ -60,7 +68,7 @@ async def create_table(
     a schema cannot name a path, and a Redis table names one of the server's
     configured connections (``backend.connection``).
     """
-    return await core.create(spec, replace=replace)
+    return await core.create(spec, replace=replace, if_absent=if_absent)
 
 
 @router.get("/{name}", name="info", responses=error_responses(TableNotFound))

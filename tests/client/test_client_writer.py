@@ -51,7 +51,8 @@ def test_chunks_and_close(client: ReplayClient) -> None:
             assert client.info(name)["size"] == w.sent_rows == 4 * ((i + 1) // 4)
     assert w.sent_chunks == 3 and w.sent_rows == 10
     assert client.info(name)["size"] == 10
-    assert sorted(client.sample(name, 64)["x"].unique().tolist()) == list(range(10))
+    # 512 draws from 10 items: each item is drawn (a miss has odds 10 x 0.9^512, ~1e-22)
+    assert sorted(client.sample(name, 512)["x"].unique().tolist()) == list(range(10))
 
 
 def test_time_limit_sends(client: ReplayClient) -> None:

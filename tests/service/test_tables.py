@@ -63,6 +63,22 @@ def test_bad_schema_is_422_naming_the_field(service) -> None:
     assert client.get(protocol.TABLES).json() == {"tables": [], "unavailable": {}}
 
 
+def test_create_if_absent_is_one_operation(service) -> None:
+    client = service()
+    url = protocol.TABLES + "?if_absent=true"
+    first = client.post(url, json=spec("t", capacity=32))
+    again = client.post(url, json=spec("t", capacity=32))
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again.json()["name"] == "t" and again.json()["capacity"] == 32
+    assert extend(client, 0, 4).status_code == 200
+    assert client.post(url, json=spec("t", capacity=32)).json()["size"] == 4  # the same table
+    other = client.post(url, json=spec("t", capacity=64))
+    assert other.status_code == 409 and other.json()["type"] == "TableExists"
+    assert "capacity: 32 on the server, 64 asked" in other.json()["detail"]
+    assert other.json()["field"] == "capacity"
+    assert client.post(protocol.TABLES, json=spec("t", capacity=32)).status_code == 409
+
+
 def test_names_are_checked_whole(service, tmp_path: Path) -> None:
     """A name is a file name on the server: one that only starts right ("obs\n": ``$``
     matches before a final newline) is refused before anything is made."""

@@ -55,8 +55,10 @@ def test_collector(server: Any, client: ReplayClient, make_table: Callable[..., 
 def test_multiprocess_collectors(
     cls: type, server: Any, client: ReplayClient, make_table: Callable[..., str]
 ) -> None:
-    table = make_table()
-    rb = TDReplayBuffer(server.url, table)
+    """Two worker processes race to create the table from their first batch (``create=``,
+    create-if-absent on the server): both go on writing, every frame stored once."""
+    table = f"created_by_workers_{cls.__name__}"
+    rb = TDReplayBuffer(server.url, table, create={"capacity": 4096})
     collector = cls(
         [make_env, make_env],
         policy=None,
