@@ -269,7 +269,7 @@ class Settings(BaseSettings):
     )
     preallocate: bool = Field(
         default=False,
-        description="Reserve disk for every memmap table's whole capacity when it is created "
+        description="Reserve disk for every memmap and h5 table's whole capacity when it is created "
         "(a full disk fails the create) instead of in extents as rows arrive (disk follows the "
         "data; a full disk fails the extend that needs more, with 507). A schema can ask the "
         "same for its own table (backend: {kind: memmap, preallocate: true}).",

@@ -86,7 +86,8 @@ class MemmapBackendSpec(SpecModel):
         default=False,
         description="Reserve disk for the whole capacity when the table is created (a full "
         "disk fails the create) instead of in extents as rows arrive (a full disk fails the "
-        "extend that needs more, with 507); the server's --preallocate does it for every table.",
+        "extend that needs more, with 507); the server's --preallocate does it for every "
+        "memmap and h5 table.",
     )
 
 
@@ -94,6 +95,11 @@ class H5BackendSpec(SpecModel):
     """One HDF5 file in the table's folder, ``<root>/tables/<table>/storage.h5``."""
 
     kind: Literal["h5"] = "h5"
+    preallocate: bool = Field(
+        default=False,
+        description="Reserve disk for the whole capacity when the table is created, as for "
+        "memmap (default: in extents as rows arrive).",
+    )
 
 
 class RedisBackendSpec(SpecModel):

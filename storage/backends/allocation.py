@@ -112,7 +112,7 @@ def allocate(
             whole = preallocate or b.preallocate
             backend: Backend = TensorBackend(spec, td, claim, preallocate=whole)
         elif isinstance(b, H5BackendSpec):
-            backend = H5Backend.allocate(spec, claim)
+            backend = H5Backend.allocate(spec, claim, preallocate=preallocate or b.preallocate)
         else:  # pragma: no cover
             raise BackendError(f"unknown backend {b.kind!r}", table=spec.name)
     except Exception as err:

@@ -81,13 +81,13 @@ def serve(live_server: Callable[..., Any], mnt: Path) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("backend", "how"), [("memmap", "schema"), ("memmap", "flag"), ("h5", "always")]
+    ("backend", "how"), [("memmap", "schema"), ("memmap", "flag"), ("h5", "schema")]
 )
 def test_a_table_larger_than_the_disk_is_refused_with_507_when_its_capacity_is_reserved(
     live_server: Callable[..., Any], small_disk: Path, backend: str, how: str
 ) -> None:
     """``preallocate`` (the schema's or the server's ``--preallocate``) reserves the whole
-    capacity at create, as h5 always does: a table larger than the disk is refused."""
+    capacity at create: a table larger than the disk is refused."""
     flags = ["--preallocate"] if how == "flag" else []
     server = live_server(*flags, root=small_disk / "data")
     capacity = 2 * SIZE_MB * 256  # 2x the disk
@@ -173,6 +173,29 @@ def test_disk_follows_the_rows_and_a_full_disk_is_a_507_before_any_row_lands(
     got = json.loads(server.request("GET", protocol.table_path("big"))[2])
     assert got["size"] == acked + 256
     assert server.proc.poll() is None  # never a SIGBUS
+
+
+def test_an_h5_table_grows_with_its_rows_and_a_full_disk_is_a_507(
+    live_server: Callable[..., Any], small_disk: Path
+) -> None:
+    """An h5 table's file is sparse too: created 4x the disk, it takes rows until the disk is
+    full, then answers 507 with nothing landed and serves what it holds."""
+    server = serve(live_server, small_disk)
+    capacity = 4 * SIZE_MB * 256
+    assert post(server, protocol.TABLES, spec("h", capacity, "h5"))[0] == 201
+    assert used(small_disk) < 1 << 20
+    acked = 0
+    while True:
+        status, err = extend(server, "h", acked, 64)
+        if status != 200:
+            break
+        acked += 64
+    assert (status, err.get("type")) == (507, "InsufficientStorage"), err
+    assert 3 << 9 <= acked <= 2 << 10  # most of the 8 MiB disk, not more
+    got = json.loads(server.request("GET", protocol.table_path("h"))[2])
+    assert got["size"] == got["inserts"] == acked
+    assert int(sampled(server, "h", 256).max()) < acked
+    assert server.proc.poll() is None
 
 
 def test_a_table_that_wrapped_needs_no_more_disk(
