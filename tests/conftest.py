@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,15 +12,9 @@ import pytest
 import redis as redis_lib
 import testkit
 from forkserver import ForkServer
-from testkit import Tables
+from testkit import Tables, free_port
 
 BACKENDS = ["memory", "memmap", "h5", "shared", "redis"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

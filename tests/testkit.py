@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,30 @@ def make_rows(fields: dict[str, Any], n: int, *, seed: int = 0) -> Any:
             t = torch.randint(lo, hi, shape, generator=g, dtype=torch.int64).to(dtype)
         td.set(tuple(name.split(".")), t)
     return td
+
+
+_PORT_TURN = itertools.count()
+
+
+def free_port() -> int:
+    """A free loopback port for a test server, below the kernel's ephemeral range.
+
+    The ephemeral range (32768+ here) is where ``bind(("", 0))`` picks from and where
+    client connections take their own ports: a port picked there can be taken by
+    another process before the server binds it, and a health check then reaches
+    *that* server. Below it, each pytest-xdist worker has a slice of its own, so
+    two test processes never pick the same port.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    span = 2000
+    base = 12000 + (index % 10) * span
+    for _ in range(span):
+        port = base + next(_PORT_TURN) % span
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in [{base}, {base + span})")

@@ -26,8 +26,10 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from tensordict.utils import NestedKey
 from torchrl.data import TensorDictReplayBuffer
+from torchrl.envs.transforms.transforms import Transform
 
 from tdreplay.client import ReplayClient, TableNotFound
 
@@ -35,6 +37,7 @@ from . import rows as R
 from .priorities import PrioritiesMixin
 from .remote import ServiceSampler, ServiceStorage, ServiceWriter
 from .state import ServiceStateMixin
+from .transforms import as_compose, prepared
 
 
 class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer):
@@ -121,7 +124,7 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
         self._batch_size = batch_size
         self._prefetch_cap = int(prefetch or 0)
         self.priority_key = priority_key
-        self._transform_fn = transform
+        self._transform = as_compose(transform)
         self._strict = strict
         self._create = dict(create) if create is not None else None
         self._timeout = timeout
@@ -154,7 +157,7 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
             "batch_size": self._batch_size,
             "prefetch": self._prefetch_cap or None,
             "priority_key": self.priority_key,
-            "transform": self._transform_fn,
+            "transform": self._transform,
             "strict": self._strict,
             "create": self._create,
             "timeout": self._timeout,
@@ -279,7 +282,11 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
                 (nothing was written).
             RateLimitTimeout: the table's rate limiter held the insert past ``timeout``.
         """
-        data = R.as_tensordict(tensordicts, who="TDReplayBuffer.extend")
+        given = R.as_tensordict(tensordicts, who="TDReplayBuffer.extend")
+        data = given
+        if len(self._transform):  # as TorchRL: the inverse transforms, on the way in
+            with _set_dispatch_td_nn_modules(True):
+                data = self._transform.inv(given)
         keys = self._table_keys(data)
         extra: set[tuple[str, ...]] = set()
         if self._strict:
@@ -290,8 +297,8 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
             self._warn_extra(extra)
         index = self._client.extend(self._table, rows, timeout=self._timeout)
         shaped = index.reshape(data.batch_size) if data.batch_dims else index.reshape(())
-        if not data.is_locked:
-            data.set("index", shaped)
+        if not given.is_locked and given.batch_size == data.batch_size:
+            given.set("index", shaped)
         if update_priority is not False and self._sampler.prioritized:
             priority = data.get(self.priority_key, None)
             if priority is not None:
@@ -299,6 +306,26 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
                     self._table, index, R.priority_vector(data, self.priority_key)
                 )
         return shaped
+
+    # ---------------------------------------------------------------- transforms
+    def append_transform(
+        self, transform: Transform | Callable[..., Any], *, invert: bool = False
+    ) -> TDReplayBuffer:
+        """Apply ``transform`` last to every sampled batch, as TorchRL's buffers do
+        (``invert=True``: its forward on the way in, at ``extend``, its inverse on the way out).
+
+        Example:
+            >>> rb.append_transform(lambda td: td.set("reward2", td["next", "reward"] * 2))  # doctest: +SKIP
+        """
+        self._transform.append(prepared(transform, invert))
+        return self
+
+    def insert_transform(
+        self, index: int, transform: Transform | Callable[..., Any], *, invert: bool = False
+    ) -> TDReplayBuffer:
+        """Insert ``transform`` at ``index`` of the buffer's transforms (see :meth:`append_transform`)."""
+        self._transform.insert(index, prepared(transform, invert))
+        return self
 
     def add(self, data: Any) -> int:
         """Insert one step (a TensorDict with an empty batch); returns its slot."""
@@ -353,8 +380,8 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
             weight = batch.get(("sample_info", "weight"))
             batch.set("priority_weight", weight)
             info["priority_weight"] = weight
-        if self._transform_fn is not None:
-            batch = self._transform_fn(batch)
+        if len(self._transform):
+            batch = self._transform(batch)
         return (batch, info) if return_info else batch
 
     def _copies(self) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -46,12 +45,6 @@ def check_rows(server: Any, n: int, name: str = "t", batch: int = 256) -> None:
     sampled = decode(raw)
     assert int(sampled["id"].max()) < n
     assert_rows_match(sampled)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def env() -> dict[str, str]:

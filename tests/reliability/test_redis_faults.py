@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 import redis as redis_lib
-from reliability_helpers import create, extend, free_port
+from reliability_helpers import create, extend
 from service_helpers import ARROW, body
+from testkit import free_port
 
 from tdreplay.codec import decode, protocol
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_helpers import check_rows, create, extend, free_port, python
+from reliability_helpers import check_rows, create, extend, python
+from testkit import free_port
 
 from tdreplay.storage.errors import RootLocked, TDReplayError
 from tdreplay.storage.rootlock import lock_root

@@ -17,7 +17,6 @@ import os
 import pickle
 import shlex
 import shutil
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -222,12 +221,6 @@ def test_symlinks_out_of_the_checkpoint_are_refused(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- real servers
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_restore_over_http_of_a_poisoned_checkpoint(live_server: Any, tmp_path: Path) -> None:
     server = live_server()
     headers = {"Content-Type": "application/json"}

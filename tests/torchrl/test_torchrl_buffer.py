@@ -13,6 +13,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.collectors import Collector
 from torchrl.data import TensorDictReplayBuffer
+from torchrl.envs.transforms import RewardScaling, Transform
 from torchrl.modules import QValueActor
 from torchrl.objectives import DQNLoss
 from torchrl_kit import check_exactly_once, make_env, stored_frame_ids
@@ -213,3 +214,44 @@ def test_clear_errors(server: Any, make_table: Callable[..., str]) -> None:
         assert rb.update_priority(torch.tensor([0]), torch.tensor([1.0])) == 0
     with pytest.raises(TableNotFound):
         len(TDReplayBuffer(server.url, "no_such_table"))
+
+
+class _Twice(Transform):  # TorchRL's insert_transform takes Transforms only
+    def forward(self, td: Any) -> Any:
+        return td.set("twice", td["next", "reward"] * 2)
+
+
+def _plus_one(td: Any) -> Any:
+    return td.set("twice", td["twice"] + 1)
+
+
+def _mark_written(td: Any) -> Any:  # appended inverted: runs on extend
+    td = td.clone()
+    td["next", "reward"] = td["next", "reward"] + 100
+    return td
+
+
+def test_transforms_as_torchrl_applies_them(
+    server: Any, make_table: Callable[..., str], frames: TensorDict
+) -> None:
+    """``append_transform`` / ``insert_transform`` / ``transform=`` act as on TorchRL's own
+    buffer: forward on every sample in order, an inverted one on the way in; the buffer
+    pickles with them (collector workers get them)."""
+    ours = TDReplayBuffer(server.url, make_table(), batch_size=8)
+    theirs = TensorDictReplayBuffer(batch_size=8)
+    for rb in (ours, theirs):
+        rb.append_transform(_plus_one)
+        rb.insert_transform(0, _Twice())  # before plus_one
+        rb.append_transform(_mark_written, invert=True)
+        rb.append_transform(RewardScaling(loc=0.0, scale=0.5, in_keys=[("next", "reward")]))
+    data = frames.clone()
+    ours.extend(data)
+    theirs.extend(frames.clone())
+    assert torch.equal(data["next", "reward"], frames["next", "reward"])  # the caller's is kept
+    a, b = ours.sample(), theirs.sample()
+    for batch in (a, b):
+        stored = batch["twice"] - 1  # twice the stored reward, written +100
+        assert torch.allclose(stored, 2 * (frames["next", "reward"][:8].new_ones(8, 1) * 101))
+        assert torch.allclose(batch["next", "reward"], torch.full((8, 1), 50.5))  # scaled
+    again = pickle.loads(pickle.dumps(ours))
+    assert torch.allclose(again.sample()["twice"], a["twice"])
