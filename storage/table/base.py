@@ -311,7 +311,15 @@ class TableBase:
         now = time.monotonic()
         if cached is not None and now - cached[0] < cached[1]:
             return cached[2], True
-        if not self._scanning.acquire(blocking=False):  # another thread scans now
+        if not self._scanning.acquire(blocking=False):  # another thread scans now: its
+            # figures will do (a small table's scan is cached for no time at all, so two
+            # callers often meet here: the /status history ticks every second)
+            if not self._scanning.acquire(timeout=-1 if wait is None else wait):
+                return (cached[2], False) if cached is not None else (None, False)
+            self._scanning.release()
+            done = self._scan
+            if done is not None and done is not cached:
+                return done[2], True
             return (cached[2], False) if cached is not None else (None, False)
         try:
             if not self._cond.acquire(timeout=-1 if wait is None else wait):
