@@ -34,7 +34,6 @@ from .base import ClientBase
 from .core import Call, ClientSettings, Gather, Pause, Plan
 from .deprecation import warn_close_deprecated
 from .loader import Loader, LoaderIterator
-from .retry import NO_RETRY
 from .schema import load_spec
 from .stats import flatten
 from .sync import ReplayClient
@@ -135,8 +134,7 @@ class AsyncReplayClient(ClientBase):
             raise shm.in_doubt(err, in_doubt) from None
 
     async def _call_http(self, call: Call) -> Any:
-        policy = NO_RETRY if call.once else self.settings.retry
-        command = call.command
+        policy, command = call.retry(self.settings.retry), call.command
         start, attempt = time.monotonic(), 0
         while True:
             attempt += 1

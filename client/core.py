@@ -36,7 +36,7 @@ from tensordict import TensorDict
 
 from . import commands as C
 from . import errors
-from .retry import RetryPolicy
+from .retry import NO_RETRY, RetryPolicy
 from .shards import ShardHealth
 from .tensorclass import to_tensorclass
 
@@ -99,6 +99,10 @@ class Call:
     shard: int
     command: C.Command[Any]
     once: bool = False
+
+    def retry(self, policy: RetryPolicy) -> RetryPolicy:
+        """The retry policy this call runs under: ``policy``, or none for a try (``once``)."""
+        return NO_RETRY if self.once else policy
 
 
 @dataclass

@@ -29,7 +29,6 @@ from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
 from .core import Call, ClientSettings, Gather, Pause, Plan
 from .loader import Loader
-from .retry import NO_RETRY
 from .schema import load_spec
 from .stats import flatten
 from .transport import Transport
@@ -146,8 +145,7 @@ class ReplayClient(ClientBase):
             raise shm.in_doubt(err, in_doubt) from None
 
     def _call_http(self, call: Call) -> Any:
-        policy = NO_RETRY if call.once else self.settings.retry
-        command = call.command
+        policy, command = call.retry(self.settings.retry), call.command
         start, attempt = time.monotonic(), 0
         while True:
             attempt += 1

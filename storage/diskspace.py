@@ -17,29 +17,16 @@ reservations, checkpoints and exports that run out of room are reported as
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Protocol
 
 from .errors import InsufficientStorage
-
-log = logging.getLogger("tdreplay.storage")
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 _FULL_TEXT = ("no space left on device", "disk quota exceeded", "errno = 28")
 #: posix_fallocate failures that mean "not supported here", not "no room"
 FALLOCATE_UNSUPPORTED = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
-
-
-class _Backend(Protocol):
-    @property
-    def location(self) -> str | None: ...
-
-    def flush(self) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def is_full(err: BaseException) -> bool:

@@ -108,17 +108,14 @@ def _identity(spec: TableSpec) -> dict[str, Any]:
     return data
 
 
-def _difference(a: Any, b: Any, where: str, names: tuple[str, str]) -> str | None:
+def _difference(a: Any, b: Any, where: str) -> tuple[str, Any, Any] | None:
     if isinstance(a, dict) and isinstance(b, dict):
         for key in [*a, *(k for k in b if k not in a)]:
-            at = f"{where}.{key}" if where else str(key)
-            found = _difference(a.get(key), b.get(key), at, names)
+            found = _difference(a.get(key), b.get(key), f"{where}.{key}" if where else str(key))
             if found is not None:
                 return found
         return None
-    if a != b:
-        return f"{where or 'spec'}: {a!r} {names[0]}, {b!r} {names[1]}"
-    return None
+    return (where or "spec", a, b) if a != b else None
 
 
 def split_key(name: str) -> NestedKey:
@@ -254,19 +251,18 @@ class TableSpec(SpecModel):
         """Bytes one item takes in storage (computed once: the hot path asks often)."""
         return sum(f.nbytes for f in self.fields.values())
 
-    def difference(
-        self, other: TableSpec, names: tuple[str, str] = ("here", "there")
-    ) -> str | None:
-        """The first place where ``other`` declares another table than this one, as text
-        (``None``: the same table), calling the two ``names``. How its disk is reserved
-        (``backend.preallocate``) is no difference: it changes no row, no answer.
+    def difference(self, other: TableSpec) -> tuple[str, Any, Any] | None:
+        """The first place where ``other`` declares another table than this one: its
+        dotted path, this spec's value there and ``other``'s (``None``: the same table).
+        How its disk is reserved (``backend.preallocate``) is no difference: it changes
+        no row, no answer.
 
             >>> a = TableSpec.model_validate({"name": "t", "capacity": 8,
             ...     "fields": {"x": {"shape": [], "dtype": "int64"}}})
             >>> a.difference(a.model_copy(update={"capacity": 16}))
-            'capacity: 8 here, 16 there'
+            ('capacity', 8, 16)
         """
-        return _difference(_identity(self), _identity(other), "", names)
+        return _difference(_identity(self), _identity(other), "")
 
     # ---------------------------------------------------------------- files
     @classmethod

@@ -229,12 +229,14 @@ class Registry:
         handle = self._tables.get(spec.name)
         if handle is None:
             return None
-        different = handle.table.spec.difference(spec, ("on the server", "asked"))
+        different = handle.table.spec.difference(spec)
         if different is not None:
+            where, served, asked = different
             raise TableExists(
-                f"table {spec.name!r} exists with another spec ({different})",
+                f"table {spec.name!r} exists with another spec ({where}: {served!r} on the "
+                f"server, {asked!r} asked)",
                 table=spec.name,
-                field=different.partition(":")[0],
+                field=where,
             )
         return handle
 

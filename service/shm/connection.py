@@ -367,8 +367,9 @@ class Connection(asyncio.Protocol):
         number = self.slots.check_number(m.get("slot"))
         layout = SlotLayout.of(handle.table.spec.torch_schema(), rows)
         slot = self.slots.make(number, "extend", handle, layout)
-        done.reply = {"ok": True, "slot": number, "rows": rows, "layout": layout.to_json()}
-        done.reply["nbytes"] = slot.size
+        done.reply = {
+            "ok": True, "slot": number, "rows": rows, "layout": layout.to_json(), "nbytes": slot.size
+        }  # fmt: skip
         done.slot = slot
 
     async def _extend(self, m: dict[str, Any], done: _Done) -> None:

@@ -80,11 +80,6 @@ class Budget:
         self.used = 0
         self._lingering: deque[tuple[float, Slot]] = deque()
 
-    @property
-    def lingering(self) -> int:
-        """Bytes of let-go slots not reclaimed yet (counted in :attr:`used`)."""
-        return sum(slot.size for _, slot in self._lingering)
-
     def take(self, size: int) -> None:
         """Count ``size`` more bytes, reclaiming let-go slots first where needed.
 

@@ -20,7 +20,7 @@ from ..spec import (
     SharedBackendSpec,
     TableSpec,
 )
-from .base import Backend
+from .base import Backend, preallocated
 from .h5 import H5Backend
 from .locations import (
     LocationClaim,
@@ -107,12 +107,12 @@ def allocate(
         path = claim.path
         if os.path.lexists(path):  # dead data (``replace``): a held location is never claimed
             delete_location(path)
+        whole = preallocated(spec, preallocate)
         if isinstance(b, MemmapBackendSpec):
             td = TensorDict.from_schema(schema, batch_size=cap, storage="memmap", prefix=str(path))
-            whole = preallocate or b.preallocate
             backend: Backend = TensorBackend(spec, td, claim, preallocate=whole)
         elif isinstance(b, H5BackendSpec):
-            backend = H5Backend.allocate(spec, claim, preallocate=preallocate or b.preallocate)
+            backend = H5Backend.allocate(spec, claim, preallocate=whole)
         else:  # pragma: no cover
             raise BackendError(f"unknown backend {b.kind!r}", table=spec.name)
     except Exception as err:

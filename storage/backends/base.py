@@ -19,6 +19,12 @@ ONE_BLOCK_BYTES = 128 * 1024
 _ALIGN = 64
 
 
+def preallocated(spec: TableSpec, asked: bool) -> bool:
+    """Whether a file backend reserves its whole capacity at once: asked by the caller
+    (the server's ``--preallocate``) or by the spec's ``backend.preallocate``."""
+    return asked or bool(getattr(spec.backend, "preallocate", False))
+
+
 def carrier(dtype: torch.dtype) -> torch.dtype:
     """The dtype a backend without bfloat16 (HDF5, Redis) stores a field as (same bits)."""
     return torch.int16 if dtype == torch.bfloat16 else dtype
@@ -100,6 +106,12 @@ class Backend:
         """
         if self.extents is not None:
             self.extents.reserve(end)
+
+    def _cover(self, rows: Rows) -> None:
+        """Before a write: the rows it touches are reserved (a no-op once all are)."""
+        ext = self.extents
+        if ext is not None and ext.reserved < self.capacity:
+            ext.reserve(rows.stop if isinstance(rows, slice) else int(rows.max()) + 1)
 
     @property
     def reserved_bytes(self) -> int:

@@ -87,9 +87,7 @@ class H5Backend(Backend):
         return cls(spec, td, claim, preallocate=preallocate)
 
     def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:
-        ext = self.extents
-        if ext is not None and ext.reserved < self.capacity:  # never a write past the reserve
-            ext.reserve(rows.stop if isinstance(rows, slice) else int(rows.max()) + 1)
+        self._cover(rows)
         if isinstance(rows, slice):
             for key, ds in self.datasets.items():
                 ds[rows] = _to_numpy(data[key])

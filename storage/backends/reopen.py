@@ -15,6 +15,7 @@ from tensordict import TensorDict
 from ..durable import DurableState, map_file, spec_matches
 from ..errors import BackendError, InsufficientStorage, TableExists, TDReplayError
 from ..spec import MemmapBackendSpec, TableSpec
+from .base import preallocated
 from .locations import (
     TABLES_DIR,
     claim_location,
@@ -111,7 +112,7 @@ def reopen(spec: TableSpec, root: str | Path, *, preallocate: bool = False) -> T
     except BaseException:
         claim.release()
         raise
-    if (preallocate or spec.backend.preallocate) and backend.extents is not None:
+    if preallocated(spec, preallocate) and backend.extents is not None:
         try:
             backend.extents.reserve(spec.capacity, exact=True)
         except InsufficientStorage as err:

@@ -58,9 +58,7 @@ class TensorBackend(Backend):
         self._items = [(k, t.as_subclass(torch.Tensor)) for k, t in self.tensors.items()]
 
     def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:
-        ext = self.extents
-        if ext is not None and ext.reserved < self.capacity:  # never a hole under a write
-            ext.reserve(rows.stop if isinstance(rows, slice) else int(rows.max()) + 1)
+        self._cover(rows)  # never a hole under a mapped write
         if isinstance(rows, slice):
             for key, t in self._items:
                 t[rows].copy_(data[key])
