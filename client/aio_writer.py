@@ -121,7 +121,7 @@ class AsyncWriter(_WriterBase):
                 async with self._lock:
                     await self._send(self._buffer.take(expired=True, borrow=True))
             except Exception as err:
-                self._error = err
+                self._keep(err)
                 self._buffer.clear()
 
     async def aclose(self, *, discard: bool = False) -> None:

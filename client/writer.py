@@ -105,15 +105,20 @@ class _WriterBase:
         self.timeout = timeout
         self._keys = (episode_key, end_key)
         self._buffer: ChunkBuffer | None = None
-        self._error: BaseException | None = None
+        #: errors of sends made by another thread (or the timer), each raised once, in order
+        self._errors: list[BaseException] = []
         self._closed = False
         self.sent_rows = 0
         self.sent_chunks = 0
 
+    def _keep(self, err: BaseException) -> None:
+        """Keep the error of a send made elsewhere for the next call to raise (after those
+        kept before it: every failed chunk is told, none dropped)."""
+        self._errors.append(err)
+
     def _raise_pending(self) -> None:
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
+        if self._errors:
+            raise self._errors.pop(0)
 
 
 class Writer(_WriterBase):
@@ -192,9 +197,9 @@ class Writer(_WriterBase):
         return self._buffer
 
     def _raise_pending(self) -> None:
-        if self._error is not None:
+        if self._errors:
             with self._sent:
-                err, self._error = self._error, None
+                err = self._errors.pop(0) if self._errors else None
             if err is not None:
                 raise err
 
@@ -212,8 +217,7 @@ class Writer(_WriterBase):
             self._send(chunks)
         except BaseException as err:
             with self._sent:
-                if self._error is None:  # the first error is the one to see
-                    self._error = err
+                self._keep(err)
                 self._sent.notify_all()
 
     def _wait_in_flight(self) -> None:
@@ -260,7 +264,7 @@ class Writer(_WriterBase):
         """
         with self._sent:
             done = self._sent.wait_for(
-                lambda: self.sent_rows >= rows or self._error is not None, timeout
+                lambda: self.sent_rows >= rows or bool(self._errors), timeout
             )
         self._raise_pending()
         return bool(done)
@@ -277,7 +281,7 @@ class Writer(_WriterBase):
         """
         if self._closed:
             raise RuntimeError("append() on a closed writer")
-        if self._error is not None:
+        if self._errors:
             self._raise_pending()
         buf = self._buffer or self._buf()
         with self._send_lock:
@@ -316,7 +320,7 @@ class Writer(_WriterBase):
                 self._send_now(self._buffer)
             except BaseException as err:
                 with self._sent:
-                    self._error = self._error or err
+                    self._keep(err)
                 with self._cond:
                     self._buffer.clear()
 
@@ -348,7 +352,7 @@ class Writer(_WriterBase):
                     self._wait_in_flight()
                     buf.clear()
                     with self._sent:
-                        self._error = None
+                        self._errors.clear()
                     return
                 self._wait_in_flight()
                 self._raise_pending()
