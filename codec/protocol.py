@@ -46,7 +46,7 @@ The docs: ``GET /docs`` (Swagger UI) and ``GET /openapi.json``.
 Sampled batches carry, beside the table's fields, ``index`` (int64),
 ``sample_info.priority`` (float32), ``sample_info.weight`` (float32),
 ``sample_info.times_sampled`` (int64) and ``sample_info.key`` (int64: the
-item's insert number, unique for the table's life; sent back with the index to
+item's ordinal, 1 for the table's first item, unique for the table's life; sent back with the index to
 update_priority, it makes the update skip slots overwritten since the sample).
 
 With a token configured, every route but ``/healthz`` and ``/readyz`` needs

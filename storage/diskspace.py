@@ -2,7 +2,7 @@
 
 A memory-mapped write past the free space of its file system ends the process
 with SIGBUS, not an exception, so file backends reserve the blocks under their
-rows before writing there (:mod:`~tdreplay.storage.backends.extents`). Those
+rows before writing there (:mod:`~tdreplay.storage.extents`). Those
 reservations, checkpoints and exports that run out of room are reported as
 :class:`InsufficientStorage` (507), quoting the bytes free
 (:func:`is_full`, :func:`insufficient`).

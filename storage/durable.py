@@ -7,11 +7,14 @@ the kernel writes them back. This module gives the table's *state* the same
 property, so a restarted server reopens every acknowledged row without a
 checkpoint:
 
-* **Per-slot columns** (``live``, insert number and times sampled per slot,
+* **Per-slot columns** (``live``, ordinal and times sampled per slot,
   priorities, episode ids, max-value keys) are memory-mapped files too:
   the table's parts keep using plain tensors, which are views of the files
   (``columns()`` / ``bind_columns()`` of :class:`~tdreplay.storage.slots.Slots`,
   the samplers and the writers). Updating them costs what it costs in RAM.
+  A never-written slot's state is all zeros, so the files start as holes and
+  are reserved on disk with the rows, an extent at a time
+  (:mod:`~tdreplay.storage.extents`): disk follows the data.
 * **Scalars** (write cursor, queue head, stack top, rate-limiter counters,
   episode counter, largest priority) are one small record written at the end
   of every state change, into one of two alternating slots of ``record.bin``,
@@ -23,7 +26,7 @@ checkpoint:
   slot holds a whole item and its own state; an insert cut short leaves its
   slots not live (never served). What the record may miss after such a crash
   (a count of the last insert) is derived again from the columns on open:
-  live count, high-water mark, next insert number, the ring's cursor, the
+  live count, high-water mark, items inserted, the ring's cursor, the
   queue's head, the stack's top.
 * **Generator, sumtree, slice validity, epoch permutation** are rebuilt on
   open (a without-replacement sampler starts a new epoch).
@@ -47,7 +50,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import struct
 import time
@@ -58,8 +60,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .diskspace import FALLOCATE_UNSUPPORTED, fsync_path, is_full
-from .errors import BackendError, InsufficientStorage
+from .columnfiles import ADDED_COLUMNS, RENAMED_COLUMNS, create_file, map_file, upgrade_column
+from .diskspace import fsync_path
+from .errors import BackendError
+from .extents import Span
 from .spec import TableSpec
 from .statefile import StateError
 
@@ -69,10 +73,6 @@ if TYPE_CHECKING:
 STATE_DIR = ".tdreplay-state"
 SPEC_FILE = "spec.json"
 RECORD_FILE = "record.bin"
-
-#: per-slot columns later versions added: missing from an older table's state, they
-#: are created as zeros (what they hold for items written before them)
-ADDED_COLUMNS = frozenset({"slots.tag"})
 
 #: the scalars of a table, in the order the record stores them
 SCALARS = (
@@ -84,7 +84,7 @@ SCALARS = (
     "insert_waits",
     "sample_waits",
     "episode_base",
-    "next_seq",
+    "inserted",
     "max_priority",
 )
 #: one record: generation (u64), the scalars (i64, the last one f64), crc32 of all that (u64)
@@ -92,45 +92,6 @@ _BODY = struct.Struct("<Q" + "q" * (len(SCALARS) - 1) + "d")
 _RECORD = struct.Struct(_BODY.format + "Q")
 _RECORD_BYTES = 128
 assert _RECORD.size <= _RECORD_BYTES
-
-
-def _create_file(path: Path, nbytes: int) -> None:
-    """A zero-filled file of ``nbytes``, its blocks allocated now (ENOSPC here, not SIGBUS later)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        if nbytes:
-            try:
-                os.posix_fallocate(fd, 0, nbytes)
-            except OSError as err:
-                if is_full(err):
-                    raise InsufficientStorage(
-                        f"no room for {path} ({nbytes} bytes): {err.strerror}"
-                    ) from None
-                if err.errno not in FALLOCATE_UNSUPPORTED:
-                    raise
-                os.ftruncate(fd, nbytes)  # the file system cannot reserve: size it
-    finally:
-        os.close(fd)
-
-
-def map_file(path: Path, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """The raw file ``path`` as a shared (writable) tensor of ``dtype`` and ``shape``.
-
-    The dtype and shape come from the caller (the spec), never from the file;
-    its size must match exactly. torch maps the file and closes it (no file
-    descriptor is kept).
-
-    Raises:
-        BackendError: the file is missing or has another size.
-    """
-    expected = math.prod(shape) * dtype.itemsize
-    got = path.stat().st_size if path.is_file() else None
-    if got != expected:
-        what = "is missing" if got is None else f"holds {got} bytes"
-        raise BackendError(f"{path} {what}, expected {expected}: the table's files are damaged")
-    if not expected:
-        return torch.empty(shape, dtype=dtype)
-    return torch.from_file(str(path), shared=True, size=math.prod(shape), dtype=dtype).view(shape)
 
 
 class DurableState:
@@ -172,20 +133,37 @@ class DurableState:
         self._mapped = mapped  # keeps the mapping alive
         self._record = mapped.numpy()
 
+    def _reserve_with_rows(self, mapped: dict[str, torch.Tensor]) -> None:
+        """The column files join the rows' extents: reserved as far as the rows are now,
+        and with them from then on."""
+        extents = self.table.backend.extents
+        if extents is not None:
+            extents.add(
+                [
+                    Span(self.folder / f"{name}.bin", 0, t[:1].numel() * t.element_size())
+                    for name, t in mapped.items()
+                ]
+            )
+
     @classmethod
     def create(cls, folder: Path, table: Table) -> DurableState:
-        """Lay out the state files of a new table and bind its parts to them."""
+        """Lay out the state files of a new table and bind its parts to them.
+
+        The files are holes: a fresh table's per-slot state is zeros (see
+        :mod:`~tdreplay.storage.slots`), so nothing is copied into them.
+        """
         state = cls(folder, table)
         folder.mkdir()
         mapped = {}
         for name, tensor in cls._columns(table).items():
             path = folder / f"{name}.bin"
-            _create_file(path, tensor.numel() * tensor.element_size())
-            m = map_file(path, tensor.dtype, tuple(tensor.shape))
-            m.copy_(tensor)
-            mapped[name] = m
-        _create_file(folder / RECORD_FILE, 2 * _RECORD_BYTES)  # zeros: generation 0, no record
+            create_file(path, tensor.numel() * tensor.element_size())
+            mapped[name] = map_file(path, tensor.dtype, tuple(tensor.shape))
+            if bool(tensor.any()):  # not a fresh table's state after all: keep it
+                mapped[name].copy_(tensor)
+        create_file(folder / RECORD_FILE, 2 * _RECORD_BYTES, reserve=True)  # zeros: no record
         state._map_record()
+        state._reserve_with_rows(mapped)
         state._bind(mapped)
         state.save()
         return state
@@ -244,10 +222,13 @@ class DurableState:
         mapped = {}
         for name, tensor in cls._columns(table).items():
             path = folder / f"{name}.bin"
+            if name in RENAMED_COLUMNS:  # state of an earlier version
+                upgrade_column(folder, name, tensor)
             if name in ADDED_COLUMNS and not path.exists():  # state of an earlier version
-                _create_file(path, tensor.numel() * tensor.element_size())
+                create_file(path, tensor.numel() * tensor.element_size())
             mapped[name] = map_file(path, tensor.dtype, tuple(tensor.shape))
         state._map_record()
+        state._reserve_with_rows(mapped)
         state._bind(mapped)
         try:
             state._load()
@@ -276,7 +257,7 @@ class DurableState:
             rl.insert_waits,
             rl.sample_waits,
             t._episode_base,
-            t.slots.next_seq,
+            t.slots.inserted,
             float(getattr(smp, "max_priority", 0.0)),
         )
         start = (self._gen % 2) * _RECORD_BYTES
@@ -307,22 +288,21 @@ class DurableState:
         rec = self._read_record() or dict.fromkeys(SCALARS, 0)
         s = t.slots
         live = s.live
-        written = (s.seq >= 0).nonzero().squeeze(1)
+        written = (s.ordinal > 0).nonzero().squeeze(1)
         n_live = int(live.sum())
         hi = int(written.max()) + 1 if len(written) else 0
-        newest = int(s.seq.max()) if len(written) else -1
-        next_seq = max(int(rec["next_seq"]), newest + 1)
+        inserted = max(int(rec["inserted"]), int(s.ordinal.max()) if len(written) else 0)
         # The ring's cursor is the slot after the newest item; the queue's head
         # its oldest live item; the stack's top the end of its live run.
-        cursor = (int(s.seq.argmax()) + 1) % s.capacity if len(written) else 0
+        cursor = (int(s.ordinal.argmax()) + 1) % s.capacity if len(written) else 0
         live_idx = live.nonzero().squeeze(1)
         if len(live_idx):
-            head = int(live_idx[s.seq[live_idx].argmin()])
+            head = int(live_idx[s.ordinal[live_idx].argmin()])
             top = int(live_idx.max()) + 1
         else:
             head, top = cursor, 0
         state = t.state_dict()
-        state["slots"].update(n_live=n_live, hi=hi, next_seq=next_seq)
+        state["slots"].update(n_live=n_live, hi=hi, inserted=inserted)
         if "cursor" in state["writer"]:
             state["writer"]["cursor"] = cursor
         if "top" in state["writer"]:
@@ -331,7 +311,7 @@ class DurableState:
             state["sampler"]["head"] = head
         if "max_priority" in state["sampler"]:
             state["sampler"]["max_priority"] = max(float(rec["max_priority"]), 1e-12)
-        behind = max(0, next_seq - int(rec["next_seq"]))  # inserts the record missed
+        behind = max(0, inserted - int(rec["inserted"]))  # inserts the record missed
         state["rate_limiter"].update(
             inserts=int(rec["inserts"]) + behind,
             samples=int(rec["samples"]),
@@ -340,6 +320,14 @@ class DurableState:
         )
         state["episode_base"] = int(rec["episode_base"])
         state.pop("generator", None)  # a reopened table draws from a fresh seed
+        # The per-slot tensors are the mapped columns themselves, not the copies state_dict
+        # made: loading copies nothing into them (a column copied onto itself would take
+        # disk blocks for its holes, the state of slots never written).
+        for part, owner in (("slots", t.slots), ("sampler", t.sampler), ("writer", t.writer)):
+            for key, value in state[part].items():
+                own = getattr(owner, key, None)
+                if isinstance(value, torch.Tensor) and isinstance(own, torch.Tensor):
+                    state[part][key] = own
         t.load_state_dict(state)
 
     # ------------------------------------------------------------ disk

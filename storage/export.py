@@ -157,12 +157,12 @@ def export(
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        index, seq = _snapshot(table)
+        index, ordinal = _snapshot(table)
         write = _write_parquet if fmt == "parquet" else _write_csv
         with progress_bar(
             progress, len(index), table.spec.item_nbytes, f"export {table.name}"
         ) as bar:
-            dropped = write(table, tmp, index, seq, bar)
+            dropped = write(table, tmp, index, ordinal, bar)
         os.replace(tmp, path)
     except BaseException as err:
         with contextlib.suppress(OSError):
@@ -213,34 +213,34 @@ def _format(table: Table, path: Path, format: str | None) -> str:
 
 
 def _snapshot(table: Table) -> tuple[torch.Tensor, torch.Tensor]:
-    """Live slots oldest first, and the insert number of the item each holds, taken at once."""
+    """Live slots oldest first, and the ordinal of the item each holds, taken at once."""
     with table._cond:
         if table.closed:  # its storage handles are gone
             raise TableClosed(f"table {table.name!r} is closed", table=table.name)
         s = table.slots
         live = s.live.nonzero().squeeze(1)
-        index = live[torch.argsort(s.seq[live])]
-        return index, s.seq[index].clone()
+        index = live[torch.argsort(s.ordinal[live])]
+        return index, s.ordinal[index].clone()
 
 
 def _chunks(
-    table: Table, index: torch.Tensor, seq: torch.Tensor, rows: int
+    table: Table, index: torch.Tensor, ordinal: torch.Tensor, rows: int
 ) -> Iterator[tuple[dict[NestedKey, torch.Tensor], int]]:
     """``(items, slots read)`` for the slots of ``index``, ``rows`` at a time.
 
     Each chunk is read under the data read lock. A slot whose item is still
-    live with the same insert number after the read was not written during it:
+    live with the same ordinal after the read was not written during it:
     an insert marks the slots it claims dead before it writes them and gives
-    them a new number after. Other rows are left out. (The check is made after
+    them a new ordinal after. Other rows are left out. (The check is made after
     the read lock is released: sampling takes that lock while holding the
     table's, so taking them the other way round could deadlock.)
     """
     for start in range(0, len(index), rows):
-        idx, want = index[start : start + rows], seq[start : start + rows]
+        idx, want = index[start : start + rows], ordinal[start : start + rows]
         with table._data_lock.read():
             data = table.backend.read(idx)
         with table._cond:
-            intact = table.slots.live[idx] & (table.slots.seq[idx] == want)
+            intact = table.slots.live[idx] & (table.slots.ordinal[idx] == want)
         if not bool(intact.all()):
             keep = intact.nonzero().squeeze(1)
             data = {k: v.index_select(0, keep) for k, v in data.items()}
@@ -256,12 +256,12 @@ def _parquet_schema(table: Table) -> pa.Schema:
 
 
 def _write_parquet(
-    table: Table, path: Path, index: torch.Tensor, seq: torch.Tensor, bar: tqdm
+    table: Table, path: Path, index: torch.Tensor, ordinal: torch.Tensor, bar: tqdm
 ) -> int:
     rows = _chunk_rows(table.spec.item_nbytes, CHUNK_BYTES)
     written = 0
     with pq.ParquetWriter(path, _parquet_schema(table)) as writer:
-        for data, read in _chunks(table, index, seq, rows):
+        for data, read in _chunks(table, index, ordinal, rows):
             n = next(iter(data.values())).shape[0]
             if n:
                 writer.write_batch(to_record_batch(data), row_group_size=n)
@@ -296,7 +296,9 @@ def _csv_arrays(t: torch.Tensor) -> list[pa.Array]:
     return [arr.slice(j * n, n) for j in range(columns.shape[0])]
 
 
-def _write_csv(table: Table, path: Path, index: torch.Tensor, seq: torch.Tensor, bar: tqdm) -> int:
+def _write_csv(
+    table: Table, path: Path, index: torch.Tensor, ordinal: torch.Tensor, bar: tqdm
+) -> int:
     fields: list[pa.Field] = []
     keys = table.spec.keys()
     for key, (shape, dtype) in table.spec.torch_schema().items():
@@ -314,7 +316,7 @@ def _write_csv(table: Table, path: Path, index: torch.Tensor, seq: torch.Tensor,
         pa.OSFile(str(path), "wb") as sink,
         pcsv.CSVWriter(sink, schema, write_options=options) as w,
     ):
-        for data, read in _chunks(table, index, seq, rows):
+        for data, read in _chunks(table, index, ordinal, rows):
             n = next(iter(data.values())).shape[0]
             if n:
                 arrays = [a for key in keys for a in _csv_arrays(data[key])]

@@ -1,4 +1,5 @@
-"""Disk for a file backend's rows, reserved in extents ahead of the write position.
+"""Disk for a file backend's rows (and a memmap table's per-slot state files), reserved in
+extents ahead of the write position.
 
 A memory-mapped write into a hole of a sparse file on a full disk ends the
 process with SIGBUS. A file backend's row files are sparse (``from_schema``
@@ -32,8 +33,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..diskspace import FALLOCATE_UNSUPPORTED, free_bytes, is_full
-from ..errors import InsufficientStorage
+from .diskspace import FALLOCATE_UNSUPPORTED, free_bytes, is_full
+from .errors import InsufficientStorage
 
 log = logging.getLogger("tdreplay.storage")
 
@@ -80,8 +81,25 @@ class Extents:
 
     @property
     def nbytes(self) -> int:
-        """Bytes reserved for rows."""
+        """Bytes reserved for rows (every span's)."""
         return self.reserved * self.row_bytes
+
+    def add(self, spans: list[Span]) -> None:
+        """Reserve more files with the rows: ``spans`` (a memmap table's per-slot state
+        files) get the rows reserved now at once, and every later extent with the others.
+
+        When the disk has no room for them (a table reopened on a full disk whose state
+        files were not reserved as far as its rows), the reservation shrinks to what every
+        file holds: the rows written are served, the next insert past them is a 507.
+        """
+        self.spans = [*self.spans, *spans]
+        self.row_bytes += sum(s.row_bytes for s in spans)
+        if not self.reserved:
+            return
+        try:
+            self._fallocate(0, self.reserved, spans)
+        except InsufficientStorage:
+            self.reserved = min(self.reserved, *(_backed_rows(s, self.capacity) for s in spans))
 
     def reserve(self, end: int, *, exact: bool = False) -> None:
         """Make sure rows ``[0, end)`` are backed by disk. Grows by an extent, or, when the
@@ -106,9 +124,10 @@ class Extents:
             stop = end
         self.reserved = max(self.reserved, stop)
 
-    def _fallocate(self, start: int, stop: int) -> None:
-        needed = (stop - start) * self.row_bytes
-        for span in self.spans:
+    def _fallocate(self, start: int, stop: int, spans: list[Span] | None = None) -> None:
+        spans = self.spans if spans is None else spans
+        needed = (stop - start) * sum(s.row_bytes for s in spans)
+        for span in spans:
             fd = os.open(span.file, os.O_RDWR)
             try:
                 os.posix_fallocate(

@@ -3,7 +3,7 @@
 A server's byte limits (``--max-table-bytes`` per table, ``--max-total-bytes``
 over all tables) are checked against :func:`table_nbytes` before anything is
 allocated. Besides ``capacity x item_nbytes`` of rows, a table keeps per-slot
-bookkeeping (liveness, insert numbers, times sampled), its sampler's and
+bookkeeping (liveness, ordinals, times sampled), its sampler's and
 writer's per-slot state (priorities and their sum tree, permutations, episode
 ids, values) and transient masks of the same length while it works; a table of
 many tiny items costs mostly that.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from . import spec as S
 
-#: slots: live + busy (bool), times_sampled + seq (int64)
+#: slots: live + busy (bool), times_sampled + ordinal (int64)
 SLOT_BYTES = 1 + 1 + 8 + 8
 #: transient per-slot masks and index lists (free-slot masks, live indices, sorts)
 TRANSIENT_BYTES = 16
@@ -29,7 +29,7 @@ SAMPLER_BYTES: dict[str, int] = {
     "uniform": 0,
     "fifo": 0,
     "lifo": 0,
-    # permutation + its insert numbers (int64 each) + stale mask
+    # permutation + its ordinals (int64 each) + stale mask
     "without_replacement": 8 + 8 + 1,
     # priorities (float64) + sum and min trees (float64, ~1.03 nodes per leaf each) + a where()
     "prioritized": 8 + 9 + 9 + 8,

@@ -4,15 +4,21 @@ The table, its writer and its sampler agree on the state of every slot:
 
 * ``live``  — holds an item a sampler may return;
 * ``busy``  — claimed by an insert whose data is being copied in (not live yet);
-* ``seq``   — the insert number of the item in the slot (-1: never written),
-  which tells insertion order, lets the slice sampler check contiguity, and
-  is the item's key (unique for the table's life, checkpoints included) that
-  a sample hands out and ``update_priority`` checks;
+* ``ordinal`` — the item's place in insertion order: 1 for the table's first
+  item, ``inserted`` for the newest (0: the slot was never written). It lets
+  the slice sampler check contiguity and is the item's key (unique for the
+  table's life, checkpoints included) that a sample hands out and
+  ``update_priority`` checks;
 * ``times_sampled`` — how often the item in the slot was returned;
 * ``tag``   — the tag of the insert that wrote the item (a hash of the client's
   request id; 0: none), durable with the rest, so that a server restarted
   after a crash still knows which requests its live items came from (a
   retried extend is then not inserted twice; see :meth:`Slots.tagged`).
+
+A never-written slot's state is zeros in every per-slot tensor (here and in the
+samplers' and writers' columns): the durable state files of a memmap table
+start as holes and take disk only as slots are written (see
+:mod:`tdreplay.storage.durable`).
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ import torch
 
 from . import statefile as SF
 
-#: the largest insert number a table may reach (int64 arithmetic on it stays exact)
-MAX_SEQ = 1 << 62
+#: the largest ordinal a table may reach (int64 arithmetic on it stays exact)
+MAX_ORDINAL = 1 << 62
 
 
 class Slots:
@@ -32,28 +38,28 @@ class Slots:
         self.capacity = capacity
         self.live = torch.zeros(capacity, dtype=torch.bool)
         self.busy = torch.zeros(capacity, dtype=torch.bool)
-        # A slot's times_sampled and seq side by side: a sample updates the first
+        # A slot's times_sampled and ordinal side by side: a sample updates the first
         # and reads both, one cache line per slot however large the table.
         self.pairs = torch.zeros((capacity, 2), dtype=torch.int64)
         self.times_sampled = self.pairs[:, 0]
-        self.seq = self.pairs[:, 1]
-        self.seq.fill_(-1)
+        self.ordinal = self.pairs[:, 1]
         self.tag = torch.zeros(capacity, dtype=torch.int64)
         self.n_live = 0
         #: slots ``[0, hi)`` have been written at least once
         self.hi = 0
-        self.next_seq = 0
+        #: items inserted in the table's life (the newest item's ordinal)
+        self.inserted = 0
 
     def columns(self) -> dict[str, torch.Tensor]:
         """The per-slot tensors that hold durable state (see :mod:`tdreplay.storage.durable`)."""
-        return {"slots.live": self.live, "slots.pairs": self.pairs, "slots.tag": self.tag}
+        return {"slots.live": self.live, "slots.sampled_ordinal": self.pairs, "slots.tag": self.tag}
 
     def bind_columns(self, columns: dict[str, torch.Tensor]) -> None:
         """Use ``columns`` (same shapes and dtypes, e.g. memory-mapped) instead of the own tensors."""
         self.live = columns["slots.live"]
-        self.pairs = columns["slots.pairs"]
+        self.pairs = columns["slots.sampled_ordinal"]
         self.times_sampled = self.pairs[:, 0]
-        self.seq = self.pairs[:, 1]
+        self.ordinal = self.pairs[:, 1]
         self.tag = columns["slots.tag"]
 
     def tagged(self, limit: int) -> dict[int, torch.Tensor]:
@@ -63,14 +69,14 @@ class Slots:
         slots = (self.live & (self.tag != 0)).nonzero().squeeze(1)
         if not len(slots) or limit <= 0:
             return {}
-        seq = self.seq[slots]
-        # Only the newest items matter: the newest m by insert number (topk, not a sort of
+        ordinal = self.ordinal[slots]
+        # Only the newest items matter: the newest m by ordinal (topk, not a sort of
         # them all: a 10M-item table reopens in 0.1 s, not 1.7), m grown until the runs in
         # the window but its oldest (which may be cut short) hold `limit` tags, or m is all.
         m = min(len(slots), 64 * limit)
         while True:
-            newest = slots[torch.topk(seq, m, sorted=True).indices.flip(0)]
-            # one insert's items have consecutive insert numbers: a run of equal tags each
+            newest = slots[torch.topk(ordinal, m, sorted=True).indices.flip(0)]
+            # one insert's items have consecutive ordinals: a run of equal tags each
             tags, counts = torch.unique_consecutive(self.tag[newest], return_counts=True)
             if m == len(slots) or len(torch.unique(tags[1:])) >= limit:
                 break
@@ -90,11 +96,11 @@ class Slots:
     def state_dict(self) -> dict[str, Any]:
         return {
             "live": self.live.clone(),
-            "seq": self.seq.clone(),
+            "ordinal": self.ordinal.clone(),
             "times_sampled": self.times_sampled.clone(),
             "n_live": self.n_live,
             "hi": self.hi,
-            "next_seq": self.next_seq,
+            "inserted": self.inserted,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -107,40 +113,40 @@ class Slots:
         """
         where = "slots"
         live = SF.tensor(state, "live", where, like=self.live)
-        seq = SF.tensor(state, "seq", where, like=self.seq)
+        ordinal = SF.tensor(state, "ordinal", where, like=self.ordinal)
         times_sampled = SF.tensor(state, "times_sampled", where, like=self.times_sampled)
         n_live = SF.integer(state, "n_live", where, hi=self.capacity)
         hi = SF.integer(state, "hi", where, hi=self.capacity)
-        next_seq = SF.integer(state, "next_seq", where, hi=MAX_SEQ)
+        inserted = SF.integer(state, "inserted", where, hi=MAX_ORDINAL)
         if int(live.sum()) != n_live:
             raise SF.StateError(f"slots.n_live is {n_live} but {int(live.sum())} slots are live")
         if bool(live[hi:].any()):
             raise SF.StateError(f"slots.live: a slot at or past slots.hi ({hi}) is live")
-        live_seq = seq[live]
-        if len(live_seq):
-            # a live item has its own insert number, below next_seq, unique in the table
-            if int(live_seq.min()) < 0 or int(live_seq.max()) >= next_seq:
+        live_ordinal = ordinal[live]
+        if len(live_ordinal):
+            # a live item has its own ordinal, in [1, inserted], unique in the table
+            if int(live_ordinal.min()) < 1 or int(live_ordinal.max()) > inserted:
                 raise SF.StateError(
-                    f"slots.seq: a live slot's insert number is outside [0, next_seq={next_seq})"
+                    f"slots.ordinal: a live slot's ordinal is outside [1, inserted={inserted}]"
                 )
-            if not _distinct(live_seq):
-                raise SF.StateError("slots.seq: two live slots hold the same insert number")
-        if bool((seq < -1).any()) or bool((seq >= next_seq).any()):
-            raise SF.StateError(f"slots.seq: an insert number is outside [-1, {next_seq})")
+            if not _distinct(live_ordinal):
+                raise SF.StateError("slots.ordinal: two live slots hold the same ordinal")
+        if bool((ordinal < 0).any()) or bool((ordinal > inserted).any()):
+            raise SF.StateError(f"slots.ordinal: an ordinal is outside [0, {inserted}]")
         if bool((times_sampled < 0).any()):
             raise SF.StateError("slots.times_sampled: a count is negative")
         self.live.copy_(live)
         self.busy.zero_()
-        self.seq.copy_(seq)
+        self.ordinal.copy_(ordinal)
         self.times_sampled.copy_(times_sampled)
         self.n_live = n_live
         self.hi = hi
-        self.next_seq = next_seq
+        self.inserted = inserted
 
 
 def _distinct(values: torch.Tensor) -> bool:
     """Whether the int64 ``values`` are all different: a mark per value where they span
-    little more than their count (a table's live insert numbers do: O(n), 10M in ~30 ms),
+    little more than their count (a table's live ordinals do: O(n), 10M in ~30 ms),
     else a sort (``torch.unique``: 0.37 s for 10M)."""
     lo, hi = int(values.min()), int(values.max())
     if hi - lo < 8 * len(values):

@@ -46,8 +46,11 @@ from tdreplay.codec.dtypes import TORCH
 
 #: the state file in a folder (a checkpoint, or a table's own folder)
 STATE_FILE = "state.safetensors"
-#: version of the structure kept under the file's ``__metadata__``
-STATE_FORMAT = 1
+#: version of the structure kept under the file's ``__metadata__``: 2 numbers items by
+#: ordinal (1 for the first, 0: never written), 1 by insert number (-1: never written)
+STATE_FORMAT = 2
+#: formats :func:`load_state` reads (older ones are upgraded as they are read)
+READ_FORMATS = (1, 2)
 #: marks a tensor reference in the JSON structure
 TENSOR = "__tensor__"
 #: the key of ``__metadata__`` (safetensors keeps ``{str: str}`` there) holding our JSON
@@ -221,15 +224,49 @@ def load_state(folder: str | Path) -> dict[str, Any]:
         raise StateError(f"{path} holds no tdreplay state (no {_HEADER_KEY!r} metadata)") from None
     except (ValueError, RecursionError) as err:
         raise StateError(f"{path}: the state structure is not valid JSON: {err}") from None
-    if not isinstance(header, dict) or header.get("format") != STATE_FORMAT:
+    if not isinstance(header, dict) or header.get("format") not in READ_FORMATS:
         got = header.get("format") if isinstance(header, dict) else header
         raise StateError(
-            f"{path}: state format {got!r:.80} not supported (expected {STATE_FORMAT})"
+            f"{path}: state format {got!r:.80} not supported (expected one of {READ_FORMATS})"
         )
     try:
-        return decode(header.get("state"), tensors)
+        state = decode(header.get("state"), tensors)
+        return upgrade_v1(state) if header["format"] == 1 else state
     except StateError as err:
         raise StateError(f"{path}: {err}") from None
+
+
+def upgrade_v1(state: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 state in format 2: insert numbers (``seq``, -1: never written) become
+    ordinals (``ordinal`` = insert number + 1, 0: never written), ``next_seq`` (inserts so
+    far) becomes ``inserted``, the epoch's ``perm_seq`` ``perm_ordinal``. A part that is
+    missing is left so; the components' checks then name it.
+
+        >>> import torch
+        >>> old = {"slots": {"seq": torch.tensor([-1, 0, 1]), "next_seq": 2}, "sampler": {}}
+        >>> new = upgrade_v1(old)["slots"]
+        >>> new["ordinal"].tolist(), new["inserted"]
+        ([0, 1, 2], 2)
+    """
+    renames = {
+        "slots": (("seq", "ordinal", 1), ("next_seq", "inserted", 0)),
+        "sampler": (("perm_seq", "perm_ordinal", 1),),
+    }
+    for part, keys in renames.items():
+        sub = state.get(part)
+        if not isinstance(sub, dict):
+            continue
+        for old, new, shift in keys:
+            if old in sub:
+                value = sub.pop(old)
+                if isinstance(value, torch.Tensor):
+                    if value.dtype != torch.int64:
+                        raise StateError(
+                            f"{part}.{old}: expected dtype torch.int64, got {value.dtype}"
+                        )
+                    value = value + shift
+                sub[new] = value
+    return state
 
 
 # ---------------------------------------------------------------- checks for load_state_dict

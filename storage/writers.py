@@ -165,7 +165,7 @@ class MaxValueWriter(Writer):
     def __init__(self, slots: Slots, *, key: str) -> None:
         super().__init__(slots)
         self.key = key
-        self.values = torch.full((slots.capacity,), float("-inf"), dtype=torch.float64)
+        self.values = torch.zeros(slots.capacity, dtype=torch.float64)  # 0: no item (slots.py)
 
     def can_claim(self, n: int) -> bool:
         return True

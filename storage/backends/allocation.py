@@ -65,7 +65,7 @@ def allocate(
         redis: the operator's Redis connections, by name (redis backend only).
         preallocate: reserve a memmap table's whole capacity on disk now (as does the
             spec's ``backend.preallocate``); else its disk is reserved in extents as rows
-            arrive (:mod:`~.extents`).
+            arrive (:mod:`~tdreplay.storage.extents`).
 
     Raises:
         TableExists: the table's folder is not its own, or (``exists="error"``)

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 import torch
 from tensordict import TensorDictBase
 
+from ..extents import Extents
 from ..spec import NestedKey, TableSpec
-from .extents import Extents
 
 Rows = slice | torch.Tensor
 """Rows to write: a ``slice`` for a contiguous run (the fast path) or an int64 index tensor."""
@@ -99,7 +99,7 @@ class Backend:
     # -- disk --------------------------------------------------------------
     def reserve(self, end: int) -> None:
         """Make sure rows ``[0, end)`` can be written without running out of disk (file
-        backends reserve blocks in extents, see :mod:`~.extents`; others need nothing).
+        backends reserve blocks in extents, see :mod:`~tdreplay.storage.extents`; others need nothing).
 
         Raises:
             InsufficientStorage: no room on the disk; nothing was written.
@@ -115,9 +115,17 @@ class Backend:
 
     @property
     def reserved_bytes(self) -> int:
-        """Bytes of rows held now: reserved on disk (file backends) or allocated (the others)."""
+        """Bytes of rows held now: reserved on disk (file backends, with the per-slot state
+        files reserved with them) or allocated (the others)."""
         if self.extents is not None:
             return self.extents.nbytes
+        return self.capacity_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        """What :attr:`reserved_bytes` is once the table is full."""
+        if self.extents is not None:
+            return self.capacity * self.extents.row_bytes
         return self.capacity * sum(self._row_nbytes)
 
     # -- lifecycle ---------------------------------------------------------

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from tensordict import PersistentTensorDict, TensorDictBase
 
+from ..extents import Extents, Span
 from ..spec import NestedKey, TableSpec
 from .base import Backend, Rows, carrier
-from .extents import Extents, Span
 from .locations import LocationClaim, release_folder
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tensordict import TensorDict
 
-from ..durable import DurableState, map_file, spec_matches
+from ..columnfiles import map_file
+from ..durable import DurableState, spec_matches
 from ..errors import BackendError, InsufficientStorage, TableExists, TDReplayError
 from ..spec import MemmapBackendSpec, TableSpec
 from .base import preallocated
@@ -67,7 +68,7 @@ def reopen(spec: TableSpec, root: str | Path, *, preallocate: bool = False) -> T
     data of a restore that was under way (:func:`~.locations.sweep` deletes it
     once the table is open). Row files are mapped with the dtype and shape the
     spec gives, their size checked; nothing is unpickled. The rows written are on disk
-    already; more are reserved as they come (:mod:`~.extents`), or, with ``preallocate``
+    already; more are reserved as they come (:mod:`~tdreplay.storage.extents`), or, with ``preallocate``
     (or the spec's), the whole capacity now if the disk has room (else a warning: a table
     that holds acknowledged rows is served whatever the disk has left).
 

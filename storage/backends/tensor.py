@@ -14,9 +14,9 @@ import torch
 from tensordict import TensorDictBase
 
 from ..diskspace import fsync_path
+from ..extents import Extents, Span
 from ..spec import NestedKey, TableSpec
 from .base import Backend, Rows
-from .extents import Extents, Span
 from .locations import LocationClaim, delete_location, release_folder
 
 

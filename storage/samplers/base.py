@@ -66,7 +66,7 @@ class Sampler:
     def update_priority(
         self, index: torch.Tensor, priority: torch.Tensor, key: torch.Tensor | None = None
     ) -> int:
-        """Set the priorities of the live slots ``index`` whose ``seq`` is ``key`` (if given).
+        """Set the priorities of the live slots ``index`` whose ``ordinal`` is ``key`` (if given).
 
         Returns the number of priorities applied.
         """

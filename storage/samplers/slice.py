@@ -30,7 +30,7 @@ class SliceSampler(Sampler):
         super().__init__(slots, generator)
         self.slice_len = slice_len
         cap = slots.capacity
-        self.episode = torch.full((cap,), -1, dtype=torch.int64)
+        self.episode = torch.zeros(cap, dtype=torch.int64)
         self.valid = torch.zeros(cap, dtype=torch.bool)
         self.n_valid = 0
         self._offsets = torch.arange(slice_len, dtype=torch.int64)
@@ -43,12 +43,12 @@ class SliceSampler(Sampler):
         starts = torch.unique((index[:, None] - self._offsets) % cap)
         window = (starts[:, None] + self._offsets) % cap
         s = self.slots
-        seq0 = s.seq[starts]
+        first = s.ordinal[starts]
         ok = (
             s.live[window].all(1)
-            & (s.seq[window] == seq0[:, None] + self._offsets).all(1)
+            & (s.ordinal[window] == first[:, None] + self._offsets).all(1)
             & (self.episode[window] == self.episode[starts][:, None]).all(1)
-            & (seq0 >= 0)
+            & (first > 0)
         )
         self.n_valid += int(ok.sum()) - int(self.valid[starts].sum())
         self.valid[starts] = ok
@@ -76,11 +76,11 @@ class SliceSampler(Sampler):
             span = torch.arange(first, first + size, dtype=torch.int64) % cap
             starts = span[:m]
         s = self.slots
-        live, seq, episode = s.live[span], s.seq[span], self.episode[span]
-        link = live[1:] & (seq[1:] - seq[:-1] == 1) & (episode[1:] == episode[:-1])
+        live, ordinal, episode = s.live[span], s.ordinal[span], self.episode[span]
+        link = live[1:] & (ordinal[1:] - ordinal[:-1] == 1) & (episode[1:] == episode[:-1])
         links = torch.zeros(size, dtype=torch.int64)
         torch.cumsum(link, 0, out=links[1:])
-        ok = live[:m] & (seq[:m] >= 0) & (links[length - 1 :] - links[:m] == length - 1)
+        ok = live[:m] & (ordinal[:m] > 0) & (links[length - 1 :] - links[:m] == length - 1)
         self.n_valid += int(ok.sum()) - int(self.valid[starts].sum())
         self.valid[starts] = ok
         return True
@@ -150,7 +150,7 @@ class SliceSampler(Sampler):
         self.episode.copy_(SF.tensor(state, "episode", "sampler", like=self.episode))
         self.valid.zero_()
         self.n_valid = 0
-        written = (self.slots.seq >= 0).nonzero().squeeze(1)
+        written = (self.slots.ordinal > 0).nonzero().squeeze(1)
         if len(written):
             self._refresh(written)
 

@@ -32,7 +32,7 @@ class WithoutReplacementSampler(Sampler):
     def __init__(self, slots, generator=None) -> None:
         super().__init__(slots, generator)
         self.perm = torch.empty(0, dtype=torch.int64)
-        self.perm_seq = torch.empty(0, dtype=torch.int64)
+        self.perm_ordinal = torch.empty(0, dtype=torch.int64)
         self.pos = 0
         self.epoch = 0
         # Slots removed (or overwritten, which removes first) since the epoch
@@ -49,7 +49,7 @@ class WithoutReplacementSampler(Sampler):
     def _new_epoch(self) -> None:
         live = self.slots.live.nonzero().squeeze(1)
         self.perm = live[torch.randperm(len(live), generator=self.generator)]
-        self.perm_seq = self.slots.seq[self.perm].clone()
+        self.perm_ordinal = self.slots.ordinal[self.perm].clone()
         self.pos = 0
         self.epoch += 1
         if self._any_stale:
@@ -80,7 +80,7 @@ class WithoutReplacementSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         return {
             "perm": self.perm.clone(),
-            "perm_seq": self.perm_seq.clone(),
+            "perm_ordinal": self.perm_ordinal.clone(),
             "pos": self.pos,
             "epoch": self.epoch,
         }
@@ -88,21 +88,21 @@ class WithoutReplacementSampler(Sampler):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         where = "sampler"
         perm = SF.tensor(state, "perm", where, dtype=torch.int64, ndim=1)
-        perm_seq = SF.tensor(state, "perm_seq", where, dtype=torch.int64, ndim=1)
-        if perm_seq.shape != perm.shape:
+        perm_ordinal = SF.tensor(state, "perm_ordinal", where, dtype=torch.int64, ndim=1)
+        if perm_ordinal.shape != perm.shape:
             raise SF.StateError(
-                f"sampler.perm_seq: expected shape {list(perm.shape)} (as sampler.perm), "
-                f"got {list(perm_seq.shape)}"
+                f"sampler.perm_ordinal: expected shape {list(perm.shape)} (as sampler.perm), "
+                f"got {list(perm_ordinal.shape)}"
             )
         if len(perm) and (int(perm.min()) < 0 or int(perm.max()) >= self.slots.capacity):
             raise SF.StateError(f"sampler.perm: a slot outside [0, {self.slots.capacity})")
         pos = SF.integer(state, "pos", where, hi=len(perm))
         epoch = SF.integer(state, "epoch", where)
-        self.perm, self.perm_seq = perm.clone(), perm_seq.clone()
+        self.perm, self.perm_ordinal = perm.clone(), perm_ordinal.clone()
         self.pos, self.epoch = pos, epoch
         # what the epoch still holds that is no longer the item it drew
-        rest, rest_seq = self.perm[self.pos :], self.perm_seq[self.pos :]
-        gone = rest[~(self.slots.live[rest] & (self.slots.seq[rest] == rest_seq))]
+        rest, drawn = self.perm[self.pos :], self.perm_ordinal[self.pos :]
+        gone = rest[~(self.slots.live[rest] & (self.slots.ordinal[rest] == drawn))]
         self._stale.zero_()
         self._stale[gone] = True
         self._any_stale = bool(len(gone))

@@ -285,9 +285,10 @@ class TableBase:
             out = {
                 "size": self.slots.n_live,
                 "capacity": self.capacity,
-                # rows' bytes: held now (reserved on disk, or allocated) and at capacity
+                # rows' bytes (and a memmap table's per-slot state files'): held now
+                # (reserved on disk, or allocated) and at capacity
                 "reserved_bytes": self.backend.reserved_bytes,
-                "capacity_bytes": self.capacity * self.spec.item_nbytes,
+                "capacity_bytes": self.backend.capacity_bytes,
                 "inserts": self.rate_limiter.inserts,
                 "samples": self.rate_limiter.samples,
                 "bytes_in": self.bytes_in,

@@ -164,7 +164,7 @@ class Draws(TableBase):
             s = self.slots
             s.times_sampled.index_add_(0, index, torch.ones_like(index))
             times = s.times_sampled.index_select(0, index)
-            keys = s.seq.index_select(0, index)
+            keys = s.ordinal.index_select(0, index)
             priority = self.sampler.priority(index)
             if self.sampler.consumes:
                 # queues and stacks return distinct live items, each now spent
@@ -264,7 +264,7 @@ class Draws(TableBase):
         """Slots of the live items, oldest first (insertion order)."""
         with self._cond:
             live = self.slots.live.nonzero().squeeze(1)
-            return live[torch.argsort(self.slots.seq[live])]
+            return live[torch.argsort(self.slots.ordinal[live])]
 
     def read(self, index: torch.Tensor) -> TensorDictBase:
         """The items in slots ``index`` (no sample info, no counters moved).

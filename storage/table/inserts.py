@@ -151,8 +151,10 @@ class Inserts(TableBase):
             if len(evicted):
                 self._remove(evicted)
             self.slots.busy[target] = True
-            seq = torch.arange(self.slots.next_seq, self.slots.next_seq + k, dtype=torch.int64)
-            self.slots.next_seq += k
+            ordinal = torch.arange(
+                self.slots.inserted + 1, self.slots.inserted + k + 1, dtype=torch.int64
+            )
+            self.slots.inserted += k
         if claim.rows is not None:
             data = {key: v.index_select(0, claim.rows) for key, v in data.items()}
             if episode is not None:
@@ -179,7 +181,7 @@ class Inserts(TableBase):
             s.busy[target] = False
             # An item's own state first, "live" last (see durable.py): a crash in
             # between leaves the slots empty, never live with a predecessor's state.
-            s.seq[target] = seq
+            s.ordinal[target] = ordinal
             s.times_sampled[target] = 0
             s.tag[target] = tag
             self.sampler.before_live(index, episode)

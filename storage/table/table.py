@@ -23,8 +23,8 @@ Sample info sits beside the fields of every sampled batch:
   prioritized).
 * ``batch["sample_info", "times_sampled"]`` (int64): how often the item has now
   been returned, this sample included.
-* ``batch["sample_info", "key"]`` (int64): the item's key, its insert number
-  (unique for the table's life, checkpoint and restore included). Pass it to
+* ``batch["sample_info", "key"]`` (int64): the item's key, its ordinal (1 for
+  the table's first item; unique for the table's life, checkpoint and restore included). Pass it to
   :meth:`Table.update_priority` with the index so that an update skips slots
   overwritten since the sample, as Reverb's item keys do.
 """

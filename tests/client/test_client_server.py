@@ -166,7 +166,7 @@ def test_update_priority_with_keys(client: ReplayClient) -> None:
     client.extend(name, TensorDict({"x": torch.arange(8)}, [8]))
     Cls = client.tensorclass(name)
     batch = client.sample(name, 8, as_cls=Cls)  # the generated class holds the key too
-    assert torch.equal(batch.sample_info.key, batch.x)  # item i was insert number i
+    assert torch.equal(batch.sample_info.key, batch.x + 1)  # item i's ordinal is i + 1
     client.extend(name, TensorDict({"x": torch.arange(8, 16)}, [8]))  # every slot overwritten
     assert (
         client.update_priority(name, batch.index, torch.full((8,), 5.0), key=batch.sample_info.key)
@@ -174,7 +174,7 @@ def test_update_priority_with_keys(client: ReplayClient) -> None:
     )
     after = client.sample(name, 8)
     assert (after["sample_info", "priority"] == 1.0).all()
-    assert torch.equal(after["sample_info", "key"], after["x"])
+    assert torch.equal(after["sample_info", "key"], after["x"] + 1)
     # the fresh keys apply; no keys: the old behaviour, whatever the slot holds now
     assert (
         client.update_priority(
@@ -184,7 +184,7 @@ def test_update_priority_with_keys(client: ReplayClient) -> None:
     )
     assert client.update_priority(name, batch.index, torch.full((8,), 5.0)) == 8
     for got in client.loader(name, 4, num_batches=2, as_cls=Cls):
-        assert torch.equal(got.sample_info.key, got.x)
+        assert torch.equal(got.sample_info.key, got.x + 1)
     with pytest.raises(ValueError, match="keys"):
         client.update_priority(name, batch.index, torch.ones(8), key=batch.sample_info.key[:2])
 

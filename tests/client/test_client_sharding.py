@@ -82,8 +82,8 @@ def test_keys_go_with_their_indices(servers: list[Any]) -> None:
     batch = client.sample(name, 32)  # at most 32 from either server: its capacity
     index, key = batch["index"], batch["sample_info", "key"]
     assert set((index % 2).tolist()) == {0, 1}
-    # keys are per server: each server numbered its own 32 inserts 0..31
-    assert torch.equal(key, batch["x"] % 100)
+    # keys are per server: each server numbered its own 32 inserts 1..32
+    assert torch.equal(key, batch["x"] % 100 + 1)
     assert client.update_priority(name, index, torch.full((32,), 3.0), key=key) == 32
     # server 0 is overwritten whole, server 1 only in slot 0 (the next inserts in turn)
     client.extend(name, rows(200, 32))

@@ -142,7 +142,8 @@ def test_disk_follows_the_rows_and_a_full_disk_is_a_507_before_any_row_lands(
     assert used(small_disk) < 1 << 20  # bookkeeping only
     info = json.loads(server.request("GET", protocol.table_path("big"))[2])
     assert info["stats"]["reserved_bytes"] < 1 << 16  # tensordict touches the first page
-    assert info["stats"]["capacity_bytes"] == capacity * 4096
+    # rows, and the per-slot state files (live 1, times sampled 8, ordinal 8, tag 8) with them
+    assert info["stats"]["capacity_bytes"] == capacity * (4096 + 25)
     filler = fill(small_disk, leave=5 << 20)  # others' files: 5 MiB left for the table
     acked = 0
     while True:

@@ -110,9 +110,9 @@ def test_a_forged_state_is_refused_on_restore(tables: Any, tmp_path: Path) -> No
     path = table.checkpoint(tmp_path / "ck")
     good = statefile.load_state(path)
     for forge in (
-        lambda s: s["slots"]["seq"].__setitem__(3, -1),  # a live slot without an insert number
-        lambda s: s["slots"]["seq"].__setitem__(3, 2),  # two live slots with one number
-        lambda s: s["slots"].__setitem__("next_seq", 2**63 - 2),  # past what int64 counts
+        lambda s: s["slots"]["ordinal"].__setitem__(3, 0),  # a live slot without an ordinal
+        lambda s: s["slots"]["ordinal"].__setitem__(3, 3),  # two live slots with one ordinal
+        lambda s: s["slots"].__setitem__("inserted", 2**63 - 2),  # past what int64 counts
         lambda s: s["slots"]["times_sampled"].__setitem__(0, -5),
         lambda s: s["rate_limiter"].__setitem__("samples", 10**40),
         lambda s: s.__setitem__("episode_base", 2**70),

@@ -193,7 +193,7 @@ def test_update_priority_with_keys_skips_overwritten_slots(service) -> None:
     batch = decode(client.post(SAMPLE, params={"batch_size": 8}).content)
     index = batch["index"].tolist()
     key = batch["sample_info", "key"]
-    assert key.dtype == torch.int64 and key.tolist() == batch["id"].tolist()  # insert numbers
+    assert key.dtype == torch.int64 and key.tolist() == (batch["id"] + 1).tolist()  # ordinals
     extend(client, 8, 8)  # every slot overwritten
     r = client.post(path, json={"index": index, "priority": [7.0] * 8, "key": key.tolist()})
     assert r.status_code == 200 and r.json() == {"updated": 0}
@@ -214,7 +214,7 @@ def test_update_priority_with_keys_skips_overwritten_slots(service) -> None:
     streamed = [from_record_batch(rb) for rb in read_batches(r.content)]
     assert len(streamed) == 3
     for part in streamed:
-        assert torch.equal(part["sample_info", "key"], part["id"])
+        assert torch.equal(part["sample_info", "key"], part["id"] + 1)
 
 
 def test_update_priority_rejects_bad_keys(service) -> None:

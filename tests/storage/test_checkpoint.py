@@ -394,7 +394,7 @@ BAD_STATES = {
         lambda s: s["slots"].update(live=s["slots"]["live"][:1]),
         r"slots\.live: expected shape \[16\], got \[1\]",
     ),
-    "a part missing": (lambda s: s["slots"].pop("seq"), r"slots\.seq is missing"),
+    "a part missing": (lambda s: s["slots"].pop("ordinal"), r"slots\.ordinal is missing"),
     "a count as a string": (
         lambda s: s["rate_limiter"].update(inserts="12"),
         r"rate_limiter\.inserts: expected an integer, got '12'",

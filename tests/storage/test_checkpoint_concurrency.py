@@ -1,9 +1,9 @@
 """Checkpoints written while the table runs: one consistent snapshot, and nobody waits on it.
 
 Every row of these tables is a function of its insert number (``id``, which
-the single writer makes equal to the row's ``seq``), so a restored checkpoint
+the single writer makes one less than the row's ordinal), so a restored checkpoint
 can be checked against the one state it claims to be: every live row holds
-the item its ``seq`` names, whole (no torn rows), and counts, ``hi`` and the
+the item its ordinal names, whole (no torn rows), and counts, ``hi`` and the
 writer's cursor agree with the live slots.
 """
 
@@ -61,19 +61,19 @@ def check_snapshot(table: Table) -> None:
     live = s.live.nonzero().squeeze(1)
     assert int(s.live.sum()) == s.n_live == len(table)
     assert not s.live[s.hi :].any(), "a live slot at or past hi"
-    assert table.writer.state_dict()["cursor"] == s.next_seq % CAPACITY
-    seq = s.seq[live]
+    assert table.writer.state_dict()["cursor"] == s.inserted % CAPACITY
+    seq = s.ordinal[live] - 1  # insert numbers
     # item i goes to slot i % capacity; the live items are the newest, bar one
     # insert in flight at the snapshot (claimed, not yet live)
     assert torch.equal(seq % CAPACITY, live)
     if len(seq):
         newest = int(seq.max()) + 1
         assert sorted(seq.tolist()) == list(range(newest - len(seq), newest))
-        assert 0 <= s.next_seq - newest <= MAX_EXTEND
+        assert 0 <= s.inserted - newest <= MAX_EXTEND
         assert s.hi == min(CAPACITY, newest)
         assert len(seq) >= min(s.hi, CAPACITY) - MAX_EXTEND
     data = table.read(live)
-    assert torch.equal(data["id"], seq), "a live row holds another item than its seq names"
+    assert torch.equal(data["id"], seq), "a live row holds another item than its ordinal names"
     assert_items(data)
 
 
@@ -104,7 +104,7 @@ def run_concurrently(table: Table, tmp_path: Path, tables, *, checkpoints: int, 
     def sample() -> None:
         batch = table.sample(16)
         assert_items(batch)
-        assert torch.equal(batch["sample_info", "key"], batch["id"])
+        assert torch.equal(batch["sample_info", "key"], batch["id"] + 1)  # ordinals
 
     table.extend(items(0, CAPACITY // 2))
     written[0] = CAPACITY // 2
@@ -194,7 +194,9 @@ def half_overwritten(tables, tmp_path: Path) -> tuple[Table, dict, TensorDict, P
         table, 3, lambda: table.extend(items(CAPACITY + CAPACITY // 2, CAPACITY // 4))
     ):
         path = table.checkpoint(tmp_path / "ckpt")
-    assert int(table.slots.seq[CAPACITY // 2]) == CAPACITY + CAPACITY // 2  # it did overwrite
+    assert (
+        int(table.slots.ordinal[CAPACITY // 2]) == CAPACITY + CAPACITY // 2 + 1
+    )  # it did overwrite
     return table, state, before, path
 
 
@@ -206,8 +208,8 @@ def test_rows_overwritten_during_a_checkpoint_are_saved_as_they_were(
     restored = tables.restore(path, root=tmp_path / "r")
     assert torch.equal(restored.read(torch.arange(CAPACITY))["id"], before["id"])
     assert (restored.read(torch.arange(CAPACITY)) == before).all()
-    assert restored.slots.next_seq == state["slots"]["next_seq"]
-    assert torch.equal(restored.slots.seq, state["slots"]["seq"])
+    assert restored.slots.inserted == state["slots"]["inserted"]
+    assert torch.equal(restored.slots.ordinal, state["slots"]["ordinal"])
     assert restored.writer.state_dict() == state["writer"]
     check_snapshot(restored)
     assert table._before_write == []
@@ -222,7 +224,7 @@ def test_the_check_catches_a_snapshot_without_copy_on_write(
     _, _, before, path = half_overwritten(tables, tmp_path)
     restored = tables.restore(path, root=tmp_path / "r")
     assert not torch.equal(restored.read(torch.arange(CAPACITY))["id"], before["id"])
-    with pytest.raises(AssertionError, match="another item than its seq"):
+    with pytest.raises(AssertionError, match="another item than its ordinal"):
         check_snapshot(restored)
 
 
@@ -258,7 +260,7 @@ def test_extend_and_sample_go_on_while_a_checkpoint_is_written(tables, tmp_path:
         t.join(30)
     assert result and isinstance(result[0], Path), result
     restored = tables.restore(tmp_path / "ckpt", root=tmp_path / "r")
-    assert restored.slots.next_seq == CAPACITY  # the snapshot predates the extend
+    assert restored.slots.inserted == CAPACITY  # the snapshot predates the extend
     check_snapshot(restored)
 
 
@@ -284,7 +286,7 @@ def test_a_failed_save_fails_the_checkpoint_not_the_insert(
     assert table._before_write == []
     assert not (tmp_path / "ckpt").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")] == []
-    assert int(table.slots.seq[0]) == CAPACITY
+    assert int(table.slots.ordinal[0]) == CAPACITY + 1
 
 
 @pytest.mark.usefixtures("small_chunks")
@@ -308,7 +310,7 @@ def test_ted2flat_with_an_insert_in_flight(tables, tmp_path: Path, filled: int) 
     with table._cond:  # what extend does before it takes the data write lock
         claim = table.writer.claim(8)
         table.slots.busy[claim.target] = True
-        table.slots.next_seq += 8
+        table.slots.inserted += 8
     path = table.checkpoint(tmp_path / "ckpt", ted2flat=True)
     restored = tables.restore(path, root=tmp_path / "r")
     assert restored.slots.hi == filled and len(restored) == filled

@@ -15,17 +15,17 @@ def prioritized(tables, capacity: int = 8, **table):
     return tables.create(spec)
 
 
-def test_sample_carries_the_items_insert_number(tables) -> None:
+def test_sample_carries_the_items_ordinal(tables) -> None:
     table = tables.create(make_spec(capacity=8))
     table.extend(rows(0, 8))
     table.extend(rows(8, 3))  # the ring wraps: slots 0..2 hold inserts 8..10
     batch = table.sample(8)
     assert batch["sample_info", "key"].dtype == torch.int64
-    # in this table item i was insert number i, so the key is the item's id
-    assert torch.equal(batch["sample_info", "key"], batch["id"])
+    # in this table item i was insert number i: its ordinal, the key, is i + 1
+    assert torch.equal(batch["sample_info", "key"], batch["id"] + 1)
     # a reused batch (out=) is filled the same way
     again = table.sample(8, out=batch)
-    assert again is batch and torch.equal(batch["sample_info", "key"], batch["id"])
+    assert again is batch and torch.equal(batch["sample_info", "key"], batch["id"] + 1)
 
 
 def test_update_with_keys_skips_overwritten_slots(tables) -> None:
@@ -46,7 +46,7 @@ def test_update_with_keys_applies_to_the_items_still_there(tables) -> None:
     table = prioritized(tables)
     table.extend(rows(0, 8))
     index = torch.arange(8)
-    key = table.slots.seq[index].clone()
+    key = table.slots.ordinal[index].clone()
     table.extend(rows(8, 3))  # slots 0..2 now hold new items
     p = torch.arange(1.0, 9.0)
     assert table.update_priority(index, p, key=key) == 5
@@ -54,7 +54,7 @@ def test_update_with_keys_applies_to_the_items_still_there(tables) -> None:
     assert got[3:].tolist() == p[3:].tolist()
     assert got[:3].tolist() == [1.0, 1.0, 1.0]  # the new items keep their initial priority
     batch = table.sample(8)
-    assert torch.equal(batch["sample_info", "key"], table.slots.seq[batch["index"]])
+    assert torch.equal(batch["sample_info", "key"], table.slots.ordinal[batch["index"]])
 
 
 def test_keys_survive_checkpoint_and_restore(tables, tmp_path) -> None:

@@ -11,7 +11,7 @@ from tdreplay.storage.slots import Slots
 def reference(s: Slots, limit: int) -> dict[int, list[int]]:
     """The definition, by brute force: live tagged slots in insert order, runs of one tag,
     the newest ``limit`` tags (a tag seen twice: its newest run)."""
-    slots = sorted((int(s.seq[i]), i) for i in range(s.capacity) if s.live[i] and s.tag[i])
+    slots = sorted((int(s.ordinal[i]), i) for i in range(s.capacity) if s.live[i] and s.tag[i])
     runs: list[tuple[int, list[int]]] = []
     for _, i in slots:
         tag = int(s.tag[i])
@@ -34,13 +34,13 @@ def reference(s: Slots, limit: int) -> dict[int, list[int]]:
 def test_tagged_matches_its_definition(sizes: tuple[int, int], limit: int) -> None:
     g = torch.Generator().manual_seed(sum(sizes) + limit)
     s = Slots(4096)
-    seq, cursor = 0, 0
-    while seq < 12_000:  # a ring that wrapped: insert numbers are not in slot order
+    ordinal, cursor = 1, 0
+    while ordinal <= 12_000:  # a ring that wrapped: ordinals are not in slot order
         n = int(torch.randint(sizes[0], sizes[1] + 1, (1,), generator=g))
         tag = int(torch.randint(0, 8, (1,), generator=g))  # 0: no tag; tags come back often
         for _ in range(n):
-            s.seq[cursor], s.tag[cursor], s.live[cursor] = seq, tag, True
-            seq, cursor = seq + 1, (cursor + 1) % s.capacity
+            s.ordinal[cursor], s.tag[cursor], s.live[cursor] = ordinal, tag, True
+            ordinal, cursor = ordinal + 1, (cursor + 1) % s.capacity
     s.live[torch.randperm(s.capacity, generator=g)[:300]] = False  # some removed
     got = {t: v.tolist() for t, v in s.tagged(limit).items()}
     assert got == reference(s, limit)
