@@ -308,20 +308,27 @@ class TableBase:
 
     def _scanned(self, wait: float | None) -> tuple[dict[str, Any] | None, bool]:
         """The live items' scan figures, and whether they are current (see :meth:`stats`)."""
-        cached = self._scan
-        now = time.monotonic()
-        if cached is not None and now - cached[0] < cached[1]:
-            return cached[2], True
-        if not self._scanning.acquire(blocking=False):  # another thread scans now: its
-            # figures will do (a small table's scan is cached for no time at all, so two
-            # callers often meet here: the /status history ticks every second)
-            if not self._scanning.acquire(timeout=-1 if wait is None else wait):
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            cached = self._scan
+            now = time.monotonic()
+            if cached is not None and now - cached[0] < cached[1]:
+                return cached[2], True
+            left = None if deadline is None else max(0.0, deadline - now)
+            if self._scanning.acquire(blocking=False):
+                break
+            # Another thread scans now: its figures will do (a small table's scan is cached
+            # for no time at all, so two callers often meet here: the /status history ticks
+            # every second). If it gave up (its own wait ran out), scan here after all.
+            if not self._scanning.acquire(timeout=-1 if left is None else left):
                 return (cached[2], False) if cached is not None else (None, False)
             self._scanning.release()
             done = self._scan
             if done is not None and done is not cached:
                 return done[2], True
-            return (cached[2], False) if cached is not None else (None, False)
+            if left == 0.0:
+                return (cached[2], False) if cached is not None else (None, False)
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             if not self._cond.acquire(timeout=-1 if wait is None else wait):
                 return (cached[2], False) if cached is not None else (None, False)

@@ -1,0 +1,43 @@
+"""The stats scan: callers that meet one under way take its figures, and never go without."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from testkit import make_spec, rows
+
+
+def test_a_caller_whose_scanner_gave_up_scans_itself(tables) -> None:
+    """A scanner may give up (its own wait for the table's lock ran out: the /status
+    history's tick waits 50 ms) and leave no figures. A caller that waited for it then
+    scans itself, rather than answer without figures (seen: no ``priority_max`` in a
+    client's stats when its call met the tick)."""
+    table = tables.create(make_spec(capacity=16, sampler={"kind": "prioritized"}))
+    table.extend(rows(0, 6))
+    table.sample(4)
+    got: list = []
+    table._scanning.acquire()  # a scanner under way
+    caller = threading.Thread(target=lambda: got.append(table._scanned(None)))
+    caller.start()
+    time.sleep(0.1)  # the caller waits for it
+    assert caller.is_alive()
+    table._scanning.release()  # it gave up: no figures left behind
+    caller.join(10)
+    figures, fresh = got[0]
+    assert fresh and figures is not None
+    assert figures["priority"]["max"] == 1.0 and figures["unique_sampled"] >= 1
+
+
+def test_a_caller_with_no_time_left_gets_the_last_figures_marked_stale(tables) -> None:
+    table = tables.create(make_spec(capacity=16, sampler={"kind": "prioritized"}))
+    table.extend(rows(0, 6))
+    first, fresh = table._scanned(None)
+    assert fresh and first is not None
+    table._scan = (time.monotonic() - 10, 1.0, first)  # out of date
+    table._scanning.acquire()
+    try:
+        figures, fresh = table._scanned(0.05)  # its wait runs out while the scan is under way
+    finally:
+        table._scanning.release()
+    assert figures is first and not fresh
