@@ -365,3 +365,46 @@ def test_the_service_uses_only_the_storage_api() -> None:
     assert exported <= set(vars(tdreplay.storage)), "storage's __all__ names what it lacks"
     bad = storage_api_misuses(REPO, exported)
     assert not bad, "export it from storage/__init__.py (__all__) instead:\n  " + "\n  ".join(bad)
+
+
+def table_reaches(root: Path) -> list[str]:
+    """Where the same-host door under ``root`` reaches into a table: ``<x>.table.<y>`` (a
+    handle's table, and through it its spec, sampler or storage), or an import of ``Table``
+    or ``TableHandle``. The door decodes frames into core operations and encodes what they
+    give (a ``Shape`` for a slot's layout); the core alone touches tables."""
+    bad = []
+    for path in sorted((root / "service" / "shm").rglob("*.py")):
+        where = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "table"
+            ):
+                bad.append(f"{where}:{node.lineno} reads .table.{node.attr}")
+            elif isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name in ("Table", "TableHandle"):
+                        bad.append(f"{where}:{node.lineno} imports {alias.name}")
+    return bad
+
+
+def test_the_table_reach_check_sees_each_misuse(tmp_path: Path) -> None:
+    (tmp_path / "service" / "shm").mkdir(parents=True)
+    (tmp_path / "service" / "shm" / "c.py").write_text(
+        "from ..core.handle import TableHandle\n"
+        "from tdreplay.storage import Table, InvalidRequest\n"
+        "def f(handle, done):\n"
+        "    done.table = 'name'\n"
+        "    return handle.table.spec.torch_schema()\n"
+    )
+    assert table_reaches(tmp_path) == [
+        "service/shm/c.py:1 imports TableHandle",
+        "service/shm/c.py:2 imports Table",
+        "service/shm/c.py:5 reads .table.spec",
+    ]
+
+
+def test_the_shared_memory_door_never_touches_a_table() -> None:
+    bad = table_reaches(REPO)
+    assert not bad, "ask the core (service/core) instead:\n  " + "\n  ".join(bad)

@@ -14,9 +14,10 @@ a client's path may lead - lives here once.
 * :mod:`.startup`: reopen, restore, create on start; periodic checkpoints.
 """
 
-from .handle import TableHandle
+from .handle import Shape, TableHandle
 from .ops import Core
 from .params import (
+    BufferParams,
     ExportBody,
     ExtendParams,
     PathBody,
@@ -29,6 +30,7 @@ from .registry import Registry
 from .startup import PeriodicCheckpoints, load_specs, load_tables
 
 __all__ = [
+    "BufferParams",
     "Core",
     "ExportBody",
     "ExtendParams",
@@ -37,6 +39,7 @@ __all__ = [
     "PriorityUpdate",
     "Registry",
     "SampleParams",
+    "Shape",
     "StreamParams",
     "TableHandle",
     "load_specs",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -21,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
 
 from tdreplay.storage import (
+    SAMPLE_INFO_DTYPES,
     BackendError,
     InvalidRequest,
     NestedKey,
@@ -44,6 +46,34 @@ def not_found(name: str) -> TableNotFound:
     return TableNotFound(f"no table {name!r}", table=name, field="name", got=name)
 
 
+Schema = dict[NestedKey, tuple[list[int], torch.dtype]]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a door needs to lay out buffers for one table's rows, without touching the table.
+
+    Attributes:
+        owner: the table served (its identity: a table of the same name made since is
+            another, whose buffers are laid out anew).
+        rows: rows the buffers hold (checked: a sample's batch size, or an extend's rows
+            up to the capacity).
+        schema: the columns, ``{key: (shape, dtype)}`` (a sample's include the sample info).
+        item_nbytes: bytes of one row of the table's fields (what a row moves, for metrics).
+        target: for a sample, makes the checked target of a TensorDict over the buffers.
+    """
+
+    owner: TableHandle
+    rows: int
+    schema: Schema
+    item_nbytes: int
+    target: Callable[[TensorDictBase], SampleTarget] | None = None
+
+
+#: a door's placement of a sample: given its :class:`Shape`, the buffers to gather into
+Place = Callable[[Shape], "TensorDictBase | SampleTarget"]
+
+
 class TableHandle:
     """A table as the server holds it.
 
@@ -56,6 +86,8 @@ class TableHandle:
     def __init__(self, table: Table, settings: Settings, on_wait: WaitHook | None = None) -> None:
         self.table = table
         self.name = table.name
+        #: bytes of one row of the table's fields
+        self.item_nbytes = table.spec.item_nbytes
         self.changes = Changes(asyncio.get_running_loop())
         table.add_listener(self.changes.notify_threadsafe)
         self.recent = RecentRequests(
@@ -65,7 +97,13 @@ class TableHandle:
         tagged = table.tagged(settings.idempotency_size) if settings.idempotency_size else {}
         if tagged:
             self.recent.seed({t: slots.numpy().tobytes() for t, slots in tagged.items()})
-        self.samples = SampleBuffers(table.spec.torch_schema(), per_size=settings.pooled_buffers)
+        self.schema: Schema = dict(table.spec.torch_schema())
+        #: a sample's columns: the fields and the sample info
+        self.sample_schema: Schema = {
+            **self.schema,
+            **{k: ([], d) for k, d in SAMPLE_INFO_DTYPES.items()},
+        }
+        self.samples = SampleBuffers(self.schema, per_size=settings.pooled_buffers)
         self.max_body = settings.max_body_bytes
         kind = table.spec.backend.kind
         self._inline_sample = settings.inline_bytes if kind in ("memory", "shared", "memmap") else 0
@@ -224,15 +262,27 @@ class TableHandle:
             lease.finish()
             return lease
 
-    async def sample_into(self, n: int, timeout: float, out: TensorDictBase | SampleTarget) -> None:
-        """``Table.sample(n, out=out)``: gathered into the caller's buffers (e.g. shared memory).
+    async def sample_to(self, n: int, timeout: float, place: Place) -> Shape:
+        """Sample ``n`` items into the buffers ``place`` gives for the sample's :class:`Shape`
+        (e.g. a shared-memory slot, laid out once and reused): the batch size is checked
+        here, once, and the door never touches the table.
 
         Raises:
-            InvalidRequest: ``n`` does not fit the table, or ``out`` does not fit ``n`` rows.
+            InvalidRequest: ``n`` does not fit the table, or what ``place`` gives does not fit.
         """
         with self.use() as table:
-            table.check_batch_size(n)
-            await self._draw(table, n, timeout, out)
+            n = table.check_batch_size(n)
+            shape = Shape(self, n, self.sample_schema, self.item_nbytes, self._target(n))
+            await self._draw(table, n, timeout, place(shape))
+            return shape
+
+    def _target(self, n: int) -> Callable[[TensorDictBase], SampleTarget]:
+        return lambda out: self.table.target(out, n)
+
+    def extend_shape(self, rows: int) -> Shape:
+        """The :class:`Shape` of buffers for extends of up to ``rows`` rows (at most the capacity)."""
+        with self.use() as table:
+            return Shape(self, min(rows, table.capacity), self.schema, self.item_nbytes)
 
     async def _draw(
         self, table: Table, n: int, timeout: float, out: TensorDictBase | SampleTarget

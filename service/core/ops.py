@@ -36,15 +36,22 @@ from typing import Any
 
 import torch
 from starlette.concurrency import run_in_threadpool
-from tensordict import TensorDictBase
 
 from tdreplay.codec import protocol
-from tdreplay.storage import InvalidRequest, NestedKey, SampleTarget, TableNotFound, TableSpec
+from tdreplay.storage import InvalidRequest, NestedKey, TableNotFound, TableSpec
 
 from ..settings import Settings
 from ..wire import Lease
-from .handle import TableHandle
-from .params import ExportBody, ExtendParams, PathBody, PriorityUpdate, SampleParams, StreamParams
+from .handle import Place, Shape, TableHandle
+from .params import (
+    BufferParams,
+    ExportBody,
+    ExtendParams,
+    PathBody,
+    PriorityUpdate,
+    SampleParams,
+    StreamParams,
+)
 from .paths import EXPORT_SCRATCH, checkpoint_target, confine_area, export_target, relative
 from .registry import Registry
 from .waiting import WaitHook
@@ -74,17 +81,21 @@ class Core:
         s = self.settings
         return min(s.default_timeout if given is None else given, s.max_timeout)
 
-    def table(self, name: str) -> TableHandle:
-        """The served table ``name``.
+    def table(self, name: str | TableHandle) -> TableHandle:
+        """The served table ``name`` (a door that looked it up already passes its handle:
+        a table is looked up once per request).
 
         Raises:
             TableNotFound: no such table.
         """
-        return self.registry.get(name)
+        return name if isinstance(name, TableHandle) else self.registry.get(name)
 
     # -- data ----------------------------------------------------------------------
     async def extend(
-        self, name: str, columns: Mapping[NestedKey, torch.Tensor], params: ExtendParams
+        self,
+        name: str | TableHandle,
+        columns: Mapping[NestedKey, torch.Tensor],
+        params: ExtendParams,
     ) -> tuple[torch.Tensor, bool]:
         """Insert rows given as flat columns ``{nested key: tensor [N, *shape]}``.
 
@@ -114,18 +125,25 @@ class Core:
         handle = self.table(name)
         return await handle.sample(params.batch_size, self.timeout(params.timeout))
 
-    async def sample_into(
-        self, name: str, params: SampleParams, out: TensorDictBase | SampleTarget
-    ) -> None:
-        """Sample ``batch_size`` items into ``out`` (a TensorDict of the table's fields and,
-        optionally, the sample-info columns: e.g. views on a shared-memory slot).
+    async def sample_to(self, name: str, params: SampleParams, place: Place) -> Shape:
+        """Sample ``batch_size`` items into the buffers ``place`` lays out for the sample's
+        :class:`~.handle.Shape` (a shared-memory slot, made once and reused); returns it.
 
         Raises:
-            InvalidRequest: the batch size does not fit the table, or ``out`` does not fit it.
+            InvalidRequest: the batch size does not fit the table, or the buffers do not fit.
             RateLimitTimeout, TableNotFound: as :meth:`sample`.
         """
         handle = self.table(name)
-        await handle.sample_into(params.batch_size, self.timeout(params.timeout), out)
+        return await handle.sample_to(params.batch_size, self.timeout(params.timeout), place)
+
+    def extend_shape(self, name: str, params: BufferParams) -> Shape:
+        """The :class:`~.handle.Shape` of buffers for extends of up to ``rows`` rows of a
+        table (at most its capacity): a door lays them out, then extends from them.
+
+        Raises:
+            TableNotFound: no such table.
+        """
+        return self.table(name).extend_shape(params.rows)
 
     async def stream(
         self, name: str, params: StreamParams

@@ -78,6 +78,10 @@ class StreamParams(Params):
     timeout: Seconds = None
 
 
+class BufferParams(Params):
+    rows: int = Field(ge=1, le=MAX_BATCH, strict=True, description="Rows the buffers hold.")
+
+
 class PriorityUpdate(Params):
     index: list[Slot] = Field(max_length=MAX_UPDATE, description="Slots, as sampled (`index`).")
     priority: list[float] = Field(

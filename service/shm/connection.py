@@ -2,7 +2,9 @@
 
 A :class:`Connection` serves one client on the event loop: it reads control frames
 (:mod:`tdreplay.codec.shm`), calls the same :class:`~tdreplay.service.core.Core`
-operations as the HTTP routes, with the same parameter models, and answers.
+operations as the HTTP routes, with the same parameter models, and answers. It
+never touches a table: the core gives the :class:`~tdreplay.service.core.Shape`
+a slot is laid out by, and the table is looked up once per request.
 Samples are gathered straight into the connection's slots; extends are
 inserted from the client's slot as flat columns (the one-element columns the
 table checks values of are copied first, so a client writing into its slot
@@ -41,15 +43,18 @@ from tdreplay.codec.shm import (
     frame_length,
     parse_frame,
 )
-from tdreplay.storage import SAMPLE_INFO_DTYPES, InsufficientStorage, InvalidRequest, TDReplayError
+from tdreplay.storage import InsufficientStorage, InvalidRequest, TDReplayError
 
-from ..core import ExtendParams, PriorityUpdate, SampleParams, parse
+from ..core import BufferParams, ExtendParams, PriorityUpdate, SampleParams, Shape, parse
 from ..errors import Unauthorized, error_body
 from ..metrics import NO_TABLE
 from .slots import Slot, Slots
 
 if TYPE_CHECKING:
-    from ..core.handle import TableHandle
+    from tensordict import TensorDictBase
+
+    from tdreplay.storage import SampleTarget
+
     from .listener import ShmServer
 
 log = logging.getLogger("tdreplay.service")
@@ -193,12 +198,11 @@ class Connection(asyncio.Protocol):
         """Tell the metrics of a request, from what its operation validated (never the raw
         frame); slot data counts as bytes moved (rows x item bytes)."""
         ok = done.reply.get("ok") is True
-        if ok and done.handle is not None:
-            moved = done.rows * done.handle.table.spec.item_nbytes
+        if ok:
+            moved = done.rows * done.item_nbytes
             rx, tx = (rx + moved, tx) if done.op == "extend" else (rx, tx + moved)
-        table = done.handle.name if done.handle is not None else NO_TABLE
         assert self.server.on_request is not None
-        self.server.on_request("shm", done.op, table, s, rx, tx, ok)
+        self.server.on_request("shm", done.op, done.table if ok else NO_TABLE, s, rx, tx, ok)
 
     def _hello(self, message: dict[str, Any]) -> None:
         """The first frame: protocol version and token, or the connection ends."""
@@ -308,73 +312,66 @@ class Connection(asyncio.Protocol):
         elif op == "extend":
             await self._extend(m, done)
         elif op == "update_priority":
-            name = _table(m)
-            update = parse(PriorityUpdate, m)
-            updated = await self.core.update_priority(name, update)
-            done.reply, done.handle = {"ok": True, "updated": updated}, self._found(name)
+            done.table = _table(m)
+            updated = await self.core.update_priority(done.table, parse(PriorityUpdate, m))
+            done.reply = {"ok": True, "updated": updated}
         elif op == "info":
-            name = _table(m)
-            info = await self.core.info(name)
-            done.reply, done.handle = {"ok": True, "info": info}, self._found(name)
+            done.table = _table(m)
+            done.reply = {"ok": True, "info": await self.core.info(done.table)}
         elif op == "release":
             self.slots.drop(self.slots.check_number(m.get("slot")))
             done.reply = {"ok": True}
         else:
             raise InvalidRequest(f"unknown operation {m.get('op')!r:.40}", field="op")
 
-    def _found(self, name: str) -> TableHandle | None:
-        """The table an operation just served (``None``: deleted meanwhile)."""
-        with contextlib.suppress(TDReplayError):
-            return self.core.table(name)
-        return None
-
     async def _sample(self, m: dict[str, Any], done: _Done) -> None:
         name = _table(m)
         params = parse(SampleParams, m)
-        handle = self.core.table(name)
-        n = handle.table.check_batch_size(params.batch_size)
         number = self.slots.check_number(m.get("slot"))
-        slot = self.slots.get(number, "sample", handle, n)
-        if slot is None:
-            schema = {**handle.table.spec.torch_schema()}
-            schema.update({k: ([], d) for k, d in SAMPLE_INFO_DTYPES.items()})
-            slot = self.slots.make(number, "sample", handle, SlotLayout.of(schema, n))
-            slot.out = handle.table.target(nest(slot.views(), n), n)
-        assert slot.out is not None
+        placed: list[Slot] = []
+
+        def place(shape: Shape) -> TensorDictBase | SampleTarget:
+            """The connection's slot of that number, laid out for the sample's shape."""
+            slot = self.slots.get(number, "sample", shape.owner, shape.rows)
+            if slot is None:
+                layout = SlotLayout.of(shape.schema, shape.rows)
+                slot = self.slots.make(number, "sample", shape.owner, layout)
+                assert shape.target is not None
+                slot.out = shape.target(nest(slot.views(), shape.rows))
+            placed.append(slot)
+            assert slot.out is not None
+            return slot.out
+
         try:
-            await self.core.sample_into(name, params, slot.out)
+            shape = await self.core.sample_to(name, params, place)
         except BaseException:
-            if slot.fresh:  # never handed over: the next request on its number starts anew
+            if placed and placed[0].fresh:  # never handed over: its number starts anew
                 self.slots.drop(number)
             raise
+        slot = placed[0]
         slot.generation += 1
-        done.handle, done.rows = handle, n
+        done.table, done.rows, done.item_nbytes = name, shape.rows, shape.item_nbytes
         done.reply = {"ok": True, "slot": number, "generation": slot.generation}
         if slot.fresh:
-            done.reply.update(rows=n, layout=slot.layout.to_json(), nbytes=slot.size)
+            done.reply.update(rows=shape.rows, layout=slot.layout.to_json(), nbytes=slot.size)
             done.slot = slot
 
     def _extend_slot(self, m: dict[str, Any], done: _Done) -> None:
         """A slot for extends of up to ``rows`` rows (at most the table's capacity)."""
         name = _table(m)
-        handle = self.core.table(name)
-        rows = m.get("rows")
-        if type(rows) is not int or rows < 1:
-            raise InvalidRequest(
-                f"rows must be a positive integer, got {rows!r:.40}", table=name, field="rows"
-            )
-        rows = min(rows, handle.table.capacity)
+        shape = self.core.extend_shape(name, parse(BufferParams, m))
         number = self.slots.check_number(m.get("slot"))
-        layout = SlotLayout.of(handle.table.spec.torch_schema(), rows)
-        slot = self.slots.make(number, "extend", handle, layout)
+        layout = SlotLayout.of(shape.schema, shape.rows)
+        slot = self.slots.make(number, "extend", shape.owner, layout)
         done.reply = {
-            "ok": True, "slot": number, "rows": rows, "layout": layout.to_json(), "nbytes": slot.size
+            "ok": True, "slot": number, "rows": shape.rows, "layout": layout.to_json(),
+            "nbytes": slot.size,
         }  # fmt: skip
-        done.slot = slot
+        done.table, done.slot = name, slot
 
     async def _extend(self, m: dict[str, Any], done: _Done) -> None:
         name = _table(m)
-        handle = self.core.table(name)
+        handle = self.core.table(name)  # the one lookup: the slot must be this table's
         number = self.slots.check_number(m.get("slot"))
         slot = self.slots.get(number, "extend", handle)
         if slot is None:  # never made, or made for a table of that name since replaced
@@ -404,8 +401,8 @@ class Connection(asyncio.Protocol):
             key: view[:rows].clone() if view[:1].numel() <= 1 else view[:rows]
             for key, view in slot.views().items()
         }
-        index, replayed = await self.core.extend(name, columns, params)
-        done.handle, done.rows = handle, len(index)
+        index, replayed = await self.core.extend(handle, columns, params)
+        done.table, done.rows, done.item_nbytes = name, len(index), handle.item_nbytes
         done.reply = {"ok": True, "index": index.tolist(), "replayed": replayed}
 
 
@@ -413,13 +410,14 @@ class Connection(asyncio.Protocol):
 class _Done:
     """What a request came to: its operation (validated: one of :data:`OPS`, else
     ``"other"``), the reply, the slot whose descriptor goes with it, and the table
-    and rows it moved (for the metrics)."""
+    and rows it moved (for the metrics; the table's name is set once it was found)."""
 
     op: str
     reply: dict[str, Any] = field(default_factory=lambda: {"ok": False})
     slot: Slot | None = None
-    handle: TableHandle | None = None
+    table: str = NO_TABLE
     rows: int = 0
+    item_nbytes: int = 0
 
 
 def _op(m: dict[str, Any]) -> str:

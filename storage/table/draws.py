@@ -75,14 +75,16 @@ class Draws(TableBase):
         return n
 
     def target(self, out: TensorDictBase, batch_size: int) -> SampleTarget:
-        """``out`` checked once for samples of ``batch_size`` items: pass the result as
-        ``out=`` to sample into it again and again without checking it each time.
+        """``out`` and ``batch_size`` checked once for samples of that many items: pass the
+        result as ``out=`` to sample into it again and again without checking either.
 
         Raises:
-            InvalidRequest: ``out`` does not fit (see :meth:`sample`).
+            InvalidRequest: ``batch_size`` cannot be sampled (:meth:`check_batch_size`),
+                or ``out`` does not fit (see :meth:`sample`).
         """
-        bufs, info = self._check.out_buffers(out, batch_size)
-        return SampleTarget(out, batch_size, bufs, info)
+        n = self.check_batch_size(batch_size)
+        bufs, info = self._check.out_buffers(out, n)
+        return SampleTarget(out, n, bufs, info)
 
     def try_sample(
         self, batch_size: int, *, out: TensorDictBase | SampleTarget | None = None
@@ -134,21 +136,23 @@ class Draws(TableBase):
         *,
         attempt: bool = False,
     ) -> TensorDictBase:
-        n = self.check_batch_size(batch_size)
-        if isinstance(out, SampleTarget):
-            if out.rows != n:
+        if isinstance(out, SampleTarget):  # its batch size was checked when it was made
+            if type(batch_size) is not int or out.rows != batch_size:
                 raise InvalidRequest(
-                    f"table {self.name!r}: the target is for {out.rows} rows, not {n}",
+                    f"table {self.name!r}: the target is for {out.rows} rows, not {batch_size!r}",
                     table=self.name,
                     field="out",
                     expected=out.rows,
-                    got=n,
+                    got=batch_size,
                 )
+            n = out.rows
             bufs, out_info, dest = out.bufs, out.info, out.out
-        elif out is not None:
-            (bufs, out_info), dest = self._check.out_buffers(out, n), out
         else:
-            bufs, out_info, dest = None, {}, None
+            n = self.check_batch_size(batch_size)
+            if out is not None:
+                (bufs, out_info), dest = self._check.out_buffers(out, n), out
+            else:
+                bufs, out_info, dest = None, {}, None
         with self._cond:
             if self.rate_limiter.sample_never_fits(n):
                 raise InvalidRequest(
