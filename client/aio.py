@@ -19,15 +19,13 @@ imports this module).
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
-from . import commands as C
-from . import errors, shm
+from . import errors, route, shm
 from .aio_transport import AsyncTransport
 from .aio_writer import AsyncWriter
 from .base import ClientBase
@@ -62,7 +60,8 @@ class AsyncReplayClient(ClientBase):
         self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
         self._link_lock = asyncio.Lock()
 
-    async def _run(self, plan: Plan[T]) -> T:
+    async def _run(self, plan: Plan[T] | Generator[Any, Any, T]) -> T:
+        """Drive a plan (:mod:`.core`, :mod:`.route`): perform each step it yields, awaited."""
         result: Any = None
         exc: BaseException | None = None
         while True:
@@ -72,14 +71,29 @@ class AsyncReplayClient(ClientBase):
                 return stop.value
             result, exc = None, None
             try:
-                if isinstance(step, Call):
-                    result = await self._call(step)
-                elif isinstance(step, Pause):
-                    await asyncio.sleep(step.seconds)
-                else:
-                    result = await self._gather(step)
+                result = await self._do(step)
             except errors.ReplayError as err:
                 exc = err
+
+    async def _do(self, step: Any) -> Any:
+        if isinstance(step, route.OverShm):
+            # the blocking socket call in a worker thread; batches are copied out of the
+            # slot (they own their memory)
+            return await asyncio.to_thread(shm.run, step.link, step.command, strict=step.strict)
+        if isinstance(step, route.Link):
+            return await self._link(step.shard, step.once)
+        if isinstance(step, Call):
+            return await self._call(step)
+        if isinstance(step, route.OverHttp):
+            return await self._transports[step.shard].execute(step.request)
+        if isinstance(step, Pause):
+            await asyncio.sleep(step.seconds)
+            return None
+        if isinstance(step, route.OpenLink):
+            return await asyncio.to_thread(
+                shm.open_link, self.settings, step.shard, step.info, step.why
+            )
+        return await self._gather(step)
 
     # ---------------------------------------------------------------- same host
     async def transport(self) -> str:
@@ -92,62 +106,13 @@ class AsyncReplayClient(ClientBase):
         if link is shm.UNRESOLVED:
             async with self._link_lock:
                 if self._links[shard] is shm.UNRESOLVED:
-                    self._links[shard] = await self._resolve(shard, once)
+                    plan = route.resolve(shard, once, self.settings)
+                    self._links[shard] = await self._run(plan)
                 link = self._links[shard]
         return link
 
-    async def _resolve(self, shard: int, once: bool = False) -> shm.ShmLink | None:
-        if self.settings.transport == "http":
-            return None
-        info, why = None, None
-        try:
-            info = await self._call_http(Call(shard, C.ServerInfo(), once))
-        except errors.ServerError as err:  # a server without /v1/info
-            why = f"the server does not say where its socket is ({err.status})"
-        return await asyncio.to_thread(shm.open_link, self.settings, shard, info, why)
-
     async def _call(self, call: Call) -> Any:
-        """Over shared memory when the server is on this host (the blocking socket call runs in
-        a worker thread; batches are copied out of the slot: they own their memory), else HTTP."""
-        command = call.command
-        in_doubt: errors.TransportError | None = None
-        if isinstance(command, shm.COMMANDS) and self.settings.transport != "http":
-            link = await self._link(call.shard, call.once)
-            if link is not None:
-                try:
-                    result = await asyncio.to_thread(
-                        shm.run, link, command, strict=self.settings.transport == "shm"
-                    )
-                except errors.TransportError as err:
-                    # the next call asks the server anew where its socket is (it may have
-                    # restarted: another process, another socket, another instance)
-                    self._links[call.shard] = shm.UNRESOLVED
-                    if self.settings.transport == "shm":
-                        raise
-                    in_doubt = err
-                    result = shm.HTTP  # the socket failed: this call goes over HTTP
-                if result is not shm.HTTP:
-                    return result
-        try:
-            return await self._call_http(call)
-        except errors.TransportError as err:
-            raise shm.in_doubt(err, in_doubt) from None
-
-    async def _call_http(self, call: Call) -> Any:
-        policy, command = call.retry(self.settings.retry), call.command
-        start, attempt = time.monotonic(), 0
-        while True:
-            attempt += 1
-            req = command.request()
-            try:
-                response = await self._transports[call.shard].execute(req)
-            except errors.TransportError as err:
-                elapsed = time.monotonic() - start
-                if not policy.should_retry(err, attempt, elapsed, idempotent=req.idempotent):
-                    raise
-                await asyncio.sleep(policy.delay(attempt))
-                continue
-            return command.parse(response)
+        return await self._run(route.transmit(call, self.settings, self._links))
 
     async def _gather(self, gather: Gather) -> list[Any]:
         call = self._call_partial if gather.partial else self._call

@@ -353,7 +353,12 @@ class UpdatePriority(Command[int]):
     priority: Any
     key: Any = None
 
-    def request(self) -> Request:
+    def payload(self) -> dict[str, Any]:
+        """The update as JSON values (what either transport sends), lengths checked.
+
+        Raises:
+            ValueError: the index, priorities and keys differ in length.
+        """
         index = torch.as_tensor(self.index).reshape(-1).tolist()
         priority = torch.as_tensor(self.priority).detach().reshape(-1).double().cpu().tolist()
         if len(index) != len(priority):
@@ -364,7 +369,10 @@ class UpdatePriority(Command[int]):
             if len(key) != len(index):
                 raise ValueError(f"{len(index)} indices but {len(key)} keys")
             payload["key"] = key
-        headers, body = _json_body(payload)
+        return payload
+
+    def request(self) -> Request:
+        headers, body = _json_body(self.payload())
         return Request("POST", _table(self.table, "update_priority"), headers, body)
 
     def parse(self, response: Response) -> int:

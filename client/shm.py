@@ -20,7 +20,6 @@ use, closed with the client.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import weakref
@@ -149,8 +148,7 @@ def run(link: ShmLink, command: C.Command[Any], *, strict: bool = False) -> Any:
         )
         return HTTP if index is None else index
     if isinstance(command, C.UpdatePriority):
-        payload = json.loads(b"".join(command.request().parts) or b"{}")
-        return chan.update_priority(command.table, payload)
+        return chan.update_priority(command.table, command.payload())
     raise TypeError(f"the same-host transport does not carry {type(command).__name__}")
 
 

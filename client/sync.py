@@ -4,8 +4,8 @@
     >>> client.extend("cartpole", rollout)                            # doctest: +SKIP
     >>> batch = client.sample("cartpole", 256)                        # doctest: +SKIP
 
-Every call is a plan from :mod:`~tdreplay.client.core` driven with blocking
-I/O over :class:`~tdreplay.client.transport.Transport` (``http.client``,
+Every call is a plan from :mod:`~tdreplay.client.core` (its wire steps from
+:mod:`~tdreplay.client.route`) driven with blocking I/O over :class:`~tdreplay.client.transport.Transport` (``http.client``,
 pooled keep-alive connections); settings and pickling come from
 :class:`~tdreplay.client.base.ClientBase`. Thread safe. A client pickles as
 its URLs and settings, so a copy in a DataLoader worker or a subprocess opens
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +25,7 @@ import torch
 from tensordict import TensorDict
 
 from . import commands as C
-from . import errors, shm
+from . import errors, route, shm
 from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
 from .core import Call, ClientSettings, Gather, Pause, Plan
@@ -86,23 +87,13 @@ class ReplayClient(ClientBase):
         if link is shm.UNRESOLVED:
             with self._link_lock:
                 if self._links[shard] is shm.UNRESOLVED:
-                    self._links[shard] = self._resolve(shard, once)
+                    self._links[shard] = self._run(route.resolve(shard, once, self.settings))
                 link = self._links[shard]
         return link
 
-    def _resolve(self, shard: int, once: bool = False) -> shm.ShmLink | None:
-        """The server's same-host link, if ``settings.transport`` allows and it is on this host."""
-        if self.settings.transport == "http":
-            return None
-        info, why = None, None
-        try:
-            info = self._call_http(Call(shard, C.ServerInfo(), once))
-        except errors.ServerError as err:  # a server without /v1/info
-            why = f"the server does not say where its socket is ({err.status})"
-        return shm.open_link(self.settings, shard, info, why)
-
     # ---------------------------------------------------------------- driving
-    def _run(self, plan: Plan[T]) -> T:
+    def _run(self, plan: Plan[T] | Generator[Any, Any, T]) -> T:
+        """Drive a plan (:mod:`.core`, :mod:`.route`): perform each step it yields, blocking."""
         result: Any = None
         exc: BaseException | None = None
         while True:
@@ -112,53 +103,28 @@ class ReplayClient(ClientBase):
                 return stop.value
             result, exc = None, None
             try:
-                if isinstance(step, Call):
-                    result = self._call(step)
-                elif isinstance(step, Pause):
-                    time.sleep(step.seconds)
-                else:
-                    result = self._gather(step)
+                result = self._do(step)
             except errors.ReplayError as err:
                 exc = err
 
-    def _call(self, call: Call) -> Any:
-        command = call.command
-        in_doubt: errors.TransportError | None = None
-        if isinstance(command, shm.COMMANDS) and self.settings.transport != "http":
-            link = self._link(call.shard, call.once)
-            if link is not None:
-                try:
-                    result = shm.run(link, command, strict=self.settings.transport == "shm")
-                except errors.TransportError as err:
-                    # the next call asks the server anew where its socket is (it may have
-                    # restarted: another process, another socket, another instance)
-                    self._links[call.shard] = shm.UNRESOLVED
-                    if self.settings.transport == "shm":
-                        raise
-                    in_doubt = err
-                    result = shm.HTTP  # the socket failed: this call goes over HTTP
-                if result is not shm.HTTP:
-                    return result
-        try:
-            return self._call_http(call)
-        except errors.TransportError as err:
-            raise shm.in_doubt(err, in_doubt) from None
+    def _do(self, step: Any) -> Any:
+        if isinstance(step, route.OverShm):
+            return shm.run(step.link, step.command, strict=step.strict)
+        if isinstance(step, route.Link):
+            return self._link(step.shard, step.once)
+        if isinstance(step, Call):
+            return self._call(step)
+        if isinstance(step, route.OverHttp):
+            return self._transports[step.shard].execute(step.request)
+        if isinstance(step, Pause):
+            time.sleep(step.seconds)
+            return None
+        if isinstance(step, route.OpenLink):
+            return shm.open_link(self.settings, step.shard, step.info, step.why)
+        return self._gather(step)
 
-    def _call_http(self, call: Call) -> Any:
-        policy, command = call.retry(self.settings.retry), call.command
-        start, attempt = time.monotonic(), 0
-        while True:
-            attempt += 1
-            req = command.request()
-            try:
-                response = self._transports[call.shard].execute(req)
-            except errors.TransportError as err:
-                elapsed = time.monotonic() - start
-                if not policy.should_retry(err, attempt, elapsed, idempotent=req.idempotent):
-                    raise
-                time.sleep(policy.delay(attempt))
-                continue
-            return command.parse(response)
+    def _call(self, call: Call) -> Any:
+        return self._run(route.transmit(call, self.settings, self._links))
 
     def _gather(self, gather: Gather) -> list[Any]:
         call = self._call_partial if gather.partial else self._call
