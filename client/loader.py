@@ -56,7 +56,7 @@ from . import commands as C
 from . import errors
 from .core import ClientSettings
 from .staging import Credits as _Credits
-from .staging import Slot as _Slot
+from .staging import StagingBuffer
 from .staging import check_device as _check_device
 from .streams import one_batch_streams
 from .tensorclass import to_tensorclass
@@ -219,7 +219,7 @@ class _Pipeline:
         self.cuda = device is not None and device.type == "cuda"
         self.keep = keep and not self.cuda
         self._ready: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        self._free: queue.Queue[_Slot] = queue.Queue()
+        self._free: queue.Queue[StagingBuffer] = queue.Queue()
         wake = max(1, loader.prefetch // 2) if loader.stream else 1
         self._credits = _Credits(loader.prefetch, wake=wake)
         self._stop = threading.Event()
@@ -228,7 +228,7 @@ class _Pipeline:
         self.closed = False
         if not self.keep and not loader.stream:
             for _ in range(loader.prefetch + 1):
-                self._free.put(_Slot(pinned=self.cuda))
+                self._free.put(StagingBuffer(pinned=self.cuda))
         n_threads = 1 if loader.stream else loader.prefetch
         target = self._stream_fetcher if loader.stream else self._fetcher
         self.threads = [
@@ -259,7 +259,7 @@ class _Pipeline:
             # in the try: whatever fails here reaches the learner, who would wait forever else
             stream = torch.cuda.Stream(self.device) if self.cuda else None
             while self._claim():
-                slot: _Slot | None = None
+                slot: StagingBuffer | None = None
                 alloc = C.fresh
                 if not self.keep:
                     slot = self._free.get()
@@ -303,7 +303,9 @@ class _Pipeline:
             self._ready.put((err, None))
             self._stop.set()
 
-    def _stage(self, td: TensorDictBase, slot: _Slot | None, stream: Any) -> tuple[Any, Any]:
+    def _stage(
+        self, td: TensorDictBase, slot: StagingBuffer | None, stream: Any
+    ) -> tuple[Any, Any]:
         """Move ``td`` toward the learner's device; returns the queue item ``(batch, slot|event)``."""
         if self.cuda:
             with torch.cuda.stream(stream):
@@ -327,7 +329,7 @@ class _Pipeline:
         self._credits.release()
         return item
 
-    def give_back(self, slot: _Slot) -> None:
+    def give_back(self, slot: StagingBuffer) -> None:
         self._free.put(slot)
 
     def close(self) -> None:
@@ -353,7 +355,7 @@ class LoaderIterator(Iterator[Any]):
         self.loader = loader
         self.batches = 0
         self.wait_s = 0.0
-        self._held: _Slot | None = None
+        self._held: StagingBuffer | None = None
         self._pipe = _Pipeline(loader, device=device, keep=keep)
         self._finalizer = weakref.finalize(self, self._pipe.close)
 
@@ -377,7 +379,7 @@ class LoaderIterator(Iterator[Any]):
             current.wait_event(extra)  # the copy made on the fetcher's stream is done first
             for t in batch.values(include_nested=True, leaves_only=True):
                 t.record_stream(current)  # made on the side stream, used on this one
-        elif isinstance(extra, _Slot):
+        elif isinstance(extra, StagingBuffer):
             self._held = extra
         self.batches += 1
         cls = self.loader.as_cls

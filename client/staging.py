@@ -11,7 +11,7 @@ import torch
 _ALIGN = 64
 
 
-class Slot:
+class StagingBuffer:
     """One reusable receive buffer (pinned when the batches go to CUDA).
 
     ``alloc`` hands out aligned pieces of it (several per batch when sharded);

@@ -32,6 +32,7 @@ __all__ = [
     "BodyBuffer",
     "BodyBuffers",
     "BodyDecoder",
+    "body_too_large",
     "metadata_len",
     "read_body",
 ]
@@ -99,7 +100,7 @@ async def _read_body(request: Request, buffers: BodyBuffers, limit: int) -> memo
         async for chunk in request.stream():
             total += len(chunk)
             if total > limit:
-                raise _too_large(total, limit)
+                raise body_too_large(total, limit, "so far")
             chunks.append(chunk)
         return memoryview(b"".join(chunks))
     try:
@@ -109,7 +110,7 @@ async def _read_body(request: Request, buffers: BodyBuffers, limit: int) -> memo
             f"malformed Content-Length {header!r}", field="Content-Length"
         ) from None
     if length > limit:
-        raise _too_large(length, limit)
+        raise body_too_large(length, limit, "its Content-Length says")
     view = buffers.view(length)
     pos = 0
     async for chunk in request.stream():
@@ -123,9 +124,17 @@ async def _read_body(request: Request, buffers: BodyBuffers, limit: int) -> memo
     return view
 
 
-def _too_large(got: int, limit: int) -> PayloadTooLarge:
+def body_too_large(got: int, limit: int, how: str = "") -> PayloadTooLarge:
+    """The error of a request body over the server's limit (``--max-body-bytes``): one
+    wording for the HTTP layer, which refuses it as it arrives, and for the routes, which
+    check again (an app served by another ASGI server has only them).
+
+        >>> body_too_large(10, 4, "its Content-Length says").args[0]
+        "request body of 10 bytes (its Content-Length says) exceeds the server's limit of 4 bytes (--max-body-bytes)"
+    """
     return PayloadTooLarge(
-        f"body of {got} bytes exceeds the server's limit of {limit} bytes",
+        f"request body of {got} bytes{f' ({how})' if how else ''} exceeds the server's limit "
+        f"of {limit} bytes (--max-body-bytes)",
         field="body",
         expected=f"<= {limit} bytes",
         got=got,

@@ -49,7 +49,8 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from tdreplay.storage import BackendError, InvalidRequest, TDReplayError
 
-from .errors import PayloadTooLarge, status_of
+from .bodies import body_too_large
+from .errors import status_of
 from .settings import Settings
 
 log = logging.getLogger("tdreplay.service")
@@ -224,7 +225,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._refuse(self._headers_too_large(size), status=431)
             raise _Refused
         if length and int(length) > limits.max_body_bytes:  # the parser checked its digits
-            self._refuse(self._body_too_large(int(length), "its Content-Length says"))
+            self._refuse(
+                body_too_large(int(length), limits.max_body_bytes, "its Content-Length says")
+            )
             raise _Refused
         self._in_body = True
         super().on_headers_complete()
@@ -232,7 +235,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
         if self._body_bytes > self.limits.max_body_bytes:
-            self._refuse(self._body_too_large(self._body_bytes, "so far"), in_body=True)
+            self._refuse(
+                body_too_large(self._body_bytes, self.limits.max_body_bytes, "so far"), in_body=True
+            )
             raise _Refused
         cycle = self.cycle
         if cycle is not None and not isinstance(cycle.body, _BodyChunks):
@@ -299,16 +304,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             f"request line and headers of {size}+ bytes exceed the server's limit of {cap} "
             "bytes (--max-header-bytes)",
             field="headers",
-            expected=f"<= {cap} bytes",
-            got=size,
-        )
-
-    def _body_too_large(self, size: int, how: str) -> PayloadTooLarge:
-        cap = self.limits.max_body_bytes
-        return PayloadTooLarge(
-            f"request body of {size} bytes ({how}) exceeds the server's limit of {cap} bytes "
-            "(--max-body-bytes)",
-            field="body",
             expected=f"<= {cap} bytes",
             got=size,
         )

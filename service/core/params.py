@@ -43,7 +43,7 @@ Seconds = Annotated[
     ),
 ]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description="Items per batch.")]
-Slot = Annotated[int, Field(ge=0, lt=1 << 63)]
+SlotIndex = Annotated[int, Field(ge=0, lt=1 << 63)]
 
 
 class Params(BaseModel):
@@ -83,11 +83,13 @@ class BufferParams(Params):
 
 
 class PriorityUpdate(Params):
-    index: list[Slot] = Field(max_length=MAX_UPDATE, description="Slots, as sampled (`index`).")
+    index: list[SlotIndex] = Field(
+        max_length=MAX_UPDATE, description="Slots, as sampled (`index`)."
+    )
     priority: list[float] = Field(
         max_length=MAX_UPDATE, description="New priorities, one per slot (>= 0, finite)."
     )
-    key: list[Slot] | None = Field(
+    key: list[SlotIndex] | None = Field(
         default=None,
         max_length=MAX_UPDATE,
         description="The sampled items' keys (`sample_info.key`), one per slot: only slots "

@@ -4,7 +4,7 @@
 :mod:`.slots` are the memfd buffers. The wire: :mod:`tdreplay.codec.shm`.
 """
 
+from .buffers import supported
 from .listener import ShmServer, host_id
-from .slots import supported
 
 __all__ = ["ShmServer", "host_id", "supported"]

@@ -48,7 +48,7 @@ from tdreplay.storage import InsufficientStorage, InvalidRequest, TDReplayError
 from ..core import BufferParams, ExtendParams, PriorityUpdate, SampleParams, Shape, parse
 from ..errors import Unauthorized, error_body
 from ..metrics import NO_TABLE
-from .slots import Slot, Slots
+from .buffers import SlotBuffer, SlotBuffers
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
@@ -94,7 +94,9 @@ class Connection(asyncio.Protocol):
         self.server = server
         self.core = server.core
         settings = server.settings
-        self.slots = Slots(settings.shm_connection_bytes, settings.shm_max_slots, server.budget)
+        self.slots = SlotBuffers(
+            settings.shm_connection_bytes, settings.shm_max_slots, server.budget
+        )
         self.limit = settings.max_body_bytes
         self.frame_timeout = settings.body_timeout
         self.idle_timeout = settings.shm_idle_timeout
@@ -328,7 +330,7 @@ class Connection(asyncio.Protocol):
         name = _table(m)
         params = parse(SampleParams, m)
         number = self.slots.check_number(m.get("slot"))
-        placed: list[Slot] = []
+        placed: list[SlotBuffer] = []
 
         def place(shape: Shape) -> TensorDictBase | SampleTarget:
             """The connection's slot of that number, laid out for the sample's shape."""
@@ -414,7 +416,7 @@ class _Done:
 
     op: str
     reply: dict[str, Any] = field(default_factory=lambda: {"ok": False})
-    slot: Slot | None = None
+    slot: SlotBuffer | None = None
     table: str = NO_TABLE
     rows: int = 0
     item_nbytes: int = 0

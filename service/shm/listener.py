@@ -23,8 +23,8 @@ from tdreplay.storage import InvalidRequest
 from ..core import Core
 from ..metrics import RequestHook
 from ..settings import Settings
+from .buffers import Budget
 from .connection import Connection
-from .slots import Budget
 
 log = logging.getLogger("tdreplay.service")
 

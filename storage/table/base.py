@@ -31,7 +31,7 @@ from ..statefile import StateError
 from ..tensordicts import key_tree
 from ..validation import INFO_KEYS, RowChecker
 from ..writers import MaxValueWriter, Writer, make_writer
-from .stats import limiter_stats, scan
+from .stats import ScanCache, limiter_stats
 
 
 class _HeldBack(Exception):
@@ -112,8 +112,7 @@ class TableBase:
             "seconds": None,
             "bytes": None,
         }
-        self._scan: tuple[float, float, dict[str, Any]] | None = None  # (when, good for, figures)
-        self._scanning = threading.Lock()
+        self._scans = ScanCache()
 
     @property
     def fsync(self) -> bool:
@@ -299,60 +298,24 @@ class TableBase:
         finally:
             if locked:
                 self._cond.release()
-        figures, fresh = self._scanned(wait if locked else 0.0)
+        figures, fresh = self._scans.figures(self._cond, self._live_state, wait if locked else 0.0)
         out.update(figures or {"unique_sampled": None, "times_sampled": None})
         out.setdefault("priority", None)
         out.setdefault("trajectories", None)
         out["stale"] = not fresh
         return out
 
-    def _scanned(self, wait: float | None) -> tuple[dict[str, Any] | None, bool]:
-        """The live items' scan figures, and whether they are current (see :meth:`stats`)."""
-        deadline = None if wait is None else time.monotonic() + wait
-        while True:
-            cached = self._scan
-            now = time.monotonic()
-            if cached is not None and now - cached[0] < cached[1]:
-                return cached[2], True
-            left = None if deadline is None else max(0.0, deadline - now)
-            if self._scanning.acquire(blocking=False):
-                break
-            # Another thread scans now: its figures will do (a small table's scan is cached
-            # for no time at all, so two callers often meet here: the /status history ticks
-            # every second). If it gave up (its own wait ran out), scan here after all.
-            if not self._scanning.acquire(timeout=-1 if left is None else left):
-                return (cached[2], False) if cached is not None else (None, False)
-            self._scanning.release()
-            done = self._scan
-            if done is not None and done is not cached:
-                return done[2], True
-            if left == 0.0:
-                return (cached[2], False) if cached is not None else (None, False)
-        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        try:
-            if not self._cond.acquire(timeout=-1 if wait is None else wait):
-                return (cached[2], False) if cached is not None else (None, False)
-            # its cost in this thread's CPU time: a busy machine (the wall clock) must not
-            # make a small table's figures stale (seen: unique_sampled 0 after 4 sampled)
-            began = time.thread_time()
-            try:
-                s, sampler = self.slots, self.sampler
-                live = s.live.clone()
-                times = s.times_sampled[live]
-                prio = getattr(sampler, "priorities", None)
-                prio = prio[live] if isinstance(prio, torch.Tensor) else None
-                episode = getattr(sampler, "episode", None)
-                episode = episode[live] if isinstance(episode, torch.Tensor) else None
-            finally:
-                self._cond.release()
-            figures = scan(times, prio, episode)
-            cost = time.thread_time() - began
-            # a cheap scan (a small table) is redone every time: its figures are exact
-            good_for = min(5.0, 100 * cost) if cost > 0.001 else 0.0
-            self._scan = (time.monotonic(), good_for, figures)
-            return figures, True
-        finally:
-            self._scanning.release()
+    def _live_state(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The live items' times sampled, priorities and episode ids (copies; lock held)."""
+        s, sampler = self.slots, self.sampler
+        live = s.live.clone()
+        prio = getattr(sampler, "priorities", None)
+        episode = getattr(sampler, "episode", None)
+        return (
+            s.times_sampled[live],
+            prio[live] if isinstance(prio, torch.Tensor) else None,
+            episode[live] if isinstance(episode, torch.Tensor) else None,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Slot, sampler, writer and rate-limiter state (no data); lock held by the caller or not."""

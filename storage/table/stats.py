@@ -20,6 +20,9 @@ priorities into ``< 2^-10, [2^-10, 2^-9), ..., >= 2^10``.
 from __future__ import annotations
 
 import math
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -137,3 +140,73 @@ def limiter_stats(rl: RateLimiter, size: int) -> dict[str, Any]:
         "waiting": dict(rl.waiting),
         "timeouts": dict(rl.timeouts),
     }
+
+
+#: what a scan reads under the table's lock: times sampled, priorities, episode ids (live items)
+LiveState = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
+class ScanCache:
+    """A table's last scan (:func:`scan`) and the lock of the one under way.
+
+    A scan that took over a millisecond of CPU (a large table) is reused for 100 times its
+    cost (a million items: a few seconds); a cheaper one is redone at every call. A caller
+    that meets a scan under way waits for it and takes its figures; if that scanner gave
+    up (its own wait for the table's lock ran out), the caller scans itself.
+    """
+
+    def __init__(self) -> None:
+        self.last: tuple[float, float, dict[str, Any]] | None = None  # (when, good for, figures)
+        self.running = threading.Lock()
+
+    def figures(
+        self, lock: Any, read: Callable[[], LiveState], wait: float | None
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """The figures, and whether they are current; ``read`` copies the live items' state
+        under ``lock`` (the table's), waited for at most ``wait`` seconds (``None``: as long
+        as it takes); past them, the last figures (not current), or ``None``."""
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            cached = self.last
+            now = time.monotonic()
+            if cached is not None and now - cached[0] < cached[1]:
+                return cached[2], True
+            left = None if deadline is None else max(0.0, deadline - now)
+            if self.running.acquire(blocking=False):
+                break
+            # another thread scans now: its figures will do (a small table's scan is cached
+            # for no time at all, so two callers often meet here: the /status history ticks
+            # every second)
+            if not self.running.acquire(timeout=-1 if left is None else left):
+                return _stale(cached)
+            self.running.release()
+            done = self.last
+            if done is not None and done is not cached:
+                return done[2], True
+            if left == 0.0:
+                return _stale(cached)
+        try:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not lock.acquire(timeout=-1 if left is None else left):
+                return _stale(cached)
+            # its cost in this thread's CPU time: a busy machine (the wall clock) must not
+            # make a small table's figures stale (seen: unique_sampled 0 after 4 sampled)
+            began = time.thread_time()
+            try:
+                times, priority, episode = read()
+            finally:
+                lock.release()
+            figures = scan(times, priority, episode)
+            cost = time.thread_time() - began
+            # a cheap scan (a small table) is redone every time: its figures are exact
+            good_for = min(5.0, 100 * cost) if cost > 0.001 else 0.0
+            self.last = (time.monotonic(), good_for, figures)
+            return figures, True
+        finally:
+            self.running.release()
+
+
+def _stale(
+    cached: tuple[float, float, dict[str, Any]] | None,
+) -> tuple[dict[str, Any] | None, bool]:
+    return (cached[2], False) if cached is not None else (None, False)

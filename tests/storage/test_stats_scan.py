@@ -17,12 +17,14 @@ def test_a_caller_whose_scanner_gave_up_scans_itself(tables) -> None:
     table.extend(rows(0, 6))
     table.sample(4)
     got: list = []
-    table._scanning.acquire()  # a scanner under way
-    caller = threading.Thread(target=lambda: got.append(table._scanned(None)))
+    table._scans.running.acquire()  # a scanner under way
+    caller = threading.Thread(
+        target=lambda: got.append(table._scans.figures(table._cond, table._live_state, None))
+    )
     caller.start()
     time.sleep(0.1)  # the caller waits for it
     assert caller.is_alive()
-    table._scanning.release()  # it gave up: no figures left behind
+    table._scans.running.release()  # it gave up: no figures left behind
     caller.join(10)
     figures, fresh = got[0]
     assert fresh and figures is not None
@@ -32,12 +34,14 @@ def test_a_caller_whose_scanner_gave_up_scans_itself(tables) -> None:
 def test_a_caller_with_no_time_left_gets_the_last_figures_marked_stale(tables) -> None:
     table = tables.create(make_spec(capacity=16, sampler={"kind": "prioritized"}))
     table.extend(rows(0, 6))
-    first, fresh = table._scanned(None)
+    first, fresh = table._scans.figures(table._cond, table._live_state, None)
     assert fresh and first is not None
-    table._scan = (time.monotonic() - 10, 1.0, first)  # out of date
-    table._scanning.acquire()
+    table._scans.last = (time.monotonic() - 10, 1.0, first)  # out of date
+    table._scans.running.acquire()
     try:
-        figures, fresh = table._scanned(0.05)  # its wait runs out while the scan is under way
+        figures, fresh = table._scans.figures(
+            table._cond, table._live_state, 0.05
+        )  # its wait runs out while the scan is under way
     finally:
-        table._scanning.release()
+        table._scans.running.release()
     assert figures is first and not fresh

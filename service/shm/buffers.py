@@ -1,6 +1,6 @@
 """Shared-memory slots: ``memfd_create`` buffers one socket connection holds.
 
-A :class:`Slot` is an anonymous memory file (``memfd_create``, no name in
+A :class:`SlotBuffer` is an anonymous memory file (``memfd_create``, no name in
 any file system, no ``/dev/shm``), sized and reserved up front
 (``posix_fallocate``: a full memory answers 507 here, not SIGBUS later),
 sealed against resizing (the client holds its descriptor and could
@@ -8,7 +8,7 @@ otherwise truncate it under the server's mapping), mapped once. The server
 keeps only the mapping (:class:`~tdreplay.codec.shm.SharedMap`, which holds
 no descriptor): the descriptor goes to the client with the reply that made
 the slot and is closed then, so slots cost the server no file descriptors.
-:class:`Slots` bounds what one connection holds, in bytes and in count;
+:class:`SlotBuffers` bounds what one connection holds, in bytes and in count;
 :class:`Budget` bounds what all connections hold together.
 """
 
@@ -78,7 +78,7 @@ class Budget:
         self.linger = linger
         self.max_lingering = max_lingering
         self.used = 0
-        self._lingering: deque[tuple[float, Slot]] = deque()
+        self._lingering: deque[tuple[float, SlotBuffer]] = deque()
 
     def take(self, size: int) -> None:
         """Count ``size`` more bytes, reclaiming let-go slots first where needed.
@@ -103,7 +103,7 @@ class Budget:
         """``size`` bytes that no client can hold are free again."""
         self.used -= size
 
-    def let_go(self, slot: Slot) -> None:
+    def let_go(self, slot: SlotBuffer) -> None:
         """The server is done with ``slot``; its client may still map it."""
         if slot.fresh:  # its descriptor never left the server: nobody else holds it
             slot.close()
@@ -134,7 +134,7 @@ class Budget:
         self.give(slot.size)
 
 
-class Slot:
+class SlotBuffer:
     """One memfd buffer laid out as ``layout``.
 
     Attributes:
@@ -199,7 +199,7 @@ class Slot:
         self.sent()
 
 
-class Slots:
+class SlotBuffers:
     """The slots of one connection, by the client's number, bounded in bytes and count.
 
     Args:
@@ -213,15 +213,15 @@ class Slots:
         self.max_slots = max_slots
         self.budget = budget
         self.nbytes = 0
-        self._slots: dict[int, Slot] = {}
+        self._slots: dict[int, SlotBuffer] = {}
 
     def __len__(self) -> int:
         return len(self._slots)
 
     def get(
         self, number: object, kind: str, owner: object = None, rows: int | None = None
-    ) -> Slot | None:
-        """Slot ``number`` if it is a ``kind`` slot of ``owner`` (and ``rows`` rows), else ``None``."""
+    ) -> SlotBuffer | None:
+        """SlotBuffer ``number`` if it is a ``kind`` slot of ``owner`` (and ``rows`` rows), else ``None``."""
         slot = self._slots.get(number) if type(number) is int else None
         if slot is None or slot.kind != kind or (owner is not None and slot.owner is not owner):
             return None
@@ -241,7 +241,7 @@ class Slots:
             )
         return number
 
-    def make(self, number: object, kind: str, owner: object, layout: SlotLayout) -> Slot:
+    def make(self, number: object, kind: str, owner: object, layout: SlotLayout) -> SlotBuffer:
         """A new slot ``number`` (replacing the one of that number).
 
         Raises:
@@ -263,7 +263,7 @@ class Slots:
             )
         self.budget.take(size)
         try:
-            slot = Slot(kind, owner, layout)
+            slot = SlotBuffer(kind, owner, layout)
         except BaseException:
             self.budget.give(size)
             raise
