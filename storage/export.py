@@ -71,7 +71,6 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,11 +86,12 @@ from tdreplay.codec import to_record_batch
 from tdreplay.codec.dtypes import ARROW
 
 from .diskspace import insufficient, is_full
-from .errors import BackendError, InvalidRequest, TableClosed
-from .spec import NestedKey, join_key
+from .errors import BackendError, InvalidRequest
+from .spec import join_key
 
 if TYPE_CHECKING:
     from .table import Table
+    from .table.snapshot import Items
 
 log = logging.getLogger(__name__)
 
@@ -157,12 +157,12 @@ def export(
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        index, ordinal = _snapshot(table)
+        items = table.items()
         write = _write_parquet if fmt == "parquet" else _write_csv
         with progress_bar(
-            progress, len(index), table.spec.item_nbytes, f"export {table.name}"
+            progress, len(items), table.spec.item_nbytes, f"export {table.name}"
         ) as bar:
-            dropped = write(table, tmp, index, ordinal, bar)
+            dropped = write(table, tmp, items, bar)
         os.replace(tmp, path)
     except BaseException as err:
         with contextlib.suppress(OSError):
@@ -181,7 +181,7 @@ def export(
             "table %r: %d of %d items were overwritten or removed during the export and are not in %s",
             table.name,
             dropped,
-            len(index),
+            len(items),
             path,
         )
     return path
@@ -212,41 +212,6 @@ def _format(table: Table, path: Path, format: str | None) -> str:
     return fmt
 
 
-def _snapshot(table: Table) -> tuple[torch.Tensor, torch.Tensor]:
-    """Live slots oldest first, and the ordinal of the item each holds, taken at once."""
-    with table._cond:
-        if table.closed:  # its storage handles are gone
-            raise TableClosed(f"table {table.name!r} is closed", table=table.name)
-        s = table.slots
-        live = s.live.nonzero().squeeze(1)
-        index = live[torch.argsort(s.ordinal[live])]
-        return index, s.ordinal[index].clone()
-
-
-def _chunks(
-    table: Table, index: torch.Tensor, ordinal: torch.Tensor, rows: int
-) -> Iterator[tuple[dict[NestedKey, torch.Tensor], int]]:
-    """``(items, slots read)`` for the slots of ``index``, ``rows`` at a time.
-
-    Each chunk is read under the data read lock. A slot whose item is still
-    live with the same ordinal after the read was not written during it:
-    an insert marks the slots it claims dead before it writes them and gives
-    them a new ordinal after. Other rows are left out. (The check is made after
-    the read lock is released: sampling takes that lock while holding the
-    table's, so taking them the other way round could deadlock.)
-    """
-    for start in range(0, len(index), rows):
-        idx, want = index[start : start + rows], ordinal[start : start + rows]
-        with table._data_lock.read():
-            data = table.backend.read(idx)
-        with table._cond:
-            intact = table.slots.live[idx] & (table.slots.ordinal[idx] == want)
-        if not bool(intact.all()):
-            keep = intact.nonzero().squeeze(1)
-            data = {k: v.index_select(0, keep) for k, v in data.items()}
-        yield data, len(idx)
-
-
 def _parquet_schema(table: Table) -> pa.Schema:
     """The codec's schema for the table, with its name and spec (less the backend: the
     file describes the data, not where a server kept it) in the schema metadata."""
@@ -255,19 +220,17 @@ def _parquet_schema(table: Table) -> pa.Schema:
     return empty.with_metadata({"tdreplay.table": table.name, "tdreplay.spec": spec})
 
 
-def _write_parquet(
-    table: Table, path: Path, index: torch.Tensor, ordinal: torch.Tensor, bar: tqdm
-) -> int:
+def _write_parquet(table: Table, path: Path, items: Items, bar: tqdm) -> int:
     rows = _chunk_rows(table.spec.item_nbytes, CHUNK_BYTES)
     written = 0
     with pq.ParquetWriter(path, _parquet_schema(table)) as writer:
-        for data, read in _chunks(table, index, ordinal, rows):
+        for data, read in items.chunks(rows):
             n = next(iter(data.values())).shape[0]
             if n:
                 writer.write_batch(to_record_batch(data), row_group_size=n)
             written += n
             bar.update(read)
-    return len(index) - written
+    return len(items) - written
 
 
 def csv_columns(key: str, shape: list[int]) -> list[str]:
@@ -296,9 +259,7 @@ def _csv_arrays(t: torch.Tensor) -> list[pa.Array]:
     return [arr.slice(j * n, n) for j in range(columns.shape[0])]
 
 
-def _write_csv(
-    table: Table, path: Path, index: torch.Tensor, ordinal: torch.Tensor, bar: tqdm
-) -> int:
+def _write_csv(table: Table, path: Path, items: Items, bar: tqdm) -> int:
     fields: list[pa.Field] = []
     keys = table.spec.keys()
     for key, (shape, dtype) in table.spec.torch_schema().items():
@@ -316,11 +277,11 @@ def _write_csv(
         pa.OSFile(str(path), "wb") as sink,
         pcsv.CSVWriter(sink, schema, write_options=options) as w,
     ):
-        for data, read in _chunks(table, index, ordinal, rows):
+        for data, read in items.chunks(rows):
             n = next(iter(data.values())).shape[0]
             if n:
                 arrays = [a for key in keys for a in _csv_arrays(data[key])]
                 w.write_table(pa.Table.from_arrays(arrays, schema=schema))
             written += n
             bar.update(read)
-    return len(index) - written
+    return len(items) - written

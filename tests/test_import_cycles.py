@@ -408,3 +408,44 @@ def test_the_table_reach_check_sees_each_misuse(tmp_path: Path) -> None:
 def test_the_shared_memory_door_never_touches_a_table() -> None:
     bad = table_reaches(REPO)
     assert not bad, "ask the core (service/core) instead:\n  " + "\n  ".join(bad)
+
+
+def private_lock_reaches(root: Path) -> list[str]:
+    """Where code outside the table (``storage/table``) takes a table's private locks or
+    hooks (``_cond``, ``_data_lock``, ``_before_write``): a checkpoint and an export consume
+    ``Table.snapshot()`` and ``Table.items()`` instead."""
+    bad = []
+    for path in sorted(
+        p for pkg in ("storage", "service", "adapters") for p in (root / pkg).rglob("*.py")
+    ):
+        where = path.relative_to(root)
+        if where.parts[:2] == ("storage", "table") or where.name == "rwlock.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("_cond", "_data_lock", "_before_write")
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
+                bad.append(f"{where}:{node.lineno} takes .{node.attr}")
+    return bad
+
+
+def test_the_private_lock_check_sees_each_misuse(tmp_path: Path) -> None:
+    (tmp_path / "storage" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "storage" / "table").mkdir(parents=True)
+    (tmp_path / "storage" / "checkpoint" / "w.py").write_text(
+        "def f(table):\n    with table._cond, table._data_lock.read():\n"
+        "        table._before_write.append(None)\n"
+    )
+    (tmp_path / "storage" / "table" / "ok.py").write_text("def g(table):\n    table._cond\n")
+    assert private_lock_reaches(tmp_path) == [
+        "storage/checkpoint/w.py:2 takes ._cond",
+        "storage/checkpoint/w.py:2 takes ._data_lock",
+        "storage/checkpoint/w.py:3 takes ._before_write",
+    ]
+
+
+def test_nothing_outside_the_table_takes_its_locks() -> None:
+    bad = private_lock_reaches(REPO)
+    assert not bad, "use Table.snapshot() / Table.items() instead:\n  " + "\n  ".join(bad)

@@ -7,9 +7,11 @@ the new one is in place. A crash at any point leaves either the old or the
 new checkpoint readable (:func:`~tdreplay.storage.checkpoint.folder.find`
 falls back to the aside copy when ``path`` itself is missing).
 
-Checkpoints do not stall the service: under the table's locks only its state
-is taken, and the rows are copied afterwards from a copy-on-write snapshot
-(:mod:`~tdreplay.storage.checkpoint.snapshot`). The copy and the final flush
+Checkpoints do not stall the service: a checkpoint is one
+:meth:`Table.snapshot <tdreplay.storage.Table.snapshot>` (under the table's locks
+only its state is taken; the rows are copied afterwards, copy-on-write; see
+:mod:`tdreplay.storage.table.snapshot`) written into the folder's row files
+(:mod:`.sinks`); nothing here touches the table's locks. The copy and the final flush
 run in a short-lived thread at nice :data:`BACKGROUND_NICE`, and give up the
 GIL about once per large field and chunk (rows move as bytes with ``pwrite``;
 small fields are written once): each time they take it back, a sampling thread
@@ -25,7 +27,6 @@ import json
 import os
 import shutil
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -41,10 +42,11 @@ from ..errors import CheckpointError, TDReplayError
 from ..tensordicts import nest
 from ..writers import RoundRobinWriter
 from .folder import ASIDE, FORMAT_VERSION, METADATA, TMP, overlaps
-from .snapshot import RowFiles, RowsInMemory, Snapshot
+from .sinks import RowFiles, RowsInMemory
 
 if TYPE_CHECKING:
     from ..table import Table
+    from ..table.snapshot import Snapshot
 
 #: the nice value a checkpoint's copy and flush run at (a thread of their own)
 BACKGROUND_NICE = 10
@@ -117,10 +119,7 @@ def write(table: Table, path: Path, *, ted2flat: bool | None, _stall: bool = Fal
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
-        if _stall:
-            state, meta = _write_locked(table, tmp, ted2flat)
-        else:
-            state, meta = _write_snapshot(table, tmp, ted2flat)
+        state, meta = _write_snapshot(table, tmp, ted2flat, hold=_stall)
         SF.save_state(tmp, state)
         (tmp / METADATA).write_text(json.dumps(meta, indent=2))
         if _stall:
@@ -176,18 +175,16 @@ def _in_background(fn: Callable[[], None]) -> None:
         raise failed[0]
 
 
-def _capture(table: Table, ted2flat: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The table's state and the checkpoint's metadata (both locks held by the caller)."""
-    state = table.state_dict()
-    meta: dict[str, Any] = {
+def _meta(table: Table, snap: Snapshot, ted2flat: bool) -> dict[str, Any]:
+    """The checkpoint's metadata, of the snapshot it writes."""
+    return {
         "format_version": FORMAT_VERSION,
-        "created_at": time.time(),
+        "created_at": snap.taken_at,
         "spec": table.spec.model_dump(mode="json"),
-        "hi": table.slots.hi,
-        "size": table.slots.n_live,
+        "hi": snap.hi,
+        "size": snap.size,
         "ted2flat": bool(ted2flat),
     }
-    return state, meta
 
 
 def _save_rows(table: Table, data: TensorDict, folder: Path, state: dict[str, Any]) -> None:
@@ -202,45 +199,24 @@ def _save_rows(table: Table, data: TensorDict, folder: Path, state: dict[str, An
     _save_flat(data, folder, cursor=cursor if full else hi % table.capacity, full=full)
 
 
-def _write_locked(table: Table, tmp: Path, ted2flat: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The checkpoint copied whole under the table's locks: the way before snapshots, kept
-    only for ``bench/checkpoint_bench.py`` to compare against."""
-    with table._cond, table._data_lock.read():
-        state, meta = _capture(table, ted2flat)
-        hi = meta["hi"]
-        if hi:
-            data = nest(table.backend.read_range(0, hi), hi)
-            if ted2flat:
-                _save_rows(table, data, tmp / "storage", state)
-            else:
-                data.memmap(tmp / "storage", num_threads=0)
-    return state, meta
-
-
 def _write_snapshot(
-    table: Table, tmp: Path, ted2flat: bool
+    table: Table, tmp: Path, ted2flat: bool, hold: bool
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Write the rows of one snapshot to ``tmp/storage`` (see the module docstring)."""
-    with table._cond, table._data_lock.read():
-        state, meta = _capture(table, ted2flat)
-        hi = meta["hi"]
-        snap = Snapshot(table, hi)
-        if hi:
-            table._before_write.append(snap.before_write)
-    if not hi:
-        return state, meta
-    try:
+    """Write the rows of one snapshot of ``table`` to ``tmp/storage`` (copied while the
+    table serves; with ``hold``, under its locks, as before snapshots: for comparisons)."""
+    with table.snapshot(hold=hold) as snap:
+        state, meta, hi = snap.state, _meta(table, snap, ted2flat), snap.hi
+        if not hi:
+            return state, meta
         schema = table.spec.torch_schema()
+        copy = snap.copy if hold else lambda sink: _in_background(lambda: snap.copy(sink))
         if ted2flat:  # TED2Flat takes the rows whole
             rows = RowsInMemory({k: torch.empty([hi, *s], dtype=d) for k, (s, d) in schema.items()})
-            _in_background(lambda: snap.copy(rows))
+            copy(rows)
             _save_rows(table, nest(rows.tensors, hi), tmp / "storage", state)
         else:
             with RowFiles(tmp / "storage", schema, hi) as files:
-                _in_background(lambda: snap.copy(files))
-    finally:
-        with table._data_lock.read():  # no extend is calling the hooks
-            table._before_write.remove(snap.before_write)
+                copy(files)
     return state, meta
 
 

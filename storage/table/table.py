@@ -31,15 +31,20 @@ Sample info sits beside the fields of every sampled batch:
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import torch
+
 from ..backends import allocate, reopen, sweep
+from ..errors import TableClosed
 from ..redis_conn import RedisConnection, connections
 from ..spec import TableSpec
 from .draws import Draws
 from .inserts import Inserts
+from .snapshot import Items, Snapshot
 
 
 class Table(Inserts, Draws):
@@ -211,12 +216,77 @@ class Table(Inserts, Draws):
 
         return restore(cls, Path(path), root, seed=seed, redis=connections(redis), expect=expect)
 
+    # ------------------------------------------------------------ reading it whole
+    @contextlib.contextmanager
+    def snapshot(self, *, hold: bool = False) -> Iterator[Snapshot]:
+        """The table at this instant, read while it keeps serving (see :mod:`.snapshot`):
+        its state and ``hi`` now, and rows ``[0, hi)`` as they are now for
+        :meth:`Snapshot.copy <.snapshot.Snapshot.copy>` to give, inside the block.
+
+        Args:
+            hold: keep the table's locks for the whole block: nothing changes meanwhile,
+                and extends and samples wait (how checkpoints were made before snapshots,
+                kept to compare against).
+
+        Raises:
+            TableClosed: the table is closed.
+
+            >>> import tempfile, torch
+            >>> from tensordict import TensorDict
+            >>> spec = TableSpec.model_validate({"name": "s", "capacity": 8,
+            ...     "fields": {"x": {"shape": [], "dtype": "int64"}}})
+            >>> table = Table.create(spec, root=tempfile.mkdtemp())
+            >>> _ = table.extend(TensorDict({"x": torch.arange(3)}, [3]))
+            >>> with table.snapshot() as snap:
+            ...     _ = table.extend(TensorDict({"x": torch.arange(5)}, [5]))  # goes on meanwhile
+            ...     snap.hi, snap.size, snap.state["slots"]["inserted"]
+            (3, 3, 3)
+        """
+        self._cond.acquire()
+        self._data_lock.acquire_read()
+        try:
+            if self.closed:
+                raise TableClosed(f"table {self.name!r} is closed", table=self.name)
+            snap = Snapshot(self, self.state_dict(), self.slots.hi, self.slots.n_live, held=hold)
+            if not hold and snap.hi:
+                self._before_write.append(snap.before_write)
+        except BaseException:
+            hold = False  # released below
+            raise
+        finally:
+            if not hold:
+                self._data_lock.release_read()
+                self._cond.release()
+        try:
+            yield snap
+        finally:
+            if hold:
+                self._data_lock.release_read()
+                self._cond.release()
+            elif snap.hi:
+                with self._data_lock.read():  # no extend is calling the hooks
+                    self._before_write.remove(snap.before_write)
+
+    def items(self) -> Items:
+        """The live items now, oldest first, to read a chunk at a time (each item whole, as
+        it is now; one overwritten meanwhile is left out): what an export reads.
+
+        Raises:
+            TableClosed: the table is closed.
+        """
+        with self._cond:
+            if self.closed:  # its storage handles are gone
+                raise TableClosed(f"table {self.name!r} is closed", table=self.name)
+            live = self.slots.live.nonzero().squeeze(1)
+            index = live[torch.argsort(self.slots.ordinal[live])]
+            return Items(self, index, self.slots.ordinal[index].clone())
+
     # ------------------------------------------------------------ persistence
     def checkpoint(self, path: str | Path, *, ted2flat: bool | None = None) -> Path:
         """Write data and state to ``path`` atomically (aside, then renamed into place).
 
-        Extends and samples wait while the checkpoint is written. An
-        interrupted checkpoint leaves the previous one at ``path`` intact.
+        The checkpoint is one :meth:`snapshot`: extends and samples go on while its rows
+        are copied. An interrupted checkpoint leaves the previous one at ``path`` intact.
 
         Args:
             path: the checkpoint folder (replaced if it exists).

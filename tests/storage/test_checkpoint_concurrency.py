@@ -20,7 +20,7 @@ from tensordict import TensorDict
 from testkit import assert_consistent, make_spec, rows
 
 from tdreplay.storage import CheckpointError, Table, TableSpec
-from tdreplay.storage.checkpoint import snapshot as C
+from tdreplay.storage.table import snapshot as C
 
 CAPACITY = 256
 PAD = 64  # int32 per row, so a chunk of a few rows is a real copy
@@ -295,7 +295,7 @@ def test_closing_the_table_fails_a_running_checkpoint(tables, tmp_path: Path) ->
     table.extend(items(0, CAPACITY))
     with (
         between_chunks(table, 2, table.close),
-        pytest.raises(CheckpointError, match="closed while a checkpoint was written"),
+        pytest.raises(CheckpointError, match="closed while its snapshot was read"),
     ):
         table.checkpoint(tmp_path / "ckpt")
     assert table._before_write == []

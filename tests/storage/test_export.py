@@ -339,14 +339,14 @@ def test_items_overwritten_during_an_export_are_left_out(
     tables, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     table, expected = filled(tables)
-    snapshot = export_mod._snapshot
+    items = table.items
 
-    def snapshot_then_insert(t: Table):
-        taken = snapshot(t)
-        t.extend(random_items(t.spec, 55, 5))  # overwrites items 15..19 after the snapshot
+    def items_then_insert():
+        taken = items()
+        table.extend(random_items(table.spec, 55, 5))  # overwrites items 15..19 after them
         return taken
 
-    monkeypatch.setattr(export_mod, "_snapshot", snapshot_then_insert)
+    monkeypatch.setattr(table, "items", items_then_insert)
     with caplog.at_level(logging.WARNING, logger="tdreplay.storage.export"):
         path = table.export(tmp_path / "x.parquet")
     assert "5 of 40 items were overwritten or removed" in caplog.text
