@@ -55,7 +55,7 @@ import struct
 import time
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -63,12 +63,39 @@ import torch
 from .columnfiles import ADDED_COLUMNS, RENAMED_COLUMNS, create_file, map_file, upgrade_column
 from .diskspace import fsync_path
 from .errors import BackendError
-from .extents import Span
+from .extents import Extents, Span
+from .rate_limiter import RateLimiter
+from .samplers import Sampler
+from .slots import Slots
 from .spec import TableSpec
 from .statefile import StateError
+from .writers import Writer
 
-if TYPE_CHECKING:
-    from .table.base import TableBase as Table
+
+class _Backend(Protocol):
+    @property
+    def extents(self) -> Extents | None: ...
+
+
+class Table(Protocol):
+    """What durable state binds and restores of a table (a
+    :class:`~tdreplay.storage.table.base.TableBase`): its parts, their state, its backend's
+    extents (the state files are reserved with its rows)."""
+
+    spec: TableSpec
+    slots: Slots
+    sampler: Sampler
+    writer: Writer
+    rate_limiter: RateLimiter
+    _episode_base: int
+
+    @property
+    def backend(self) -> _Backend: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
 
 STATE_DIR = ".tdreplay-state"
 SPEC_FILE = "spec.json"

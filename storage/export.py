@@ -90,7 +90,7 @@ from .errors import BackendError, InvalidRequest
 from .spec import join_key
 
 if TYPE_CHECKING:
-    from .table import Table
+    from .consumers import Exportable as Table
     from .table.snapshot import Items
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from .errors import SchemaError
 from .spec import NestedKey, join_key
 
 if TYPE_CHECKING:
-    from .table import Table
+    from .consumers import Named as Table
 
 
 # dtype -> the dtypes every one of its values is exactly representable in

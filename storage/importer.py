@@ -29,7 +29,7 @@ from .import_columns import Column, plan_columns, schema_error, to_fixed_lists
 from .tensordicts import nest
 
 if TYPE_CHECKING:
-    from .table import Table
+    from .consumers import Importable as Table
 
 
 def import_parquet(

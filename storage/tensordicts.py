@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
@@ -60,3 +61,12 @@ def key_tree(keys: list[NestedKey]) -> dict[str, Any]:
 def fill(tree: dict[str, Any], flat: Mapping[NestedKey, Any]) -> dict[str, Any]:
     """The nested dict of ``flat``'s values laid out as ``tree``."""
     return {k: flat[v] if isinstance(v, tuple) else fill(v, flat) for k, v in tree.items()}
+
+
+def row_bytes(t: torch.Tensor) -> np.ndarray:
+    """The rows of ``t`` as a ``[rows, row bytes]`` uint8 array sharing its memory.
+
+    >>> row_bytes(torch.zeros(3, 2, dtype=torch.int16)).shape
+    (3, 4)
+    """
+    return t.contiguous().reshape(len(t), -1).view(torch.uint8).numpy()

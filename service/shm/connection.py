@@ -31,7 +31,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tdreplay.codec.arrow import nest
 from tdreplay.codec.shm import (
@@ -45,17 +45,17 @@ from tdreplay.codec.shm import (
 )
 from tdreplay.storage import InsufficientStorage, InvalidRequest, TDReplayError
 
-from ..core import BufferParams, ExtendParams, PriorityUpdate, SampleParams, Shape, parse
+from ..core import BufferParams, Core, ExtendParams, PriorityUpdate, SampleParams, Shape, parse
 from ..errors import Unauthorized, error_body
-from ..metrics import NO_TABLE
-from .buffers import SlotBuffer, SlotBuffers
+from ..metrics import NO_TABLE, RequestHook
+from ..settings import Settings
+from .buffers import Budget, SlotBuffer, SlotBuffers
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
 
     from tdreplay.storage import SampleTarget
 
-    from .listener import ShmServer
 
 log = logging.getLogger("tdreplay.service")
 
@@ -80,6 +80,19 @@ def _error_frame(err: BaseException) -> bytes:
     return frame({"ok": False, "error": error_body(err)})
 
 
+class Host(Protocol):
+    """What a connection uses of the listener that accepted it
+    (:class:`~tdreplay.service.shm.listener.ShmServer`)."""
+
+    core: Core
+    settings: Settings
+    budget: Budget
+    host: str
+    instance: str
+    connections: set[Connection]
+    on_request: RequestHook | None
+
+
 class Connection(asyncio.Protocol):
     """One client connection: its slots, its frames, its one request at a time.
 
@@ -90,7 +103,7 @@ class Connection(asyncio.Protocol):
     ``sendmsg``; the transport itself never writes.
     """
 
-    def __init__(self, server: ShmServer) -> None:
+    def __init__(self, server: Host) -> None:
         self.server = server
         self.core = server.core
         settings = server.settings

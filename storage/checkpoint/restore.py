@@ -22,8 +22,9 @@ whose message names the file and the problem; nothing of it was loaded.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -37,18 +38,20 @@ from . import reader as R
 from .folder import METADATA, READABLE_FORMATS, V1_STATE, find, overlaps, read_metadata
 
 if TYPE_CHECKING:
-    from ..table import Table
+    from ..consumers import Restorable
+
+T = TypeVar("T", bound="Restorable")
 
 
 def restore(
-    cls: type[Table],
+    cls: Callable[..., T],
     path: Path,
     root: str | Path | None,
     *,
     seed: int | None = None,
     redis: Connections | None = None,
     expect: TableSpec | None = None,
-) -> Table:
+) -> T:
     """Rebuild a table from the checkpoint at ``path`` (see :meth:`Table.restore`).
 
     Rows and state are read and checked first (see the module docstring: nothing
@@ -164,7 +167,7 @@ def _read_state(src: Path, version: int) -> dict[str, Any]:
     return SF.decode(structure, tensors)
 
 
-def _check_table_state(table: Table, state: dict[str, Any], hi: int) -> None:
+def _check_table_state(table: Restorable, state: dict[str, Any], hi: int) -> None:
     """Check the table-level parts of ``state`` (the components check their own)."""
     for part in ("slots", "sampler", "writer", "rate_limiter"):
         if not isinstance(state.get(part), dict):

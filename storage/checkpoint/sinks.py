@@ -15,8 +15,7 @@ import numpy as np
 import torch
 
 from ..spec import NestedKey
-from ..table.snapshot import row_bytes
-from ..tensordicts import nest
+from ..tensordicts import nest, row_bytes
 
 #: fields of a checkpoint of at most this many bytes are gathered in memory, written once
 _SMALL = 1 << 20

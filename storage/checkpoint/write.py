@@ -45,7 +45,7 @@ from .folder import ASIDE, FORMAT_VERSION, METADATA, TMP, overlaps
 from .sinks import RowFiles, RowsInMemory
 
 if TYPE_CHECKING:
-    from ..table import Table
+    from ..consumers import Checkpointable as Table
     from ..table.snapshot import Snapshot
 
 #: the nice value a checkpoint's copy and flush run at (a thread of their own)

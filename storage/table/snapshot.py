@@ -41,6 +41,7 @@ import torch
 from ..backends import Rows, TensorBackend
 from ..errors import CheckpointError
 from ..spec import NestedKey
+from ..tensordicts import row_bytes
 
 if TYPE_CHECKING:
     from .base import TableBase
@@ -58,11 +59,6 @@ class Sink(Protocol):
     def overlay(self, key: NestedKey, index: torch.Tensor, rows: np.ndarray) -> None: ...
 
     def finish(self) -> None: ...
-
-
-def row_bytes(t: torch.Tensor) -> np.ndarray:
-    """The rows of ``t`` as a ``[rows, row bytes]`` uint8 array sharing its memory."""
-    return t.contiguous().reshape(len(t), -1).view(torch.uint8).numpy()
 
 
 @dataclass(eq=False)

@@ -39,7 +39,10 @@ from pathlib import Path
 import torch
 
 from ..backends import allocate, reopen, sweep
+from ..checkpoint import checkpoint, restore
 from ..errors import TableClosed
+from ..export import export
+from ..importer import import_parquet
 from ..redis_conn import RedisConnection, connections
 from ..spec import TableSpec
 from .draws import Draws
@@ -212,8 +215,6 @@ class Table(Inserts, Draws):
                 connection not in ``redis``.
             BackendError: the storage could not be allocated.
         """
-        from ..checkpoint import restore
-
         return restore(cls, Path(path), root, seed=seed, redis=connections(redis), expect=expect)
 
     # ------------------------------------------------------------ reading it whole
@@ -298,8 +299,6 @@ class Table(Inserts, Draws):
         Raises:
             CheckpointError: it could not be written (the previous one is kept).
         """
-        from ..checkpoint import checkpoint
-
         began = time.monotonic()
         try:
             written = checkpoint(self, Path(path), ted2flat=ted2flat)
@@ -319,14 +318,10 @@ class Table(Inserts, Draws):
         self, path: str | Path, *, format: str | None = None, progress: bool | None = None
     ) -> Path:
         """Write the live items, oldest first, to a Parquet or CSV file (see :mod:`tdreplay.storage.export`)."""
-        from ..export import export
-
         return export(self, Path(path), format=format, progress=progress)
 
     def import_parquet(
         self, path: str | Path, *, chunk: int = 4096, progress: bool | None = None
     ) -> int:
         """Extend the table with the rows of a Parquet dataset (see :mod:`tdreplay.storage.export`)."""
-        from ..importer import import_parquet
-
         return import_parquet(self, Path(path), chunk=chunk, progress=progress)

@@ -1,0 +1,81 @@
+"""The table as the modules that consume it see it: checkpoint, restore, export, import.
+
+Those modules work on a table's public surface only (its name and spec, a
+:meth:`~tdreplay.storage.Table.snapshot`, its :meth:`~tdreplay.storage.Table.items`,
+``extend``) and the :class:`~tdreplay.storage.Table` calls them from its
+``checkpoint`` / ``restore`` / ``export`` / ``import_parquet``. They name these
+protocols, not the class: the dependency goes one way, table to consumers
+(``tests/test_import_cycles.py`` counts type-only imports too).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from .backends import Backend
+from .spec import TableSpec
+from .writers import Writer
+
+if TYPE_CHECKING:  # the table package imports its consumers, which import this module
+    from .table.snapshot import Items, Snapshot
+
+
+class Named(Protocol):
+    """Any table: what errors and progress bars name."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def spec(self) -> TableSpec: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+
+class Checkpointable(Named, Protocol):
+    """What a checkpoint reads: a snapshot, where the table's own data lies, its writer."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def writer(self) -> Writer: ...
+
+    def snapshot(self, *, hold: bool = False) -> AbstractContextManager[Snapshot]: ...
+
+
+class Restorable(Protocol):
+    """What a restore fills: a fresh table's rows and state."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def generator(self) -> torch.Generator: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def destroy(self) -> None: ...
+
+
+class Exportable(Named, Protocol):
+    """What an export reads: the live items, and the row layout of the backend."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    def items(self) -> Items: ...
+
+
+class Importable(Named, Protocol):
+    """What an import writes through: ``extend``."""
+
+    def extend(self, data: Any, *, timeout: float | None = None) -> torch.Tensor: ...
