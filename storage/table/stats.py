@@ -146,11 +146,16 @@ def limiter_stats(rl: RateLimiter, size: int) -> dict[str, Any]:
 LiveState = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 
+#: scans of fewer live items than this are never reused (they cost next to nothing)
+CACHED_FROM = 1 << 16
+
+
 class ScanCache:
     """A table's last scan (:func:`scan`) and the lock of the one under way.
 
-    A scan that took over a millisecond of CPU (a large table) is reused for 100 times its
-    cost (a million items: a few seconds); a cheaper one is redone at every call. A caller
+    A scan of :data:`CACHED_FROM` items or more that took over a millisecond of CPU (a large
+    table) is reused for 100 times its cost (a million items: a few seconds); any other is
+    redone at every call. A caller
     that meets a scan under way waits for it and takes its figures; if that scanner gave
     up (its own wait for the table's lock ran out), the caller scans itself.
     """
@@ -198,8 +203,10 @@ class ScanCache:
                 lock.release()
             figures = scan(times, priority, episode)
             cost = time.thread_time() - began
-            # a cheap scan (a small table) is redone every time: its figures are exact
-            good_for = min(5.0, 100 * cost) if cost > 0.001 else 0.0
+            # a small table's scan is redone every time: its figures are exact (its first
+            # scan may cost over a millisecond all the same, torch warming up: seen caching
+            # an empty table's figures while items came in)
+            good_for = min(5.0, 100 * cost) if cost > 0.001 and len(times) >= CACHED_FROM else 0.0
             self.last = (time.monotonic(), good_for, figures)
             return figures, True
         finally:

@@ -45,3 +45,25 @@ def test_a_caller_with_no_time_left_gets_the_last_figures_marked_stale(tables) -
     finally:
         table._scans.running.release()
     assert figures is first and not fresh
+
+
+def test_a_small_tables_scan_is_never_reused_however_long_it_took(tables, monkeypatch) -> None:
+    """A first scan may cost over a millisecond of CPU (torch warming up); a small table's
+    figures must not be reused for it (seen: an empty table's figures kept while items came)."""
+    from tdreplay.storage.table import stats as S
+
+    slow, real = [True], S.scan
+
+    def scan(*args):
+        if slow[0]:  # burn CPU, as a cold first call can
+            end = time.thread_time() + 0.005
+            while time.thread_time() < end:
+                pass
+        return real(*args)
+
+    monkeypatch.setattr(S, "scan", scan)
+    table = tables.create(make_spec(capacity=16, sampler={"kind": "prioritized"}))
+    assert table.stats()["priority"]["max"] is None  # empty
+    slow[0] = False
+    table.extend(rows(0, 6))
+    assert table.stats()["priority"]["max"] == 1.0  # scanned again, not the empty figures
