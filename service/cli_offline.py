@@ -25,7 +25,7 @@ from tdreplay.storage import (
     stored_specs,
 )
 
-from .cli import CommandError, Exit, describe_file, export_format, show_progress
+from .cli_common import CommandError, Exit, describe_file, export_format, show_progress
 
 
 def export(args: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ from tdreplay.client import (
 )
 from tdreplay.codec import CodecError, from_record_batch
 
-from .cli import CommandError, Exit, describe_file, export_format, show_progress
+from .cli_common import CommandError, Exit, describe_file, export_format, show_progress
 from .settings import _check_token, _read_token_file
 
 DEFAULT_URL = "http://127.0.0.1:8000"

@@ -56,16 +56,9 @@ LAYERS: dict[str, frozenset[str]] = {
 PROGRAMS: dict[str, frozenset[str]] = {"tdreplay.service.cli_remote": frozenset({"client"})}
 
 # Cycles still in the code, each as the set of modules it joins (a strongly connected
-# component of the graph of every import, deferred and TYPE_CHECKING ones included). Add
-# none: break a new cycle instead. Remove an entry when its cycle is broken (the test says so).
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset(
-    {
-        # the command line, a client program inside the service package
-        frozenset(
-            {"tdreplay.service.cli", "tdreplay.service.cli_offline", "tdreplay.service.cli_remote"}
-        ),
-    }
-)
+# component of the graph of every import, deferred and TYPE_CHECKING ones included): none.
+# Add none: break a new cycle instead.
+KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset()
 
 
 @dataclass(frozen=True)
