@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
-from .commands import as_batch
+from .batches import as_batch
 
 #: a leaf key as ``TensorDictBase.items(True, True)`` yields it: a name, or a tuple of names
 Key = str | tuple[str, ...]

@@ -54,6 +54,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import commands as C
 from . import errors
+from .batches import decode_batch
 from .core import ClientSettings
 from .staging import Credits as _Credits
 from .staging import StagingBuffer
@@ -287,7 +288,7 @@ class _Pipeline:
                     try:
                         for body in one_batch_streams(chunks):
                             got += 1
-                            td = C.decode_batch(body)  # sliced at the layout's offsets
+                            td = decode_batch(body)  # sliced at the layout's offsets
                             if not self._claim():
                                 return
                             self._ready.put(self._stage(td, None, stream))

@@ -31,7 +31,8 @@ from ..codec.shm import (
     parse_frame,
 )
 from . import errors
-from .commands import Alloc, as_batch
+from .batches import as_batch
+from .commands import Alloc
 
 #: slot numbers a connection uses at most (the server's bound)
 MAX_SLOTS = 256

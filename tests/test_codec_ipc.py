@@ -10,8 +10,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from tdreplay.client import commands as C
+from tdreplay.client import batches as B
 from tdreplay.client import errors
+from tdreplay.client.batches import decode_batch
 from tdreplay.codec import decode, dtypes, encode, from_record_batch, read_batches, to_leaves
 from tdreplay.codec.arrow import read_one
 from tdreplay.codec.ipc import CONTINUATION, EOS, LayoutDecoder, SampleLayout, metadata_len
@@ -221,12 +222,12 @@ def test_client_decodes_sample_responses_through_the_layout_decoder() -> None:
     layout = SampleLayout(schema_of(td), 8)
     response = layout.template.copy()
     fill(layout, response, td)
-    before = C._decoder.hits
+    before = B._decoder.hits
     for _ in range(3):  # a fresh buffer per response, as the default allocator gives
         body = memoryview(np.frombuffer(response.tobytes(), dtype=np.uint8).copy())
-        assert_exact(C.decode_batch(body), td)
-    assert C._decoder.hits - before >= 2
-    assert_exact(C.decode_batch(response.tobytes()), td)  # bytes: the codec decodes them
+        assert_exact(decode_batch(body), td)
+    assert B._decoder.hits - before >= 2
+    assert_exact(decode_batch(response.tobytes()), td)  # bytes: the codec decodes them
 
 
 @pytest.mark.parametrize(
@@ -236,4 +237,4 @@ def test_client_decodes_sample_responses_through_the_layout_decoder() -> None:
 )
 def test_client_bad_responses_are_protocol_errors(body: bytes) -> None:
     with pytest.raises(errors.ProtocolError, match="bad Arrow response"):
-        C.decode_batch(writable(body) if body else memoryview(bytearray()))
+        decode_batch(writable(body) if body else memoryview(bytearray()))

@@ -30,7 +30,6 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tdreplay.codec.arrow import nest
@@ -43,13 +42,14 @@ from tdreplay.codec.shm import (
     frame_length,
     parse_frame,
 )
-from tdreplay.storage import InsufficientStorage, InvalidRequest, TDReplayError
+from tdreplay.storage import InvalidRequest, TDReplayError
 
 from ..core import BufferParams, Core, ExtendParams, PriorityUpdate, SampleParams, Shape, parse
 from ..errors import Unauthorized, error_body
-from ..metrics import NO_TABLE, RequestHook
+from ..metrics import RequestHook
 from ..settings import Settings
 from .buffers import Budget, SlotBuffer, SlotBuffers
+from .requests import Done, bad, error_frame, op_of, table_of, too_many
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
@@ -61,23 +61,9 @@ log = logging.getLogger("tdreplay.service")
 
 #: seconds a new connection has to say hello
 HELLO_TIMEOUT = 10.0
-#: the operations a client may ask for (metrics label them; anything else is "other")
-OPS = frozenset({"sample", "extend_slot", "extend", "update_priority", "info", "release"})
 #: largest frame before the hello went through (a hello is small; nothing big is parsed
 #: for a client that has not shown the token)
 MAX_HELLO = 4096
-
-
-def _too_many(limit: int) -> TDReplayError:
-    return InsufficientStorage(
-        f"the server serves {limit} shared-memory connections, its limit "
-        "(--shm-max-connections); use HTTP or try later",
-        field="connection",
-    )
-
-
-def _error_frame(err: BaseException) -> bytes:
-    return frame({"ok": False, "error": error_body(err)})
 
 
 class Host(Protocol):
@@ -136,7 +122,7 @@ class Connection(asyncio.Protocol):
         self._out = socket.socket(fileno=os.dup(raw.fileno()))
         self._out.setblocking(False)
         if len(self.server.connections) >= self.server.settings.shm_max_connections:
-            self._send_now(_error_frame(_too_many(self.server.settings.shm_max_connections)))
+            self._send_now(error_frame(too_many(self.server.settings.shm_max_connections)))
             transport.close()
             return
         self.server.connections.add(self)
@@ -168,7 +154,7 @@ class Connection(asyncio.Protocol):
                     continue
                 self.task = self._loop.create_task(self._serve(message, HEADER.size + len(body)))
         except ShmProtocolError as err:
-            self._send_now(frame(_bad(str(err))))
+            self._send_now(frame(bad(str(err))))
             self._end()
             return
         if self.authed and (self._buf or self._need):  # a frame under way: it must complete
@@ -186,7 +172,7 @@ class Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         began = time.perf_counter()
-        done = _Done(_op(message))
+        done = Done(op_of(message))
         try:
             await self._dispatch(message, done)
         except TDReplayError as err:
@@ -207,17 +193,7 @@ class Connection(asyncio.Protocol):
                 slot.sent()
         self._arm(self.idle_timeout)
         if self.server.on_request is not None:
-            self._report(done, time.perf_counter() - began, received, len(data))
-
-    def _report(self, done: _Done, s: float, rx: int, tx: int) -> None:
-        """Tell the metrics of a request, from what its operation validated (never the raw
-        frame); slot data counts as bytes moved (rows x item bytes)."""
-        ok = done.reply.get("ok") is True
-        if ok:
-            moved = done.rows * done.item_nbytes
-            rx, tx = (rx + moved, tx) if done.op == "extend" else (rx, tx + moved)
-        assert self.server.on_request is not None
-        self.server.on_request("shm", done.op, done.table if ok else NO_TABLE, s, rx, tx, ok)
+            done.report(self.server.on_request, time.perf_counter() - began, received, len(data))
 
     def _hello(self, message: dict[str, Any]) -> None:
         """The first frame: protocol version and token, or the connection ends."""
@@ -230,7 +206,7 @@ class Connection(asyncio.Protocol):
         version = message.get("version")
         if message.get("op") != "hello" or type(version) is not int or version != VERSION:
             self._send_now(
-                frame(_bad(f"the first frame must be {{'op': 'hello', 'version': {VERSION}}}"))
+                frame(bad(f"the first frame must be {{'op': 'hello', 'version': {VERSION}}}"))
             )
             self._end()
         elif token is not None and not hmac.compare_digest(given_bytes, token):
@@ -316,7 +292,7 @@ class Connection(asyncio.Protocol):
                 await self.task
 
     # -- operations ---------------------------------------------------------
-    async def _dispatch(self, m: dict[str, Any], done: _Done) -> None:
+    async def _dispatch(self, m: dict[str, Any], done: Done) -> None:
         """Run the frame's operation. Every field is validated once, here and in the
         operation's parameter model; only validated values go on (into ``done``)."""
         op = done.op
@@ -327,11 +303,11 @@ class Connection(asyncio.Protocol):
         elif op == "extend":
             await self._extend(m, done)
         elif op == "update_priority":
-            done.table = _table(m)
+            done.table = table_of(m)
             updated = await self.core.update_priority(done.table, parse(PriorityUpdate, m))
             done.reply = {"ok": True, "updated": updated}
         elif op == "info":
-            done.table = _table(m)
+            done.table = table_of(m)
             done.reply = {"ok": True, "info": await self.core.info(done.table)}
         elif op == "release":
             self.slots.drop(self.slots.check_number(m.get("slot")))
@@ -339,8 +315,8 @@ class Connection(asyncio.Protocol):
         else:
             raise InvalidRequest(f"unknown operation {m.get('op')!r:.40}", field="op")
 
-    async def _sample(self, m: dict[str, Any], done: _Done) -> None:
-        name = _table(m)
+    async def _sample(self, m: dict[str, Any], done: Done) -> None:
+        name = table_of(m)
         params = parse(SampleParams, m)
         number = self.slots.check_number(m.get("slot"))
         placed: list[SlotBuffer] = []
@@ -371,9 +347,9 @@ class Connection(asyncio.Protocol):
             done.reply.update(rows=shape.rows, layout=slot.layout.to_json(), nbytes=slot.size)
             done.slot = slot
 
-    def _extend_slot(self, m: dict[str, Any], done: _Done) -> None:
+    def _extend_slot(self, m: dict[str, Any], done: Done) -> None:
         """A slot for extends of up to ``rows`` rows (at most the table's capacity)."""
-        name = _table(m)
+        name = table_of(m)
         shape = self.core.extend_shape(name, parse(BufferParams, m))
         number = self.slots.check_number(m.get("slot"))
         layout = SlotLayout.of(shape.schema, shape.rows)
@@ -384,8 +360,8 @@ class Connection(asyncio.Protocol):
         }  # fmt: skip
         done.table, done.slot = name, slot
 
-    async def _extend(self, m: dict[str, Any], done: _Done) -> None:
-        name = _table(m)
+    async def _extend(self, m: dict[str, Any], done: Done) -> None:
+        name = table_of(m)
         handle = self.core.table(name)  # the one lookup: the slot must be this table's
         number = self.slots.check_number(m.get("slot"))
         slot = self.slots.get(number, "extend", handle)
@@ -419,33 +395,3 @@ class Connection(asyncio.Protocol):
         index, replayed = await self.core.extend(handle, columns, params)
         done.table, done.rows, done.item_nbytes = name, len(index), handle.item_nbytes
         done.reply = {"ok": True, "index": index.tolist(), "replayed": replayed}
-
-
-@dataclass
-class _Done:
-    """What a request came to: its operation (validated: one of :data:`OPS`, else
-    ``"other"``), the reply, the slot whose descriptor goes with it, and the table
-    and rows it moved (for the metrics; the table's name is set once it was found)."""
-
-    op: str
-    reply: dict[str, Any] = field(default_factory=lambda: {"ok": False})
-    slot: SlotBuffer | None = None
-    table: str = NO_TABLE
-    rows: int = 0
-    item_nbytes: int = 0
-
-
-def _op(m: dict[str, Any]) -> str:
-    op = m.get("op")
-    return op if type(op) is str and op in OPS else "other"
-
-
-def _table(m: dict[str, Any]) -> str:
-    name = m.get("table")
-    if not isinstance(name, str):
-        raise InvalidRequest("the request names no table", field="table")
-    return name
-
-
-def _bad(detail: str) -> dict[str, Any]:
-    return {"ok": False, "error": InvalidRequest(detail).to_dict()}

@@ -1,0 +1,72 @@
+"""What one request on the same-host socket came to, and the frames of errors: the pieces
+of :mod:`.connection` that hold no connection state.
+
+    >>> op_of({"op": "sample"}), op_of({"op": "drop_all"}), op_of({})
+    ('sample', 'other', 'other')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tdreplay.codec.shm import frame
+from tdreplay.storage import InsufficientStorage, InvalidRequest, TDReplayError
+
+from ..errors import error_body
+from ..metrics import NO_TABLE, RequestHook
+from .buffers import SlotBuffer
+
+#: the operations a client may ask for (metrics label them; anything else is "other")
+OPS = frozenset({"sample", "extend_slot", "extend", "update_priority", "info", "release"})
+
+
+def too_many(limit: int) -> TDReplayError:
+    return InsufficientStorage(
+        f"the server serves {limit} shared-memory connections, its limit "
+        "(--shm-max-connections); use HTTP or try later",
+        field="connection",
+    )
+
+
+def error_frame(err: BaseException) -> bytes:
+    return frame({"ok": False, "error": error_body(err)})
+
+
+@dataclass
+class Done:
+    """What a request came to: its operation (validated: one of :data:`OPS`, else
+    ``"other"``), the reply, the slot whose descriptor goes with it, and the table
+    and rows it moved (for the metrics; the table's name is set once it was found)."""
+
+    op: str
+    reply: dict[str, Any] = field(default_factory=lambda: {"ok": False})
+    slot: SlotBuffer | None = None
+    table: str = NO_TABLE
+    rows: int = 0
+    item_nbytes: int = 0
+
+    def report(self, on_request: RequestHook, s: float, rx: int, tx: int) -> None:
+        """Tell the metrics of the request, from what its operation validated (never the
+        raw frame); slot data counts as bytes moved (rows x item bytes)."""
+        ok = self.reply.get("ok") is True
+        if ok:
+            moved = self.rows * self.item_nbytes
+            rx, tx = (rx + moved, tx) if self.op == "extend" else (rx, tx + moved)
+        on_request("shm", self.op, self.table if ok else NO_TABLE, s, rx, tx, ok)
+
+
+def op_of(m: dict[str, Any]) -> str:
+    op = m.get("op")
+    return op if type(op) is str and op in OPS else "other"
+
+
+def table_of(m: dict[str, Any]) -> str:
+    name = m.get("table")
+    if not isinstance(name, str):
+        raise InvalidRequest("the request names no table", field="table")
+    return name
+
+
+def bad(detail: str) -> dict[str, Any]:
+    return {"ok": False, "error": InvalidRequest(detail).to_dict()}
