@@ -15,7 +15,7 @@ from tensordict import TensorDictBase
 
 from .chunking import ChunkBuffer, episode_keys
 from .deprecation import warn_close_deprecated
-from .writer import _final_chunks, _WriterBase
+from .writer_base import WriterBase, final_chunks
 
 
 class AsyncExtendClient(Protocol):
@@ -26,7 +26,7 @@ class AsyncExtendClient(Protocol):
     async def extend(self, table: str, data: Any, *, timeout: float | None = None) -> Any: ...
 
 
-class AsyncWriter(_WriterBase):
+class AsyncWriter(WriterBase):
     """The :class:`Writer` of :class:`~tdreplay.client.AsyncReplayClient`: ``await w.append(step)``.
 
     Same chunking and trajectory rule; the time limit runs as an asyncio task.
@@ -144,7 +144,7 @@ class AsyncWriter(_WriterBase):
             return
         self._raise_pending()
         async with self._lock:
-            await self._send(_final_chunks(buf))
+            await self._send(final_chunks(buf))
 
     async def __aenter__(self) -> AsyncWriter:
         return self

@@ -53,7 +53,6 @@ The key comes from the table's info, or from ``episode_key=`` / ``end_key=``.
 from __future__ import annotations
 
 import threading
-import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -63,6 +62,7 @@ from tensordict import TensorDictBase
 from .chunking import ChunkBuffer, episode_keys
 from .columns import Lent
 from .errors import ReplayError
+from .writer_base import WriterBase, final_chunks
 
 
 # What the writers need of their client, so that this module imports neither
@@ -75,53 +75,7 @@ class ExtendClient(Protocol):
     def extend(self, table: str, data: Any, *, timeout: float | None = None) -> Any: ...
 
 
-def _warn_dropped(n: int, key: str) -> None:
-    warnings.warn(
-        f"writer closed with {n} step(s) of an unfinished episode (no {key!r} flag set); "
-        "they are dropped, since sending them would join them to the next insert's episode",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-
-
-class _WriterBase:
-    """What both writers hold: the target, the chunking settings, the buffer and the counts."""
-
-    def __init__(
-        self,
-        client: Any,
-        table: str,
-        chunk: int = 256,
-        *,
-        max_delay: float | None = 1.0,
-        episode_key: str | None = None,
-        end_key: str | None = None,
-        timeout: float | None = None,
-    ) -> None:
-        self.client = client
-        self.table = table
-        self.chunk = chunk
-        self.max_delay = max_delay
-        self.timeout = timeout
-        self._keys = (episode_key, end_key)
-        self._buffer: ChunkBuffer | None = None
-        #: errors of sends made by another thread (or the timer), each raised once, in order
-        self._errors: list[BaseException] = []
-        self._closed = False
-        self.sent_rows = 0
-        self.sent_chunks = 0
-
-    def _keep(self, err: BaseException) -> None:
-        """Keep the error of a send made elsewhere for the next call to raise (after those
-        kept before it: every failed chunk is told, none dropped)."""
-        self._errors.append(err)
-
-    def _raise_pending(self) -> None:
-        if self._errors:
-            raise self._errors.pop(0)
-
-
-class Writer(_WriterBase):
+class Writer(WriterBase):
     """Buffers steps for ``table`` and extends it chunk by chunk (see the module doc).
 
     Thread safe; chunks are sent in order: a full one from a sender thread
@@ -250,7 +204,7 @@ class Writer(_WriterBase):
         """Send what may be sent now, after the chunks in flight, from this thread (``_send_lock`` held)."""
         self._wait_in_flight()
         with self._cond:
-            chunks = _final_chunks(buf) if final else buf.take(expired=True, borrow=True)
+            chunks = final_chunks(buf) if final else buf.take(expired=True, borrow=True)
         self._send(chunks)
 
     def wait_sent(self, rows: int, timeout: float | None = None) -> bool:
@@ -399,13 +353,3 @@ def _timer_loop(ref: weakref.ReferenceType[Writer], cond: threading.Condition) -
                 continue
         writer._send_expired()
         del writer
-
-
-def _final_chunks(buf: ChunkBuffer) -> list[TensorDictBase]:
-    if buf.end_key is not None and buf.unfinished():
-        n = buf.unfinished()
-        chunks = buf.take(expired=True, borrow=True)
-        _warn_dropped(n, ".".join(buf.end_key))
-        buf.clear()
-        return chunks
-    return buf.take(final=True, borrow=True)
