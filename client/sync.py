@@ -5,7 +5,8 @@
     >>> batch = client.sample("cartpole", 256)                        # doctest: +SKIP
 
 Every call is a plan from :mod:`~tdreplay.client.core` (its wire steps from
-:mod:`~tdreplay.client.route`) driven with blocking I/O over :class:`~tdreplay.client.transport.Transport` (``http.client``,
+:mod:`~tdreplay.client.route`) driven with blocking I/O over
+:class:`~tdreplay.client.transport.Transport` (``http.client``,
 pooled keep-alive connections); settings and pickling come from
 :class:`~tdreplay.client.base.ClientBase`. Thread safe. A client pickles as
 its URLs and settings, so a copy in a DataLoader worker or a subprocess opens

@@ -55,7 +55,14 @@ __all__ = [
     "SampleBuffers",
     "SampleLayout",
     "sample_nbytes",
+    "sample_schema",
 ]
+
+
+def sample_schema(schema: Schema) -> Schema:
+    """A sample's columns: the table's fields, then the sample-info columns every sample
+    carries (one value per row)."""
+    return {**schema, **{key: ([], dtype) for key, dtype in SAMPLE_INFO_DTYPES.items()}}
 
 
 class SampleLayout(ipc.SampleLayout):
@@ -67,10 +74,7 @@ class SampleLayout(ipc.SampleLayout):
     """
 
     def __init__(self, schema: Schema, n: int) -> None:
-        info: dict[NestedKey, tuple[list[int], torch.dtype]] = {
-            key: ([], dtype) for key, dtype in SAMPLE_INFO_DTYPES.items()
-        }
-        super().__init__({**schema, **info}, n)
+        super().__init__(sample_schema(schema), n)
 
 
 class SampleBuffer:

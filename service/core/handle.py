@@ -21,8 +21,8 @@ import torch
 from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
 
+from tdreplay.codec.ipc import Schema
 from tdreplay.storage import (
-    SAMPLE_INFO_DTYPES,
     BackendError,
     InvalidRequest,
     NestedKey,
@@ -34,7 +34,7 @@ from tdreplay.storage import (
 from ..errors import PayloadTooLarge
 from ..idempotency import RecentRequests, request_tag
 from ..settings import Settings
-from ..wire import Lease, SampleBuffers, sample_nbytes
+from ..wire import Lease, SampleBuffers, sample_nbytes, sample_schema
 from .waiting import Changes, WaitHook, admitted
 
 #: calls of one redis table running in worker threads at most (see TableHandle.call)
@@ -44,9 +44,6 @@ T = TypeVar("T")
 
 def not_found(name: str) -> TableNotFound:
     return TableNotFound(f"no table {name!r}", table=name, field="name", got=name)
-
-
-Schema = dict[NestedKey, tuple[list[int], torch.dtype]]
 
 
 @dataclass(frozen=True)
@@ -99,10 +96,7 @@ class TableHandle:
             self.recent.seed({t: slots.numpy().tobytes() for t, slots in tagged.items()})
         self.schema: Schema = dict(table.spec.torch_schema())
         #: a sample's columns: the fields and the sample info
-        self.sample_schema: Schema = {
-            **self.schema,
-            **{k: ([], d) for k, d in SAMPLE_INFO_DTYPES.items()},
-        }
+        self.sample_schema: Schema = sample_schema(self.schema)
         self.samples = SampleBuffers(self.schema, per_size=settings.pooled_buffers)
         self.max_body = settings.max_body_bytes
         kind = table.spec.backend.kind

@@ -138,6 +138,12 @@ class TableBase:
             self._durable.save()
 
     # ------------------------------------------------------------ waiting
+    def _check_open(self) -> None:
+        """Raise :class:`TableClosed` if the table is closed (its storage handles are gone:
+        a call fails instead of reading garbage)."""
+        if self.closed:
+            raise TableClosed(f"table {self.name!r} is closed", table=self.name)
+
     def _admit(
         self,
         op: Op,
@@ -157,8 +163,7 @@ class TableBase:
             RateLimitTimeout: still held back after ``timeout`` seconds.
             TableClosed: the table is closed, or was closed while the call waited.
         """
-        if self.closed:  # its storage handles are gone: fail instead of reading garbage
-            raise TableClosed(f"table {self.name!r} is closed", table=self.name)
+        self._check_open()
         if ready():
             return
         if attempt:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
-from ..errors import InvalidRequest, TableClosed
+from ..errors import InvalidRequest
 from ..tensordicts import fill, nest
 from ..validation import SampleTarget
 from .base import TableBase, _HeldBack
@@ -278,8 +278,7 @@ class Draws(TableBase):
             TableClosed: the table is closed.
         """
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
-        if self.closed:
-            raise TableClosed(f"table {self.name!r} is closed", table=self.name)
+        self._check_open()
         if len(index) and (int(index.min()) < 0 or int(index.max()) >= self.capacity):
             bad = index[(index < 0) | (index >= self.capacity)][0].item()
             raise InvalidRequest(

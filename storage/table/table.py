@@ -40,7 +40,6 @@ import torch
 
 from ..backends import allocate, reopen, sweep
 from ..checkpoint import checkpoint, restore
-from ..errors import TableClosed
 from ..export import export
 from ..importer import import_parquet
 from ..redis_conn import RedisConnection, connections
@@ -246,18 +245,17 @@ class Table(Inserts, Draws):
         self._cond.acquire()
         self._data_lock.acquire_read()
         try:
-            if self.closed:
-                raise TableClosed(f"table {self.name!r} is closed", table=self.name)
+            self._check_open()
             snap = Snapshot(self, self.state_dict(), self.slots.hi, self.slots.n_live, held=hold)
             if not hold and snap.hi:
                 self._before_write.append(snap.before_write)
         except BaseException:
-            hold = False  # released below
+            self._data_lock.release_read()
+            self._cond.release()
             raise
-        finally:
-            if not hold:
-                self._data_lock.release_read()
-                self._cond.release()
+        if not hold:  # the state is taken: the table serves on while the block reads rows
+            self._data_lock.release_read()
+            self._cond.release()
         try:
             yield snap
         finally:
@@ -276,8 +274,7 @@ class Table(Inserts, Draws):
             TableClosed: the table is closed.
         """
         with self._cond:
-            if self.closed:  # its storage handles are gone
-                raise TableClosed(f"table {self.name!r} is closed", table=self.name)
+            self._check_open()
             live = self.slots.live.nonzero().squeeze(1)
             index = live[torch.argsort(self.slots.ordinal[live])]
             return Items(self, index, self.slots.ordinal[index].clone())
