@@ -6,6 +6,8 @@ import doctest
 import importlib
 import os
 import pkgutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -24,9 +26,12 @@ def modules() -> list[str]:
 
 
 @pytest.mark.parametrize("name", modules())
-def test_docstring_examples(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_docstring_examples(name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     monkeypatch.chdir(repo)  # examples refer to schemas/ like a user in a checkout would
+    # the examples' tempfile.mkdtemp() data roots go where the test's own files go, and
+    # are deleted with them (they were left in the system's temp folder, one set a run)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     module = importlib.import_module(name)
     result = doctest.testmod(
         module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False
