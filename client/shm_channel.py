@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from ..codec import protocol
-from ..codec.arrow import nest
+from ..codec.arrow import key_tree, nest_by
 from ..codec.shm import (
     HEADER,
     MAX_FRAME,
@@ -26,9 +26,12 @@ from ..codec.shm import (
     SharedMap,
     ShmProtocolError,
     SlotLayout,
+    extend_frame,
     frame,
     frame_length,
-    parse_frame,
+    read_reply,
+    release_frame,
+    sample_frame,
 )
 from . import errors
 from .batches import as_batch
@@ -36,6 +39,8 @@ from .commands import Alloc
 
 #: slot numbers a connection uses at most (the server's bound)
 MAX_SLOTS = 256
+#: bytes the first read of a reply asks for (a hot reply fits; a bigger one is read on)
+FIRST_READ = 4096
 
 
 class ShmUnavailable(errors.ConnectionFailed):
@@ -67,7 +72,7 @@ def usable(info: dict[str, Any] | None) -> str | None:
 
 
 class _Mapped:
-    """A slot as this side maps it: the mapping and its column views."""
+    """A slot as this side maps it: the mapping, its column views, and how they nest."""
 
     def __init__(self, fd: int, nbytes: int, layout: SlotLayout) -> None:
         try:
@@ -76,6 +81,12 @@ class _Mapped:
             os.close(fd)
         self.layout = layout
         self.columns = layout.views(self.map.buffer)
+        self.tree = key_tree(list(self.columns))
+        self.batch = torch.Size([layout.rows])
+
+    def batch_of(self, columns: dict[tuple[str, ...], torch.Tensor]) -> TensorDict:
+        """A TensorDict of ``columns`` (this slot's views, or a copy's) nested as the slot's."""
+        return nest_by(self.tree, columns, self.batch)
 
 
 class Channel:
@@ -122,32 +133,52 @@ class Channel:
             )
 
     # -- framing ------------------------------------------------------------
-    def call(self, message: dict[str, Any], *, wait: float) -> tuple[dict[str, Any], int]:
-        """Send ``message``, read the reply and the descriptor it carries (``-1``: none)."""
+    def call(self, message: dict[str, Any] | bytes, *, wait: float) -> tuple[dict[str, Any], int]:
+        """Send ``message`` (a JSON request, or a binary request's frame), read the reply
+        and the descriptor it carries (``-1``: none)."""
         self.sock.settimeout(self.timeout + wait)
         try:
-            self.sock.sendall(frame(message))
-            header, fds = self._recv_header()
-            body = self._recv_exactly(frame_length(header, MAX_FRAME))
+            self.sock.sendall(message if isinstance(message, bytes) else frame(message))
+            body, fds = self._recv_frame()
         except (OSError, ShmProtocolError) as err:
             self.close()
             raise errors.ConnectionFailed(f"shared-memory socket: {err}", sent=True) from None
-        reply = parse_frame(body)
         fd = fds[0] if fds else -1
         for extra in fds[1:]:
             os.close(extra)
+        try:
+            reply = read_reply(body)
+        except ShmProtocolError as err:
+            if fd >= 0:
+                os.close(fd)
+            self.close()
+            raise errors.ProtocolError(f"shared-memory socket: {err}") from None
         if not reply.get("ok"):
             if fd >= 0:
                 os.close(fd)
             raise _error(reply.get("error"))
         return reply, fd
 
-    def _recv_header(self) -> tuple[bytes, list[int]]:
-        data, fds, _, _ = socket.recv_fds(self.sock, HEADER.size, 4)
+    def _recv_frame(self) -> tuple[bytes, list[int]]:
+        """One reply frame's body and the descriptors that came with it, read with as few
+        system calls as it takes (a hot reply: one)."""
+        data, fds, _, _ = socket.recv_fds(self.sock, FIRST_READ, 4)
         if not data:
             raise ConnectionResetError("the server closed the connection")
-        data += self._recv_exactly(HEADER.size - len(data))
-        return data, list(fds)
+        try:
+            if len(data) < HEADER.size:
+                data += self._recv_exactly(HEADER.size - len(data))
+            n = frame_length(data[: HEADER.size], MAX_FRAME)
+            body = data[HEADER.size :]
+            if len(body) < n:
+                body += self._recv_exactly(n - len(body))
+            elif len(body) > n:  # the server answers one request with one frame
+                raise ShmProtocolError("the server sent more than the reply")
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return body, list(fds)
 
     def _recv_exactly(self, n: int) -> bytes:
         buf = bytearray(n)
@@ -184,7 +215,7 @@ class Channel:
     def _release(self, key: tuple[Any, ...]) -> None:
         for number in self._numbers.pop(key, []):
             self._slots.pop(number, None)
-            self.call({"op": "release", "slot": number}, wait=0)
+            self.call(release_frame(number), wait=0)
             self._free.append(number)
         self._turn.pop(key, None)
 
@@ -211,18 +242,17 @@ class Channel:
         """A batch viewing this thread's next slot for ``(table, batch_size)`` (see the lease),
         or, with ``alloc``, a copy in the buffer it gives (the loader's own buffers)."""
         number = self._number(("sample", table, batch_size), self.lease_slots)
-        message = {"op": "sample", "table": table, "batch_size": batch_size, "slot": number}
-        message["timeout"] = wait
+        message = sample_frame(table, slot=number, batch_size=batch_size, timeout=wait)
         reply, fd = self.call(message, wait=wait)
         mapped = self._map(reply, fd, number)
         if alloc is None:
-            return nest(mapped.columns, batch_size)
+            return mapped.batch_of(mapped.columns)
         nbytes = mapped.layout.nbytes
         buf = alloc(nbytes)
         if nbytes:
             dst = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
             dst.copy_(torch.frombuffer(mapped.map.buffer, dtype=torch.uint8, count=nbytes))
-        return nest(mapped.layout.views(buf), batch_size)
+        return mapped.batch_of(mapped.layout.views(buf))
 
     def extend(
         self, table: str, data: Any, wait: float, request_id: str, *, strict: bool = False
@@ -249,8 +279,7 @@ class Channel:
                 mapped = self._map(reply, fd, number)
             if mapped.layout.rows < n or not _fill(mapped, td, n):
                 return None  # more rows than the table holds, or keys that do not fit: HTTP says
-            message = {"op": "extend", "table": table, "slot": number, "rows": n}
-            message.update(timeout=wait, request_id=request_id)
+            message = extend_frame(table, slot=number, rows=n, timeout=wait, request_id=request_id)
             try:
                 reply, _ = self.call(message, wait=wait)
             except errors.InvalidRequest as err:
@@ -258,7 +287,7 @@ class Channel:
                     raise
                 self._forget(number)  # the table was replaced since the slot was laid out
                 continue
-            return torch.tensor(reply["index"], dtype=torch.int64)
+            return torch.frombuffer(bytearray(reply["index"]), dtype=torch.int64)
         return None
 
     def update_priority(self, table: str, payload: dict[str, Any]) -> int:

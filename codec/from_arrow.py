@@ -239,22 +239,36 @@ def nest(leaves: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
     """A TensorDict of batch ``[n]`` holding ``leaves`` (the tensors themselves, not copies).
 
     Nothing is checked again: every tensor must have ``n`` rows, and no key
-    may be another's prefix, as :func:`to_leaves` ensures.
+    may be another's prefix, as :func:`to_leaves` ensures. A caller nesting
+    the same keys again and again works the tree out once (:func:`key_tree`)
+    and builds with :func:`nest_by`.
+    """
+    return nest_by(key_tree(list(leaves)), leaves, torch.Size([n]))
+
+
+def nest_by(tree: dict[str, Any], leaves: Mapping[NestedKey, Any], batch: torch.Size) -> TensorDict:
+    """:func:`nest` with the key tree worked out already (:func:`key_tree` of ``leaves``' keys)."""
+    return TensorDict._new_unsafe(fill(tree, leaves), batch_size=batch)
+
+
+def key_tree(keys: list[NestedKey]) -> dict[str, Any]:
+    """``{"next": {"reward": ("next", "reward")}, ...}``: where each flat key sits when nested.
+
+    >>> key_tree([("obs",), ("next", "reward")])
+    {'obs': ('obs',), 'next': {'reward': ('next', 'reward')}}
     """
     tree: dict[str, Any] = {}
-    for key, t in leaves.items():
+    for key in keys:
         node = tree
         for part in key[:-1]:
             node = node.setdefault(part, {})
-        node[key[-1]] = t
-    return _build(tree, torch.Size([n]))
+        node[key[-1]] = key
+    return tree
 
 
-def _build(tree: dict[str, Any], batch: torch.Size) -> TensorDict:
-    return TensorDict._new_unsafe(
-        {k: _build(v, batch) if isinstance(v, dict) else v for k, v in tree.items()},
-        batch_size=batch,
-    )
+def fill(tree: dict[str, Any], flat: Mapping[NestedKey, Any]) -> dict[str, Any]:
+    """The nested dict of ``flat``'s values laid out as ``tree`` (see :func:`key_tree`)."""
+    return {k: flat[v] if isinstance(v, tuple) else fill(v, flat) for k, v in tree.items()}
 
 
 def from_record_batch(rb: pa.RecordBatch | pa.Table) -> TensorDict:

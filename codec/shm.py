@@ -10,17 +10,27 @@ column contiguous, row-major, at an offset aligned to :data:`ALIGN` bytes:
 :class:`SlotLayout` says where. Both sides map the slot and view its columns
 as tensors (``torch.frombuffer``), with no copy and no decode.
 
+Two kinds of frames share the socket. The hot operations - sample, extend,
+release - travel as *binary* frames of fixed layout (:class:`Request`,
+:func:`sample_frame`, ...): no JSON, no parameter dict. Everything else
+(hello, extend_slot, update_priority, info), every error, and a hot reply
+that carries a slot's descriptor travel as JSON objects; a JSON frame's body
+starts with ``{``, a binary frame's with its operation code.
+
 Messages (``→`` client to server, ``←`` the reply; ``slot`` is the client's
 number for a buffer, ``fd`` marks a reply that carries the slot's descriptor)::
 
-    → {"op": "hello", "version": 1, "token": "..."}
+    → {"op": "hello", "version": 2, "token": "..."}
     ← {"ok": true, "host": <host id>, "max_bytes": <slot bytes this connection may hold>}
-    → {"op": "sample", "table": t, "batch_size": n, "timeout": s, "slot": k}
+    → SAMPLE  slot, batch size, timeout, table                           (binary)
+    ← SAMPLED slot, generation                                           (binary)
     ← {"ok": true, "slot": k, "generation": g, "rows": n, "layout": [...], "nbytes": b} (+ fd)
     → {"op": "extend_slot", "table": t, "rows": n, "slot": k}
     ← {"ok": true, "slot": k, "layout": [...], "nbytes": b} (+ fd)
-    → {"op": "extend", "table": t, "rows": n, "slot": k, "timeout": s, "request_id": id}
-    ← {"ok": true, "index": [...], "replayed": false}
+    → EXTEND  slot, rows, timeout, request id, table                     (binary)
+    ← EXTENDED replayed, the slots written                               (binary)
+    → RELEASE slot                                                       (binary)
+    ← RELEASED                                                           (binary)
     → {"op": "update_priority", "table": t, "index": [...], "priority": [...], "key": [...]}
     ← {"ok": true, "updated": k}
     → {"op": "info", "table": t}
@@ -39,6 +49,8 @@ fills of a slot.
     ([(('obs',), 0, 48), (('done',), 64, 4)], 68)
     >>> SlotLayout.from_json(layout.to_json(), 4) == layout
     True
+    >>> read_request(sample_frame("cartpole", slot=3, batch_size=32, timeout=None)[HEADER.size:])
+    Request(op=1, slot=3, rows=32, timeout=None, table='cartpole', request_id=None)
 """
 
 from __future__ import annotations
@@ -53,15 +65,15 @@ import struct
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from . import dtypes
 from .format import SEP, NestedKey
 
-#: the protocol version a client says hello with
-VERSION = 1
+#: the protocol version a client says hello with (2: binary frames for the hot operations)
+VERSION = 2
 #: column offsets in a slot are multiples of this (a cache line; any dtype's alignment)
 ALIGN = 64
 #: bytes of a frame's length prefix
@@ -105,6 +117,146 @@ def parse_frame(body: bytes) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ShmProtocolError(f"a control frame is a JSON {type(message).__name__}, not an object")
     return message
+
+
+# -- binary frames: the hot operations ------------------------------------------
+#: the first byte of a JSON frame's body; a binary frame's first byte is its operation
+JSON_FRAME = ord("{")
+#: the hot operations (requests) and their replies
+SAMPLE, EXTEND, RELEASE = 1, 2, 3
+SAMPLED, EXTENDED, RELEASED = 0x81, 0x82, 0x83
+#: op, slot, batch size, timeout (NaN: the server's default); the table's name follows
+_SAMPLE = struct.Struct("<BxHId")
+#: op, request id length, slot, rows, timeout; the request id, then the table's name follow
+_EXTEND = struct.Struct("<BBHId")
+#: op, slot
+_RELEASE = struct.Struct("<BxH")
+#: op, slot, generation
+_SAMPLED = struct.Struct("<BxHQ")
+#: op, replayed, rows; the slots written follow (int64 each)
+_EXTENDED = struct.Struct("<BBxxI")
+#: op
+_RELEASED = struct.Struct("<B")
+#: longest request id a binary extend carries
+MAX_REQUEST_ID = 255
+
+
+class Request(NamedTuple):
+    """A binary request as read off its frame (nothing checked beyond its layout: the
+    server's parameter models check the values)."""
+
+    op: int
+    slot: int
+    rows: int  # a sample's batch size, an extend's rows
+    timeout: float | None
+    table: str
+    request_id: str | None
+
+
+def _framed(body: bytes) -> bytes:
+    return HEADER.pack(len(body)) + body
+
+
+def _seconds(timeout: float | None) -> float:
+    return math.nan if timeout is None else timeout
+
+
+def sample_frame(table: str, *, slot: int, batch_size: int, timeout: float | None) -> bytes:
+    """A SAMPLE request's frame.
+
+    Raises:
+        struct.error: a number out of its field's range.
+    """
+    return _framed(_SAMPLE.pack(SAMPLE, slot, batch_size, _seconds(timeout)) + table.encode())
+
+
+def extend_frame(
+    table: str, *, slot: int, rows: int, timeout: float | None, request_id: str | None
+) -> bytes:
+    """An EXTEND request's frame (``request_id`` of at most :data:`MAX_REQUEST_ID` bytes)."""
+    rid = (request_id or "").encode()
+    if len(rid) > MAX_REQUEST_ID:
+        raise ValueError(f"a request id of {len(rid)} bytes exceeds {MAX_REQUEST_ID}")
+    head = _EXTEND.pack(EXTEND, len(rid), slot, rows, _seconds(timeout))
+    return _framed(head + rid + table.encode())
+
+
+def release_frame(slot: int) -> bytes:
+    """A RELEASE request's frame."""
+    return _framed(_RELEASE.pack(RELEASE, slot))
+
+
+def read_request(body: bytes) -> Request:
+    """The binary request of a frame's ``body``.
+
+    Raises:
+        ShmProtocolError: an unknown operation, a body of the wrong size, or a name that
+            is not UTF-8.
+    """
+    op = body[0]
+    try:
+        if op == SAMPLE:
+            _, slot, rows, timeout = _SAMPLE.unpack_from(body)
+            table, rid = body[_SAMPLE.size :].decode(), None
+        elif op == EXTEND:
+            _, k, slot, rows, timeout = _EXTEND.unpack_from(body)
+            rest = body[_EXTEND.size :]
+            if len(rest) < k:
+                raise ShmProtocolError("an extend frame shorter than its request id")
+            rid, table = rest[:k].decode() or None, rest[k:].decode()
+        elif op == RELEASE:
+            if len(body) != _RELEASE.size:
+                raise ShmProtocolError(f"a release frame is {_RELEASE.size} bytes")
+            _, slot = _RELEASE.unpack(body)
+            return Request(op, slot, 0, None, "", None)
+        else:
+            raise ShmProtocolError(f"unknown binary operation {op}")
+    except struct.error:
+        raise ShmProtocolError(f"a binary frame of operation {op} is too short") from None
+    except UnicodeDecodeError:
+        raise ShmProtocolError("a table name or request id that is not UTF-8") from None
+    return Request(op, slot, rows, None if math.isnan(timeout) else timeout, table, rid)
+
+
+def sampled_frame(slot: int, generation: int) -> bytes:
+    """A SAMPLED reply's frame (a slot the client has mapped already)."""
+    return _framed(_SAMPLED.pack(SAMPLED, slot, generation))
+
+
+def extended_frame(index: bytes, replayed: bool) -> bytes:
+    """An EXTENDED reply's frame: the slots written (int64 little-endian bytes)."""
+    return _framed(_EXTENDED.pack(EXTENDED, replayed, len(index) // 8) + index)
+
+
+def released_frame() -> bytes:
+    return _framed(_RELEASED.pack(RELEASED))
+
+
+def read_reply(body: bytes) -> dict[str, Any]:
+    """A reply's body as a JSON reply reads (``{"ok": ..., ...}``), binary or not
+    (an extend's ``index`` stays bytes: int64 little-endian).
+
+    Raises:
+        ShmProtocolError: neither a JSON object nor a known binary reply.
+    """
+    if not body or body[0] == JSON_FRAME:
+        return parse_frame(body)
+    op = body[0]
+    try:
+        if op == SAMPLED:
+            _, slot, generation = _SAMPLED.unpack(body)
+            return {"ok": True, "slot": slot, "generation": generation}
+        if op == EXTENDED:
+            _, replayed, rows = _EXTENDED.unpack_from(body)
+            index = body[_EXTENDED.size :]
+            if len(index) != 8 * rows:
+                raise ShmProtocolError("an extend reply of the wrong size")
+            return {"ok": True, "index": index, "replayed": bool(replayed)}
+        if op == RELEASED and len(body) == 1:
+            return {"ok": True}
+    except struct.error:
+        pass
+    raise ShmProtocolError(f"a malformed binary reply (operation {op})")
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
-from tdreplay.codec.arrow import nest as nest  # the one nest helper: the codec's
+# the one nesting of flat keys: the codec's
+from tdreplay.codec.arrow import key_tree as key_tree
+from tdreplay.codec.arrow import nest as nest
+from tdreplay.codec.arrow import nest_by as nest_by
 
 from .spec import NestedKey
 
@@ -45,22 +47,6 @@ def plain_leaves(td: TensorDictBase) -> dict[NestedKey, Any] | None:
             else:
                 return None
     return out
-
-
-def key_tree(keys: list[NestedKey]) -> dict[str, Any]:
-    """``{"next": {"reward": ("next", "reward")}, ...}``: where each flat key sits when nested."""
-    tree: dict[str, Any] = {}
-    for key in keys:
-        node = tree
-        for part in key[:-1]:
-            node = node.setdefault(part, {})
-        node[key[-1]] = key
-    return tree
-
-
-def fill(tree: dict[str, Any], flat: Mapping[NestedKey, Any]) -> dict[str, Any]:
-    """The nested dict of ``flat``'s values laid out as ``tree``."""
-    return {k: flat[v] if isinstance(v, tuple) else fill(v, flat) for k, v in tree.items()}
 
 
 def row_bytes(t: torch.Tensor) -> np.ndarray:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+import functools
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -39,6 +40,8 @@ from .waiting import Changes, WaitHook, admitted
 
 #: calls of one redis table running in worker threads at most (see TableHandle.call)
 REDIS_CALLS = 4
+#: sample shapes a handle keeps, by batch size (a client cycling through more starts anew)
+SHAPES = 64
 T = TypeVar("T")
 
 
@@ -58,6 +61,7 @@ class Shape:
         schema: the columns, ``{key: (shape, dtype)}`` (a sample's include the sample info).
         item_nbytes: bytes of one row of the table's fields (what a row moves, for metrics).
         target: for a sample, makes the checked target of a TensorDict over the buffers.
+        inline: for a sample, whether it is small enough to be drawn on the event loop.
     """
 
     owner: TableHandle
@@ -65,6 +69,7 @@ class Shape:
     schema: Schema
     item_nbytes: int
     target: Callable[[TensorDictBase], SampleTarget] | None = None
+    inline: bool = False
 
 
 #: a door's placement of a sample: given its :class:`Shape`, the buffers to gather into
@@ -98,6 +103,8 @@ class TableHandle:
         #: a sample's columns: the fields and the sample info
         self.sample_schema: Schema = sample_schema(self.schema)
         self.samples = SampleBuffers(self.schema, per_size=settings.pooled_buffers)
+        #: the shapes of samples into a door's buffers, by batch size (checked once each)
+        self._shapes: dict[int, Shape] = {}
         self.max_body = settings.max_body_bytes
         kind = table.spec.backend.kind
         self._inline_sample = settings.inline_bytes if kind in ("memory", "shared", "memmap") else 0
@@ -256,22 +263,46 @@ class TableHandle:
             lease.finish()
             return lease
 
-    async def sample_to(self, n: int, timeout: float, place: Place) -> Shape:
+    def sample_to(self, n: int, timeout: float, place: Place) -> Shape | Awaitable[Shape]:
         """Sample ``n`` items into the buffers ``place`` gives for the sample's :class:`Shape`
         (e.g. a shared-memory slot, laid out once and reused): the batch size is checked
-        here, once, and the door never touches the table.
+        here, once per size, and the door never touches the table.
+
+        A small sample the rate limiter lets through is drawn at once, on the event loop:
+        the :class:`Shape` comes back, with no task, thread or wait. Otherwise an awaitable
+        of it comes back, which waits for the rate limiter (and gathers in a thread when
+        the sample is big).
 
         Raises:
             InvalidRequest: ``n`` does not fit the table, or what ``place`` gives does not fit.
+            TableNotFound: the table is no longer served.
         """
-        with self.use() as table:
-            n = table.check_batch_size(n)
-            shape = Shape(self, n, self.sample_schema, self.item_nbytes, self._target(n))
-            await self._draw(table, n, timeout, place(shape))
+        if not self.is_open:
+            raise not_found(self.name)
+        shape = self._shapes.get(n)
+        if shape is None:
+            shape = self._sample_shape(n)
+        out = place(shape)
+        if shape.inline and self._threads == 0 and self.table.try_sample(n, out=out) is not None:
             return shape
+        return self._sample_later(shape, timeout, out)
 
-    def _target(self, n: int) -> Callable[[TensorDictBase], SampleTarget]:
-        return lambda out: self.table.target(out, n)
+    def _sample_shape(self, n: int) -> Shape:
+        n = self.table.check_batch_size(n)
+        inline = sample_nbytes(self.item_nbytes, n) <= self._inline_sample
+        target = functools.partial(self.table.target, batch_size=n)
+        shape = Shape(self, n, self.sample_schema, self.item_nbytes, target, inline)
+        if len(self._shapes) >= SHAPES:
+            self._shapes.clear()
+        self._shapes[n] = shape
+        return shape
+
+    async def _sample_later(
+        self, shape: Shape, timeout: float, out: TensorDictBase | SampleTarget
+    ) -> Shape:
+        with self.use() as table:
+            await self._draw(table, shape.rows, timeout, out)
+            return shape
 
     def extend_shape(self, rows: int) -> Shape:
         """The :class:`Shape` of buffers for extends of up to ``rows`` rows (at most the capacity)."""

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,16 +125,20 @@ class Core:
         handle = self.table(name)
         return await handle.sample(params.batch_size, self.timeout(params.timeout))
 
-    async def sample_to(self, name: str, params: SampleParams, place: Place) -> Shape:
+    def sample_to(self, name: str, params: SampleParams, place: Place) -> Shape | Awaitable[Shape]:
         """Sample ``batch_size`` items into the buffers ``place`` lays out for the sample's
-        :class:`~.handle.Shape` (a shared-memory slot, made once and reused); returns it.
+        :class:`~.handle.Shape` (a shared-memory slot, made once and reused).
+
+        Returns:
+            The shape, when the sample was drawn at once (small, and the rate limiter let
+            it through); else an awaitable of it (see :meth:`TableHandle.sample_to`).
 
         Raises:
             InvalidRequest: the batch size does not fit the table, or the buffers do not fit.
             RateLimitTimeout, TableNotFound: as :meth:`sample`.
         """
         handle = self.table(name)
-        return await handle.sample_to(params.batch_size, self.timeout(params.timeout), place)
+        return handle.sample_to(params.batch_size, self.timeout(params.timeout), place)
 
     def extend_shape(self, name: str, params: BufferParams) -> Shape:
         """The :class:`~.handle.Shape` of buffers for extends of up to ``rows`` rows of a

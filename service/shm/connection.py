@@ -1,10 +1,15 @@
 """One connection of the same-host door: control frames onto the core, rows in slots.
 
-A :class:`Connection` serves one client on the event loop: it reads control frames
+A :class:`Connection` serves one client on the event loop: it reads frames
 (:mod:`tdreplay.codec.shm`), calls the same :class:`~tdreplay.service.core.Core`
 operations as the HTTP routes, with the same parameter models, and answers. It
 never touches a table: the core gives the :class:`~tdreplay.service.core.Shape`
-a slot is laid out by, and the table is looked up once per request.
+a slot is laid out by, and the table is looked up once per request. The hot
+operations come as binary frames and are answered at once, from
+``data_received``, when they can be (a small sample the rate limiter lets
+through, a release): no task, no JSON. A request that must wait (the rate
+limiter, a gather or insert in a thread) and the JSON control requests run
+as a task.
 Samples are gathered straight into the connection's slots; extends are
 inserted from the client's slot as flat columns (the one-element columns the
 table checks values of are copied first, so a client writing into its slot
@@ -27,6 +32,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import os
 import socket
 import time
@@ -34,24 +40,35 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tdreplay.codec.arrow import nest
 from tdreplay.codec.shm import (
+    EXTEND,
     HEADER,
+    JSON_FRAME,
+    RELEASE,
+    SAMPLE,
     VERSION,
+    Request,
     ShmProtocolError,
     SlotLayout,
+    extended_frame,
     frame,
     frame_length,
     parse_frame,
+    read_request,
+    released_frame,
+    sampled_frame,
 )
 from tdreplay.storage import InvalidRequest, TDReplayError
 
 from ..core import BufferParams, Core, ExtendParams, PriorityUpdate, SampleParams, Shape, parse
-from ..errors import Unauthorized, error_body
+from ..errors import Unauthorized
 from ..metrics import RequestHook
 from ..settings import Settings
 from .buffers import Budget, SlotBuffer, SlotBuffers
-from .requests import Done, bad, error_frame, op_of, table_of, too_many
+from .requests import HOT_OPS, Done, bad, error_frame, op_of, table_of, too_many
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from tensordict import TensorDictBase
 
     from tdreplay.storage import SampleTarget
@@ -107,13 +124,28 @@ class Connection(asyncio.Protocol):
         self._out: socket.socket | None = None
         self._transport: asyncio.Transport | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
-        #: ends the connection when a frame stays incomplete, or nothing comes, too long
+        #: ends the connection when a frame stays incomplete, or nothing comes, too long: at
+        #: ``_deadline`` (loop time; infinite while a request is served). One timer, moved
+        #: on only when it fires, so a request costs no timer of its own.
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = math.inf
 
     def _arm(self, seconds: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self._loop.call_later(seconds, self._end)
+        self._deadline = self._loop.time() + seconds
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._deadline, self._expire)
+
+    def _disarm(self) -> None:
+        self._deadline = math.inf
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self._deadline == math.inf:
+            return  # a request is being served; the answer arms the timer again
+        if self._loop.time() >= self._deadline:
+            self._end()
+        else:
+            self._timer = self._loop.call_at(self._deadline, self._expire)
 
     # -- the protocol ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -147,12 +179,16 @@ class Connection(asyncio.Protocol):
                 self._need = 0
                 if self.task is not None and not self.task.done():
                     raise ShmProtocolError("a request sent before the answer to the last one")
-                message = parse_frame(body)
+                received = HEADER.size + len(body)
                 if not self.authed:
-                    self._hello(message)
+                    self._hello(parse_frame(body))
                     limit = self.limit
-                    continue
-                self.task = self._loop.create_task(self._serve(message, HEADER.size + len(body)))
+                elif body[0] == JSON_FRAME:
+                    self._disarm()
+                    message = parse_frame(body)
+                    self.task = self._loop.create_task(self._serve(message, received))
+                else:
+                    self._hot(read_request(body), received)
         except ShmProtocolError as err:
             self._send_now(frame(bad(str(err))))
             self._end()
@@ -168,32 +204,83 @@ class Connection(asyncio.Protocol):
             self._release()
 
     # -- requests -------------------------------------------------------------
+    def _hot(self, request: Request, received: int) -> None:
+        """A binary request: answered now when it is done now, else by a task."""
+        began = time.perf_counter()
+        done = Done(HOT_OPS[request.op])
+        try:
+            pending = self._run_hot(request, done)
+        except Exception as err:
+            self._failed(done, err)
+            pending = None
+        if pending is None:
+            self._answer_now(done, began, received)
+        else:
+            self._disarm()
+            self.task = self._loop.create_task(self._finish(pending, done, began, received))
+
     async def _serve(self, message: dict[str, Any], received: int) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        """A JSON request, in a task."""
         began = time.perf_counter()
         done = Done(op_of(message))
+        await self._finish(self._dispatch(message, done), done, began, received)
+
+    async def _finish(
+        self, pending: Awaitable[None], done: Done, began: float, received: int
+    ) -> None:
         try:
-            await self._dispatch(message, done)
-        except TDReplayError as err:
-            done.reply, done.slot = {"ok": False, "error": err.to_dict()}, None
+            await pending
         except asyncio.CancelledError:
             raise
         except Exception as err:
+            self._failed(done, err)
+        await self._finish_send(done.frame(), 0, done, began, received)
+
+    def _failed(self, done: Done, err: Exception) -> None:
+        if not isinstance(err, TDReplayError):
             log.exception("shared-memory request %r failed", done.op)
-            done.reply, done.slot = {"ok": False, "error": error_body(err)}, None
-        reply, slot = done.reply, done.slot
-        data = frame(reply)
+        done.failed(err)
+
+    def _answer_now(self, done: Done, began: float, received: int) -> None:
+        """Send the answer from here if the socket takes it whole (it does, but for a
+        client that stopped reading); else the rest goes in a task."""
+        data, slot = done.frame(), done.slot
+        fd = slot.fd if slot is not None else -1
         try:
-            await self._send(data, slot.fd if slot is not None else -1)
+            sent = self._sendmsg(data, fd)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            if slot is not None:
+                slot.sent()
+            self._end()
+            return
+        if sent < len(data):
+            self._disarm()
+            self.task = self._loop.create_task(self._finish_send(data, sent, done, began, received))
+            return
+        if slot is not None:
+            slot.sent()
+        self._answered(done, began, received, len(data))
+
+    async def _finish_send(
+        self, data: bytes, sent: int, done: Done, began: float, received: int
+    ) -> None:
+        """Send ``data`` from byte ``sent`` on (the reply's descriptor with its first byte)."""
+        slot = done.slot
+        try:
+            await self._send(data[sent:] if sent else data, -1 if slot is None or sent else slot.fd)
         except OSError:
             self._end()
         finally:
             if slot is not None:
                 slot.sent()
+        self._answered(done, began, received, len(data))
+
+    def _answered(self, done: Done, began: float, received: int, sent: int) -> None:
         self._arm(self.idle_timeout)
         if self.server.on_request is not None:
-            done.report(self.server.on_request, time.perf_counter() - began, received, len(data))
+            done.report(self.server.on_request, time.perf_counter() - began, received, sent)
 
     def _hello(self, message: dict[str, Any]) -> None:
         """The first frame: protocol version and token, or the connection ends."""
@@ -234,16 +321,22 @@ class Connection(asyncio.Protocol):
             assert self._out is not None
             self._out.send(data)
 
+    def _sendmsg(self, data: bytes, fd: int) -> int:
+        """Send what the socket takes of ``data`` now, ``fd`` with its first byte (``-1``:
+        none); raises ``BlockingIOError`` when it takes nothing."""
+        out = self._out
+        if out is None:
+            raise ConnectionResetError("the connection is closed")
+        if fd < 0:
+            return out.send(data)
+        return out.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+
     async def _send(self, data: bytes, fd: int = -1) -> None:
         out = self._out
         assert out is not None
-        ancillary = (
-            [] if fd < 0 else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
-        )
-        sent = 0
         while True:  # a descriptor goes with the first byte sent
             try:
-                sent = out.sendmsg([data], ancillary)
+                sent = self._sendmsg(data, fd)
                 break
             except BlockingIOError:
                 await self._writable()
@@ -277,6 +370,7 @@ class Connection(asyncio.Protocol):
         for timer in (self._hello_timer, self._timer):
             if timer is not None:
                 timer.cancel()
+        self._timer = None
         self.slots.close()
         if self._out is not None:
             self._out.close()
@@ -293,15 +387,11 @@ class Connection(asyncio.Protocol):
 
     # -- operations ---------------------------------------------------------
     async def _dispatch(self, m: dict[str, Any], done: Done) -> None:
-        """Run the frame's operation. Every field is validated once, here and in the
+        """Run a JSON frame's operation. Every field is validated once, here and in the
         operation's parameter model; only validated values go on (into ``done``)."""
         op = done.op
-        if op == "sample":
-            await self._sample(m, done)
-        elif op == "extend_slot":
+        if op == "extend_slot":
             self._extend_slot(m, done)
-        elif op == "extend":
-            await self._extend(m, done)
         elif op == "update_priority":
             done.table = table_of(m)
             updated = await self.core.update_priority(done.table, parse(PriorityUpdate, m))
@@ -309,16 +399,24 @@ class Connection(asyncio.Protocol):
         elif op == "info":
             done.table = table_of(m)
             done.reply = {"ok": True, "info": await self.core.info(done.table)}
-        elif op == "release":
-            self.slots.drop(self.slots.check_number(m.get("slot")))
-            done.reply = {"ok": True}
         else:
             raise InvalidRequest(f"unknown operation {m.get('op')!r:.40}", field="op")
 
-    async def _sample(self, m: dict[str, Any], done: Done) -> None:
-        name = table_of(m)
-        params = parse(SampleParams, m)
-        number = self.slots.check_number(m.get("slot"))
+    def _run_hot(self, request: Request, done: Done) -> Awaitable[None] | None:
+        """Run a binary request; ``None`` when it is done, else what finishes it."""
+        if request.op == SAMPLE:
+            return self._sample(request, done)
+        if request.op == EXTEND:
+            return self._extend(request, done)
+        assert request.op == RELEASE
+        self.slots.drop(self.slots.check_number(request.slot))
+        done.reply = released_frame()
+        return None
+
+    def _sample(self, request: Request, done: Done) -> Awaitable[None] | None:
+        name = request.table
+        params = parse(SampleParams, {"batch_size": request.rows, "timeout": request.timeout})
+        number = self.slots.check_number(request.slot)
         placed: list[SlotBuffer] = []
 
         def place(shape: Shape) -> TensorDictBase | SampleTarget:
@@ -334,18 +432,46 @@ class Connection(asyncio.Protocol):
             return slot.out
 
         try:
-            shape = await self.core.sample_to(name, params, place)
+            drawn = self.core.sample_to(name, params, place)
         except BaseException:
-            if placed and placed[0].fresh:  # never handed over: its number starts anew
-                self.slots.drop(number)
+            self._unplace(placed, number)
             raise
-        slot = placed[0]
+        if isinstance(drawn, Shape):
+            self._sampled(name, number, placed[0], drawn, done)
+            return None
+        return self._sampled_later(drawn, name, number, placed, done)
+
+    async def _sampled_later(
+        self,
+        drawn: Awaitable[Shape],
+        name: str,
+        number: int,
+        placed: list[SlotBuffer],
+        done: Done,
+    ) -> None:
+        try:
+            shape = await drawn
+        except BaseException:
+            self._unplace(placed, number)
+            raise
+        self._sampled(name, number, placed[0], shape, done)
+
+    def _unplace(self, placed: list[SlotBuffer], number: int) -> None:
+        """A sample failed: a slot made for it and never handed over starts anew."""
+        if placed and placed[0].fresh:
+            self.slots.drop(number)
+
+    def _sampled(self, name: str, number: int, slot: SlotBuffer, shape: Shape, done: Done) -> None:
         slot.generation += 1
         done.table, done.rows, done.item_nbytes = name, shape.rows, shape.item_nbytes
-        done.reply = {"ok": True, "slot": number, "generation": slot.generation}
         if slot.fresh:
-            done.reply.update(rows=shape.rows, layout=slot.layout.to_json(), nbytes=slot.size)
+            done.reply = {
+                "ok": True, "slot": number, "generation": slot.generation, "rows": shape.rows,
+                "layout": slot.layout.to_json(), "nbytes": slot.size,
+            }  # fmt: skip
             done.slot = slot
+        else:
+            done.reply = sampled_frame(number, slot.generation)
 
     def _extend_slot(self, m: dict[str, Any], done: Done) -> None:
         """A slot for extends of up to ``rows`` rows (at most the table's capacity)."""
@@ -360,10 +486,10 @@ class Connection(asyncio.Protocol):
         }  # fmt: skip
         done.table, done.slot = name, slot
 
-    async def _extend(self, m: dict[str, Any], done: Done) -> None:
-        name = table_of(m)
+    async def _extend(self, request: Request, done: Done) -> None:
+        name = request.table
         handle = self.core.table(name)  # the one lookup: the slot must be this table's
-        number = self.slots.check_number(m.get("slot"))
+        number = self.slots.check_number(request.slot)
         slot = self.slots.get(number, "extend", handle)
         if slot is None:  # never made, or made for a table of that name since replaced
             raise InvalidRequest(
@@ -374,15 +500,15 @@ class Connection(asyncio.Protocol):
                 expected="extend_slot",
                 got=number,
             )
-        rows = m.get("rows")
-        if type(rows) is not int or not 1 <= rows <= slot.layout.rows:
+        rows = request.rows
+        if not 1 <= rows <= slot.layout.rows:
             raise InvalidRequest(
-                f"rows must be an integer in [1, {slot.layout.rows}], got {rows!r:.40}",
+                f"rows must be an integer in [1, {slot.layout.rows}], got {rows}",
                 table=name,
                 field="rows",
             )
         params = parse(
-            ExtendParams, {"timeout": m.get("timeout"), "X-Request-Id": m.get("request_id")}
+            ExtendParams, {"timeout": request.timeout, "X-Request-Id": request.request_id}
         )
         # The client can write into its slot at any time. The columns the table reads values
         # of before inserting them (max-value keys, trajectory ids, end flags: one element an
@@ -394,4 +520,4 @@ class Connection(asyncio.Protocol):
         }
         index, replayed = await self.core.extend(handle, columns, params)
         done.table, done.rows, done.item_nbytes = name, len(index), handle.item_nbytes
-        done.reply = {"ok": True, "index": index.tolist(), "replayed": replayed}
+        done.reply = extended_frame(index.numpy().astype("<i8", copy=False).tobytes(), replayed)

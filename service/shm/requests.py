@@ -1,8 +1,8 @@
 """What one request on the same-host socket came to, and the frames of errors: the pieces
 of :mod:`.connection` that hold no connection state.
 
-    >>> op_of({"op": "sample"}), op_of({"op": "drop_all"}), op_of({})
-    ('sample', 'other', 'other')
+    >>> op_of({"op": "info"}), op_of({"op": "drop_all"}), op_of({})
+    ('info', 'other', 'other')
 """
 
 from __future__ import annotations
@@ -10,15 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tdreplay.codec.shm import frame
+from tdreplay.codec.shm import EXTEND, RELEASE, SAMPLE, frame
 from tdreplay.storage import InsufficientStorage, InvalidRequest, TDReplayError
 
 from ..errors import error_body
 from ..metrics import NO_TABLE, RequestHook
 from .buffers import SlotBuffer
 
-#: the operations a client may ask for (metrics label them; anything else is "other")
-OPS = frozenset({"sample", "extend_slot", "extend", "update_priority", "info", "release"})
+#: the operations a client may ask for in JSON (metrics label them; anything else is "other")
+OPS = frozenset({"extend_slot", "update_priority", "info"})
+#: the binary operations, by code
+HOT_OPS = {SAMPLE: "sample", EXTEND: "extend", RELEASE: "release"}
 
 
 def too_many(limit: int) -> TDReplayError:
@@ -35,21 +37,34 @@ def error_frame(err: BaseException) -> bytes:
 
 @dataclass
 class Done:
-    """What a request came to: its operation (validated: one of :data:`OPS`, else
-    ``"other"``), the reply, the slot whose descriptor goes with it, and the table
-    and rows it moved (for the metrics; the table's name is set once it was found)."""
+    """What a request came to: its operation (validated: one of :data:`OPS` or
+    :data:`HOT_OPS`, else ``"other"``), the reply (a JSON object, or a binary frame),
+    the slot whose descriptor goes with it, and the table and rows it moved (for the
+    metrics; the table's name is set once it was found)."""
 
     op: str
-    reply: dict[str, Any] = field(default_factory=lambda: {"ok": False})
+    reply: dict[str, Any] | bytes = field(default_factory=lambda: {"ok": False})
     slot: SlotBuffer | None = None
     table: str = NO_TABLE
     rows: int = 0
     item_nbytes: int = 0
 
+    @property
+    def ok(self) -> bool:
+        return isinstance(self.reply, bytes) or self.reply.get("ok") is True
+
+    def frame(self) -> bytes:
+        """The reply's frame."""
+        return self.reply if isinstance(self.reply, bytes) else frame(self.reply)
+
+    def failed(self, err: BaseException) -> None:
+        """The request failed with ``err``: its reply says so, and no slot goes with it."""
+        self.reply, self.slot = {"ok": False, "error": error_body(err)}, None
+
     def report(self, on_request: RequestHook, s: float, rx: int, tx: int) -> None:
         """Tell the metrics of the request, from what its operation validated (never the
         raw frame); slot data counts as bytes moved (rows x item bytes)."""
-        ok = self.reply.get("ok") is True
+        ok = self.ok
         if ok:
             moved = self.rows * self.item_nbytes
             rx, tx = (rx + moved, tx) if self.op == "extend" else (rx, tx + moved)

@@ -6,10 +6,10 @@ import operator
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase, is_tensorclass
+from tensordict import TensorDictBase, is_tensorclass
 
 from ..errors import InvalidRequest
-from ..tensordicts import fill, nest
+from ..tensordicts import nest, nest_by
 from ..validation import SampleTarget
 from .base import TableBase, _HeldBack
 
@@ -212,7 +212,7 @@ class Draws(TableBase):
             return dest
         bufs.update(info)
         # nest() with the key tree worked out once, in __init__
-        return TensorDict._new_unsafe(fill(self._batch_tree, bufs), batch_size=torch.Size([n]))
+        return nest_by(self._batch_tree, bufs, torch.Size([n]))
 
     # ------------------------------------------------------------ priorities
     def update_priority(self, index: Any, priority: Any, *, key: Any = None) -> int:

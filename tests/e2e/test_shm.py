@@ -17,7 +17,7 @@ from testkit import FIELDS, REPO, assert_consistent, rows
 
 from tdreplay.client import ReplayClient, ServerError
 from tdreplay.client.shm import ShmUnavailable
-from tdreplay.codec.shm import HEADER, frame, parse_frame
+from tdreplay.codec.shm import HEADER, VERSION, frame, parse_frame, sample_frame
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create")
 
@@ -138,9 +138,7 @@ def test_the_client_cannot_shrink_a_slot_under_the_server(twins: Any) -> None:
     client.create_table(spec("seal", {"kind": "uniform"}, capacity=16))
     client.extend("seal", rows(0, 16))
     chan = client._link(0).channel()
-    _, fd = chan.call(
-        {"op": "sample", "table": "seal", "batch_size": 4, "slot": 60, "timeout": 1}, wait=1
-    )
+    _, fd = chan.call(sample_frame("seal", slot=60, batch_size=4, timeout=1), wait=1)
     assert fd >= 0
     try:
         with pytest.raises(PermissionError):
@@ -214,7 +212,7 @@ def test_the_token_guards_the_socket(live_server: Any) -> None:
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(5)
             s.connect(path)
-            s.sendall(frame({"op": "hello", "version": 1, "token": token}))
+            s.sendall(frame({"op": "hello", "version": VERSION, "token": token}))
             data = s.recv(65536)
             reply = parse_frame(data[HEADER.size :])
             assert reply["ok"] is False and reply["error"]["type"] == "Unauthorized"

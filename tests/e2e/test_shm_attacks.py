@@ -17,7 +17,17 @@ from testkit import REPO, assert_consistent, rows
 
 from tdreplay.client import ReplayClient, ServerError
 from tdreplay.client.shm import Channel, ShmUnavailable
-from tdreplay.codec.shm import HEADER, frame, parse_frame
+from tdreplay.codec.shm import (
+    EXTEND,
+    HEADER,
+    SAMPLE,
+    VERSION,
+    extend_frame,
+    frame,
+    read_reply,
+    release_frame,
+    sample_frame,
+)
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create")
 
@@ -37,7 +47,7 @@ def raw(server: Any, token: str = "") -> socket.socket:
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(5)
     s.connect(sock_path(server))
-    s.sendall(frame({"op": "hello", "version": 1, "token": token}))
+    s.sendall(frame({"op": "hello", "version": VERSION, "token": token}))
     assert read(s)["ok"] is True
     return s
 
@@ -49,7 +59,7 @@ def read(s: socket.socket) -> dict[str, Any]:
     body = b""
     while len(body) < n:
         body += s.recv(n - len(body))
-    return parse_frame(body)
+    return read_reply(body)
 
 
 def test_failed_samples_and_many_slots_cost_no_descriptors(shared: Any) -> None:
@@ -61,34 +71,19 @@ def test_failed_samples_and_many_slots_cost_no_descriptors(shared: Any) -> None:
     before = fd_count(server.proc.pid)
     with raw(server) as s:
         for number in range(64):  # every one fails: nothing to sample
-            s.sendall(
-                frame(
-                    {
-                        "op": "sample",
-                        "table": "empty",
-                        "batch_size": 1,
-                        "slot": number,
-                        "timeout": 0,
-                    }
-                )
-            )
+            s.sendall(sample_frame("empty", slot=number, batch_size=1, timeout=0))
             reply = read(s)
             assert reply["ok"] is False and reply["error"]["type"] == "RateLimitTimeout"
         for number in range(64):  # every one made and handed over
-            s.sendall(
-                frame(
-                    {"op": "sample", "table": "full", "batch_size": 2, "slot": number, "timeout": 1}
-                )
-            )
-            header, fds, _, _ = socket.recv_fds(s, HEADER.size, 4)
+            s.sendall(sample_frame("full", slot=number, batch_size=2, timeout=1))
+            reply, fds = _recv_reply(s)
             for fd in fds:
                 os.close(fd)
-            (n,) = HEADER.unpack(header)
-            assert parse_frame(s.recv(n))["ok"] is True
+            assert reply["ok"] is True
         # the connection and its writer only: the last slot's descriptor is closed as soon as
         # the reply carrying it is sent (which the client may see before the server goes on)
         wait_until(lambda: fd_count(server.proc.pid) <= before + 2)
-        s.sendall(frame({"op": "release", "slot": [0]}))
+        s.sendall(release_frame(1000))
         assert read(s)["error"]["field"] == "slot"  # a bad release is an error, not a crash
     wait_until(lambda: fd_count(server.proc.pid) <= before)
 
@@ -160,9 +155,11 @@ def test_idle_and_half_sent_connections_are_ended(live_server: Any) -> None:
 def test_big_or_strange_hellos_are_refused(live_server: Any) -> None:
     server = live_server(token="a-token-for-hellos")
     for hello in [
-        frame({"op": "hello", "version": 1, "token": "x" * 10_000}),  # too big before the token
+        frame({"op": "hello", "version": VERSION, "token": "x" * 10_000}),  # too big, no token
         frame({"op": "hello", "version": True, "token": "a-token-for-hellos"}),
-        frame({"op": "hello", "version": 1, "token": "\ud800"}),  # a lone surrogate
+        frame({"op": "hello", "version": VERSION, "token": "\ud800"}),  # a lone surrogate
+        # a client of the JSON-only protocol (before binary frames) is refused: it falls back
+        frame({"op": "hello", "version": 1, "token": "a-token-for-hellos"}),
         HEADER.pack(10_000) + b"[" * 5000,
     ]:
         with socket.socket(socket.AF_UNIX) as s:
@@ -170,10 +167,53 @@ def test_big_or_strange_hellos_are_refused(live_server: Any) -> None:
             s.connect(sock_path(server))
             s.sendall(hello)
             data = s.recv(65536)
-            assert data and parse_frame(data[HEADER.size :])["ok"] is False
+            assert data and read_reply(data[HEADER.size :])["ok"] is False
             assert s.recv(10) == b""
     good = ReplayClient(server.url, token="a-token-for-hellos", transport="shm")
     assert good.transport == "shm"
+
+
+def test_malformed_binary_frames_end_only_that_connection(shared: Any) -> None:
+    """A binary frame whose layout is wrong (an unknown operation, too short, a name that
+    is not UTF-8, a request id longer than the frame, a release of the wrong size) ends
+    its connection with an error; values out of range are errors naming the field, and
+    the connection goes on."""
+    server = shared
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(spec("bin", {"kind": "uniform"}, capacity=16))
+    client.extend("bin", rows(0, 16))
+    good = sample_frame("bin", slot=0, batch_size=2, timeout=1)
+    for junk in [
+        bytes([0x7F, 0, 0, 0]),  # no such operation
+        bytes([SAMPLE, 0, 0]),  # shorter than a sample's fields
+        good[HEADER.size :] + b"\xff\xfe",  # a table name that is not UTF-8
+        bytes([EXTEND, 200]) + good[HEADER.size + 2 :],  # a request id past the end
+        release_frame(1)[HEADER.size :] + b"x",  # a release of the wrong size
+    ]:
+        with raw(server) as s:
+            s.sendall(HEADER.pack(len(junk)) + junk)
+            reply = read(s)
+            assert reply["ok"] is False and reply["error"]["type"] == "InvalidRequest", junk
+            assert s.recv(10) == b""
+    with raw(server) as s:
+        for frame_, field in [
+            (sample_frame("bin", slot=0, batch_size=2, timeout=-1.0), "timeout"),
+            (sample_frame("bin", slot=0, batch_size=2, timeout=float("inf")), "timeout"),
+            (sample_frame("bin", slot=0, batch_size=0, timeout=1), "batch_size"),
+            (sample_frame("bin", slot=0, batch_size=(1 << 32) - 1, timeout=1), "batch_size"),
+            (sample_frame("bin", slot=65535, batch_size=2, timeout=1), "slot"),
+            (sample_frame("nope", slot=0, batch_size=2, timeout=1), "name"),
+            (extend_frame("bin", slot=0, rows=1, timeout=1, request_id="r"), "slot"),
+        ]:
+            s.sendall(frame_)
+            reply = read(s)
+            assert reply["ok"] is False and reply["error"]["field"] == field, (field, reply)
+        s.sendall(good)
+        reply, fds = _recv_reply(s)
+        for fd in fds:
+            os.close(fd)
+        assert reply["ok"] is True and reply["rows"] == 2  # the connection still serves
+    assert client.sample("bin", 2)["id"].shape == (2,)
 
 
 def test_deeply_nested_or_huge_json_ends_only_that_connection(shared: Any) -> None:
@@ -239,16 +279,16 @@ def _recv_reply(s: socket.socket) -> tuple[dict[str, Any], list[int]]:
     body = b""
     while len(body) < n:
         body += s.recv(n - len(body))
-    return parse_frame(body), fds
+    return read_reply(body), fds
 
 
 WIDE = {"id": {"shape": [], "dtype": "int32"}, "x": {"shape": [65536], "dtype": "uint8"}}
 
 
 def test_frame_fields_are_used_only_as_validated(live_server: Any) -> None:
-    """A numeric string is validated into a number for the operation; nothing after it
-    (the metrics) may use the raw string: a 50 KB batch size of '000...1' costs the server
-    nothing (it cost frame length x item bytes: 3 GB here), and an op that is no string
+    """What the metrics count is what the operation validated, never a raw field: a 50 KB
+    row count of '000...1' is refused (a batch size like it once cost frame length x item
+    bytes: 3 GB), a binary sample of one row counts one row, and an op that is no string
     is an error, not a crash."""
     server = live_server()
     client = ReplayClient(server.url, transport="http")
@@ -257,9 +297,10 @@ def test_frame_fields_are_used_only_as_validated(live_server: Any) -> None:
                                    "x": torch.zeros(8, 65536, dtype=torch.uint8)}, [8]))  # fmt: skip
     peak = _rss(server.proc.pid)
     with raw(server) as s:
-        s.sendall(
-            frame({"op": "sample", "table": "w", "batch_size": "0" * 50_000 + "1", "slot": 0})
-        )
+        s.sendall(frame({"op": "extend_slot", "table": "w", "rows": "0" * 50_000 + "1", "slot": 1}))
+        reply, fds = _recv_reply(s)
+        assert reply["ok"] is False and reply["error"]["field"] == "rows" and not fds
+        s.sendall(sample_frame("w", slot=0, batch_size=1, timeout=None))
         reply, fds = _recv_reply(s)
         for fd in fds:
             os.close(fd)
@@ -311,7 +352,7 @@ def test_memory_handed_out_counts_until_reclaimed_across_reconnects(live_server:
                     kept += fds
             assert _held(kept) + _held(mine) <= 25_000_000
         assert _held(mine) >= 64 * 65540  # the live connection's slot was left alone
-        honest.sendall(frame({"op": "extend", "table": "w", "rows": 4, "slot": 0}))
+        honest.sendall(extend_frame("w", slot=0, rows=4, timeout=None, request_id=None))
         assert read(honest)["ok"] is True
     finally:
         honest.close()

@@ -1,4 +1,5 @@
-"""A sample's batch size is checked once per call, whatever the door; a reused buffer's once."""
+"""A sample's batch size is checked once per call, whatever the door; a reused buffer's
+once, and a door's buffers laid out by a shape once per batch size."""
 
 from __future__ import annotations
 
@@ -71,15 +72,53 @@ def test_a_door_placing_a_sample_gets_its_shape_and_a_checked_target(tmp_path: P
                 return made[0]
 
             for _ in range(3):
-                shape = await core.sample_to("t", SampleParams(batch_size=4), place)
-            assert shape.rows == 4 and shape.owner is core.table("t")
+                drawn = core.sample_to("t", SampleParams(batch_size=4), place)
+                assert isinstance(drawn, Shape)  # small, let through: drawn at once, no wait
+            shape = drawn
+            assert shape.rows == 4 and shape.owner is core.table("t") and shape.inline
             assert ("sample_info", "key") in shape.schema
             assert shape.item_nbytes == core.table("t").item_nbytes
-            assert len(calls) == 3 + 1  # one a call, and one when the target was made
+            assert len(calls) == 1 + 1  # once for the size, and once when the target was made
             key = made[0].out["sample_info", "key"]
             assert torch.equal(key, made[0].out["id"] + 1)  # the rows landed in the buffers
             extend = core.extend_shape("t", BufferParams(rows=100))
             assert extend.rows == 64  # at most the capacity
             assert ("sample_info", "key") not in extend.schema and ("id",) in extend.schema
+
+    asyncio.run(main())
+
+
+def test_a_door_sample_held_back_is_awaited_and_checked_once(tmp_path: Path) -> None:
+    """A sample the rate limiter holds back comes back as an awaitable (the door runs it
+    as a task); it is drawn once rows arrive, its batch size checked once."""
+
+    async def main() -> None:
+        async with served(tmp_path) as (app, client):
+            await client.post(protocol.TABLES, json=spec())
+            core = app.state.core
+            calls = _count(core.table("t").table, "check_batch_size")
+            bufs: dict[Any, torch.Tensor] = {}
+
+            def place(shape: Shape) -> Any:
+                if not bufs:
+                    out = TensorDict({}, [shape.rows])
+                    for k, (s, d) in shape.schema.items():
+                        out[k] = bufs.setdefault(k, torch.empty([shape.rows, *s], dtype=d))
+                    assert shape.target is not None
+                    bufs["target"] = shape.target(out)  # type: ignore[assignment]
+                return bufs["target"]
+
+            drawn = core.sample_to("t", SampleParams(batch_size=4, timeout=10), place)
+            assert not isinstance(drawn, Shape)  # empty table: it must wait
+            waiting = asyncio.ensure_future(drawn)  # type: ignore[arg-type]
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            r = await client.post(
+                protocol.table_path("t", "extend"), content=body(0, 8), headers=ARROW
+            )
+            assert r.status_code == 200
+            shape = await asyncio.wait_for(waiting, 10)
+            assert shape.rows == 4 and len(calls) == 1 + 1  # the size once, the target once
+            assert bool((bufs[("sample_info", "key")] >= 1).all())  # rows landed in the buffers
 
     asyncio.run(main())
