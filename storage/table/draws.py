@@ -13,6 +13,14 @@ from ..tensordicts import nest, nest_by
 from ..validation import SampleTarget
 from .base import TableBase, _HeldBack
 
+_INDEX, _TIMES, _KEY = ("index",), ("sample_info", "times_sampled"), ("sample_info", "key")
+_PRIORITY, _WEIGHT = ("sample_info", "priority"), ("sample_info", "weight")
+_ONE = torch.ones((), dtype=torch.int64)
+
+
+def _ones(n: int) -> torch.Tensor:
+    return torch.ones(n, dtype=torch.float32)
+
 
 class Draws(TableBase):
     """The sampling and reading operations of :class:`~.table.Table`."""
@@ -166,9 +174,10 @@ class Draws(TableBase):
             if self._cap_times:
                 index, weight = self._cap_times_sampled(index, weight)
             s = self.slots
-            s.times_sampled.index_add_(0, index, torch.ones_like(index))
-            times = s.times_sampled.index_select(0, index)
-            keys = s.ordinal.index_select(0, index)
+            s.times_sampled.index_put_((index,), _ONE, accumulate=True)
+            # read straight into the caller's buffers where it has them: a torch call less each
+            times = torch.index_select(s.times_sampled, 0, index, out=out_info.get(_TIMES))
+            keys = torch.index_select(s.ordinal, 0, index, out=out_info.get(_KEY))
             priority = self.sampler.priority(index)
             if self.sampler.consumes:
                 # queues and stacks return distinct live items, each now spent
@@ -191,26 +200,20 @@ class Draws(TableBase):
             self.backend.gather(index, bufs)
         finally:
             self._data_lock.release_read()
-        info = {
-            ("index",): index,
-            ("sample_info", "priority"): priority
-            if priority is not None
-            else torch.ones(n, dtype=torch.float32),
-            ("sample_info", "weight"): weight
-            if weight is not None
-            else torch.ones(n, dtype=torch.float32),
-            ("sample_info", "times_sampled"): times,
-            ("sample_info", "key"): keys,
-        }
+        # a sampler without priorities or weights: every item's is 1
+        info = {_INDEX: index, _PRIORITY: priority, _WEIGHT: weight, _TIMES: times, _KEY: keys}
         if dest is not None:
             target = dest._tensordict if is_tensorclass(dest) else dest
             for key, value in info.items():
-                if key in out_info:
-                    out_info[key].copy_(value)
-                else:
-                    target.set(key, value)
+                buf = out_info.get(key)
+                if buf is None:
+                    target.set(key, _ones(n) if value is None else value)
+                elif value is None:
+                    buf.fill_(1.0)
+                elif value is not buf:
+                    buf.copy_(value)
             return dest
-        bufs.update(info)
+        bufs.update({k: _ones(n) if v is None else v for k, v in info.items()})
         # nest() with the key tree worked out once, in __init__
         return nest_by(self._batch_tree, bufs, torch.Size([n]))
 

@@ -259,3 +259,30 @@ def test_a_closed_table_raises_table_closed_not_empty(backend: dict, tables) -> 
             call()
         assert not isinstance(info.value, EmptyTableError), what
         assert info.value.table == "gone", what
+
+
+def test_small_and_large_gathers_read_the_same_rows(backend: dict, tables) -> None:
+    """A gather of a few rows (memmove a row and field on the tensor backends) and one of
+    many (a torch call a field) read the same bits, repeats and the last slot included,
+    into fresh buffers and into a reused target alike; a row outside the table is refused
+    before anything is copied."""
+    table = tables.create(make_spec(capacity=32, backend=backend))
+    data = rows(0, 32)
+    table.extend(data)
+    for index in ([31], [0, 31, 0], list(range(8)), list(range(9)), [5] * 20):
+        idx = torch.tensor(index, dtype=torch.int64)
+        got = table.read(idx)
+        assert got["id"].tolist() == index
+        assert_bitwise_equal(got, data[idx], FIELDS)
+    target = table.target(table.sample(2).clone(), 2)
+    for _ in range(20):
+        batch = table.sample(2, out=target)
+        assert_consistent(batch)
+        assert torch.equal(batch["index"], batch["id"])  # slot i holds item i here
+        assert_bitwise_equal(batch, data[batch["index"]], FIELDS)
+    if backend["kind"] in ("memory", "shared", "memmap"):
+        out = table.backend.empty(1)
+        before = {k: v.clone() for k, v in out.items()}
+        with pytest.raises(IndexError, match="outside"):
+            table.backend.gather(torch.tensor([32]), out)
+        assert all(torch.equal(out[k], before[k]) for k in out)
