@@ -34,6 +34,8 @@ RUN pip install --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}" 
 COPY deploy/docker/constraints.txt /tmp/constraints.txt
 COPY pyproject.toml README.md ./
 COPY codec codec
+COPY system system
+COPY cli cli
 COPY storage storage
 COPY service service
 COPY client client

@@ -44,8 +44,8 @@ demo: setup                        ## a storage-only walk-through: extend, sampl
 	$(BIN)/python -m tdreplay.storage.demo --root $(ROOT)
 
 lint: setup
-	$(BIN)/ruff check storage service client codec adapters examples tests bench
-	$(BIN)/ruff format --check storage service client codec adapters examples tests bench
+	$(BIN)/ruff check storage service client codec system cli adapters examples tests bench
+	$(BIN)/ruff format --check storage service client codec system cli adapters examples tests bench
 
 typecheck: setup
 	$(BIN)/mypy
@@ -86,7 +86,7 @@ wheel: setup                       ## build the wheel and check it installs and 
 	rm -rf /tmp/tdreplay-wheel-check && $(PYTHON) -m venv /tmp/tdreplay-wheel-check
 	/tmp/tdreplay-wheel-check/bin/pip install -q "torch==2.13.0" || true
 	/tmp/tdreplay-wheel-check/bin/pip install -q dist/tdreplay-*.whl
-	cd /tmp && /tmp/tdreplay-wheel-check/bin/python -c "import tdreplay.storage, tdreplay.client, tdreplay.service, tdreplay.codec, importlib.util as u; assert u.find_spec('storage') is None and u.find_spec('service') is None and u.find_spec('client') is None; print('wheel ok')"
+	cd /tmp && /tmp/tdreplay-wheel-check/bin/python -c "import tdreplay.storage, tdreplay.client, tdreplay.service, tdreplay.codec, tdreplay.system, tdreplay.cli, importlib.util as u; assert u.find_spec('storage') is None and u.find_spec('service') is None and u.find_spec('client') is None; print('wheel ok')"
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache tdreplay-data

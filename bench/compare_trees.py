@@ -34,7 +34,7 @@ from common import free_port, schemas  # bench/ is on sys.path when run as a scr
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-PACKAGES = ("storage", "service", "client", "codec")
+PACKAGES = ("storage", "service", "client", "codec", "system")
 
 #: (name, table, op, batch): the workloads, as a learner and a collector run them
 WORKLOADS = [

@@ -11,7 +11,6 @@ import json
 import os
 import socket
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +22,6 @@ from ..codec.shm import (
     HEADER,
     MAX_FRAME,
     VERSION,
-    SharedMap,
     ShmProtocolError,
     SlotLayout,
     extend_frame,
@@ -33,6 +31,7 @@ from ..codec.shm import (
     release_frame,
     sample_frame,
 )
+from ..system import SharedMap, host_id
 from . import errors
 from .batches import as_batch
 from .commands import Alloc
@@ -47,14 +46,6 @@ class ShmUnavailable(errors.ConnectionFailed):
     """The same-host transport cannot be used here (no socket, another host, another
     server, no memfd): the request was never sent (``sent`` is false), so a sharded
     extend may go to another server."""
-
-
-def host_id() -> str:
-    """This host's identity, as the server computes it (the kernel's boot id)."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return socket.gethostname()
 
 
 def usable(info: dict[str, Any] | None) -> str | None:

@@ -55,14 +55,9 @@ fills of a slot.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import math
-import mmap
-import os
 import struct
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -336,56 +331,3 @@ class SlotLayout:
                 flat = torch.frombuffer(buffer, dtype=c.dtype, count=count, offset=c.offset)
             out[c.key] = flat.view(self.rows, *c.shape)
         return out
-
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-#: madvise: free the pages *and* their backing store (a hole punched in the memfd)
-MADV_REMOVE = getattr(mmap, "MADV_REMOVE", 9)
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-class SharedMap:
-    """A shared, writable mapping of ``size`` bytes of file ``fd`` that keeps no descriptor.
-
-    (``mmap.mmap`` keeps a duplicate of the descriptor for as long as the
-    mapping lives: one descriptor per slot.) ``buffer`` is a ctypes array
-    over the mapping; views of it (``torch.frombuffer``) keep it alive, and
-    the mapping is unmapped once it and they are gone.
-
-    Raises:
-        OSError: the mapping failed (``ENOMEM`` and the like).
-    """
-
-    def __init__(self, fd: int, size: int) -> None:
-        addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
-        if addr is None or addr == _MAP_FAILED:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-        self.size = size
-        self.addr = addr
-        self.buffer = (ctypes.c_char * size).from_address(addr)
-        # unmapped when the buffer goes: after this object and every view of it
-        weakref.finalize(self.buffer, _libc.munmap, addr, size)
-
-    def discard(self) -> None:
-        """Free the file's memory, in every process that maps it (a hole punched in it:
-        reads give zeros from then on). What another process still holds of the file
-        costs nothing until it writes there again - its own memory then, not this one's.
-
-        Raises:
-            OSError: the kernel refused (a file sealed against writes, or no hole support).
-        """
-        if _libc.madvise(self.addr, self.size, MADV_REMOVE) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))

@@ -1,4 +1,5 @@
-"""``python -m tdreplay.service serve ...``: the same as the ``tdreplay`` command."""
+"""``python -m tdreplay.service serve ...``: run the server (``tdreplay serve``; the
+other ``tdreplay`` commands are :mod:`tdreplay.cli`'s)."""
 
 from .cli import main
 

@@ -30,6 +30,7 @@ from fastapi import FastAPI
 from tdreplay.codec import protocol
 from tdreplay.codec.ipc import LayoutDecoder
 from tdreplay.storage import TDReplayError, clean_checkpoints, lock_root
+from tdreplay.system import shm_supported
 
 from . import errors, shm, tuning
 from .bodies import BodyBuffers
@@ -58,7 +59,7 @@ async def start_shm(
     """
     if not settings.shm:
         return None
-    if not shm.supported():
+    if not shm_supported():
         log.warning("no same-host transport: this OS lacks memfd_create or SCM_RIGHTS")
         return None
     path = settings.shm_socket or core.root / "run" / "tdreplay.sock"

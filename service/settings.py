@@ -321,9 +321,9 @@ class Settings(BaseSettings):
                     "(--token-file, TDREPLAY_TOKEN_FILE), not both"
                 )
             # read once, here, so a bad file stops the start; the model is frozen after this
-            object.__setattr__(self, "token", SecretStr(_read_token_file(self.token_file)))
+            object.__setattr__(self, "token", SecretStr(read_token_file(self.token_file)))
         elif self.token is not None:
-            _check_token(self.token.get_secret_value(), "TDREPLAY_TOKEN")
+            check_token(self.token.get_secret_value(), "TDREPLAY_TOKEN")
         if self.token is None and not self.insecure and not is_loopback(self.host):
             raise ValueError(
                 f"host {self.host!r} is not a loopback address and no token is set: anyone "
@@ -362,7 +362,7 @@ def is_loopback(host: str) -> bool:
 MAX_TOKEN_BYTES = 4096
 
 
-def _check_token(token: str, source: str) -> None:
+def check_token(token: str, source: str) -> None:
     """Refuse a token no client could send as ``Authorization: Bearer <token>``."""
     if not token:
         raise ValueError(f"the token from {source} is empty")
@@ -375,7 +375,7 @@ def _check_token(token: str, source: str) -> None:
         )
 
 
-def _read_token_file(path: Path) -> str:
+def read_token_file(path: Path) -> str:
     """The token in ``path``, less one trailing newline (as ``echo`` and editors leave it)."""
     source = f"token file {str(path)!r}"
     try:
@@ -388,5 +388,5 @@ def _read_token_file(path: Path) -> str:
     elif raw.endswith(b"\n"):
         raw = raw[:-1]
     token = raw.decode("latin-1")
-    _check_token(token, source)
+    check_token(token, source)
     return token

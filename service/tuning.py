@@ -16,55 +16,17 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
-import os
 
 import torch
 
+from tdreplay.system import pin_malloc, trim
+
 from .settings import Settings
 
+__all__ = ["apply", "pin_malloc", "trim"]
+
 log = logging.getLogger("tdreplay.service")
-
-M_TRIM_THRESHOLD = -1
-M_MMAP_THRESHOLD = -3
-
-
-def pin_malloc(mmap_threshold: int, trim_threshold: int) -> bool:
-    """Set glibc's mmap and trim thresholds with ``mallopt``; ``False`` where that is not possible."""
-    if not mmap_threshold:
-        return False
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False  # glibc read the operator's choice at process start
-    mallopt = getattr(_libc(), "mallopt", None)
-    if mallopt is None:  # not glibc (musl, macOS)
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    ok = bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold)))
-    if trim_threshold and "MALLOC_TRIM_THRESHOLD_" not in os.environ:
-        ok = bool(mallopt(M_TRIM_THRESHOLD, int(trim_threshold))) and ok
-    return ok
-
-
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name) if name is not None else None
-    except OSError:
-        return None
-
-
-def trim() -> bool:
-    """Give memory malloc holds free back to the system (glibc's ``malloc_trim``); ``False``
-    where there is no such call (musl, macOS)."""
-    libc = _libc()
-    fn = getattr(libc, "malloc_trim", None)
-    if fn is None:
-        return False
-    fn.argtypes = [ctypes.c_size_t]
-    return bool(fn(0))
 
 
 def apply(settings: Settings) -> None:

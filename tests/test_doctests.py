@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ["tdreplay.codec", "tdreplay.storage", "tdreplay.service.core", "tdreplay.client"]
+PACKAGES = [
+    "tdreplay.system",
+    "tdreplay.codec",
+    "tdreplay.storage",
+    "tdreplay.service.core",
+    "tdreplay.client",
+]
 
 
 def modules() -> list[str]:

@@ -1,4 +1,5 @@
-"""Dependencies point one way: service -> storage -> codec; torchrl -> client -> codec.
+"""Dependencies point one way: service -> storage -> codec; torchrl -> client -> codec;
+cli -> service and client; service and client -> system.
 
 Each check imports one package in a fresh interpreter and looks at what else
 got loaded, so a stray import anywhere in the package fails it. The layers
@@ -19,11 +20,13 @@ from test_import_cycles import FOLDERS, LAYERS
 
 # Third-party packages a layer must not load: the web stack belongs to the service.
 WEB_STACK = {
+    "system": ["fastapi", "uvicorn", "starlette", "httpx", "torch"],
     "codec": ["fastapi", "uvicorn"],
     "storage": ["fastapi", "uvicorn", "starlette", "httpx"],
     "service": [],
     "client": ["fastapi", "uvicorn", "starlette"],
     "torchrl": ["fastapi", "uvicorn", "starlette"],
+    "cli": [],
 }
 
 
@@ -54,7 +57,8 @@ def test_no_top_level_folder_modules() -> None:
     """The folders map into the tdreplay namespace; nothing installs `storage`, `service` or `client`."""
     code = (
         "import importlib.util as u, os, sys; os.chdir('/'); sys.path = [p for p in sys.path if p not in ('', '.')]; "
-        "print([m for m in ('storage', 'service', 'client', 'codec') if u.find_spec(m) is not None])"
+        "print([m for m in ('storage', 'service', 'client', 'codec', 'system') "
+        "if u.find_spec(m) is not None])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -66,7 +70,7 @@ def test_every_subpackage_is_packaged() -> None:
     config = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     found = set()
-    for top in ("storage", "service", "client", "codec", "torchrl"):
+    for top in ("storage", "service", "client", "codec", "system", "cli", "torchrl"):
         folder = repo / FOLDERS.get(top, top)
         for init in folder.rglob("__init__.py"):
             rel = init.parent.relative_to(folder).parts

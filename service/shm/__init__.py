@@ -1,10 +1,10 @@
 """The same-host transport: a Unix socket and shared-memory slots onto the core.
 
 :mod:`.listener` binds the socket; :mod:`.connection` serves one client;
-:mod:`.slots` are the memfd buffers. The wire: :mod:`tdreplay.codec.shm`.
+:mod:`.buffers` are the memfd buffers. The wire: :mod:`tdreplay.codec.shm`; what it
+asks of the operating system: :mod:`tdreplay.system`.
 """
 
-from .buffers import supported
-from .listener import ShmServer, host_id
+from .listener import ShmServer
 
-__all__ = ["ShmServer", "host_id", "supported"]
+__all__ = ["ShmServer"]

@@ -5,7 +5,7 @@ any file system, no ``/dev/shm``), sized and reserved up front
 (``posix_fallocate``: a full memory answers 507 here, not SIGBUS later),
 sealed against resizing (the client holds its descriptor and could
 otherwise truncate it under the server's mapping), mapped once. The server
-keeps only the mapping (:class:`~tdreplay.codec.shm.SharedMap`, which holds
+keeps only the mapping (:class:`~tdreplay.system.SharedMap`, which holds
 no descriptor): the descriptor goes to the client with the reply that made
 the slot and is closed then, so slots cost the server no file descriptors.
 :class:`SlotBuffers` bounds what one connection holds, in bytes and in count;
@@ -15,34 +15,21 @@ the slot and is closed then, so slots cost the server no file descriptors.
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
-import socket
 import time
 from collections import deque
 
 import torch
 
-from tdreplay.codec.shm import ALIGN, SharedMap, SlotLayout
+from tdreplay.codec.shm import ALIGN, SlotLayout
 from tdreplay.storage import InsufficientStorage, InvalidRequest, SampleTarget
+from tdreplay.system import SharedMap, sealed_memfd
 
 log = logging.getLogger("tdreplay.service")
 
-#: a slot's size is fixed for good before its descriptor leaves the server
-SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 #: errors that mean "no more memory or descriptors": 507, not 500
 FULL = (errno.ENOSPC, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
-
-
-def supported() -> bool:
-    """Whether this OS offers what the transport needs (``memfd_create``, seals, ``SCM_RIGHTS``)."""
-    return (
-        hasattr(os, "memfd_create")
-        and hasattr(fcntl, "F_ADD_SEALS")
-        and hasattr(socket, "AF_UNIX")
-        and hasattr(socket, "SCM_RIGHTS")
-    )
 
 
 def _full(what: str, size: int, err: OSError) -> InsufficientStorage:
@@ -59,7 +46,7 @@ class Budget:
     A slot the server let go of (dropped, replaced, or its connection ended)
     may still be mapped by its client, who got its descriptor: it stays
     counted, as *lingering*, until the server reclaims it - punches its
-    memory out (:meth:`~tdreplay.codec.shm.SharedMap.discard`), in the
+    memory out (:meth:`~tdreplay.system.SharedMap.discard`), in the
     client's mapping too. Lingering slots are reclaimed oldest first when a
     new slot needs their room, when more than ``max_lingering`` linger, and
     ``linger`` seconds after they were let go (:meth:`sweep`). So a client
@@ -157,22 +144,17 @@ class SlotBuffer:
         self.generation = 0
         self.out: SampleTarget | None = None
         try:
-            self.fd = os.memfd_create(f"tdreplay-{kind}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            self.fd = sealed_memfd(f"tdreplay-{kind}", self.size)
         except OSError as err:
             if err.errno in FULL:
-                raise _full("memfd_create", self.size, err) from None
+                raise _full("memfd", self.size, err) from None
             raise
         try:
-            os.ftruncate(self.fd, self.size)
-            os.posix_fallocate(self.fd, 0, self.size)
-            # The client gets this descriptor: sealed, it cannot shrink the file under the
-            # server's mapping (a read or write past the end would be SIGBUS here).
-            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS)
             self.map = SharedMap(self.fd, self.size)
         except OSError as err:
             os.close(self.fd)
             if err.errno in FULL:
-                raise _full("reserve", self.size, err) from None
+                raise _full("map", self.size, err) from None
             raise
         except BaseException:
             os.close(self.fd)

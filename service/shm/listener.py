@@ -19,6 +19,7 @@ import stat
 from pathlib import Path
 
 from tdreplay.storage import InvalidRequest
+from tdreplay.system import host_id
 
 from ..core import Core
 from ..metrics import RequestHook
@@ -27,14 +28,6 @@ from .buffers import Budget
 from .connection import Connection
 
 log = logging.getLogger("tdreplay.service")
-
-
-def host_id() -> str:
-    """This host's identity: the kernel's boot id (containers on one host share it)."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return socket.gethostname()
 
 
 class ShmServer:

@@ -90,7 +90,7 @@ def test_the_image_serves_with_the_cli_flags_and_variables(
     assert ours <= env_vars(), f"not variables of tdreplay serve: {sorted(ours - env_vars())}"
     assert "TDREPLAY_TOKEN" not in env  # a secret is never baked into an image
     assert exec_form(of("ENTRYPOINT")[-1]) == ["tdreplay"]
-    assert pyproject()["project"]["scripts"]["tdreplay"] == "tdreplay.service.cli:main"
+    assert pyproject()["project"]["scripts"]["tdreplay"] == "tdreplay.cli:main"
     parse_serve(exec_form(of("CMD")[-1]))
 
     token = tmp_path / "token"

@@ -189,7 +189,7 @@ def test_with_the_token_no_route_answers_401(guarded: Any, tmp_path: Path) -> No
 def tdreplay(*argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> Any:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TDREPLAY_")}
     return subprocess.run(
-        [sys.executable, "-m", "tdreplay.service", *argv],
+        [sys.executable, "-m", "tdreplay.cli", *argv],
         env={**clean, **(env or {})},
         cwd=REPO,
         capture_output=True,

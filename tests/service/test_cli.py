@@ -13,8 +13,9 @@ import yaml
 from pydantic import ValidationError
 from service_helpers import spec
 
+from tdreplay.cli import build_parser, main
 from tdreplay.service import Settings
-from tdreplay.service.cli import build_parser, env_var, main, settings_from_args
+from tdreplay.service.cli import env_var, settings_from_args
 from tdreplay.service.core import load_specs
 from tdreplay.service.settings import is_loopback
 from tdreplay.service.tuning import apply, pin_malloc
@@ -231,8 +232,6 @@ def test_the_token_is_given_once_and_never_printed(
 
 def test_a_repeated_list_flag_adds_to_the_list() -> None:
     """``--redis a=URL --redis b=URL`` configures both (argparse would keep only the last)."""
-    from tdreplay.service.cli import build_parser
-
     args = build_parser().parse_args(
         ["serve", "--redis", "a=redis://h:1/0", "--redis", "b=redis://h:2/0", "c=redis://h:3/0"]
     )
@@ -408,10 +407,15 @@ def test_version_usage_and_shipped_schemas(tmp_path: Path) -> None:
     from tdreplay import schemas
     from tdreplay.service.cli import Exit, with_shipped_schemas
 
-    done = subprocess.run(
-        [sys.executable, "-m", "tdreplay.service", "--version"], capture_output=True, text=True
+    for module in ("tdreplay.cli", "tdreplay.service"):
+        done = subprocess.run(
+            [sys.executable, "-m", module, "--version"], capture_output=True, text=True
+        )
+        assert done.returncode == 0 and done.stdout.strip() == "tdreplay 0.1.0"
+    done = subprocess.run(  # the service's own entry point runs the server only
+        [sys.executable, "-m", "tdreplay.service", "tables"], capture_output=True, text=True
     )
-    assert done.returncode == 0 and done.stdout.strip() == "tdreplay 0.1.0"
+    assert done.returncode == 2 and "invalid choice: 'tables'" in done.stderr
     assert int(Exit.UNREACHABLE) == 3 and int(Exit.UNAUTHORIZED) == 4
     assert schemas.names() == ["atari", "cartpole", "robot"]
     assert with_shipped_schemas(Settings(schema_path="cartpole", root=tmp_path)).schema_path == (

@@ -3,7 +3,7 @@
 A program, not library code: it uses :class:`tdreplay.client.ReplayClient` as
 a user's script would, and nothing in the service imports it (the command
 line loads it for these commands only). The arguments are those of
-:func:`tdreplay.service.cli.add_remote_commands`.
+:func:`tdreplay.cli.add_remote_commands`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from tdreplay.client import (
     Unauthorized,
 )
 from tdreplay.codec import CodecError, from_record_batch
+from tdreplay.service.cli import CommandError, Exit
+from tdreplay.service.settings import check_token, read_token_file
 
-from .cli_common import CommandError, Exit, describe_file, export_format, show_progress
-from .settings import _check_token, _read_token_file
+from .common import describe_file, export_format, show_progress
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -63,9 +64,9 @@ def token(args: dict[str, Any]) -> str | None:
                     "the token is given twice: set TDREPLAY_TOKEN or --token-file "
                     "(TDREPLAY_TOKEN_FILE), not both"
                 )
-            return _read_token_file(Path(path))
+            return read_token_file(Path(path))
         if env is not None:
-            _check_token(env, "TDREPLAY_TOKEN")
+            check_token(env, "TDREPLAY_TOKEN")
             return env
     except ValueError as err:  # the messages never quote the token
         raise CommandError(str(err), Exit.USAGE) from None

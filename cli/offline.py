@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tdreplay.service.cli import CommandError, Exit
 from tdreplay.storage import (
     CheckpointError,
     RootLocked,
@@ -25,7 +26,7 @@ from tdreplay.storage import (
     stored_specs,
 )
 
-from .cli_common import CommandError, Exit, describe_file, export_format, show_progress
+from .common import describe_file, export_format, show_progress
 
 
 def export(args: dict[str, Any]) -> None:

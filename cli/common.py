@@ -1,6 +1,6 @@
-"""What every ``tdreplay`` command shares: exit statuses, the one-line error, export
-file helpers. The commands' modules (:mod:`.cli`, :mod:`.cli_offline`, :mod:`.cli_remote`)
-import it; it imports none of them.
+"""What the ``tdreplay`` commands share beyond the exit statuses and the one-line error
+(:mod:`tdreplay.service.cli`): the export file helpers. The commands' modules
+(:mod:`.offline`, :mod:`.remote`) import it; it imports none of them.
 
     >>> export_format(None, "out.CSV"), export_format(None, None)
     ('csv', 'parquet')
@@ -8,29 +8,9 @@ import it; it imports none of them.
 
 from __future__ import annotations
 
-import enum
 import sys
 from pathlib import Path
 from typing import Any
-
-
-class Exit(enum.IntEnum):
-    """The ``tdreplay`` command's exit status."""
-
-    OK = 0
-    FAILED = 1  # the server or the storage refused the operation; the message says why
-    USAGE = 2  # argparse's own status for a bad command line
-    UNREACHABLE = 3  # no server answered at the URL
-    UNAUTHORIZED = 4  # the server refused the token (401) or the operation (403)
-    INTERRUPTED = 130
-
-
-class CommandError(Exception):
-    """A failure to report as one line, ``tdreplay <command>: <message>``, without a traceback."""
-
-    def __init__(self, message: str, code: Exit = Exit.FAILED) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def export_format(given: str | None, path: str | None) -> str:

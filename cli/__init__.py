@@ -1,0 +1,196 @@
+"""The ``tdreplay`` command: run a server, drive one, or export a table without one.
+
+    tdreplay serve [flags]             run the HTTP server (every flag has a TDREPLAY_* twin)
+    tdreplay tables                    list a running server's tables
+    tdreplay info TABLE                a table's info, as JSON
+    tdreplay create SCHEMA...          create tables from schema files (or shipped names: cartpole)
+    tdreplay drop TABLE --yes          delete a table and its data
+    tdreplay checkpoint TABLE [PATH]   checkpoint on the server (default checkpoints/TABLE)
+    tdreplay restore TABLE [PATH]      restore from a checkpoint on the server
+    tdreplay export TABLE -o FILE      stream a Parquet/CSV export here (--on-server PATH: keep it there)
+    tdreplay import TABLE SOURCE       extend a table with the rows of Parquet files
+    tdreplay export TABLE --root DIR -o FILE          offline, from a data root (no server)
+    tdreplay export --checkpoint DIR -o FILE          offline, from a checkpoint folder
+    tdreplay --version
+
+The commands that drive a server find it with ``--url`` (or ``TDREPLAY_URL``;
+default ``http://127.0.0.1:8000``; repeat it for a sharded set) and send the
+token from ``TDREPLAY_TOKEN`` or ``--token-file`` (``TDREPLAY_TOKEN_FILE``).
+As for ``serve``, there is no ``--token`` flag: ``ps`` shows a command line to
+every user of the host.
+
+``serve`` and what every command shares (the exit statuses, the one-line
+error) are :mod:`tdreplay.service.cli`'s; this package, above the service and
+the client, adds the commands that drive a server (:mod:`.remote`, through the
+public client as a user's script would) and read a data root without one
+(:mod:`.offline`).
+
+Exit status (:class:`~tdreplay.service.cli.Exit`): 0 done; 1 the operation failed (the message
+says why: the server's or the storage's error); 2 bad usage; 3 no server
+answered at the URL; 4 the server refused the token; 130 interrupted.
+
+    $ tdreplay serve --schema schemas/ --root ./data --host 0.0.0.0 --token-file /run/secrets/token
+    $ TDREPLAY_URL=http://replay:8000 TDREPLAY_TOKEN_FILE=./token tdreplay export cartpole -o cp.parquet
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from tdreplay.service.cli import (
+    add_serve_command,
+    new_parser,
+    refuse_token_flag,
+    run_command,
+    run_serve,
+)
+
+from . import offline, remote
+
+__all__ = ["REMOTE", "add_remote_commands", "build_parser", "main", "run"]
+
+#: the commands that drive a running server (see :mod:`.remote`)
+REMOTE = ("tables", "info", "create", "drop", "checkpoint", "restore", "export", "import")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = new_parser()
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_serve_command(sub)
+    add_remote_commands(sub)
+    return parser
+
+
+def _connection(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("server")
+    group.add_argument(
+        "--url",
+        action="append",
+        metavar="URL",
+        help="the server's URL; repeat it for a sharded set "
+        "[env TDREPLAY_URL, comma-separated; default: http://127.0.0.1:8000]",
+    )
+    group.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="file holding the bearer token [env TDREPLAY_TOKEN_FILE; or the token itself "
+        "in TDREPLAY_TOKEN]",
+    )
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for each answer (default: 600; exports of large tables take long)",
+    )
+    refuse_token_flag(parser)
+
+
+def _progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar on stderr (default: when stderr is a terminal)",
+    )
+
+
+def add_remote_commands(sub: Any) -> None:
+    """The commands of :data:`REMOTE` (their handlers: :mod:`.remote`, :mod:`.offline`)."""
+    p = sub.add_parser("tables", help="list the tables of a running server")
+    p.add_argument("--json", action="store_true", help="print the server's answer as JSON")
+    _connection(p)
+
+    p = sub.add_parser("info", help="a table's info, as JSON")
+    p.add_argument("table")
+    _connection(p)
+
+    p = sub.add_parser("create", help="create tables from schema files")
+    p.add_argument(
+        "schemas", nargs="+", metavar="SCHEMA", help="a YAML/JSON schema file, or a shipped name"
+    )
+    p.add_argument(
+        "--backend",
+        choices=["memory", "memmap", "shared", "h5", "redis"],
+        help="put the tables on this backend instead of the schema's",
+    )
+    _connection(p)
+
+    p = sub.add_parser("drop", help="delete a table and its data")
+    p.add_argument("table")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    _connection(p)
+
+    p = sub.add_parser("checkpoint", help="checkpoint a table on the server")
+    p.add_argument("table")
+    p.add_argument(
+        "path", nargs="?", help="under the server's data root (default: checkpoints/TABLE)"
+    )
+    _connection(p)
+
+    p = sub.add_parser("restore", help="restore a table from a checkpoint on the server")
+    p.add_argument("table")
+    p.add_argument(
+        "path", nargs="?", help="under the server's data root (default: checkpoints/TABLE)"
+    )
+    _connection(p)
+
+    p = sub.add_parser(
+        "export",
+        help="export a table as Parquet or CSV",
+        description="Export the live items of a table, oldest first. From a running server "
+        "(streamed to -o FILE, or kept on the server with --on-server), or without one from "
+        "a data root (--root) or a checkpoint folder (--checkpoint).",
+    )
+    p.add_argument("table", nargs="?", help="the table (with --checkpoint: the one it holds)")
+    p.add_argument("-o", "--output", metavar="FILE", help="the file to write here")
+    p.add_argument(
+        "--format",
+        choices=["parquet", "csv"],
+        help="default: from the suffix of FILE, else parquet",
+    )
+    p.add_argument(
+        "--on-server",
+        metavar="PATH",
+        help="write it on the server instead, under its data root (exports/...)",
+    )
+    offline = p.add_argument_group("without a server")
+    where = offline.add_mutually_exclusive_group()
+    where.add_argument(
+        "--root",
+        metavar="DIR",
+        help="a data root no server holds: the table's own files, else its checkpoint",
+    )
+    where.add_argument("--checkpoint", metavar="DIR", help="a checkpoint folder")
+    _progress(p)
+    _connection(p)
+
+    p = sub.add_parser(
+        "import",
+        help="extend a table with the rows of Parquet files",
+        description="Read a Parquet file (or a folder of *.parquet files) as written by "
+        "`tdreplay export`, and extend TABLE with its rows, CHUNK at a time.",
+    )
+    p.add_argument("table")
+    p.add_argument("source", help="a .parquet file or a folder of them")
+    p.add_argument("--chunk", type=int, default=4096, help="rows per extend (default: 4096)")
+    _progress(p)
+    _connection(p)
+
+
+def run(command: str, args: dict[str, Any]) -> None:
+    """Run one parsed command; failures raise :class:`~tdreplay.service.cli.CommandError`."""
+    if command == "serve":
+        run_serve(args)
+    elif command == "export" and (args.get("root") or args.get("checkpoint")):
+        offline.export(args)
+    else:
+        remote.run(command, args)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``tdreplay`` console script and of ``python -m tdreplay.cli``."""
+    args = vars(build_parser().parse_args(argv))
+    command = args.pop("command")
+    run_command(command, lambda: run(command, args))
