@@ -15,7 +15,6 @@ pyarrow only: never on the service or the storage.
 
 from .aio import AsyncLoader, AsyncReplayClient
 from .aio_writer import AsyncWriter
-from .core import ClientSettings, split_batch
 from .errors import (
     BackendError,
     CheckpointError,
@@ -44,6 +43,7 @@ from .errors import (
     UnsupportedMediaType,
 )
 from .loader import Loader, LoaderIterator
+from .plans import ClientSettings, split_batch
 from .retry import NO_RETRY, RetryPolicy
 from .sync import ReplayClient
 from .tensorclass import from_fields, to_tensorclass

@@ -4,7 +4,7 @@
     ...     await client.extend("cartpole", rollout)
     ...     batch = await client.sample("cartpole", 256)
 
-Same calls, same plans (:mod:`~tdreplay.client.core`), same errors; only the
+Same calls, same plans (:mod:`~tdreplay.client.plans`), same errors; only the
 I/O differs: :class:`~tdreplay.client.aio_transport.AsyncTransport`, HTTP/1.1
 on an asyncio ``BufferedProtocol`` that receives bodies in place (chosen by
 measurement over asyncio streams and ``httpx.AsyncClient``; see that module).
@@ -29,9 +29,9 @@ from . import errors, route, shm
 from .aio_transport import AsyncTransport
 from .aio_writer import AsyncWriter
 from .base import ClientBase
-from .core import Call, ClientSettings, Gather, Pause, Plan
 from .deprecation import warn_close_deprecated
 from .loader import Loader, LoaderIterator
+from .plans import Call, ClientSettings, Gather, Pause, Plan
 from .schema import load_spec
 from .stats import flatten
 from .sync import ReplayClient

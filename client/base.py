@@ -1,7 +1,7 @@
 """What the blocking and the asyncio clients share, apart from their I/O.
 
-:class:`ClientBase` holds a client's :class:`~tdreplay.client.core.ClientSettings`,
-its plans (:class:`~tdreplay.client.core.Calls`), its cache of generated
+:class:`ClientBase` holds a client's :class:`~tdreplay.client.plans.ClientSettings`,
+its plans (:class:`~tdreplay.client.plans.Calls`), its cache of generated
 tensorclasses and its pickling (a client pickles as its settings, so a copy in
 a DataLoader worker or a subprocess opens its own connections).
 :class:`~tdreplay.client.ReplayClient` (``sync.py``) and
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .core import Calls, ClientSettings
+from .plans import Calls, ClientSettings
 from .retry import RetryPolicy
 from .tensorclass import from_fields
 

@@ -55,7 +55,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from . import commands as C
 from . import errors
 from .batches import decode_batch
-from .core import ClientSettings
+from .plans import ClientSettings
 from .staging import Credits as _Credits
 from .staging import StagingBuffer
 from .staging import check_device as _check_device

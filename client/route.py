@@ -1,6 +1,6 @@
 """How one call reaches its server, written once for both twins (no I/O here).
 
-:func:`transmit` is the plan of one :class:`~tdreplay.client.core.Call` on the
+:func:`transmit` is the plan of one :class:`~tdreplay.client.plans.Call` on the
 wire: over the server's same-host socket when it is on this host and the
 command goes that way (:data:`~tdreplay.client.shm.COMMANDS`), else over HTTP
 under the retry policy; when the socket fails (``transport="auto"``) the call
@@ -11,7 +11,7 @@ and the drivers (:class:`~tdreplay.client.ReplayClient`,
 await, sleep or ``asyncio.sleep``. The retry loop, the fallback and what a
 failed call may have done (:func:`~tdreplay.client.shm.in_doubt`) exist once.
 
-    >>> from tdreplay.client.core import ClientSettings
+    >>> from tdreplay.client.plans import ClientSettings
     >>> from tdreplay.client import commands as C
     >>> settings = ClientSettings(urls=("http://127.0.0.1:1",), transport="http")
     >>> plan = transmit(Call(0, C.Health()), settings, [None])
@@ -29,7 +29,7 @@ from typing import Any
 
 from . import commands as C
 from . import errors, shm
-from .core import Call, ClientSettings, Pause
+from .plans import Call, ClientSettings, Pause
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
     >>> client.extend("cartpole", rollout)                            # doctest: +SKIP
     >>> batch = client.sample("cartpole", 256)                        # doctest: +SKIP
 
-Every call is a plan from :mod:`~tdreplay.client.core` (its wire steps from
+Every call is a plan from :mod:`~tdreplay.client.plans` (its wire steps from
 :mod:`~tdreplay.client.route`) driven with blocking I/O over
 :class:`~tdreplay.client.transport.Transport` (``http.client``,
 pooled keep-alive connections); settings and pickling come from
@@ -29,8 +29,8 @@ from . import commands as C
 from . import errors, route, shm
 from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
-from .core import Call, ClientSettings, Gather, Pause, Plan
 from .loader import Loader
+from .plans import Call, ClientSettings, Gather, Pause, Plan
 from .schema import load_spec
 from .stats import flatten
 from .transport import Transport

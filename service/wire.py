@@ -2,9 +2,10 @@
 
 A sampled batch of ``n`` rows always encodes to the same Arrow IPC stream
 layout: only the column bytes change, never the metadata.
-:class:`tdreplay.codec.ipc.SampleLayout` encodes one zero batch of ``n``
-rows once and records where each column's values sit in those bytes (here
-:class:`SampleLayout` adds the sample-info columns every sample carries);
+:class:`~tdreplay.codec.ipc.SampleLayout` encodes one zero batch of ``n``
+rows once and records where each column's values sit in those bytes (a
+sample's columns are the table's fields and the sample info,
+:func:`sample_schema`);
 a :class:`SampleBuffer` is a copy of that template whose columns are exposed
 as torch tensors viewing the buffer, so ``Table.sample(n, out=buffer.out)``
 gathers rows (``index_select``) directly into the response body. The body
@@ -20,7 +21,7 @@ release call is needed and none can be forgotten.
 
     >>> import torch
     >>> from tdreplay.codec import decode
-    >>> layout = SampleLayout({("obs",): ([2], torch.float32)}, n=3)
+    >>> layout = SampleLayout({("obs",): ([2], torch.float32)}, n=3)  # columns, rows
     >>> buf = SampleBuffer(layout)
     >>> _ = buf.out["obs"].copy_(torch.arange(6.0).reshape(3, 2))
     >>> lease = buf.lease(); lease.finish()
@@ -41,9 +42,8 @@ import torch
 from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
 
-from tdreplay.codec import ipc
 from tdreplay.codec.arrow import nest
-from tdreplay.codec.ipc import EOS, Schema
+from tdreplay.codec.ipc import EOS, SampleLayout, Schema
 from tdreplay.storage import SAMPLE_INFO_DTYPES, NestedKey
 
 __all__ = [
@@ -53,7 +53,6 @@ __all__ = [
     "Pool",
     "SampleBuffer",
     "SampleBuffers",
-    "SampleLayout",
     "sample_nbytes",
     "sample_schema",
 ]
@@ -65,20 +64,8 @@ def sample_schema(schema: Schema) -> Schema:
     return {**schema, **{key: ([], dtype) for key, dtype in SAMPLE_INFO_DTYPES.items()}}
 
 
-class SampleLayout(ipc.SampleLayout):
-    """The layout of a table's ``n``-row samples: its fields, then the sample-info columns.
-
-    Args:
-        schema: the table's fields, ``{key: (item shape, dtype)}``.
-        n: rows per batch.
-    """
-
-    def __init__(self, schema: Schema, n: int) -> None:
-        super().__init__(sample_schema(schema), n)
-
-
 class SampleBuffer:
-    """One reusable response body laid out as :class:`SampleLayout` says.
+    """One reusable response body laid out as a :class:`~tdreplay.codec.ipc.SampleLayout` says.
 
     ``out`` is the TensorDict to pass to ``Table.sample(n, out=...)``: every
     non-bool leaf views the body's bytes; bool leaves are scratch tensors that
@@ -205,10 +192,14 @@ def sample_nbytes(item_nbytes: int, n: int) -> int:
 
 
 class SampleBuffers:
-    """Sample bodies of one table, by batch size (a layout is built once per size)."""
+    """Sample bodies of one table, by batch size (a layout is built once per size).
+
+    Args:
+        schema: the table's fields; the bodies carry them and the sample info.
+    """
 
     def __init__(self, schema: Schema, *, per_size: int = 8, max_sizes: int = 16) -> None:
-        self.schema = dict(schema)
+        self.schema = sample_schema(schema)
         self.max_sizes = max_sizes
         self._layouts: OrderedDict[int, SampleLayout] = OrderedDict()
         self._lock = threading.Lock()

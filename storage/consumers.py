@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from .backends import Backend
+from .slot_policy import SlotPolicy
 from .spec import TableSpec
-from .writers import Writer
 
 if TYPE_CHECKING:  # the table package imports its consumers, which import this module
     from .table.snapshot import Items, Snapshot
@@ -47,7 +47,7 @@ class Checkpointable(Named, Protocol):
     def root(self) -> Path: ...
 
     @property
-    def writer(self) -> Writer: ...
+    def writer(self) -> SlotPolicy: ...
 
     def snapshot(self, *, hold: bool = False) -> AbstractContextManager[Snapshot]: ...
 

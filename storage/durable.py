@@ -66,10 +66,10 @@ from .errors import BackendError
 from .extents import Extents, Span
 from .rate_limiter import RateLimiter
 from .samplers import Sampler
+from .slot_policy import SlotPolicy
 from .slots import Slots
 from .spec import TableSpec
 from .statefile import StateError
-from .writers import Writer
 
 
 class _Backend(Protocol):
@@ -85,7 +85,7 @@ class Table(Protocol):
     spec: TableSpec
     slots: Slots
     sampler: Sampler
-    writer: Writer
+    writer: SlotPolicy
     rate_limiter: RateLimiter
     _episode_base: int
 

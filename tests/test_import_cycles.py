@@ -25,7 +25,7 @@ The service uses storage through its public API only: ``from tdreplay.storage
 import <name>`` with the name in ``tdreplay.storage.__all__``, never a storage
 submodule (:func:`test_the_service_uses_only_the_storage_api`).
 
-Parent packages are not edges: importing ``tdreplay.client.core`` runs
+Parent packages are not edges: importing ``tdreplay.client.plans`` runs
 ``tdreplay/client/__init__`` first, but a submodule importing its partly
 initialised parent is Python's normal package shape, not a cycle.
 """
@@ -72,7 +72,7 @@ class Import:
 
 
 def module_files(root: Path = REPO) -> dict[str, Path]:
-    """Every tdreplay module by dotted name (``tdreplay.client.core``; packages by their own)."""
+    """Every tdreplay module by dotted name (``tdreplay.client.plans``; packages by their own)."""
     out = {}
     for pkg in PACKAGES:
         folder = root / FOLDERS.get(pkg, pkg)
@@ -131,7 +131,7 @@ def imports(modules: dict[str, Path]) -> list[Import]:
                     sub = f"{prefix}.{alias.name}"
                     targets.append(sub if sub in modules else prefix)
             for target in targets:
-                # `import tdreplay.client.core` names the deepest module that exists
+                # `import tdreplay.client.plans` names the deepest module that exists
                 while target not in modules and "." in target:
                     target = target.rsplit(".", 1)[0]
                 if target in modules and target != name:

@@ -39,8 +39,8 @@ from .. import statefile as SF
 from ..backends import primary_location
 from ..diskspace import fsync_path, insufficient, is_full
 from ..errors import CheckpointError, TDReplayError
+from ..slot_policy import RoundRobinPolicy
 from ..tensordicts import nest
-from ..writers import RoundRobinWriter
 from .folder import ASIDE, FORMAT_VERSION, METADATA, TMP, overlaps
 from .sinks import RowFiles, RowsInMemory
 
@@ -110,7 +110,7 @@ def write(table: Table, path: Path, *, ted2flat: bool | None, _stall: bool = Fal
     if ted2flat is None:
         ted2flat = table.spec.checkpoint.ted2flat
     writer = table.writer
-    if ted2flat and not isinstance(writer, RoundRobinWriter):
+    if ted2flat and not isinstance(writer, RoundRobinPolicy):
         raise CheckpointError(
             f"table {table.name!r}: ted2flat needs the round_robin writer", table=table.name
         )

@@ -60,7 +60,7 @@ class FifoSampler(Sampler):
 
 
 class LifoSampler(Sampler):
-    """Newest first, popping from the top of the :class:`~tdreplay.storage.writers.StackWriter`."""
+    """Newest first, popping from the top of the :class:`~tdreplay.storage.slot_policy.StackPolicy`."""
 
     kind = "lifo"
     consumes = True

@@ -25,12 +25,12 @@ from ..errors import RateLimitTimeout, TableClosed
 from ..rate_limiter import Op, RateLimiter
 from ..rwlock import RWLock
 from ..samplers import Sampler, make_sampler
+from ..slot_policy import MaxValuePolicy, SlotPolicy, make_slot_policy
 from ..slots import Slots
 from ..spec import TableSpec, split_key
 from ..statefile import StateError
 from ..tensordicts import key_tree
 from ..validation import INFO_KEYS, RowChecker
-from ..writers import MaxValueWriter, Writer, make_writer
 from .stats import ScanCache, limiter_stats
 
 
@@ -61,7 +61,7 @@ class TableBase:
         else:
             self.generator.manual_seed(seed)
         self.slots = Slots(spec.capacity)
-        self.writer: Writer = make_writer(spec, self.slots)
+        self.writer: SlotPolicy = make_slot_policy(spec, self.slots)
         self.sampler: Sampler = make_sampler(spec, self.slots, self.writer, self.generator)
         self.rate_limiter = RateLimiter.from_spec(spec.rate_limiter)
         self.max_times_sampled = 1 if self.sampler.consumes else spec.max_times_sampled
@@ -88,7 +88,7 @@ class TableBase:
             else:
                 self._end_key = split_key(spec.sampler.end_key or "")
         self._value_key = (
-            split_key(self.writer.key) if isinstance(self.writer, MaxValueWriter) else None
+            split_key(self.writer.key) if isinstance(self.writer, MaxValuePolicy) else None
         )
         self.closed = False
         #: memmap tables keep their state in files beside the rows (see durable.py)

@@ -107,7 +107,8 @@ def test_zero_size_fields(shape: list[int], dtype: torch.dtype) -> None:
     from tensordict import TensorDict
 
     from tdreplay.codec import decode
-    from tdreplay.service.wire import SampleBuffer, SampleLayout
+    from tdreplay.codec.ipc import SampleLayout
+    from tdreplay.service.wire import SampleBuffer, sample_schema
 
     td = TensorDict({"id": torch.arange(3), "z": torch.zeros([3, *shape], dtype=dtype)}, [3])
     decoder = BodyDecoder()
@@ -116,7 +117,7 @@ def test_zero_size_fields(shape: list[int], dtype: torch.dtype) -> None:
         assert back["z"].shape == (3, *shape) and back["z"].dtype == dtype
         assert back["id"].tolist() == [0, 1, 2]
     assert decoder.hits == 2
-    layout = SampleLayout({("id",): ([], torch.int64), ("z",): (shape, dtype)}, n=3)
+    layout = SampleLayout(sample_schema({("id",): ([], torch.int64), ("z",): (shape, dtype)}), n=3)
     lease = SampleBuffer(layout).lease()
     lease.out["id"].copy_(torch.arange(3))
     lease.finish()
@@ -136,11 +137,12 @@ def test_zero_size_fields(shape: list[int], dtype: torch.dtype) -> None:
 def test_bool_columns_of_any_shape_pack_into_the_sample_body(n: int) -> None:
     """Bool columns are packed together (one packbits for all): each lands as its own bits."""
     from tdreplay.codec import decode
-    from tdreplay.service.wire import SampleBuffer, SampleLayout
+    from tdreplay.codec.ipc import SampleLayout
+    from tdreplay.service.wire import SampleBuffer, sample_schema
 
     shapes = {("a",): [], ("b",): [3], ("c", "d"): [2, 5], ("e",): [1]}
     schema = {k: (s, torch.bool) for k, s in shapes.items()}
-    layout = SampleLayout({("id",): ([], torch.int64), **schema}, n=n)
+    layout = SampleLayout(sample_schema({("id",): ([], torch.int64), **schema}), n=n)
     buffer = SampleBuffer(layout)
     gen = torch.Generator().manual_seed(n)
     for round_ in range(2):  # a reused body: the second fill overwrites the first's bits

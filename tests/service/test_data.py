@@ -10,7 +10,8 @@ import torch
 from service_helpers import ARROW, assert_rows_match, body, create, extend, info, rows, spec
 
 from tdreplay.codec import decode, protocol, read_batches
-from tdreplay.service.wire import SampleBuffer, SampleLayout
+from tdreplay.codec.ipc import SampleLayout
+from tdreplay.service.wire import SampleBuffer, sample_schema
 
 SAMPLE = protocol.table_path("t", "sample")
 EXTEND = protocol.table_path("t", "extend")
@@ -76,7 +77,7 @@ def test_layout_template_gathers_into_wire_bytes() -> None:
         k if isinstance(k, tuple) else (k,): (list(v.shape[1:]), v.dtype)
         for k, v in td.items(True, True)
     }
-    buf = SampleBuffer(SampleLayout(schema, 6))
+    buf = SampleBuffer(SampleLayout(sample_schema(schema), 6))
     for key, value in td.items(True, True):
         buf.out.get(key).copy_(value)
     for key in ("index", ("sample_info", "times_sampled")):
@@ -89,7 +90,7 @@ def test_layout_template_gathers_into_wire_bytes() -> None:
     again = decode(buf.layout.header + bytes(lease.batch) + b"\xff\xff\xff\xff\x00\x00\x00\x00")
     assert torch.equal(again["id"], td["id"])
     # a bigger layout and a tiled run of 3 batches of 2 rows
-    run = SampleLayout(schema, 2)
+    run = SampleLayout(sample_schema(schema), 2)
     sampled = rows(0, 6)
     sampled.update(
         {

@@ -10,7 +10,7 @@ from tensordict import TensorDict
 
 from tdreplay.client import ClientSettings, ConnectionFailed, split_batch
 from tdreplay.client import commands as C
-from tdreplay.client.core import Call, Calls, Gather, Pause
+from tdreplay.client.plans import Call, Calls, Gather, Pause
 from tdreplay.codec import encode
 
 

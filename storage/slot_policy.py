@@ -1,8 +1,12 @@
-"""Writers: which slots an insert fills, and so which items it evicts.
+"""Slot policies: which slots an insert fills, and so which items it evicts.
 
-A writer sees the slot state and, for the max-value writer, one scalar per
-new item; it never touches data. :meth:`Writer.claim` returns a
-:class:`Claim`: which rows of the batch are kept, and the slots they go to.
+A schema chooses its table's policy in its ``writer`` section (TorchRL's word:
+round robin, stack, max value); the classes here are named for what they
+decide, so that "writer" means one thing in the code: the client's collector
+buffer (:class:`tdreplay.client.Writer`). A policy sees the slot state and,
+for max value, one scalar per new item; it never touches data.
+:meth:`SlotPolicy.claim` returns a :class:`Claim`: which rows of the batch
+are kept, and the slots they go to.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def _any_in_ring(mask: torch.Tensor, start: int, n: int) -> bool:
     return bool(mask[start:].any()) or bool(mask[: end - len(mask)].any())
 
 
-class Writer:
+class SlotPolicy:
     kind = ""
 
     def __init__(self, slots: Slots) -> None:
@@ -80,7 +84,7 @@ class Writer:
         return {"kind": self.kind}
 
 
-class RoundRobinWriter(Writer):
+class RoundRobinPolicy(SlotPolicy):
     """Fills slots in ring order from ``cursor``; the oldest item is overwritten.
 
     With ``overwrite=False`` (queues) an insert waits instead while its slots
@@ -121,7 +125,7 @@ class RoundRobinWriter(Writer):
         return {"kind": self.kind, "cursor": self.cursor}
 
 
-class StackWriter(Writer):
+class StackPolicy(SlotPolicy):
     """Pushes at ``top``; the LIFO sampler pops from there. Waits while full."""
 
     kind = "stack"
@@ -151,7 +155,7 @@ class StackWriter(Writer):
         return {"kind": self.kind, "top": self.top}
 
 
-class MaxValueWriter(Writer):
+class MaxValuePolicy(SlotPolicy):
     """Keeps the ``capacity`` items with the largest value of ``key``.
 
     New items fill free slots first; after that an item replaces the stored
@@ -216,12 +220,12 @@ class MaxValueWriter(Writer):
         }
 
 
-def make_writer(spec: S.TableSpec, slots: Slots) -> Writer:
-    """Build the writer ``spec`` declares (queues and stacks bring their own)."""
+def make_slot_policy(spec: S.TableSpec, slots: Slots) -> SlotPolicy:
+    """The slot policy ``spec``'s writer section declares (queues and stacks bring their own)."""
     if isinstance(spec.sampler, S.FifoSamplerSpec):
-        return RoundRobinWriter(slots, overwrite=False)
+        return RoundRobinPolicy(slots, overwrite=False)
     if isinstance(spec.sampler, S.LifoSamplerSpec):
-        return StackWriter(slots)
+        return StackPolicy(slots)
     if isinstance(spec.writer, S.MaxValueWriterSpec):
-        return MaxValueWriter(slots, key=spec.writer.key)
-    return RoundRobinWriter(slots)
+        return MaxValuePolicy(slots, key=spec.writer.key)
+    return RoundRobinPolicy(slots)
