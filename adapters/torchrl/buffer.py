@@ -29,18 +29,20 @@ from tensordict import TensorDictBase
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from tensordict.utils import NestedKey
 from torchrl.data import TensorDictReplayBuffer
-from torchrl.envs.transforms.transforms import Transform
 
-from tdreplay.client import ReplayClient, TableNotFound
+from tdreplay.client import ReplayClient, TableExists, TableNotFound
 
 from . import rows as R
 from .priorities import PrioritiesMixin
 from .remote import ServiceSampler, ServiceStorage, ServiceWriter
+from .sampling import SamplingMixin
 from .state import ServiceStateMixin
-from .transforms import as_compose, prepared
+from .transforms import TransformsMixin, as_compose
 
 
-class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer):
+class TDReplayBuffer(
+    SamplingMixin, TransformsMixin, PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer
+):
     """A TorchRL ``TensorDictReplayBuffer`` whose storage and sampler are a tdreplay table.
 
     The table (its capacity, fields, sampler, writer, rate limiter) is
@@ -67,6 +69,12 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
         create: table options (``capacity`` required, ``sampler``, ``backend``...)
             to create the table from the first extended batch's layout when it
             does not exist — TorchRL's lazy storages' behaviour.
+        existing: with ``create=``, what the first extend does when the table
+            exists already and holds rows (left by an earlier run, or written by
+            another process of this one): ``"reuse"`` them, with a warning that
+            says how many (the default: collector workers share a table one of
+            them created), or ``"refuse"`` (:class:`~tdreplay.client.TableExists`;
+            for a run that must start empty).
         timeout: seconds ``extend`` / ``sample`` may wait on the table's rate
             limiter (default: the client's ``wait``).
         **client_options: passed to :class:`~tdreplay.client.ReplayClient`
@@ -101,6 +109,7 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
         transform: Callable[[TensorDictBase], TensorDictBase] | None = None,
         strict: bool = False,
         create: Mapping[str, Any] | None = None,
+        existing: str = "reuse",
         timeout: float | None = None,
         **client_options: Any,
     ) -> None:
@@ -119,6 +128,8 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
             raise ValueError("prefetch needs a batch_size: the samples in flight have that size")
         if create is not None and "capacity" not in create:
             raise ValueError("create= needs the table's capacity: create={'capacity': N, ...}")
+        if existing not in ("reuse", "refuse"):
+            raise ValueError(f"existing must be 'reuse' or 'refuse', got {existing!r}")
         self._client = client
         self._table = table
         self._batch_size = batch_size
@@ -127,6 +138,7 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
         self._transform = as_compose(transform)
         self._strict = strict
         self._create = dict(create) if create is not None else None
+        self._existing = existing
         self._timeout = timeout
         self._setup_local()
 
@@ -160,6 +172,7 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
             "transform": self._transform,
             "strict": self._strict,
             "create": self._create,
+            "existing": self._existing,
             "timeout": self._timeout,
         }
         return (_rebuild, (type(self), self._client, self._table, options))
@@ -179,7 +192,8 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
         """The table's info from the server (size, counters, fields, sampler...)."""
         info = self._client.info(self._table)
         if self._meta is None:
-            self._meta = {k: info[k] for k in ("fields", "sampler", "writer") if k in info}
+            keep = ("fields", "sampler", "writer", "capacity")
+            self._meta = {k: info[k] for k in keep if k in info}
             self._keys = R.table_keys(info["fields"])
         return info
 
@@ -250,14 +264,33 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
     def _table_keys(self, data: TensorDictBase) -> frozenset[tuple[str, ...]]:
         if self._keys is None:
             try:
-                self.info()
+                info = self.info()
             except TableNotFound:
                 if self._create is None:
                     raise
                 self._create_from(data)
                 self.info()
+            else:
+                if self._create is not None and int(info["size"]):
+                    self._found_rows(int(info["size"]))
         assert self._keys is not None
         return self._keys
+
+    def _found_rows(self, size: int) -> None:
+        """``create=`` met a table that holds rows already: say so, or refuse (``existing``)."""
+        what = f"table {self._table!r} exists and holds {size} rows"
+        if self._existing == "refuse":
+            raise TableExists(
+                f"{what}; TDReplayBuffer(create=..., existing='refuse') starts on an empty "
+                "table: delete it first (ReplayClient.delete_table), or pass existing='reuse'",
+                table=self._table,
+            )
+        warnings.warn(
+            f"TDReplayBuffer(create=...): {what}; they are reused (another process may have "
+            "written them). Pass existing='refuse' to start empty instead",
+            UserWarning,
+            stacklevel=4,
+        )
 
     def _create_from(self, data: TensorDictBase) -> None:
         assert self._create is not None
@@ -272,7 +305,8 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
     ) -> torch.Tensor:
         """Insert a batch (``[N]``, ``[B, T]`` or ``[]``); returns the slots written, shaped like it.
 
-        As TorchRL's: ``index`` is set in ``tensordicts`` (when it is not locked)
+        As TorchRL's: ``tensordicts`` is left as it is (TorchRL sets ``index`` on
+        what its transforms' inverse made of it, a copy, even with no transform)
         and, for a prioritized table, a ``priority_key`` entry sets the new
         items' priorities.
 
@@ -297,8 +331,6 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
             self._warn_extra(extra)
         index = self._client.extend(self._table, rows, timeout=self._timeout)
         shaped = index.reshape(data.batch_size) if data.batch_dims else index.reshape(())
-        if not given.is_locked and given.batch_size == data.batch_size:
-            given.set("index", shaped)
         if update_priority is not False and self._sampler.prioritized:
             priority = data.get(self.priority_key, None)
             if priority is not None:
@@ -306,26 +338,6 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
                     self._table, index, R.priority_vector(data, self.priority_key)
                 )
         return shaped
-
-    # ---------------------------------------------------------------- transforms
-    def append_transform(
-        self, transform: Transform | Callable[..., Any], *, invert: bool = False
-    ) -> TDReplayBuffer:
-        """Apply ``transform`` last to every sampled batch, as TorchRL's buffers do
-        (``invert=True``: its forward on the way in, at ``extend``, its inverse on the way out).
-
-        Example:
-            >>> rb.append_transform(lambda td: td.set("reward2", td["next", "reward"] * 2))  # doctest: +SKIP
-        """
-        self._transform.append(prepared(transform, invert))
-        return self
-
-    def insert_transform(
-        self, index: int, transform: Transform | Callable[..., Any], *, invert: bool = False
-    ) -> TDReplayBuffer:
-        """Insert ``transform`` at ``index`` of the buffer's transforms (see :meth:`append_transform`)."""
-        self._transform.insert(index, prepared(transform, invert))
-        return self
 
     def add(self, data: Any) -> int:
         """Insert one step (a TensorDict with an empty batch); returns its slot."""
@@ -345,85 +357,6 @@ class TDReplayBuffer(PrioritiesMixin, ServiceStateMixin, TensorDictReplayBuffer)
             UserWarning,
             stacklevel=3,
         )
-
-    # ---------------------------------------------------------------- sampling
-    def sample(  # type: ignore[override]
-        self, batch_size: int | None = None, return_info: bool = False
-    ) -> Any:
-        """Sample ``batch_size`` items (default: the buffer's ``batch_size``).
-
-        Returns:
-            A TensorDict ``[batch_size]`` with the table's fields, ``index``,
-            ``sample_info`` (``priority``, ``weight``, ``times_sampled``, ``key``)
-            and, from a prioritized table, ``priority_weight``; with
-            ``return_info``, ``(batch, {"index": ..., "priority_weight": ...})``.
-            The batch owns its memory (a shared-memory sample is copied out).
-
-        Raises:
-            RuntimeError: no ``batch_size`` here nor at construction.
-            RateLimitTimeout: the table could not be sampled within ``timeout``.
-        """
-        n = batch_size if batch_size is not None else self._batch_size
-        if n is None:
-            raise RuntimeError(
-                "TDReplayBuffer.sample needs a batch size: pass sample(batch_size) or "
-                "TDReplayBuffer(..., batch_size=N)"
-            )
-        if self._prefetch_cap and n == self._batch_size:
-            batch = next(self._prefetched())
-        else:
-            batch = self._client.sample(self._table, n, timeout=self._timeout)
-            if self._copies():
-                batch = batch.clone()
-        info: dict[str, Any] = {"index": batch.get("index")}
-        if self._sampler.prioritized:
-            weight = batch.get(("sample_info", "weight"))
-            batch.set("priority_weight", weight)
-            info["priority_weight"] = weight
-        if len(self._transform):
-            batch = self._transform(batch)
-        return (batch, info) if return_info else batch
-
-    def _copies(self) -> bool:
-        """Whether samples view a leased shared-memory slot, so must be copied to be owned."""
-        if self._copy_samples is None:
-            self._copy_samples = len(self._client.urls) == 1 and self._client.transport == "shm"
-        return self._copy_samples
-
-    def _prefetched(self) -> Iterator[Any]:
-        with self._lock:
-            if self._prefetcher is None:
-                assert self._batch_size is not None
-                loader = self._client.loader(
-                    self._table,
-                    self._batch_size,
-                    prefetch=self._prefetch_cap,
-                    keep=True,
-                    timeout=self._timeout,
-                )
-                self._prefetcher = iter(loader)
-            return self._prefetcher
-
-    def __iter__(self) -> Iterator[TensorDictBase]:
-        """Batches of ``batch_size``: endless, or until the table runs low for fifo/lifo tables."""
-        if self._batch_size is None:
-            raise RuntimeError(
-                "cannot iterate over a TDReplayBuffer without batch_size: "
-                "pass TDReplayBuffer(..., batch_size=N)"
-            )
-        consuming = self._sampler.consuming
-        while not consuming or len(self) >= self._batch_size:
-            yield self.sample()
-
-    def next(self) -> TensorDictBase | None:
-        """The next batch of the iteration, or ``None`` when it ends (TorchRL's remote protocol)."""
-        if self._iterator is None:
-            self._iterator = iter(self)
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            self._iterator = None
-            return None
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:

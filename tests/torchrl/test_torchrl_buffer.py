@@ -12,13 +12,13 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.collectors import Collector
-from torchrl.data import TensorDictReplayBuffer
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.envs.transforms import RewardScaling, Transform
 from torchrl.modules import QValueActor
 from torchrl.objectives import DQNLoss
 from torchrl_kit import check_exactly_once, make_env, stored_frame_ids
 
-from tdreplay.client import ReplayClient, SchemaError, TableNotFound
+from tdreplay.client import InvalidRequest, ReplayClient, SchemaError, TableExists, TableNotFound
 from tdreplay.torchrl import TDReplayBuffer, spec_from_tensordict
 
 
@@ -47,7 +47,7 @@ def test_extend_sample_len(
     data = frames.clone()
     index = rb.extend(data)
     assert index.tolist() == list(range(64))
-    assert torch.equal(data["index"], index)  # set in the data, as TorchRL does
+    assert "index" not in data.keys()  # noqa: SIM118  (left as it was, as TorchRL leaves it)
     assert len(rb) == rb.write_count == 64
     batch = rb.sample()
     assert batch.batch_size == (16,)
@@ -255,3 +255,69 @@ def test_transforms_as_torchrl_applies_them(
         assert torch.allclose(batch["next", "reward"], torch.full((8, 1), 50.5))  # scaled
     again = pickle.loads(pickle.dumps(ours))
     assert torch.allclose(again.sample()["twice"], a["twice"])
+
+
+def _identity_inv(td: Any) -> Any:  # an inverse transform that hands back a new TensorDict
+    return td.clone()
+
+
+@pytest.mark.parametrize("with_transform", [False, True])
+def test_extend_sets_index_where_torchrl_does(
+    server: Any, make_table: Callable[..., str], frames: TensorDict, with_transform: bool
+) -> None:
+    """The caller's data is left as TorchRL's own buffer leaves it: TorchRL sets ``index`` on
+    what its transforms' inverse returns, a copy even when it has no transform."""
+    ours = TDReplayBuffer(server.url, make_table())
+    theirs = TensorDictReplayBuffer()
+    given = {}
+    for name, rb in (("ours", ours), ("theirs", theirs)):
+        if with_transform:
+            rb.append_transform(_identity_inv, invert=True)
+        data = frames[:16].clone()
+        rb.extend(data)
+        given[name] = "index" in data.keys()  # noqa: SIM118  (a TensorDict: its keys)
+    assert given["ours"] == given["theirs"] is False
+
+
+def test_create_on_a_table_with_rows_reuses_with_a_warning_or_refuses(
+    server: Any, client: ReplayClient, frames: TensorDict
+) -> None:
+    name = "reused_cartpole"
+    first = TDReplayBuffer(server.url, name, create={"capacity": 100})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # it made the table: nothing to say
+        first.extend(frames[:10].clone())
+    again = TDReplayBuffer(server.url, name, create={"capacity": 100})
+    with pytest.warns(UserWarning, match="holds 10 rows; they are reused"):
+        again.extend(frames[:5].clone())
+    assert len(again) == 15
+    strict = TDReplayBuffer(server.url, name, create={"capacity": 100}, existing="refuse")
+    with pytest.raises(TableExists, match="holds 15 rows"):
+        strict.extend(frames[:5].clone())
+    assert client.info(name)["size"] == 15  # refused before anything was written
+    assert pickle.loads(pickle.dumps(strict))._existing == "refuse"
+    with pytest.raises(ValueError, match="existing must be"):
+        TDReplayBuffer(server.url, name, create={"capacity": 100}, existing="clear")
+
+
+def test_a_sample_above_the_capacity_is_drawn_with_replacement(
+    server: Any, make_table: Callable[..., str], frames: TensorDict
+) -> None:
+    """As TorchRL's samplers: ``sample(n)`` past the capacity draws with replacement (in
+    pieces the server serves); a fifo table, whose items go out once, says it cannot."""
+    ours = TDReplayBuffer(server.url, make_table(capacity=32))
+    theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(32))
+    for rb in (ours, theirs):
+        rb.extend(frames[:32].clone())
+        rb.extend(frames[32:].clone())  # 64 frames into 32 slots: the newest 32 stay
+        batch = rb.sample(100)
+        assert batch.batch_size == torch.Size([100])
+        assert set(batch["index"].tolist()) <= set(range(32))
+    assert set(ours.sample(100)["observation"][:, 0].tolist()) <= set(
+        frames["observation"][32:, 0].tolist()
+    )
+    fifo = TDReplayBuffer(server.url, make_table(sampler="fifo", capacity=32))
+    fifo.extend(frames[:32].clone())
+    with pytest.raises(InvalidRequest, match="hands out each item once"):
+        fifo.sample(40)
+    assert len(fifo) == 32  # nothing was drawn

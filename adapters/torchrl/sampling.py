@@ -1,0 +1,144 @@
+"""``TDReplayBuffer``'s sampling side: ``sample``, prefetching and iteration, as TorchRL's.
+
+A sample larger than the table's capacity is what TorchRL's samplers give
+with replacement: it is drawn in pieces of at most the capacity and joined
+(a slice sampler's pieces in whole slices). Queues and stacks hand out each
+item once, so they cannot serve it: that is an error naming the size.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from tensordict import TensorDict, TensorDictBase
+
+from tdreplay.client import InvalidRequest, ReplayClient
+
+from .remote import CONSUMING, ServiceSampler
+from .transforms import Compose
+
+
+class SamplingMixin:
+    """``sample``, ``__iter__`` and ``next`` of :class:`~.buffer.TDReplayBuffer`."""
+
+    _client: ReplayClient
+    _table: str
+    _batch_size: int | None
+    _prefetch_cap: int
+    _timeout: float | None
+    _transform: Compose
+    _lock: threading.Lock
+    _prefetcher: Iterator[Any] | None
+    _copy_samples: bool | None
+    _iterator: Iterator[TensorDictBase] | None
+    _sampler: ServiceSampler  # the buffer's (a property there)
+
+    def _meta_info(self) -> dict[str, Any]:
+        raise NotImplementedError  # the buffer's
+
+    def __len__(self) -> int:
+        raise NotImplementedError  # the buffer's
+
+    def sample(  # type: ignore[override]
+        self, batch_size: int | None = None, return_info: bool = False
+    ) -> Any:
+        """Sample ``batch_size`` items (default: the buffer's ``batch_size``).
+
+        Returns:
+            A TensorDict ``[batch_size]`` with the table's fields, ``index``,
+            ``sample_info`` (``priority``, ``weight``, ``times_sampled``, ``key``)
+            and, from a prioritized table, ``priority_weight``; with
+            ``return_info``, ``(batch, {"index": ..., "priority_weight": ...})``.
+            The batch owns its memory (a shared-memory sample is copied out).
+
+        Raises:
+            RuntimeError: no ``batch_size`` here nor at construction.
+            InvalidRequest: more items than the capacity of a queue or stack table.
+            RateLimitTimeout: the table could not be sampled within ``timeout``.
+        """
+        n = batch_size if batch_size is not None else self._batch_size
+        if n is None:
+            raise RuntimeError(
+                "TDReplayBuffer.sample needs a batch size: pass sample(batch_size) or "
+                "TDReplayBuffer(..., batch_size=N)"
+            )
+        piece = self._piece(n)
+        if piece < n:
+            batch = TensorDict.cat([self._draw(min(piece, n - k)) for k in range(0, n, piece)])
+        elif self._prefetch_cap and n == self._batch_size:
+            batch = next(self._prefetched())
+        else:
+            batch = self._draw(n)
+            if self._copies():
+                batch = batch.clone()
+        info: dict[str, Any] = {"index": batch.get("index")}
+        if self._sampler.prioritized:
+            weight = batch.get(("sample_info", "weight"))
+            batch.set("priority_weight", weight)
+            info["priority_weight"] = weight
+        if len(self._transform):
+            batch = self._transform(batch)
+        return (batch, info) if return_info else batch
+
+    def _draw(self, n: int) -> TensorDictBase:
+        return self._client.sample(self._table, n, timeout=self._timeout)
+
+    def _piece(self, n: int) -> int:
+        """The most items one draw may take: ``n``, or less when ``n`` is above the capacity."""
+        capacity = int(self._meta_info().get("capacity") or n)
+        if n <= capacity:
+            return n
+        sampler = self._sampler
+        if sampler.kind in CONSUMING:
+            raise InvalidRequest(
+                f"table {self._table!r}: a {sampler.kind} table hands out each item once, so "
+                f"a sample of {n} items cannot come from its {capacity}; sample at most that",
+                table=self._table,
+                field="batch_size",
+                got=n,
+            )
+        slice_len = int(sampler.options.get("slice_len") or 1)
+        return capacity - capacity % slice_len
+
+    def _copies(self) -> bool:
+        """Whether samples view a leased shared-memory slot, so must be copied to be owned."""
+        if self._copy_samples is None:
+            self._copy_samples = len(self._client.urls) == 1 and self._client.transport == "shm"
+        return self._copy_samples
+
+    def _prefetched(self) -> Iterator[Any]:
+        with self._lock:
+            if self._prefetcher is None:
+                assert self._batch_size is not None
+                loader = self._client.loader(
+                    self._table,
+                    self._batch_size,
+                    prefetch=self._prefetch_cap,
+                    keep=True,
+                    timeout=self._timeout,
+                )
+                self._prefetcher = iter(loader)
+            return self._prefetcher
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        """Batches of ``batch_size``: endless, or until the table runs low for fifo/lifo tables."""
+        if self._batch_size is None:
+            raise RuntimeError(
+                "cannot iterate over a TDReplayBuffer without batch_size: "
+                "pass TDReplayBuffer(..., batch_size=N)"
+            )
+        consuming = self._sampler.consuming
+        while not consuming or len(self) >= self._batch_size:
+            yield self.sample()
+
+    def next(self) -> TensorDictBase | None:
+        """The next batch of the iteration, or ``None`` when it ends (TorchRL's remote protocol)."""
+        if self._iterator is None:
+            self._iterator = iter(self)
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._iterator = None
+            return None
