@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from . import errors, route, shm
+from . import dumps, errors, route, shm
 from .aio_transport import AsyncTransport
 from .aio_writer import AsyncWriter
 from .base import ClientBase
@@ -192,6 +192,24 @@ class AsyncReplayClient(ClientBase):
 
     async def restore(self, table: str, path: str) -> dict[str, Any]:
         return await self._run(self._calls.restore(table, path))
+
+    async def dump(self, table: str, path: str | Path) -> Path:
+        """See :meth:`ReplayClient.dump`."""
+        archives = await self.dump_archives(table)
+        return await asyncio.to_thread(dumps.write, archives, path)
+
+    async def load(self, table: str, path: str | Path) -> dict[str, Any]:
+        """See :meth:`ReplayClient.load`."""
+        archives = await asyncio.to_thread(dumps.read, path, len(self.urls))
+        return await self.load_archives(table, archives)
+
+    async def dump_archives(self, table: str) -> list[bytes]:
+        """See :meth:`ReplayClient.dump_archives`."""
+        return await self._run(self._calls.dump(table))
+
+    async def load_archives(self, table: str, archives: list[bytes]) -> dict[str, Any]:
+        """See :meth:`ReplayClient.load_archives`."""
+        return await self._run(self._calls.load(table, archives))
 
     async def export(
         self,

@@ -370,6 +370,36 @@ class Restore(Command[dict[str, Any]]):
 
 
 @dataclass
+class Dump(Command[bytes]):
+    """A fresh checkpoint of the table as one archive (:mod:`tdreplay.codec.archive`)."""
+
+    table: str
+
+    def request(self) -> Request:
+        return Request("POST", _table(self.table, "dump"), {}, b"")
+
+    def parse(self, response: Response) -> bytes:
+        response.check()
+        return bytes(response.body)
+
+
+@dataclass
+class Load(Command[dict[str, Any]]):
+    """Replace (or create) the table from an archive :class:`Dump` made of it; its info."""
+
+    table: str
+    archive: bytes
+
+    def request(self) -> Request:
+        return Request(
+            "POST", _table(self.table, "load"), {"Content-Type": protocol.TAR}, self.archive
+        )
+
+    def parse(self, response: Response) -> dict[str, Any]:
+        return response.check().json()
+
+
+@dataclass
 class Export(Command["str | bytes"]):
     """Export as Parquet or CSV: to a server-side ``path`` (returns it) or streamed back (bytes)."""
 

@@ -389,6 +389,24 @@ class Calls:
             self._sizes.pop(table, None)
         return merge_infos(results)
 
+    def dump(self, table: str) -> Plan[list[bytes]]:
+        """Each server's archive of ``table`` (one per shard, in shard order)."""
+        results = yield Gather([Call(i, C.Dump(table)) for i in range(self.n)])
+        return list(results)
+
+    def load(self, table: str, archives: Sequence[bytes]) -> Plan[dict[str, Any]]:
+        """Restore each shard's ``table`` from its archive (as :meth:`dump` made them)."""
+        if len(archives) != self.n:
+            raise ValueError(
+                f"{len(archives)} archives for {self.n} servers: load takes what dump made "
+                "of the same servers"
+            )
+        calls = [Call(i, C.Load(table, a)) for i, a in enumerate(archives)]
+        results = yield Gather(calls)
+        with self._lock:
+            self._sizes.pop(table, None)
+        return merge_infos(results)
+
     def export(
         self, table: str, format: str = "parquet", path: str | None = None
     ) -> Plan[str | bytes | list[str | bytes]]:

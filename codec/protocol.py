@@ -64,6 +64,8 @@ PARQUET = "application/vnd.apache.parquet"
 CSV = "text/csv"
 #: export format -> media type of the streamed file
 EXPORT_MEDIA = {"parquet": PARQUET, "csv": CSV}
+#: a table's checkpoint as one archive (dump / load; :mod:`tdreplay.codec.archive`)
+TAR = "application/x-tar"
 
 API = "/v1"
 TABLES = f"{API}/tables"

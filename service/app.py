@@ -21,6 +21,7 @@ the root.
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -35,6 +36,7 @@ from tdreplay.system import shm_supported
 from . import errors, shm, tuning
 from .bodies import BodyBuffers
 from .core import Core, PeriodicCheckpoints, load_tables
+from .core.paths import SCRATCH
 from .hotpath import HotRoutes
 from .metrics import Metrics, MetricsMiddleware, RequestHook
 from .routes import data, health, persistence, server, tables
@@ -103,6 +105,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.root_lock = lock_root(registry.root)
         try:
             clean_checkpoints(registry.root / protocol.CHECKPOINTS)
+            for scratch in SCRATCH:  # what a crash left of exports and dumps on their way
+                shutil.rmtree(registry.root / scratch, ignore_errors=True)
             await load_tables(registry, settings)
             tuning.trim()  # what loading the tables freed goes back to the system
             app.state.shm = await start_shm(core, settings, app.state.metrics.request)

@@ -1,22 +1,27 @@
 """The parts of TorchRL's buffer contract that concern state and lifecycle, not rows.
 
 * Checkpoints: ``dumps`` / ``loads`` (and their aliases ``dump`` / ``save`` /
-  ``load``) are the server's checkpoint and restore of the table — storage,
-  sampler, writer and rate limiter state in one folder on the server.
+  ``load``) write and read the table's whole state (storage, sampler, writer
+  and rate limiter state) in a local folder, streamed from and to the server,
+  as TorchRL's checkpointers expect; ``on_server=True`` checkpoints on the
+  server instead. ``state_dict`` / ``load_state_dict`` hold the same in memory.
 * Sharing: ``share()`` is a no-op (``shared`` is always ``True``): there is
   nothing in this process to share, each process talks to the server.
 * Services: ``service_backend``, ``client()``, ``clients(n)``, ``start()``,
   ``is_alive``, ``shutdown()`` are what TorchRL's ``RayCollector`` asks of a
   remote buffer (it hands each remote collector one client).
 * What a server-held table cannot do from here — swap its storage, sampler
-  or writer, read or write slots by index, empty it, hand over its state as
-  tensors — raises ``NotImplementedError`` naming what to do instead.
+  or writer, read or write slots by index, empty it — raises
+  ``NotImplementedError`` naming what to do instead.
 """
 
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from tdreplay.client import ReplayClient
 
@@ -30,54 +35,82 @@ class ServiceStateMixin:
     shared: bool
 
     # ---------------------------------------------------------------- checkpoints
-    def dumps(self, path: str | None = None) -> str | list[str]:
-        """Checkpoint the table on the server; returns the folder written.
+    def dumps(self, path: str | Path | None = None, *, on_server: bool = False) -> Any:
+        """Save the buffer's whole state into the local folder ``path``, as TorchRL's buffers
+        do (and its ``Checkpoint(replay_buffer=rb)`` asks): the table's rows, sampler and
+        priorities, writer position and rate-limiter counters, streamed from the server
+        (:meth:`~tdreplay.client.ReplayClient.dump`). :meth:`loads` restores it.
 
         Args:
-            path: a folder relative to the server's data root, inside its
-                ``checkpoints/`` area (``checkpoints/run-1/cartpole``); default
-                ``checkpoints/<table>``, which the server restores on start.
+            path: a new or empty local folder.
+            on_server: checkpoint on the server instead; ``path`` is then a folder
+                relative to its data root, inside ``checkpoints/`` (default
+                ``checkpoints/<table>``, which the server restores on start).
 
         Returns:
-            The folder, relative to the server's data root (a list when sharded).
+            The folder written (on the server: relative to its data root; a list when sharded).
 
         Raises:
-            InvalidRequest: ``path`` leaves the checkpoints area.
-            PathExists: something else is at ``path``.
+            FileExistsError: the local ``path`` holds files.
+            InvalidRequest: an ``on_server`` path leaves the checkpoints area.
         """
-        return self._client.checkpoint(self._table, path or f"checkpoints/{self._table}")
+        if on_server:
+            return self._client.checkpoint(self._table, str(path or f"checkpoints/{self._table}"))
+        if path is None:
+            raise TypeError("dumps needs a local folder: dumps(path), or dumps(on_server=True)")
+        return self._client.dump(self._table, path)
 
-    def loads(self, path: str | None = None) -> None:
-        """Restore the table from a checkpoint written by :meth:`dumps` (same ``path``).
+    def loads(self, path: str | Path | None = None, *, on_server: bool = False) -> None:
+        """Restore the table from what :meth:`dumps` wrote (the same ``path`` and ``on_server``).
 
         Raises:
-            InvalidCheckpoint: the folder is not a checkpoint of this table's layout.
-            TableNotFound: no table of this name.
+            FileNotFoundError: no dump in the local ``path``.
+            InvalidRequest: the dump or checkpoint is of another table.
+            PayloadTooLarge: the dump is over the server's ``--max-body-bytes``.
         """
-        self._client.restore(self._table, path or f"checkpoints/{self._table}")
+        if on_server:
+            self._client.restore(self._table, str(path or f"checkpoints/{self._table}"))
+        elif path is None:
+            raise TypeError("loads needs a local folder: loads(path), or loads(on_server=True)")
+        else:
+            self._client.load(self._table, path)
 
-    def dump(self, path: str | None = None) -> str | list[str]:
+    def dump(self, path: str | Path | None = None, *, on_server: bool = False) -> Any:
+        """Alias of :meth:`dumps` (what TorchRL's ``Checkpoint`` calls)."""
+        return self.dumps(path, on_server=on_server)
+
+    def save(self, path: str | Path | None = None, *, on_server: bool = False) -> Any:
         """Alias of :meth:`dumps`."""
-        return self.dumps(path)
+        return self.dumps(path, on_server=on_server)
 
-    def save(self, path: str | None = None) -> str | list[str]:
-        """Alias of :meth:`dumps`."""
-        return self.dumps(path)
-
-    def load(self, path: str | None = None) -> None:
-        """Alias of :meth:`loads`."""
-        self.loads(path)
+    def load(self, path: str | Path | None = None, *, on_server: bool = False) -> None:
+        """Alias of :meth:`loads` (what TorchRL's ``Checkpoint`` calls)."""
+        self.loads(path, on_server=on_server)
 
     def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError(
-            f"the state of table {self._table!r} is held by the server: checkpoint it with "
-            "dumps(path) and restore it with loads(path)"
-        )
+        """The buffer's whole state in memory, for ``torch.save`` and TorchRL's state-dict
+        checkpointers: the table's name and one archive per server (uint8 tensors; see
+        :meth:`dumps`)."""
+        archives = self._client.dump_archives(self._table)
+        return {
+            "table": self._table,
+            "archives": [torch.frombuffer(bytearray(a), dtype=torch.uint8) for a in archives],
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        raise NotImplementedError(
-            f"the state of table {self._table!r} is held by the server: restore a "
-            "checkpoint with loads(path)"
+        """Restore the table from :meth:`state_dict`'s result.
+
+        Raises:
+            ValueError: not such a state (or of another table).
+        """
+        archives = state_dict.get("archives") if isinstance(state_dict, dict) else None
+        if not isinstance(archives, list) or state_dict.get("table") != self._table:
+            raise ValueError(
+                f"not a state_dict() of table {self._table!r}: expected "
+                "{'table': ..., 'archives': [...]}"
+            )
+        self._client.load_archives(
+            self._table, [torch.as_tensor(a, dtype=torch.uint8).numpy().tobytes() for a in archives]
         )
 
     # ---------------------------------------------------------------- sharing

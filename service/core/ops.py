@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Mapping
@@ -38,6 +39,8 @@ import torch
 from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import protocol
+from tdreplay.codec.archive import pack as archive_pack
+from tdreplay.codec.archive import unpack as archive_unpack
 from tdreplay.storage import InvalidRequest, NestedKey, TableNotFound, TableSpec
 
 from ..settings import Settings
@@ -52,7 +55,14 @@ from .params import (
     SampleParams,
     StreamParams,
 )
-from .paths import EXPORT_SCRATCH, checkpoint_target, confine_area, export_target, relative
+from .paths import (
+    EXPORT_SCRATCH,
+    TRANSFER_SCRATCH,
+    checkpoint_target,
+    confine_area,
+    export_target,
+    relative,
+)
 from .registry import Registry
 from .waiting import WaitHook
 
@@ -290,6 +300,52 @@ class Core:
             time.monotonic() - began,
         )
         return written, scratch
+
+    async def dump(self, name: str) -> Path:
+        """A fresh checkpoint of a table as one archive (:mod:`tdreplay.codec.archive`), for
+        the caller to send and then delete; nothing else of it stays behind.
+
+        Raises:
+            TableNotFound: no such table.
+            CheckpointError, InsufficientStorage: it could not be written.
+        """
+        self.table(name)
+        folder = self._scratch(name)
+        try:
+            await self.registry.checkpoint(name, folder)
+            archive = folder.with_suffix(".tar")
+            data = await run_in_threadpool(archive_pack, folder)
+            await run_in_threadpool(archive.write_bytes, data)
+        finally:
+            await run_in_threadpool(shutil.rmtree, folder, True)
+        return archive
+
+    async def load(self, name: str, data: bytes | memoryview) -> dict[str, Any]:
+        """Replace (or create) a table from an archive :meth:`dump` made of it; returns its info.
+
+        The archive is untrusted: unpacked by :func:`tdreplay.codec.archive.unpack`
+        (regular files inside a scratch folder only, within the body limit), then
+        restored as any checkpoint is (nothing in it can run code), then deleted.
+
+        Raises:
+            CodecError: not such an archive (the member at fault is named).
+            InvalidRequest: the checkpoint is of another table.
+            InvalidCheckpoint, CheckpointError: it cannot be restored.
+        """
+        folder = self._scratch(name)
+        limit = self.settings.max_body_bytes
+        try:
+            await run_in_threadpool(lambda: archive_unpack(bytes(data), folder, max_bytes=limit))
+            handle = await self.registry.restore(name, folder)
+        finally:
+            await run_in_threadpool(shutil.rmtree, folder, True)
+        return await handle.info()
+
+    def _scratch(self, name: str) -> Path:
+        """A new scratch folder's path for ``name`` (its parent made)."""
+        parent = self.root / TRANSFER_SCRATCH
+        parent.mkdir(mode=0o700, exist_ok=True)
+        return parent / f"{name}-{uuid.uuid4().hex}"
 
     def relative(self, path: Path) -> str:
         """``path`` as a client sees it: relative to the data root."""

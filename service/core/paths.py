@@ -27,6 +27,11 @@ from tdreplay.storage import (
 EXPORTS = "exports"
 #: folder under the data root for exports streamed back (deleted once sent)
 EXPORT_SCRATCH = ".exports"
+#: folder under the data root for tables' checkpoints on their way out or in (``dump`` /
+#: ``load``: deleted once sent or restored)
+TRANSFER_SCRATCH = ".transfers"
+#: the scratch folders: the server's own, emptied at start (what a crash left)
+SCRATCH = (EXPORT_SCRATCH, TRANSFER_SCRATCH)
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -1,7 +1,9 @@
-"""Persistence: checkpoint, restore, export.
+"""Persistence: checkpoint, restore, export; dump and load (a checkpoint over the wire).
 
 Paths are relative to the data root and stay in its server-owned areas (the
-rules: :mod:`tdreplay.service.core.paths`).
+rules: :mod:`tdreplay.service.core.paths`). ``dump`` answers a fresh checkpoint
+as one archive and ``load`` restores from one (:mod:`tdreplay.codec.archive`),
+so a client keeps a table's whole state on its own side.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
@@ -18,14 +20,17 @@ from tdreplay.codec import protocol
 from tdreplay.storage import (
     BackendError,
     CheckpointError,
+    InsufficientStorage,
     InvalidCheckpoint,
     PathExists,
     SchemaError,
     TableNotFound,
 )
 
+from ..bodies import read_body
 from ..core import ExportBody, PathBody
-from ..deps import CoreDep, TableName, error_responses
+from ..deps import CoreDep, TableName, error_responses, require_media_type
+from ..errors import PayloadTooLarge, UnsupportedMediaType
 
 router = APIRouter(prefix=protocol.TABLES, tags=["persistence"])
 
@@ -92,3 +97,58 @@ async def export(
         filename=f"{name}.{body.format}",
         background=BackgroundTask(cleanup),
     )
+
+
+@router.post(
+    "/{name}/dump",
+    name="dump",
+    response_class=FileResponse,
+    responses={
+        200: {
+            "description": "A fresh checkpoint of the table as a tar archive.",
+            "content": {protocol.TAR: {"schema": {"type": "string", "format": "binary"}}},
+        },
+        **error_responses(TableNotFound, CheckpointError, InsufficientStorage),
+    },
+)
+async def dump(name: TableName, core: CoreDep) -> FileResponse:
+    """The table's data and state (a fresh checkpoint) as one archive, for ``load`` to restore."""
+    archive = await core.dump(name)
+
+    def cleanup() -> None:
+        with contextlib.suppress(OSError):
+            archive.unlink()
+
+    return FileResponse(
+        archive,
+        media_type=protocol.TAR,
+        filename=f"{name}.tar",
+        background=BackgroundTask(cleanup),
+    )
+
+
+@router.post(
+    "/{name}/load",
+    name="load",
+    responses=error_responses(
+        "CodecError",
+        InvalidCheckpoint,
+        SchemaError,
+        CheckpointError,
+        BackendError,
+        PayloadTooLarge,
+        UnsupportedMediaType,
+    ),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {protocol.TAR: {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+)
+async def load(request: Request, name: TableName, core: CoreDep) -> dict[str, Any]:
+    """Replace (or create) the table from an archive ``dump`` made of it (at most
+    ``--max-body-bytes``). Answers its info."""
+    require_media_type(request, protocol.TAR)
+    body = await read_body(request, request.app.state.bodies, core.settings.max_body_bytes)
+    return await core.load(name, body)

@@ -27,9 +27,9 @@ TOKEN = secrets.token_urlsafe(32)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-@schemathesis.serializer(protocol.ARROW_STREAM)
-def _arrow(ctx: Any, value: Any) -> bytes:
-    """Arrow bodies are opaque bytes to the fuzzer (``format: binary``)."""
+@schemathesis.serializer(protocol.ARROW_STREAM, protocol.TAR)
+def _opaque(ctx: Any, value: Any) -> bytes:
+    """Arrow and tar bodies are opaque bytes to the fuzzer (``format: binary``)."""
     return bytes(value) if isinstance(value, bytes | bytearray) else str(value).encode()
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from tensordict import TensorDict
+from torchrl.checkpoint import Checkpoint
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.envs.transforms import RewardScaling, Transform
@@ -148,18 +149,59 @@ def _extend_in_child(rb: TDReplayBuffer, data: TensorDict) -> None:
     rb.extend(data)
 
 
-def test_dumps_and_loads_are_server_checkpoints(
+def test_dumps_and_loads_on_the_server_when_asked(
     server: Any, make_table: Callable[..., str], frames: TensorDict
 ) -> None:
     table = make_table()
     rb = TDReplayBuffer(server.url, table)
     rb.extend(frames[:20].clone())
-    path = rb.dumps(f"checkpoints/adapter/{table}")
+    path = rb.dumps(f"checkpoints/adapter/{table}", on_server=True)
     assert path == f"checkpoints/adapter/{table}"
     rb.extend(frames[20:].clone())
     assert len(rb) == 64
-    rb.loads(path)
+    rb.loads(path, on_server=True)
     assert len(rb) == rb.write_count == 20
+    with pytest.raises(TypeError, match="local folder"):
+        rb.dumps()
+
+
+def test_torchrl_checkpoint_saves_and_resumes_the_buffer(
+    server: Any,
+    client: ReplayClient,
+    make_table: Callable[..., str],
+    frames: TensorDict,
+    tmp_path: Any,
+) -> None:
+    """TorchRL's own ``Checkpoint(replay_buffer=rb)`` round-trips the buffer through local
+    files (``dump``/``load``): rows, priorities, counters and the sampler's draws come back
+    as they were; so does ``state_dict`` through ``torch.save`` / ``torch.load``."""
+    table = make_table(sampler="prioritized")
+    rb = TDReplayBuffer(server.url, table, batch_size=16)
+    rb.extend(frames.clone())
+    batch = rb.sample()
+    rb.update_priority(batch["index"], torch.linspace(0.1, 5.0, 16))
+    before = client.info(table)
+    stored = client.export(table)
+    Checkpoint(replay_buffer=rb).save(tmp_path / "ckpt")
+    assert not any(p.name.startswith(".") for p in (tmp_path / "ckpt").rglob("*"))  # no scratch
+    rb.extend(frames[:10].clone())  # the run goes on, then is resumed from the checkpoint
+    rb.update_priority(batch["index"], torch.ones(16))
+    assert client.info(table)["inserts"] == 74
+    Checkpoint(replay_buffer=rb).load(tmp_path / "ckpt")
+    after = client.info(table)
+    for key in ("size", "inserts", "samples", "sampler"):
+        assert after[key] == before[key], key
+    assert client.export(table) == stored  # every row, bit for bit
+    state = rb.state_dict()
+    torch.save(state, tmp_path / "rb.pt")
+    rb.extend(frames[:10].clone())
+    rb.load_state_dict(torch.load(tmp_path / "rb.pt", weights_only=True))
+    assert client.info(table)["inserts"] == 64
+    with pytest.raises(ValueError, match="not a state_dict"):
+        rb.load_state_dict({"table": "other", "archives": state["archives"]})
+    other = TDReplayBuffer(server.url, make_table())
+    with pytest.raises(InvalidRequest, match="holds table"):
+        other.load(tmp_path / "ckpt" / "components" / "0000-replay_buffer")  # another table's
 
 
 def test_iteration_prefetch_and_consuming_tables(
@@ -204,8 +246,6 @@ def test_clear_errors(server: Any, make_table: Callable[..., str]) -> None:
         rb.extend({"observation": torch.zeros(3, 4)})
     with pytest.raises(NotImplementedError, match="lives in the server"):
         rb.empty()
-    with pytest.raises(NotImplementedError, match="dumps"):
-        rb.state_dict()
     with pytest.raises(ValueError, match="prefetch needs a batch_size"):
         TDReplayBuffer(server.url, "t", prefetch=2)
     with pytest.raises(ValueError, match="capacity"):

@@ -1,0 +1,111 @@
+"""A table's checkpoint as one archive on the wire (``dump`` / ``load``), and the one way
+either side unpacks an archive it received.
+
+The archive is a plain tar stream (POSIX, uncompressed) of a checkpoint folder:
+regular files under relative names, nothing else. Whoever receives one treats
+it as untrusted: :func:`unpack` writes only regular files and folders, under
+names that stay inside the destination (no absolute names, no ``..``, no
+links, devices or other special members), never over an existing file, and
+refuses an archive past its byte or member limits - with an error naming
+the member, before anything of it is used. What the files hold is checked
+by the checkpoint reader, which never runs code from them.
+
+    >>> import tempfile
+    >>> src = Path(tempfile.mkdtemp()); (src / "sub").mkdir()
+    >>> _ = (src / "sub" / "x.bin").write_bytes(b"abc")
+    >>> dest = Path(tempfile.mkdtemp()) / "copy"
+    >>> unpack(pack(src), dest, max_bytes=1 << 20)
+    >>> (dest / "sub" / "x.bin").read_bytes()
+    b'abc'
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path, PurePosixPath
+
+from .errors import CodecError
+
+#: members an archive may hold at most (a checkpoint has a few dozen files)
+MAX_MEMBERS = 100_000
+#: bytes copied at a time
+CHUNK = 1 << 20
+
+
+def pack(folder: Path) -> bytes:
+    """The archive of every regular file under ``folder`` (sorted, relative names).
+
+    Raises:
+        CodecError: ``folder`` holds a link or a special file (a checkpoint never does).
+    """
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(folder.rglob("*")):
+            name = path.relative_to(folder).as_posix()
+            if path.is_symlink() or not (path.is_file() or path.is_dir()):
+                raise CodecError(f"{name!r} is not a regular file or folder", field="archive")
+            if path.is_file():
+                info = tarfile.TarInfo(name)
+                info.size = path.stat().st_size
+                info.mode = 0o600
+                with path.open("rb") as f:
+                    tar.addfile(info, f)
+    return out.getvalue()
+
+
+def _member_path(dest: Path, member: tarfile.TarInfo) -> Path:
+    name = PurePosixPath(member.name)
+    if not member.name or name.is_absolute() or ".." in name.parts or "\\" in member.name:
+        raise CodecError(
+            f"archive member {member.name!r:.200} leaves the destination", field="archive"
+        )
+    if not (member.isreg() or member.isdir()):
+        raise CodecError(
+            f"archive member {member.name!r:.200} is not a regular file or folder (links and "
+            "special files are refused)",
+            field="archive",
+        )
+    return dest.joinpath(*name.parts)
+
+
+def unpack(data: bytes, dest: Path, *, max_bytes: int, max_members: int = MAX_MEMBERS) -> None:
+    """Write the archive ``data`` into the new folder ``dest`` (its parent must exist).
+
+    Raises:
+        CodecError: not a tar archive; a member that is not a regular file or folder,
+            or whose name leaves ``dest``; more than ``max_members`` members or
+            ``max_bytes`` bytes of files. ``dest`` may then hold part of the archive:
+            the caller deletes it.
+        FileExistsError: ``dest`` exists, or the archive names a file twice.
+    """
+    dest.mkdir(mode=0o700)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            _unpack_members(tar, dest, max_bytes, max_members)
+    except tarfile.TarError as err:  # not tar, cut short, or a damaged header
+        raise CodecError(f"not a whole tar archive: {err}", field="archive") from None
+
+
+def _unpack_members(tar: tarfile.TarFile, dest: Path, max_bytes: int, max_members: int) -> None:
+    total = 0
+    for count, member in enumerate(tar, start=1):
+        if count > max_members:
+            raise CodecError(f"the archive holds more than {max_members} members", field="archive")
+        path = _member_path(dest, member)
+        if member.isdir():
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            continue
+        total += member.size
+        if total > max_bytes:
+            raise CodecError(
+                f"the archive's files exceed {max_bytes} bytes", field="archive", got=total
+            )
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        source = tar.extractfile(member)
+        assert source is not None  # a regular member
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(path, flags, 0o600), "wb") as f:
+            while chunk := source.read(CHUNK):
+                f.write(chunk)

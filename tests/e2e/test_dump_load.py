@@ -1,0 +1,156 @@
+"""A table's whole state to the caller's disk and back (dump / load), against real servers;
+and a load's archive treated as what it is: untrusted bytes from the network."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_shm import spec, wait_until
+from testkit import rows
+
+from tdreplay.client import (
+    AsyncReplayClient,
+    CodecError,
+    InvalidRequest,
+    PayloadTooLarge,
+    ReplayClient,
+    TableNotFound,
+)
+from tdreplay.codec import protocol
+
+
+def _scratch(server: Any) -> list[Path]:
+    return (
+        sorted((server.root / ".transfers").glob("*"))
+        if (server.root / ".transfers").exists()
+        else []
+    )
+
+
+def test_dump_and_load_round_trip_the_whole_table(live_server: Any, tmp_path: Path) -> None:
+    """Rows, priorities, counters and the sampler come back bit for bit, into the same
+    server or another one (a restart on a new machine), and the server keeps nothing."""
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(spec("dl", {"kind": "prioritized"}, capacity=32))
+    client.extend("dl", rows(0, 20))
+    client.extend("dl", rows(20, 20))  # wraps: slots hold items 8..39
+    batch = client.sample("dl", 8)
+    client.update_priority("dl", batch["index"], torch.linspace(0.5, 4.0, 8))
+    before, stored = client.info("dl"), client.export("dl")
+    path = client.dump("dl", tmp_path / "dump")
+    assert path == tmp_path / "dump" and (path / "metadata.json").is_file()
+    wait_until(lambda: _scratch(server) == [])  # the server's copy goes once it is sent
+    client.extend("dl", rows(40, 8))
+    info = client.load("dl", path)
+    assert info["inserts"] == before["inserts"] == 40
+    assert client.export("dl") == stored
+    other = live_server()  # another server: the table is created from the dump
+    there = ReplayClient(other.url, transport="http")
+    with pytest.raises(TableNotFound):
+        there.info("dl")
+    there.load("dl", path)
+    after = there.info("dl")
+    for key in ("size", "inserts", "samples", "capacity", "sampler"):
+        assert after[key] == before[key], key
+    assert there.export("dl") == stored
+    with pytest.raises(FileExistsError, match="not empty"):
+        client.dump("dl", path)  # never over an earlier dump
+    with pytest.raises(FileNotFoundError, match="no table dump"):
+        client.load("dl", tmp_path / "nothing-here")
+
+
+def test_the_async_twin_dumps_and_loads(live_server: Any, tmp_path: Path) -> None:
+    import asyncio
+
+    server = live_server()
+    ReplayClient(server.url).create_table(spec("adl", {"kind": "uniform"}, capacity=16))
+
+    async def main() -> None:
+        async with AsyncReplayClient(server.url) as client:
+            await client.extend("adl", rows(0, 10))
+            await client.dump("adl", tmp_path / "d")
+            await client.extend("adl", rows(10, 5))
+            assert (await client.load("adl", tmp_path / "d"))["size"] == 10
+
+    asyncio.run(main())
+
+
+def _archive(*members: tuple[tarfile.TarInfo, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for info, data in members:
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return out.getvalue()
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    return info
+
+
+def test_a_loaded_archive_is_untrusted(live_server: Any, tmp_path: Path) -> None:
+    """A member leaving the scratch folder, a link, a device, a damaged or oversized archive,
+    or another table's dump: refused with the member or the limit named; nothing is
+    written outside the server's scratch folder, which is emptied, and the table is
+    untouched."""
+    server = live_server(max_body_bytes=1 << 20)
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(spec("ul", {"kind": "uniform"}, capacity=16))
+    client.extend("ul", rows(0, 16))
+    stored = client.export("ul")
+    path = server.root.parent / "escaped"
+    for archive, match in [
+        (_archive((_member("../escaped"), b"x")), "leaves the destination"),
+        (_archive((_member(str(path)), b"x")), "leaves the destination"),
+        (_archive((_member("link", tarfile.SYMTYPE, "/etc/passwd"), b"")), "not a regular"),
+        (_archive((_member("hard", tarfile.LNKTYPE, "metadata.json"), b"")), "not a regular"),
+        (_archive((_member("dev", tarfile.CHRTYPE), b"")), "not a regular"),
+        (b"not a tar archive at all" * 10, "not a whole tar archive"),
+        (
+            _archive((_member("big"), b"\0" * (900 << 10)), (_member("big2"), b"\0" * (200 << 10))),
+            None,
+        ),
+        (_archive((_member("metadata.json"), b"{}")), None),
+    ]:
+        status, _, body = server.request(
+            "POST", protocol.table_path("ul", "load"), archive, {"Content-Type": protocol.TAR}
+        )
+        assert 400 <= status < 500, (status, body[:200])
+        if match is not None:
+            assert match.encode() in body, body[:300]
+        assert not path.exists()
+        assert _scratch(server) == []
+        assert client.export("ul") == stored
+    status, _, body = server.request(
+        "POST", protocol.table_path("ul", "load"), b"x", {"Content-Type": "application/zip"}
+    )
+    assert status == 415
+    with pytest.raises(PayloadTooLarge):
+        client.load_archives("ul", [b"\0" * (2 << 20)])
+    with pytest.raises(CodecError):
+        client.load_archives("ul", [b"\0" * 100])
+    # another table's dump
+    client.create_table(spec("ul2", {"kind": "uniform"}, capacity=16))
+    with pytest.raises(InvalidRequest, match="holds table 'ul2'"):
+        client.load_archives("ul", client.dump_archives("ul2"))
+    assert client.export("ul") == stored
+
+
+def test_a_restart_empties_the_scratch_folders(live_server: Any) -> None:
+    server = live_server()
+    for name in (".transfers", ".exports"):
+        (server.root / name / "left-by-a-crash").mkdir(parents=True)
+    server.stop()
+    again = live_server(root=server.root)
+    assert ReplayClient(again.url).health()["status"] == "ok"
+    assert not any((server.root / ".transfers").glob("*"))
+    assert not any((server.root / ".exports").glob("*"))
