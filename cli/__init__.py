@@ -7,6 +7,8 @@
     tdreplay drop TABLE --yes          delete a table and its data
     tdreplay checkpoint TABLE [PATH]   checkpoint on the server (default checkpoints/TABLE)
     tdreplay restore TABLE [PATH]      restore from a checkpoint on the server
+    tdreplay dump TABLE DIR            the table's rows and state into a local folder
+    tdreplay load TABLE DIR            restore the table from such a folder
     tdreplay export TABLE -o FILE      stream a Parquet/CSV export here (--on-server PATH: keep it there)
     tdreplay import TABLE SOURCE       extend a table with the rows of Parquet files
     tdreplay export TABLE --root DIR -o FILE          offline, from a data root (no server)
@@ -52,7 +54,9 @@ from . import offline, remote
 __all__ = ["REMOTE", "add_remote_commands", "build_parser", "main", "run"]
 
 #: the commands that drive a running server (see :mod:`.remote`)
-REMOTE = ("tables", "info", "create", "drop", "checkpoint", "restore", "export", "import")
+REMOTE = (
+    "tables", "info", "create", "drop", "checkpoint", "restore", "dump", "load", "export", "import",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,6 +138,28 @@ def add_remote_commands(sub: Any) -> None:
     p.add_argument(
         "path", nargs="?", help="under the server's data root (default: checkpoints/TABLE)"
     )
+    _connection(p)
+
+    p = sub.add_parser(
+        "dump",
+        help="save a table's rows and state into a local folder",
+        description="Stream a fresh checkpoint of TABLE (rows, sampler and priorities, writer "
+        "position, rate-limiter counters) into DIR, a new or empty folder here.",
+    )
+    p.add_argument("table")
+    p.add_argument("folder", metavar="DIR")
+    _progress(p)
+    _connection(p)
+
+    p = sub.add_parser(
+        "load",
+        help="restore a table from a folder `tdreplay dump` wrote",
+        description="Replace (or create) TABLE on the server from DIR (at most the server's "
+        "--max-body-bytes).",
+    )
+    p.add_argument("table")
+    p.add_argument("folder", metavar="DIR")
+    _progress(p)
     _connection(p)
 
     p = sub.add_parser(

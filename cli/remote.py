@@ -190,6 +190,20 @@ def restore(client: ReplayClient, args: dict[str, Any]) -> None:
     print(f"restored table {table!r} from {path}: {restored.get('size')} rows")
 
 
+def dump(client: ReplayClient, args: dict[str, Any]) -> None:
+    table, folder = args["table"], Path(args["folder"])
+    with spinner(args, f"dump {table}"):
+        client.dump(table, folder)
+    print(f"dumped table {table!r} to {folder} (its rows and state; `tdreplay load` restores it)")
+
+
+def load(client: ReplayClient, args: dict[str, Any]) -> None:
+    table, folder = args["table"], args["folder"]
+    with spinner(args, f"load {table}"):
+        restored = client.load(table, folder)
+    print(f"loaded table {table!r} from {folder}: {restored.get('size')} rows")
+
+
 def export(client: ReplayClient, args: dict[str, Any]) -> None:
     table = args.get("table")
     if not table:
@@ -295,6 +309,8 @@ COMMANDS = {
     "drop": drop,
     "checkpoint": checkpoint,
     "restore": restore,
+    "dump": dump,
+    "load": load,
     "export": export,
     "import": import_,
 }

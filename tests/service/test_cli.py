@@ -347,6 +347,17 @@ def test_the_server_commands(
     code, out, _ = cli("restore", "cartpole")
     assert code == 0 and "300 rows" in out
 
+    # dump to a local folder, drop, load it back; never over an earlier dump
+    code, out, _ = cli("dump", "cartpole", str(tmp_path / "dumped"))
+    assert code == 0 and "dumped table 'cartpole'" in out
+    code, _, err = cli("dump", "cartpole", str(tmp_path / "dumped"))
+    assert code == 1 and "not empty" in err
+    assert cli("drop", "cartpole", "--yes")[0] == 0
+    code, out, _ = cli("load", "cartpole", str(tmp_path / "dumped"))
+    assert code == 0 and "300 rows" in out
+    code, _, err = cli("load", "cartpole", str(tmp_path / "nowhere"))
+    assert code == 1 and "no table dump" in err
+
     # nobody at the URL: 3
     code, _, err = cli("tables", "--url", "http://127.0.0.1:9")
     assert code == 3 and "Is the server running" in err
