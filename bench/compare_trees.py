@@ -34,7 +34,7 @@ from common import free_port, schemas  # bench/ is on sys.path when run as a scr
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-PACKAGES = ("storage", "service", "client", "codec", "system")
+PACKAGES = ("storage", "service", "client", "codec", "system", "cli")
 
 #: (name, table, op, batch): the workloads, as a learner and a collector run them
 WORKLOADS = [
@@ -89,9 +89,9 @@ def namespace(tree: Path, into: Path) -> Path:
     pkg = into / "tdreplay"
     pkg.mkdir(parents=True, exist_ok=True)
     for name in PACKAGES:
-        link = pkg / name
-        if not link.exists():
-            link.symlink_to(tree.resolve() / name)
+        link, target = pkg / name, tree.resolve() / name
+        if target.exists() and not os.path.lexists(link):  # an older tree lacks the newer packages
+            link.symlink_to(target)
     return into
 
 

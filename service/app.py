@@ -182,7 +182,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ):  # hot routes first: matched in order
         app.include_router(module.router)
     # innermost: authentication and metrics (added below) see the hot routes' requests too
-    app.add_middleware(HotRoutes, fastapi=app, router=data.router, names=HOT_ROUTES)
+    app.add_middleware(HotRoutes, fastapi=app, router=data.router, handlers=HOT_ROUTES)
     if settings.token_bytes:
         app.add_middleware(BearerAuth, token=settings.token_bytes)
         _declare_bearer(app)

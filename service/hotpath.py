@@ -2,11 +2,12 @@
 
 A one-item sample's server time was 170 µs, of which the table call took
 75 µs and the response 25 µs: the rest went to Starlette's router (every
-route's pattern tried in turn, a scope copied per layer) and its exception
-middleware. :class:`HotRoutes` sits inside the authentication and metrics
+route's pattern tried in turn, a scope copied per layer), its dependency
+solving and its exception middleware. :class:`HotRoutes` - the service's one
+way past the framework - sits inside the authentication and metrics
 middleware (they still see every request) and hands ``POST
-/v1/tables/{name}/sample`` and ``/extend`` to the handlers the routes
-declare (:func:`~tdreplay.service.routes.data.lean`), setting the scope's
+/v1/tables/{name}/sample`` and ``/extend`` to their handlers
+(:data:`~tdreplay.service.routes.data.HOT_ROUTES`), setting the scope's
 ``route`` and ``path_params`` as the router would. Errors become the same
 JSON answers through the app's own exception handlers. Every other request
 goes through the framework unchanged, and the OpenAPI document still
@@ -16,7 +17,7 @@ comes from the routes.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -29,23 +30,24 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class HotRoutes:
-    """ASGI middleware serving the lean routes named ``names`` of ``app`` without routing.
+    """ASGI middleware serving the routes ``handlers`` names without routing.
 
     Args:
         app: the next ASGI application (the framework's stack).
         fastapi: the app whose exception handlers answer errors.
         router: the router (included in ``fastapi``) that declares the routes.
-        names: route names (``APIRoute.name``) to serve directly; each must be a
-            POST route whose path ends in ``/{name}/<operation>``.
+        handlers: route name (``APIRoute.name``) -> the handler that serves it; each
+            route must be a POST route whose path ends in ``/{name}/<operation>``.
     """
 
     def __init__(
-        self, app: ASGIApp, fastapi: FastAPI, router: APIRouter, names: tuple[str, ...]
+        self, app: ASGIApp, fastapi: FastAPI, router: APIRouter, handlers: Mapping[str, Handler]
     ) -> None:
         self.app = app
         self.fastapi = fastapi
         self.router = router
-        self._names = names
+        self._handlers = dict(handlers)
+        self._names = tuple(handlers)
         self._routes: dict[str, tuple[APIRoute, Handler]] | None = None
         self._pattern: re.Pattern[str] | None = None
 
@@ -61,7 +63,7 @@ class HotRoutes:
                 if prefix not in (None, head):
                     raise ValueError("the hot routes must share their prefix")
                 prefix = head
-                routes[tail] = (route, route.get_route_handler())
+                routes[tail] = (route, self._handlers[route.name])
         if set(r.name for r, _ in routes.values()) != set(self._names) or prefix is None:
             raise ValueError(f"not every hot route exists: {self._names}")
         base = re.escape(prefix[: -len("/{name}")])

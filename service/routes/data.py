@@ -1,10 +1,12 @@
 """Data: extend, sample, stream, update_priority (the hot path).
 
-extend and sample skip FastAPI's per-request machinery (dependency solving
-costs more than a small sample): a lean handler reads their few parameters
-with the same models their endpoints declare (:mod:`tdreplay.service.core.params`)
-and calls the endpoint itself, so the OpenAPI document and what is enforced
-come from one declaration. The extend body is read into a reused buffer and
+extend and sample skip FastAPI's per-request machinery (routing and dependency
+solving cost more than a small sample): :data:`HOT_ROUTES` names, for each, a
+handler that reads its few parameters with the same models the endpoint
+declares (:mod:`tdreplay.service.core.params`) and calls the endpoint itself,
+so the OpenAPI document and what is enforced come from one declaration;
+:class:`~tdreplay.service.hotpath.HotRoutes`, the one way past the framework,
+serves them. The extend body is read into a reused buffer and
 decoded zero-copy into flat columns (:mod:`tdreplay.service.bodies`); a sample
 is gathered straight into a pooled Arrow IPC body (:mod:`tdreplay.service.wire`).
 """
@@ -18,7 +20,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 
 from tdreplay.codec import CodecError, protocol
@@ -53,17 +54,6 @@ Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 class ExtendResult(BaseModel):
     index: list[int] = Field(description="The slots written, in the order of the rows sent.")
     rows: int = Field(description="How many rows were written.")
-
-
-def lean(handler: Handler) -> type[APIRoute]:
-    """A route class documented from its endpoint's signature but served by ``handler``,
-    which parses the request with the same models and calls the endpoint."""
-
-    class LeanRoute(APIRoute):
-        def get_route_handler(self) -> Handler:
-            return handler
-
-    return LeanRoute
 
 
 def _core(request: Request) -> Core:
@@ -129,7 +119,7 @@ async def _sample(request: Request) -> Response:
     return await sample(request.path_params["name"], params, _core(request))
 
 
-# The hot routes first (matched in order), served lean.
+# The hot routes first (matched in order).
 router.add_api_route(
     "/{name}/extend",
     extend,
@@ -148,7 +138,6 @@ router.add_api_route(
         ),
     },
     openapi_extra=ARROW_REQUEST,
-    route_class_override=lean(_extend),
 )
 router.add_api_route(
     "/{name}/sample",
@@ -164,11 +153,12 @@ router.add_api_route(
         ),
         **error_responses(TableNotFound, RateLimitTimeout, PayloadTooLarge),
     },
-    route_class_override=lean(_sample),
 )
 
-#: the routes :class:`~tdreplay.service.hotpath.HotRoutes` serves without routing
-HOT_ROUTES = ("extend", "sample")
+#: the routes :class:`~tdreplay.service.hotpath.HotRoutes` serves without routing, by
+#: name, and the handler that serves each (the framework serves the endpoint itself for
+#: a request that comes another way)
+HOT_ROUTES: dict[str, Handler] = {"extend": _extend, "sample": _sample}
 
 
 # ------------------------------------------------------------------ stream

@@ -1,6 +1,6 @@
 """Every limit the OpenAPI document declares is one the server enforces, door by door.
 
-The hot routes are served by lean handlers, not by FastAPI's validation; both
+The hot routes are served by their own handlers (HOT_ROUTES), not by FastAPI's validation; both
 read the same models (``tdreplay.service.core.params``). This walks the
 document, and for every bounded parameter sends the first value past the
 bound: the answer must be 400 naming that parameter, and the table unchanged.
@@ -85,7 +85,7 @@ def test_every_documented_bound_is_enforced(service) -> None:
             assert r.status_code == 400, (method, path, name, value, r.text)
             assert r.json()["field"].lower() == name.lower(), (method, path, name, r.json())
             checked.append((path.rsplit("/", 1)[-1], name))
-    # the hot routes' bounds are among them, so the lean handlers are what was checked
+    # the hot routes' bounds are among them, so the hot handlers are what was checked
     for route, name in [
         ("sample", "batch_size"),
         ("sample", "timeout"),
