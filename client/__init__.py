@@ -43,7 +43,8 @@ from .errors import (
     UnsupportedMediaType,
 )
 from .loader import Loader, LoaderIterator
-from .plans import ClientSettings, split_batch
+from .merging import split_batch
+from .plans import ClientSettings
 from .retry import NO_RETRY, RetryPolicy
 from .sync import ReplayClient
 from .tensorclass import from_fields, to_tensorclass

@@ -123,7 +123,8 @@ def _target(path: str, **query: Any) -> str:
     return path + ("?" + urlencode(q) if q else "")
 
 
-def _table(name: str, action: str = "") -> str:
+def table_target(name: str, action: str = "") -> str:
+    """The path of ``action`` on table ``name`` (quoted)."""
     return protocol.table_path(quote(name, safe=""), action)
 
 
@@ -131,10 +132,10 @@ def _table(name: str, action: str = "") -> str:
 def _sample_target(table: str, batch_size: int, wait: float | None) -> str:
     """A sample's path and query, built once per table, size and wait (quoting costs more
     than a small sample's decode)."""
-    return _target(_table(table, "sample"), batch_size=batch_size, timeout=wait)
+    return _target(table_target(table, "sample"), batch_size=batch_size, timeout=wait)
 
 
-def _json_body(data: Any) -> tuple[dict[str, str], bytes]:
+def json_body(data: Any) -> tuple[dict[str, str], bytes]:
     return {"Content-Type": protocol.JSON}, json.dumps(data).encode()
 
 
@@ -176,7 +177,7 @@ class CreateTable(Command[dict[str, Any]]):
     if_absent: bool = False
 
     def request(self) -> Request:
-        headers, body = _json_body(self.spec)
+        headers, body = json_body(self.spec)
         target = _target(protocol.TABLES, if_absent="true" if self.if_absent else None)
         # create-if-absent answers the same however often it is sent: it may be retried
         return Request("POST", target, headers, body, idempotent=self.if_absent)
@@ -190,7 +191,7 @@ class Info(Command[dict[str, Any]]):
     table: str
 
     def request(self) -> Request:
-        return Request("GET", _table(self.table))
+        return Request("GET", table_target(self.table))
 
     def parse(self, response: Response) -> dict[str, Any]:
         return response.check().json()
@@ -201,7 +202,7 @@ class DeleteTable(Command[None]):
     table: str
 
     def request(self) -> Request:
-        return Request("DELETE", _table(self.table))
+        return Request("DELETE", table_target(self.table))
 
     def parse(self, response: Response) -> None:
         response.check()
@@ -230,7 +231,7 @@ class Extend(Command[torch.Tensor]):
                 raise errors.SchemaError(str(err), field=err.field, type="CodecError") from None
         return Request(
             "POST",
-            _target(_table(self.table, "extend"), timeout=self.wait),
+            _target(table_target(self.table, "extend"), timeout=self.wait),
             {"Content-Type": protocol.ARROW_STREAM, protocol.REQUEST_ID: self.request_id},
             self._body,
             wait=self.wait or 0.0,
@@ -288,7 +289,7 @@ class Stream(Command[None]):
         return Request(
             "GET",
             _target(
-                _table(self.table, "stream"),
+                table_target(self.table, "stream"),
                 batch_size=self.batch_size,
                 count=self.count,
                 timeout=self.wait,
@@ -332,91 +333,11 @@ class UpdatePriority(Command[int]):
         return payload
 
     def request(self) -> Request:
-        headers, body = _json_body(self.payload())
-        return Request("POST", _table(self.table, "update_priority"), headers, body)
+        headers, body = json_body(self.payload())
+        return Request("POST", table_target(self.table, "update_priority"), headers, body)
 
     def parse(self, response: Response) -> int:
         data = response.check().json()
         if not isinstance(data, dict) or not isinstance(data.get("updated"), int):
             raise errors.ProtocolError(f"update_priority: unexpected answer {data!r}")
         return int(data["updated"])
-
-
-@dataclass
-class Checkpoint(Command[str]):
-    table: str
-    path: str
-
-    def request(self) -> Request:
-        headers, body = _json_body({"path": self.path})
-        return Request("POST", _table(self.table, "checkpoint"), headers, body)
-
-    def parse(self, response: Response) -> str:
-        data = response.check().json()
-        return str(data.get("path", self.path)) if isinstance(data, dict) else self.path
-
-
-@dataclass
-class Restore(Command[dict[str, Any]]):
-    table: str
-    path: str
-
-    def request(self) -> Request:
-        headers, body = _json_body({"path": self.path})
-        return Request("POST", _table(self.table, "restore"), headers, body)
-
-    def parse(self, response: Response) -> dict[str, Any]:
-        return response.check().json()
-
-
-@dataclass
-class Dump(Command[bytes]):
-    """A fresh checkpoint of the table as one archive (:mod:`tdreplay.codec.archive`)."""
-
-    table: str
-
-    def request(self) -> Request:
-        return Request("POST", _table(self.table, "dump"), {}, b"")
-
-    def parse(self, response: Response) -> bytes:
-        response.check()
-        return bytes(response.body)
-
-
-@dataclass
-class Load(Command[dict[str, Any]]):
-    """Replace (or create) the table from an archive :class:`Dump` made of it; its info."""
-
-    table: str
-    archive: bytes
-
-    def request(self) -> Request:
-        return Request(
-            "POST", _table(self.table, "load"), {"Content-Type": protocol.TAR}, self.archive
-        )
-
-    def parse(self, response: Response) -> dict[str, Any]:
-        return response.check().json()
-
-
-@dataclass
-class Export(Command["str | bytes"]):
-    """Export as Parquet or CSV: to a server-side ``path`` (returns it) or streamed back (bytes)."""
-
-    table: str
-    format: str = "parquet"
-    path: str | None = None
-
-    def request(self) -> Request:
-        payload: dict[str, Any] = {"format": self.format}
-        if self.path is not None:
-            payload["path"] = self.path
-        headers, body = _json_body(payload)
-        return Request("POST", _table(self.table, "export"), headers, body)
-
-    def parse(self, response: Response) -> str | bytes:
-        response.check()
-        if self.path is not None:
-            data = response.json()
-            return str(data.get("path", self.path)) if isinstance(data, dict) else self.path
-        return bytes(response.body)

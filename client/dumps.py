@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..codec.archive import pack, unpack
 
@@ -67,3 +68,44 @@ def read(path: str | Path, n: int) -> list[bytes]:
                 f"{folder} holds no table dump (for {n} server{'s' if n > 1 else ''})"
             )
     return [pack(folder) for folder in parts]
+
+
+class LocalDumps:
+    """``dump`` and ``load`` of the blocking client (:class:`~tdreplay.client.ReplayClient`),
+    over its ``dump_archives`` / ``load_archives``."""
+
+    urls: tuple[str, ...]
+
+    def dump_archives(self, table: str) -> list[bytes]:
+        raise NotImplementedError  # the client's
+
+    def load_archives(self, table: str, archives: list[bytes]) -> dict[str, Any]:
+        raise NotImplementedError  # the client's
+
+    def dump(self, table: str, path: str | Path) -> Path:
+        """Write ``table``'s whole state (rows, sampler and priorities, writer position,
+        rate-limiter counters: a fresh checkpoint) into the local folder ``path``, streamed
+        from the server; :meth:`load` restores it. Sharded: one folder per server
+        (``shard-0``...). The folder is new or empty, and written atomically.
+
+        Example:
+            >>> client.dump("cartpole", "run-1/buffer")         # doctest: +SKIP
+            >>> client.load("cartpole", "run-1/buffer")         # doctest: +SKIP
+
+        Raises:
+            FileExistsError: ``path`` holds files already.
+            TableNotFound: no such table.
+        """
+        return write(self.dump_archives(table), path)
+
+    def load(self, table: str, path: str | Path) -> dict[str, Any]:
+        """Replace (or create) ``table`` from a local dump :meth:`dump` wrote; returns its info.
+
+        The archive goes up in one request: at most the server's ``--max-body-bytes``.
+
+        Raises:
+            FileNotFoundError: no dump at ``path`` (for this client's servers).
+            PayloadTooLarge: the dump is over the server's body limit.
+            InvalidRequest: the dump is of another table.
+        """
+        return self.load_archives(table, read(path, len(self.urls)))

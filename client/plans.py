@@ -36,6 +36,8 @@ from tensordict import TensorDict
 
 from . import commands as C
 from . import errors
+from . import persistence as P
+from .merging import merge_infos, split_batch
 from .retry import NO_RETRY, RetryPolicy
 from .shards import ShardHealth
 from .tensorclass import to_tensorclass
@@ -127,50 +129,6 @@ class Pause:
 
 Step = Call | Gather | Pause
 Plan = Generator[Step, Any, T]
-
-
-def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
-    """One info for a table sharded over servers: sizes and counters summed, ``shards`` listed."""
-    if len(infos) == 1:
-        return infos[0]
-    out = dict(infos[0])
-    for key in ("size", "capacity", "inserts", "samples", "bytes_in", "bytes_out"):
-        if all(isinstance(i.get(key), int | float) for i in infos):
-            out[key] = sum(i[key] for i in infos)
-    for key in ("can_sample", "can_insert"):
-        if all(key in i for i in infos):
-            out[key] = any(bool(i[key]) for i in infos)
-    out["shards"] = infos
-    return out
-
-
-def split_batch(
-    batch_size: int, sizes: Sequence[int], unit: int = 1, generator: torch.Generator | None = None
-) -> list[int]:
-    """Items to draw from each server: a multinomial split in proportion to ``sizes``.
-
-    Drawn in whole ``unit`` (slice length) pieces. When every server is empty
-    the whole batch goes to one of them, chosen at random, where the rate
-    limiter makes it wait for data.
-
-        >>> split_batch(8, [0, 5])
-        [0, 8]
-        >>> sum(split_batch(64, [3, 1], unit=4)) == 64
-        True
-    """
-    if batch_size % unit:
-        raise ValueError(f"batch size {batch_size} is not a multiple of slice length {unit}")
-    pieces = batch_size // unit
-    weights = torch.tensor([max(0, s) for s in sizes], dtype=torch.float64)
-    if weights.sum() <= 0:
-        weights = torch.ones(len(sizes), dtype=torch.float64)
-        pick = int(torch.randint(len(sizes), (1,), generator=generator))
-        counts = [0] * len(sizes)
-        counts[pick] = pieces
-        return [c * unit for c in counts]
-    drawn = torch.multinomial(weights, pieces, replacement=True, generator=generator)
-    counts = torch.bincount(drawn, minlength=len(sizes)).tolist()
-    return [c * unit for c in counts]
 
 
 class Calls:
@@ -379,19 +337,19 @@ class Calls:
 
     def checkpoint(self, table: str, path: str) -> Plan[str | list[str]]:
         paths = self._paths(path)
-        results = yield Gather([Call(i, C.Checkpoint(table, p)) for i, p in enumerate(paths)])
+        results = yield Gather([Call(i, P.Checkpoint(table, p)) for i, p in enumerate(paths)])
         return results[0] if self.n == 1 else results
 
     def restore(self, table: str, path: str) -> Plan[dict[str, Any]]:
         paths = self._paths(path)
-        results = yield Gather([Call(i, C.Restore(table, p)) for i, p in enumerate(paths)])
+        results = yield Gather([Call(i, P.Restore(table, p)) for i, p in enumerate(paths)])
         with self._lock:
             self._sizes.pop(table, None)
         return merge_infos(results)
 
     def dump(self, table: str) -> Plan[list[bytes]]:
         """Each server's archive of ``table`` (one per shard, in shard order)."""
-        results = yield Gather([Call(i, C.Dump(table)) for i in range(self.n)])
+        results = yield Gather([Call(i, P.Dump(table)) for i in range(self.n)])
         return list(results)
 
     def load(self, table: str, archives: Sequence[bytes]) -> Plan[dict[str, Any]]:
@@ -401,7 +359,7 @@ class Calls:
                 f"{len(archives)} archives for {self.n} servers: load takes what dump made "
                 "of the same servers"
             )
-        calls = [Call(i, C.Load(table, a)) for i, a in enumerate(archives)]
+        calls = [Call(i, P.Load(table, a)) for i, a in enumerate(archives)]
         results = yield Gather(calls)
         with self._lock:
             self._sizes.pop(table, None)
@@ -413,5 +371,5 @@ class Calls:
         paths: list[str | None] = [None] * self.n
         if path is not None:
             paths = list(self._paths(path))
-        results = yield Gather([Call(i, C.Export(table, format, p)) for i, p in enumerate(paths)])
+        results = yield Gather([Call(i, P.Export(table, format, p)) for i, p in enumerate(paths)])
         return results[0] if self.n == 1 else results

@@ -26,9 +26,10 @@ import torch
 from tensordict import TensorDict
 
 from . import commands as C
-from . import dumps, errors, route, shm
+from . import errors, route, shm
 from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
+from .dumps import LocalDumps
 from .loader import Loader
 from .plans import Call, ClientSettings, Gather, Pause, Plan
 from .schema import load_spec
@@ -39,7 +40,7 @@ from .writer import Writer
 T = TypeVar("T")
 
 
-class ReplayClient(ClientBase):
+class ReplayClient(LocalDumps, ClientBase):
     """A blocking client of one tdreplay server, or of several (sharded).
 
     Args:
@@ -286,34 +287,6 @@ class ReplayClient(ClientBase):
     def restore(self, table: str, path: str) -> dict[str, Any]:
         """Restore ``table`` from a checkpoint written by :meth:`checkpoint`; returns its info."""
         return self._run(self._calls.restore(table, path))
-
-    def dump(self, table: str, path: str | Path) -> Path:
-        """Write ``table``'s whole state (rows, sampler and priorities, writer position,
-        rate-limiter counters: a fresh checkpoint) into the local folder ``path``, streamed
-        from the server; :meth:`load` restores it. Sharded: one folder per server
-        (``shard-0``...). The folder is new or empty, and written atomically.
-
-        Example:
-            >>> client.dump("cartpole", "run-1/buffer")         # doctest: +SKIP
-            >>> client.load("cartpole", "run-1/buffer")         # doctest: +SKIP
-
-        Raises:
-            FileExistsError: ``path`` holds files already.
-            TableNotFound: no such table.
-        """
-        return dumps.write(self.dump_archives(table), path)
-
-    def load(self, table: str, path: str | Path) -> dict[str, Any]:
-        """Replace (or create) ``table`` from a local dump :meth:`dump` wrote; returns its info.
-
-        The archive goes up in one request: at most the server's ``--max-body-bytes``.
-
-        Raises:
-            FileNotFoundError: no dump at ``path`` (for this client's servers).
-            PayloadTooLarge: the dump is over the server's body limit.
-            InvalidRequest: the dump is of another table.
-        """
-        return self.load_archives(table, dumps.read(path, len(self.urls)))
 
     def dump_archives(self, table: str) -> list[bytes]:
         """:meth:`dump` held in memory: each server's archive of ``table``

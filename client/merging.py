@@ -1,0 +1,53 @@
+"""How a sharded client joins what its servers answer and splits what it asks of them
+(pure functions, no I/O: the plans use them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """One info for a table sharded over servers: sizes and counters summed, ``shards`` listed."""
+    if len(infos) == 1:
+        return infos[0]
+    out = dict(infos[0])
+    for key in ("size", "capacity", "inserts", "samples", "bytes_in", "bytes_out"):
+        if all(isinstance(i.get(key), int | float) for i in infos):
+            out[key] = sum(i[key] for i in infos)
+    for key in ("can_sample", "can_insert"):
+        if all(key in i for i in infos):
+            out[key] = any(bool(i[key]) for i in infos)
+    out["shards"] = infos
+    return out
+
+
+def split_batch(
+    batch_size: int, sizes: Sequence[int], unit: int = 1, generator: torch.Generator | None = None
+) -> list[int]:
+    """Items to draw from each server: a multinomial split in proportion to ``sizes``.
+
+    Drawn in whole ``unit`` (slice length) pieces. When every server is empty
+    the whole batch goes to one of them, chosen at random, where the rate
+    limiter makes it wait for data.
+
+        >>> split_batch(8, [0, 5])
+        [0, 8]
+        >>> sum(split_batch(64, [3, 1], unit=4)) == 64
+        True
+    """
+    if batch_size % unit:
+        raise ValueError(f"batch size {batch_size} is not a multiple of slice length {unit}")
+    pieces = batch_size // unit
+    weights = torch.tensor([max(0, s) for s in sizes], dtype=torch.float64)
+    if weights.sum() <= 0:
+        weights = torch.ones(len(sizes), dtype=torch.float64)
+        pick = int(torch.randint(len(sizes), (1,), generator=generator))
+        counts = [0] * len(sizes)
+        counts[pick] = pieces
+        return [c * unit for c in counts]
+    drawn = torch.multinomial(weights, pieces, replacement=True, generator=generator)
+    counts = torch.bincount(drawn, minlength=len(sizes)).tolist()
+    return [c * unit for c in counts]
