@@ -5,6 +5,7 @@
     tdreplay info TABLE                a table's info, as JSON
     tdreplay create SCHEMA...          create tables from schema files (or shipped names: cartpole)
     tdreplay drop TABLE --yes          delete a table and its data
+    tdreplay clear TABLE --yes         empty a table (its schema stays)
     tdreplay checkpoint TABLE [PATH]   checkpoint on the server (default checkpoints/TABLE)
     tdreplay restore TABLE [PATH]      restore from a checkpoint on the server
     tdreplay dump TABLE DIR            the table's rows and state into a local folder
@@ -55,7 +56,8 @@ __all__ = ["REMOTE", "add_remote_commands", "build_parser", "main", "run"]
 
 #: the commands that drive a running server (see :mod:`.remote`)
 REMOTE = (
-    "tables", "info", "create", "drop", "checkpoint", "restore", "dump", "load", "export", "import",
+    "tables", "info", "create", "drop", "clear", "checkpoint", "restore", "dump", "load",
+    "export", "import",
 )  # fmt: skip
 
 
@@ -122,6 +124,11 @@ def add_remote_commands(sub: Any) -> None:
     _connection(p)
 
     p = sub.add_parser("drop", help="delete a table and its data")
+    p.add_argument("table")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    _connection(p)
+
+    p = sub.add_parser("clear", help="empty a table: its rows go, its schema stays")
     p.add_argument("table")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     _connection(p)

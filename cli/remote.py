@@ -176,6 +176,18 @@ def drop(client: ReplayClient, args: dict[str, Any]) -> None:
     print(f"deleted table {table!r}")
 
 
+def clear(client: ReplayClient, args: dict[str, Any]) -> None:
+    table = args["table"]
+    if not args.get("yes"):
+        if not sys.stdin.isatty():
+            raise CommandError(f"emptying table {table!r} needs --yes", Exit.USAGE)
+        answer = input(f"delete every row of table {table!r}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            raise CommandError("not emptied")
+    client.clear(table)
+    print(f"emptied table {table!r}")
+
+
 def checkpoint(client: ReplayClient, args: dict[str, Any]) -> None:
     table = args["table"]
     written = client.checkpoint(table, args.get("path") or f"checkpoints/{table}")
@@ -307,6 +319,7 @@ COMMANDS = {
     "info": info,
     "create": create,
     "drop": drop,
+    "clear": clear,
     "checkpoint": checkpoint,
     "restore": restore,
     "dump": dump,

@@ -155,6 +155,10 @@ class AsyncReplayClient(ClientBase):
     ) -> dict[str, Any]:
         return await self._run(self._calls.create_table(load_spec(spec), if_absent))
 
+    async def clear(self, table: str) -> dict[str, Any]:
+        """See :meth:`ReplayClient.clear`."""
+        return await self._run(self._calls.clear(table))
+
     async def delete_table(self, table: str) -> None:
         await self._run(self._calls.delete_table(table))
 

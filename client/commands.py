@@ -208,6 +208,19 @@ class DeleteTable(Command[None]):
         response.check()
 
 
+@dataclass
+class Clear(Command[dict[str, Any]]):
+    """Empty the table (a fresh one of its schema replaces it); its info."""
+
+    table: str
+
+    def request(self) -> Request:
+        return Request("POST", table_target(self.table, "clear"), {}, b"")
+
+    def parse(self, response: Response) -> dict[str, Any]:
+        return response.check().json()
+
+
 # ------------------------------------------------------------------ data
 @dataclass
 class Extend(Command[torch.Tensor]):

@@ -169,6 +169,12 @@ class Calls:
         results = yield self._all(lambda: C.CreateTable(spec, if_absent))
         return merge_infos(results)
 
+    def clear(self, table: str) -> Plan[dict[str, Any]]:
+        results = yield self._all(lambda: C.Clear(table))
+        with self._lock:
+            self._sizes.pop(table, None)
+        return merge_infos(results)
+
     def delete_table(self, table: str) -> Plan[None]:
         yield self._all(lambda: C.DeleteTable(table))
         with self._lock:

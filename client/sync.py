@@ -187,6 +187,12 @@ class ReplayClient(LocalDumps, ClientBase):
         """
         return self._run(self._calls.create_table(load_spec(spec), if_absent))
 
+    def clear(self, table: str) -> dict[str, Any]:
+        """Empty ``table`` on every server, atomically and durably; returns its info. Its schema
+        stays; rows, priorities, counters and rate-limiter state start anew. Calls waiting
+        on it end with ``TableClosed``."""
+        return self._run(self._calls.clear(table))
+
     def delete_table(self, table: str) -> None:
         """Delete a table and its data. Raises TableNotFound."""
         self._run(self._calls.delete_table(table))

@@ -35,6 +35,8 @@ number for a buffer, ``fd`` marks a reply that carries the slot's descriptor)::
     ← {"ok": true, "updated": k}
     → {"op": "info", "table": t}
     ← {"ok": true, "info": {...}}
+    → {"op": "clear", "table": t}
+    ← {"ok": true, "info": {...}}
     ← {"ok": false, "error": {"type": ..., "detail": ..., "field": ...}}   any failure
 
 A sample's slot is *leased* to the client until its next request naming the

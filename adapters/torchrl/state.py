@@ -10,9 +10,10 @@
 * Services: ``service_backend``, ``client()``, ``clients(n)``, ``start()``,
   ``is_alive``, ``shutdown()`` are what TorchRL's ``RayCollector`` asks of a
   remote buffer (it hands each remote collector one client).
+* ``empty()`` clears the table on the server.
 * What a server-held table cannot do from here — swap its storage, sampler
-  or writer, read or write slots by index, empty it — raises
-  ``NotImplementedError`` naming what to do instead.
+  or writer, read or write slots by index — raises ``NotImplementedError``
+  naming what to do instead.
 """
 
 from __future__ import annotations
@@ -171,9 +172,18 @@ class ServiceStateMixin:
         )
 
     def empty(self, empty_write_count: bool = True) -> None:
-        raise self._not_here(
-            "empty()", "delete and create the table (ReplayClient.delete_table / create_table)"
-        )
+        """Empty the table on the server (``ReplayClient.clear``): its rows, priorities and
+        counters go, ``write_count`` included, as TorchRL's ``empty()`` does by default.
+
+        Raises:
+            ValueError: ``empty_write_count=False`` (the server's table starts anew).
+        """
+        if not empty_write_count:
+            raise ValueError(
+                f"table {self._table!r} lives in the server, whose clear starts every counter "
+                "anew: empty(empty_write_count=False) cannot keep write_count"
+            )
+        self._client.clear(self._table)
 
     def set_storage(self, *args: Any, **kwargs: Any) -> None:
         raise self._not_here("set_storage()", "the table's schema declares its storage")

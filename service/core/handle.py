@@ -29,7 +29,9 @@ from tdreplay.storage import (
     NestedKey,
     SampleTarget,
     Table,
+    TableClosed,
     TableNotFound,
+    TDReplayError,
 )
 
 from ..errors import PayloadTooLarge
@@ -118,6 +120,8 @@ class TableHandle:
             self._gate = asyncio.Semaphore(REDIS_CALLS)
             self._gate_timeout = table.backend.conn.timeout  # type: ignore[attr-defined]
         self.is_open = True
+        #: why the table stopped being served (see :meth:`retire`)
+        self.retired_by = ""
         self._on_wait = on_wait
         self._active = 0
         self._idle = asyncio.Event()
@@ -138,11 +142,32 @@ class TableHandle:
             if not self._active:
                 self._idle.set()
 
-    async def retire(self) -> None:
-        """Stop serving: refuse new calls, end waits, and return once running calls are done."""
+    async def retire(self, by: str = "deleted") -> None:
+        """Stop serving: refuse new calls, end waits (with :meth:`gone`'s error), and return
+        once running calls are done.
+
+        Args:
+            by: what ended it: ``"deleted"``, ``"cleared"``, ``"restored"`` (replaced by a
+                restore or load).
+        """
         self.is_open = False
+        self.retired_by = by
         self.changes.fire()
         await self._idle.wait()
+
+    def gone(self) -> TDReplayError | None:
+        """The error a call waiting on this table ends with, ``None`` while it is served."""
+        if self.is_open:
+            return None
+        if self.retired_by == "deleted":
+            return TableNotFound(
+                f"table {self.name!r} was deleted while a call waited", table=self.name
+            )
+        return TableClosed(
+            f"table {self.name!r} was {self.retired_by} while a call waited: what it waited "
+            "for is gone with the old rows; call again",
+            table=self.name,
+        )
 
     # -- running table calls ------------------------------------------------
     async def call(self, fn: Callable[[], T], *, inline: bool = False) -> T:
@@ -199,7 +224,7 @@ class TableHandle:
             n=n,
             timeout=timeout,
             changes=self.changes,
-            is_open=lambda: self.is_open,
+            gone=self.gone,
             on_wait=self._on_wait,
         )
 

@@ -237,6 +237,11 @@ class Core:
         handle = await self.registry.create(spec, replace=replace, if_absent=if_absent)
         return await handle.info()
 
+    async def clear(self, name: str) -> dict[str, Any]:
+        """Empty a table, atomically and durably (see ``Registry.clear``); returns its info."""
+        handle = await self.registry.clear(name)
+        return await handle.info()
+
     async def delete(self, name: str) -> None:
         """Delete a table and its data (calls waiting on it fail with ``TableNotFound``)."""
         await self.registry.delete(name)

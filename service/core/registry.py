@@ -330,12 +330,45 @@ class Registry:
                     path, self.root, seed=self.settings.seed, redis=self.redis, expect=spec
                 )
             )
-            old = self._tables.get(name)
-            handle = self._install(table)
-            if old is not None:
-                await old.retire()
-                await run_in_threadpool(old.table.destroy)
-            return handle
+            return await self._swap(name, table, "restored")
+
+    async def clear(self, name: str) -> TableHandle:
+        """Empty table ``name``: a fresh table of its spec replaces it, as a restore would.
+
+        Atomic for every caller: a call runs on the old table or the new one, and a call
+        waiting on the old one's rate limiter ends with :class:`TableClosed`. Durable: a
+        memmap table's new, empty state is complete on disk before the old rows are
+        deleted, and a restart reopens the newest complete state, so a crash leaves the
+        table empty or whole, never half.
+
+        Raises:
+            TableNotFound: no such table.
+            InsufficientStorage, BackendError: the new table could not be allocated (the
+                old one is served on, unchanged).
+        """
+        spec = self.get(name).table.spec
+        nbytes = self.admit(spec)
+        with self._reserve(name, nbytes, replace=True):
+            table = await run_in_threadpool(
+                lambda: Table.create(
+                    spec,
+                    self.root,
+                    seed=self.settings.seed,
+                    redis=self.redis,
+                    preallocate=self.settings.preallocate,
+                )
+            )
+            table.fsync = self.settings.fsync == "always"
+            return await self._swap(name, table, "cleared")
+
+    async def _swap(self, name: str, table: Table, by: str) -> TableHandle:
+        """Serve ``table`` as ``name``; retire (``by``) and destroy the table it replaces."""
+        old = self._tables.get(name)
+        handle = self._install(table)
+        if old is not None:
+            await old.retire(by)
+            await run_in_threadpool(old.table.destroy)
+        return handle
 
     def needs_checkpoint(self, handle: TableHandle) -> bool:
         """Whether the periodic and shutdown checkpoints include ``handle``'s table: not one

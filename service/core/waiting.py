@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import anyio
 
-from tdreplay.storage import Table, TableNotFound
+from tdreplay.storage import Table, TDReplayError
 
 T = TypeVar("T")
 #: what a wait is reported to (metrics): table, operation, seconds waited, timed out
@@ -69,7 +69,7 @@ async def admitted(
     n: int,
     timeout: float,
     changes: Changes,
-    is_open: Callable[[], bool],
+    gone: Callable[[], TDReplayError | None],
     on_wait: WaitHook | None = None,
 ) -> T:
     """``attempt()``'s result once the rate limiter lets it through.
@@ -82,12 +82,14 @@ async def admitted(
         n: items, for the error message.
         timeout: seconds to keep trying.
         changes: the table's change events.
-        is_open: whether the table is still served; a deleted table ends the wait.
+        gone: why the table is no longer served (deleted, cleared, replaced), or
+            ``None``; the wait ends with that error.
         on_wait: told of the wait once it ends.
 
     Raises:
         RateLimitTimeout: still held back after ``timeout`` seconds (HTTP 429).
-        TableNotFound: the table was deleted (or replaced) while the call waited.
+        TableNotFound: the table was deleted while the call waited.
+        TableClosed: it was cleared or replaced (by a restore) while the call waited.
     """
     result = await attempt()
     if result is not None:
@@ -103,10 +105,9 @@ async def admitted(
         while True:
             # Registered (above), and the event taken before trying: a change during the try fires it.
             event = changes.event
-            if not is_open():
-                raise TableNotFound(
-                    f"table {table.name!r} was deleted while a call waited", table=table.name
-                )
+            err = gone()
+            if err is not None:
+                raise err
             result = await attempt()
             if result is not None:
                 return result

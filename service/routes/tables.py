@@ -88,3 +88,15 @@ async def delete_table(name: TableName, core: CoreDep) -> Response:
     """Delete a table and its data (calls waiting on it fail with 404)."""
     await core.delete(name)
     return Response(status_code=204)
+
+
+@router.post(
+    "/{name}/clear",
+    name="clear_table",
+    responses=error_responses(TableNotFound, "InsufficientStorage", "BackendError"),
+)
+async def clear_table(name: TableName, core: CoreDep) -> dict[str, Any]:
+    """Empty the table, atomically and durably: a fresh table of its schema replaces it
+    (sampler, rate limiter and counters start anew; calls waiting on it fail with 409, a
+    crash leaves it empty or whole). Answers its info."""
+    return await core.clear(name)

@@ -55,6 +55,9 @@ class Operations:
         elif op == "info":
             done.table = table_of(m)
             done.reply = {"ok": True, "info": await self.core.info(done.table)}
+        elif op == "clear":
+            done.table = table_of(m)
+            done.reply = {"ok": True, "info": await self.core.clear(done.table)}
         else:
             raise InvalidRequest(f"unknown operation {m.get('op')!r:.40}", field="op")
 

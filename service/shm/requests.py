@@ -18,7 +18,7 @@ from ..metrics import NO_TABLE, RequestHook
 from .buffers import SlotBuffer
 
 #: the operations a client may ask for in JSON (metrics label them; anything else is "other")
-OPS = frozenset({"extend_slot", "update_priority", "info"})
+OPS = frozenset({"extend_slot", "update_priority", "info", "clear"})
 #: the binary operations, by code
 HOT_OPS = {SAMPLE: "sample", EXTEND: "extend", RELEASE: "release"}
 

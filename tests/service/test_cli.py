@@ -347,6 +347,13 @@ def test_the_server_commands(
     code, out, _ = cli("restore", "cartpole")
     assert code == 0 and "300 rows" in out
 
+    # clear needs --yes; the table stays, empty
+    code, _, err = cli("clear", "cartpole2")
+    assert code == 2 and "--yes" in err
+    code, out, _ = cli("clear", "cartpole2", "--yes")
+    assert code == 0 and "emptied table 'cartpole2'" in out
+    assert json.loads(cli("info", "cartpole2")[1])["size"] == 0
+
     # dump to a local folder, drop, load it back; never over an earlier dump
     code, out, _ = cli("dump", "cartpole", str(tmp_path / "dumped"))
     assert code == 0 and "dumped table 'cartpole'" in out

@@ -98,7 +98,8 @@ def test_a_restore_replaces_the_served_table_and_its_data(
 
 
 def test_a_call_waiting_on_the_replaced_table_ends(tmp_path: Path) -> None:
-    """A sample held back by the old table's rate limiter ends when the restore swaps tables."""
+    """A sample held back by the old table's rate limiter ends when the restore swaps tables,
+    with 409 TableClosed naming the restore (the table exists: not a 404)."""
 
     async def main() -> None:
         async with served(tmp_path) as (app, client):
@@ -119,7 +120,8 @@ def test_a_call_waiting_on_the_replaced_table_ends(tmp_path: Path) -> None:
             r = await client.post(RESTORE)
             assert r.status_code == 200 and r.json()["size"] == 5
             answer = await asyncio.wait_for(waiter, 10)
-            assert answer.status_code == 404 and answer.json()["type"] == "TableNotFound"
+            assert answer.status_code == 409 and answer.json()["type"] == "TableClosed"
+            assert "was restored while a call waited" in answer.json()["detail"]
             assert not old.is_open and old.table.closed
             assert app.state.core.table("t") is not old
 

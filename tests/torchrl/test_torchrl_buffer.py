@@ -244,8 +244,8 @@ def test_clear_errors(server: Any, make_table: Callable[..., str]) -> None:
         rb.sample()
     with pytest.raises(TypeError, match="TensorDict or a tensorclass"):
         rb.extend({"observation": torch.zeros(3, 4)})
-    with pytest.raises(NotImplementedError, match="lives in the server"):
-        rb.empty()
+    with pytest.raises(ValueError, match="cannot keep write_count"):
+        rb.empty(empty_write_count=False)
     with pytest.raises(ValueError, match="prefetch needs a batch_size"):
         TDReplayBuffer(server.url, "t", prefetch=2)
     with pytest.raises(ValueError, match="capacity"):
@@ -361,3 +361,15 @@ def test_a_sample_above_the_capacity_is_drawn_with_replacement(
     with pytest.raises(InvalidRequest, match="hands out each item once"):
         fifo.sample(40)
     assert len(fifo) == 32  # nothing was drawn
+
+
+def test_empty_clears_the_table(
+    server: Any, make_table: Callable[..., str], frames: TensorDict
+) -> None:
+    """As TorchRL's ``empty()``: no rows, ``write_count`` back to 0, and the buffer goes on."""
+    rb = TDReplayBuffer(server.url, make_table(), batch_size=8)
+    rb.extend(frames.clone())
+    rb.empty()
+    assert len(rb) == rb.write_count == 0
+    rb.extend(frames[:8].clone())
+    assert len(rb) == 8 and rb.sample().batch_size == (8,)

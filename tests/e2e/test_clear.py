@@ -1,0 +1,95 @@
+"""Emptying a table (clear), against real servers: every door, waiting calls, and a kill -9."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+import pytest
+from test_shm import spec
+from test_shm_attacks import raw, read
+from testkit import rows
+
+from tdreplay.client import ReplayClient, ServerError, TableNotFound
+from tdreplay.codec.shm import frame
+
+
+@pytest.mark.parametrize("backend", ["memmap", "memory"])
+def test_clear_empties_the_table_and_keeps_its_schema(live_server: Any, backend: str) -> None:
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    created = client.create_table(
+        {**spec("c", {"kind": "prioritized"}, capacity=32), "backend": {"kind": backend}}
+    )
+    client.extend("c", rows(0, 20))
+    client.sample("c", 4)
+    info = client.clear("c")
+    assert info["size"] == info["inserts"] == info["samples"] == 0
+    assert info["fields"] == created["fields"] and info["sampler"]["kind"] == "prioritized"
+    assert client.extend("c", rows(100, 3)).tolist() == [0, 1, 2]  # a fresh ring
+    assert set(client.sample("c", 8)["id"].tolist()) <= {100, 101, 102}
+    with pytest.raises(TableNotFound):
+        client.clear("nope")
+
+
+def test_a_call_waiting_on_a_cleared_table_ends_with_a_clear_answer(live_server: Any) -> None:
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(
+        {**spec("w", {"kind": "uniform"}, capacity=64), "rate_limiter": {"min_size_to_sample": 50}}
+    )
+    client.extend("w", rows(0, 10))
+    got: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            ReplayClient(server.url, transport="http").sample("w", 4, timeout=30)
+        except BaseException as err:
+            got.append(err)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    for _ in range(200):  # until the server counts it as waiting
+        if client.info("w")["waiting"].get("sample"):
+            break
+        threading.Event().wait(0.02)
+    client.clear("w")
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert len(got) == 1 and isinstance(got[0], ServerError)
+    assert got[0].type == "TableClosed" and got[0].status == 409
+    assert "cleared while a call waited" in str(got[0])
+
+
+def test_a_kill_right_after_clear_leaves_the_table_empty(live_server: Any) -> None:
+    """The new, empty state is complete on disk before the clear answers; a restart reopens
+    the newest complete state, so the old rows never come back."""
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(spec("k", {"kind": "uniform"}, capacity=64, backend={"kind": "memmap"}))
+    client.extend("k", rows(0, 40))
+    client.clear("k")
+    client.extend("k", rows(200, 5))
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait(10)
+    again = live_server(root=server.root)
+    back = ReplayClient(again.url, transport="http")
+    assert back.info("k")["size"] == 5
+    assert set(back.sample("k", 16)["id"].tolist()) <= set(range(200, 205))
+    folders = sorted(p.name for p in (server.root / "tables" / "k").iterdir() if p.is_dir())
+    assert len([f for f in folders if f.startswith("storage")]) == 1  # the old rows are gone
+
+
+def test_clear_through_the_shared_memory_socket(live_server: Any) -> None:
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(spec("s", {"kind": "uniform"}, capacity=16))
+    client.extend("s", rows(0, 16))
+    with raw(server) as s:
+        s.sendall(frame({"op": "clear", "table": "s"}))
+        reply = read(s)
+        assert reply["ok"] is True and reply["info"]["size"] == 0
+        s.sendall(frame({"op": "clear", "table": "nope"}))
+        assert read(s)["error"]["type"] == "TableNotFound"
+    assert client.info("s")["size"] == 0
