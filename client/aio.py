@@ -187,6 +187,10 @@ class AsyncReplayClient(ClientBase):
         """See :meth:`ReplayClient.sample`."""
         return await self._run(self._calls.sample(table, batch_size, timeout, as_cls))
 
+    async def read(self, table: str, index: Any) -> Any:
+        """See :meth:`ReplayClient.read`."""
+        return await self._run(self._calls.read(table, index))
+
     async def update_priority(self, table: str, index: Any, priority: Any, key: Any = None) -> int:
         """See :meth:`ReplayClient.update_priority`."""
         return await self._run(self._calls.update_priority(table, index, priority, key))
@@ -225,12 +229,7 @@ class AsyncReplayClient(ClientBase):
     ) -> Any:
         """See :meth:`ReplayClient.export`."""
         result = await self._run(self._calls.export(table, format, path))
-        if path is None and dest is not None:
-            if not isinstance(result, bytes):
-                raise ValueError("dest= takes one server's export; pass path= when sharded")
-            Path(dest).write_bytes(result)
-            return Path(dest)
-        return result
+        return await asyncio.to_thread(dumps.exported, result, path, dest)
 
     # ---------------------------------------------------------------- views and helpers
     async def tensorclass(self, table: str) -> type:

@@ -290,6 +290,21 @@ class Sample(Command[TensorDict]):
 
 
 @dataclass
+class Read(Command[TensorDict]):
+    """The items in slots ``index`` of one server's table, as stored (and ``index``)."""
+
+    table: str
+    index: list[int]
+
+    def request(self) -> Request:
+        headers, body = json_body({"index": self.index})
+        return Request("POST", table_target(self.table, "read"), headers, body)
+
+    def parse(self, response: Response) -> TensorDict:
+        return decode_batch(response.check().body)
+
+
+@dataclass
 class Stream(Command[None]):
     """``GET .../stream``: ``count`` samples as one chunked Arrow stream (read by the transport)."""
 

@@ -1,6 +1,7 @@
 """A table's dump on the caller's side: the archives the servers send (one per shard) as
 a local folder, and back (both client twins use these; the wire is
-:mod:`tdreplay.codec.archive`).
+:mod:`tdreplay.codec.archive`); and the blocking client's persistence calls
+(:class:`Persistence`).
 
 One server: the folder is the table's checkpoint (``metadata.json``, ``storage/``...).
 Several: one such folder per server, ``shard-0``, ``shard-1``... in the client's order.
@@ -11,13 +12,27 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..codec.archive import pack, unpack
+from .plans import Calls, Plan
+
+T = TypeVar("T")
 
 #: bytes of files one archive may unpack to at most on the caller's side (what a server
 #: answers is what it dumped; the bound keeps a wrong answer from filling the disk)
 MAX_DUMP_BYTES = 1 << 40
+
+
+def exported(result: Any, path: str | None, dest: str | Path | None) -> Any:
+    """What an export call returns: ``result`` as the plan gave it, or, streamed back with a
+    ``dest``, the file written there."""
+    if path is None and dest is not None:
+        if not isinstance(result, bytes):
+            raise ValueError("dest= takes one server's export; pass path= when sharded")
+        Path(dest).write_bytes(result)
+        return Path(dest)
+    return result
 
 
 def folders(path: Path, n: int) -> list[Path]:
@@ -70,17 +85,53 @@ def read(path: str | Path, n: int) -> list[bytes]:
     return [pack(folder) for folder in parts]
 
 
-class LocalDumps:
-    """``dump`` and ``load`` of the blocking client (:class:`~tdreplay.client.ReplayClient`),
-    over its ``dump_archives`` / ``load_archives``."""
+class Persistence:
+    """The persistence calls of the blocking client (:class:`~tdreplay.client.ReplayClient`):
+    checkpoint and restore on the server, dump and load through the caller, export."""
 
     urls: tuple[str, ...]
+    _calls: Calls
+
+    def _run(self, plan: Plan[T]) -> T:
+        raise NotImplementedError  # the client's
+
+    def checkpoint(self, table: str, path: str) -> str | list[str]:
+        """Checkpoint ``table`` under the server's data root; returns the path written.
+
+        Sharded: each server writes ``{path}-shard{i}``; returns the list.
+        """
+        return self._run(self._calls.checkpoint(table, path))
+
+    def restore(self, table: str, path: str) -> dict[str, Any]:
+        """Restore ``table`` from a checkpoint written by :meth:`checkpoint`; returns its info."""
+        return self._run(self._calls.restore(table, path))
 
     def dump_archives(self, table: str) -> list[bytes]:
-        raise NotImplementedError  # the client's
+        """:meth:`dump` held in memory: each server's archive of ``table``
+        (:mod:`tdreplay.codec.archive`), in shard order."""
+        return self._run(self._calls.dump(table))
 
     def load_archives(self, table: str, archives: list[bytes]) -> dict[str, Any]:
-        raise NotImplementedError  # the client's
+        """:meth:`load` from archives :meth:`dump_archives` returned; returns the table's info."""
+        return self._run(self._calls.load(table, archives))
+
+    def export(
+        self,
+        table: str,
+        format: str = "parquet",
+        *,
+        path: str | None = None,
+        dest: str | Path | None = None,
+    ) -> Any:
+        """Export ``table`` as Parquet or CSV.
+
+        Args:
+            format: ``"parquet"`` or ``"csv"``.
+            path: write it on the server, under its data root (returns that path).
+            dest: without ``path``: write the streamed file here (returns ``dest``);
+                with neither, returns the file's bytes.
+        """
+        return exported(self._run(self._calls.export(table, format, path)), path, dest)
 
     def dump(self, table: str, path: str | Path) -> Path:
         """Write ``table``'s whole state (rows, sampler and priorities, writer position,

@@ -338,6 +338,24 @@ class Calls:
         results = self._answers(calls, (yield Gather(calls, partial=True)))
         return sum(r for r in results if r is not None)
 
+    def read(self, table: str, index: Any) -> Plan[TensorDict]:
+        """The items in slots ``index`` (as a sample's ``index`` names them: sharded, the
+        server is encoded in it), in the order asked."""
+        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
+        if self.n == 1:
+            rows: TensorDict = yield Call(0, C.Read(table, index.tolist()))
+            return rows
+        shard = index % self.n
+        asked = [s for s in range(self.n) if bool((shard == s).any())]
+        calls = [Call(s, C.Read(table, (index[shard == s] // self.n).tolist())) for s in asked]
+        parts: list[TensorDict] = yield Gather(calls)
+        out: TensorDict = TensorDict.cat(parts)  # rows by server; back in the order asked
+        order = torch.cat([(shard == s).nonzero().squeeze(1) for s in asked])
+        out["index"] = torch.cat(
+            [p["index"] * self.n + s for p, s in zip(parts, asked, strict=True)]
+        )
+        return out[torch.argsort(order)]
+
     def _paths(self, path: str) -> list[str]:
         return [path] if self.n == 1 else [f"{path}-shard{i}" for i in range(self.n)]
 

@@ -29,7 +29,7 @@ from . import commands as C
 from . import errors, route, shm
 from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
-from .dumps import LocalDumps
+from .dumps import Persistence
 from .loader import Loader
 from .plans import Call, ClientSettings, Gather, Pause, Plan
 from .schema import load_spec
@@ -40,7 +40,7 @@ from .writer import Writer
 T = TypeVar("T")
 
 
-class ReplayClient(LocalDumps, ClientBase):
+class ReplayClient(Persistence, ClientBase):
     """A blocking client of one tdreplay server, or of several (sharded).
 
     Args:
@@ -261,6 +261,11 @@ class ReplayClient(LocalDumps, ClientBase):
         """
         return self._run(self._calls.sample(table, batch_size, timeout, as_cls, lease=True))
 
+    def read(self, table: str, index: Any) -> TensorDict:
+        """The items in slots ``index`` (a sample's ``index`` values), as stored (nothing is
+        counted as sampled); InvalidRequest names a slot that holds no item."""
+        return self._run(self._calls.read(table, index))
+
     def update_priority(self, table: str, index: Any, priority: Any, key: Any = None) -> int:
         """Set the priorities of the items ``index`` (from ``batch["index"]``).
 
@@ -282,50 +287,6 @@ class ReplayClient(LocalDumps, ClientBase):
             TableNotFound, TransportError: as their names say.
         """
         return self._run(self._calls.update_priority(table, index, priority, key))
-
-    def checkpoint(self, table: str, path: str) -> str | list[str]:
-        """Checkpoint ``table`` under the server's data root; returns the path written.
-
-        Sharded: each server writes ``{path}-shard{i}``; returns the list.
-        """
-        return self._run(self._calls.checkpoint(table, path))
-
-    def restore(self, table: str, path: str) -> dict[str, Any]:
-        """Restore ``table`` from a checkpoint written by :meth:`checkpoint`; returns its info."""
-        return self._run(self._calls.restore(table, path))
-
-    def dump_archives(self, table: str) -> list[bytes]:
-        """:meth:`dump` held in memory: each server's archive of ``table``
-        (:mod:`tdreplay.codec.archive`), in shard order."""
-        return self._run(self._calls.dump(table))
-
-    def load_archives(self, table: str, archives: list[bytes]) -> dict[str, Any]:
-        """:meth:`load` from archives :meth:`dump_archives` returned; returns the table's info."""
-        return self._run(self._calls.load(table, archives))
-
-    def export(
-        self,
-        table: str,
-        format: str = "parquet",
-        *,
-        path: str | None = None,
-        dest: str | Path | None = None,
-    ) -> Any:
-        """Export ``table`` as Parquet or CSV.
-
-        Args:
-            format: ``"parquet"`` or ``"csv"``.
-            path: write it on the server, under its data root (returns that path).
-            dest: without ``path``: write the streamed file here (returns ``dest``);
-                with neither, returns the file's bytes.
-        """
-        result = self._run(self._calls.export(table, format, path))
-        if path is None and dest is not None:
-            if not isinstance(result, bytes):
-                raise ValueError("dest= takes one server's export; pass path= when sharded")
-            Path(dest).write_bytes(result)
-            return Path(dest)
-        return result
 
     # ---------------------------------------------------------------- views and helpers
     def tensorclass(self, table: str) -> type:

@@ -82,6 +82,40 @@ class SamplingMixin:
             batch = self._transform(batch)
         return (batch, info) if return_info else batch
 
+    def __getitem__(self, index: Any) -> Any:
+        """The items in slots ``index``, as TorchRL's ``rb[index]``: an int (one item), a
+        slice over the table's slots, a list or tensor of slots (e.g. a sample's
+        ``index``), or a key (``rb["observation"]``: that field of every item). Read from
+        the server, transforms applied; nothing is counted as sampled.
+
+        Raises:
+            InvalidRequest: a slot that holds no item.
+            IndexError: an int outside the table's items.
+        """
+        if isinstance(index, str) or (
+            isinstance(index, tuple) and all(isinstance(k, str) for k in index)
+        ):
+            return self[:][index]
+        if isinstance(index, slice):
+            if len(self._client.urls) > 1:
+                raise InvalidRequest(
+                    f"table {self._table!r} is sharded: read items by the index a sample gave",
+                    table=self._table,
+                    field="index",
+                )
+            slots: Any = list(range(*index.indices(len(self))))
+        elif isinstance(index, int):
+            size = len(self)
+            if not -size <= index < size:
+                raise IndexError(f"index {index} is outside the table's {size} items")
+            slots = [index % size]
+        else:
+            slots = index
+        rows = self._client.read(self._table, slots).exclude("index")
+        if isinstance(index, int):
+            rows = rows[0]
+        return self._transform(rows) if len(self._transform) else rows
+
     def _draw(self, n: int) -> TensorDictBase:
         return self._client.sample(self._table, n, timeout=self._timeout)
 

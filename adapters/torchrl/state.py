@@ -12,8 +12,8 @@
   remote buffer (it hands each remote collector one client).
 * ``empty()`` clears the table on the server.
 * What a server-held table cannot do from here — swap its storage, sampler
-  or writer, read or write slots by index — raises ``NotImplementedError``
-  naming what to do instead.
+  or writer, write slots by index — raises ``NotImplementedError`` naming
+  what to do instead.
 """
 
 from __future__ import annotations
@@ -193,9 +193,6 @@ class ServiceStateMixin:
 
     def set_writer(self, *args: Any, **kwargs: Any) -> None:
         raise self._not_here("set_writer()", "the table's schema declares its writer")
-
-    def __getitem__(self, index: Any) -> Any:
-        raise self._not_here("reading slots by index", "sample() or export the table")
 
     def __setitem__(self, index: Any, value: Any) -> None:
         raise self._not_here("writing slots by index", "extend() inserts rows")

@@ -38,13 +38,14 @@ from typing import Any
 import torch
 from starlette.concurrency import run_in_threadpool
 
-from tdreplay.codec import protocol
+from tdreplay.codec import encode, protocol
 from tdreplay.codec.archive import pack as archive_pack
 from tdreplay.codec.archive import unpack as archive_unpack
 from tdreplay.storage import InvalidRequest, NestedKey, TableNotFound, TableSpec
 
+from ..errors import PayloadTooLarge
 from ..settings import Settings
-from ..wire import Lease
+from ..wire import Lease, sample_nbytes
 from .handle import Place, Shape, TableHandle
 from .params import (
     BufferParams,
@@ -52,6 +53,7 @@ from .params import (
     ExtendParams,
     PathBody,
     PriorityUpdate,
+    ReadParams,
     SampleParams,
     StreamParams,
 )
@@ -217,6 +219,30 @@ class Core:
         return await handle.update_priority(update.index, update.priority, update.key)
 
     # -- tables ------------------------------------------------------------------
+    async def read(self, name: str, params: ReadParams) -> bytes:
+        """The items in slots ``params.index`` as an Arrow IPC body (their fields and ``index``).
+
+        Raises:
+            InvalidRequest: a slot outside the table or holding no item.
+            PayloadTooLarge: the answer would exceed the body limit.
+            TableNotFound: no such table.
+        """
+        handle = self.table(name)
+        n = len(params.index)
+        if sample_nbytes(handle.item_nbytes, n) > self.settings.max_body_bytes:
+            raise PayloadTooLarge(
+                f"table {name!r}: {n} items exceed the server's body limit of "
+                f"{self.settings.max_body_bytes} bytes; read fewer at a time",
+                table=name,
+                field="index",
+                got=n,
+            )
+        index = torch.tensor(params.index, dtype=torch.int64)
+        with handle.use() as table:
+            rows = await handle.call(lambda: table.read_items(index))
+        rows.set("index", index)
+        return (await run_in_threadpool(encode, rows)).to_pybytes()
+
     async def tables(self) -> dict[str, Any]:
         """Every table's info, and ``unavailable``: tables found on start but not served, and why."""
         infos = []

@@ -32,6 +32,8 @@ MAX_REQUEST_ID = 200
 MAX_PATH = 1024
 #: most slots one priority update may carry
 MAX_UPDATE = 1 << 24
+#: most slots one read may name (the body limit bounds the answer further)
+MAX_READ = 1 << 20
 
 Seconds = Annotated[
     float | None,
@@ -94,6 +96,12 @@ class PriorityUpdate(Params):
         max_length=MAX_UPDATE,
         description="The sampled items' keys (`sample_info.key`), one per slot: only slots "
         "still holding the item with that key are updated. Omitted: no check.",
+    )
+
+
+class ReadParams(Params):
+    index: list[SlotIndex] = Field(
+        max_length=MAX_READ, description="Slots to read, each holding an item."
     )
 
 

@@ -32,7 +32,15 @@ from tdreplay.storage import (
 )
 
 from ..bodies import read_body
-from ..core import Core, ExtendParams, PriorityUpdate, SampleParams, StreamParams, parse
+from ..core import (
+    Core,
+    ExtendParams,
+    PriorityUpdate,
+    ReadParams,
+    SampleParams,
+    StreamParams,
+    parse,
+)
 from ..core.params import MAX_REQUEST_ID, Seconds
 from ..deps import (
     ARROW_REQUEST,
@@ -159,6 +167,24 @@ router.add_api_route(
 #: name, and the handler that serves each (the framework serves the endpoint itself for
 #: a request that comes another way)
 HOT_ROUTES: dict[str, Handler] = {"extend": _extend, "sample": _sample}
+
+
+# ------------------------------------------------------------------ read
+@router.post(
+    "/{name}/read",
+    name="read",
+    response_class=Response,
+    responses={
+        **arrow_response(
+            "An Arrow IPC stream of one record batch: the items' fields and `index` (no "
+            "sample info: nothing is counted as sampled)."
+        ),
+        **error_responses(TableNotFound, PayloadTooLarge),
+    },
+)
+async def read(name: TableName, params: ReadParams, core: CoreDep) -> Response:
+    """The items in the given slots, as stored (a slot holding no item is a 400)."""
+    return Response(await core.read(name, params), media_type=protocol.ARROW_STREAM)
 
 
 # ------------------------------------------------------------------ stream

@@ -294,3 +294,28 @@ class Draws(TableBase):
         with self._data_lock.read():
             bufs = self.backend.read(index)
         return nest(bufs, len(index))
+
+    def read_items(self, index: Any) -> TensorDictBase:
+        """The items in slots ``index`` (:meth:`read`), each slot holding one: a slot never
+        written, or emptied since, is an error rather than zeros. Checked and read under
+        the table's lock, so no slot is emptied in between.
+
+        Raises:
+            InvalidRequest: an index outside ``[0, capacity)`` or holding no item.
+        """
+        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+        with self._cond:
+            self._check_open()
+            inside = (index >= 0) & (index < self.capacity)
+            held = torch.zeros_like(inside)
+            held[inside] = self.slots.live[index[inside]]
+            if not bool(held.all()):
+                bad = int(index[~held][0])
+                raise InvalidRequest(
+                    f"table {self.name!r}: slot {bad} holds no item (the table holds "
+                    f"{self.size} items in {self.capacity} slots)",
+                    table=self.name,
+                    field="index",
+                    got=bad,
+                )
+            return self.read(index)

@@ -1,4 +1,4 @@
-"""Emptying a table (clear), against real servers: every door, waiting calls, and a kill -9."""
+"""Emptying a table (clear) and reading its items by slot (read), against real servers."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import threading
 from typing import Any
 
 import pytest
+import torch
 from test_shm import spec
 from test_shm_attacks import raw, read
 from testkit import rows
 
-from tdreplay.client import ReplayClient, ServerError, TableNotFound
+from tdreplay.client import InvalidRequest, ReplayClient, ServerError, TableNotFound
 from tdreplay.codec.shm import frame
 
 
@@ -93,3 +94,29 @@ def test_clear_through_the_shared_memory_socket(live_server: Any) -> None:
         s.sendall(frame({"op": "clear", "table": "nope"}))
         assert read(s)["error"]["type"] == "TableNotFound"
     assert client.info("s")["size"] == 0
+
+
+def test_read_gives_the_items_in_slots_as_stored(live_server: Any) -> None:
+    """``read`` returns the items a sample's ``index`` names, bit for bit and in the order
+    asked, counts nothing as sampled, and names a slot that holds no item; sharded, the
+    server encoded in the index is the one asked."""
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(spec("r", {"kind": "uniform"}, capacity=32))
+    client.extend("r", rows(0, 20))
+    got = client.read("r", [5, 0, 5, 19])
+    assert got["id"].tolist() == [5, 0, 5, 19] and got["index"].tolist() == [5, 0, 5, 19]
+    assert torch.equal(got["observation"], rows(0, 20)["observation"][[5, 0, 5, 19]])
+    assert client.info("r")["samples"] == 0
+    assert client.read("r", []).batch_size == (0,)
+    for bad in ([20], [31], [32], [-1]):
+        with pytest.raises(InvalidRequest) as err:
+            client.read("r", bad)
+        assert (err.value.field or "").startswith("index")  # index, or index.0 from the model
+    second = live_server()
+    sharded = ReplayClient([server.url, second.url], transport="http")
+    ReplayClient(second.url).create_table(spec("r", {"kind": "uniform"}, capacity=32))
+    ReplayClient(second.url).extend("r", rows(100, 10))
+    batch = sharded.sample("r", 16)
+    again = sharded.read("r", batch["index"])
+    assert torch.equal(again["id"], batch["id"]) and torch.equal(again["index"], batch["index"])

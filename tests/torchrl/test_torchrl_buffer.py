@@ -373,3 +373,28 @@ def test_empty_clears_the_table(
     assert len(rb) == rb.write_count == 0
     rb.extend(frames[:8].clone())
     assert len(rb) == 8 and rb.sample().batch_size == (8,)
+
+
+def test_items_by_index_as_torchrl_reads_them(
+    server: Any, make_table: Callable[..., str], frames: TensorDict
+) -> None:
+    """``rb[i]``, ``rb[a:b]``, ``rb[tensor]`` and ``rb[key]`` give what TorchRL's own buffer
+    gives for the same data (storage slots, as stored), with transforms applied."""
+    ours = TDReplayBuffer(server.url, make_table())
+    theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(4096))
+    for rb in (ours, theirs):
+        rb.extend(frames[:20].clone())
+    keys = ["observation", ("next", "reward"), "action"]
+    for index in (3, -1, slice(2, 9), slice(None), torch.tensor([7, 1, 7])):
+        a, b = ours[index], theirs[index]
+        assert a.batch_size == b.batch_size, index
+        for key in keys:
+            assert torch.equal(a[key], b[key]), (index, key)
+    assert torch.equal(ours["observation"], theirs["observation"])
+    assert ours.info()["samples"] == 0  # reading is not sampling
+    with pytest.raises(IndexError):
+        ours[20]
+    batch = ours.sample(8)
+    assert torch.equal(ours[batch["index"]]["observation"], batch["observation"])
+    ours.append_transform(_Twice())
+    assert torch.equal(ours[0]["twice"], frames["next", "reward"][0] * 2)
