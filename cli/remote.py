@@ -29,13 +29,11 @@ from tdreplay.client import (
     TransportError,
     Unauthorized,
 )
+from tdreplay.client.environment import configured
 from tdreplay.codec import CodecError, from_record_batch
 from tdreplay.service.cli import CommandError, Exit
-from tdreplay.service.settings import check_token, read_token_file
 
 from .common import describe_file, export_format, show_progress
-
-DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def run(command: str, args: dict[str, Any]) -> None:
@@ -46,50 +44,29 @@ def run(command: str, args: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------- connecting
-def urls(args: dict[str, Any]) -> list[str]:
-    given = args.get("url") or [
-        u.strip() for u in os.environ.get("TDREPLAY_URL", "").split(",") if u.strip()
-    ]
-    return given or [DEFAULT_URL]
-
-
-def token(args: dict[str, Any]) -> str | None:
-    """The bearer token: from ``--token-file`` / ``TDREPLAY_TOKEN_FILE``, or ``TDREPLAY_TOKEN``."""
-    path = args.get("token_file") or os.environ.get("TDREPLAY_TOKEN_FILE")
-    env = os.environ.get("TDREPLAY_TOKEN")
+def configured_from(args: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
+    """The server(s) and token: ``--url`` / ``--token-file``, else the environment's, as
+    every client reads it (:func:`tdreplay.client.environment.configured`)."""
     try:
-        if path:
-            if env is not None:
-                raise ValueError(
-                    "the token is given twice: set TDREPLAY_TOKEN or --token-file "
-                    "(TDREPLAY_TOKEN_FILE), not both"
-                )
-            return read_token_file(Path(path))
-        if env is not None:
-            check_token(env, "TDREPLAY_TOKEN")
-            return env
+        return configured(args.get("url") or None, None, token_file=args.get("token_file"))
     except ValueError as err:  # the messages never quote the token
         raise CommandError(str(err), Exit.USAGE) from None
-    return None
 
 
 @contextmanager
 def connect(args: dict[str, Any]) -> Iterator[ReplayClient]:
     """A client of the server(s) of ``args``; its errors become :class:`CommandError`."""
-    where = ", ".join(urls(args))
+    urls, token = configured_from(args)
+    where = ", ".join(urls)
     try:
-        client = ReplayClient(
-            urls(args) if len(urls(args)) > 1 else urls(args)[0],
-            token(args),
-            timeout=args.get("timeout") or 600.0,
-        )
+        client = ReplayClient(urls, token, timeout=args.get("timeout") or 600.0)
     except ValueError as err:
         raise CommandError(f"bad server URL {where!r}: {err}", Exit.USAGE) from None
     try:
         with client:
             yield client
     except (Unauthorized, Forbidden) as err:
-        hint = "" if token(args) else " (no token given: set TDREPLAY_TOKEN or --token-file)"
+        hint = "" if token else " (no token given: set TDREPLAY_TOKEN or --token-file)"
         raise CommandError(f"{where} refused: {err}{hint}", Exit.UNAUTHORIZED) from None
     except ServerError as err:
         raise CommandError(f"{err} ({err.type}, HTTP {err.status})") from None

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .environment import configured
 from .plans import Calls, ClientSettings
 from .retry import RetryPolicy
 from .tensorclass import from_fields
@@ -28,7 +29,7 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def make_settings(
-    url: str | Sequence[str],
+    url: str | Sequence[str] | None,
     token: str | None,
     timeout: float,
     connect_timeout: float,
@@ -39,8 +40,9 @@ def make_settings(
     transport: str = "auto",
     lease_slots: int = 2,
 ) -> ClientSettings:
-    """The :class:`ClientSettings` of a client built with these constructor arguments."""
-    urls = (url,) if isinstance(url, str) else tuple(url)
+    """The :class:`ClientSettings` of a client built with these constructor arguments (a
+    URL or token not given comes from the environment: :mod:`.environment`)."""
+    urls, token = configured(url, token)
     return ClientSettings(
         urls=urls,
         token=token,
@@ -66,7 +68,7 @@ class ClientBase:
 
     def __init__(
         self,
-        url: str | Sequence[str],
+        url: str | Sequence[str] | None = None,
         token: str | None = None,
         *,
         timeout: float = 30.0,

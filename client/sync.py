@@ -44,8 +44,10 @@ class ReplayClient(Persistence, ClientBase):
     """A blocking client of one tdreplay server, or of several (sharded).
 
     Args:
-        url: the server's base URL, or a list of them to shard over.
-        token: bearer token, if the server needs one.
+        url: the server's base URL, or a list of them to shard over; default
+            ``TDREPLAY_URL`` (comma-separated), else ``http://127.0.0.1:8000``.
+        token: bearer token, if the server needs one; default ``TDREPLAY_TOKEN`` or
+            the file ``TDREPLAY_TOKEN_FILE`` names.
         timeout: seconds to wait for each read of an answer (beyond ``wait``).
         connect_timeout: seconds to wait for a connection.
         wait: default seconds ``extend``/``sample`` may wait on the rate limiter.

@@ -23,6 +23,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tdreplay.codec.token import check_token, read_token_file
 from tdreplay.storage import RedisConnection
 
 BackendKind = Literal["memory", "memmap", "shared", "h5", "redis"]
@@ -357,36 +358,3 @@ def is_loopback(host: str) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped.is_loopback
     return address.is_loopback
-
-
-MAX_TOKEN_BYTES = 4096
-
-
-def check_token(token: str, source: str) -> None:
-    """Refuse a token no client could send as ``Authorization: Bearer <token>``."""
-    if not token:
-        raise ValueError(f"the token from {source} is empty")
-    if len(token) > MAX_TOKEN_BYTES:
-        raise ValueError(f"the token from {source} is longer than {MAX_TOKEN_BYTES} bytes")
-    if not all("!" <= c <= "~" for c in token):
-        raise ValueError(
-            f"the token from {source} holds spaces, control or non-ASCII characters; "
-            "use visible ASCII only (e.g. `openssl rand -hex 32`)"
-        )
-
-
-def read_token_file(path: Path) -> str:
-    """The token in ``path``, less one trailing newline (as ``echo`` and editors leave it)."""
-    source = f"token file {str(path)!r}"
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_TOKEN_BYTES + 3)
-    except OSError as err:
-        raise ValueError(f"{source} cannot be read: {err.strerror or err}") from None
-    if raw.endswith(b"\r\n"):
-        raw = raw[:-2]
-    elif raw.endswith(b"\n"):
-        raw = raw[:-1]
-    token = raw.decode("latin-1")
-    check_token(token, source)
-    return token

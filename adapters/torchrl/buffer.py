@@ -55,8 +55,10 @@ class TDReplayBuffer(
 
     Args:
         url: the server's URL, a list of URLs (a sharded table), or a
-            :class:`~tdreplay.client.ReplayClient` to use.
-        table: the table's name.
+            :class:`~tdreplay.client.ReplayClient` to use; default: ``TDREPLAY_URL``
+            (and the token from ``TDREPLAY_TOKEN`` / ``TDREPLAY_TOKEN_FILE``), as every
+            client reads them.
+        table: the table's name (required).
 
     Keyword Args:
         batch_size: the default size of :meth:`sample` and of iteration.
@@ -100,8 +102,8 @@ class TDReplayBuffer(
 
     def __init__(
         self,
-        url: str | Sequence[str] | ReplayClient,
-        table: str,
+        url: str | Sequence[str] | ReplayClient | None = None,
+        table: str | None = None,
         *,
         batch_size: int | None = None,
         prefetch: int | None = None,
@@ -113,6 +115,8 @@ class TDReplayBuffer(
         timeout: float | None = None,
         **client_options: Any,
     ) -> None:
+        if table is None:
+            raise TypeError("TDReplayBuffer needs the table's name: TDReplayBuffer(url, table)")
         if isinstance(url, ReplayClient):
             if client_options:
                 raise TypeError(
