@@ -333,7 +333,7 @@ class TDReplayBuffer(
             rows, extra = R.rows_for(data, keys, (*R.SAMPLE_KEYS, self.priority_key))
         if extra:
             self._warn_extra(extra)
-        index = self._client.extend(self._table, rows, timeout=self._timeout)
+        index = self._insert(rows)
         shaped = index.reshape(data.batch_size) if data.batch_dims else index.reshape(())
         if update_priority is not False and self._sampler.prioritized:
             priority = data.get(self.priority_key, None)
@@ -342,6 +342,17 @@ class TDReplayBuffer(
                     self._table, index, R.priority_vector(data, self.priority_key)
                 )
         return shaped
+
+    def _insert(self, rows: TensorDictBase) -> torch.Tensor:
+        """Insert ``rows`` (``[N]``); more than the capacity go in pieces, as TorchRL's ring
+        writes them: the newest stay, and every row gets the slot it went to."""
+        capacity = int(self._meta_info().get("capacity") or len(rows))
+        if len(rows) <= capacity:
+            return self._client.extend(self._table, rows, timeout=self._timeout)
+        pieces = [rows[k : k + capacity] for k in range(0, len(rows), capacity)]
+        return torch.cat(
+            [self._client.extend(self._table, p, timeout=self._timeout) for p in pieces]
+        )
 
     def add(self, data: Any) -> int:
         """Insert one step (a TensorDict with an empty batch); returns its slot."""

@@ -398,3 +398,16 @@ def test_items_by_index_as_torchrl_reads_them(
     assert torch.equal(ours[batch["index"]]["observation"], batch["observation"])
     ours.append_transform(_Twice())
     assert torch.equal(ours[0]["twice"], frames["next", "reward"][0] * 2)
+
+
+def test_extend_past_the_capacity_wraps_as_torchrl_does(
+    server: Any, make_table: Callable[..., str], frames: TensorDict
+) -> None:
+    """64 frames into 32 slots: every row gets the slot it went to, the newest 32 stay."""
+    ours = TDReplayBuffer(server.url, make_table(capacity=32))
+    theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(32))
+    a, b = ours.extend(frames.clone()), theirs.extend(frames.clone())
+    assert a.tolist() == b.tolist() == [*range(32), *range(32)]
+    for key in ("observation", ("next", "reward")):
+        assert torch.equal(ours[:][key], theirs[:][key])
+    assert len(ours) == 32 and ours.write_count == 64
