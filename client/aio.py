@@ -31,9 +31,10 @@ from .aio_writer import AsyncWriter
 from .base import ClientBase
 from .deprecation import warn_close_deprecated
 from .loader import Loader, LoaderIterator
-from .plans import Call, ClientSettings, Gather, Pause, Plan
+from .plans import ClientSettings
 from .schema import load_spec
 from .stats import flatten
+from .steps import Call, Gather, Pause, Plan
 from .sync import ReplayClient
 
 T = TypeVar("T")
@@ -186,6 +187,10 @@ class AsyncReplayClient(ClientBase):
     ) -> Any:
         """See :meth:`ReplayClient.sample`."""
         return await self._run(self._calls.sample(table, batch_size, timeout, as_cls))
+
+    async def remove(self, table: str, index: Any, key: Any = None) -> int:
+        """See :meth:`ReplayClient.remove`."""
+        return await self._run(self._calls.remove(table, index, key))
 
     async def read(self, table: str, index: Any) -> Any:
         """See :meth:`ReplayClient.read`."""

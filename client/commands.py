@@ -305,6 +305,26 @@ class Read(Command[TensorDict]):
 
 
 @dataclass
+class Remove(Command[int]):
+    """Remove the items in one server's slots ``index`` (with ``key``: only those still
+    holding the sampled item); how many went."""
+
+    table: str
+    index: list[int]
+    key: list[int] | None = None
+
+    def request(self) -> Request:
+        payload: dict[str, Any] = {"index": self.index}
+        if self.key is not None:
+            payload["key"] = self.key
+        headers, body = json_body(payload)
+        return Request("POST", table_target(self.table, "remove"), headers, body)
+
+    def parse(self, response: Response) -> int:
+        return int(response.check().json()["removed"])
+
+
+@dataclass
 class Stream(Command[None]):
     """``GET .../stream``: ``count`` samples as one chunked Arrow stream (read by the transport)."""
 

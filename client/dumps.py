@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..codec.archive import pack, unpack
-from .plans import Calls, Plan
+from .plans import Calls
+from .steps import Plan
 
 T = TypeVar("T")
 

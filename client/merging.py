@@ -51,3 +51,22 @@ def split_batch(
     drawn = torch.multinomial(weights, pieces, replacement=True, generator=generator)
     counts = torch.bincount(drawn, minlength=len(sizes)).tolist()
     return [c * unit for c in counts]
+
+
+def by_shard(
+    index: torch.Tensor, n: int, *columns: torch.Tensor | None
+) -> list[tuple[int, torch.Tensor, list[torch.Tensor | None]]]:
+    """A sharded ``index`` (``slot * n + server``, as samples give it) split by server:
+    ``(server, its slots, the rows of each of columns that go with them)`` for every
+    server it names, in server order (``None`` columns stay ``None``).
+
+        >>> [(s, i.tolist()) for s, i, _ in by_shard(torch.tensor([4, 3, 6]), 2)]
+        [(0, [2, 3]), (1, [1])]
+    """
+    shard = index % n
+    out = []
+    for s in range(n):
+        mine = shard == s
+        if bool(mine.any()):
+            out.append((s, index[mine] // n, [None if c is None else c[mine] for c in columns]))
+    return out

@@ -1,15 +1,20 @@
 """The persistence commands: checkpoint and restore on the server, dump and load through the
 caller, export. Like every command (:mod:`.commands`), each builds one request and reads
-its answer; the plans (:mod:`.plans`) run them on every server of a sharded client.
+its answer; their plans (:class:`PersistencePlans`, part of :class:`~.plans.Calls`) run
+them on every server of a sharded client.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..codec import protocol
 from .commands import Command, Request, Response, json_body, table_target
+from .merging import merge_infos
+from .steps import Call, Gather, Plan
 
 
 @dataclass
@@ -90,3 +95,53 @@ class Export(Command["str | bytes"]):
             data = response.json()
             return str(data.get("path", self.path)) if isinstance(data, dict) else self.path
         return bytes(response.body)
+
+
+class PersistencePlans:
+    """The persistence plans of :class:`~.plans.Calls` (its servers, lock and size cache)."""
+
+    n: int
+    _lock: threading.Lock
+    _sizes: dict[str, Any]
+
+    def _paths(self, path: str) -> list[str]:
+        return [path] if self.n == 1 else [f"{path}-shard{i}" for i in range(self.n)]
+
+    def checkpoint(self, table: str, path: str) -> Plan[str | list[str]]:
+        paths = self._paths(path)
+        results = yield Gather([Call(i, Checkpoint(table, p)) for i, p in enumerate(paths)])
+        return results[0] if self.n == 1 else results
+
+    def restore(self, table: str, path: str) -> Plan[dict[str, Any]]:
+        paths = self._paths(path)
+        results = yield Gather([Call(i, Restore(table, p)) for i, p in enumerate(paths)])
+        with self._lock:
+            self._sizes.pop(table, None)
+        return merge_infos(results)
+
+    def dump(self, table: str) -> Plan[list[bytes]]:
+        """Each server's archive of ``table`` (one per shard, in shard order)."""
+        results = yield Gather([Call(i, Dump(table)) for i in range(self.n)])
+        return list(results)
+
+    def load(self, table: str, archives: Sequence[bytes]) -> Plan[dict[str, Any]]:
+        """Restore each shard's ``table`` from its archive (as :meth:`dump` made them)."""
+        if len(archives) != self.n:
+            raise ValueError(
+                f"{len(archives)} archives for {self.n} servers: load takes what dump made "
+                "of the same servers"
+            )
+        calls = [Call(i, Load(table, a)) for i, a in enumerate(archives)]
+        results = yield Gather(calls)
+        with self._lock:
+            self._sizes.pop(table, None)
+        return merge_infos(results)
+
+    def export(
+        self, table: str, format: str = "parquet", path: str | None = None
+    ) -> Plan[str | bytes | list[str | bytes]]:
+        paths: list[str | None] = [None] * self.n
+        if path is not None:
+            paths = list(self._paths(path))
+        results = yield Gather([Call(i, Export(table, format, p)) for i, p in enumerate(paths)])
+        return results[0] if self.n == 1 else results

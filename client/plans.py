@@ -27,7 +27,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -36,10 +35,11 @@ from tensordict import TensorDict
 
 from . import commands as C
 from . import errors
-from . import persistence as P
-from .merging import merge_infos, split_batch
-from .retry import NO_RETRY, RetryPolicy
+from .merging import by_shard, merge_infos, split_batch
+from .persistence import PersistencePlans
+from .retry import RetryPolicy
 from .shards import ShardHealth
+from .steps import Call, Gather, Pause, Plan
 from .tensorclass import to_tensorclass
 
 T = TypeVar("T")
@@ -93,45 +93,7 @@ class ClientSettings:
                 raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
-@dataclass
-class Call:
-    """Run ``command`` on server number ``shard`` (``once``: a try of a server thought
-    down, which is not retried: if it does not answer, the plan goes on elsewhere)."""
-
-    shard: int
-    command: C.Command[Any]
-    once: bool = False
-
-    def retry(self, policy: RetryPolicy) -> RetryPolicy:
-        """The retry policy this call runs under: ``policy``, or none for a try (``once``)."""
-        return NO_RETRY if self.once else policy
-
-
-@dataclass
-class Gather:
-    """Run several calls concurrently; the plan receives their results in order.
-
-    With ``partial``, a call whose server could not be reached (a
-    :class:`~tdreplay.client.errors.TransportError`) gives that error as its
-    result instead of failing the gather.
-    """
-
-    calls: list[Call]
-    partial: bool = False
-
-
-@dataclass
-class Pause:
-    """Wait ``seconds`` (the driver's way: ``time.sleep`` or ``asyncio.sleep``)."""
-
-    seconds: float
-
-
-Step = Call | Gather | Pause
-Plan = Generator[Step, Any, T]
-
-
-class Calls:
+class Calls(PersistencePlans):
     """The plans of every client call, over ``settings.urls`` (shared by both twins).
 
     Holds the little state sharding needs: the round-robin cursor and a
@@ -325,18 +287,25 @@ class Calls:
             updated: int = yield Call(0, C.UpdatePriority(table, index, priority, key))
             return updated
         # each server gets its own slots back, with their keys (keys are per server)
-        shard = index % self.n
-        calls = []
-        for s in range(self.n):
-            mine = shard == s
-            if bool(mine.any()):
-                command = C.UpdatePriority(
-                    table, index[mine] // self.n, priority[mine], None if key is None else key[mine]
-                )
-                calls.append(Call(s, command))
+        calls = [
+            Call(s, C.UpdatePriority(table, mine, p, k))
+            for s, mine, (p, k) in by_shard(index, self.n, priority, key)
+        ]
         # a server that is down keeps its old priorities (a lost update, logged as down)
         results = self._answers(calls, (yield Gather(calls, partial=True)))
         return sum(r for r in results if r is not None)
+
+    def remove(self, table: str, index: Any, key: Any = None) -> Plan[int]:
+        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
+        key = None if key is None else torch.as_tensor(key, dtype=torch.int64).reshape(-1).cpu()
+        if key is not None and len(key) != len(index):
+            raise ValueError(f"{len(index)} indices but {len(key)} keys")
+        calls = [
+            Call(s, C.Remove(table, mine.tolist(), None if k is None else k.tolist()))
+            for s, mine, (k,) in by_shard(index, self.n, key)
+        ]
+        results = yield Gather(calls)
+        return sum(results)
 
     def read(self, table: str, index: Any) -> Plan[TensorDict]:
         """The items in slots ``index`` (as a sample's ``index`` names them: sharded, the
@@ -345,55 +314,13 @@ class Calls:
         if self.n == 1:
             rows: TensorDict = yield Call(0, C.Read(table, index.tolist()))
             return rows
-        shard = index % self.n
-        asked = [s for s in range(self.n) if bool((shard == s).any())]
-        calls = [Call(s, C.Read(table, (index[shard == s] // self.n).tolist())) for s in asked]
-        parts: list[TensorDict] = yield Gather(calls)
-        out: TensorDict = TensorDict.cat(parts)  # rows by server; back in the order asked
-        order = torch.cat([(shard == s).nonzero().squeeze(1) for s in asked])
-        out["index"] = torch.cat(
-            [p["index"] * self.n + s for p, s in zip(parts, asked, strict=True)]
+        place = torch.arange(len(index))  # where each row goes back
+        split = by_shard(index, self.n, place)
+        parts: list[TensorDict] = yield Gather(
+            [Call(s, C.Read(table, i.tolist())) for s, i, _ in split]
         )
-        return out[torch.argsort(order)]
-
-    def _paths(self, path: str) -> list[str]:
-        return [path] if self.n == 1 else [f"{path}-shard{i}" for i in range(self.n)]
-
-    def checkpoint(self, table: str, path: str) -> Plan[str | list[str]]:
-        paths = self._paths(path)
-        results = yield Gather([Call(i, P.Checkpoint(table, p)) for i, p in enumerate(paths)])
-        return results[0] if self.n == 1 else results
-
-    def restore(self, table: str, path: str) -> Plan[dict[str, Any]]:
-        paths = self._paths(path)
-        results = yield Gather([Call(i, P.Restore(table, p)) for i, p in enumerate(paths)])
-        with self._lock:
-            self._sizes.pop(table, None)
-        return merge_infos(results)
-
-    def dump(self, table: str) -> Plan[list[bytes]]:
-        """Each server's archive of ``table`` (one per shard, in shard order)."""
-        results = yield Gather([Call(i, P.Dump(table)) for i in range(self.n)])
-        return list(results)
-
-    def load(self, table: str, archives: Sequence[bytes]) -> Plan[dict[str, Any]]:
-        """Restore each shard's ``table`` from its archive (as :meth:`dump` made them)."""
-        if len(archives) != self.n:
-            raise ValueError(
-                f"{len(archives)} archives for {self.n} servers: load takes what dump made "
-                "of the same servers"
-            )
-        calls = [Call(i, P.Load(table, a)) for i, a in enumerate(archives)]
-        results = yield Gather(calls)
-        with self._lock:
-            self._sizes.pop(table, None)
-        return merge_infos(results)
-
-    def export(
-        self, table: str, format: str = "parquet", path: str | None = None
-    ) -> Plan[str | bytes | list[str | bytes]]:
-        paths: list[str | None] = [None] * self.n
-        if path is not None:
-            paths = list(self._paths(path))
-        results = yield Gather([Call(i, P.Export(table, format, p)) for i, p in enumerate(paths)])
-        return results[0] if self.n == 1 else results
+        out: TensorDict = TensorDict.cat(parts)  # rows by server; back in the order asked
+        out["index"] = torch.cat(
+            [p["index"] * self.n + s for p, (s, _, _) in zip(parts, split, strict=True)]
+        )
+        return out[torch.argsort(torch.cat([c for _, _, (c,) in split]))]  # type: ignore[misc]

@@ -29,7 +29,8 @@ from typing import Any
 
 from . import commands as C
 from . import errors, shm
-from .plans import Call, ClientSettings, Pause
+from .plans import ClientSettings
+from .steps import Call, Pause
 
 
 @dataclass(frozen=True)

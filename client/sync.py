@@ -31,9 +31,10 @@ from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
 from .dumps import Persistence
 from .loader import Loader
-from .plans import Call, ClientSettings, Gather, Pause, Plan
+from .plans import ClientSettings
 from .schema import load_spec
 from .stats import flatten
+from .steps import Call, Gather, Pause, Plan
 from .transport import Transport
 from .writer import Writer
 
@@ -262,6 +263,11 @@ class ReplayClient(Persistence, ClientBase):
             TableNotFound, TransportError: as their names say.
         """
         return self._run(self._calls.sample(table, batch_size, timeout, as_cls, lease=True))
+
+    def remove(self, table: str, index: Any, key: Any = None) -> int:
+        """Remove sampled items (``batch["index"]``; with ``key=batch["sample_info", "key"]``
+        only those not overwritten since); returns how many went (Reverb's deletes)."""
+        return self._run(self._calls.remove(table, index, key))
 
     def read(self, table: str, index: Any) -> TensorDict:
         """The items in slots ``index`` (a sample's ``index`` values), as stored (nothing is

@@ -54,6 +54,7 @@ from .params import (
     PathBody,
     PriorityUpdate,
     ReadParams,
+    RemoveParams,
     SampleParams,
     StreamParams,
 )
@@ -217,6 +218,16 @@ class Core:
                 got=len(update.priority),
             )
         return await handle.update_priority(update.index, update.priority, update.key)
+
+    async def remove(self, name: str, params: RemoveParams) -> int:
+        """Remove the items in sampled slots (``Table.remove``); returns how many went.
+
+        Raises:
+            InvalidRequest: an index out of range, or keys not one per slot. Nothing is removed.
+        """
+        handle = self.table(name)
+        with handle.use() as table:
+            return await handle.call(lambda: table.remove(params.index, key=params.key))
 
     # -- tables ------------------------------------------------------------------
     async def read(self, name: str, params: ReadParams) -> bytes:

@@ -99,6 +99,18 @@ class PriorityUpdate(Params):
     )
 
 
+class RemoveParams(Params):
+    index: list[SlotIndex] = Field(
+        max_length=MAX_UPDATE, description="Slots of the items to remove, as sampled (`index`)."
+    )
+    key: list[SlotIndex] | None = Field(
+        default=None,
+        max_length=MAX_UPDATE,
+        description="The sampled items' keys (`sample_info.key`), one per slot: only slots "
+        "still holding the item with that key are emptied. Omitted: no check.",
+    )
+
+
 class ReadParams(Params):
     index: list[SlotIndex] = Field(
         max_length=MAX_READ, description="Slots to read, each holding an item."

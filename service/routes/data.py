@@ -37,6 +37,7 @@ from ..core import (
     ExtendParams,
     PriorityUpdate,
     ReadParams,
+    RemoveParams,
     SampleParams,
     StreamParams,
     parse,
@@ -167,6 +168,26 @@ router.add_api_route(
 #: name, and the handler that serves each (the framework serves the endpoint itself for
 #: a request that comes another way)
 HOT_ROUTES: dict[str, Handler] = {"extend": _extend, "sample": _sample}
+
+
+class RemoveResult(BaseModel):
+    removed: int = Field(description="How many items were removed (skipped slots aside).")
+
+
+@router.post(
+    "/{name}/remove",
+    name="remove",
+    response_model=RemoveResult,
+    responses=error_responses(TableNotFound),
+)
+async def remove(name: TableName, params: RemoveParams, core: CoreDep) -> RemoveResult:
+    """Remove sampled items (Reverb's ``mutate_priorities(deletes=...)``).
+
+    Slots whose item was removed since the sample are skipped; with ``key``, so are
+    slots overwritten since (their item has another key). A bad index or key list
+    changes nothing (400).
+    """
+    return RemoveResult(removed=await core.remove(name, params))
 
 
 # ------------------------------------------------------------------ read

@@ -242,30 +242,85 @@ class Draws(TableBase):
         """
         index = torch.as_tensor(index).reshape(-1).to(torch.int64)
         priority = torch.as_tensor(priority).reshape(-1)
-        if key is not None:
-            key = torch.as_tensor(key).reshape(-1)
-            if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
-                raise InvalidRequest(
-                    f"table {self.name!r}: keys must be integers, got {str(key.dtype).removeprefix('torch.')}",
-                    table=self.name,
-                    field="key",
-                    expected="int64",
-                    got=str(key.dtype).removeprefix("torch."),
-                )
-            if len(key) != len(index):
-                raise InvalidRequest(
-                    f"table {self.name!r}: {len(index)} indices but {len(key)} keys",
-                    table=self.name,
-                    field="key",
-                    expected=len(index),
-                    got=len(key),
-                )
-            key = key.to(torch.int64)
+        key = self._keys_of(index, key)
         with self._cond:
             updated = self.sampler.update_priority(index, priority, key)
             self._persist()
             self._notify()
         return updated
+
+    def _slots_of(self, index: Any) -> torch.Tensor:
+        """``index`` as int64 slots ``[N]``.
+
+        Raises:
+            InvalidRequest: an index outside ``[0, capacity)``.
+        """
+        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+        if len(index) and (int(index.min()) < 0 or int(index.max()) >= self.capacity):
+            bad = int(index[(index < 0) | (index >= self.capacity)][0])
+            raise InvalidRequest(
+                f"table {self.name!r}: index {bad} outside [0, {self.capacity})",
+                table=self.name,
+                field="index",
+                expected=f"[0, {self.capacity})",
+                got=bad,
+            )
+        return index
+
+    def _keys_of(self, index: torch.Tensor, key: Any) -> torch.Tensor | None:
+        """``key`` (the sampled items' keys, one per slot of ``index``) as int64, checked.
+
+        Raises:
+            InvalidRequest: the keys are not integers, or not one per slot.
+        """
+        if key is None:
+            return None
+        key = torch.as_tensor(key).reshape(-1)
+        if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
+            raise InvalidRequest(
+                f"table {self.name!r}: keys must be integers, got {str(key.dtype).removeprefix('torch.')}",
+                table=self.name,
+                field="key",
+                expected="int64",
+                got=str(key.dtype).removeprefix("torch."),
+            )
+        if len(key) != len(index):
+            raise InvalidRequest(
+                f"table {self.name!r}: {len(index)} indices but {len(key)} keys",
+                table=self.name,
+                field="key",
+                expected=len(index),
+                got=len(key),
+            )
+        return key.to(torch.int64)
+
+    def remove(self, index: Any, *, key: Any = None) -> int:
+        """Remove the items in slots ``index`` (Reverb's ``mutate_priorities(deletes=...)``).
+
+        As :meth:`update_priority`: slots removed since are skipped, and with ``key``
+        (``batch["sample_info", "key"]``) a slot whose item was overwritten since the
+        sample keeps its new item. A removed item is never sampled again; its slot is
+        written again in the writer's turn.
+
+        Returns:
+            How many items were removed.
+
+        Raises:
+            InvalidRequest: an index outside ``[0, capacity)``, or bad keys. Nothing is removed.
+        """
+        index = self._slots_of(index)
+        key = self._keys_of(index, key)
+        with self._cond:
+            self._check_open()
+            held = self.slots.live[index]
+            if key is not None:
+                held &= self.slots.ordinal[index] == key
+            doomed = torch.unique(index[held])
+            if len(doomed):
+                self._remove(doomed)
+                self._persist()
+                self._notify()
+        return len(doomed)
 
     def live_index(self) -> torch.Tensor:
         """Slots of the live items, oldest first (insertion order)."""
@@ -280,17 +335,8 @@ class Draws(TableBase):
             InvalidRequest: an index is outside ``[0, capacity)``.
             TableClosed: the table is closed.
         """
-        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+        index = self._slots_of(index)
         self._check_open()
-        if len(index) and (int(index.min()) < 0 or int(index.max()) >= self.capacity):
-            bad = index[(index < 0) | (index >= self.capacity)][0].item()
-            raise InvalidRequest(
-                f"table {self.name!r}: index {bad} outside [0, {self.capacity})",
-                table=self.name,
-                field="index",
-                expected=f"[0, {self.capacity})",
-                got=bad,
-            )
         with self._data_lock.read():
             bufs = self.backend.read(index)
         return nest(bufs, len(index))

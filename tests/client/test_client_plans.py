@@ -10,7 +10,8 @@ from tensordict import TensorDict
 
 from tdreplay.client import ClientSettings, ConnectionFailed, split_batch
 from tdreplay.client import commands as C
-from tdreplay.client.plans import Call, Calls, Gather, Pause
+from tdreplay.client.plans import Calls
+from tdreplay.client.steps import Call, Gather, Pause
 from tdreplay.codec import encode
 
 

@@ -1,4 +1,5 @@
-"""Emptying a table (clear) and reading its items by slot (read), against real servers."""
+"""A table's items as a whole and one by one, against real servers: emptying it (clear),
+reading items by slot (read), removing sampled items (remove)."""
 
 from __future__ import annotations
 
@@ -120,3 +121,40 @@ def test_read_gives_the_items_in_slots_as_stored(live_server: Any) -> None:
     batch = sharded.sample("r", 16)
     again = sharded.read("r", batch["index"])
     assert torch.equal(again["id"], batch["id"]) and torch.equal(again["index"], batch["index"])
+
+
+def test_remove_takes_sampled_items_out_unless_overwritten(live_server: Any) -> None:
+    """Reverb's deletes: a removed item is never sampled again; with the sample's keys, a
+    slot overwritten since keeps its new item; sharded, each server removes its own."""
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(spec("rm", {"kind": "uniform"}, capacity=8))
+    client.extend("rm", rows(0, 8))
+    batch = client.read("rm", [1, 2, 3])
+    first = 2  # slot 1's item's key: the second item inserted (keys are ordinals)
+    client.extend("rm", rows(8, 2))  # overwrites slots 0 and 1
+    assert client.remove("rm", [1], key=[first]) == 0  # slot 1 holds another item now
+    assert client.remove("rm", batch["index"][1:]) == 2  # slots 2 and 3
+    assert client.remove("rm", [2, 2, 3]) == 0  # already gone: skipped
+    info = client.info("rm")
+    assert info["size"] == 6
+    seen = {i for _ in range(40) for i in client.sample("rm", 6)["id"].tolist()}
+    assert seen.isdisjoint({2, 3}) and {8, 9} <= seen
+    with pytest.raises(InvalidRequest, match="index 8 outside"):
+        client.remove("rm", [0, 8])
+    with pytest.raises(ValueError, match="1 indices but 2 keys"):
+        client.remove("rm", [0], key=[1, 2])
+    status, _, body = server.request(
+        "POST", "/v1/tables/rm/remove", b'{"index": [0], "key": [1, 2]}',
+        {"Content-Type": "application/json"},
+    )  # fmt: skip
+    assert status == 400 and b"1 indices but 2 keys" in body  # the server's own check
+    assert client.info("rm")["size"] == 6  # nothing changed
+    second = live_server()
+    ReplayClient(second.url).create_table(spec("rm", {"kind": "uniform"}, capacity=8))
+    ReplayClient(second.url).extend("rm", rows(100, 8))
+    sharded = ReplayClient([server.url, second.url], transport="http")
+    drawn = sharded.sample("rm", 12)
+    doomed = torch.unique(drawn["index"])
+    assert sharded.remove("rm", doomed) == len(doomed)
+    assert sharded.info("rm")["size"] == 14 - len(doomed)

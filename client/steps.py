@@ -1,0 +1,56 @@
+"""The steps a plan yields (:mod:`.plans`): what each client twin performs, its own way.
+
+A plan is a generator of steps: :class:`Call` (one command to one server),
+:class:`Gather` (several at once) and :class:`Pause`; it receives each step's
+result and returns the call's. The blocking twin performs them with blocking
+I/O and ``time.sleep``, the asyncio twin awaits them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from . import commands as C
+from .retry import NO_RETRY, RetryPolicy
+
+T = TypeVar("T")
+
+
+@dataclass
+class Call:
+    """Run ``command`` on server number ``shard`` (``once``: a try of a server thought
+    down, which is not retried: if it does not answer, the plan goes on elsewhere)."""
+
+    shard: int
+    command: C.Command[Any]
+    once: bool = False
+
+    def retry(self, policy: RetryPolicy) -> RetryPolicy:
+        """The retry policy this call runs under: ``policy``, or none for a try (``once``)."""
+        return NO_RETRY if self.once else policy
+
+
+@dataclass
+class Gather:
+    """Run several calls concurrently; the plan receives their results in order.
+
+    With ``partial``, a call whose server could not be reached (a
+    :class:`~tdreplay.client.errors.TransportError`) gives that error as its
+    result instead of failing the gather.
+    """
+
+    calls: list[Call]
+    partial: bool = False
+
+
+@dataclass
+class Pause:
+    """Wait ``seconds`` (the driver's way: ``time.sleep`` or ``asyncio.sleep``)."""
+
+    seconds: float
+
+
+Step = Call | Gather | Pause
+Plan = Generator[Step, Any, T]
