@@ -154,7 +154,7 @@ def test_remove_takes_sampled_items_out_unless_overwritten(live_server: Any) -> 
     ReplayClient(second.url).create_table(spec("rm", {"kind": "uniform"}, capacity=8))
     ReplayClient(second.url).extend("rm", rows(100, 8))
     sharded = ReplayClient([server.url, second.url], transport="http")
-    drawn = sharded.sample("rm", 12)
+    drawn = sharded.sample("rm", 8)  # at most a server's capacity: the split may give one all
     doomed = torch.unique(drawn["index"])
     assert sharded.remove("rm", doomed) == len(doomed)
     assert sharded.info("rm")["size"] == 14 - len(doomed)
