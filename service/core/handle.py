@@ -144,12 +144,8 @@ class TableHandle:
 
     async def retire(self, by: str = "deleted") -> None:
         """Stop serving: refuse new calls, end waits (with :meth:`gone`'s error), and return
-        once running calls are done.
-
-        Args:
-            by: what ended it: ``"deleted"``, ``"cleared"``, ``"restored"`` (replaced by a
-                restore or load).
-        """
+        once running calls are done. ``by``: ``"deleted"``, ``"cleared"`` or ``"restored"``
+        (replaced by a restore or a load)."""
         self.is_open = False
         self.retired_by = by
         self.changes.fire()

@@ -2,9 +2,9 @@
 
 :class:`Core` is what the HTTP routes, the same-host socket and an
 in-process caller hold: a registry of tables and the operations on them -
-extend, sample, update priorities, info, checkpoint, restore, export,
-create, delete - each with its validation, limits and rate-limiter wait done
-here, once. A door parses its request into the models of
+extend, sample, update priorities, remove, read, info, create, clear,
+delete, and (:mod:`.persistence`) checkpoint, restore, export, dump, load -
+each with its validation, limits and rate-limiter wait done here, once. A door parses its request into the models of
 :mod:`.params`, calls one method, and encodes the answer.
 
     >>> import asyncio, tempfile, torch
@@ -28,19 +28,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from starlette.concurrency import run_in_threadpool
 
-from tdreplay.codec import encode, protocol
-from tdreplay.codec.archive import pack as archive_pack
-from tdreplay.codec.archive import unpack as archive_unpack
+from tdreplay.codec import encode
 from tdreplay.storage import InvalidRequest, NestedKey, TableNotFound, TableSpec
 
 from ..errors import PayloadTooLarge
@@ -49,23 +43,14 @@ from ..wire import Lease, sample_nbytes
 from .handle import Place, Shape, TableHandle
 from .params import (
     BufferParams,
-    ExportBody,
     ExtendParams,
-    PathBody,
     PriorityUpdate,
     ReadParams,
     RemoveParams,
     SampleParams,
     StreamParams,
 )
-from .paths import (
-    EXPORT_SCRATCH,
-    TRANSFER_SCRATCH,
-    checkpoint_target,
-    confine_area,
-    export_target,
-    relative,
-)
+from .persistence import PersistenceOps
 from .registry import Registry
 from .waiting import WaitHook
 
@@ -75,7 +60,7 @@ log = logging.getLogger("tdreplay.service")
 PROBE_WAIT = 0.5
 
 
-class Core:
+class Core(PersistenceOps):
     """The tables of one server and every operation on them.
 
     Args:
@@ -282,116 +267,6 @@ class Core:
     async def delete(self, name: str) -> None:
         """Delete a table and its data (calls waiting on it fail with ``TableNotFound``)."""
         await self.registry.delete(name)
-
-    # -- persistence ------------------------------------------------------------
-    async def checkpoint(self, name: str, body: PathBody) -> str:
-        """Checkpoint a table; returns the folder relative to the data root.
-
-        Raises:
-            InvalidRequest, PathExists: see :func:`.paths.checkpoint_target`.
-            CheckpointError: it could not be written (the previous one is kept).
-        """
-        self.table(name)
-        target = checkpoint_target(self.root, name, body.path)
-        path = await self.registry.checkpoint(name, target)
-        return relative(self.root, path)
-
-    async def restore(self, name: str, body: PathBody) -> dict[str, Any]:
-        """Replace (or create) a table from a checkpoint of it; returns its info.
-
-        Raises:
-            InvalidRequest: the path is not inside ``checkpoints/``, holds no
-                checkpoint, or holds another table's.
-            InvalidCheckpoint, CheckpointError: the checkpoint cannot be read.
-        """
-        source = (
-            confine_area(self.root, protocol.CHECKPOINTS, body.path)
-            if body.path is not None
-            else None
-        )
-        handle = await self.registry.restore(name, source)
-        return await handle.info()
-
-    async def export(self, name: str, body: ExportBody) -> tuple[Path, bool]:
-        """Export the live items, oldest first, as Parquet or CSV.
-
-        Returns:
-            The file, and whether it is scratch: written for the caller to send
-            and then delete (no ``path`` given), or a file under ``exports/``.
-
-        Raises:
-            InvalidRequest, PathExists: see :func:`.paths.export_target`.
-            InsufficientStorage: the disk is full (nothing is left behind).
-        """
-        handle = self.table(name)
-        if body.path is not None:
-            target, scratch = export_target(self.root, name, body.path), False
-        else:
-            target = self.root / EXPORT_SCRATCH / f"{name}-{uuid.uuid4().hex}.{body.format}"
-            scratch = True
-        fmt = body.format
-        began = time.monotonic()
-        with handle.use() as table:
-            written = await handle.call(lambda: table.export(target, format=fmt))
-        log.info(
-            "table %r exported as %s to %s: %d bytes in %.2f s",
-            name,
-            fmt,
-            "the client" if scratch else relative(self.root, written),
-            written.stat().st_size,
-            time.monotonic() - began,
-        )
-        return written, scratch
-
-    async def dump(self, name: str) -> Path:
-        """A fresh checkpoint of a table as one archive (:mod:`tdreplay.codec.archive`), for
-        the caller to send and then delete; nothing else of it stays behind.
-
-        Raises:
-            TableNotFound: no such table.
-            CheckpointError, InsufficientStorage: it could not be written.
-        """
-        self.table(name)
-        folder = self._scratch(name)
-        try:
-            await self.registry.checkpoint(name, folder)
-            archive = folder.with_suffix(".tar")
-            data = await run_in_threadpool(archive_pack, folder)
-            await run_in_threadpool(archive.write_bytes, data)
-        finally:
-            await run_in_threadpool(shutil.rmtree, folder, True)
-        return archive
-
-    async def load(self, name: str, data: bytes | memoryview) -> dict[str, Any]:
-        """Replace (or create) a table from an archive :meth:`dump` made of it; returns its info.
-
-        The archive is untrusted: unpacked by :func:`tdreplay.codec.archive.unpack`
-        (regular files inside a scratch folder only, within the body limit), then
-        restored as any checkpoint is (nothing in it can run code), then deleted.
-
-        Raises:
-            CodecError: not such an archive (the member at fault is named).
-            InvalidRequest: the checkpoint is of another table.
-            InvalidCheckpoint, CheckpointError: it cannot be restored.
-        """
-        folder = self._scratch(name)
-        limit = self.settings.max_body_bytes
-        try:
-            await run_in_threadpool(lambda: archive_unpack(bytes(data), folder, max_bytes=limit))
-            handle = await self.registry.restore(name, folder)
-        finally:
-            await run_in_threadpool(shutil.rmtree, folder, True)
-        return await handle.info()
-
-    def _scratch(self, name: str) -> Path:
-        """A new scratch folder's path for ``name`` (its parent made)."""
-        parent = self.root / TRANSFER_SCRATCH
-        parent.mkdir(mode=0o700, exist_ok=True)
-        return parent / f"{name}-{uuid.uuid4().hex}"
-
-    def relative(self, path: Path) -> str:
-        """``path`` as a client sees it: relative to the data root."""
-        return relative(self.root, path)
 
     # -- the server ----------------------------------------------------------------
     async def lost_tables(self) -> list[str]:
