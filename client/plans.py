@@ -105,7 +105,8 @@ class Calls(PersistencePlans):
         self.n = len(settings.urls)
         self._cursor = itertools.count()
         self._lock = threading.Lock()
-        self._sizes: dict[str, tuple[float, list[int], int]] = {}
+        #: per table: when read, the servers' sizes, the slice unit, the servers' capacities
+        self._sizes: dict[str, tuple[float, list[int], int, list[int]]] = {}
         self.shards = ShardHealth(list(settings.urls), retry_every=settings.shard_refresh)
 
     def _wait(self, wait: float | None) -> float:
@@ -152,8 +153,10 @@ class Calls(PersistencePlans):
         sampler = next(i for i in infos if i is not None).get("sampler") or {}
         unit = int(sampler.get("slice_len", 1)) if sampler.get("kind") == "slice" else 1
         sizes = [0 if i is None else int(i.get("size", 0)) for i in infos]
+        # a server serves at most its capacity a call (in whole slices): more is drawn again
+        caps = [0 if i is None else int(i.get("capacity", 0)) // unit * unit for i in infos]
         with self._lock:
-            self._sizes[table] = (time.monotonic(), sizes, unit)
+            self._sizes[table] = (time.monotonic(), sizes, unit, caps)
 
     def _forget_size(self, table: str, shard: int) -> None:
         with self._lock:
@@ -180,7 +183,7 @@ class Calls(PersistencePlans):
             raise results[0]
         return out
 
-    def _shard_sizes(self, table: str) -> Plan[tuple[list[int], int]]:
+    def _shard_sizes(self, table: str) -> Plan[tuple[list[int], int, list[int]]]:
         with self._lock:
             cached = self._sizes.get(table)
         if cached is None or time.monotonic() - cached[0] > self.settings.shard_refresh:
@@ -189,7 +192,7 @@ class Calls(PersistencePlans):
             self._remember(table, self._answers(calls, results))
             with self._lock:
                 cached = self._sizes[table]
-        return list(cached[1]), cached[2]
+        return list(cached[1]), cached[2], list(cached[3])
 
     # ---------------------------------------------------------------- data
     def extend(self, table: str, data: Any, wait: float | None = None) -> Plan[torch.Tensor]:
@@ -252,13 +255,16 @@ class Calls(PersistencePlans):
         if self.n == 1:
             td = yield Call(0, C.Sample(table, batch_size, wait, alloc, lease))
         else:
-            sizes, unit = yield from self._shard_sizes(table)
+            sizes, unit, caps = yield from self._shard_sizes(table)
             parts: list[TensorDict] = []
             missing = batch_size
             while missing:
                 if sum(sizes) <= 0:  # empty (or not answering): wait where servers are up
                     sizes = [int(self.shards.is_up(i)) for i in range(self.n)]
                 counts = split_batch(missing, sizes, unit)
+                counts = [
+                    min(c, cap) if cap > 0 else c for c, cap in zip(counts, caps, strict=True)
+                ]
                 calls = [
                     Call(i, C.Sample(table, c, wait, alloc)) for i, c in enumerate(counts) if c > 0
                 ]

@@ -158,3 +158,20 @@ def test_remove_takes_sampled_items_out_unless_overwritten(live_server: Any) -> 
     doomed = torch.unique(drawn["index"])
     assert sharded.remove("rm", doomed) == len(doomed)
     assert sharded.info("rm")["size"] == 14 - len(doomed)
+
+
+def test_a_sharded_sample_larger_than_a_servers_capacity_is_drawn_in_rounds(
+    live_server: Any,
+) -> None:
+    """The split by sizes may give one server more than its capacity; its share is capped
+    there and the rest drawn again, so the sample never fails for it."""
+    servers = [live_server(), live_server()]
+    for k, server in enumerate(servers):
+        one = ReplayClient(server.url, transport="http")
+        one.create_table(spec("cap", {"kind": "uniform"}, capacity=8))
+        one.extend("cap", rows(100 * k, 8))
+    sharded = ReplayClient([s.url for s in servers], transport="http")
+    for _ in range(20):  # a split giving one server > 8 of 14 happens in most tries
+        batch = sharded.sample("cap", 14)
+        assert batch.batch_size == (14,)
+        assert set(batch["id"].tolist()) <= {*range(8), *range(100, 108)}
