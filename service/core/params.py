@@ -46,6 +46,14 @@ Seconds = Annotated[
 ]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description="Items per batch.")]
 SlotIndex = Annotated[int, Field(ge=0, lt=1 << 63)]
+SampledKeys = Annotated[
+    list[SlotIndex] | None,
+    Field(
+        max_length=MAX_UPDATE,
+        description="The sampled items' keys (`sample_info.key`), one per slot: only slots "
+        "still holding the item with that key are changed. Omitted: no check.",
+    ),
+]
 
 
 class Params(BaseModel):
@@ -91,24 +99,14 @@ class PriorityUpdate(Params):
     priority: list[float] = Field(
         max_length=MAX_UPDATE, description="New priorities, one per slot (>= 0, finite)."
     )
-    key: list[SlotIndex] | None = Field(
-        default=None,
-        max_length=MAX_UPDATE,
-        description="The sampled items' keys (`sample_info.key`), one per slot: only slots "
-        "still holding the item with that key are updated. Omitted: no check.",
-    )
+    key: SampledKeys = None
 
 
 class RemoveParams(Params):
     index: list[SlotIndex] = Field(
         max_length=MAX_UPDATE, description="Slots of the items to remove, as sampled (`index`)."
     )
-    key: list[SlotIndex] | None = Field(
-        default=None,
-        max_length=MAX_UPDATE,
-        description="The sampled items' keys (`sample_info.key`), one per slot: only slots "
-        "still holding the item with that key are emptied. Omitted: no check.",
-    )
+    key: SampledKeys = None
 
 
 class ReadParams(Params):

@@ -337,6 +337,10 @@ class Draws(TableBase):
         """
         index = self._slots_of(index)
         self._check_open()
+        return self._rows(index)
+
+    def _rows(self, index: torch.Tensor) -> TensorDictBase:
+        """Rows ``index`` (checked slots) of every field, as a TensorDict."""
         with self._data_lock.read():
             bufs = self.backend.read(index)
         return nest(bufs, len(index))
@@ -349,12 +353,10 @@ class Draws(TableBase):
         Raises:
             InvalidRequest: an index outside ``[0, capacity)`` or holding no item.
         """
-        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+        index = self._slots_of(index)
         with self._cond:
             self._check_open()
-            inside = (index >= 0) & (index < self.capacity)
-            held = torch.zeros_like(inside)
-            held[inside] = self.slots.live[index[inside]]
+            held = self.slots.live[index]
             if not bool(held.all()):
                 bad = int(index[~held][0])
                 raise InvalidRequest(
@@ -364,4 +366,4 @@ class Draws(TableBase):
                     field="index",
                     got=bad,
                 )
-            return self.read(index)
+            return self._rows(index)
