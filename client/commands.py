@@ -19,7 +19,7 @@ import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 from urllib.parse import quote, urlencode
 
 import numpy as np
@@ -27,6 +27,7 @@ import torch
 from tensordict import TensorDict
 
 from ..codec import arrow, protocol
+from ..codec import operations as ops
 from ..codec.parts import LayoutEncoder
 from . import errors
 from .batches import as_batch, decode_batch
@@ -109,7 +110,10 @@ class Response:
 
 
 class Command(Generic[T]):
-    """One call: :meth:`request` builds it, :meth:`parse` reads the answer."""
+    """One call of an operation of the contract (:attr:`op`): :meth:`request` builds its
+    HTTP request from the operation's method and route, :meth:`parse` reads the answer."""
+
+    op: ClassVar[ops.Operation]
 
     def request(self) -> Request:
         raise NotImplementedError
@@ -123,16 +127,24 @@ def _target(path: str, **query: Any) -> str:
     return path + ("?" + urlencode(q) if q else "")
 
 
-def table_target(name: str, action: str = "") -> str:
-    """The path of ``action`` on table ``name`` (quoted)."""
-    return protocol.table_path(quote(name, safe=""), action)
+def op_target(op: ops.Operation, table: str = "", **query: Any) -> str:
+    """The path of ``op`` on table ``table`` (quoted), with its query string."""
+    return _target(op.path(quote(table, safe="")), **query)
+
+
+def op_request(command: Command[Any], table: str = "", **kw: Any) -> Request:
+    """The request of ``command``'s operation on ``table`` with no query: its method, its
+    route, whether a repeat is harmless (``kw``: headers, body, ...)."""
+    return Request(
+        command.op.method, op_target(command.op, table), idempotent=command.op.idempotent, **kw
+    )
 
 
 @functools.lru_cache(maxsize=256)
 def _sample_target(table: str, batch_size: int, wait: float | None) -> str:
     """A sample's path and query, built once per table, size and wait (quoting costs more
     than a small sample's decode)."""
-    return _target(table_target(table, "sample"), batch_size=batch_size, timeout=wait)
+    return op_target(ops.SAMPLE, table, batch_size=batch_size, timeout=wait)
 
 
 def json_body(data: Any) -> tuple[dict[str, str], bytes]:
@@ -142,8 +154,10 @@ def json_body(data: Any) -> tuple[dict[str, str], bytes]:
 # ------------------------------------------------------------------ control
 @dataclass
 class Health(Command[dict[str, Any]]):
+    op = ops.HEALTHZ
+
     def request(self) -> Request:
-        return Request("GET", "/healthz")
+        return op_request(self)
 
     def parse(self, response: Response) -> dict[str, Any]:
         return response.check().json() or {}
@@ -153,8 +167,10 @@ class Health(Command[dict[str, Any]]):
 class ServerInfo(Command[dict[str, Any]]):
     """``GET /v1/info``: the server's version and same-host transport."""
 
+    op = ops.SERVER_INFO
+
     def request(self) -> Request:
-        return Request("GET", f"{protocol.API}/info")
+        return op_request(self)
 
     def parse(self, response: Response) -> dict[str, Any]:
         data = response.check().json()
@@ -163,8 +179,10 @@ class ServerInfo(Command[dict[str, Any]]):
 
 @dataclass
 class ListTables(Command[list[dict[str, Any]]]):
+    op = ops.LIST_TABLES
+
     def request(self) -> Request:
-        return Request("GET", protocol.TABLES)
+        return op_request(self)
 
     def parse(self, response: Response) -> list[dict[str, Any]]:
         data = response.check().json()
@@ -173,14 +191,16 @@ class ListTables(Command[list[dict[str, Any]]]):
 
 @dataclass
 class CreateTable(Command[dict[str, Any]]):
+    op = ops.CREATE_TABLE
+
     spec: dict[str, Any]
     if_absent: bool = False
 
     def request(self) -> Request:
         headers, body = json_body(self.spec)
-        target = _target(protocol.TABLES, if_absent="true" if self.if_absent else None)
+        target = op_target(self.op, if_absent="true" if self.if_absent else None)
         # create-if-absent answers the same however often it is sent: it may be retried
-        return Request("POST", target, headers, body, idempotent=self.if_absent)
+        return Request(self.op.method, target, headers, body, idempotent=self.if_absent)
 
     def parse(self, response: Response) -> dict[str, Any]:
         return response.check().json()
@@ -188,10 +208,12 @@ class CreateTable(Command[dict[str, Any]]):
 
 @dataclass
 class Info(Command[dict[str, Any]]):
+    op = ops.INFO
+
     table: str
 
     def request(self) -> Request:
-        return Request("GET", table_target(self.table))
+        return op_request(self, self.table)
 
     def parse(self, response: Response) -> dict[str, Any]:
         return response.check().json()
@@ -199,10 +221,12 @@ class Info(Command[dict[str, Any]]):
 
 @dataclass
 class DeleteTable(Command[None]):
+    op = ops.DELETE_TABLE
+
     table: str
 
     def request(self) -> Request:
-        return Request("DELETE", table_target(self.table))
+        return op_request(self, self.table)
 
     def parse(self, response: Response) -> None:
         response.check()
@@ -212,10 +236,12 @@ class DeleteTable(Command[None]):
 class Clear(Command[dict[str, Any]]):
     """Empty the table (a fresh one of its schema replaces it); its info."""
 
+    op = ops.CLEAR
+
     table: str
 
     def request(self) -> Request:
-        return Request("POST", table_target(self.table, "clear"), {}, b"")
+        return op_request(self, self.table, body=b"")
 
     def parse(self, response: Response) -> dict[str, Any]:
         return response.check().json()
@@ -230,6 +256,8 @@ class Extend(Command[torch.Tensor]):
     same one and the server, which remembers recent ids, writes the rows once.
     """
 
+    op = ops.EXTEND
+
     table: str
     data: Any
     wait: float | None = None
@@ -243,12 +271,12 @@ class Extend(Command[torch.Tensor]):
             except arrow.CodecError as err:
                 raise errors.SchemaError(str(err), field=err.field, type="CodecError") from None
         return Request(
-            "POST",
-            _target(table_target(self.table, "extend"), timeout=self.wait),
+            self.op.method,
+            op_target(self.op, self.table, timeout=self.wait),
             {"Content-Type": protocol.ARROW_STREAM, protocol.REQUEST_ID: self.request_id},
             self._body,
             wait=self.wait or 0.0,
-            idempotent=True,  # thanks to the request id
+            idempotent=self.op.idempotent,  # thanks to the request id
         )
 
     def parse(self, response: Response) -> torch.Tensor:
@@ -266,6 +294,8 @@ class Sample(Command[TensorDict]):
     bool columns excepted, which Arrow packs into bits.
     """
 
+    op = ops.SAMPLE
+
     table: str
     batch_size: int
     wait: float | None = None
@@ -276,12 +306,12 @@ class Sample(Command[TensorDict]):
 
     def request(self) -> Request:
         return Request(
-            "POST",
+            self.op.method,
             _sample_target(self.table, self.batch_size, self.wait),
             {"Accept": protocol.ARROW_STREAM},
             None,
             wait=self.wait or 0.0,
-            idempotent=True,  # a repeat draws again; only queues (fifo/lifo) lose items
+            idempotent=self.op.idempotent,  # a repeat draws again; only queues lose items
             alloc=self.alloc,
         )
 
@@ -293,12 +323,14 @@ class Sample(Command[TensorDict]):
 class Read(Command[TensorDict]):
     """The items in slots ``index`` of one server's table, as stored (and ``index``)."""
 
+    op = ops.READ
+
     table: str
     index: list[int]
 
     def request(self) -> Request:
         headers, body = json_body({"index": self.index})
-        return Request("POST", table_target(self.table, "read"), headers, body)
+        return op_request(self, self.table, headers=headers, body=body)
 
     def parse(self, response: Response) -> TensorDict:
         return decode_batch(response.check().body)
@@ -309,6 +341,8 @@ class Remove(Command[int]):
     """Remove the items in one server's slots ``index`` (with ``key``: only those still
     holding the sampled item); how many went."""
 
+    op = ops.REMOVE
+
     table: str
     index: list[int]
     key: list[int] | None = None
@@ -318,7 +352,7 @@ class Remove(Command[int]):
         if self.key is not None:
             payload["key"] = self.key
         headers, body = json_body(payload)
-        return Request("POST", table_target(self.table, "remove"), headers, body)
+        return op_request(self, self.table, headers=headers, body=body)
 
     def parse(self, response: Response) -> int:
         return int(response.check().json()["removed"])
@@ -328,6 +362,8 @@ class Remove(Command[int]):
 class Stream(Command[None]):
     """``GET .../stream``: ``count`` samples as one chunked Arrow stream (read by the transport)."""
 
+    op = ops.STREAM
+
     table: str
     batch_size: int
     count: int
@@ -335,12 +371,9 @@ class Stream(Command[None]):
 
     def request(self) -> Request:
         return Request(
-            "GET",
-            _target(
-                table_target(self.table, "stream"),
-                batch_size=self.batch_size,
-                count=self.count,
-                timeout=self.wait,
+            self.op.method,
+            op_target(
+                self.op, self.table, batch_size=self.batch_size, count=self.count, timeout=self.wait
             ),
             {"Accept": protocol.ARROW_STREAM},
             wait=self.wait or 0.0,
@@ -357,32 +390,27 @@ class UpdatePriority(Command[int]):
     Answers how many priorities the server applied.
     """
 
+    op = ops.UPDATE_PRIORITY
+
     table: str
     index: Any
     priority: Any
     key: Any = None
 
     def payload(self) -> dict[str, Any]:
-        """The update as JSON values (what either transport sends), lengths checked.
-
-        Raises:
-            ValueError: the index, priorities and keys differ in length.
-        """
+        """The update as JSON values (what either transport sends; the plan checked the
+        lengths)."""
         index = torch.as_tensor(self.index).reshape(-1).tolist()
         priority = torch.as_tensor(self.priority).detach().reshape(-1).double().cpu().tolist()
-        if len(index) != len(priority):
-            raise ValueError(f"{len(index)} indices but {len(priority)} priorities")
+        key = None if self.key is None else torch.as_tensor(self.key).reshape(-1).tolist()
         payload: dict[str, Any] = {"index": index, "priority": priority}
-        if self.key is not None:
-            key = torch.as_tensor(self.key).reshape(-1).tolist()
-            if len(key) != len(index):
-                raise ValueError(f"{len(index)} indices but {len(key)} keys")
+        if key is not None:
             payload["key"] = key
         return payload
 
     def request(self) -> Request:
         headers, body = json_body(self.payload())
-        return Request("POST", table_target(self.table, "update_priority"), headers, body)
+        return op_request(self, self.table, headers=headers, body=body)
 
     def parse(self, response: Response) -> int:
         data = response.check().json()

@@ -11,20 +11,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..codec import operations as ops
 from ..codec import protocol
-from .commands import Command, Request, Response, json_body, table_target
+from .commands import Command, Request, Response, json_body, op_request
 from .merging import merge_infos
 from .steps import Call, Gather, Plan
 
 
 @dataclass
 class Checkpoint(Command[str]):
+    op = ops.CHECKPOINT
+
     table: str
     path: str
 
     def request(self) -> Request:
         headers, body = json_body({"path": self.path})
-        return Request("POST", table_target(self.table, "checkpoint"), headers, body)
+        return op_request(self, self.table, headers=headers, body=body)
 
     def parse(self, response: Response) -> str:
         data = response.check().json()
@@ -33,12 +36,14 @@ class Checkpoint(Command[str]):
 
 @dataclass
 class Restore(Command[dict[str, Any]]):
+    op = ops.RESTORE
+
     table: str
     path: str
 
     def request(self) -> Request:
         headers, body = json_body({"path": self.path})
-        return Request("POST", table_target(self.table, "restore"), headers, body)
+        return op_request(self, self.table, headers=headers, body=body)
 
     def parse(self, response: Response) -> dict[str, Any]:
         return response.check().json()
@@ -48,10 +53,12 @@ class Restore(Command[dict[str, Any]]):
 class Dump(Command[bytes]):
     """A fresh checkpoint of the table as one archive (:mod:`tdreplay.codec.archive`)."""
 
+    op = ops.DUMP
+
     table: str
 
     def request(self) -> Request:
-        return Request("POST", table_target(self.table, "dump"), {}, b"")
+        return op_request(self, self.table, body=b"")
 
     def parse(self, response: Response) -> bytes:
         response.check()
@@ -62,12 +69,14 @@ class Dump(Command[bytes]):
 class Load(Command[dict[str, Any]]):
     """Replace (or create) the table from an archive :class:`Dump` made of it; its info."""
 
+    op = ops.LOAD
+
     table: str
     archive: bytes
 
     def request(self) -> Request:
-        return Request(
-            "POST", table_target(self.table, "load"), {"Content-Type": protocol.TAR}, self.archive
+        return op_request(
+            self, self.table, headers={"Content-Type": protocol.TAR}, body=self.archive
         )
 
     def parse(self, response: Response) -> dict[str, Any]:
@@ -78,6 +87,8 @@ class Load(Command[dict[str, Any]]):
 class Export(Command["str | bytes"]):
     """Export as Parquet or CSV: to a server-side ``path`` (returns it) or streamed back (bytes)."""
 
+    op = ops.EXPORT
+
     table: str
     format: str = "parquet"
     path: str | None = None
@@ -87,7 +98,7 @@ class Export(Command["str | bytes"]):
         if self.path is not None:
             payload["path"] = self.path
         headers, body = json_body(payload)
-        return Request("POST", table_target(self.table, "export"), headers, body)
+        return op_request(self, self.table, headers=headers, body=body)
 
     def parse(self, response: Response) -> str | bytes:
         response.check()

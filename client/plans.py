@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import torch
 from tensordict import TensorDict
 
+from ..codec import operations as ops
 from . import commands as C
 from . import errors
 from .merging import by_shard, merge_infos, split_batch
@@ -283,12 +284,8 @@ class Calls(PersistencePlans):
     def update_priority(self, table: str, index: Any, priority: Any, key: Any = None) -> Plan[int]:
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
         priority = torch.as_tensor(priority).detach().reshape(-1).cpu()
-        if len(index) != len(priority):
-            raise ValueError(f"{len(index)} indices but {len(priority)} priorities")
-        if key is not None:
-            key = torch.as_tensor(key).reshape(-1).cpu()
-            if len(key) != len(index):
-                raise ValueError(f"{len(index)} indices but {len(key)} keys")
+        key = None if key is None else torch.as_tensor(key).reshape(-1).cpu()
+        ops.check_lengths(len(index), priority=len(priority), key=_len(key))
         if self.n == 1:
             updated: int = yield Call(0, C.UpdatePriority(table, index, priority, key))
             return updated
@@ -304,8 +301,7 @@ class Calls(PersistencePlans):
     def remove(self, table: str, index: Any, key: Any = None) -> Plan[int]:
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
         key = None if key is None else torch.as_tensor(key, dtype=torch.int64).reshape(-1).cpu()
-        if key is not None and len(key) != len(index):
-            raise ValueError(f"{len(index)} indices but {len(key)} keys")
+        ops.check_lengths(len(index), key=_len(key))
         calls = [
             Call(s, C.Remove(table, mine.tolist(), None if k is None else k.tolist()))
             for s, mine, (k,) in by_shard(index, self.n, key)
@@ -330,3 +326,7 @@ class Calls(PersistencePlans):
             [p["index"] * self.n + s for p, (s, _, _) in zip(parts, split, strict=True)]
         )
         return out[torch.argsort(torch.cat([c for _, _, (c,) in split]))]  # type: ignore[misc]
+
+
+def _len(values: torch.Tensor | None) -> int | None:
+    return None if values is None else len(values)

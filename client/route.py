@@ -2,7 +2,7 @@
 
 :func:`transmit` is the plan of one :class:`~tdreplay.client.plans.Call` on the
 wire: over the server's same-host socket when it is on this host and the
-command goes that way (:data:`~tdreplay.client.shm.COMMANDS`), else over HTTP
+command goes that way (:data:`~tdreplay.client.shm.CARRIED`), else over HTTP
 under the retry policy; when the socket fails (``transport="auto"``) the call
 goes over HTTP, and the next call asks the server anew where its socket is.
 :func:`resolve` is the plan that finds that socket. Both yield the steps below
@@ -76,7 +76,7 @@ def transmit(call: Call, settings: ClientSettings, links: list[Any]) -> Generato
     (a failed socket's entry is set back to :data:`~tdreplay.client.shm.UNRESOLVED`)."""
     command = call.command
     failed: errors.TransportError | None = None
-    if settings.transport != "http" and isinstance(command, shm.COMMANDS):
+    if settings.transport != "http" and command.op in shm.CARRIED:
         link = yield Link(call.shard, call.once)
         if link is not None:
             try:

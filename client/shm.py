@@ -25,12 +25,13 @@ import threading
 import weakref
 from typing import Any
 
+from ..codec import operations as ops
 from . import commands as C
 from . import errors
 from .shm_channel import MAX_SLOTS, Channel, ShmUnavailable, host_id, usable
 
 __all__ = [
-    "COMMANDS",
+    "CARRIED",
     "HTTP",
     "MAX_SLOTS",
     "UNRESOLVED",
@@ -120,8 +121,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-#: the commands the same-host transport carries (the others go over HTTP)
-COMMANDS = (C.Sample, C.Extend, C.UpdatePriority)
+#: the operations this client sends over the same-host socket (the others go over HTTP);
+#: each is one the contract says the socket carries
+CARRIED = frozenset({ops.SAMPLE, ops.EXTEND, ops.UPDATE_PRIORITY})
+assert all(op.same_host for op in CARRIED)
 #: :func:`run`'s answer for a call that must go over HTTP after all
 HTTP = object()
 #: a server whose same-host transport a client has not looked at yet
@@ -129,12 +132,14 @@ UNRESOLVED = object()
 
 
 def run(link: ShmLink, command: C.Command[Any], *, strict: bool = False) -> Any:
-    """Execute ``command`` (one of :data:`COMMANDS`) over ``link``; :data:`HTTP` when an
+    """Execute ``command`` (of an operation in :data:`CARRIED`) over ``link``; :data:`HTTP` when an
     extend's rows do not fit the table's layout (HTTP's answer names what is wrong), or
     a slot would pass the server's shared-memory limits (HTTP has its own; ``strict``:
     the limit's error is raised instead)."""
     chan = link.channel()
-    if isinstance(command, C.Sample):
+    op = command.op
+    if op is ops.SAMPLE:
+        assert isinstance(command, C.Sample)
         alloc = None if command.lease else command.alloc
         try:
             return chan.sample(command.table, command.batch_size, command.wait or 0.0, alloc)
@@ -142,12 +147,14 @@ def run(link: ShmLink, command: C.Command[Any], *, strict: bool = False) -> Any:
             if strict or err.field != "batch_size":
                 raise
             return HTTP  # a slot that big is past the shared-memory limits: HTTP carries it
-    if isinstance(command, C.Extend):
+    if op is ops.EXTEND:
+        assert isinstance(command, C.Extend)
         index = chan.extend(
             command.table, command.data, command.wait or 0.0, command.request_id, strict=strict
         )
         return HTTP if index is None else index
-    if isinstance(command, C.UpdatePriority):
+    if op is ops.UPDATE_PRIORITY:
+        assert isinstance(command, C.UpdatePriority)
         return chan.update_priority(command.table, command.payload())
     raise TypeError(f"the same-host transport does not carry {type(command).__name__}")
 

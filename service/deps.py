@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict
 
+from tdreplay.codec.operations import Operation
 from tdreplay.codec.protocol import ARROW_STREAM, ERROR_STATUS
 from tdreplay.storage import TDReplayError
 
@@ -69,3 +71,10 @@ ARROW_REQUEST: dict[str, Any] = {
 
 def arrow_response(description: str) -> dict[int | str, dict[str, Any]]:
     return {200: {"description": description, "content": {ARROW_STREAM: {"schema": ARROW_SCHEMA}}}}
+
+
+def declare(router: APIRouter, op: Operation, **kw: Any) -> Callable[[Callable[..., Any]], Any]:
+    """Declare the endpoint of operation ``op`` on ``router``: its route, method and name
+    come from the contract (:data:`tdreplay.codec.operations.OPERATIONS`), the rest
+    (answers, errors, OpenAPI extras) from ``kw``."""
+    return router.api_route(op.route, methods=[op.method], name=op.name, **kw)

@@ -29,6 +29,7 @@ from tdreplay.codec.errors import (
     UnsupportedMediaType,
     status_of,
 )
+from tdreplay.codec.operations import broken_rule
 
 log = logging.getLogger("tdreplay.service")
 
@@ -63,6 +64,9 @@ SCHEMA_BODY_ROUTES = {"create_table"}
 
 def _validation_error(request: Request, exc: RequestValidationError) -> TDReplayError:
     errors = exc.errors()
+    ruled = broken_rule(list(errors))
+    if ruled is not None:
+        return ruled
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     loc = [str(p) for p in first.get("loc", ())]
     where = loc[0] if loc else ""

@@ -2,7 +2,7 @@
 
 The HTTP routes (:mod:`tdreplay.service.routes`), the same-host socket and
 in-process callers are doors onto one :class:`Core`: they parse a request
-into a model of :mod:`.params`, call one operation, and encode its answer.
+into a model of :mod:`tdreplay.codec.operations` (the contract), call one operation, and encode its answer.
 Every rule - validation, limits, the rate-limiter wait, idempotency, where
 a client's path may lead - lives here once.
 
@@ -16,37 +16,15 @@ a client's path may lead - lives here once.
 
 from .handle import Shape, TableHandle
 from .ops import Core
-from .params import (
-    BufferParams,
-    ExportBody,
-    ExtendParams,
-    PathBody,
-    PriorityUpdate,
-    ReadParams,
-    RemoveParams,
-    SampleParams,
-    StreamParams,
-    parse,
-)
 from .registry import Registry
 from .startup import PeriodicCheckpoints, load_specs, load_tables
 
 __all__ = [
-    "BufferParams",
     "Core",
-    "ExportBody",
-    "ExtendParams",
-    "PathBody",
     "PeriodicCheckpoints",
-    "PriorityUpdate",
-    "ReadParams",
-    "RemoveParams",
     "Registry",
-    "SampleParams",
     "Shape",
-    "StreamParams",
     "TableHandle",
     "load_specs",
     "load_tables",
-    "parse",
 ]

@@ -35,13 +35,7 @@ import torch
 from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import encode
-from tdreplay.storage import InvalidRequest, NestedKey, TableNotFound, TableSpec
-
-from ..errors import PayloadTooLarge
-from ..settings import Settings
-from ..wire import Lease, sample_nbytes
-from .handle import Place, Shape, TableHandle
-from .params import (
+from tdreplay.codec.operations import (
     BufferParams,
     ExtendParams,
     PriorityUpdate,
@@ -50,6 +44,12 @@ from .params import (
     SampleParams,
     StreamParams,
 )
+from tdreplay.storage import InvalidRequest, NestedKey, TableNotFound, TableSpec
+
+from ..errors import PayloadTooLarge
+from ..settings import Settings
+from ..wire import Lease, sample_nbytes
+from .handle import Place, Shape, TableHandle
 from .persistence import PersistenceOps
 from .registry import Registry
 from .waiting import WaitHook
@@ -189,19 +189,11 @@ class Core(PersistenceOps):
         """Set the priorities of sampled slots; returns how many were applied.
 
         Raises:
-            InvalidRequest: the lengths differ, the sampler has no priorities,
-                an index is out of range or a priority negative or not finite.
-                Nothing is updated.
+            InvalidRequest: the sampler has no priorities, an index is out of range or a
+                priority negative or not finite (the lengths were checked by the
+                update's model). Nothing is updated.
         """
         handle = self.table(name)
-        if len(update.index) != len(update.priority):
-            raise InvalidRequest(
-                f"{len(update.index)} indices but {len(update.priority)} priorities",
-                table=name,
-                field="priority",
-                expected=len(update.index),
-                got=len(update.priority),
-            )
         return await handle.update_priority(update.index, update.priority, update.key)
 
     async def remove(self, name: str, params: RemoveParams) -> int:

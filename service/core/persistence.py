@@ -17,10 +17,10 @@ from starlette.concurrency import run_in_threadpool
 from tdreplay.codec import protocol
 from tdreplay.codec.archive import pack as archive_pack
 from tdreplay.codec.archive import unpack as archive_unpack
+from tdreplay.codec.operations import ExportBody, PathBody
 
 from ..settings import Settings
 from .handle import TableHandle
-from .params import ExportBody, PathBody
 from .paths import (
     EXPORT_SCRATCH,
     TRANSFER_SCRATCH,

@@ -3,7 +3,7 @@
 extend and sample skip FastAPI's per-request machinery (routing and dependency
 solving cost more than a small sample): :data:`HOT_ROUTES` names, for each, a
 handler that reads its few parameters with the same models the endpoint
-declares (:mod:`tdreplay.service.core.params`) and calls the endpoint itself,
+declares (:mod:`tdreplay.codec.operations`) and calls the endpoint itself,
 so the OpenAPI document and what is enforced come from one declaration;
 :class:`~tdreplay.service.hotpath.HotRoutes`, the one way past the framework,
 serves them. The extend body is read into a reused buffer and
@@ -23,6 +23,23 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from tdreplay.codec import CodecError, protocol
+from tdreplay.codec.operations import (
+    EXTEND,
+    MAX_REQUEST_ID,
+    READ,
+    REMOVE,
+    SAMPLE,
+    STREAM,
+    UPDATE_PRIORITY,
+    ExtendParams,
+    PriorityUpdate,
+    ReadParams,
+    RemoveParams,
+    SampleParams,
+    Seconds,
+    StreamParams,
+    parse,
+)
 from tdreplay.storage import (
     RateLimitTimeout,
     SchemaError,
@@ -32,22 +49,13 @@ from tdreplay.storage import (
 )
 
 from ..bodies import read_body
-from ..core import (
-    Core,
-    ExtendParams,
-    PriorityUpdate,
-    ReadParams,
-    RemoveParams,
-    SampleParams,
-    StreamParams,
-    parse,
-)
-from ..core.params import MAX_REQUEST_ID, Seconds
+from ..core import Core
 from ..deps import (
     ARROW_REQUEST,
     CoreDep,
     TableName,
     arrow_response,
+    declare,
     error_responses,
     require_media_type,
 )
@@ -55,7 +63,7 @@ from ..errors import PayloadTooLarge, UnsupportedMediaType
 from ..wire import EOS
 
 log = logging.getLogger("tdreplay.service")
-router = APIRouter(prefix=protocol.TABLES, tags=["data"])
+router = APIRouter(tags=["data"])
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
@@ -129,11 +137,9 @@ async def _sample(request: Request) -> Response:
 
 
 # The hot routes first (matched in order).
-router.add_api_route(
-    "/{name}/extend",
-    extend,
-    methods=["POST"],
-    name="extend",
+declare(
+    router,
+    EXTEND,
     response_class=Response,
     responses={
         200: {"model": ExtendResult, "description": "The slots written."},
@@ -147,12 +153,10 @@ router.add_api_route(
         ),
     },
     openapi_extra=ARROW_REQUEST,
-)
-router.add_api_route(
-    "/{name}/sample",
-    sample,
-    methods=["POST"],
-    name="sample",
+)(extend)
+declare(
+    router,
+    SAMPLE,
     response_class=Response,
     responses={
         **arrow_response(
@@ -162,7 +166,7 @@ router.add_api_route(
         ),
         **error_responses(TableNotFound, RateLimitTimeout, PayloadTooLarge),
     },
-)
+)(sample)
 
 #: the routes :class:`~tdreplay.service.hotpath.HotRoutes` serves without routing, by
 #: name, and the handler that serves each (the framework serves the endpoint itself for
@@ -174,9 +178,9 @@ class RemoveResult(BaseModel):
     removed: int = Field(description="How many items were removed (skipped slots aside).")
 
 
-@router.post(
-    "/{name}/remove",
-    name="remove",
+@declare(
+    router,
+    REMOVE,
     response_model=RemoveResult,
     responses=error_responses(TableNotFound),
 )
@@ -191,9 +195,9 @@ async def remove(name: TableName, params: RemoveParams, core: CoreDep) -> Remove
 
 
 # ------------------------------------------------------------------ read
-@router.post(
-    "/{name}/read",
-    name="read",
+@declare(
+    router,
+    READ,
     response_class=Response,
     responses={
         **arrow_response(
@@ -209,9 +213,9 @@ async def read(name: TableName, params: ReadParams, core: CoreDep) -> Response:
 
 
 # ------------------------------------------------------------------ stream
-@router.get(
-    "/{name}/stream",
-    name="stream",
+@declare(
+    router,
+    STREAM,
     response_class=StreamingResponse,
     responses={
         **arrow_response("A chunked Arrow IPC stream: one record batch per sample, as /sample's."),
@@ -251,9 +255,9 @@ class PriorityResult(BaseModel):
     updated: int = Field(description="How many priorities were applied (skipped slots aside).")
 
 
-@router.post(
-    "/{name}/update_priority",
-    name="update_priority",
+@declare(
+    router,
+    UPDATE_PRIORITY,
     response_model=PriorityResult,
     responses=error_responses(TableNotFound),
 )

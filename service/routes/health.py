@@ -7,12 +7,14 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
-from ..deps import CoreDep
+from tdreplay.codec.operations import HEALTHZ
+
+from ..deps import CoreDep, declare
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", name="healthz")
+@declare(router, HEALTHZ)
 async def healthz() -> dict[str, str]:
     """Liveness: the process answers. Never needs the token."""
     return {"status": "ok"}

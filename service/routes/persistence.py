@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
 
 from tdreplay.codec import protocol
+from tdreplay.codec.operations import CHECKPOINT, DUMP, EXPORT, LOAD, RESTORE, ExportBody, PathBody
 from tdreplay.storage import (
     BackendError,
     CheckpointError,
@@ -28,20 +29,19 @@ from tdreplay.storage import (
 )
 
 from ..bodies import read_body
-from ..core import ExportBody, PathBody
-from ..deps import CoreDep, TableName, error_responses, require_media_type
+from ..deps import CoreDep, TableName, declare, error_responses, require_media_type
 from ..errors import PayloadTooLarge, UnsupportedMediaType
 
-router = APIRouter(prefix=protocol.TABLES, tags=["persistence"])
+router = APIRouter(tags=["persistence"])
 
 
 class PathResult(BaseModel):
     path: str = Field(description="Relative to the data root.")
 
 
-@router.post(
-    "/{name}/checkpoint",
-    name="checkpoint",
+@declare(
+    router,
+    CHECKPOINT,
     response_model=PathResult,
     responses=error_responses(TableNotFound, PathExists, CheckpointError),
 )
@@ -52,9 +52,9 @@ async def checkpoint(
     return {"path": await core.checkpoint(name, body or PathBody())}
 
 
-@router.post(
-    "/{name}/restore",
-    name="restore",
+@declare(
+    router,
+    RESTORE,
     responses=error_responses(InvalidCheckpoint, SchemaError, CheckpointError, BackendError),
 )
 async def restore(name: TableName, core: CoreDep, body: PathBody | None = None) -> dict[str, Any]:
@@ -62,9 +62,9 @@ async def restore(name: TableName, core: CoreDep, body: PathBody | None = None) 
     return await core.restore(name, body or PathBody())
 
 
-@router.post(
-    "/{name}/export",
-    name="export",
+@declare(
+    router,
+    EXPORT,
     response_model=None,
     responses={
         200: {
@@ -99,9 +99,9 @@ async def export(
     )
 
 
-@router.post(
-    "/{name}/dump",
-    name="dump",
+@declare(
+    router,
+    DUMP,
     response_class=FileResponse,
     responses={
         200: {
@@ -127,9 +127,9 @@ async def dump(name: TableName, core: CoreDep) -> FileResponse:
     )
 
 
-@router.post(
-    "/{name}/load",
-    name="load",
+@declare(
+    router,
+    LOAD,
     responses=error_responses(
         "CodecError",
         InvalidCheckpoint,

@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from tdreplay.codec import protocol
+from tdreplay.codec.operations import SERVER_INFO
 
-from ..deps import error_responses
+from ..deps import declare, error_responses
 
-router = APIRouter(prefix=protocol.API, tags=["server"])
+router = APIRouter(tags=["server"])
 
 
 class ShmInfo(BaseModel):
@@ -30,7 +30,7 @@ class ServerInfo(BaseModel):
     )
 
 
-@router.get("/info", name="server_info", response_model=ServerInfo, responses=error_responses())
+@declare(router, SERVER_INFO, response_model=ServerInfo, responses=error_responses())
 async def server_info(request: Request) -> dict[str, Any]:
     """The server's version, and where a client on this host reaches it over shared memory."""
     state = request.app.state

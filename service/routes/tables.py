@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
 
-from tdreplay.codec import protocol
+from tdreplay.codec.operations import CLEAR, CREATE_TABLE, DELETE_TABLE, INFO, LIST_TABLES
 from tdreplay.storage import (
     BackendError,
     InsufficientStorage,
@@ -17,10 +17,10 @@ from tdreplay.storage import (
     TableSpec,
 )
 
-from ..deps import CoreDep, TableName, error_responses
+from ..deps import CoreDep, TableName, declare, error_responses
 from ..errors import Forbidden
 
-router = APIRouter(prefix=protocol.TABLES, tags=["tables"])
+router = APIRouter(tags=["tables"])
 
 
 class TableList(BaseModel):
@@ -28,16 +28,16 @@ class TableList(BaseModel):
     unavailable: dict[str, str] = {}
 
 
-@router.get("", name="list_tables", response_model=TableList, responses=error_responses())
+@declare(router, LIST_TABLES, response_model=TableList, responses=error_responses())
 async def list_tables(core: CoreDep) -> dict[str, Any]:
     """Every table, with its info; ``unavailable``: tables found on start but not served
     (damaged state, changed schema; their data is kept), and why."""
     return await core.tables()
 
 
-@router.post(
-    "",
-    name="create_table",
+@declare(
+    router,
+    CREATE_TABLE,
     status_code=201,
     responses=error_responses(
         SchemaError, TableExists, Forbidden, InsufficientStorage, BackendError
@@ -71,15 +71,15 @@ async def create_table(
     return await core.create(spec, replace=replace, if_absent=if_absent)
 
 
-@router.get("/{name}", name="info", responses=error_responses(TableNotFound))
+@declare(router, INFO, responses=error_responses(TableNotFound))
 async def info(name: TableName, core: CoreDep) -> dict[str, Any]:
     """Size, capacity, backend, sampler, writer, counters, rate-limiter state, waiting calls."""
     return await core.info(name)
 
 
-@router.delete(
-    "/{name}",
-    name="delete_table",
+@declare(
+    router,
+    DELETE_TABLE,
     status_code=204,
     response_class=Response,
     responses=error_responses(TableNotFound),
@@ -90,12 +90,12 @@ async def delete_table(name: TableName, core: CoreDep) -> Response:
     return Response(status_code=204)
 
 
-@router.post(
-    "/{name}/clear",
-    name="clear_table",
+@declare(
+    router,
+    CLEAR,
     responses=error_responses(TableNotFound, "InsufficientStorage", "BackendError"),
 )
-async def clear_table(name: TableName, core: CoreDep) -> dict[str, Any]:
+async def clear(name: TableName, core: CoreDep) -> dict[str, Any]:
     """Empty the table, atomically and durably: a fresh table of its schema replaces it
     (sampler, rate limiter and counters start anew; calls waiting on it fail with 409, a
     crash leaves it empty or whole). Answers its info."""

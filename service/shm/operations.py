@@ -14,6 +14,13 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from tdreplay.codec.arrow import nest
+from tdreplay.codec.operations import (
+    BufferParams,
+    ExtendParams,
+    PriorityUpdate,
+    SampleParams,
+    parse,
+)
 from tdreplay.codec.shm import (
     EXTEND,
     RELEASE,
@@ -26,7 +33,7 @@ from tdreplay.codec.shm import (
 )
 from tdreplay.storage import InvalidRequest
 
-from ..core import BufferParams, Core, ExtendParams, PriorityUpdate, SampleParams, Shape, parse
+from ..core import Core, Shape
 from .buffers import SlotBuffer, SlotBuffers
 from .requests import Done, table_of
 

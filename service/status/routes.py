@@ -31,9 +31,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException
 
+from tdreplay.codec.operations import STATUS
 from tdreplay.storage import TableNotFound
 
-from ..deps import CoreDep, error_responses
+from ..deps import CoreDep, declare, error_responses
 
 #: the bundled files the page loads, and their media types
 ASSETS = {
@@ -87,7 +88,7 @@ async def status_asset(asset: str) -> Response:
     return Response(_asset(asset), media_type=media, headers=SECURITY_HEADERS)
 
 
-@router.get("/v1/status", name="status", responses=error_responses())
+@declare(router, STATUS, responses=error_responses())
 async def status(request: Request, core: CoreDep) -> dict[str, Any]:
     """What the ``/status`` page plots: per table, ``stats`` (as in its info) and ``series``,
     its recent history (columns: ``t``, ``fill``, ``size``, ``insert_rate``,

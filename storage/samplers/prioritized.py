@@ -91,20 +91,7 @@ class PrioritizedSampler(Sampler):
     ) -> int:
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
         priority = torch.as_tensor(priority, dtype=torch.float64).reshape(-1)
-        if index.shape != priority.shape:
-            raise InvalidRequest(
-                f"update_priority: {len(index)} indices but {len(priority)} priorities",
-                field="priority",
-                expected=len(index),
-                got=len(priority),
-            )
-        if key is not None and key.shape != index.shape:
-            raise InvalidRequest(
-                f"update_priority: {len(index)} indices but {len(key)} keys",
-                field="key",
-                expected=len(index),
-                got=len(key),
-            )
+        # one priority (and key) per slot: checked by the table (codec.operations.check_lengths)
         if len(index) == 0:
             return 0
         if not torch.isfinite(priority).all() or (priority < 0).any():

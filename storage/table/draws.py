@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
+from tdreplay.codec.operations import check_lengths
+
 from ..errors import InvalidRequest
 from ..tensordicts import nest, nest_by
 from ..validation import SampleTarget
@@ -242,6 +244,7 @@ class Draws(TableBase):
         """
         index = torch.as_tensor(index).reshape(-1).to(torch.int64)
         priority = torch.as_tensor(priority).reshape(-1)
+        check_lengths(len(index), priority=len(priority), table=self.name)
         key = self._keys_of(index, key)
         with self._cond:
             updated = self.sampler.update_priority(index, priority, key)
@@ -284,14 +287,7 @@ class Draws(TableBase):
                 expected="int64",
                 got=str(key.dtype).removeprefix("torch."),
             )
-        if len(key) != len(index):
-            raise InvalidRequest(
-                f"table {self.name!r}: {len(index)} indices but {len(key)} keys",
-                table=self.name,
-                field="key",
-                expected=len(index),
-                got=len(key),
-            )
+        check_lengths(len(index), key=len(key), table=self.name)
         return key.to(torch.int64)
 
     def remove(self, index: Any, *, key: Any = None) -> int:

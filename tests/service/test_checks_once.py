@@ -12,7 +12,8 @@ from service_helpers import ARROW, body, served, spec
 from tensordict import TensorDict
 
 from tdreplay.codec import protocol
-from tdreplay.service.core import BufferParams, SampleParams, Shape
+from tdreplay.codec.operations import BufferParams, SampleParams
+from tdreplay.service.core import Shape
 
 
 def _count(table: Any, method: str) -> list[int]:

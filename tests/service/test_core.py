@@ -10,9 +10,7 @@ import torch
 from service_helpers import rows, spec
 
 from tdreplay.codec import decode
-from tdreplay.service import Settings
-from tdreplay.service.core import (
-    Core,
+from tdreplay.codec.operations import (
     ExportBody,
     ExtendParams,
     PathBody,
@@ -21,6 +19,8 @@ from tdreplay.service.core import (
     StreamParams,
     parse,
 )
+from tdreplay.service import Settings
+from tdreplay.service.core import Core
 from tdreplay.storage import (
     InvalidRequest,
     PathExists,

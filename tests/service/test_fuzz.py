@@ -38,9 +38,9 @@ OPERATIONS = [
 ]
 
 
-@schemathesis.serializer(protocol.ARROW_STREAM)
+@schemathesis.serializer(protocol.ARROW_STREAM, protocol.TAR)
 def _arrow(ctx: Any, value: Any) -> bytes:
-    """Arrow bodies are opaque bytes to the fuzzer (``format: binary``)."""
+    """Arrow and tar bodies are opaque bytes to the fuzzer (``format: binary``)."""
     return bytes(value) if isinstance(value, bytes | bytearray) else str(value).encode()
 
 

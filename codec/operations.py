@@ -1,0 +1,297 @@
+"""The operations of the contract, each defined once for both sides: the server's
+doors decode into them, the client's plans encode them.
+
+An :class:`Operation` names one call - its HTTP method and route, the model of
+its parameters, how they travel, whether a repeat is harmless, whether the
+same-host socket carries it - and :data:`OPERATIONS` lists them all. The
+server declares its routes from it (a test checks that the OpenAPI document
+and the client's requests match it) and validates with its models; the client
+builds its requests from it and validates with the same models before
+sending, so a bad argument is refused with the same error on either side.
+A model's error becomes :class:`~tdreplay.codec.errors.InvalidRequest` naming
+the field (:func:`parse`).
+
+    >>> parse(SampleParams, {"batch_size": "32"}).batch_size
+    32
+    >>> parse(SampleParams, {"batch_size": "0"})
+    Traceback (most recent call last):
+    ...
+    tdreplay.codec.errors.InvalidRequest: batch_size: Input should be greater than or equal to 1 (got '0')
+    >>> SAMPLE.method, SAMPLE.path("cartpole")
+    ('POST', '/v1/tables/cartpole/sample')
+    >>> parse(PriorityUpdate, {"index": [1, 2], "priority": [0.5]})
+    Traceback (most recent call last):
+    ...
+    tdreplay.codec.errors.InvalidRequest: 2 indices but 1 priorities [field 'priority']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from . import protocol
+from .errors import InvalidRequest
+
+#: largest batch a request may ask for (a table's capacity and the body limit bound it further)
+MAX_BATCH = 1 << 31
+#: longest X-Request-Id
+MAX_REQUEST_ID = 200
+#: longest client path (checkpoint, restore, export)
+MAX_PATH = 1024
+#: most slots one priority update may carry
+MAX_UPDATE = 1 << 24
+#: most slots one read may name (the body limit bounds the answer further)
+MAX_READ = 1 << 20
+
+Seconds = Annotated[
+    float | None,
+    Field(
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds to wait for the rate limiter before answering 429 "
+        "(default: the server's default timeout; capped by its maximum).",
+    ),
+]
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description="Items per batch.")]
+SlotIndex = Annotated[int, Field(ge=0, lt=1 << 63)]
+SampledKeys = Annotated[
+    list[SlotIndex] | None,
+    Field(
+        max_length=MAX_UPDATE,
+        description="The sampled items' keys (`sample_info.key`), one per slot: only slots "
+        "still holding the item with that key are changed. Omitted: no check.",
+    ),
+]
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(
+        frozen=True
+    )  # unknown fields are ignored, as query strings and bodies always were
+
+
+class ExtendParams(Params):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    timeout: Seconds = None
+    request_id: str | None = Field(
+        default=None,
+        alias="X-Request-Id",  # protocol.REQUEST_ID: a header over HTTP, errors name it so
+        max_length=MAX_REQUEST_ID,
+        description="Makes the extend idempotent: a repeat of a recent id is answered "
+        "with the first answer and inserts nothing.",
+    )
+
+
+class SampleParams(Params):
+    batch_size: BatchSize
+    timeout: Seconds = None
+
+
+class StreamParams(Params):
+    batch_size: BatchSize
+    count: int | None = Field(
+        default=None, ge=1, description="Batches to send; omitted: until the client leaves."
+    )
+    timeout: Seconds = None
+
+
+class BufferParams(Params):
+    rows: int = Field(ge=1, le=MAX_BATCH, strict=True, description="Rows the buffers hold.")
+
+
+class PriorityUpdate(Params):
+    index: list[SlotIndex] = Field(
+        max_length=MAX_UPDATE, description="Slots, as sampled (`index`)."
+    )
+    priority: list[float] = Field(
+        max_length=MAX_UPDATE, description="New priorities, one per slot (>= 0, finite)."
+    )
+    key: SampledKeys = None
+
+    @model_validator(mode="after")
+    def _one_per_slot(self) -> PriorityUpdate:
+        check_lengths(len(self.index), priority=len(self.priority), key=_len(self.key))
+        return self
+
+
+class RemoveParams(Params):
+    index: list[SlotIndex] = Field(
+        max_length=MAX_UPDATE, description="Slots of the items to remove, as sampled (`index`)."
+    )
+    key: SampledKeys = None
+
+    @model_validator(mode="after")
+    def _one_per_slot(self) -> RemoveParams:
+        check_lengths(len(self.index), key=_len(self.key))
+        return self
+
+
+class ReadParams(Params):
+    index: list[SlotIndex] = Field(
+        max_length=MAX_READ, description="Slots to read, each holding an item."
+    )
+
+
+class PathBody(Params):
+    path: str | None = Field(
+        default=None,
+        max_length=MAX_PATH,
+        description=f"A folder relative to the data root, inside {protocol.CHECKPOINTS}/; "
+        f"default: {protocol.CHECKPOINTS}/{{name}}.",
+    )
+
+
+class ExportBody(Params):
+    format: Literal["parquet", "csv"] = "parquet"
+    path: str | None = Field(
+        default=None,
+        max_length=MAX_PATH,
+        description="A new file relative to the data root, inside exports/, to write "
+        "(409 if it exists); omitted: the file is streamed back.",
+    )
+
+
+# ------------------------------------------------------------------ the operations
+#: how an operation's parameters travel over HTTP: the query string, a JSON body, an
+#: Arrow IPC body (the rows; the parameters in the query and headers), a tar archive, none
+Carrier = Literal["query", "json", "arrow", "tar", "none"]
+
+
+@dataclass(frozen=True, eq=False)  # each operation is one object: compared and hashed by identity
+class Operation:
+    """One call of the contract.
+
+    Attributes:
+        name: its name: the server's route name, the same-host socket's ``op``, the
+            metrics' label.
+        method: its HTTP method.
+        route: its HTTP path, ``{name}`` standing for the table.
+        params: the model its parameters are validated with on both sides (``None``:
+            it takes none, or a table schema).
+        carrier: how its parameters travel over HTTP.
+        idempotent: whether sending it twice is harmless (a client may retry it after
+            the request may have reached the server). An extend is, by its request id.
+        same_host: whether the same-host socket carries it (the client's shared-memory
+            channel; the rest go over HTTP).
+    """
+
+    name: str
+    method: Literal["GET", "POST", "DELETE"]
+    route: str
+    params: type[Params] | None = None
+    carrier: Carrier = "none"
+    idempotent: bool = True
+    same_host: bool = False
+
+    def path(self, table: str = "") -> str:
+        """The route with the table's name in it (quote it first: it is put in as given)."""
+        return self.route.replace("{name}", table)
+
+
+def _on_table(
+    name: str, method: Literal["GET", "POST", "DELETE"], action: str = "", **kw: Any
+) -> Operation:
+    return Operation(name, method, protocol.table_path("{name}", action), **kw)
+
+
+#: liveness (never needs the token)
+HEALTHZ = Operation("healthz", "GET", "/healthz")
+LIST_TABLES = Operation("list_tables", "GET", protocol.TABLES)
+#: creating twice fails (409), unless ``if_absent``: then the client may retry it
+CREATE_TABLE = Operation("create_table", "POST", protocol.TABLES, carrier="json", idempotent=False)
+SERVER_INFO = Operation("server_info", "GET", f"{protocol.API}/info")
+#: the status page's data: every table's figures and their recent history
+STATUS = Operation("status", "GET", f"{protocol.API}/status")
+INFO = _on_table("info", "GET", same_host=True)
+DELETE_TABLE = _on_table("delete_table", "DELETE")
+CLEAR = _on_table("clear", "POST", "clear", same_host=True)
+EXTEND = _on_table("extend", "POST", "extend", params=ExtendParams, carrier="arrow", same_host=True)
+SAMPLE = _on_table("sample", "POST", "sample", params=SampleParams, carrier="query", same_host=True)
+STREAM = _on_table("stream", "GET", "stream", params=StreamParams, carrier="query")
+UPDATE_PRIORITY = _on_table(
+    "update_priority", "POST", "update_priority", params=PriorityUpdate, carrier="json",
+    same_host=True,
+)  # fmt: skip
+REMOVE = _on_table("remove", "POST", "remove", params=RemoveParams, carrier="json")
+READ = _on_table("read", "POST", "read", params=ReadParams, carrier="json")
+CHECKPOINT = _on_table("checkpoint", "POST", "checkpoint", params=PathBody, carrier="json")
+RESTORE = _on_table("restore", "POST", "restore", params=PathBody, carrier="json")
+EXPORT = _on_table("export", "POST", "export", params=ExportBody, carrier="json")
+DUMP = _on_table("dump", "POST", "dump")
+LOAD = _on_table("load", "POST", "load", carrier="tar")
+
+#: every operation, by name
+OPERATIONS: dict[str, Operation] = {
+    op.name: op
+    for op in (
+        HEALTHZ, LIST_TABLES, CREATE_TABLE, SERVER_INFO, STATUS, INFO, DELETE_TABLE, CLEAR, EXTEND, SAMPLE,
+        STREAM, UPDATE_PRIORITY, REMOVE, READ, CHECKPOINT, RESTORE, EXPORT, DUMP, LOAD,
+    )
+}  # fmt: skip
+
+
+def check_lengths(
+    slots: int, *, priority: int | None = None, key: int | None = None, table: str | None = None
+) -> None:
+    """The one rule of calls on sampled slots: a priority and a key per slot, when given.
+
+    Raises:
+        InvalidRequest: a length differs from the slots'; names the field.
+    """
+    for name, n in (("priority", priority), ("key", key)):
+        if n is not None and n != slots:
+            what = "priorities" if name == "priority" else "keys"
+            raise InvalidRequest(
+                ("" if table is None else f"table {table!r}: ") + f"{slots} indices but {n} {what}",
+                table=table,
+                field=name,
+                expected=slots,
+                got=n,
+            )
+
+
+def _len(values: list[int] | None) -> int | None:
+    return None if values is None else len(values)
+
+
+P = TypeVar("P", bound=BaseModel)
+
+
+def parse(model: type[P], values: Mapping[str, Any]) -> P:
+    """``values`` validated by ``model``.
+
+    Raises:
+        InvalidRequest: a value breaks a rule, a required one is missing, or an
+            unknown one is given; names the first such field.
+    """
+    try:
+        return model.model_validate(dict(values))
+    except ValidationError as err:
+        problems = err.errors()
+        ruled = broken_rule(problems)
+        if ruled is not None:
+            raise ruled from None
+        first = problems[0]
+        where = ".".join(str(p) for p in first["loc"]) or None
+        got = first.get("input")
+        shown = repr(got)[:60] if first["type"] != "missing" else "nothing"
+        raise InvalidRequest(
+            f"{where}: {first['msg']} (got {shown})",
+            field=where,
+            got=got if isinstance(got, int | float | str) else None,
+        ) from None
+
+
+def broken_rule(problems: list[Any]) -> InvalidRequest | None:
+    """The contract's own error among a model's validation ``problems`` (pydantic's
+    ``errors()``), as the rule raised it (e.g. :func:`check_lengths`); ``None`` if none."""
+    for problem in problems:
+        raised = (problem.get("ctx") or {}).get("error")
+        if isinstance(raised, InvalidRequest):
+            return raised
+    return None

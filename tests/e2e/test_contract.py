@@ -1,0 +1,124 @@
+"""The operations are the contract: the server's routes, its OpenAPI document and the
+client's requests all come from :data:`tdreplay.codec.operations.OPERATIONS`, and a
+rule of the contract gives the same error on either side."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fastapi.routing import APIRoute
+from test_shm import spec
+from testkit import rows
+
+from tdreplay.client import InvalidRequest, ReplayClient
+from tdreplay.client import commands as C
+from tdreplay.client import persistence as P
+from tdreplay.codec import operations as ops
+from tdreplay.service import Settings, create_app
+
+
+def _routes() -> dict[str, APIRoute]:
+    """The app's API routes by name (those of the routers it includes too)."""
+    app = create_app(Settings(root=Path("unused")))
+    found: dict[str, APIRoute] = {}
+    todo = list(app.routes)
+    while todo:
+        route = todo.pop()
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            todo.extend(included.routes)
+        elif isinstance(route, APIRoute):
+            assert route.name not in found, f"two routes named {route.name!r}"
+            found[route.name] = route
+    return found
+
+
+def test_every_operation_is_one_route_and_every_api_route_an_operation() -> None:
+    routes = _routes()
+    for op in ops.OPERATIONS.values():
+        route = routes.get(op.name)
+        assert route is not None, f"operation {op.name!r} has no route"
+        assert (route.path, route.methods) == (op.route, {op.method}), op.name
+    api = {name for name, r in routes.items() if r.path.startswith("/v1")}
+    assert api <= set(ops.OPERATIONS), api - set(ops.OPERATIONS)
+
+
+def test_the_document_declares_each_operations_own_parameters() -> None:
+    """A query operation's parameters are its model's fields; a JSON one's body is its model."""
+    doc = create_app(Settings(root=Path("unused"))).openapi()
+    for op in ops.OPERATIONS.values():
+        declared = doc["paths"][op.route][op.method.lower()]
+        if op.carrier == "query":
+            assert op.params is not None
+            query = {p["name"] for p in declared["parameters"] if p["in"] == "query"}
+            assert query == set(op.params.model_fields), op.name
+        elif op.carrier == "json" and op.params is not None:
+            body = declared["requestBody"]["content"]["application/json"]["schema"]
+            refs = {s.get("$ref", "") for s in body.get("anyOf", [body])}
+            assert f"#/components/schemas/{op.params.__name__}" in refs, op.name
+
+
+def _commands() -> list[type[C.Command[Any]]]:
+    found = []
+    for module in (C, P):
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, C.Command) and cls is not C.Command and cls not in found:
+                found.append(cls)
+    return found
+
+
+ARGS: dict[str, dict[str, Any]] = {
+    "create_table": {"spec": {"name": "t"}},
+    "extend": {"data": {"x": torch.zeros(2)}},
+    "sample": {"batch_size": 4},
+    "stream": {"batch_size": 4, "count": 2},
+    "read": {"index": [0]},
+    "remove": {"index": [0]},
+    "update_priority": {"index": [0], "priority": [1.0]},
+    "load": {"archive": b""},
+    "checkpoint": {"path": "checkpoints/t"},
+    "restore": {"path": "checkpoints/t"},
+}
+
+
+@pytest.mark.parametrize("command", _commands(), ids=lambda c: c.__name__)
+def test_each_client_command_sends_its_operations_method_and_route(
+    command: type[C.Command[Any]],
+) -> None:
+    op = command.op
+    assert ops.OPERATIONS[op.name] is op
+    params = inspect.signature(command).parameters
+    kw = dict(ARGS.get(op.name, {}))
+    if "table" in params:
+        kw["table"] = "a b/c"  # quoted into the route
+    request = command(**kw).request()
+    path = request.target.split("?")[0]
+    assert request.method == op.method
+    assert path == op.path("a%20b%2Fc" if "table" in params else "")
+
+
+def test_a_broken_rule_is_the_same_error_on_the_client_and_the_server(live_server: Any) -> None:
+    """The client refuses an update whose lengths differ before sending it, with the error
+    the server gives for it (one rule: ``check_lengths``), and nothing changes."""
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(spec("rule", {"kind": "prioritized", "alpha": 1.0}, capacity=8))
+    client.extend("rule", rows(0, 4))
+    with pytest.raises(InvalidRequest) as on_client:
+        client.update_priority("rule", [0, 1], [1.0])
+    status, _, body = server.request(
+        "POST", "/v1/tables/rule/update_priority", b'{"index": [0, 1], "priority": [1.0]}',
+        {"Content-Type": "application/json"},
+    )  # fmt: skip
+    answer = json.loads(body)
+    assert status == 400
+    assert (on_client.value.detail, on_client.value.field) == (answer["detail"], answer["field"])
+    with pytest.raises(InvalidRequest, match="1 indices but 2 keys") as removing:
+        client.remove("rule", [0], key=[1, 2])
+    assert removing.value.field == "key"
+    assert client.info("rule")["size"] == 4
