@@ -99,15 +99,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _start(app: FastAPI) -> None:
         tuning.apply(settings)
         core: Core = app.state.core
-        registry = core.registry
         # First, before anything under the root is touched: a second server here
         # would delete the first one's tables.
-        app.state.root_lock = lock_root(registry.root)
+        app.state.root_lock = lock_root(core.root)
         try:
-            clean_checkpoints(registry.root / protocol.CHECKPOINTS)
+            clean_checkpoints(core.root / protocol.CHECKPOINTS)
             for scratch in SCRATCH:  # what a crash left of exports and dumps on their way
-                shutil.rmtree(registry.root / scratch, ignore_errors=True)
-            await load_tables(registry, settings)
+                shutil.rmtree(core.root / scratch, ignore_errors=True)
+            await load_tables(core, settings)
             tuning.trim()  # what loading the tables freed goes back to the system
             app.state.shm = await start_shm(core, settings, app.state.metrics.request)
         except BaseException:
@@ -117,7 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise
         if settings.checkpoint_every:
             periodic = PeriodicCheckpoints(
-                registry, settings.checkpoint_every, app.state.metrics.checkpointed
+                core, settings.checkpoint_every, app.state.metrics.checkpointed
             )
             periodic.start()
             app.state.periodic = periodic
@@ -158,10 +157,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,  # served by _offline_docs from bundled assets, not a CDN
     )
     _offline_docs(app)
-    metrics = Metrics(lambda: app.state.core.registry.handles())
+    metrics = Metrics(lambda: app.state.core.served.handles())
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.history = History(metrics, lambda: app.state.core.registry.handles())
+    app.state.history = History(metrics, lambda: app.state.core.served.handles())
     app.state.core = Core(settings, on_wait=metrics.waited)
     app.state.bodies = BodyBuffers(per_class=settings.pooled_buffers)
     app.state.decoder = LayoutDecoder()

@@ -289,7 +289,7 @@ class MetricsMiddleware:
 
 
 def _served(scope: Scope) -> Any:
-    """The served tables (a registry: ``name in``) of the app ``scope`` reached."""
+    """The served tables (``name in``) of the app ``scope`` reached."""
     app = scope.get("app")
     core = getattr(getattr(app, "state", None), "core", None)
-    return core.registry if core is not None else ()
+    return core.served if core is not None else ()

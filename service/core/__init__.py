@@ -7,7 +7,8 @@ Every rule - validation, limits, the rate-limiter wait, idempotency, where
 a client's path may lead - lives here once.
 
 * :class:`Core` (:mod:`.ops`): the operations;
-* :class:`Registry` (:mod:`.registry`): the tables by name, one admission gate;
+* :class:`Served` (:mod:`.served`): the served tables by name, one admission gate;
+* :mod:`.lifecycle` and :mod:`.persistence`: the core's table and persistence operations;
 * :class:`TableHandle` (:mod:`.handle`): one served table, its calls off the loop;
 * :mod:`.waiting`: rate-limited calls wait on the loop, no thread held;
 * :mod:`.paths`: client paths confined to the data root's areas;
@@ -16,13 +17,13 @@ a client's path may lead - lives here once.
 
 from .handle import Shape, TableHandle
 from .ops import Core
-from .registry import Registry
+from .served import Served
 from .startup import PeriodicCheckpoints, load_specs, load_tables
 
 __all__ = [
     "Core",
     "PeriodicCheckpoints",
-    "Registry",
+    "Served",
     "Shape",
     "TableHandle",
     "load_specs",

@@ -1,11 +1,14 @@
 """The server's table operations, transport-neutral: every door calls these.
 
 :class:`Core` is what the HTTP routes, the same-host socket and an
-in-process caller hold: a registry of tables and the operations on them -
-extend, sample, update priorities, remove, read, info, create, clear,
-delete, and (:mod:`.persistence`) checkpoint, restore, export, dump, load -
-each with its validation, limits and rate-limiter wait done here, once. A door parses its request into the models of
-:mod:`.params`, calls one method, and encodes the answer.
+in-process caller hold: the one service object. It holds the served tables
+(:class:`~.served.Served`) and every operation on them - extend, sample,
+update priorities, remove, read here; create, clear, delete, info
+(:mod:`.lifecycle`); checkpoint, restore, export, dump, load
+(:mod:`.persistence`) - each looking its table up once, with its validation,
+limits and rate-limiter wait done once. A door parses its request into the
+models of the contract (:mod:`tdreplay.codec.operations`), calls one method,
+and encodes the answer.
 
     >>> import asyncio, tempfile, torch
     >>> from tdreplay.service import Settings
@@ -25,11 +28,8 @@ each with its validation, limits and rate-limiter wait done here, once. A door p
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Mapping
-from typing import Any
 
 import torch
 from starlette.concurrency import run_in_threadpool
@@ -44,23 +44,21 @@ from tdreplay.codec.operations import (
     SampleParams,
     StreamParams,
 )
-from tdreplay.storage import InvalidRequest, NestedKey, TableNotFound, TableSpec
+from tdreplay.storage import InvalidRequest, NestedKey
 
 from ..errors import PayloadTooLarge
 from ..settings import Settings
 from ..wire import Lease, sample_nbytes
 from .handle import Place, Shape, TableHandle
+from .lifecycle import TableOps
 from .persistence import PersistenceOps
-from .registry import Registry
+from .served import Served
 from .waiting import WaitHook
 
 log = logging.getLogger("tdreplay.service")
 
-#: seconds ``readiness`` waits for the Redis tables' marker probes
-PROBE_WAIT = 0.5
 
-
-class Core(PersistenceOps):
+class Core(TableOps, PersistenceOps):
     """The tables of one server and every operation on them.
 
     Args:
@@ -70,8 +68,8 @@ class Core(PersistenceOps):
 
     def __init__(self, settings: Settings, on_wait: WaitHook | None = None) -> None:
         self.settings = settings
-        self.registry = Registry(settings, on_wait=on_wait)
-        self.root = self.registry.root
+        self.served = Served(settings, on_wait=on_wait)
+        self.root = self.served.root
 
     # -- rules shared by the operations ----------------------------------------
     def timeout(self, given: float | None) -> float:
@@ -86,7 +84,7 @@ class Core(PersistenceOps):
         Raises:
             TableNotFound: no such table.
         """
-        return name if isinstance(name, TableHandle) else self.registry.get(name)
+        return name if isinstance(name, TableHandle) else self.served.get(name)
 
     # -- data ----------------------------------------------------------------------
     async def extend(
@@ -230,57 +228,6 @@ class Core(PersistenceOps):
             rows = await handle.call(lambda: table.read_items(index))
         rows.set("index", index)
         return (await run_in_threadpool(encode, rows)).to_pybytes()
-
-    async def tables(self) -> dict[str, Any]:
-        """Every table's info, and ``unavailable``: tables found on start but not served, and why."""
-        infos = []
-        for handle in self.registry.handles():
-            with contextlib.suppress(TableNotFound):  # deleted meanwhile
-                infos.append(await handle.info())
-        return {"tables": infos, "unavailable": dict(self.registry.failed)}
-
-    async def info(self, name: str) -> dict[str, Any]:
-        """Size, capacity, backend, sampler, writer, counters, rate-limiter state, waiting calls."""
-        return await self.table(name).info()
-
-    async def create(
-        self, spec: TableSpec, *, replace: bool = False, if_absent: bool = False
-    ) -> dict[str, Any]:
-        """Create a table from a spec, or with ``if_absent`` find it (see ``Registry.create``);
-        returns its info."""
-        handle = await self.registry.create(spec, replace=replace, if_absent=if_absent)
-        return await handle.info()
-
-    async def clear(self, name: str) -> dict[str, Any]:
-        """Empty a table, atomically and durably (see ``Registry.clear``); returns its info."""
-        handle = await self.registry.clear(name)
-        return await handle.info()
-
-    async def delete(self, name: str) -> None:
-        """Delete a table and its data (calls waiting on it fail with ``TableNotFound``)."""
-        await self.registry.delete(name)
-
-    # -- the server ----------------------------------------------------------------
-    async def lost_tables(self) -> list[str]:
-        """Tables whose backend lost its data (a Redis that restarted empty).
-
-        Redis tables' markers are probed in worker threads (each at most once a
-        second, one probe at a time), waited for up to :data:`PROBE_WAIT`
-        seconds: a hung Redis does not hold the answer.
-        """
-        handles = self.registry.handles()
-        probes = [
-            asyncio.ensure_future(run_in_threadpool(h.table.backend.probe))
-            for h in handles
-            if hasattr(h.table.backend, "probe")
-        ]
-        if probes:
-            await asyncio.wait(probes, timeout=PROBE_WAIT)
-        return [h.name for h in handles if getattr(h.table.backend, "state", None) == "lost"]
-
-    async def close(self, *, checkpoint: bool = False) -> None:
-        """Stop serving every table (checkpointing each first when asked) and close them."""
-        await self.registry.close(checkpoint=checkpoint)
 
 
 def _rows(columns: Mapping[NestedKey, torch.Tensor]) -> int:

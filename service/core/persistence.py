@@ -10,7 +10,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 
@@ -18,6 +18,15 @@ from tdreplay.codec import protocol
 from tdreplay.codec.archive import pack as archive_pack
 from tdreplay.codec.archive import unpack as archive_unpack
 from tdreplay.codec.operations import ExportBody, PathBody
+from tdreplay.storage import (
+    CheckpointError,
+    InvalidCheckpoint,
+    InvalidRequest,
+    Table,
+    TableSpec,
+    find_checkpoint,
+    read_checkpoint_metadata,
+)
 
 from ..settings import Settings
 from .handle import TableHandle
@@ -29,7 +38,7 @@ from .paths import (
     export_target,
     relative,
 )
-from .registry import Registry
+from .served import Served
 
 log = logging.getLogger("tdreplay.service")
 
@@ -38,11 +47,14 @@ class PersistenceOps:
     """Checkpoint, restore, export, dump and load of :class:`~.ops.Core`."""
 
     settings: Settings
-    registry: Registry
+    served: Served
     root: Path
 
-    def table(self, name: str | TableHandle) -> TableHandle:
-        raise NotImplementedError  # the core's
+    if TYPE_CHECKING:  # the core's own (.ops), and its lifecycle part's
+
+        def table(self, name: str | TableHandle) -> TableHandle: ...
+
+        async def _swap(self, name: str, table: Table, by: str) -> TableHandle: ...
 
     async def checkpoint(self, name: str, body: PathBody) -> str:
         """Checkpoint a table; returns the folder relative to the data root.
@@ -53,7 +65,7 @@ class PersistenceOps:
         """
         self.table(name)
         target = checkpoint_target(self.root, name, body.path)
-        path = await self.registry.checkpoint(name, target)
+        path = await self.checkpoint_to(name, target)
         return relative(self.root, path)
 
     async def restore(self, name: str, body: PathBody) -> dict[str, Any]:
@@ -69,7 +81,7 @@ class PersistenceOps:
             if body.path is not None
             else None
         )
-        handle = await self.registry.restore(name, source)
+        handle = await self.restore_from(name, source)
         return await handle.info()
 
     async def export(self, name: str, body: ExportBody) -> tuple[Path, bool]:
@@ -114,7 +126,7 @@ class PersistenceOps:
         self.table(name)
         folder = self._scratch(name)
         try:
-            await self.registry.checkpoint(name, folder)
+            await self.checkpoint_to(name, folder)
             archive = folder.with_suffix(".tar")
             data = await run_in_threadpool(archive_pack, folder)
             await run_in_threadpool(archive.write_bytes, data)
@@ -138,10 +150,73 @@ class PersistenceOps:
         limit = self.settings.max_body_bytes
         try:
             await run_in_threadpool(lambda: archive_unpack(bytes(data), folder, max_bytes=limit))
-            handle = await self.registry.restore(name, folder)
+            handle = await self.restore_from(name, folder)
         finally:
             await run_in_threadpool(shutil.rmtree, folder, True)
         return await handle.info()
+
+    async def checkpoint_to(self, name: str, path: Path | None = None) -> Path:
+        """Checkpoint ``name`` to ``path`` (default ``checkpoints/<name>``); the folder written."""
+        handle = self.table(name)
+        with handle.use() as table:
+            target = path or self.served.checkpoint_path(name)
+            began = time.monotonic()
+            written, rows, nbytes = await handle.call(lambda: _checkpoint(table, target))
+        log.info(
+            "table %r checkpointed to %s: %d rows, %d bytes in %.2f s",
+            name,
+            written,
+            rows,
+            nbytes,
+            time.monotonic() - began,
+        )
+        return written
+
+    async def restore_from(self, name: str, path: Path | None = None) -> TableHandle:
+        """Replace (or create) table ``name`` from the checkpoint at ``path``.
+
+        The checkpoint is restored beside the table being served, which keeps
+        serving meanwhile; only once the restore succeeded is the new table
+        swapped in and the old one retired (its running calls finish) and
+        destroyed. A failed restore changes nothing. Both tables' data is held
+        while the restore runs.
+
+        Raises:
+            InvalidRequest: no checkpoint there, or it holds another table.
+            CheckpointError: the checkpoint could not be read.
+            BackendError: the restored table's storage could not be allocated.
+        """
+        path = path or self.served.checkpoint_path(name)
+        try:
+            await run_in_threadpool(find_checkpoint, path)
+        except CheckpointError:
+            raise InvalidRequest(
+                f"no checkpoint of table {name!r} there", table=name, field="path"
+            ) from None
+        meta = await run_in_threadpool(read_checkpoint_metadata, path)
+        raw = meta.get("spec")
+        if not isinstance(raw, dict):
+            raise InvalidCheckpoint(
+                f"the checkpoint at {path.name!r} holds no table spec", table=name
+            )
+        spec = TableSpec.parse(raw, source=f"checkpoint {path.name!r}")
+        held = spec.name
+        if held != name:
+            raise InvalidRequest(
+                f"the checkpoint at {path.name!r} holds table {held!r}, not {name!r}",
+                table=name,
+                field="path",
+                expected=name,
+                got=held,
+            )
+        nbytes = self.served.admit(spec)
+        with self.served.reserve(name, nbytes, replace=True):
+            table = await run_in_threadpool(
+                lambda: Table.restore(
+                    path, self.root, seed=self.settings.seed, redis=self.served.redis, expect=spec
+                )
+            )
+            return await self._swap(name, table, "restored")
 
     def _scratch(self, name: str) -> Path:
         """A new scratch folder's path for ``name`` (its parent made)."""
@@ -152,3 +227,10 @@ class PersistenceOps:
     def relative(self, path: Path) -> str:
         """``path`` as a client sees it: relative to the data root."""
         return relative(self.root, path)
+
+
+def _checkpoint(table: Table, target: Path) -> tuple[Path, int, int]:
+    """Checkpoint ``table``; the folder written, its rows and its bytes (for the log)."""
+    written = table.checkpoint(target)
+    nbytes = sum(f.stat().st_size for f in written.rglob("*") if f.is_file())
+    return written, table.size, nbytes

@@ -6,7 +6,7 @@
 3. The schemas' tables still missing are created.
 
 A table that cannot be brought back is skipped, its data kept, the others
-served (``Registry.failed`` says why).
+served (``Served.failed`` says why).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tdreplay.storage import (
 )
 
 from ..settings import Settings
-from .registry import Registry
+from .ops import Core
 
 log = logging.getLogger("tdreplay.service")
 
@@ -88,7 +88,7 @@ def checkpoints_under(root: Path) -> list[str]:
 
 
 class PeriodicCheckpoints:
-    """Checkpoint the tables that need it (:meth:`Registry.needs_checkpoint`) every ``every`` seconds.
+    """Checkpoint the tables that need it (:meth:`Served.needs_checkpoint`) every ``every`` seconds.
 
     Each to its default path (``<root>/checkpoints/<name>``), one table after the
     other, the next round ``every`` seconds after the previous one ended. A
@@ -97,18 +97,18 @@ class PeriodicCheckpoints:
     task. :meth:`stop` lets a checkpoint under way finish.
 
     Args:
-        registry: the tables.
+        core: the server's core.
         every: seconds between the end of a round and the next.
         on_result: told of each checkpoint: the table, and ``"ok"`` or ``"failed"``.
     """
 
     def __init__(
         self,
-        registry: Registry,
+        core: Core,
         every: float,
         on_result: Callable[[str, str], None] | None = None,
     ) -> None:
-        self.registry = registry
+        self.core = core
         self.every = every
         self.done = 0
         self.failures = 0
@@ -135,13 +135,13 @@ class PeriodicCheckpoints:
 
     async def round(self) -> None:
         """Checkpoint every table that needs it once."""
-        for handle in self.registry.handles():
+        for handle in self.core.served.handles():
             if self._stop.is_set():
                 return
-            if not self.registry.needs_checkpoint(handle):
+            if not self.core.served.needs_checkpoint(handle):
                 continue
             try:
-                await self.registry.checkpoint(handle.name)
+                await self.core.checkpoint_to(handle.name)
             except TableNotFound:  # deleted since the round began
                 continue
             except Exception:
@@ -153,7 +153,7 @@ class PeriodicCheckpoints:
                 self._on_result(handle.name, "ok")
 
 
-async def load_tables(registry: Registry, settings: Settings) -> None:
+async def load_tables(core: Core, settings: Settings) -> None:
     """Bring the tables back, newest data first, then create the schemas' new ones.
 
     1. Memmap tables left under ``<root>/tables/`` are reopened with every row
@@ -167,12 +167,12 @@ async def load_tables(registry: Registry, settings: Settings) -> None:
     specs = load_specs(settings)
     wanted = {spec.name: spec for spec in specs}
     loaded = set()
-    failed = registry.failed  # name -> why: not served, data kept (shown by /readyz)
-    for stored in await run_in_threadpool(stored_specs, registry.root, failed):
+    failed = core.served.failed  # name -> why: not served, data kept (shown by /readyz)
+    for stored in await run_in_threadpool(stored_specs, core.root, failed):
         schema = wanted.get(stored.name)
         if schema is not None and schema != stored:
             why = (
-                f"its data under {registry.root / 'tables'} was written under another schema than "
+                f"its data under {core.root / 'tables'} was written under another schema than "
                 f"{settings.schema_path}'s (capacity {stored.capacity} vs {schema.capacity}, "
                 f"backend {stored.backend.kind} vs {schema.backend.kind}); it is kept: serve the "
                 "old schema, or move the folder away"
@@ -181,7 +181,7 @@ async def load_tables(registry: Registry, settings: Settings) -> None:
             failed[stored.name] = why
             continue
         try:
-            handle = await registry.open(stored)
+            handle = await core.open(stored)
         except TDReplayError as err:
             # One damaged table must not keep the others from being served; its data is kept.
             log.error("table %r not reopened, its data is kept as it is: %s", stored.name, err)
@@ -190,23 +190,23 @@ async def load_tables(registry: Registry, settings: Settings) -> None:
         loaded.add(stored.name)
         log.info("table %r reopened from disk (%d rows)", stored.name, handle.table.size)
     if settings.restore:
-        for name in checkpoints_under(registry.root):
+        for name in checkpoints_under(core.root):
             if name in loaded:
                 log.info("table %r: its data on disk is newer than its checkpoint", name)
                 continue
             try:
-                await registry.restore(name)
+                await core.restore_from(name)
             except TDReplayError as err:
                 log.error("table %r not restored, its checkpoint is kept as it is: %s", name, err)
                 failed[name] = str(err)
                 continue
             loaded.add(name)
-            log.info("table %r restored from %s", name, registry.checkpoint_path(name))
+            log.info("table %r restored from %s", name, core.served.checkpoint_path(name))
     for spec in specs:
         if spec.name in failed:
             continue  # its data (on disk, in its checkpoint) waits for the operator
         if spec.name not in loaded:
-            await registry.create(spec, replace=True)
+            await core.create(spec, replace=True)
             log.info(
                 "table %r created (%s, capacity %d)", spec.name, spec.backend.kind, spec.capacity
             )

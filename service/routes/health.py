@@ -36,8 +36,8 @@ async def readyz(request: Request, core: CoreDep) -> JSONResponse:
     if not request.app.state.ready:
         return JSONResponse({"status": "starting"}, status_code=503)
     lost = await core.lost_tables()
-    registry = core.registry
-    body = {"tables": len(registry), "lost": len(lost), "failed": len(registry.failed)}
+    served = core.served
+    body = {"tables": len(served), "lost": len(lost), "failed": len(served.failed)}
     if lost:
         return JSONResponse({"status": "lost", **body}, status_code=503)
     return JSONResponse({"status": "ready", **body})

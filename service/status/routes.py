@@ -97,7 +97,7 @@ async def status(request: Request, core: CoreDep) -> dict[str, Any]:
     rates per second, latencies in seconds, ``null`` where nothing was measured)."""
     history = request.app.state.history
     tables = []
-    for handle in core.registry.handles():
+    for handle in core.served.handles():
         with contextlib.suppress(TableNotFound), handle.use() as table:
             stats = await handle.call(partial(table.stats, wait=STATS_WAIT))
             tables.append(
