@@ -17,9 +17,8 @@ from starlette.concurrency import run_in_threadpool
 
 from tdreplay.storage import Table, TableNotFound, TableSpec
 
-from ..settings import Settings
 from .handle import TableHandle
-from .served import Served
+from .served import CorePart
 
 log = logging.getLogger("tdreplay.service")
 
@@ -27,16 +26,10 @@ log = logging.getLogger("tdreplay.service")
 PROBE_WAIT = 0.5
 
 
-class TableOps:
+class TableOps(CorePart):
     """Create, reopen, clear, delete, list and close the tables of :class:`~.ops.Core`."""
 
-    settings: Settings
-    served: Served
-    root: Path
-
-    if TYPE_CHECKING:  # the core's own (.ops), and its persistence part's
-
-        def table(self, name: str | TableHandle) -> TableHandle: ...
+    if TYPE_CHECKING:  # the core's persistence part's
 
         async def checkpoint_to(self, name: str, path: Path | None = None) -> Path: ...
 
@@ -137,15 +130,6 @@ class TableOps:
         with self.served.reserve(name, nbytes, replace=True):
             handle = await self._swap(name, await self._allocate(spec), "cleared")
         return await handle.info()
-
-    async def _swap(self, name: str, table: Table, by: str) -> TableHandle:
-        """Serve ``table`` as ``name``; retire (``by``) and destroy the table it replaces."""
-        old = self.served.find(name)
-        handle = self.served.install(table)
-        if old is not None:
-            await old.retire(by)
-            await run_in_threadpool(old.table.destroy)
-        return handle
 
     async def tables(self) -> dict[str, Any]:
         """Every table's info, and ``unavailable``: tables found on start but not served, and why."""

@@ -77,15 +77,6 @@ class Core(TableOps, PersistenceOps):
         s = self.settings
         return min(s.default_timeout if given is None else given, s.max_timeout)
 
-    def table(self, name: str | TableHandle) -> TableHandle:
-        """The served table ``name`` (a door that looked it up already passes its handle:
-        a table is looked up once per request).
-
-        Raises:
-            TableNotFound: no such table.
-        """
-        return name if isinstance(name, TableHandle) else self.served.get(name)
-
     # -- data ----------------------------------------------------------------------
     async def extend(
         self,

@@ -10,7 +10,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
@@ -28,7 +28,6 @@ from tdreplay.storage import (
     read_checkpoint_metadata,
 )
 
-from ..settings import Settings
 from .handle import TableHandle
 from .paths import (
     EXPORT_SCRATCH,
@@ -38,23 +37,13 @@ from .paths import (
     export_target,
     relative,
 )
-from .served import Served
+from .served import CorePart
 
 log = logging.getLogger("tdreplay.service")
 
 
-class PersistenceOps:
+class PersistenceOps(CorePart):
     """Checkpoint, restore, export, dump and load of :class:`~.ops.Core`."""
-
-    settings: Settings
-    served: Served
-    root: Path
-
-    if TYPE_CHECKING:  # the core's own (.ops), and its lifecycle part's
-
-        def table(self, name: str | TableHandle) -> TableHandle: ...
-
-        async def _swap(self, name: str, table: Table, by: str) -> TableHandle: ...
 
     async def checkpoint(self, name: str, body: PathBody) -> str:
         """Checkpoint a table; returns the folder relative to the data root.

@@ -17,6 +17,8 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+from starlette.concurrency import run_in_threadpool
+
 from tdreplay.codec import protocol
 from tdreplay.storage import (
     SELF_DURABLE_BACKENDS,
@@ -209,3 +211,30 @@ class Served:
         unless ``--checkpoint-durable`` says so."""
         kind = handle.table.spec.backend.kind
         return kind not in SELF_DURABLE_BACKENDS or self.settings.checkpoint_durable
+
+
+class CorePart:
+    """What each part of the core (:mod:`.ops`, :mod:`.lifecycle`, :mod:`.persistence`)
+    holds and shares: the settings, the served tables, the data root."""
+
+    settings: Settings
+    served: Served
+    root: Path
+
+    def table(self, name: str | TableHandle) -> TableHandle:
+        """The served table ``name`` (a door that looked it up already passes its handle:
+        a table is looked up once per request).
+
+        Raises:
+            TableNotFound: no such table.
+        """
+        return name if isinstance(name, TableHandle) else self.served.get(name)
+
+    async def _swap(self, name: str, table: Table, by: str) -> TableHandle:
+        """Serve ``table`` as ``name``; retire (``by``) and destroy the table it replaces."""
+        old = self.served.find(name)
+        handle = self.served.install(table)
+        if old is not None:
+            await old.retire(by)
+            await run_in_threadpool(old.table.destroy)
+        return handle
