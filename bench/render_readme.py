@@ -180,6 +180,11 @@ def scale() -> str:
     return "\n".join(lines)
 
 
+def adapter() -> str:
+    """The TorchRL adapter's own cost (``bench/adapter_bench.py --json bench/results/adapter.json``)."""
+    return entries_table("adapter.json")
+
+
 def writer() -> str:
     """The collector's writer (``bench/writer_bench.py --json bench/results/writer.json``)."""
     return entries_table("writer.json")
@@ -231,6 +236,7 @@ TABLES = {
     "client-table": (client, "client.json"),
     "scale-table": (scale, "scale.json"),
     "writer-table": (writer, "writer.json"),
+    "adapter-table": (adapter, "adapter.json"),
     "session-http-table": (
         lambda: refactor("session-http.json", "HTTP client"),
         "session-http.json",

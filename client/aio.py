@@ -185,7 +185,8 @@ class AsyncReplayClient(ClientBase):
         timeout: float | None = None,
         as_cls: type | None = None,
     ) -> Any:
-        """See :meth:`ReplayClient.sample`."""
+        """See :meth:`ReplayClient.sample`; the batch always owns its memory here (the
+        shared-memory slot is copied into it once)."""
         return await self._run(self._calls.sample(table, batch_size, timeout, as_cls))
 
     async def remove(self, table: str, index: Any, key: Any = None) -> int:

@@ -152,7 +152,6 @@ class TDReplayBuffer(
         self._keys: frozenset[tuple[str, ...]] | None = None
         self._warned: set[frozenset[tuple[str, ...]]] = set()
         self._warned_uniform = False
-        self._copy_samples: bool | None = None
         self._prefetcher: Iterator[Any] | None = None
         self._lock = threading.Lock()
         # what TorchRL's own code reads on any ReplayBuffer

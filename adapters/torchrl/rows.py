@@ -79,12 +79,9 @@ def rows_for(
         does not declare, beside ``ignored`` ones.
     """
     skip = [as_tuple(k) for k in ignored]
-    extra: set[tuple[str, ...]] = set()
-    for key in data.keys(include_nested=True, leaves_only=True):
-        k = as_tuple(key)
-        if k not in keys and not any(k[: len(s)] == s for s in skip):
-            extra.add(k)
-    present = [k for k in keys if k in data.keys(include_nested=True)]
+    leaves = {as_tuple(key) for key in data.keys(include_nested=True, leaves_only=True)}
+    extra = {k for k in leaves - keys if not any(k[: len(s)] == s for s in skip)}
+    present = [k for k in keys if k in leaves]  # one walk of data's keys, not one per key
     rows = data.select(*present)
     if rows.batch_dims == 0:
         rows = rows.unsqueeze(0)

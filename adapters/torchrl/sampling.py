@@ -31,7 +31,6 @@ class SamplingMixin:
     _transform: Compose
     _lock: threading.Lock
     _prefetcher: Iterator[Any] | None
-    _copy_samples: bool | None
     _iterator: Iterator[TensorDictBase] | None
     _sampler: ServiceSampler  # the buffer's (a property there)
 
@@ -71,8 +70,6 @@ class SamplingMixin:
             batch = next(self._prefetched())
         else:
             batch = self._draw(n)
-            if self._copies():
-                batch = batch.clone()
         info: dict[str, Any] = {"index": batch.get("index")}
         if self._sampler.prioritized:
             weight = batch.get(("sample_info", "weight"))
@@ -117,7 +114,8 @@ class SamplingMixin:
         return self._transform(rows) if len(self._transform) else rows
 
     def _draw(self, n: int) -> TensorDictBase:
-        return self._client.sample(self._table, n, timeout=self._timeout)
+        """``n`` items in a batch that owns its memory (a shared-memory slot copied once)."""
+        return self._client.sample(self._table, n, timeout=self._timeout, owned=True)
 
     def _piece(self, n: int) -> int:
         """The most items one draw may take: ``n``, or less when ``n`` is above the capacity."""
@@ -135,12 +133,6 @@ class SamplingMixin:
             )
         slice_len = int(sampler.options.get("slice_len") or 1)
         return capacity - capacity % slice_len
-
-    def _copies(self) -> bool:
-        """Whether samples view a leased shared-memory slot, so must be copied to be owned."""
-        if self._copy_samples is None:
-            self._copy_samples = len(self._client.urls) == 1 and self._client.transport == "shm"
-        return self._copy_samples
 
     def _prefetched(self) -> Iterator[Any]:
         with self._lock:

@@ -132,6 +132,25 @@ def test_a_leased_batch_does_not_change_while_writers_overwrite_the_ring(twins: 
     assert not torch.equal(batch["id"], kept["id"])
 
 
+def test_an_owned_sample_keeps_its_rows_past_the_lease(twins: Any) -> None:
+    """``sample(..., owned=True)`` copies the slot once into the batch's own memory: the
+    samples after it, which refill every slot of the ring, leave it as it was."""
+    a, _ = twins
+    client = ReplayClient(a.url, transport="shm", lease_slots=1)
+    client.create_table(spec("own", {"kind": "uniform"}, capacity=64))
+    client.extend("own", rows(0, 64))
+    owned = client.sample("own", 16, owned=True)
+    leased = client.sample("own", 16)
+    kept, first_lease = owned.clone(), leased["id"].clone()
+    assert_consistent(owned)
+    refilled = False
+    for _ in range(20):
+        client.sample("own", 16)  # the one leased slot, refilled each time
+        refilled = refilled or not torch.equal(leased["id"], first_lease)
+    assert refilled  # the leased batch views the slot; the owned one does not
+    assert (owned == kept).all()
+
+
 def test_the_client_cannot_shrink_a_slot_under_the_server(twins: Any) -> None:
     a, _ = twins
     client = ReplayClient(a.url, transport="shm")
