@@ -168,14 +168,29 @@ def test_compose_agrees_with_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyP
     parse_serve(server["command"])  # an unknown flag stops argparse
 
     # the secret is where the token file says, readable under the name compose gives it
-    (secret,) = server["secrets"]
+    secret = "tdreplay_token"
+    assert secret in server["secrets"]
     assert env["TDREPLAY_TOKEN_FILE"] == f"/run/secrets/{secret}"
     assert secret in config["secrets"]
     token = tmp_path / "token"
     token.write_text("compose-token")
-    s = settings_from_env(env, monkeypatch, TDREPLAY_TOKEN_FILE=str(token))
+    # and the Redis password the same way, from its secret (never in the URL)
+    (secret,) = set(server["secrets"]) - {secret}
+    assert env["TDREPLAY_REDIS_PASSWORD_FILE"] == f"/run/secrets/{secret}"
+    assert secret in config["secrets"]
+    assert secret in config["services"]["redis"]["secrets"]
+    password = tmp_path / "password"
+    password.write_text("compose-password")
+    s = settings_from_env(
+        env,
+        monkeypatch,
+        TDREPLAY_TOKEN_FILE=str(token),
+        TDREPLAY_REDIS_PASSWORD_FILE=str(password),
+    )
     assert s.restore and s.checkpoint_on_shutdown and (s.checkpoint_every or 0) > 0
     assert "default" in s.redis_connections and s.backend == "redis"
+    assert s.redis_connections["default"].kwargs()["password"] == "compose-password"
+    assert "@" not in env["TDREPLAY_REDIS"]
     assert any(p.endswith(f":{s.port}") for p in server["ports"])
 
     mounts = {v.split(":")[1]: v.split(":")[0] for v in server["volumes"]}
