@@ -72,7 +72,7 @@ def engine_answers() -> bool:
     return done.returncode == 0
 
 
-def _as_root(cmd: list[str]) -> list[str] | None:
+def as_root(cmd: list[str]) -> list[str] | None:
     if os.geteuid() == 0:
         return cmd
     return ["sudo", "-n", *cmd] if shutil.which("sudo") else None
@@ -87,18 +87,18 @@ def start_engine(log: Path) -> subprocess.Popen | None:
     if engine_answers():
         return None
     if shutil.which("dockerd") is None or shutil.which("docker") is None:
-        install = _as_root(["apt-get", "install", "-y", "-qq", "docker.io"])
+        install = as_root(["apt-get", "install", "-y", "-qq", "docker.io"])
         if shutil.which("apt-get") is None or install is None:
             unavailable("no Docker engine, and no apt-get as root to install docker.io")
         assert install is not None
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        update = _as_root(["apt-get", "update", "-qq"])
+        update = as_root(["apt-get", "update", "-qq"])
         assert update is not None
         subprocess.run(update, capture_output=True, timeout=300, check=False, env=env)
         done = subprocess.run(install, capture_output=True, text=True, timeout=900, env=env)
         if done.returncode != 0:
             unavailable(f"apt-get install docker.io failed: {done.stderr.strip()[-500:]}")
-    command = _as_root(["dockerd"])
+    command = as_root(["dockerd"])
     if command is None:
         unavailable("dockerd needs root, and sudo is not available without a password")
     assert command is not None

@@ -22,6 +22,7 @@ from dockerkit import (
     BASE_IMAGE,
     DOCKER,
     PREFIX,
+    as_root,
     cartpole_rows,
     docker,
     free_port,
@@ -46,8 +47,10 @@ def compose_command() -> list[str]:
     for exe in ("docker-compose", "/usr/bin/docker-compose"):
         if subprocess.run(["sh", "-c", f"command -v {exe}"], capture_output=True).returncode == 0:
             return [exe]
+    command = as_root(["apt-get", "install", "-y", "-qq", "docker-compose"])
+    assert command is not None, "no docker compose, and no apt-get as root to install it"
     install = subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "docker-compose"],
+        command,
         capture_output=True, text=True, check=False,
         env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
     )  # fmt: skip
