@@ -8,7 +8,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 TOKEN_FILE ?=
 
-.PHONY: setup dev serve demo test lint typecheck check bench bench-peers schema wheel clean redis chromium
+.PHONY: setup dev serve demo test test-deploy lint typecheck check bench bench-peers schema wheel clean redis chromium image base-image wheelhouse docker
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,8 +52,57 @@ typecheck: setup
 
 # the suite in TEST_JOBS processes, a test file each at a time (its module's servers shared)
 TEST_JOBS ?= 3
-test: setup redis chromium lint typecheck   ## lint, type-check and run the test suite
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+test: setup redis chromium lint typecheck   ## lint, type-check and run the test suite (not the Docker tests)
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not docker"
+
+# ---------------------------------------------------------------- the image
+# `make image` builds the server image with no network inside the build: every wheel is prepared
+# here, on the host, into WHEELS (torch pinned, the CPU build from TORCH_INDEX when that index
+# answers, else what this host's pip finds); the Dockerfile installs them in a build stage and
+# keeps only the venv. Where no registry is reachable: make base-image, then
+# make image BASE_IMAGE=tdreplay-base:bookworm.
+IMAGE       ?= tdreplay:0.1.0
+BASE_IMAGE  ?= python:3.11-slim-bookworm
+DEBIAN_BASE ?= tdreplay-base:bookworm
+WHEELS      ?= deploy/docker/wheels
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+DOCKER      ?= docker
+CONSTRAINTS := deploy/docker/constraints.txt
+
+$(WHEELS)/.complete: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	rm -rf $(WHEELS) && mkdir -p $(WHEELS)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --dest $(WHEELS) --timeout 20 --retries 1 \
+	  --index-url $(TORCH_INDEX) "torch==2.13.0" \
+	  || $(BIN)/python -m pip download -q --no-deps --only-binary=:all: --dest $(WHEELS) "torch==2.13.0"
+	# every dependency at its pinned version; async-timeout for Pythons before 3.11.3 (Debian 12's
+	# 3.11.2), where redis-py needs it; setuptools and wheel build tdreplay inside the image
+	$(BIN)/python -m pip wheel -q --wheel-dir $(WHEELS) --find-links $(WHEELS) --constraint $(CONSTRAINTS) \
+	  . async-timeout setuptools wheel
+	rm -f $(WHEELS)/tdreplay-*.whl   # the image installs tdreplay from its own copy of the source
+	touch $@
+
+wheelhouse: $(WHEELS)/.complete    ## the wheels `make image` installs (WHEELS)
+
+docker:                            ## make sure a Docker engine answers (installs docker.io and starts dockerd when absent)
+	@$(DOCKER) info >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  command -v dockerd >/dev/null 2>&1 || { $$SUDO apt-get update -qq && \
+	    $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap docker-compose; }; \
+	  $$SUDO sh -c 'nohup dockerd >/var/log/tdreplay-dockerd.log 2>&1 &'; \
+	  for i in $$(seq 60); do $(DOCKER) info >/dev/null 2>&1 && exit 0; sleep 1; done; \
+	  echo "dockerd did not start: see /var/log/tdreplay-dockerd.log"; exit 1; }
+
+base-image: docker                 ## a Debian bookworm base with python3 made with debootstrap (tag DEBIAN_BASE; built once)
+	DOCKER=$(DOCKER) deploy/docker/base-image.sh $(DEBIAN_BASE)
+
+image: $(WHEELS)/.complete         ## build the server image IMAGE on BASE_IMAGE (no network inside the build)
+	$(DOCKER) build --network none --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
+	@$(DOCKER) image inspect --format 'built {{index .RepoTags 0}}: {{.Size}} bytes' $(IMAGE)
+
+# the image, compose and a second container against a real Docker engine (minutes; builds the
+# debootstrap base once and the image on it)
+test-deploy: setup docker base-image   ## run tests/deploy against a real dockerd (not part of make test)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m docker tests/deploy
 
 BENCH_ARGS ?=
 bench: setup                       ## benchmarks (not tests): ratios against baselines in the same run (BENCH_ARGS="--quick --json out.json")
@@ -89,4 +138,4 @@ wheel: setup                       ## build the wheel and check it installs and 
 	cd /tmp && /tmp/tdreplay-wheel-check/bin/python -c "import tdreplay.storage, tdreplay.client, tdreplay.service, tdreplay.codec, tdreplay.system, tdreplay.cli, importlib.util as u; assert u.find_spec('storage') is None and u.find_spec('service') is None and u.find_spec('client') is None; print('wheel ok')"
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache tdreplay-data
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache tdreplay-data $(WHEELS)

@@ -20,7 +20,7 @@ import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tdreplay.codec.token import check_token, read_token_file
@@ -70,6 +70,12 @@ class Settings(BaseSettings):
         "(redis://[user:pass@]host:port/db, rediss://..., unix:///path?db=N); a bare URL is "
         "named 'default'. A table's spec names one (backend.connection); no request can make "
         "the server connect anywhere else. Several: space-separated flags, comma-separated env.",
+    )
+    redis_password_file: Path | None = Field(
+        default=None,
+        description="File holding the password of every --redis connection whose URL carries "
+        "none (a Docker or Kubernetes secret); one trailing newline is dropped. Keeps the "
+        "password out of URLs, the command line and the environment.",
     )
     redis_timeout: float = Field(
         default=5.0,
@@ -291,6 +297,7 @@ class Settings(BaseSettings):
         "before they are cancelled and the tables closed.",
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    _redis_password: SecretStr | None = PrivateAttr(default=None)
     access_log: bool = Field(default=False, description="Log every request (costs throughput).")
 
     @field_validator("redis", mode="before")
@@ -305,7 +312,8 @@ class Settings(BaseSettings):
         """The ``--redis`` connections by name (each with ``redis_timeout``)."""
         out: dict[str, RedisConnection] = {}
         for option in self.redis:
-            conn = RedisConnection.parse(option, timeout=self.redis_timeout)
+            password = self._redis_password.get_secret_value() if self._redis_password else None
+            conn = RedisConnection.parse(option, timeout=self.redis_timeout, password=password)
             if conn.name in out:
                 raise ValueError(f"redis connection {conn.name!r} is given twice")
             out[conn.name] = conn
@@ -313,6 +321,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
+        if self.redis_password_file is not None:
+            # read once, here, so a bad file stops the start (like the token's)
+            self._redis_password = SecretStr(read_secret_file(self.redis_password_file, "Redis"))
         if self.backend == "redis" and "default" not in self.redis_connections:
             raise ValueError("backend 'redis' needs a 'default' Redis connection (--redis URL)")
         if self.token_file is not None:
@@ -337,6 +348,18 @@ class Settings(BaseSettings):
     @property
     def token_bytes(self) -> bytes | None:
         return self.token.get_secret_value().encode() if self.token else None
+
+
+def read_secret_file(path: Path, what: str) -> str:
+    """The secret in ``path`` less one trailing newline; visible ASCII, like a token.
+
+    Raises:
+        ValueError: the file cannot be read, or holds nothing or other characters.
+    """
+    try:
+        return read_token_file(path)
+    except ValueError as err:
+        raise ValueError(f"{what} password: {err}") from None
 
 
 def is_loopback(host: str) -> bool:

@@ -17,7 +17,7 @@ holding it forever.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -37,11 +37,14 @@ class RedisConnection:
         url: ``redis://[user:password@]host[:port][/db]``, ``rediss://...`` (TLS)
             or ``unix:///path/to/socket?db=N``.
         timeout: connect and per-command timeout in seconds.
+        password: the password when the URL carries none (the operator's
+            ``--redis-password-file``); never shown by ``repr`` or :meth:`describe`.
     """
 
     name: str
     url: str
     timeout: float = DEFAULT_TIMEOUT
+    password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         names.check_connection(self.name)
@@ -50,12 +53,14 @@ class RedisConnection:
         self.kwargs()  # a malformed URL fails here, at configuration time
 
     @classmethod
-    def parse(cls, option: str, *, timeout: float = DEFAULT_TIMEOUT) -> RedisConnection:
+    def parse(
+        cls, option: str, *, timeout: float = DEFAULT_TIMEOUT, password: str | None = None
+    ) -> RedisConnection:
         """``"NAME=URL"`` (or a bare URL, named ``default``) as given to ``--redis``."""
         name, sep, url = option.partition("=")
         if not sep or "://" in name:
             name, url = "default", option
-        return cls(name.strip(), url.strip(), timeout)
+        return cls(name.strip(), url.strip(), timeout, password)
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``redis.Redis`` / ``redis.asyncio.Redis`` for this connection."""
@@ -88,6 +93,8 @@ class RedisConnection:
             out["username"] = unquote(u.username)
         if u.password:
             out["password"] = unquote(u.password)
+        elif self.password is not None:
+            out["password"] = self.password
         return out
 
     def describe(self) -> str:

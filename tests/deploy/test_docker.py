@@ -1,8 +1,9 @@
 """The Dockerfile and docker-compose.yml: linted (hadolint), and in agreement with the CLI.
 
-There is no Docker engine here: the files are parsed and every flag, variable,
+These need no Docker engine: the files are parsed and every flag, variable,
 port, path and probe in them is checked against ``tdreplay serve``'s parser,
-:class:`~tdreplay.service.Settings` and the app's routes.
+:class:`~tdreplay.service.Settings` and the app's routes. ``test_image.py`` and
+``test_compose.py`` build and run them on a real engine (``make test-deploy``).
 """
 
 from __future__ import annotations
@@ -115,8 +116,13 @@ def test_the_image_serves_with_the_cli_flags_and_variables(
 
 def test_the_image_pins_its_versions() -> None:
     args = dict(a.split("=", 1) for a in of("ARG") if "=" in a)
-    assert args["TORCH_VERSION"] == torch_pin() and args["TORCH_VARIANT"] == "cpu"
+    assert args["TORCH_VERSION"] == torch_pin()
     assert '"torch==${TORCH_VERSION}"' in DOCKERFILE.read_text()
+    # the wheelhouse's torch: the CPU build where PyTorch's CPU index answers
+    makefile = (REPO / "Makefile").read_text()
+    assert "TORCH_INDEX ?= https://download.pytorch.org/whl/cpu" in makefile
+    assert "PIP_NO_INDEX=1" in DOCKERFILE.read_text()
+    assert args["BASE_IMAGE"] == "python:3.11-slim-bookworm"
     pins: dict[str, str] = {}
     for line in CONSTRAINTS.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
@@ -162,14 +168,29 @@ def test_compose_agrees_with_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyP
     parse_serve(server["command"])  # an unknown flag stops argparse
 
     # the secret is where the token file says, readable under the name compose gives it
-    (secret,) = server["secrets"]
+    secret = "tdreplay_token"
+    assert secret in server["secrets"]
     assert env["TDREPLAY_TOKEN_FILE"] == f"/run/secrets/{secret}"
     assert secret in config["secrets"]
     token = tmp_path / "token"
     token.write_text("compose-token")
-    s = settings_from_env(env, monkeypatch, TDREPLAY_TOKEN_FILE=str(token))
+    # and the Redis password the same way, from its secret (never in the URL)
+    (secret,) = set(server["secrets"]) - {secret}
+    assert env["TDREPLAY_REDIS_PASSWORD_FILE"] == f"/run/secrets/{secret}"
+    assert secret in config["secrets"]
+    assert secret in config["services"]["redis"]["secrets"]
+    password = tmp_path / "password"
+    password.write_text("compose-password")
+    s = settings_from_env(
+        env,
+        monkeypatch,
+        TDREPLAY_TOKEN_FILE=str(token),
+        TDREPLAY_REDIS_PASSWORD_FILE=str(password),
+    )
     assert s.restore and s.checkpoint_on_shutdown and (s.checkpoint_every or 0) > 0
     assert "default" in s.redis_connections and s.backend == "redis"
+    assert s.redis_connections["default"].kwargs()["password"] == "compose-password"
+    assert "@" not in env["TDREPLAY_REDIS"]
     assert any(p.endswith(f":{s.port}") for p in server["ports"])
 
     mounts = {v.split(":")[1]: v.split(":")[0] for v in server["volumes"]}

@@ -18,7 +18,7 @@ from tdreplay.service.security import PUBLIC_PATHS
 K8S = REPO / "deploy" / "kubernetes"
 VERSION = "1.37.0"  # the newest schemas kubernetes-validate bundles; no network needed
 FOLDERS = ["base", "overlays/memmap", "overlays/redis"]
-TOKEN = {"token": b"test-token\n"}
+TOKEN = {"token": b"test-token\n", "redis-password": b"test-password\n"}
 
 
 def manifest_files() -> list[Path]:
@@ -85,7 +85,12 @@ def test_the_statefulset_agrees_with_the_cli(
     assert "TDREPLAY_TOKEN" not in env  # from the Secret's file, never a value here
     token = tmp_path / "token"
     token.write_bytes(TOKEN["token"])
-    s = settings_from_env(env, monkeypatch, TDREPLAY_TOKEN_FILE=str(token))
+    password = tmp_path / "password"
+    password.write_bytes(TOKEN["redis-password"])
+    secret_files = {"TDREPLAY_TOKEN_FILE": str(token)}
+    if "TDREPLAY_REDIS_PASSWORD_FILE" in env:
+        secret_files["TDREPLAY_REDIS_PASSWORD_FILE"] = str(password)
+    s = settings_from_env(env, monkeypatch, **secret_files)
     assert s.restore and s.checkpoint_on_shutdown and (s.checkpoint_every or 0) > 0
     assert s.token_bytes == b"test-token" and s.host == "0.0.0.0"
 
@@ -118,15 +123,27 @@ def test_the_statefulset_agrees_with_the_cli(
         assert conn == f"redis://tdreplay-redis-0.{rsvc['metadata']['name']}:6379/0"
         assert rsvc["spec"]["ports"][0]["port"] == 6379
         assert (
-            settings_from_env(
-                container_env(container, shard=2), monkeypatch, TDREPLAY_TOKEN_FILE=str(token)
-            )
+            settings_from_env(container_env(container, shard=2), monkeypatch, **secret_files)
             .redis_connections["default"]
             .describe()
             .endswith("/2")
         )
-        args = redis["spec"]["template"]["spec"]["containers"][0]["args"]
-        assert int(args[args.index("--databases") + 1]) > sts["spec"]["replicas"]
+        (rcontainer,) = redis["spec"]["template"]["spec"]["containers"]
+        script = " ".join(rcontainer["args"])
+        databases = re.search(r"--databases (\d+)", script)
+        assert databases and int(databases.group(1)) > sts["spec"]["replicas"]
+
+        # a password on both sides, from one Secret's file: in no URL, flag or variable
+        assert s.redis_connections["default"].kwargs()["password"] == "test-password"
+        assert "@" not in env["TDREPLAY_REDIS"]
+        path = Path(env["TDREPLAY_REDIS_PASSWORD_FILE"])
+        pw_volume = volumes[mounts[str(path.parent)]]["secret"]["secretName"]
+        assert path.name in find(docs, "Secret", pw_volume)["data"]
+        rmounts = {m["mountPath"]: m["name"] for m in rcontainer["volumeMounts"]}
+        rvolumes = {v["name"]: v for v in redis["spec"]["template"]["spec"]["volumes"]}
+        assert rvolumes[rmounts[str(path.parent)]]["secret"]["secretName"] == pw_volume
+        assert f"requirepass $$(cat {path})" in script  # $$: a literal $ to Kubernetes
+        assert str(path) in " ".join(rcontainer["readinessProbe"]["exec"]["command"])
 
 
 def test_the_renderer_merges_like_kustomize() -> None:
