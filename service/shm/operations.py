@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
+from tdreplay.codec import operations as ops
 from tdreplay.codec.arrow import nest
 from tdreplay.codec.operations import (
     BufferParams,
@@ -55,14 +56,14 @@ class Operations:
         op = done.op
         if op == "extend_slot":
             self._extend_slot(m, done)
-        elif op == "update_priority":
+        elif op == ops.UPDATE_PRIORITY.name:
             done.table = table_of(m)
             updated = await self.core.update_priority(done.table, parse(PriorityUpdate, m))
             done.reply = {"ok": True, "updated": updated}
-        elif op == "info":
+        elif op == ops.INFO.name:
             done.table = table_of(m)
             done.reply = {"ok": True, "info": await self.core.info(done.table)}
-        elif op == "clear":
+        elif op == ops.CLEAR.name:
             done.table = table_of(m)
             done.reply = {"ok": True, "info": await self.core.clear(done.table)}
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tdreplay.codec import operations as ops
 from tdreplay.codec.shm import EXTEND, RELEASE, SAMPLE, frame
 from tdreplay.storage import InsufficientStorage, InvalidRequest, TDReplayError
 
@@ -18,9 +19,14 @@ from ..metrics import NO_TABLE, RequestHook
 from .buffers import SlotBuffer
 
 #: the operations a client may ask for in JSON (metrics label them; anything else is "other")
-OPS = frozenset({"extend_slot", "update_priority", "info", "clear"})
-#: the binary operations, by code
-HOT_OPS = {SAMPLE: "sample", EXTEND: "extend", RELEASE: "release"}
+#: the binary operations, by code (sample and extend: the contract's, by their names)
+HOT_OPS = {SAMPLE: ops.SAMPLE.name, EXTEND: ops.EXTEND.name, RELEASE: "release"}
+#: the JSON operations: the contract's others the same-host socket carries, and its own
+#: (a slot for extends)
+OPS = frozenset(
+    {"extend_slot"}
+    | {op.name for op in ops.OPERATIONS.values() if op.same_host} - set(HOT_OPS.values())
+)
 
 
 def too_many(limit: int) -> TDReplayError:
