@@ -19,7 +19,7 @@ imports this module).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -171,10 +171,14 @@ class AsyncReplayClient(ClientBase):
         return flatten(await self.info(table), prefix)
 
     # ---------------------------------------------------------------- data
-    async def extend(self, table: str, data: Any, *, timeout: float | None = None) -> torch.Tensor:
-        """See :meth:`ReplayClient.extend`. The rows are sent from their tensors' own
-        memory: do not change them until this call has completed (a task running it
-        too)."""
+    async def extend(
+        self, table: str | Mapping[str, float | None], data: Any, *, timeout: float | None = None
+    ) -> Any:
+        """See :meth:`ReplayClient.extend` (several tables too). The rows are sent from
+        their tensors' own memory: do not change them until this call has completed (a
+        task running it too)."""
+        if isinstance(table, Mapping):
+            return await self._run(self._calls.insert(dict(table), data, timeout))
         return await self._run(self._calls.extend(table, data, timeout))
 
     async def sample(

@@ -17,12 +17,10 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 from urllib.parse import quote, urlencode
 
-import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -31,82 +29,12 @@ from ..codec import operations as ops
 from ..codec.parts import LayoutEncoder
 from . import errors
 from .batches import as_batch, decode_batch
+from .http_values import Alloc, Request, Response, fresh, json_body
 
 T = TypeVar("T")
 
 #: extend bodies: layouts sent again and again are encoded without pyarrow (codec.parts)
 ENCODER = LayoutEncoder()
-
-#: ``alloc(n)`` returns a writable buffer of exactly ``n`` bytes to receive a body into
-Alloc = Callable[[int], memoryview]
-
-
-def fresh(n: int) -> memoryview:
-    """The default allocator: a new, uninitialized buffer per response.
-
-    (``bytearray(n)`` would zero it first: a wasted pass over a large body.)
-    """
-    return memoryview(np.empty(n, dtype=np.uint8))  # type: ignore[arg-type]
-
-
-@dataclass
-class Request:
-    """One HTTP request, as a command built it.
-
-    Attributes:
-        method: ``GET``, ``POST`` or ``DELETE``.
-        target: path and query string.
-        headers: extra headers (the transport adds Host, Content-Length, Authorization).
-        body: the body, if any: bytes, or buffers sent one after the other
-            (an extend's columns, uncopied: :func:`tdreplay.codec.encode_parts`).
-        wait: seconds the server may hold the call (rate limiter); the
-            transport's read timeout is this plus its own.
-        idempotent: whether sending it twice is harmless (retries after the
-            request may have reached the server are allowed only then).
-        alloc: where a successful response's body goes.
-    """
-
-    method: str
-    target: str
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytes | memoryview | tuple[memoryview, ...] | None = None
-    wait: float = 0.0
-    idempotent: bool = True
-    alloc: Alloc = fresh
-
-    @property
-    def parts(self) -> tuple[bytes | memoryview, ...]:
-        """The body as buffers to send in order (none for no body)."""
-        body = self.body
-        if body is None:
-            return ()
-        return body if isinstance(body, tuple) else (body,)
-
-    @property
-    def nbytes(self) -> int:
-        """The body's length in bytes (its Content-Length)."""
-        return sum(len(part) for part in self.parts)
-
-
-@dataclass
-class Response:
-    """One HTTP response: status, headers (lower-case names) and the whole body."""
-
-    status: int
-    headers: dict[str, str]
-    body: memoryview
-
-    def json(self) -> Any:
-        try:
-            return json.loads(bytes(self.body)) if len(self.body) else None
-        except ValueError as err:
-            raise errors.ProtocolError(f"response is not JSON: {err}") from None
-
-    def check(self) -> Response:
-        """Raise the server's error for a status >= 400; return self otherwise."""
-        if self.status >= 400:
-            raise errors.from_response(self.status, self.body)
-        return self
 
 
 class Command(Generic[T]):
@@ -145,10 +73,6 @@ def _sample_target(table: str, batch_size: int, wait: float | None) -> str:
     """A sample's path and query, built once per table, size and wait (quoting costs more
     than a small sample's decode)."""
     return op_target(ops.SAMPLE, table, batch_size=batch_size, timeout=wait)
-
-
-def json_body(data: Any) -> tuple[dict[str, str], bytes]:
-    return {"Content-Type": protocol.JSON}, json.dumps(data).encode()
 
 
 # ------------------------------------------------------------------ control
@@ -284,6 +208,36 @@ class Extend(Command[torch.Tensor]):
         if not isinstance(data, dict) or "index" not in data:
             raise errors.ProtocolError(f"extend: unexpected answer {data!r}")
         return torch.tensor(data["index"], dtype=torch.int64)
+
+
+@dataclass
+class Insert(Command[dict[str, torch.Tensor]]):
+    """Insert the same rows into several tables of one server, each with its own initial
+    priority (``into``: table -> priority or ``None``); idempotent as :class:`Extend`."""
+
+    op = ops.INSERT
+
+    into: dict[str, float | None]
+    data: Any
+    wait: float | None = None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    _body: Any = field(default=None, repr=False)
+
+    def request(self) -> Request:
+        if self._body is None:
+            self._body = Extend(next(iter(self.into)), self.data).request().body
+        target = op_target(self.op, into=json.dumps(self.into), timeout=self.wait)
+        headers = {"Content-Type": protocol.ARROW_STREAM, protocol.REQUEST_ID: self.request_id}
+        return Request(
+            self.op.method, target, headers, self._body, wait=self.wait or 0.0,
+            idempotent=self.op.idempotent,
+        )  # fmt: skip
+
+    def parse(self, response: Response) -> dict[str, torch.Tensor]:
+        data = response.check().json()
+        if not isinstance(data, dict) or not isinstance(data.get("index"), dict):
+            raise errors.ProtocolError(f"insert: unexpected answer {data!r}")
+        return {k: torch.tensor(v, dtype=torch.int64) for k, v in data["index"].items()}
 
 
 @dataclass

@@ -25,6 +25,7 @@ server's slots, unchanged.
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -197,7 +198,24 @@ class Calls(PersistencePlans):
 
     # ---------------------------------------------------------------- data
     def extend(self, table: str, data: Any, wait: float | None = None) -> Plan[torch.Tensor]:
-        command = C.Extend(table, data, wait=self._wait(wait))
+        return (yield from self._write(C.Extend(table, data, wait=self._wait(wait))))
+
+    def insert(
+        self, into: dict[str, float | None], data: Any, wait: float | None = None
+    ) -> Plan[dict[str, torch.Tensor]]:
+        """The same rows into several tables of one server (the next in turn, as an extend
+        goes), each with its own initial priority; the slots by table.
+
+        Raises:
+            InvalidRequest: not 1 to 16 tables, or a priority negative or not finite (the
+                contract's model, before anything is sent).
+        """
+        ops.parse(ops.InsertParams, {"into": json.dumps(into)})
+        return (yield from self._write(C.Insert(dict(into), data, wait=self._wait(wait))))
+
+    def _write(self, command: C.Extend | C.Insert) -> Plan[Any]:
+        """Send a write to the next server in turn; on a failure, to the next, or (if it may
+        have been stored) to the same one again; its slots encode the server."""
         first = next(self._cursor) % self.n
         turn = [(first + k) % self.n for k in range(self.n)]
         # servers thought down are a last resort, but for one due for a try in its turn
@@ -218,10 +236,16 @@ class Calls(PersistencePlans):
                 else:
                     continue
             self.shards.answered(shard)
-            return index * self.n + shard if self.n > 1 else index
+            if self.n == 1:
+                return index
+            if isinstance(index, dict):
+                return {k: v * self.n + shard for k, v in index.items()}
+            return index * self.n + shard
         raise AssertionError("unreachable")
 
-    def _resend(self, shard: int, command: C.Extend, err: errors.TransportError) -> Plan[Any]:
+    def _resend(
+        self, shard: int, command: C.Extend | C.Insert, err: errors.TransportError
+    ) -> Plan[Any]:
         """Send ``command`` to ``shard`` again until it answers (the server keeps each
         request id's answer, across a crash too: it inserts once), within the retry
         policy's deadline.

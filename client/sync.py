@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -213,8 +213,16 @@ class ReplayClient(Persistence, ClientBase):
         return flatten(self.info(table), prefix)
 
     # ---------------------------------------------------------------- data
-    def extend(self, table: str, data: Any, *, timeout: float | None = None) -> torch.Tensor:
+    def extend(
+        self, table: str | Mapping[str, float | None], data: Any, *, timeout: float | None = None
+    ) -> Any:
         """Insert rows: a TensorDict of batch ``[N]`` (``[]`` and ``[B, T]`` are reshaped), or a tensorclass.
+
+        ``table`` may name several tables, each with the new items' initial priority
+        there (``{"replay": 1.0, "recent": None}``; ``None``: the sampler's default):
+        one request puts the same rows into each (Reverb's insert with priorities),
+        every table checked before any is written, each table's part atomic and
+        idempotent; the answer is then the slots by table.
 
         Idempotent: the request carries an ``X-Request-Id``, so a retry after a
         lost answer does not insert the rows twice.
@@ -228,13 +236,16 @@ class ReplayClient(Persistence, ClientBase):
             timeout: seconds the rate limiter may hold the insert (default: the client's ``wait``).
 
         Returns:
-            The slots written, int64 ``[K]`` (sharded: ``slot * n_servers + server``).
+            The slots written, int64 ``[K]`` (sharded: ``slot * n_servers + server``);
+            for several tables, ``{table: slots}``.
 
         Raises:
             SchemaError: a key, shape or dtype does not match; nothing was written.
             RateLimitTimeout: the rate limiter held the insert past ``timeout``.
             TableNotFound, InvalidRequest, TransportError: as their names say.
         """
+        if isinstance(table, Mapping):
+            return self._run(self._calls.insert(dict(table), data, timeout))
         return self._run(self._calls.extend(table, data, timeout))
 
     def sample(

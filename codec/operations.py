@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError, model_validator
 
 from . import protocol
 from .errors import InvalidRequest
@@ -46,6 +46,8 @@ MAX_PATH = 1024
 MAX_UPDATE = 1 << 24
 #: most slots one read may name (the body limit bounds the answer further)
 MAX_READ = 1 << 20
+#: most tables one insert may name
+MAX_INSERT_TABLES = 16
 
 Seconds = Annotated[
     float | None,
@@ -85,6 +87,41 @@ class ExtendParams(Params):
         description="Makes the extend idempotent: a repeat of a recent id is answered "
         "with the first answer and inserts nothing.",
     )
+
+
+Priority = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class InsertParams(Params):
+    """One insert of the same rows into several tables, each with its own initial priority."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    into: Json[dict[str, Priority | None]] = Field(
+        description="The tables, as a JSON object: table name -> the new items' initial "
+        "priority there (prioritized tables; null: the sampler's default). Each table's "
+        "insert is atomic; a table missing or refusing the rows stops them all before any "
+        "is written."
+    )
+    timeout: Seconds = None
+    request_id: str | None = Field(
+        default=None,
+        alias="X-Request-Id",
+        max_length=MAX_REQUEST_ID,
+        description="Makes the insert idempotent, table by table: a repeat of a recent id "
+        "inserts nothing where the first call did, and the rest where it did not.",
+    )
+
+    @model_validator(mode="after")
+    def _some_tables(self) -> InsertParams:
+        if not 1 <= len(self.into) <= MAX_INSERT_TABLES:
+            raise InvalidRequest(
+                f"an insert names 1 to {MAX_INSERT_TABLES} tables, got {len(self.into)}",
+                field="into",
+                expected=f"1..{MAX_INSERT_TABLES}",
+                got=len(self.into),
+            )
+        return self
 
 
 class SampleParams(Params):
@@ -207,6 +244,8 @@ CREATE_TABLE = Operation("create_table", "POST", protocol.TABLES, carrier="json"
 SERVER_INFO = Operation("server_info", "GET", f"{protocol.API}/info")
 #: the status page's data: every table's figures and their recent history
 STATUS = Operation("status", "GET", f"{protocol.API}/status")
+#: the same rows into several tables (Reverb's insert with priorities per table)
+INSERT = Operation("insert", "POST", f"{protocol.API}/insert", params=InsertParams, carrier="arrow")
 INFO = _on_table("info", "GET", same_host=True)
 DELETE_TABLE = _on_table("delete_table", "DELETE")
 CLEAR = _on_table("clear", "POST", "clear", same_host=True)
@@ -229,7 +268,7 @@ LOAD = _on_table("load", "POST", "load", carrier="tar")
 OPERATIONS: dict[str, Operation] = {
     op.name: op
     for op in (
-        HEALTHZ, LIST_TABLES, CREATE_TABLE, SERVER_INFO, STATUS, INFO, DELETE_TABLE, CLEAR, EXTEND, SAMPLE,
+        HEALTHZ, LIST_TABLES, CREATE_TABLE, SERVER_INFO, STATUS, INSERT, INFO, DELETE_TABLE, CLEAR, EXTEND, SAMPLE,
         STREAM, UPDATE_PRIORITY, REMOVE, READ, CHECKPOINT, RESTORE, EXPORT, DUMP, LOAD,
     )
 }  # fmt: skip

@@ -79,6 +79,9 @@ class TDReplayBuffer(
             for a run that must start empty).
         timeout: seconds ``extend`` / ``sample`` may wait on the table's rate
             limiter (default: the client's ``wait``).
+        also: more tables every ``extend`` writes the same rows into, in the same request,
+            each with the new items' initial priority there (``{"recent": None}``;
+            ``None``: its sampler's default): Reverb's insert into several tables.
         **client_options: passed to :class:`~tdreplay.client.ReplayClient`
             (``token``, ``transport``, ``retry``...).
 
@@ -113,6 +116,7 @@ class TDReplayBuffer(
         create: Mapping[str, Any] | None = None,
         existing: str = "reuse",
         timeout: float | None = None,
+        also: Mapping[str, float | None] | None = None,
         **client_options: Any,
     ) -> None:
         if table is None:
@@ -144,6 +148,7 @@ class TDReplayBuffer(
         self._create = dict(create) if create is not None else None
         self._existing = existing
         self._timeout = timeout
+        self._also = dict(also or {})
         self._setup_local()
 
     def _setup_local(self) -> None:
@@ -177,6 +182,7 @@ class TDReplayBuffer(
             "create": self._create,
             "existing": self._existing,
             "timeout": self._timeout,
+            "also": self._also,
         }
         return (_rebuild, (type(self), self._client, self._table, options))
 
@@ -331,7 +337,7 @@ class TDReplayBuffer(
         else:
             rows, extra = R.rows_for(data, keys, (*R.SAMPLE_KEYS, self.priority_key))
         if extra:
-            self._warn_extra(extra)
+            R.warn_extra(self._table, extra, self._warned)
         index = self._insert(rows)
         shaped = index.reshape(data.batch_size) if data.batch_dims else index.reshape(())
         if update_priority is not False and self._sampler.prioritized:
@@ -347,30 +353,22 @@ class TDReplayBuffer(
         writes them: the newest stay, and every row gets the slot it went to."""
         capacity = int(self._meta_info().get("capacity") or len(rows))
         if len(rows) <= capacity:
-            return self._client.extend(self._table, rows, timeout=self._timeout)
-        pieces = [rows[k : k + capacity] for k in range(0, len(rows), capacity)]
+            return self._write(rows)
         return torch.cat(
-            [self._client.extend(self._table, p, timeout=self._timeout) for p in pieces]
+            [self._write(rows[k : k + capacity]) for k in range(0, len(rows), capacity)]
         )
+
+    def _write(self, rows: TensorDictBase) -> torch.Tensor:
+        """One extend of the table (and of the ``also`` tables, in the same request)."""
+        if not self._also:
+            return self._client.extend(self._table, rows, timeout=self._timeout)
+        into = {self._table: None, **self._also}
+        return self._client.extend(into, rows, timeout=self._timeout)[self._table]
 
     def add(self, data: Any) -> int:
         """Insert one step (a TensorDict with an empty batch); returns its slot."""
         index = self.extend(data)
         return int(index.reshape(-1)[0])
-
-    def _warn_extra(self, extra: set[tuple[str, ...]]) -> None:
-        key = frozenset(extra)
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        names = sorted(".".join(k) for k in extra)
-        warnings.warn(
-            f"TDReplayBuffer(table={self._table!r}): the table does not declare {names}; "
-            "they are not stored (add them to the schema, or pass strict=True to have "
-            "the server refuse them)",
-            UserWarning,
-            stacklevel=3,
-        )
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -182,3 +183,19 @@ def spec_sampler(options: Mapping[str, Any]) -> dict[str, Any]:
     """The sampler block of table options given as ``create=`` (``"uniform"`` when unset)."""
     sampler = options.get("sampler", "uniform")
     return {"kind": sampler} if isinstance(sampler, str) else dict(sampler)
+
+
+def warn_extra(table: str, extra: set[tuple[str, ...]], warned: set[frozenset[Any]]) -> None:
+    """Warn once per set of keys (``warned`` remembers them) that ``extra`` is not stored."""
+    key = frozenset(extra)
+    if key in warned:
+        return
+    warned.add(key)
+    names = sorted(".".join(k) for k in extra)
+    warnings.warn(
+        f"TDReplayBuffer(table={table!r}): the table does not declare {names}; "
+        "they are not stored (add them to the schema, or pass strict=True to have "
+        "the server refuse them)",
+        UserWarning,
+        stacklevel=3,
+    )

@@ -231,25 +231,28 @@ class TableHandle:
         n: int,
         timeout: float,
         request_id: str | None = None,
+        priority: float | None = None,
     ) -> tuple[torch.Tensor, bool]:
         """``Table.extend`` of flat columns (``n`` rows), waiting asynchronously up to
         ``timeout`` seconds for the rate limiter.
 
         With ``request_id``, a repeat of a recent id inserts nothing and gets the
-        first call's slots back (a retry after a lost answer).
+        first call's slots back (a retry after a lost answer). ``priority``: the new
+        items' initial priority (prioritized tables; ``None``: the sampler's).
 
         Returns:
             The slots written, and whether this was such a repeat.
         """
         with self.use() as table:
             inline = n * table.spec.item_nbytes <= self._inline_extend
-
             tag = request_tag(request_id) if request_id else 0
+            initial = None if priority is None else torch.tensor([priority], dtype=torch.float64)
 
             async def insert() -> bytes:
                 index = await self._admitted(
-                    lambda: table.try_extend(columns, tag=tag), "insert", n, timeout, inline=inline
-                )
+                    lambda: table.try_extend(columns, tag=tag, priority=initial),
+                    "insert", n, timeout, inline=inline,
+                )  # fmt: skip
                 return index.numpy().tobytes()  # what the request-id memory keeps: 8 bytes a row
 
             answer, replayed = await self.recent.run(request_id, insert)

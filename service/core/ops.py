@@ -28,6 +28,8 @@ and encodes the answer.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Mapping
 
@@ -38,6 +40,7 @@ from tdreplay.codec import encode
 from tdreplay.codec.operations import (
     BufferParams,
     ExtendParams,
+    InsertParams,
     PriorityUpdate,
     ReadParams,
     RemoveParams,
@@ -99,6 +102,45 @@ class Core(TableOps, PersistenceOps):
         handle = self.table(name)
         n = _rows(columns)
         return await handle.extend(columns, n, self.timeout(params.timeout), params.request_id)
+
+    async def insert(
+        self, columns: Mapping[NestedKey, torch.Tensor], params: InsertParams
+    ) -> tuple[dict[str, torch.Tensor], bool]:
+        """Insert the same rows into every table of ``params.into``, each with its own
+        initial priority (Reverb's insert into several tables).
+
+        Every table is looked up and the rows checked against it first (keys, shapes,
+        dtypes, priority): a missing table, or one that refuses the rows, stops the call
+        before anything is written. Then each table's insert runs, atomic as an extend
+        is, their rate-limiter waits side by side. With a request id each table keeps
+        its own part's answer: a retry after a lost answer inserts where the first call
+        did not get to, and nowhere twice.
+
+        Returns:
+            The slots written, by table; and whether the call was a repeat everywhere.
+
+        Raises:
+            TableNotFound, SchemaError, InvalidRequest: nothing was written.
+            RateLimitTimeout: a table held its insert back past the timeout (the others'
+                went in; a retry with the same request id completes the call).
+        """
+        n = _rows(columns)
+        handles = {name: self.table(name) for name in params.into}
+        for name, handle in handles.items():
+            with handle.use() as table:
+                check = functools.partial(table.check_insert, priority=params.into[name])
+                await run_in_threadpool(check, columns)
+        wait, rid = self.timeout(params.timeout), params.request_id
+        done = await asyncio.gather(
+            *(
+                handle.extend(
+                    columns, n, wait, None if rid is None else f"{rid}/{name}", params.into[name]
+                )
+                for name, handle in handles.items()
+            )
+        )
+        index = {name: slots for name, (slots, _) in zip(handles, done, strict=True)}
+        return index, all(replayed for _, replayed in done)
 
     async def sample(self, name: str, params: SampleParams) -> Lease:
         """Sample ``batch_size`` items into a pooled Arrow IPC body (``lease.body``).

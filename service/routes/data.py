@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from tdreplay.codec import CodecError, protocol
 from tdreplay.codec.operations import (
     EXTEND,
+    INSERT,
     MAX_REQUEST_ID,
     READ,
     REMOVE,
@@ -32,6 +33,7 @@ from tdreplay.codec.operations import (
     STREAM,
     UPDATE_PRIORITY,
     ExtendParams,
+    InsertParams,
     PriorityUpdate,
     ReadParams,
     RemoveParams,
@@ -109,6 +111,66 @@ async def extend(
     if replayed:
         headers[protocol.IDEMPOTENT_REPLAY] = "true"
     return Response(content, media_type=protocol.JSON, headers=headers)
+
+
+class InsertResult(BaseModel):
+    index: dict[str, list[int]] = Field(description="The slots written in each table.")
+    rows: int = Field(description="How many rows went into each table.")
+
+
+async def insert(
+    request: Request,
+    core: CoreDep,
+    into: Annotated[str, Query(description=InsertParams.model_fields["into"].description)],
+    timeout: Annotated[Seconds, Query()] = None,
+    request_id: Annotated[
+        str | None,
+        Header(
+            alias=protocol.REQUEST_ID,
+            max_length=MAX_REQUEST_ID,
+            description=InsertParams.model_fields["request_id"].description,
+        ),
+    ] = None,
+) -> Response:
+    """Insert the rows of an Arrow IPC record batch into several tables, each with its own
+    initial priority (``into``: a JSON object, table -> priority or null).
+
+    Every table is checked first: a missing one, or one refusing the rows, writes nothing
+    anywhere. Each table's insert is then atomic, and idempotent by ``X-Request-Id``.
+    """
+    params = parse(
+        InsertParams, {"into": into, "timeout": timeout, protocol.REQUEST_ID: request_id}
+    )
+    for name in params.into:
+        core.table(name)  # 404 before the body is read
+    require_media_type(request, protocol.ARROW_STREAM)
+    state = request.app.state
+    body = await read_body(request, state.bodies, core.settings.max_body_bytes)
+    columns = state.decoder.decode_columns(body)[0]
+    index, replayed = await core.insert(columns, params)
+    rows = len(next(iter(index.values())))
+    content = json.dumps({"index": {k: v.tolist() for k, v in index.items()}, "rows": rows})
+    headers = {protocol.IDEMPOTENT_REPLAY: "true"} if replayed else None
+    return Response(content.encode(), media_type=protocol.JSON, headers=headers)
+
+
+declare(
+    router,
+    INSERT,
+    response_class=Response,
+    responses={
+        200: {"model": InsertResult, "description": "The slots written, by table."},
+        **error_responses(
+            SchemaError,
+            CodecError.__name__,
+            TableNotFound,
+            RateLimitTimeout,
+            PayloadTooLarge,
+            UnsupportedMediaType,
+        ),
+    },
+    openapi_extra=ARROW_REQUEST,
+)(insert)
 
 
 async def _extend(request: Request) -> Response:

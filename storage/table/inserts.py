@@ -76,15 +76,21 @@ class Inserts(TableBase):
         """
         return self._extend(td, priority, timeout, tag)
 
-    def _extend(
-        self,
-        td: Any,
-        priority: torch.Tensor | None,
-        timeout: float | None,
-        tag: int = 0,
-        *,
-        attempt: bool = False,
-    ) -> torch.Tensor:
+    def check_insert(self, td: Any, *, priority: Any = None) -> int:
+        """Check an insert of ``td`` (and its initial ``priority``, one per row or one for
+        all) as :meth:`extend` would, writing nothing; returns its rows. What checks several
+        tables before inserting the same rows into each (nothing goes in if one refuses).
+
+        Raises:
+            SchemaError, InvalidRequest: as :meth:`extend`'s.
+        """
+        return self._checked(td, priority)[1]
+
+    def _checked(
+        self, td: Any, priority: Any
+    ) -> tuple[Any, int, torch.Tensor | None, torch.Tensor | None]:
+        """``td``'s rows checked: the data, its row count, the priorities (one per row) and
+        the max-value writer's values."""
         data, n = self._check.rows(td)
         if priority is not None:
             if self.sampler.kind != "prioritized":
@@ -100,6 +106,8 @@ class Inserts(TableBase):
                     table=self.name,
                     field="priority",
                 )
+            if len(priority) == 1 and n != 1:
+                priority = priority.expand(n)
             if len(priority) != n:
                 raise InvalidRequest(
                     f"table {self.name!r}: {len(priority)} priorities for {n} rows",
@@ -119,6 +127,18 @@ class Inserts(TableBase):
                 expected="a number",
                 got="nan",
             )
+        return data, n, priority, values
+
+    def _extend(
+        self,
+        td: Any,
+        priority: torch.Tensor | None,
+        timeout: float | None,
+        tag: int = 0,
+        *,
+        attempt: bool = False,
+    ) -> torch.Tensor:
+        data, n, priority, values = self._checked(td, priority)
         with self._cond:
             if self.rate_limiter.insert_never_fits(n):
                 raise InvalidRequest(

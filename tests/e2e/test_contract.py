@@ -75,6 +75,7 @@ def _commands() -> list[type[C.Command[Any]]]:
 ARGS: dict[str, dict[str, Any]] = {
     "create_table": {"spec": {"name": "t"}},
     "extend": {"data": {"x": torch.zeros(2)}},
+    "insert": {"into": {"t": None}, "data": {"x": torch.zeros(2)}},
     "sample": {"batch_size": 4},
     "stream": {"batch_size": 4, "count": 2},
     "read": {"index": [0]},

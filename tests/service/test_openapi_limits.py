@@ -58,7 +58,9 @@ def _past(schema: dict[str, Any]) -> list[str]:
 
 def _valid(path: str) -> dict[str, str]:
     """Values of the route's other required query parameters that pass."""
-    return {"batch_size": "1"} if path.endswith(("/sample", "/stream")) else {}
+    if path.endswith(("/sample", "/stream")):
+        return {"batch_size": "1"}
+    return {"into": '{"t": null}'} if path.endswith("/insert") else {}
 
 
 def test_every_documented_bound_is_enforced(service) -> None:
