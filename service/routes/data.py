@@ -101,16 +101,32 @@ async def extend(
     """
     params = parse(ExtendParams, {"timeout": timeout, protocol.REQUEST_ID: request_id})
     core.table(name)  # 404 before the body is read
-    require_media_type(request, protocol.ARROW_STREAM)
-    state = request.app.state
-    body = await read_body(request, state.bodies, core.settings.max_body_bytes)
-    columns = state.decoder.decode_columns(body)[0]
+    columns = await _rows(request, core)
     index, replayed = await core.extend(name, columns, params)
     content = json.dumps({"index": index.tolist(), "rows": len(index)}).encode()
     headers = {protocol.ROWS_WRITTEN: str(len(index))}
     if replayed:
         headers[protocol.IDEMPOTENT_REPLAY] = "true"
     return Response(content, media_type=protocol.JSON, headers=headers)
+
+
+#: what a write of Arrow rows (extend, insert) may answer besides its result
+WRITE_ERRORS = error_responses(
+    SchemaError,
+    CodecError.__name__,
+    TableNotFound,
+    RateLimitTimeout,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
+
+
+async def _rows(request: Request, core: Core) -> dict[Any, Any]:
+    """The Arrow body's rows as flat columns (read into a reused buffer, decoded zero-copy)."""
+    require_media_type(request, protocol.ARROW_STREAM)
+    state = request.app.state
+    body = await read_body(request, state.bodies, core.settings.max_body_bytes)
+    return state.decoder.decode_columns(body)[0]
 
 
 class InsertResult(BaseModel):
@@ -143,10 +159,7 @@ async def insert(
     )
     for name in params.into:
         core.table(name)  # 404 before the body is read
-    require_media_type(request, protocol.ARROW_STREAM)
-    state = request.app.state
-    body = await read_body(request, state.bodies, core.settings.max_body_bytes)
-    columns = state.decoder.decode_columns(body)[0]
+    columns = await _rows(request, core)
     index, replayed = await core.insert(columns, params)
     rows = len(next(iter(index.values())))
     content = json.dumps({"index": {k: v.tolist() for k, v in index.items()}, "rows": rows})
@@ -160,14 +173,7 @@ declare(
     response_class=Response,
     responses={
         200: {"model": InsertResult, "description": "The slots written, by table."},
-        **error_responses(
-            SchemaError,
-            CodecError.__name__,
-            TableNotFound,
-            RateLimitTimeout,
-            PayloadTooLarge,
-            UnsupportedMediaType,
-        ),
+        **WRITE_ERRORS,
     },
     openapi_extra=ARROW_REQUEST,
 )(insert)
@@ -205,14 +211,7 @@ declare(
     response_class=Response,
     responses={
         200: {"model": ExtendResult, "description": "The slots written."},
-        **error_responses(
-            SchemaError,
-            CodecError.__name__,
-            TableNotFound,
-            RateLimitTimeout,
-            PayloadTooLarge,
-            UnsupportedMediaType,
-        ),
+        **WRITE_ERRORS,
     },
     openapi_extra=ARROW_REQUEST,
 )(extend)
