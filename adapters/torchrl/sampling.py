@@ -25,6 +25,9 @@ from tdreplay.client import InvalidRequest, ReplayClient
 from .remote import CONSUMING, ServiceSampler
 from .transforms import Compose
 
+#: what TorchRL's ``SliceSampler`` writes in a sample (and its info)
+SLICE_MARKERS = (("next", "truncated"), ("next", "done"), ("next", "terminated"))
+
 
 class SamplingMixin:
     """``sample``, ``__iter__`` and ``next`` of :class:`~.buffer.TDReplayBuffer`."""
@@ -86,6 +89,7 @@ class SamplingMixin:
             info["priority_weight"] = weight
         if self._sampler.kind == "slice":
             mark_slice_ends(batch, int(self._sampler.options.get("slice_len") or 1))
+            info.update({key: batch.get(key) for key in SLICE_MARKERS})
         if len(self._transform):
             batch = self._transform(batch)
         return (batch, info) if return_info else batch

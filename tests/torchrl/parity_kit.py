@@ -131,6 +131,12 @@ class Twins:
             priorities=priorities,
         )
 
+    def __enter__(self) -> Twins:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ours.close()
+
     def fresh(self, n: int) -> TensorDict:
         data = rows(self.next_id, n)
         self.next_id += n
