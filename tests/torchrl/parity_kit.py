@@ -107,7 +107,7 @@ class Twins:
     next_id: int = 0
 
     @classmethod
-    def make(cls, kind: str, url: str, table: str, capacity: int) -> Twins:
+    def make(cls, kind: str, url: str, table: str, capacity: int, transport: str = "auto") -> Twins:
         """``kind``: ``uniform``, ``prioritized``, ``slice`` (TorchRL's ``num_slices``) or
         ``slice_len`` (TorchRL's ``slice_len``); ours is created lazily, by ``create=``."""
         sampler: dict[str, Any] = {"kind": "uniform"}
@@ -125,7 +125,7 @@ class Twins:
         create = {"capacity": capacity, "backend": "memory", "sampler": sampler}
         return cls(
             kind=kind,
-            ours=TDReplayBuffer(url, table, create=create, timeout=5.0),
+            ours=TDReplayBuffer(url, table, create=create, timeout=5.0, transport=transport),
             theirs=TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), sampler=theirs),
             capacity=capacity,
             priorities=priorities,

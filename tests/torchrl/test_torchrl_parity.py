@@ -209,6 +209,7 @@ RING: list[Step] = [  # capacity 8
     (items, slice(None)),
     (raises, lambda rb: rb[8], IndexError),
     (raises, lambda rb: rb[-9], IndexError),
+    (raises, lambda rb: rb.sample(), RuntimeError),  # no batch_size here nor at construction
 ]
 UNIFORM: list[Step] = [
     *RING,
@@ -260,10 +261,13 @@ STEPS: dict[str, tuple[int, list[Step]]] = {
 }
 
 
+@pytest.mark.parametrize("transport", ["http", "shm"])
 @pytest.mark.parametrize("kind", list(STEPS))
-def test_same_calls_same_results(server: Any, kind: str) -> None:
+def test_same_calls_same_results(server: Any, kind: str, transport: str) -> None:
     capacity, steps = STEPS[kind]
-    with Twins.make(kind, server.url, f"parity_{kind}_{next(_names)}", capacity) as tw:
+    name = f"parity_{kind}_{next(_names)}"
+    with Twins.make(kind, server.url, name, capacity, transport) as tw:
+        assert tw.ours.replay_client.transport == transport
         for number, (check, *args) in enumerate(steps):
             try:
                 check(tw, *args)
