@@ -237,18 +237,28 @@ class TDReplayBuffer(
         """The default size of :meth:`sample` and of iteration."""
         return self._batch_size
 
+    def _counts(self) -> dict[str, Any]:
+        """The table's info; before ``create=`` made the table, an empty table's counters
+        (TorchRL's lazy storages hold 0 items before their first write)."""
+        try:
+            return self.info()
+        except TableNotFound:
+            if self._create is None:
+                raise
+            return {"size": 0, "inserts": 0, "samples": 0, "can_sample": False, **self._create}
+
     def __len__(self) -> int:
         """How many items the table holds now."""
-        return int(self.info()["size"])
+        return int(self._counts()["size"])
 
     @property
     def write_count(self) -> int:  # type: ignore[override]
         """How many items were ever written to the table (by every writer, checkpoints kept)."""
-        return int(self.info()["inserts"])
+        return int(self._counts()["inserts"])
 
     def stats(self) -> dict[str, int | float | bool]:
         """A snapshot of the table's counters, named as TorchRL's ``stats()`` names them."""
-        info = self.info()
+        info = self._counts()
         return {
             "size": int(info["size"]),
             "capacity": int(info["capacity"]),
@@ -259,7 +269,7 @@ class TDReplayBuffer(
 
     def can_sample(self, batch_size: int | None = None) -> bool:
         """Whether a sample of ``batch_size`` would proceed now (rate limiter and size)."""
-        info = self.info()
+        info = self._counts()
         n = batch_size or self._batch_size or 1
         return bool(info.get("can_sample", True)) and int(info["size"]) >= n
 
@@ -369,23 +379,6 @@ class TDReplayBuffer(
         """Insert one step (a TensorDict with an empty batch); returns its slot."""
         index = self.extend(data)
         return int(index.reshape(-1)[0])
-
-    # ---------------------------------------------------------------- lifecycle
-    def close(self) -> None:
-        """Stop prefetching and close idle connections (the buffer stays usable)."""
-        with self._lock:
-            prefetcher, self._prefetcher = self._prefetcher, None
-        if prefetcher is not None:
-            close = getattr(prefetcher, "close", None)
-            if close is not None:
-                close()
-        self._client.close()
-
-    def __enter__(self) -> TDReplayBuffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _rebuild(

@@ -4,6 +4,11 @@ A sample larger than the table's capacity is what TorchRL's samplers give
 with replacement: it is drawn in pieces of at most the capacity and joined
 (a slice sampler's pieces in whole slices). Queues and stacks hand out each
 item once, so they cannot serve it: that is an error naming the size.
+
+A slice table's samples carry the markers TorchRL's ``SliceSampler`` writes
+(its default ``truncated_key=("next", "truncated")``): the last step of each
+slice is truncated and done, so losses do not bootstrap across slices
+(:func:`mark_slice_ends`).
 """
 
 from __future__ import annotations
@@ -12,12 +17,16 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from tensordict import TensorDict, TensorDictBase
 
 from tdreplay.client import InvalidRequest, ReplayClient
 
 from .remote import CONSUMING, ServiceSampler
 from .transforms import Compose
+
+#: what TorchRL's ``SliceSampler`` writes in a sample (and its info)
+SLICE_MARKERS = (("next", "truncated"), ("next", "done"), ("next", "terminated"))
 
 
 class SamplingMixin:
@@ -75,6 +84,9 @@ class SamplingMixin:
             weight = batch.get(("sample_info", "weight"))
             batch.set("priority_weight", weight)
             info["priority_weight"] = weight
+        if self._sampler.kind == "slice":
+            mark_slice_ends(batch, int(self._sampler.options.get("slice_len") or 1))
+            info.update({key: batch.get(key) for key in SLICE_MARKERS})
         if len(self._transform):
             batch = self._transform(batch)
         return (batch, info) if return_info else batch
@@ -168,3 +180,25 @@ class SamplingMixin:
         except StopIteration:
             self._iterator = None
             return None
+
+
+def mark_slice_ends(batch: TensorDictBase, slice_len: int) -> None:
+    """Write TorchRL's ``SliceSampler`` markers into ``batch`` (slices of ``slice_len`` laid
+    end to end): ``("next", "truncated")`` true at each slice's last step,
+    ``("next", "done")`` or-ed with it, ``("next", "terminated")`` as stored (false if not).
+
+        >>> td = TensorDict({"next": {"done": torch.zeros(4, 1, dtype=torch.bool)}}, [4])
+        >>> mark_slice_ends(td, 2)
+        >>> td["next", "truncated"].squeeze(-1).tolist(), td["next", "done"].squeeze(-1).tolist()
+        ([False, True, False, True], [False, True, False, True])
+    """
+    n = batch.batch_size[0] if batch.batch_dims else 0
+    done = batch.get(("next", "done"), None)
+    shape = done.shape if done is not None and done.numel() == n else (n, 1)
+    truncated = torch.zeros(n, dtype=torch.bool)
+    truncated.view(-1, slice_len)[:, -1] = True
+    truncated = truncated.reshape(shape)
+    batch.set(("next", "truncated"), truncated)
+    batch.set(("next", "done"), truncated.clone() if done is None else done | truncated)
+    if batch.get(("next", "terminated"), None) is None:
+        batch.set(("next", "terminated"), torch.zeros_like(truncated))

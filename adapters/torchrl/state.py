@@ -10,7 +10,8 @@
 * Services: ``service_backend``, ``client()``, ``clients(n)``, ``start()``,
   ``is_alive``, ``shutdown()`` are what TorchRL's ``RayCollector`` asks of a
   remote buffer (it hands each remote collector one client).
-* ``empty()`` clears the table on the server.
+* ``empty()`` clears the table on the server; ``close()`` (and ``with``) stops
+  prefetching and closes idle connections.
 * What a server-held table cannot do from here — swap its storage, sampler
   or writer, write slots by index — raises ``NotImplementedError`` naming
   what to do instead.
@@ -19,6 +20,8 @@
 from __future__ import annotations
 
 import pickle
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,8 @@ class ServiceStateMixin:
     _client: ReplayClient
     _table: str
     _service_shutdown: bool
+    _lock: threading.Lock
+    _prefetcher: Iterator[Any] | None
     shared: bool
 
     # ---------------------------------------------------------------- checkpoints
@@ -113,6 +118,23 @@ class ServiceStateMixin:
         self._client.load_archives(
             self._table, [torch.as_tensor(a, dtype=torch.uint8).numpy().tobytes() for a in archives]
         )
+
+    # ---------------------------------------------------------------- connections
+    def close(self) -> None:
+        """Stop prefetching and close idle connections (the buffer stays usable)."""
+        with self._lock:
+            prefetcher, self._prefetcher = self._prefetcher, None
+        if prefetcher is not None:
+            close = getattr(prefetcher, "close", None)
+            if close is not None:
+                close()
+        self._client.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ---------------------------------------------------------------- sharing
     def share(self, shared: bool = True) -> Any:
