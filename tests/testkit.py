@@ -151,7 +151,10 @@ def make_rows(fields: dict[str, Any], n: int, *, seed: int = 0) -> Any:
     return td
 
 
-_PORT_TURN = itertools.count()
+#: where this process starts in its slice: two test runs at once (two checkouts, or a
+#: benchmark beside the suite) then walk their slices from different ports, not both from the
+#: first one (seen: a server of one run answering the other's health check)
+_PORT_TURN = itertools.count(os.getpid() * 7919)
 
 
 def free_port() -> int:
