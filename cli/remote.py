@@ -9,7 +9,6 @@ line loads it for these commands only). The arguments are those of
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -198,9 +197,12 @@ def export(client: ReplayClient, args: dict[str, Any]) -> None:
     if not table:
         raise CommandError("which table? (export TABLE, or --checkpoint DIR offline)", Exit.USAGE)
     output, on_server = args.get("output"), args.get("on_server")
+    fmt = export_format(args.get("format"), output or on_server)
+    if fmt == "minari":
+        export_minari(client, table, args)
+        return
     if bool(output) == bool(on_server):
         raise CommandError("give one of -o FILE (here) or --on-server PATH", Exit.USAGE)
-    fmt = export_format(args.get("format"), output or on_server)
     if on_server:
         print(
             f"exported table {table!r} to {client.export(table, fmt, path=on_server)} "
@@ -208,21 +210,32 @@ def export(client: ReplayClient, args: dict[str, Any]) -> None:
         )
         return
     dest = Path(str(output))
-    with spinner(args, f"export {table}"):
-        data = client.export(table, fmt)
-    write_atomically(dest, data)
+    client.export(table, fmt, dest=dest, progress=show_progress(args))
     print(f"exported table {table!r} to {dest} ({describe_file(dest, fmt)})")
 
 
-def write_atomically(dest: Path, data: bytes) -> None:
-    """``data`` to ``dest`` (its folder made), written aside and renamed: never half a file."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+def minari_id(args: dict[str, Any]) -> str:
+    """``--dataset-id``, which a Minari export or import needs."""
+    if not args.get("dataset_id"):
+        raise CommandError("--format minari needs --dataset-id NAMESPACE/NAME-v0", Exit.USAGE)
+    return str(args["dataset_id"])
+
+
+def export_minari(client: ReplayClient, table: str, args: dict[str, Any]) -> None:
+    dataset_id, on_server = minari_id(args), args.get("on_server")
+    if on_server and args.get("output"):
+        raise CommandError("give one of -o DATASETS_ROOT (here) or --on-server PATH", Exit.USAGE)
+    where = client.export(
+        table,
+        "minari",
+        path=on_server,
+        dest=args.get("output"),
+        dataset_id=dataset_id,
+        env_spec=args.get("env_spec"),
+        progress=show_progress(args),
+    )
+    shown = f"{where} (under the server's data root)" if on_server else str(where)
+    print(f"exported table {table!r} as the Minari dataset {dataset_id!r} to {shown}")
 
 
 @contextmanager
@@ -256,6 +269,17 @@ def import_(client: ReplayClient, args: dict[str, Any]) -> None:
     table, chunk = args["table"], args["chunk"]
     if chunk < 1:
         raise CommandError(f"--chunk must be >= 1, got {chunk}", Exit.USAGE)
+    if args.get("format") == "minari":
+        dataset_id = minari_id(args)
+        written = client.import_dataset(
+            table, dataset_id, root=args.get("source"), chunk=chunk, progress=show_progress(args)
+        )
+        print(
+            f"imported {written} rows into table {table!r} from the Minari dataset {dataset_id!r}"
+        )
+        return
+    if not args.get("source"):
+        raise CommandError("which Parquet file or folder? tdreplay import TABLE SOURCE", Exit.USAGE)
     files = parquet_files(Path(args["source"]))
     try:
         opened = [(f, pq.ParquetFile(f)) for f in files]

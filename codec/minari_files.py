@@ -42,7 +42,14 @@ from .episodes import EpisodeLayout, EpisodeSplitter, episode_rows
 from .errors import InvalidRequest, PathExists, SchemaError
 from .from_arrow import to_leaves
 
-__all__ = ["DATASET_ID_PATTERN", "dataset_folder", "read_minari", "write_minari"]
+__all__ = [
+    "DATASET_ID_PATTERN",
+    "dataset_folder",
+    "default_root",
+    "env_spec_json",
+    "read_minari",
+    "write_minari",
+]
 
 #: ``namespace/name-v0``: folders of ASCII letters, digits, ``_ . -`` (none starting with a
 #: dot), ending in a version, as ``minari.load_dataset`` takes it
@@ -75,6 +82,25 @@ def dataset_folder(root: str | Path, dataset_id: str) -> Path:
             got=str(dataset_id)[:80],
         )
     return Path(root) / dataset_id
+
+
+def default_root() -> Path:
+    """Minari's datasets root: ``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``."""
+    _minari()
+    from minari.storage import get_dataset_path
+
+    return Path(get_dataset_path())
+
+
+def env_spec_json(env_spec: Any) -> str | None:
+    """The JSON of an environment's spec (a gymnasium ``EnvSpec``, its JSON, or a registered
+    id), as a request carries it; ``None`` for none.
+
+    Raises:
+        InvalidRequest: it is none of these.
+    """
+    spec = _env_spec(env_spec)
+    return None if spec is None else str(spec.to_json())
 
 
 def _version() -> str:
@@ -304,10 +330,7 @@ def read_minari(
     _minari()
     from minari import MinariDataset
 
-    if root is None:
-        from minari.storage import get_dataset_path
-
-        root = get_dataset_path()
+    root = default_root() if root is None else root
     folder = dataset_folder(root, dataset_id)
     if not (folder / "data").is_dir():
         there = sorted(

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tdreplay.codec import protocol
+from tdreplay.codec.minari_files import DATASET_ID_PATTERN
 from tdreplay.storage import InvalidRequest
 
 #: largest batch a request may ask for (a table's capacity and the body limit bound it further)
@@ -125,12 +126,24 @@ class PathBody(Params):
 
 
 class ExportBody(Params):
-    format: Literal["parquet", "csv"] = "parquet"
+    format: Literal["parquet", "csv", "minari"] = "parquet"
     path: str | None = Field(
         default=None,
         max_length=MAX_PATH,
         description="A new file relative to the data root, inside exports/, to write "
-        "(409 if it exists); omitted: the file is streamed back.",
+        "(409 if it exists); omitted: the file is streamed back. Minari: the datasets "
+        "root (a folder inside exports/, made if new) the dataset goes under.",
+    )
+    dataset_id: str | None = Field(
+        default=None,
+        max_length=MAX_PATH,
+        pattern=DATASET_ID_PATTERN,
+        description="Minari: the dataset's id, namespace/name-v0 (409 if it exists).",
+    )
+    env_spec: str | None = Field(
+        default=None,
+        max_length=1 << 16,
+        description="Minari: the environment's spec for the metadata, as gymnasium's EnvSpec JSON.",
     )
 
 
