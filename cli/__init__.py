@@ -218,9 +218,9 @@ def add_remote_commands(sub: Any) -> None:
     p = sub.add_parser(
         "import",
         help="extend a table with the rows of Parquet files, or a Minari dataset's steps",
-        description="Read a Parquet file (or a folder of *.parquet files) as written by "
-        "`tdreplay export`, or the Minari dataset --dataset-id (--format minari), and "
-        "extend TABLE with its rows, CHUNK at a time.",
+        description="Read a Parquet file (or a folder of *.parquet files) with a column per "
+        "field (as `tdreplay export` writes them, or through --map), or the Minari dataset "
+        "--dataset-id (--format minari), and extend TABLE with its rows, CHUNK at a time.",
     )
     p.add_argument("table")
     p.add_argument(
@@ -230,6 +230,13 @@ def add_remote_commands(sub: Any) -> None:
         "Minari's, MINARI_DATASETS_PATH or ~/.minari/datasets)",
     )
     p.add_argument("--format", choices=["parquet", "minari"], default="parquet")
+    p.add_argument(
+        "--map",
+        action="append",
+        metavar="FIELD=COLUMN",
+        help="read FIELD from COLUMN (repeat it; default: the column named as the field, "
+        "dots for nested keys: next.reward)",
+    )
     p.add_argument("--dataset-id", metavar="ID", help="minari: the dataset's id")
     p.add_argument("--chunk", type=int, default=4096, help="rows per extend (default: 4096)")
     _progress(p)

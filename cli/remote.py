@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
 from tqdm import tqdm
 
@@ -29,7 +28,7 @@ from tdreplay.client import (
     Unauthorized,
 )
 from tdreplay.client.environment import configured
-from tdreplay.codec import CodecError, from_record_batch
+from tdreplay.client.parquet_rows import nest_rows, parquet_files, read_rows
 from tdreplay.service.cli import CommandError, Exit
 
 from .common import describe_file, export_format, show_progress
@@ -250,21 +249,6 @@ def spinner(args: dict[str, Any], desc: str) -> Iterator[None]:
         bar.close()
 
 
-def parquet_files(source: Path) -> list[Path]:
-    if source.is_dir():
-        found = sorted(
-            p
-            for p in source.rglob("*")
-            if p.suffix in (".parquet", ".pq") and not p.name.startswith(("_", "."))
-        )
-        if not found:
-            raise CommandError(f"{str(source)!r} holds no *.parquet file")
-        return found
-    if not source.exists():
-        raise CommandError(f"{str(source)!r}: no such file or folder")
-    return [source]
-
-
 def import_(client: ReplayClient, args: dict[str, Any]) -> None:
     table, chunk = args["table"], args["chunk"]
     if chunk < 1:
@@ -280,39 +264,46 @@ def import_(client: ReplayClient, args: dict[str, Any]) -> None:
         return
     if not args.get("source"):
         raise CommandError("which Parquet file or folder? tdreplay import TABLE SOURCE", Exit.USAGE)
-    files = parquet_files(Path(args["source"]))
+    columns = column_map(args.get("map") or [])
     try:
-        opened = [(f, pq.ParquetFile(f)) for f in files]
-    except (OSError, pa.ArrowException) as err:
-        raise CommandError(f"cannot read Parquet: {err}") from None
-    total = sum(pf.metadata.num_rows for _, pf in opened)
+        files = parquet_files(args["source"])
+    except FileNotFoundError as err:
+        raise CommandError(str(err)) from None
+    fields = client.info(table)["fields"]
     written = 0
-    with tqdm(
-        total=total,
-        desc=f"import {table}",
-        unit="rows",
-        unit_scale=True,
-        disable=not show_progress(args),
-    ) as bar:
-        for path, pf in opened:
-            try:
-                for batch in pf.iter_batches(batch_size=chunk):
-                    rows = from_record_batch(batch)
-                    written += len(client.extend(table, rows))
-                    bar.update(batch.num_rows)
-            except (CodecError, pa.ArrowException) as err:
-                raise CommandError(
-                    f"{path}: not a tdreplay Parquet export ({err}); {written} rows were "
-                    "written before it"
-                ) from None
-            except ServerError as err:
-                if isinstance(err, Unauthorized | Forbidden):
-                    raise
-                raise CommandError(
-                    f"{path}: {err} ({err.type}, HTTP {err.status}); {written} rows were "
-                    "written before it"
-                ) from None
+    try:
+        total, batches = read_rows(fields, files, columns, chunk)
+        with tqdm(
+            total=total,
+            desc=f"import {table}",
+            unit="rows",
+            unit_scale=True,
+            disable=not show_progress(args),
+        ) as bar:
+            for _, rows in batches:
+                n = len(next(iter(rows.values())))
+                written += len(client.extend(table, nest_rows(rows, n)))
+                bar.update(n)
+    except (OSError, pa.ArrowException) as err:
+        raise CommandError(f"cannot read Parquet: {err}; {written} rows were written") from None
+    except ServerError as err:
+        if isinstance(err, Unauthorized | Forbidden):
+            raise
+        raise CommandError(
+            f"{err} ({err.type}, HTTP {err.status}); {written} rows were written before it"
+        ) from None
     print(f"imported {written} rows into table {table!r} from {len(files)} file(s)")
+
+
+def column_map(pairs: list[str]) -> dict[str, str]:
+    """``--map FIELD=COLUMN`` pairs as ``{field: column}``."""
+    out = {}
+    for pair in pairs:
+        field, sep, column = pair.partition("=")
+        if not sep or not field or not column:
+            raise CommandError(f"--map takes FIELD=COLUMN, got {pair!r}", Exit.USAGE)
+        out[field] = column
+    return out
 
 
 COMMANDS = {

@@ -250,6 +250,11 @@ class AsyncReplayClient(ClientBase):
             )
         return await self._run(self._calls.export(table, format, path))
 
+    async def import_parquet(self, table: str, source: str | Path, **kwargs: Any) -> int:
+        """See :meth:`ReplayClient.import_parquet` (run by the blocking twin, in a thread)."""
+        sync = ReplayClient._from_settings(self.settings)
+        return await asyncio.to_thread(sync.import_parquet, table, source, **kwargs)
+
     async def import_dataset(self, table: str, dataset_id: str, **kwargs: Any) -> int:
         """See :meth:`ReplayClient.import_dataset` (run by the blocking twin, in a thread)."""
         sync = ReplayClient._from_settings(self.settings)

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from ..codec import minari_files
 from ..codec.dtypes import TORCH
 from ..codec.errors import InvalidRequest, PathExists
+from .parquet_rows import nest_rows, parquet_files, read_rows
 from .sinks import aside
 
 MINARI = "minari"
@@ -114,5 +115,30 @@ def import_minari(
                 for k, v in rows.items()
             }
             written += len(client.extend(table, TensorDict(leaves, [n])))
+            bar.update(n)
+    return written
+
+
+def import_parquet(
+    client: Any,
+    table: str,
+    source: str | Path,
+    *,
+    columns: dict[str, str] | None = None,
+    chunk: int = 4096,
+    progress: bool | None = None,
+) -> int:
+    """Extend ``table`` with the rows of Parquet files (:mod:`.parquet_rows`); returns the
+    number of items written. See :meth:`~tdreplay.client.ReplayClient.import_parquet`."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    fields = client.info(table)["fields"]
+    total, batches = read_rows(fields, parquet_files(source), columns, chunk)
+    written = 0
+    disable = not progress if progress is not None else True
+    with tqdm(total=total, desc=f"import {table}", unit="rows", disable=disable) as bar:
+        for _, rows in batches:
+            n = len(next(iter(rows.values())))
+            written += len(client.extend(table, nest_rows(rows, n)))
             bar.update(n)
     return written

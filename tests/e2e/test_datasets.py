@@ -228,3 +228,71 @@ def test_hugging_face_datasets_reads_a_parquet_export(
     assert ds[3]["next.reward"] == [10.0] and ds[7]["next.done"] == [True]
     torch_rows = ds.with_format("torch")[0:3]
     assert torch_rows["observation"].shape == (3, 3)
+
+
+def foreign_file(path: Path, n: int = 6) -> Path:
+    """A Parquet file another tool wrote: its own column names, plain lists, other dtypes."""
+    table = pa.table(
+        {
+            "obs": pa.array([[float(i), 0.0, 1.0] for i in range(n)]),  # list<double>
+            "obs_next": pa.array([[float(i + 1), 0.0, 1.0] for i in range(n)]),
+            "act": pa.array([[i, -i] for i in range(n)], pa.list_(pa.int32())),
+            "rew": pa.array([0.5 * i for i in range(n)]),
+            "terminal": pa.array([i == n - 1 for i in range(n)]),
+            "timeout": pa.array([False] * n),
+            "note": pa.array(["x"] * n),
+        }
+    )
+    pq.write_table(table, path)
+    return path
+
+
+MAPPING = {
+    "observation": "obs",
+    "action": "act",
+    "next.observation": "obs_next",
+    "next.reward": "rew",
+    "next.done": "terminal",
+    "next.terminated": "terminal",
+    "next.truncated": "timeout",
+    "done": "timeout",
+    "traj": "act",  # any column of the right size: a demonstration, not a meaning
+}
+
+
+def test_import_any_parquet_through_a_column_mapping(
+    client: ReplayClient, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    fields = {k: v for k, v in FIELDS.items() if k != "traj"}
+    name = make_table(client, fields=fields)
+    src = foreign_file(tmp_path / "d4rl.parquet")
+    mapping = {k: v for k, v in MAPPING.items() if k != "traj"}
+    assert client.import_parquet(name, src, columns=mapping, chunk=4) == 6
+    back = pq.read_table(pa.BufferReader(client.export(name))).to_pydict()
+    assert back["observation"][2] == [2.0, 0.0, 1.0] and back["action"][3] == [3, -3]
+    assert back["next.reward"] == [[0.5 * i] for i in range(6)]
+    assert back["next.done"][-1] == [True]
+
+    with pytest.raises(SchemaError, match=r"no column 'observation' for field 'observation'"):
+        client.import_parquet(name, src)
+    with pytest.raises(
+        SchemaError, match=r"column 'note' \(for field 'next.reward'\) holds string"
+    ):
+        client.import_parquet(name, src, columns={**mapping, "next.reward": "note"})
+    with pytest.raises(SchemaError, match="column 'act' holds 2 elements per row; its field has 3"):
+        client.import_parquet(name, src, columns={**mapping, "observation": "act"})
+    with pytest.raises(SchemaError, match="column 'rew' holds double; field 'action' is int64"):
+        client.import_parquet(name, src, columns={**mapping, "action": "rew"})
+    with pytest.raises(SchemaError, match="no field 'nope'"):
+        client.import_parquet(name, src, columns={**mapping, "nope": "obs"})
+    assert client.info(name)["size"] == 6  # nothing written by the refused imports
+
+    args = [f"--map={k}={v}" for k, v in mapping.items()]
+    code, out, err = cli("import", name, str(src), *args, "--url", client.urls[0], capsys=capsys)
+    assert code == 0 and "imported 6 rows" in out, err
+    code, _, err = cli("import", name, str(src), "--url", client.urls[0], capsys=capsys)
+    assert code == 1 and "no column 'observation'" in err and "0 rows were written" in err
+    code, _, err = cli(
+        "import", name, str(src), "--map", "obs", "--url", client.urls[0], capsys=capsys
+    )
+    assert code == 2 and "FIELD=COLUMN" in err
