@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ..codec import minari_files
 from ..codec.dtypes import TORCH
+from ..codec.episodes import trajectory_key_of
 from ..codec.errors import InvalidRequest, PathExists
 from .parquet_rows import nest_rows, parquet_files, read_rows
 from .sinks import aside
@@ -101,7 +102,7 @@ def import_minari(
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     info = client.info(table)
     fields = info["fields"]
-    key = trajectory_key or (info.get("sampler") or {}).get("traj_key")
+    key = trajectory_key_of(info, trajectory_key)
     total, chunks = minari_files.read_minari(
         root, dataset_id, fields, trajectory_key=key, chunk=chunk
     )

@@ -129,7 +129,8 @@ class Persistence:
         set to the datasets root ``dest`` (default: Minari's own root), written here
         from a streamed Parquet export; with ``path``, the server writes it under that
         datasets root inside its ``exports/``. Episodes come from the table's
-        trajectory key, else its done flags (:mod:`tdreplay.codec.episodes`).
+        trajectory key (``sampler.traj_key``, else ``collector.traj_ids``), else its
+        done flags (:mod:`tdreplay.codec.episodes`).
 
         Args:
             format: ``"parquet"``, ``"csv"`` or ``"minari"``.
@@ -210,7 +211,8 @@ class Persistence:
         ``next.observation`` (the episode's observations but the last / but the first),
         ``action``, ``next.reward``, ``next.terminated``, ``next.truncated``,
         ``next.done``, the root flags (false), and the table's trajectory key
-        (``trajectory_key``, default ``sampler.traj_key``) set to the episode's id; a
+        (``trajectory_key``, default ``sampler.traj_key``, else ``collector.traj_ids``)
+        set to the episode's id; a
         field found in the episode's ``infos`` under its dotted key (as an export put
         it there) is taken from there first. Values are cast to the field's dtype.
 

@@ -11,7 +11,8 @@ Every other field of the table travels per step in the episode's ``infos``
 (nested by its dots), so a table exported and imported again gets it back.
 
 Episodes are told apart by the table's trajectory key when it has one
-(``sampler.traj_key`` of a slice sampler, or a key the caller names): rows
+(a key the caller names, else ``sampler.traj_key`` of a slice sampler, else
+``collector.traj_ids``, which TorchRL's collectors fill): rows
 with one id form one episode even when other trajectories' rows lie between
 them. Without one, by the done flags: an episode ends at a row whose
 ``next.done``, ``next.terminated``, ``next.truncated`` or ``sampler.end_key``
@@ -53,12 +54,34 @@ import numpy as np
 
 from .errors import SchemaError
 
-__all__ = ["Episode", "EpisodeLayout", "EpisodeSplitter", "episode_rows", "nest_dotted"]
+__all__ = [
+    "Episode",
+    "EpisodeLayout",
+    "EpisodeSplitter",
+    "episode_rows",
+    "nest_dotted",
+    "trajectory_key_of",
+]
 
 OBS, NEXT_OBS, ACTION, REWARD = "observation", "next.observation", "action", "next.reward"
 DONE, TERMINATED, TRUNCATED = "next.done", "next.terminated", "next.truncated"
 #: TED's root flags: those of the step before; always false inside an episode
 ROOT_FLAGS = ("done", "terminated", "truncated")
+
+
+#: the trajectory ids TorchRL's collectors write: a table's trajectory key when its sampler names none
+COLLECTOR_TRAJ = "collector.traj_ids"
+
+
+def trajectory_key_of(spec: Mapping[str, Any], given: str | None = None) -> str | None:
+    """The trajectory key of a table: ``given``, else ``sampler.traj_key``, else
+    ``collector.traj_ids`` when the table has that field, else none."""
+    if given is not None:
+        return given
+    traj = (spec.get("sampler") or {}).get("traj_key")
+    if traj is not None:
+        return str(traj)
+    return COLLECTOR_TRAJ if COLLECTOR_TRAJ in (spec.get("fields") or {}) else None
 
 
 def _under(fields: Mapping[str, Any], top: str) -> list[str]:
@@ -89,7 +112,7 @@ class EpisodeLayout:
 
         Args:
             spec: ``{"fields": {dotted key: {"shape", "dtype"}}, "sampler": {...}}``.
-            trajectory_key: the field of trajectory ids; default: ``sampler.traj_key``.
+            trajectory_key: the field of trajectory ids; default: :func:`trajectory_key_of`.
 
         Raises:
             SchemaError: a key an episode needs is missing (``observation``,
@@ -124,7 +147,7 @@ class EpisodeLayout:
                 expected="shape [] or [1]",
                 got=fields[REWARD].get("shape"),
             )
-        traj = trajectory_key or sampler.get("traj_key")
+        traj = trajectory_key_of(spec, trajectory_key)
         if traj is not None and traj not in fields:
             raise SchemaError(
                 f"trajectory key {traj!r} is not a field of the table",

@@ -204,7 +204,8 @@ def write_minari(
         env_spec: the environment's spec, stored in the metadata: a gymnasium
             ``EnvSpec``, its JSON, or a registered id (``"CartPole-v1"``).
         trajectory_key: the field of trajectory ids; default: the table's
-            ``sampler.traj_key``, else the done flags cut episodes.
+            (``sampler.traj_key``, else ``collector.traj_ids``), else the done flags
+            cut episodes.
         data_format: Minari's ``"hdf5"`` or ``"arrow"``.
         description: the dataset's description.
         progress: a progress bar over the rows (``None``: when stderr is a terminal).

@@ -130,3 +130,14 @@ def test_minari_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(InvalidRequest, match=r"no Minari dataset 'tdreplay/nope-v0'.*src-v0"):
         read_minari(root, "tdreplay/nope-v0", fields)
     assert os.listdir(root / "tdreplay") == ["src-v0"]
+
+
+def test_torchrl_collector_ids_are_the_trajectory_key_by_default() -> None:
+    cartpole = TableSpec.from_file(
+        Path(__file__).parents[1] / "schemas" / "cartpole.yaml"
+    ).model_dump(mode="json")
+    assert EpisodeLayout.of(cartpole).trajectory == "collector.traj_ids"
+    slices = {**cartpole, "sampler": {"kind": "slice", "slice_len": 2, "traj_key": "done"}}
+    assert EpisodeLayout.of(slices).trajectory == "done"  # the sampler's names it first
+    assert EpisodeLayout.of({"fields": FIELDS}).trajectory is None  # "traj" is just a field
+    assert EpisodeLayout.of({"fields": FIELDS}, "traj").trajectory == "traj"
