@@ -209,9 +209,9 @@ def main() -> None:
             entries.append(e)
             # the server does the same in both ways: the higher of its two runs (the first
             # export of a process also grows the allocator's arenas)
-            server = max(before["server_anon"], after["server_anon"])
+            grown = max(before["server_anon"], after["server_anon"])
             e = bound_entry(
-                "export", f"server RssAnon growth, {size} (either way)", server / MB, "MB",
+                "export", f"server RssAnon growth, {size} (either way)", grown / MB, "MB",
                 GOAL_GROWTH / MB, most=True,
             )  # fmt: skip
             e["server_vmrss_growth_mb"] = max(before["server_rss"], after["server_rss"]) / MB
