@@ -226,8 +226,14 @@ def footprint() -> str:
     return entries_table("footprint.json")
 
 
+def export() -> str:
+    """Exports over HTTP, held in memory vs streamed (``bench/export_bench.py --json bench/results/export.json``)."""
+    return entries_table("export.json")
+
+
 TABLES = {
     "durability-table": (durability, "durability.json"),
+    "export-table": (export, "export.json"),
     "footprint-table": (footprint, "footprint.json"),
     "shm-table": (shm, "shm.json"),
     "core-reshape-table": (refactor, "core-reshape.json"),

@@ -14,6 +14,8 @@
     tdreplay import TABLE SOURCE       extend a table with the rows of Parquet files
     tdreplay export TABLE --root DIR -o FILE          offline, from a data root (no server)
     tdreplay export --checkpoint DIR -o FILE          offline, from a checkpoint folder
+    tdreplay export TABLE --format minari --dataset-id NS/NAME-v0 [-o DATASETS_ROOT]
+    tdreplay import TABLE --format minari --dataset-id NS/NAME-v0 [DATASETS_ROOT]
     tdreplay --version
 
 The commands that drive a server find it with ``--url`` (or ``TDREPLAY_URL``;
@@ -177,11 +179,25 @@ def add_remote_commands(sub: Any) -> None:
         "a data root (--root) or a checkpoint folder (--checkpoint).",
     )
     p.add_argument("table", nargs="?", help="the table (with --checkpoint: the one it holds)")
-    p.add_argument("-o", "--output", metavar="FILE", help="the file to write here")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="the file to write here (minari: the datasets root; default: Minari's, "
+        "MINARI_DATASETS_PATH or ~/.minari/datasets)",
+    )
     p.add_argument(
         "--format",
-        choices=["parquet", "csv"],
-        help="default: from the suffix of FILE, else parquet",
+        choices=["parquet", "csv", "minari"],
+        help="default: from the suffix of FILE, else parquet; minari: a Minari dataset "
+        "(episodes from the table's trajectory key, else its done flags)",
+    )
+    p.add_argument("--dataset-id", metavar="ID", help="minari: the dataset's id, NAMESPACE/NAME-v0")
+    p.add_argument(
+        "--env-spec",
+        metavar="SPEC",
+        help="minari: the environment for the metadata (a registered id such as "
+        "CartPole-v1, or gymnasium's EnvSpec JSON)",
     )
     p.add_argument(
         "--on-server",
@@ -201,12 +217,27 @@ def add_remote_commands(sub: Any) -> None:
 
     p = sub.add_parser(
         "import",
-        help="extend a table with the rows of Parquet files",
-        description="Read a Parquet file (or a folder of *.parquet files) as written by "
-        "`tdreplay export`, and extend TABLE with its rows, CHUNK at a time.",
+        help="extend a table with the rows of Parquet files, or a Minari dataset's steps",
+        description="Read a Parquet file (or a folder of *.parquet files) with a column per "
+        "field (as `tdreplay export` writes them, or through --map), or the Minari dataset "
+        "--dataset-id (--format minari), and extend TABLE with its rows, CHUNK at a time.",
     )
     p.add_argument("table")
-    p.add_argument("source", help="a .parquet file or a folder of them")
+    p.add_argument(
+        "source",
+        nargs="?",
+        help="a .parquet file or a folder of them (minari: the datasets root; default: "
+        "Minari's, MINARI_DATASETS_PATH or ~/.minari/datasets)",
+    )
+    p.add_argument("--format", choices=["parquet", "minari"], default="parquet")
+    p.add_argument(
+        "--map",
+        action="append",
+        metavar="FIELD=COLUMN",
+        help="read FIELD from COLUMN (repeat it; default: the column named as the field, "
+        "dots for nested keys: next.reward)",
+    )
+    p.add_argument("--dataset-id", metavar="ID", help="minari: the dataset's id")
     p.add_argument("--chunk", type=int, default=4096, help="rows per extend (default: 4096)")
     _progress(p)
     _connection(p)

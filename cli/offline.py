@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tdreplay.codec.errors import InvalidRequest
+from tdreplay.codec.minari_files import dataset_folder, default_root, env_spec_json, write_minari
 from tdreplay.service.cli import CommandError, Exit
 from tdreplay.storage import (
     CheckpointError,
@@ -31,6 +33,9 @@ from .common import describe_file, export_format, show_progress
 
 def export(args: dict[str, Any]) -> None:
     """Export ``args["table"]`` from ``args["root"]`` or ``args["checkpoint"]`` to ``args["output"]``."""
+    if args.get("format") == "minari":
+        export_minari(args)
+        return
     if not args.get("output"):
         raise CommandError("offline, the export goes to a file here: -o FILE", Exit.USAGE)
     if args.get("on_server"):
@@ -49,6 +54,38 @@ def export(args: dict[str, Any]) -> None:
             from_root(Path(args["root"]), args["table"], output, fmt, progress),
         )
     print(f"exported table {name!r} from {source} to {output} ({describe_file(output, fmt)})")
+
+
+def export_minari(args: dict[str, Any]) -> None:
+    """``--format minari``: a Parquet export in scratch beside the datasets root's dataset,
+    converted by :func:`tdreplay.codec.minari_files.write_minari` (what the client and the
+    server use too)."""
+    if not args.get("dataset_id"):
+        raise CommandError("--format minari needs --dataset-id NAMESPACE/NAME-v0", Exit.USAGE)
+    if args.get("on_server"):
+        raise CommandError("--on-server needs a server, not --root/--checkpoint", Exit.USAGE)
+    dataset_id = str(args["dataset_id"])
+    try:
+        datasets = Path(args["output"]) if args.get("output") else default_root()
+        if dataset_folder(datasets, dataset_id).exists():  # before the export, not after
+            raise CommandError(f"a dataset {dataset_id!r} exists under {str(datasets)!r}")
+        env_spec = env_spec_json(args.get("env_spec"))
+    except (ImportError, InvalidRequest) as err:
+        raise CommandError(str(err), Exit.USAGE) from None
+    progress = show_progress(args)
+    datasets.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=datasets, prefix=".tdreplay-export-") as scratch:
+        rows = Path(scratch) / "rows.parquet"
+        if args.get("checkpoint"):
+            source = Path(args["checkpoint"])
+            name = from_checkpoint(source, args.get("table"), rows, "parquet", progress)
+        else:
+            if not args.get("table"):
+                raise CommandError("which table? tdreplay export TABLE --root DIR", Exit.USAGE)
+            name = args["table"]
+            source = from_root(Path(args["root"]), name, rows, "parquet", progress)
+        folder = write_minari(rows, datasets, dataset_id, env_spec=env_spec, progress=progress)
+    print(f"exported table {name!r} from {source} as the Minari dataset {dataset_id!r} to {folder}")
 
 
 def from_root(root: Path, table: str, output: Path, fmt: str, progress: bool) -> Path:

@@ -9,7 +9,6 @@ line loads it for these commands only). The arguments are those of
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
 from tqdm import tqdm
 
@@ -30,7 +28,7 @@ from tdreplay.client import (
     Unauthorized,
 )
 from tdreplay.client.environment import configured
-from tdreplay.codec import CodecError, from_record_batch
+from tdreplay.client.parquet_rows import nest_rows, parquet_files, read_rows
 from tdreplay.service.cli import CommandError, Exit
 
 from .common import describe_file, export_format, show_progress
@@ -198,9 +196,12 @@ def export(client: ReplayClient, args: dict[str, Any]) -> None:
     if not table:
         raise CommandError("which table? (export TABLE, or --checkpoint DIR offline)", Exit.USAGE)
     output, on_server = args.get("output"), args.get("on_server")
+    fmt = export_format(args.get("format"), output or on_server)
+    if fmt == "minari":
+        export_minari(client, table, args)
+        return
     if bool(output) == bool(on_server):
         raise CommandError("give one of -o FILE (here) or --on-server PATH", Exit.USAGE)
-    fmt = export_format(args.get("format"), output or on_server)
     if on_server:
         print(
             f"exported table {table!r} to {client.export(table, fmt, path=on_server)} "
@@ -208,21 +209,32 @@ def export(client: ReplayClient, args: dict[str, Any]) -> None:
         )
         return
     dest = Path(str(output))
-    with spinner(args, f"export {table}"):
-        data = client.export(table, fmt)
-    write_atomically(dest, data)
+    client.export(table, fmt, dest=dest, progress=show_progress(args))
     print(f"exported table {table!r} to {dest} ({describe_file(dest, fmt)})")
 
 
-def write_atomically(dest: Path, data: bytes) -> None:
-    """``data`` to ``dest`` (its folder made), written aside and renamed: never half a file."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+def minari_id(args: dict[str, Any]) -> str:
+    """``--dataset-id``, which a Minari export or import needs."""
+    if not args.get("dataset_id"):
+        raise CommandError("--format minari needs --dataset-id NAMESPACE/NAME-v0", Exit.USAGE)
+    return str(args["dataset_id"])
+
+
+def export_minari(client: ReplayClient, table: str, args: dict[str, Any]) -> None:
+    dataset_id, on_server = minari_id(args), args.get("on_server")
+    if on_server and args.get("output"):
+        raise CommandError("give one of -o DATASETS_ROOT (here) or --on-server PATH", Exit.USAGE)
+    where = client.export(
+        table,
+        "minari",
+        path=on_server,
+        dest=args.get("output"),
+        dataset_id=dataset_id,
+        env_spec=args.get("env_spec"),
+        progress=show_progress(args),
+    )
+    shown = f"{where} (under the server's data root)" if on_server else str(where)
+    print(f"exported table {table!r} as the Minari dataset {dataset_id!r} to {shown}")
 
 
 @contextmanager
@@ -237,58 +249,61 @@ def spinner(args: dict[str, Any], desc: str) -> Iterator[None]:
         bar.close()
 
 
-def parquet_files(source: Path) -> list[Path]:
-    if source.is_dir():
-        found = sorted(
-            p
-            for p in source.rglob("*")
-            if p.suffix in (".parquet", ".pq") and not p.name.startswith(("_", "."))
-        )
-        if not found:
-            raise CommandError(f"{str(source)!r} holds no *.parquet file")
-        return found
-    if not source.exists():
-        raise CommandError(f"{str(source)!r}: no such file or folder")
-    return [source]
-
-
 def import_(client: ReplayClient, args: dict[str, Any]) -> None:
     table, chunk = args["table"], args["chunk"]
     if chunk < 1:
         raise CommandError(f"--chunk must be >= 1, got {chunk}", Exit.USAGE)
-    files = parquet_files(Path(args["source"]))
+    if args.get("format") == "minari":
+        dataset_id = minari_id(args)
+        written = client.import_dataset(
+            table, dataset_id, root=args.get("source"), chunk=chunk, progress=show_progress(args)
+        )
+        print(
+            f"imported {written} rows into table {table!r} from the Minari dataset {dataset_id!r}"
+        )
+        return
+    if not args.get("source"):
+        raise CommandError("which Parquet file or folder? tdreplay import TABLE SOURCE", Exit.USAGE)
+    columns = column_map(args.get("map") or [])
     try:
-        opened = [(f, pq.ParquetFile(f)) for f in files]
-    except (OSError, pa.ArrowException) as err:
-        raise CommandError(f"cannot read Parquet: {err}") from None
-    total = sum(pf.metadata.num_rows for _, pf in opened)
+        files = parquet_files(args["source"])
+    except FileNotFoundError as err:
+        raise CommandError(str(err)) from None
+    fields = client.info(table)["fields"]
     written = 0
-    with tqdm(
-        total=total,
-        desc=f"import {table}",
-        unit="rows",
-        unit_scale=True,
-        disable=not show_progress(args),
-    ) as bar:
-        for path, pf in opened:
-            try:
-                for batch in pf.iter_batches(batch_size=chunk):
-                    rows = from_record_batch(batch)
-                    written += len(client.extend(table, rows))
-                    bar.update(batch.num_rows)
-            except (CodecError, pa.ArrowException) as err:
-                raise CommandError(
-                    f"{path}: not a tdreplay Parquet export ({err}); {written} rows were "
-                    "written before it"
-                ) from None
-            except ServerError as err:
-                if isinstance(err, Unauthorized | Forbidden):
-                    raise
-                raise CommandError(
-                    f"{path}: {err} ({err.type}, HTTP {err.status}); {written} rows were "
-                    "written before it"
-                ) from None
+    try:
+        total, batches = read_rows(fields, files, columns, chunk)
+        with tqdm(
+            total=total,
+            desc=f"import {table}",
+            unit="rows",
+            unit_scale=True,
+            disable=not show_progress(args),
+        ) as bar:
+            for _, rows in batches:
+                n = len(next(iter(rows.values())))
+                written += len(client.extend(table, nest_rows(rows, n)))
+                bar.update(n)
+    except (OSError, pa.ArrowException) as err:
+        raise CommandError(f"cannot read Parquet: {err}; {written} rows were written") from None
+    except ServerError as err:
+        if isinstance(err, Unauthorized | Forbidden):
+            raise
+        raise CommandError(
+            f"{err} ({err.type}, HTTP {err.status}); {written} rows were written before it"
+        ) from None
     print(f"imported {written} rows into table {table!r} from {len(files)} file(s)")
+
+
+def column_map(pairs: list[str]) -> dict[str, str]:
+    """``--map FIELD=COLUMN`` pairs as ``{field: column}``."""
+    out = {}
+    for pair in pairs:
+        field, sep, column = pair.partition("=")
+        if not sep or not field or not column:
+            raise CommandError(f"--map takes FIELD=COLUMN, got {pair!r}", Exit.USAGE)
+        out[field] = column
+    return out
 
 
 COMMANDS = {

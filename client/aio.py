@@ -236,10 +236,34 @@ class AsyncReplayClient(ClientBase):
         *,
         path: str | None = None,
         dest: str | Path | None = None,
+        dataset_id: str | None = None,
+        env_spec: Any = None,
+        progress: bool | None = None,
     ) -> Any:
         """See :meth:`ReplayClient.export`."""
-        result = await self._run(self._calls.export(table, format, path))
-        return await asyncio.to_thread(dumps.exported, result, path, dest)
+        if format == "minari" or (path is None and dest is not None):
+            # streamed into a file (and converted) by the blocking twin, in a thread
+            return await asyncio.to_thread(
+                ReplayClient._from_settings(self.settings).export,
+                table,
+                format,
+                path=path,
+                dest=dest,
+                dataset_id=dataset_id,
+                env_spec=env_spec,
+                progress=progress,
+            )
+        return await self._run(self._calls.export(table, format, path))
+
+    async def import_parquet(self, table: str, source: str | Path, **kwargs: Any) -> int:
+        """See :meth:`ReplayClient.import_parquet` (run by the blocking twin, in a thread)."""
+        sync = ReplayClient._from_settings(self.settings)
+        return await asyncio.to_thread(sync.import_parquet, table, source, **kwargs)
+
+    async def import_dataset(self, table: str, dataset_id: str, **kwargs: Any) -> int:
+        """See :meth:`ReplayClient.import_dataset` (run by the blocking twin, in a thread)."""
+        sync = ReplayClient._from_settings(self.settings)
+        return await asyncio.to_thread(sync.import_dataset, table, dataset_id, **kwargs)
 
     # ---------------------------------------------------------------- views and helpers
     async def tensorclass(self, table: str) -> type:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..codec.archive import pack, unpack
+from . import datasets
 from .plans import Calls
 from .steps import Plan
 
@@ -23,17 +24,6 @@ T = TypeVar("T")
 #: bytes of files one archive may unpack to at most on the caller's side (what a server
 #: answers is what it dumped; the bound keeps a wrong answer from filling the disk)
 MAX_DUMP_BYTES = 1 << 40
-
-
-def exported(result: Any, path: str | None, dest: str | Path | None) -> Any:
-    """What an export call returns: ``result`` as the plan gave it, or, streamed back with a
-    ``dest``, the file written there."""
-    if path is None and dest is not None:
-        if not isinstance(result, bytes):
-            raise ValueError("dest= takes one server's export; pass path= when sharded")
-        Path(dest).write_bytes(result)
-        return Path(dest)
-    return result
 
 
 def folders(path: Path, n: int) -> list[Path]:
@@ -123,16 +113,129 @@ class Persistence:
         *,
         path: str | None = None,
         dest: str | Path | None = None,
+        dataset_id: str | None = None,
+        env_spec: Any = None,
+        progress: bool | None = None,
     ) -> Any:
-        """Export ``table`` as Parquet or CSV.
+        """Export ``table`` as Parquet, CSV or a Minari dataset.
+
+        Parquet and CSV: written on the server with ``path``; streamed into the
+        file ``dest`` here (written beside it and renamed at the end, so ``dest`` is
+        never half a file; the client holds one read buffer, not the file); with
+        neither, returned as bytes.
+
+        Minari (``format="minari"``, ``dataset_id="namespace/name-v0"``): the
+        dataset ``minari.load_dataset(dataset_id)`` opens with ``MINARI_DATASETS_PATH``
+        set to the datasets root ``dest`` (default: Minari's own root), written here
+        from a streamed Parquet export; with ``path``, the server writes it under that
+        datasets root inside its ``exports/``. Episodes come from the table's
+        trajectory key (``sampler.traj_key``, else ``collector.traj_ids``), else its
+        done flags (:mod:`tdreplay.codec.episodes`).
 
         Args:
-            format: ``"parquet"`` or ``"csv"``.
+            format: ``"parquet"``, ``"csv"`` or ``"minari"``.
             path: write it on the server, under its data root (returns that path).
-            dest: without ``path``: write the streamed file here (returns ``dest``);
-                with neither, returns the file's bytes.
+            dest: without ``path``: the file (Parquet, CSV) or datasets root (Minari)
+                here; returns the file or the dataset's folder.
+            dataset_id: Minari's dataset id.
+            env_spec: Minari: the environment's spec for the metadata (a gymnasium
+                ``EnvSpec``, its JSON, or a registered id such as ``"CartPole-v1"``).
+            progress: a progress bar on stderr (``None``: when it is a terminal).
+
+        Raises:
+            PathExists: the server's ``path``, or the Minari dataset, exists already.
+            SchemaError: Minari: the table lacks a key an episode needs, or no episode
+                boundary is found.
+            InvalidRequest: a malformed ``dataset_id`` or ``env_spec``.
         """
-        return exported(self._run(self._calls.export(table, format, path)), path, dest)
+        if format == datasets.MINARI:
+            return datasets.export_minari(
+                self,
+                table,
+                dataset_id=dataset_id,
+                path=path,
+                dest=dest,
+                env_spec=env_spec,
+                progress=progress,
+            )
+        if path is None and dest is not None:
+            return datasets.download(self, table, format, Path(dest), progress)
+        return self._run(self._calls.export(table, format, path))
+
+    def import_parquet(
+        self,
+        table: str,
+        source: str | Path,
+        *,
+        columns: dict[str, str] | None = None,
+        chunk: int = 4096,
+        progress: bool | None = None,
+    ) -> int:
+        """Extend ``table`` with the rows of a Parquet file, or of a folder of them, ``chunk``
+        rows per extend; returns the number of items written.
+
+        Any flat-column file: a tdreplay export reads back exactly; another tool's
+        file through ``columns``, ``{field: column}`` (a field not named reads the
+        column of its own dotted name), its values cast to the field's dtype.
+
+        Example:
+            >>> client.import_parquet("cartpole", "d4rl.parquet",           # doctest: +SKIP
+            ...     columns={"observation": "obs", "next.reward": "rewards"})
+
+        Raises:
+            SchemaError: before any row is written: a field without its column, a
+                column that is not numeric or a float one for an integer field, a
+                mapping naming no field; while reading: nulls or lists of another
+                length. The error names the column, the field and the file.
+            FileNotFoundError: no such file, or a folder without Parquet files.
+        """
+        return datasets.import_parquet(
+            self, table, source, columns=columns, chunk=chunk, progress=progress
+        )
+
+    def import_dataset(
+        self,
+        table: str,
+        dataset_id: str,
+        *,
+        format: str = "minari",
+        root: str | Path | None = None,
+        chunk: int = 4096,
+        trajectory_key: str | None = None,
+        progress: bool | None = None,
+    ) -> int:
+        """Extend ``table`` with every step of the Minari dataset ``dataset_id``, ``chunk``
+        rows per extend; returns the number of items written.
+
+        Each step becomes one row in TorchRL's TED layout: ``observation`` /
+        ``next.observation`` (the episode's observations but the last / but the first),
+        ``action``, ``next.reward``, ``next.terminated``, ``next.truncated``,
+        ``next.done``, the root flags (false), and the table's trajectory key
+        (``trajectory_key``, default ``sampler.traj_key``, else ``collector.traj_ids``)
+        set to the episode's id; a
+        field found in the episode's ``infos`` under its dotted key (as an export put
+        it there) is taken from there first. Values are cast to the field's dtype.
+
+        Args:
+            root: the datasets root; default: Minari's (``MINARI_DATASETS_PATH``).
+
+        Raises:
+            InvalidRequest: no such dataset under the root (the error lists those there).
+            SchemaError: a field of the table has no source in the dataset, or one with
+                another number of elements (the error names the field). Rows of earlier
+                chunks stay written.
+        """
+        if format != datasets.MINARI:
+            raise ValueError(f"import_dataset reads Minari datasets, not {format!r}")
+        return datasets.import_minari(
+            self,
+            table,
+            dataset_id,
+            root=root,
+            chunk=chunk,
+            trajectory_key=trajectory_key,
+            progress=progress,
+        )
 
     def dump(self, table: str, path: str | Path) -> Path:
         """Write ``table``'s whole state (rows, sampler and priorities, writer position,

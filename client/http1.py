@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import socket
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .commands import Request
@@ -23,6 +23,8 @@ from .commands import Request
 #: bytes a response head may take at most
 MAX_HEAD = 1 << 20
 _SCRATCH = 64 * 1024
+#: bytes read at a time into a request's sink (:attr:`Request.sink`)
+PIECE = 1 << 20
 
 
 class ResetBeforeAnswer(ConnectionError):
@@ -145,6 +147,11 @@ class Connection:
         answer = self._head()
         if not has_body(answer, req.method):
             out = memoryview(b"")
+        elif req.sink is not None and answer.status < 300:
+            self._pour(answer, req.sink)
+            out = memoryview(b"")
+            if answer.length is None and not answer.chunked:  # read to the end: closed
+                return answer.status, answer.headers, out, False
         elif answer.chunked:
             out = self._chunked()
         else:
@@ -250,6 +257,29 @@ class Connection:
             if not got:
                 raise ConnectionResetError("the server closed the connection mid-body")
             have += got
+
+    def _pour(self, head: Head, sink: Callable[[memoryview], None]) -> None:
+        """The body of ``head`` into ``sink``, at most :data:`PIECE` bytes at a time."""
+        if head.chunked:
+            for piece in self.chunks():
+                sink(memoryview(piece))
+            return
+        left = head.length
+        if self._n:
+            have = self._n if left is None else min(self._n, left)
+            sink(memoryview(bytes(self._scratch[:have])))
+            self._consume(have)
+            left = None if left is None else left - have
+        buf = memoryview(bytearray(PIECE))
+        while left is None or left > 0:
+            got = self.sock.recv_into(buf if left is None else buf[: min(PIECE, left)])
+            if not got:
+                if left is None:
+                    return
+                raise ConnectionResetError("the server closed the connection mid-body")
+            sink(buf[:got])
+            if left is not None:
+                left -= got
 
     def _line(self) -> bytes:
         while (eol := self._scratch.find(b"\r\n", 0, self._n)) < 0:

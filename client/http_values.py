@@ -18,6 +18,9 @@ from . import errors
 
 #: ``alloc(n)`` returns a writable buffer of exactly ``n`` bytes to receive a body into
 Alloc = Callable[[int], memoryview]
+#: ``sink(piece)`` takes a successful response's body piece by piece, as it arrives (a
+#: piece is valid only during the call: the buffer is reused)
+Sink = Callable[[memoryview], None]
 
 
 def fresh(n: int) -> memoryview:
@@ -43,6 +46,9 @@ class Request:
         idempotent: whether sending it twice is harmless (retries after the
             request may have reached the server are allowed only then).
         alloc: where a successful response's body goes.
+        sink: instead, where a successful response's body is poured, piece by piece
+            (bounded memory for bodies of any size: an export streamed to a file);
+            the response's ``body`` is then empty.
     """
 
     method: str
@@ -52,6 +58,7 @@ class Request:
     wait: float = 0.0
     idempotent: bool = True
     alloc: Alloc = fresh
+    sink: Sink | None = None
 
     @property
     def parts(self) -> tuple[bytes | memoryview, ...]:

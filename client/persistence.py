@@ -9,12 +9,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..codec import operations as ops
 from ..codec import protocol
 from .commands import Command, Request, Response, json_body, op_request
 from .merging import merge_infos
+from .sinks import FileSink
 from .steps import Call, Gather, Plan
 
 
@@ -84,27 +86,43 @@ class Load(Command[dict[str, Any]]):
 
 
 @dataclass
-class Export(Command["str | bytes"]):
-    """Export as Parquet or CSV: to a server-side ``path`` (returns it) or streamed back (bytes)."""
+class Export(Command["str | bytes | Path"]):
+    """Export as Parquet, CSV or (on the server, with ``path``) a Minari dataset: to a
+    server-side ``path`` (returns it), streamed into ``sink`` (returns its file), or
+    streamed back (bytes)."""
 
     op = ops.EXPORT
 
     table: str
     format: str = "parquet"
     path: str | None = None
+    dataset_id: str | None = None
+    env_spec: str | None = None
+    sink: FileSink | None = None
 
     def request(self) -> Request:
         payload: dict[str, Any] = {"format": self.format}
         if self.path is not None:
             payload["path"] = self.path
+        if self.dataset_id is not None:
+            payload["dataset_id"] = self.dataset_id
+        if self.env_spec is not None:
+            payload["env_spec"] = self.env_spec
         headers, body = json_body(payload)
-        return op_request(self, self.table, headers=headers, body=body)
+        req = op_request(self, self.table, headers=headers, body=body)
+        if self.sink is not None and self.path is None:
+            self.sink.start()  # every attempt writes the file from its start
+            req.sink = self.sink
+        return req
 
-    def parse(self, response: Response) -> str | bytes:
+    def parse(self, response: Response) -> str | bytes | Path:
         response.check()
         if self.path is not None:
             data = response.json()
             return str(data.get("path", self.path)) if isinstance(data, dict) else self.path
+        if self.sink is not None:
+            self.sink.close()
+            return self.sink.path
         return bytes(response.body)
 
 
@@ -149,10 +167,24 @@ class PersistencePlans:
         return merge_infos(results)
 
     def export(
-        self, table: str, format: str = "parquet", path: str | None = None
-    ) -> Plan[str | bytes | list[str | bytes]]:
+        self,
+        table: str,
+        format: str = "parquet",
+        path: str | None = None,
+        *,
+        dataset_id: str | None = None,
+        env_spec: str | None = None,
+        sink: FileSink | None = None,
+    ) -> Plan[str | bytes | Path | list[str | bytes | Path]]:
+        """Each server's export (one with ``sink``: it takes one file)."""
         paths: list[str | None] = [None] * self.n
         if path is not None:
             paths = list(self._paths(path))
-        results = yield Gather([Call(i, Export(table, format, p)) for i, p in enumerate(paths)])
+        if sink is not None and self.n > 1 and path is None:
+            raise ValueError("a streamed export takes one server's file; pass path= when sharded")
+        calls = [
+            Call(i, Export(table, format, p, dataset_id, env_spec, sink))
+            for i, p in enumerate(paths)
+        ]
+        results = yield Gather(calls)
         return results[0] if self.n == 1 else results

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError, model_
 
 from . import protocol
 from .errors import InvalidRequest
+from .minari_files import DATASET_ID_PATTERN
 
 #: largest batch a request may ask for (a table's capacity and the body limit bound it further)
 MAX_BATCH = 1 << 31
@@ -184,12 +185,24 @@ class PathBody(Params):
 
 
 class ExportBody(Params):
-    format: Literal["parquet", "csv"] = "parquet"
+    format: Literal["parquet", "csv", "minari"] = "parquet"
     path: str | None = Field(
         default=None,
         max_length=MAX_PATH,
         description="A new file relative to the data root, inside exports/, to write "
-        "(409 if it exists); omitted: the file is streamed back.",
+        "(409 if it exists); omitted: the file is streamed back. Minari: the datasets "
+        "root (a folder inside exports/, made if new) the dataset goes under.",
+    )
+    dataset_id: str | None = Field(
+        default=None,
+        max_length=MAX_PATH,
+        pattern=DATASET_ID_PATTERN,
+        description="Minari: the dataset's id, namespace/name-v0 (409 if it exists).",
+    )
+    env_spec: str | None = Field(
+        default=None,
+        max_length=1 << 16,
+        description="Minari: the environment's spec for the metadata, as gymnasium's EnvSpec JSON.",
     )
 
 

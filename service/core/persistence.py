@@ -6,6 +6,7 @@ load through the caller, export. Paths a client names stay in the data root's ar
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 import uuid
@@ -17,11 +18,13 @@ from starlette.concurrency import run_in_threadpool
 from tdreplay.codec import protocol
 from tdreplay.codec.archive import pack as archive_pack
 from tdreplay.codec.archive import unpack as archive_unpack
+from tdreplay.codec.minari_files import write_minari
 from tdreplay.codec.operations import ExportBody, PathBody
 from tdreplay.storage import (
     CheckpointError,
     InvalidCheckpoint,
     InvalidRequest,
+    PathExists,
     Table,
     TableSpec,
     find_checkpoint,
@@ -31,6 +34,7 @@ from tdreplay.storage import (
 from .handle import TableHandle
 from .paths import (
     EXPORT_SCRATCH,
+    EXPORTS,
     TRANSFER_SCRATCH,
     checkpoint_target,
     confine_area,
@@ -85,6 +89,8 @@ class PersistenceOps(CorePart):
             InsufficientStorage: the disk is full (nothing is left behind).
         """
         handle = self.table(name)
+        if body.format == "minari":
+            return await self._export_minari(handle, name, body), False
         if body.path is not None:
             target, scratch = export_target(self.root, name, body.path), False
         else:
@@ -103,6 +109,57 @@ class PersistenceOps(CorePart):
             time.monotonic() - began,
         )
         return written, scratch
+
+    async def _export_minari(self, handle: TableHandle, name: str, body: ExportBody) -> Path:
+        """The table as a Minari dataset under the datasets root ``body.path`` (inside
+        ``exports/``): a Parquet export in scratch, converted (:mod:`tdreplay.codec.minari_files`).
+
+        Raises:
+            InvalidRequest: no ``path`` or ``dataset_id``, a path outside ``exports/``, or
+                a malformed ``env_spec``.
+            PathExists: the dataset exists already.
+            SchemaError: no episodes in the table (a key missing, no boundary found).
+        """
+        if body.path is None or body.dataset_id is None:
+            raise InvalidRequest(
+                f"table {name!r}: a Minari export is written on the server: give path "
+                "(a datasets root inside exports/) and dataset_id",
+                table=name,
+                field="path" if body.path is None else "dataset_id",
+            )
+        root = confine_area(self.root, EXPORTS, body.path)
+        folder = confine_area(self.root, EXPORTS, f"{body.path}/{body.dataset_id}")
+        if os.path.lexists(folder):
+            raise PathExists(
+                f"a dataset {body.dataset_id!r} exists under {body.path!r} already",
+                table=name,
+                field="dataset_id",
+                got=body.dataset_id,
+            )
+        scratch = self.root / EXPORT_SCRATCH / f"{name}-{uuid.uuid4().hex}.parquet"
+        began = time.monotonic()
+        try:
+            with handle.use() as table:
+                await handle.call(lambda: table.export(scratch, format="parquet"))
+            written = await run_in_threadpool(
+                write_minari, scratch, root, body.dataset_id, env_spec=body.env_spec
+            )
+        except ImportError as err:  # the [datasets] extra is not installed here
+            raise InvalidRequest(
+                f"table {name!r}: this server cannot write Minari datasets: {err}",
+                table=name,
+                field="format",
+            ) from None
+        finally:
+            scratch.unlink(missing_ok=True)
+        log.info(
+            "table %r exported as the Minari dataset %r to %s in %.2f s",
+            name,
+            body.dataset_id,
+            relative(self.root, written),
+            time.monotonic() - began,
+        )
+        return written
 
     async def dump(self, name: str) -> Path:
         """A fresh checkpoint of a table as one archive (:mod:`tdreplay.codec.archive`), for

@@ -68,20 +68,22 @@ async def restore(name: TableName, core: CoreDep, body: PathBody | None = None) 
     response_model=None,
     responses={
         200: {
-            "description": "With a path: {'path': ...}. Without: the file.",
+            "description": "With a path: {'path': ...} (Minari: the dataset's folder). "
+            "Without: the file.",
             "content": {
                 protocol.JSON: {"schema": PathResult.model_json_schema()},
                 protocol.PARQUET: {"schema": {"type": "string", "format": "binary"}},
                 protocol.CSV: {"schema": {"type": "string"}},
             },
         },
-        **error_responses(TableNotFound, PathExists, BackendError),
+        **error_responses(TableNotFound, PathExists, BackendError, SchemaError),
     },
 )
 async def export(
     name: TableName, core: CoreDep, body: ExportBody | None = None
 ) -> JSONResponse | FileResponse:
-    """Export the live items, oldest first, as Parquet or CSV: written under the data root, or sent back."""
+    """Export the live items, oldest first, as Parquet or CSV: written under the data root, or sent back;
+    or as a Minari dataset (format minari, dataset_id), written under the datasets root path."""
     body = body or ExportBody()
     path, scratch = await core.export(name, body)
     if not scratch:

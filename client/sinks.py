@@ -1,0 +1,78 @@
+"""Where a streamed answer goes: :class:`FileSink` writes a body into a file as it arrives
+(:attr:`~tdreplay.client.commands.Request.sink`), so an export of any size costs the
+client one read buffer, not the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from tqdm import tqdm
+
+
+class FileSink:
+    """A body written into ``path``, piece by piece; :meth:`start` begins it anew (each
+    attempt of a retried request does), :meth:`close` ends it.
+
+    Args:
+        path: the file (created or truncated).
+        bar: a tqdm bar counting the bytes (reset on every start), if any.
+    """
+
+    def __init__(self, path: Path, bar: Any = None) -> None:
+        self.path = path
+        self.bar = bar
+        self.nbytes = 0
+        self._file: BinaryIO | None = None
+
+    def start(self) -> None:
+        self.close()
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close(), after the body
+        self.nbytes = 0
+        if self.bar is not None:
+            self.bar.reset()
+
+    def __call__(self, piece: memoryview) -> None:
+        assert self._file is not None, "FileSink written before start()"
+        self._file.write(piece)
+        self.nbytes += len(piece)
+        if self.bar is not None:
+            self.bar.update(len(piece))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+@contextlib.contextmanager
+def aside(dest: Path, *, progress: bool | None = None, desc: str = "") -> Iterator[FileSink]:
+    """A :class:`FileSink` on a hidden file next to ``dest`` (its folder made), deleted when
+    the block ends: move it into place inside the block (:func:`os.replace`) to keep it.
+
+    Args:
+        dest: where the file's content is going.
+        progress: a bar of the bytes received (``None``: when stderr is a terminal).
+        desc: the bar's label.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    disable = not progress if progress is not None else not _tty()
+    with tqdm(desc=desc, unit="B", unit_scale=True, disable=disable) as bar:
+        sink = FileSink(tmp, bar)
+        try:
+            yield sink
+        finally:
+            sink.close()
+            tmp.unlink(missing_ok=True)
+
+
+def _tty() -> bool:
+    import sys
+
+    return sys.stderr.isatty()

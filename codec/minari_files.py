@@ -1,0 +1,362 @@
+"""Minari datasets out of a Parquet export, and rows out of a Minari dataset.
+
+:func:`write_minari` turns a Parquet file in tdreplay's export layout
+(:mod:`tdreplay.storage.export`: one column per field, the table's spec in
+the schema metadata) into a Minari dataset, episode by episode
+(:mod:`tdreplay.codec.episodes` cuts them), through Minari's own writer
+(``MinariStorage.new`` / ``update_metadata`` / ``update_episodes``, what
+``minari.create_dataset_from_buffers`` calls) given the dataset's folder, so
+nothing depends on ``MINARI_DATASETS_PATH`` being set in this process. The
+dataset is written beside its final place and renamed into it: an export that
+fails leaves no dataset behind. Memory holds one chunk of rows and the
+episodes still open.
+
+The spaces are the table's: a ``Box`` per field (``MultiBinary`` for bool, a
+``Dict`` for subtrees; bfloat16 is written as float32), stored losslessly (no
+JPEG). The metadata holds ``tdreplay_version``, ``tdreplay_table`` and the
+table's spec as JSON (``tdreplay_schema``), and the environment's spec when
+one is given. :func:`read_minari` reads any Minari dataset back as rows for a
+table's fields (:func:`tdreplay.codec.episodes.episode_rows`).
+
+Minari is an optional dependency: ``pip install "tdreplay[datasets]"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from tqdm import tqdm
+
+from .episodes import EpisodeLayout, EpisodeSplitter, episode_rows
+from .errors import InvalidRequest, PathExists, SchemaError
+from .from_arrow import to_leaves
+
+__all__ = [
+    "DATASET_ID_PATTERN",
+    "dataset_folder",
+    "default_root",
+    "env_spec_json",
+    "read_minari",
+    "write_minari",
+]
+
+#: ``namespace/name-v0``: folders of ASCII letters, digits, ``_ . -`` (none starting with a
+#: dot), ending in a version, as ``minari.load_dataset`` takes it
+DATASET_ID_PATTERN = r"^([A-Za-z0-9_][A-Za-z0-9_.-]*/)*[A-Za-z0-9_][A-Za-z0-9_.-]*-v[0-9]+$"
+#: rows read from the Parquet file at a time
+CHUNK_ROWS = 4096
+#: episodes handed to Minari's writer at a time
+EPISODES_PER_WRITE = 64
+
+
+def _minari() -> Any:
+    try:
+        import minari
+    except ImportError:
+        raise ImportError('Minari datasets need minari: pip install "tdreplay[datasets]"') from None
+    return minari
+
+
+def dataset_folder(root: str | Path, dataset_id: str) -> Path:
+    """Where the dataset ``dataset_id`` lives under the datasets root ``root``.
+
+    Raises:
+        InvalidRequest: ``dataset_id`` is not ``[namespace/]name-vN``.
+    """
+    if not isinstance(dataset_id, str) or not re.fullmatch(DATASET_ID_PATTERN, dataset_id):
+        raise InvalidRequest(
+            f"dataset id {dataset_id!r} is not of the form namespace/name-v0",
+            field="dataset_id",
+            expected="[namespace/]name-vN",
+            got=str(dataset_id)[:80],
+        )
+    return Path(root) / dataset_id
+
+
+def default_root() -> Path:
+    """Minari's datasets root: ``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``."""
+    _minari()
+    from minari.storage import get_dataset_path
+
+    return Path(get_dataset_path())
+
+
+def env_spec_json(env_spec: Any) -> str | None:
+    """The JSON of an environment's spec (a gymnasium ``EnvSpec``, its JSON, or a registered
+    id), as a request carries it; ``None`` for none.
+
+    Raises:
+        InvalidRequest: it is none of these.
+    """
+    spec = _env_spec(env_spec)
+    return None if spec is None else str(spec.to_json())
+
+
+def _version() -> str:
+    try:
+        return metadata.version("tdreplay")
+    except metadata.PackageNotFoundError:  # a source tree not installed
+        return "unknown"
+
+
+def _env_spec(env_spec: Any) -> Any:
+    """A gymnasium ``EnvSpec`` from one, its JSON, or a registered environment id."""
+    if env_spec is None:
+        return None
+    from gymnasium.envs.registration import EnvSpec, spec
+
+    if isinstance(env_spec, EnvSpec):
+        return env_spec
+    text = str(env_spec)
+    try:
+        if text.lstrip().startswith("{"):
+            return EnvSpec.from_json(text)
+        if ":" in text:  # "module:Env-v0" imports the module: never for a name from a request
+            raise ValueError("a module-qualified id; give the spec as JSON")
+        return spec(text)
+    except Exception as err:
+        raise InvalidRequest(
+            f"env_spec {text[:80]!r} is neither an EnvSpec's JSON nor a registered "
+            f"environment id: {err}",
+            field="env_spec",
+            got=text[:80],
+        ) from None
+
+
+def _space(fields: Mapping[str, Any], keys: list[str], top: str) -> Any:
+    from gymnasium import spaces
+
+    def leaf(f: Mapping[str, Any]) -> Any:
+        shape = tuple(f.get("shape") or [])
+        name = "float32" if f["dtype"] == "bfloat16" else str(f["dtype"])
+        dtype: Any = np.dtype(name)
+        if name == "bool":
+            return spaces.MultiBinary(list(shape) if shape else 1)
+        if name.startswith(("int", "uint")):
+            info = np.iinfo(dtype)
+            return spaces.Box(info.min, info.max, shape, dtype=dtype)
+        return spaces.Box(-np.inf, np.inf, shape, dtype=dtype)
+
+    if keys == [top]:
+        return leaf(fields[top])
+    tree: dict[str, Any] = {}
+    for key in keys:
+        parts = key.split(".")[1:]
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = leaf(fields[key])
+
+    def build(node: dict[str, Any]) -> Any:
+        return spaces.Dict({k: build(v) if isinstance(v, dict) else v for k, v in node.items()})
+
+    return build(tree)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def _rows(pf: pq.ParquetFile, batch: int) -> Iterator[dict[str, np.ndarray]]:
+    for rb in pf.iter_batches(batch_size=batch):
+        yield {".".join(k): _numpy(v) for k, v in to_leaves(rb).items()}
+
+
+def _parquet_spec(pf: pq.ParquetFile, path: Path) -> dict[str, Any]:
+    raw = (pf.schema_arrow.metadata or {}).get(b"tdreplay.spec")
+    if raw is None:
+        raise SchemaError(
+            f"{str(path)!r} is not a tdreplay export (no tdreplay.spec in its metadata)",
+            field="tdreplay.spec",
+        )
+    return json.loads(raw)
+
+
+def write_minari(
+    parquet: str | Path,
+    root: str | Path,
+    dataset_id: str,
+    *,
+    env_spec: Any = None,
+    trajectory_key: str | None = None,
+    data_format: str = "hdf5",
+    description: str | None = None,
+    progress: bool | None = False,
+) -> Path:
+    """Write the rows of a tdreplay Parquet export as the Minari dataset ``dataset_id``.
+
+    Args:
+        parquet: a file :func:`tdreplay.storage.export` wrote (any tdreplay export).
+        root: the datasets root (what ``MINARI_DATASETS_PATH`` names); the dataset goes
+            to ``root/dataset_id``.
+        dataset_id: ``namespace/name-v0``.
+        env_spec: the environment's spec, stored in the metadata: a gymnasium
+            ``EnvSpec``, its JSON, or a registered id (``"CartPole-v1"``).
+        trajectory_key: the field of trajectory ids; default: the table's
+            (``sampler.traj_key``, else ``collector.traj_ids``), else the done flags
+            cut episodes.
+        data_format: Minari's ``"hdf5"`` or ``"arrow"``.
+        description: the dataset's description.
+        progress: a progress bar over the rows (``None``: when stderr is a terminal).
+
+    Returns:
+        The dataset's folder.
+
+    Raises:
+        InvalidRequest: the dataset id or env spec is malformed.
+        PathExists: a dataset is there already.
+        SchemaError: the file is not a tdreplay export, the table lacks a key an
+            episode needs, or no episode boundary is found (see
+            :class:`~tdreplay.codec.episodes.EpisodeLayout`).
+    """
+    minari = _minari()
+    from minari.data_collector import EpisodeBuffer
+    from minari.dataset.minari_storage import MinariStorage
+
+    parquet = Path(parquet)
+    final = dataset_folder(root, dataset_id)
+    if os.path.lexists(final):
+        raise PathExists(
+            f"a dataset {dataset_id!r} exists under {str(root)!r} already (choose another "
+            "id or version)",
+            field="dataset_id",
+            got=dataset_id,
+        )
+    env = _env_spec(env_spec)
+    with pq.ParquetFile(parquet) as pf:
+        spec = _parquet_spec(pf, parquet)
+        layout = EpisodeLayout.of(spec, trajectory_key)
+        fields = spec["fields"]
+        final.parent.mkdir(parents=True, exist_ok=True)
+        aside = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            aside.mkdir()
+            storage = MinariStorage.new(
+                aside / "data",
+                observation_space=_space(fields, layout.observation, "observation"),
+                action_space=_space(fields, layout.action, "action"),
+                env_spec=env,
+                data_format=data_format,
+                jpeg_encoding=False,
+            )
+            storage.update_metadata(
+                {
+                    "dataset_id": dataset_id,
+                    "minari_version": minari.__version__,
+                    "tdreplay_version": _version(),
+                    "tdreplay_table": str(spec.get("name", "")),
+                    "tdreplay_schema": json.dumps(spec),
+                    **({"description": description} if description else {}),
+                }
+            )
+            splitter = EpisodeSplitter(layout)
+            pending: list[Any] = []
+
+            def flush(episodes: list[Any]) -> None:
+                pending.extend(
+                    EpisodeBuffer(
+                        observations=e.observations,
+                        actions=e.actions,
+                        rewards=e.rewards,
+                        terminations=e.terminations,
+                        truncations=e.truncations,
+                        infos=e.infos,
+                    )
+                    for e in episodes
+                )
+                if len(pending) >= EPISODES_PER_WRITE:
+                    storage.update_episodes(pending)
+                    pending.clear()
+
+            total = pf.metadata.num_rows
+            show = progress if progress is not None else _tty()
+            with tqdm(
+                total=total, desc=f"minari {dataset_id}", unit="rows", disable=not show
+            ) as bar:
+                for rows in _rows(pf, CHUNK_ROWS):
+                    flush(splitter.feed(rows))
+                    bar.update(len(next(iter(rows.values()))))
+                flush(splitter.finish())
+            if pending:
+                storage.update_episodes(pending)
+            os.rename(aside, final)
+        except BaseException:
+            shutil.rmtree(aside, ignore_errors=True)
+            raise
+    return final
+
+
+def _tty() -> bool:
+    import sys
+
+    return sys.stderr.isatty()
+
+
+def read_minari(
+    root: str | Path | None,
+    dataset_id: str,
+    fields: Mapping[str, Any],
+    *,
+    trajectory_key: str | None = None,
+    chunk: int = CHUNK_ROWS,
+) -> tuple[int, Iterator[dict[str, np.ndarray]]]:
+    """The rows of the Minari dataset ``dataset_id`` for a table with ``fields``.
+
+    Args:
+        root: the datasets root; ``None``: Minari's (``MINARI_DATASETS_PATH``, else
+            ``~/.minari/datasets``).
+        dataset_id: the dataset's id.
+        fields: the table's ``{dotted key: {"shape", "dtype"}}``.
+        trajectory_key: a field to fill with each episode's id (when no info fills it).
+        chunk: rows per chunk (episodes are cut across chunks where needed).
+
+    Returns:
+        The dataset's total steps, and an iterator of ``{dotted key: array}`` chunks.
+
+    Raises:
+        InvalidRequest: no such dataset under ``root`` (the error lists those there).
+        SchemaError: (while iterating) see :func:`~tdreplay.codec.episodes.episode_rows`.
+    """
+    _minari()
+    from minari import MinariDataset
+
+    root = default_root() if root is None else root
+    folder = dataset_folder(root, dataset_id)
+    if not (folder / "data").is_dir():
+        there = sorted(
+            str(p.parent.relative_to(root)) for p in Path(root).rglob("data") if p.is_dir()
+        )
+        raise InvalidRequest(
+            f"no Minari dataset {dataset_id!r} under {str(root)!r} (there: "
+            f"{', '.join(there) or 'none'})",
+            field="dataset_id",
+            got=dataset_id,
+        )
+    dataset = MinariDataset(folder / "data")
+
+    def chunks() -> Iterator[dict[str, np.ndarray]]:
+        held: list[dict[str, np.ndarray]] = []
+        count = 0
+        for episode in dataset.iterate_episodes():
+            held.append(episode_rows(fields, episode, int(episode.id), trajectory_key))
+            count += len(episode.rewards)
+            while count >= chunk:
+                rows = {k: np.concatenate([h[k] for h in held]) for k in held[0]}
+                yield {k: v[:chunk] for k, v in rows.items()}
+                held = [{k: v[chunk:] for k, v in rows.items()}]
+                count -= chunk
+        if count:
+            yield {k: np.concatenate([h[k] for h in held]) for k in held[0]}
+
+    return int(dataset.total_steps), chunks()

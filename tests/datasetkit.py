@@ -1,0 +1,54 @@
+"""Episodes for the dataset tests: transitions in TorchRL's TED layout whose values say
+which episode and step they are, so boundaries and the T+1 observations can be checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+FIELDS: dict[str, Any] = {
+    "observation": {"shape": [3], "dtype": "float32"},
+    "action": {"shape": [2], "dtype": "int64"},
+    "done": {"shape": [1], "dtype": "bool"},
+    "next.observation": {"shape": [3], "dtype": "float32"},
+    "next.reward": {"shape": [1], "dtype": "float32"},
+    "next.done": {"shape": [1], "dtype": "bool"},
+    "next.terminated": {"shape": [1], "dtype": "bool"},
+    "next.truncated": {"shape": [1], "dtype": "bool"},
+    "traj": {"shape": [], "dtype": "int64"},
+}
+
+
+def transitions(lengths: list[int], *, truncate_last: bool = False, traj0: int = 0) -> TensorDict:
+    """Episodes of the given lengths, one after another; step t of episode e observes
+    ``[e, t, 0]`` and ends in ``[e, t + 1, 0]`` (so the T+1 observations are checkable)."""
+    obs, nxt, reward, term, trunc, traj = [], [], [], [], [], []
+    for e, n in enumerate(lengths):
+        for t in range(n):
+            obs.append([e, t, 0.0])
+            nxt.append([e, t + 1, 0.0])
+            reward.append([10.0 * e + t])
+            last = t == n - 1
+            term.append([last and not (truncate_last and e == len(lengths) - 1)])
+            trunc.append([last and truncate_last and e == len(lengths) - 1])
+            traj.append(traj0 + e)
+    n = len(obs)
+    term_t, trunc_t = torch.tensor(term), torch.tensor(trunc)
+    return TensorDict(
+        {
+            "observation": torch.tensor(obs),
+            "action": torch.arange(2 * n).reshape(n, 2),
+            "done": torch.zeros(n, 1, dtype=torch.bool),
+            "next": {
+                "observation": torch.tensor(nxt),
+                "reward": torch.tensor(reward),
+                "done": term_t | trunc_t,
+                "terminated": term_t,
+                "truncated": trunc_t,
+            },
+            "traj": torch.tensor(traj),
+        },
+        [n],
+    )

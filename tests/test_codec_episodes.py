@@ -1,0 +1,143 @@
+"""Rows <-> episodes (tdreplay.codec.episodes) and Minari datasets from real Parquet exports
+(tdreplay.codec.minari_files), read back with minari itself."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import minari
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from datasetkit import FIELDS, transitions
+from tensordict import TensorDict
+
+from tdreplay.codec.episodes import EpisodeLayout, EpisodeSplitter
+from tdreplay.codec.errors import InvalidRequest, PathExists, SchemaError
+from tdreplay.codec.minari_files import read_minari, write_minari
+from tdreplay.storage import Table, TableSpec
+
+
+def table(tmp_path: Path, name: str, *, fields: dict | None = None, **extra: Any) -> Table:
+    spec = TableSpec.model_validate(
+        {
+            "name": name,
+            "capacity": 1000,
+            "backend": {"kind": "memory"},
+            "fields": fields or FIELDS,
+            **extra,
+        }
+    )
+    return Table.create(spec, root=tmp_path / "data")
+
+
+def flat(td: TensorDict) -> dict[str, np.ndarray]:
+    leaves = td.items(include_nested=True, leaves_only=True)
+    return {k if isinstance(k, str) else ".".join(k): v.numpy() for k, v in leaves}
+
+
+def test_layout_names_what_is_missing() -> None:
+    fields = {k: v for k, v in FIELDS.items() if k != "next.observation"}
+    with pytest.raises(SchemaError, match=r"missing keys for episodes: next\.observation") as e:
+        EpisodeLayout.of({"fields": fields})
+    assert e.value.field == "next.observation"
+    no_flags = {k: v for k, v in FIELDS.items() if not k.startswith(("next.d", "next.t"))}
+    no_flags.pop("traj")
+    with pytest.raises(SchemaError, match="no episode boundary"):
+        EpisodeLayout.of({"fields": no_flags})
+    with pytest.raises(SchemaError, match="'nope' is not a field"):
+        EpisodeLayout.of({"fields": FIELDS}, "nope")
+
+
+def test_done_flags_cut_episodes_across_chunks() -> None:
+    rows = flat(transitions([3, 5, 2, 4]))
+    splitter = EpisodeSplitter(EpisodeLayout.of({"fields": FIELDS}))
+    episodes = []
+    for lo in range(0, 14, 4):  # chunks that cut episodes in the middle
+        episodes += splitter.feed({k: v[lo : lo + 4] for k, v in rows.items()})
+    episodes += splitter.finish()
+    assert [len(e.rewards) for e in episodes] == [3, 5, 2, 4]
+    second = episodes[1]
+    assert second.observations.shape == (6, 3)  # T + 1
+    assert second.observations[:, 1].tolist() == [0, 1, 2, 3, 4, 5]
+    assert second.rewards.tolist() == [10, 11, 12, 13, 14]
+    assert second.terminations.tolist() == [False] * 4 + [True]
+    assert not second.truncations.any()
+    assert second.infos["traj"].tolist() == [1] * 5
+
+
+def test_no_boundary_found_in_the_rows() -> None:
+    rows = flat(transitions([4]))
+    for key in ("next.done", "next.terminated"):
+        rows[key][:] = False
+    splitter = EpisodeSplitter(EpisodeLayout.of({"fields": FIELDS}))
+    assert splitter.feed(rows) == []
+    with pytest.raises(SchemaError, match="no episode boundary found in 4 rows"):
+        splitter.finish()
+
+
+def test_trajectory_key_joins_interleaved_rows() -> None:
+    a, b = flat(transitions([4], traj0=7)), flat(transitions([3], traj0=9))
+    for key in ("next.done", "next.terminated"):  # only the trajectory ids tell them apart
+        a[key][:], b[key][:] = False, False
+    order = [("a", 0), ("a", 1), ("b", 0), ("a", 2), ("b", 1), ("b", 2), ("a", 3)]
+    src = {"a": a, "b": b}
+    rows = {k: np.stack([src[s][k][i] for s, i in order]) for k in a}
+    splitter = EpisodeSplitter(EpisodeLayout.of({"fields": FIELDS}, "traj"))
+    assert splitter.feed(rows) == []
+    first, second = splitter.finish()
+    assert first.infos["traj"].tolist() == [7] * 4 and second.infos["traj"].tolist() == [9] * 3
+    assert first.observations[:, 1].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_minari_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = table(tmp_path, "src")
+    source.extend(transitions([3, 5, 2, 4], truncate_last=True))
+    parquet = source.export(tmp_path / "src.parquet")
+    root = tmp_path / "datasets"
+    out = write_minari(parquet, root, "tdreplay/src-v0", env_spec="CartPole-v1")
+    assert out == root / "tdreplay" / "src-v0"
+    assert [p.name for p in out.parent.iterdir()] == ["src-v0"]  # nothing left aside
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
+    ds = minari.load_dataset("tdreplay/src-v0")
+    assert (ds.total_episodes, ds.total_steps) == (4, 14)
+    assert ds.env_spec.id == "CartPole-v1"
+    meta = ds.storage.metadata
+    assert meta["tdreplay_table"] == "src" and meta["tdreplay_version"]
+    assert '"next.reward"' in meta["tdreplay_schema"]
+    last = ds[3]
+    assert last.observations.shape == (5, 3) and last.actions.shape == (4, 2)
+    assert last.truncations.tolist() == [False] * 3 + [True]
+    assert not last.terminations.any()
+
+    copy = table(tmp_path, "copy")
+    fields = {k: f.model_dump() for k, f in copy.spec.fields.items()}
+    total, chunks = read_minari(root, "tdreplay/src-v0", fields, chunk=5)
+    assert total == 14
+    for rows in chunks:
+        leaves = {tuple(k.split(".")): torch.from_numpy(v) for k, v in rows.items()}
+        copy.extend(TensorDict(leaves, [len(rows["traj"])]))
+    again = copy.export(tmp_path / "copy.parquet")
+    assert pq.read_table(again).to_pydict() == pq.read_table(parquet).to_pydict()  # every field
+
+    with pytest.raises(PathExists):
+        write_minari(parquet, root, "tdreplay/src-v0")
+    with pytest.raises(InvalidRequest, match="namespace/name-v0"):
+        write_minari(parquet, root, "../escape")
+    with pytest.raises(InvalidRequest, match=r"no Minari dataset 'tdreplay/nope-v0'.*src-v0"):
+        read_minari(root, "tdreplay/nope-v0", fields)
+    assert os.listdir(root / "tdreplay") == ["src-v0"]
+
+
+def test_torchrl_collector_ids_are_the_trajectory_key_by_default() -> None:
+    cartpole = TableSpec.from_file(
+        Path(__file__).parents[1] / "schemas" / "cartpole.yaml"
+    ).model_dump(mode="json")
+    assert EpisodeLayout.of(cartpole).trajectory == "collector.traj_ids"
+    slices = {**cartpole, "sampler": {"kind": "slice", "slice_len": 2, "traj_key": "done"}}
+    assert EpisodeLayout.of(slices).trajectory == "done"  # the sampler's names it first
+    assert EpisodeLayout.of({"fields": FIELDS}).trajectory is None  # "traj" is just a field
+    assert EpisodeLayout.of({"fields": FIELDS}, "traj").trajectory == "traj"
