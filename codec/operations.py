@@ -31,7 +31,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Json,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from . import protocol
 from .errors import InvalidRequest
@@ -91,6 +99,8 @@ class ExtendParams(Params):
 
 
 Priority = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+#: a table's name as a parameter names it (as long as a route's ``{name}`` may be)
+TableKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
 class InsertParams(Params):
@@ -98,7 +108,7 @@ class InsertParams(Params):
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
-    into: Json[dict[str, Priority | None]] = Field(
+    into: Json[dict[TableKey, Priority | None]] = Field(
         description="The tables, as a JSON object: table name -> the new items' initial "
         "priority there (prioritized tables; null: the sampler's default). Each table's "
         "insert is atomic; a table missing or refusing the rows stops them all before any "

@@ -97,6 +97,8 @@ def test_an_insert_names_one_to_sixteen_tables(server: Any) -> None:
         client.extend({}, rows(0, 1))
     status, (answer, _) = _post(server, {f"t{i}": None for i in range(17)}, rows(0, 1), "x")
     assert status == 400 and answer["field"] == "into"
+    status, (answer, _) = _post(server, {"n" * 65: None}, rows(0, 1), "y")  # as a route's name
+    assert status == 400 and answer["field"].startswith("into.") and "64" in answer["detail"]
 
 
 def test_the_torchrl_adapter_writes_its_also_tables_in_the_same_request(server: Any) -> None:
