@@ -26,28 +26,19 @@ medians over rounds, ratios the median of per-round ratios.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from common import (
     Case,
-    Worker,
     entry,
-    free_port,
-    machine,
     median_of,
+    one_server_rounds,
     paired_ratio,
     print_entries,
-    run_rounds,
-    schemas,
     serve_worker,
-    stop,
-    wait_up,
     write_json,
 )
 
@@ -108,43 +99,18 @@ def main(argv: list[str] | None = None) -> int:
     transports = [t for t in args.transports.split(",") if t]
 
     t_start = time.perf_counter()
-    info = machine()
-    info["loadavg_start"] = info.pop("loadavg")
-    procs: list[subprocess.Popen] = []
-    with tempfile.TemporaryDirectory(prefix="tdreplay-adapter-bench-") as tmp:
-        work = Path(tmp)
-        fields = schemas(work / "schemas")
-        try:
-            port = free_port()
-            server = subprocess.Popen(
-                [sys.executable, "-m", "tdreplay.service", "serve", "--schema", str(work / "schemas"),
-                 "--root", str(work / "data"), "--port", str(port), "--torch-threads", "1",
-                 "--log-level", "warning"],
-            )  # fmt: skip
-            procs.append(server)
-            url = f"http://127.0.0.1:{port}"
-            wait_up(f"{url}/readyz", server, "tdreplay server")
-            worker = Worker([sys.executable, str(Path(__file__).resolve()), "--worker"])
-            procs.append(worker.proc)
-            worker.ask({"op": "setup", "url": url, "fields": fields, "transports": transports})
-            print(
-                f"# tdreplay adapter bench ({'quick' if args.quick else 'full'}): {args.rounds} "
-                f"rounds of {args.seconds:g} s per case; {info['cores']} cores, {info['cpu']}",
-                flush=True,
-            )
-            groups = [
-                [f"{tr}: adapter {what}", f"{tr}: client {what}"]
-                for what in (f"sample b{SAMPLE}", f"extend b{EXTEND}")
-                for tr in transports
-            ] + [
-                [f"shm: client owned sample b{SAMPLE}", f"shm: client leased sample b{SAMPLE}"]
-                for tr in transports
-                if tr == "shm"
-            ]
-            runs = run_rounds(groups, lambda _case: worker, args.rounds, args.seconds)
-        finally:
-            stop(procs)
-    info["loadavg_end"] = list(os.getloadavg())
+    groups = [
+        [f"{tr}: adapter {what}", f"{tr}: client {what}"]
+        for what in (f"sample b{SAMPLE}", f"extend b{EXTEND}")
+        for tr in transports
+    ] + [
+        [f"shm: client owned sample b{SAMPLE}", f"shm: client leased sample b{SAMPLE}"]
+        for tr in transports
+        if tr == "shm"
+    ]
+    runs, info = one_server_rounds(
+        Path(__file__).resolve(), {"transports": transports}, groups, args, "tdreplay adapter bench"
+    )
     entries = []
     for what in (f"sample b{SAMPLE}", f"extend b{EXTEND}"):
         for tr in transports:

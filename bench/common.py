@@ -30,6 +30,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -389,3 +390,47 @@ def run_rounds(
 
 def median_of(runs: list[dict[str, float]], key: str = "items_per_s") -> float:
     return statistics.median(run[key] for run in runs)
+
+
+def one_server_rounds(
+    script: Path,
+    setup: dict[str, Any],
+    groups: list[list[str]],
+    args: Any,
+    title: str,
+) -> tuple[dict[str, list[dict[str, float]]], dict[str, Any]]:
+    """The rounds of a one-server, one-client benchmark: a server on the shipped schemas
+    (``python -m tdreplay.service serve``, one torch thread, memmap, a temporary root) and
+    ``script --worker`` as the client process, set up with the server's ``url``, the tables'
+    ``fields`` and ``setup``; every group of ``groups`` run ``args.rounds`` times for
+    ``args.seconds`` per case (``run_rounds``). Returns the runs and the machine's figures
+    (load average at the start and at the end)."""
+    info = machine()
+    info["loadavg_start"] = info.pop("loadavg")
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="tdreplay-bench-") as tmp:
+        work = Path(tmp)
+        fields = schemas(work / "schemas")
+        try:
+            port = free_port()
+            server = subprocess.Popen(
+                [sys.executable, "-m", "tdreplay.service", "serve", "--schema", str(work / "schemas"),
+                 "--root", str(work / "data"), "--port", str(port), "--torch-threads", "1",
+                 "--log-level", "warning"],
+            )  # fmt: skip
+            procs.append(server)
+            url = f"http://127.0.0.1:{port}"
+            wait_up(f"{url}/readyz", server, "tdreplay server")
+            worker = Worker([sys.executable, str(script), "--worker"])
+            procs.append(worker.proc)
+            worker.ask({"op": "setup", "url": url, "fields": fields, **setup})
+            print(
+                f"# {title} ({'quick' if args.quick else 'full'}): {args.rounds} rounds of "
+                f"{args.seconds:g} s per case; {info['cores']} cores, {info['cpu']}",
+                flush=True,
+            )
+            runs = run_rounds(groups, lambda _case: worker, args.rounds, args.seconds)
+        finally:
+            stop(procs)
+    info["loadavg_end"] = list(os.getloadavg())
+    return runs, info

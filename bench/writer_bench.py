@@ -31,29 +31,20 @@ Figures vary +-25% when other work shares the cores: compare ratios.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from common import (
     Case,
-    Worker,
     entry,
-    free_port,
-    machine,
     median_of,
+    one_server_rounds,
     paired_ratio,
     print_entries,
-    run_rounds,
-    schemas,
     serve_worker,
-    stop,
-    wait_up,
     write_json,
 )
 
@@ -110,39 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     transports = [t for t in args.transports.split(",") if t]
 
     t_start = time.perf_counter()
-    info = machine()
-    info["loadavg_start"] = info.pop("loadavg")
-    procs: list[subprocess.Popen] = []
-    with tempfile.TemporaryDirectory(prefix="tdreplay-writer-bench-") as tmp:
-        work = Path(tmp)
-        fields = schemas(work / "schemas")
-        try:
-            port = free_port()
-            server = subprocess.Popen(
-                [sys.executable, "-m", "tdreplay.service", "serve", "--schema", str(work / "schemas"),
-                 "--root", str(work / "data"), "--port", str(port), "--torch-threads", "1",
-                 "--log-level", "warning"],
-            )  # fmt: skip
-            procs.append(server)
-            url = f"http://127.0.0.1:{port}"
-            wait_up(f"{url}/readyz", server, "tdreplay server")
-            worker = Worker([sys.executable, str(Path(__file__).resolve()), "--worker"])
-            procs.append(worker.proc)
-            worker.ask({"op": "setup", "url": url, "fields": fields, "transports": transports})
-            print(
-                f"# tdreplay writer bench ({'quick' if args.quick else 'full'}): {args.rounds} "
-                f"rounds of {args.seconds:g} s per case; {info['cores']} cores, {info['cpu']}",
-                flush=True,
-            )
-            groups = [
-                [f"{tr}: {t} writer", f"{tr}: {t} extend b{CHUNK}"]
-                for t in TABLES
-                for tr in transports
-            ]
-            runs = run_rounds(groups, lambda _case: worker, args.rounds, args.seconds)
-        finally:
-            stop(procs)
-    info["loadavg_end"] = list(os.getloadavg())
+    groups = [
+        [f"{tr}: {t} writer", f"{tr}: {t} extend b{CHUNK}"] for t in TABLES for tr in transports
+    ]
+    runs, info = one_server_rounds(
+        Path(__file__).resolve(), {"transports": transports}, groups, args, "tdreplay writer bench"
+    )
     entries = []
     for t in TABLES:
         for tr in transports:

@@ -79,20 +79,24 @@ def _core(request: Request) -> Core:
     return request.app.state.core
 
 
+#: a write's X-Request-Id header, as the contract's models declare it
+RequestId = Annotated[
+    str | None,
+    Header(
+        alias=protocol.REQUEST_ID,
+        max_length=MAX_REQUEST_ID,
+        description=ExtendParams.model_fields["request_id"].description,
+    ),
+]
+
+
 # ------------------------------------------------------------------ extend
 async def extend(
     request: Request,
     name: TableName,
     core: CoreDep,
     timeout: Annotated[Seconds, Query()] = None,
-    request_id: Annotated[
-        str | None,
-        Header(
-            alias=protocol.REQUEST_ID,
-            max_length=MAX_REQUEST_ID,
-            description=ExtendParams.model_fields["request_id"].description,
-        ),
-    ] = None,
+    request_id: RequestId = None,
 ) -> Response:
     """Insert the rows of an Arrow IPC record batch (exactly the table's keys, shapes and dtypes).
 
@@ -139,14 +143,7 @@ async def insert(
     core: CoreDep,
     into: Annotated[str, Query(description=InsertParams.model_fields["into"].description)],
     timeout: Annotated[Seconds, Query()] = None,
-    request_id: Annotated[
-        str | None,
-        Header(
-            alias=protocol.REQUEST_ID,
-            max_length=MAX_REQUEST_ID,
-            description=InsertParams.model_fields["request_id"].description,
-        ),
-    ] = None,
+    request_id: RequestId = None,
 ) -> Response:
     """Insert the rows of an Arrow IPC record batch into several tables, each with its own
     initial priority (``into``: a JSON object, table -> priority or null).
