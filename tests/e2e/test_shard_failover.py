@@ -29,6 +29,10 @@ CAPACITY = 100_000  # never full here: nothing acknowledged is evicted
 FIELDS = {"id": {"shape": [], "dtype": "int64"}, "x": {"shape": [3], "dtype": "float32"}}
 
 
+#: seconds within which every client kind takes a restarted shard back
+REJOIN = 5.0
+
+
 def rows(ids: torch.Tensor) -> TensorDict:
     return TensorDict({"id": ids, "x": ids.float().unsqueeze(1).expand(-1, 3)}, [len(ids)])
 
@@ -209,9 +213,14 @@ def test_a_killed_shard_fails_over_and_every_kind_of_client_takes_it_back(
         assert status["up"], (kind, status)
         again = [at for at, shard in hits[kind] if shard == 1 and at > back_at]
         assert again, f"{kind}: the restarted server got no {kind[0][:-2]}s back"
-        assert again[0] - back_at < 3.0, f"{kind}: taken back only after {again[0] - back_at:.1f}s"
+        # promptly: within a few shard_refresh periods (0.2 s) and a writer's chunk, far below
+        # the calls' timeouts; the bound leaves room for the suite's 3 processes on 2 cores,
+        # where a writer once took 3.3 s under the load of the example trainings beside it
+        assert again[0] - back_at < REJOIN, (
+            f"{kind}: taken back only after {again[0] - back_at:.1f}s"
+        )
         blocked = max(end - max(began, back_at) for began, end in calls[kind])
-        assert blocked < 3.0, f"{kind}: a call still blocked {blocked:.1f}s after the restart"
+        assert blocked < REJOIN, f"{kind}: a call still blocked {blocked:.1f}s after the restart"
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception ignored" not in err, err[-2000:]
     stored = stored_ids(servers[0].url) + stored_ids(back.url) + stored_ids(servers[2].url)
