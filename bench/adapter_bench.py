@@ -25,9 +25,7 @@ medians over rounds, ratios the median of per-round ratios.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +33,8 @@ from common import (
     Case,
     entry,
     median_of,
-    one_server_rounds,
+    one_server_main,
     paired_ratio,
-    print_entries,
-    serve_worker,
-    write_json,
 )
 
 TABLE = "cartpole"
@@ -82,40 +77,26 @@ def make_cases(cfg: dict[str, Any]) -> dict[str, Case]:
     return cases
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="2 rounds of 0.5 s per case")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--seconds", type=float, default=1.5, help="per case and round")
-    p.add_argument("--transports", default="http,shm", help="comma-separated")
-    p.add_argument("--json", type=Path, help="also write the figures to this file")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.worker:
-        serve_worker(make_cases, {"side": "adapter"})
-        return 0
-    if args.quick:
-        args.rounds, args.seconds = 2, 0.5
-    transports = [t for t in args.transports.split(",") if t]
-
-    t_start = time.perf_counter()
-    groups = [
+def groups(transports: list[str]) -> list[list[str]]:
+    """The adapter and the client back to back; on shm the owned sample and the leased one."""
+    pairs = [
         [f"{tr}: adapter {what}", f"{tr}: client {what}"]
         for what in (f"sample b{SAMPLE}", f"extend b{EXTEND}")
         for tr in transports
-    ] + [
-        [f"shm: client owned sample b{SAMPLE}", f"shm: client leased sample b{SAMPLE}"]
-        for tr in transports
-        if tr == "shm"
     ]
-    runs, info = one_server_rounds(
-        Path(__file__).resolve(), {"transports": transports}, groups, args, "tdreplay adapter bench"
-    )
-    entries = []
+    if "shm" in transports:
+        pairs.append(
+            [f"shm: client owned sample b{SAMPLE}", f"shm: client leased sample b{SAMPLE}"]
+        )
+    return pairs
+
+
+def entries(runs: dict[str, list[dict[str, float]]], transports: list[str]) -> list[dict[str, Any]]:
+    figures = []
     for what in (f"sample b{SAMPLE}", f"extend b{EXTEND}"):
         for tr in transports:
             ours, base = runs[f"{tr}: adapter {what}"], runs[f"{tr}: client {what}"]
-            entries.append(
+            figures.append(
                 entry(
                     "adapter",
                     f"{TABLE} TDReplayBuffer {what} ({tr})",
@@ -127,12 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                     goal=GOAL,
                 )
             )
-    if "shm" in transports:
-        ours, base = (
-            runs[f"shm: client sample b{SAMPLE}"],
-            runs[f"shm: client leased sample b{SAMPLE}"],
-        )
-        entries.append(
+    if "shm" in transports:  # the pair run back to back, its own group
+        ours = runs[f"shm: client owned sample b{SAMPLE}"]
+        base = runs[f"shm: client leased sample b{SAMPLE}"]
+        figures.append(
             entry(
                 "adapter",
                 f"{TABLE} ReplayClient sample b{SAMPLE}, owned (shm)",
@@ -143,22 +122,12 @@ def main(argv: list[str] | None = None) -> int:
                 ratio=paired_ratio(ours, base),
             )
         )
-    print_entries(entries)
-    wall = time.perf_counter() - t_start
-    print(f"\n{wall:.0f}s")
-    if args.json:
-        write_json(
-            args.json,
-            "adapter",
-            entries,
-            machine=info,
-            quick=args.quick,
-            rounds=args.rounds,
-            seconds=args.seconds,
-            runs=runs,
-            wall_s=wall,
-        )
-    return 0
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    script = Path(__file__).resolve()
+    return one_server_main(argv, __doc__, "adapter", script, make_cases, groups, entries)
 
 
 if __name__ == "__main__":

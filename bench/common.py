@@ -21,6 +21,7 @@ Not named ``*_bench.py``: ``bench/run.py`` runs every file that is.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -434,3 +435,53 @@ def one_server_rounds(
             stop(procs)
     info["loadavg_end"] = list(os.getloadavg())
     return runs, info
+
+
+def one_server_main(
+    argv: list[str] | None,
+    doc: str | None,
+    name: str,
+    script: Path,
+    make_cases: Callable[[dict[str, Any]], dict[str, Case]],
+    groups: Callable[[list[str]], list[list[str]]],
+    entries: Callable[[dict[str, list[dict[str, float]]], list[str]], list[dict[str, Any]]],
+) -> int:
+    """The command line of a one-server, one-client benchmark (``script``): ``--quick``,
+    ``--rounds``, ``--seconds``, ``--transports``, ``--json``; the worker side when started
+    with ``--worker``. ``groups(transports)`` names the cases run back to back,
+    ``entries(runs, transports)`` makes the figures; they are printed, and written as JSON."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="2 rounds of 0.5 s per case")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--seconds", type=float, default=1.5, help="per case and round")
+    p.add_argument("--transports", default="http,shm", help="comma-separated")
+    p.add_argument("--json", type=Path, help="also write the figures to this file")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        serve_worker(make_cases, {"side": name})
+        return 0
+    if args.quick:
+        args.rounds, args.seconds = 2, 0.5
+    transports = [t for t in args.transports.split(",") if t]
+    t_start = time.perf_counter()
+    runs, info = one_server_rounds(
+        script, {"transports": transports}, groups(transports), args, f"tdreplay {name} bench"
+    )
+    figures = entries(runs, transports)
+    print_entries(figures)
+    wall = time.perf_counter() - t_start
+    print(f"\n{wall:.0f}s")
+    if args.json:
+        write_json(
+            args.json,
+            name,
+            figures,
+            machine=info,
+            quick=args.quick,
+            rounds=args.rounds,
+            seconds=args.seconds,
+            runs=runs,
+            wall_s=wall,
+        )
+    return 0

@@ -30,10 +30,8 @@ Figures vary +-25% when other work shares the cores: compare ratios.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +39,8 @@ from common import (
     Case,
     entry,
     median_of,
-    one_server_rounds,
+    one_server_main,
     paired_ratio,
-    print_entries,
-    serve_worker,
-    write_json,
 )
 
 CHUNK = 256
@@ -84,34 +79,19 @@ def make_cases(cfg: dict[str, Any]) -> dict[str, Case]:
 
 
 # ------------------------------------------------------------------ main side
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="2 rounds of 0.5 s per case")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--seconds", type=float, default=1.5, help="per case and round")
-    p.add_argument("--transports", default="http,shm", help="comma-separated")
-    p.add_argument("--json", type=Path, help="also write the figures to this file")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.worker:
-        serve_worker(make_cases, {"side": "writer"})
-        return 0
-    if args.quick:
-        args.rounds, args.seconds = 2, 0.5
-    transports = [t for t in args.transports.split(",") if t]
-
-    t_start = time.perf_counter()
-    groups = [
+def groups(transports: list[str]) -> list[list[str]]:
+    """Each table's writer and its batched extend back to back, per transport."""
+    return [
         [f"{tr}: {t} writer", f"{tr}: {t} extend b{CHUNK}"] for t in TABLES for tr in transports
     ]
-    runs, info = one_server_rounds(
-        Path(__file__).resolve(), {"transports": transports}, groups, args, "tdreplay writer bench"
-    )
-    entries = []
+
+
+def entries(runs: dict[str, list[dict[str, float]]], transports: list[str]) -> list[dict[str, Any]]:
+    figures = []
     for t in TABLES:
         for tr in transports:
             ours, base = runs[f"{tr}: {t} writer"], runs[f"{tr}: {t} extend b{CHUNK}"]
-            entries.append(
+            figures.append(
                 entry(
                     "writer",
                     f"{t} writer(chunk={CHUNK}), single steps ({tr})",
@@ -124,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             us = statistics.median(r["cpu"] / (r["items_per_s"] * r["wall"]) * 1e6 for r in ours)
             ub = statistics.median(r["cpu"] / (r["items_per_s"] * r["wall"]) * 1e6 for r in base)
-            entries.append(
+            figures.append(
                 entry(
                     "writer",
                     f"{t} writer(chunk={CHUNK}), client CPU per step ({tr})",
@@ -134,22 +114,12 @@ def main(argv: list[str] | None = None) -> int:
                     ub,
                 )
             )
-    print_entries(entries)
-    wall = time.perf_counter() - t_start
-    print(f"\n{wall:.0f}s")
-    if args.json:
-        write_json(
-            args.json,
-            "writer",
-            entries,
-            machine=info,
-            quick=args.quick,
-            rounds=args.rounds,
-            seconds=args.seconds,
-            runs=runs,
-            wall_s=wall,
-        )
-    return 0
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    script = Path(__file__).resolve()
+    return one_server_main(argv, __doc__, "writer", script, make_cases, groups, entries)
 
 
 if __name__ == "__main__":
