@@ -69,7 +69,7 @@ class TableOps(CorePart):
     async def _allocate(self, spec: TableSpec, *, replace: bool = False) -> Table:
         """A new, empty table of ``spec`` (admitted and reserved by the caller)."""
         s = self.settings
-        table = await run_in_threadpool(
+        return await run_in_threadpool(
             lambda: Table.create(
                 spec,
                 self.root,
@@ -79,8 +79,6 @@ class TableOps(CorePart):
                 preallocate=s.preallocate,
             )
         )
-        table.fsync = s.fsync == "always"
-        return table
 
     async def open(self, spec: TableSpec) -> TableHandle:
         """Admit ``spec`` and reopen its memmap table from disk (or create it; see ``Table.open``).
@@ -97,7 +95,6 @@ class TableOps(CorePart):
                     self.root,
                     seed=self.settings.seed,
                     redis=self.served.redis,
-                    fsync=self.settings.fsync == "always",
                     preallocate=self.settings.preallocate,
                 )
             )

@@ -168,7 +168,9 @@ class Served:
             settled.set()
 
     def install(self, table: Table) -> TableHandle:
-        """Serve ``table`` under its name (replacing the handle of that name, if any)."""
+        """Serve ``table`` under its name (replacing the handle of that name, if any), with the
+        server's ``--fsync`` whatever made it: a create, a reopen, a restore, a clear, a load."""
+        table.fsync = self.settings.fsync == "always"
         handle = TableHandle(table, self.settings, self._on_wait)
         self._tables[table.name] = handle
         return handle

@@ -121,3 +121,24 @@ def test_a_waiting_sample_counts_one_wait_however_often_it_is_woken(tmp_path: Pa
 def test_the_server_timeout_caps_the_callers(tmp_path: Path) -> None:
     core = Core(Settings(root=tmp_path, default_timeout=2.0, max_timeout=5.0))
     assert core.timeout(None) == 2.0 and core.timeout(1.0) == 1.0 and core.timeout(60) == 5.0
+
+
+def test_every_served_table_gets_the_servers_fsync(tmp_path: Path) -> None:
+    """``--fsync always`` holds for a table however it came to be served: created, cleared,
+    restored from a checkpoint (a restored table once kept the default, never)."""
+
+    async def main() -> None:
+        core = Core(Settings(root=tmp_path, torch_threads=0, fsync="always"))
+        try:
+            await core.create(TableSpec.model_validate(spec(sampler={"kind": "uniform"})))
+            assert core.table("t").table.fsync
+            await core.extend("t", columns(0, 4), ExtendParams())
+            await core.checkpoint("t", PathBody())
+            await core.clear("t")
+            assert core.table("t").table.fsync
+            await core.restore("t", PathBody())
+            assert core.table("t").table.size == 4 and core.table("t").table.fsync
+        finally:
+            await core.close()
+
+    run(main())
