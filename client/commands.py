@@ -172,6 +172,36 @@ class Clear(Command[dict[str, Any]]):
 
 
 # ------------------------------------------------------------------ data
+def rows_body(data: Any) -> tuple[memoryview, ...]:
+    """``data``'s rows as an Arrow IPC body, sent from the columns' own memory (uncopied).
+
+    Raises:
+        SchemaError: the rows cannot be encoded (a dtype Arrow has no type for, ...).
+    """
+    try:
+        return tuple(ENCODER.encode_parts(as_batch(data)))
+    except arrow.CodecError as err:
+        raise errors.SchemaError(str(err), field=err.field, type="CodecError") from None
+
+
+def write_request(
+    op: ops.Operation,
+    target: str,
+    body: tuple[memoryview, ...],
+    request_id: str,
+    wait: float | None,
+) -> Request:
+    """The request of a write of rows (extend, insert): idempotent by its request id."""
+    return Request(
+        op.method,
+        target,
+        {"Content-Type": protocol.ARROW_STREAM, protocol.REQUEST_ID: request_id},
+        body,
+        wait=wait or 0.0,
+        idempotent=op.idempotent,
+    )
+
+
 @dataclass
 class Extend(Command[torch.Tensor]):
     """Insert rows. Carries an ``X-Request-Id`` so that a retry after a lost answer is a no-op.
@@ -190,18 +220,9 @@ class Extend(Command[torch.Tensor]):
 
     def request(self) -> Request:
         if self._body is None:  # encoded once, reused by retries
-            try:  # the columns are sent from their own memory, not copied into a body
-                self._body = tuple(ENCODER.encode_parts(as_batch(self.data)))
-            except arrow.CodecError as err:
-                raise errors.SchemaError(str(err), field=err.field, type="CodecError") from None
-        return Request(
-            self.op.method,
-            op_target(self.op, self.table, timeout=self.wait),
-            {"Content-Type": protocol.ARROW_STREAM, protocol.REQUEST_ID: self.request_id},
-            self._body,
-            wait=self.wait or 0.0,
-            idempotent=self.op.idempotent,  # thanks to the request id
-        )
+            self._body = rows_body(self.data)
+        target = op_target(self.op, self.table, timeout=self.wait)
+        return write_request(self.op, target, self._body, self.request_id, self.wait)
 
     def parse(self, response: Response) -> torch.Tensor:
         data = response.check().json()
@@ -224,14 +245,10 @@ class Insert(Command[dict[str, torch.Tensor]]):
     _body: Any = field(default=None, repr=False)
 
     def request(self) -> Request:
-        if self._body is None:
-            self._body = Extend(next(iter(self.into)), self.data).request().body
+        if self._body is None:  # encoded once, reused by retries
+            self._body = rows_body(self.data)
         target = op_target(self.op, into=json.dumps(self.into), timeout=self.wait)
-        headers = {"Content-Type": protocol.ARROW_STREAM, protocol.REQUEST_ID: self.request_id}
-        return Request(
-            self.op.method, target, headers, self._body, wait=self.wait or 0.0,
-            idempotent=self.op.idempotent,
-        )  # fmt: skip
+        return write_request(self.op, target, self._body, self.request_id, self.wait)
 
     def parse(self, response: Response) -> dict[str, torch.Tensor]:
         data = response.check().json()

@@ -49,7 +49,7 @@ def test_the_same_rows_go_into_each_table_with_its_own_priority(server: Any) -> 
 
 
 def _post(server: Any, into: dict[str, Any], data: Any, request_id: str) -> tuple[int, Any]:
-    body = b"".join(bytes(p) for p in C.Extend("x", data).request().parts)
+    body = b"".join(bytes(p) for p in C.rows_body(data))
     status, headers, answer = server.request(
         "POST", f"/v1/insert?into={quote(json.dumps(into))}", body,
         {"Content-Type": protocol.ARROW_STREAM, protocol.REQUEST_ID: request_id},
