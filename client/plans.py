@@ -309,7 +309,7 @@ class Calls(PersistencePlans):
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
         priority = torch.as_tensor(priority).detach().reshape(-1).cpu()
         key = None if key is None else torch.as_tensor(key).reshape(-1).cpu()
-        ops.check_lengths(len(index), priority=len(priority), key=_len(key))
+        ops.check_lengths(index, priority=priority, key=key)
         if self.n == 1:
             updated: int = yield Call(0, C.UpdatePriority(table, index, priority, key))
             return updated
@@ -325,7 +325,7 @@ class Calls(PersistencePlans):
     def remove(self, table: str, index: Any, key: Any = None) -> Plan[int]:
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
         key = None if key is None else torch.as_tensor(key, dtype=torch.int64).reshape(-1).cpu()
-        ops.check_lengths(len(index), key=_len(key))
+        ops.check_lengths(index, key=key)
         calls = [
             Call(s, C.Remove(table, mine.tolist(), None if k is None else k.tolist()))
             for s, mine, (k,) in by_shard(index, self.n, key)
@@ -350,7 +350,3 @@ class Calls(PersistencePlans):
             [p["index"] * self.n + s for p, (s, _, _) in zip(parts, split, strict=True)]
         )
         return out[torch.argsort(torch.cat([c for _, _, (c,) in split]))]  # type: ignore[misc]
-
-
-def _len(values: torch.Tensor | None) -> int | None:
-    return None if values is None else len(values)

@@ -27,7 +27,7 @@ the field (:func:`parse`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sized
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -163,7 +163,7 @@ class PriorityUpdate(Params):
 
     @model_validator(mode="after")
     def _one_per_slot(self) -> PriorityUpdate:
-        check_lengths(len(self.index), priority=len(self.priority), key=_len(self.key))
+        check_lengths(self.index, priority=self.priority, key=self.key)
         return self
 
 
@@ -175,7 +175,7 @@ class RemoveParams(Params):
 
     @model_validator(mode="after")
     def _one_per_slot(self) -> RemoveParams:
-        check_lengths(len(self.index), key=_len(self.key))
+        check_lengths(self.index, key=self.key)
         return self
 
 
@@ -298,14 +298,20 @@ OPERATIONS: dict[str, Operation] = {
 
 
 def check_lengths(
-    slots: int, *, priority: int | None = None, key: int | None = None, table: str | None = None
+    index: Sized,
+    *,
+    priority: Sized | None = None,
+    key: Sized | None = None,
+    table: str | None = None,
 ) -> None:
     """The one rule of calls on sampled slots: a priority and a key per slot, when given.
 
     Raises:
         InvalidRequest: a length differs from the slots'; names the field.
     """
-    for name, n in (("priority", priority), ("key", key)):
+    slots = len(index)
+    for name, values in (("priority", priority), ("key", key)):
+        n = None if values is None else len(values)
         if n is not None and n != slots:
             what = "priorities" if name == "priority" else "keys"
             raise InvalidRequest(
@@ -315,10 +321,6 @@ def check_lengths(
                 expected=slots,
                 got=n,
             )
-
-
-def _len(values: list[int] | None) -> int | None:
-    return None if values is None else len(values)
 
 
 P = TypeVar("P", bound=BaseModel)

@@ -244,7 +244,7 @@ class Draws(TableBase):
         """
         index = torch.as_tensor(index).reshape(-1).to(torch.int64)
         priority = torch.as_tensor(priority).reshape(-1)
-        check_lengths(len(index), priority=len(priority), table=self.name)
+        check_lengths(index, priority=priority, table=self.name)
         key = self._keys_of(index, key)
         with self._cond:
             updated = self.sampler.update_priority(index, priority, key)
@@ -287,7 +287,7 @@ class Draws(TableBase):
                 expected="int64",
                 got=str(key.dtype).removeprefix("torch."),
             )
-        check_lengths(len(index), key=len(key), table=self.name)
+        check_lengths(index, key=key, table=self.name)
         return key.to(torch.int64)
 
     def remove(self, index: Any, *, key: Any = None) -> int:
