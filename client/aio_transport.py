@@ -273,10 +273,14 @@ class AsyncTransport:
         proto, reused = await self._take()
         try:
             return await self._roundtrip(proto, req)
-        except errors.ConnectionFailed:
+        except errors.ConnectionFailed as err:
             if not reused:
                 raise
-        return await self._roundtrip(await self._new(), req)
+            first = err  # a pooled connection: maybe closed while idle, maybe mid-call
+        try:
+            return await self._roundtrip(await self._new(), req)
+        except errors.TransportError as err:
+            raise errors.in_doubt(err, first) from None
 
     async def _roundtrip(self, proto: _Protocol, req: Request) -> Response:
         url, what = self.endpoint.url, f"{req.method} {req.target}"

@@ -100,6 +100,7 @@ __all__ = [
     "Unauthorized",
     "UnsupportedMediaType",
     "from_response",
+    "in_doubt",
 ]
 
 #: server error ``type`` -> class: the classes the storage raises and the server answers with
@@ -146,6 +147,20 @@ class ConnectionFailed(TransportError, ConnectionError):
     def __init__(self, message: str, *, url: str | None = None, sent: bool = False) -> None:
         super().__init__(message, url=url)
         self.sent = sent
+
+
+def in_doubt(err: TransportError, first: TransportError | None) -> TransportError:
+    """The error of a call whose second try failed with ``err`` after its first try failed
+    with ``first`` (a pooled connection that broke, or the shared-memory socket): if the
+    first may have carried the request to the server, so may the call have (``sent``),
+    whatever the second says - a sharded extend must then not go to another server: it may
+    be stored already."""
+    first_sent = isinstance(first, ConnectionFailed) and first.sent
+    if first_sent and isinstance(err, ConnectionFailed) and not err.sent:
+        return ConnectionFailed(
+            f"{err} (after a first try broke mid-call: {first})", url=err.url, sent=True
+        )
+    return err
 
 
 class Timeout(TransportError, TimeoutError):

@@ -9,7 +9,7 @@ goes over HTTP, and the next call asks the server anew where its socket is.
 and the drivers (:class:`~tdreplay.client.ReplayClient`,
 :class:`~tdreplay.client.AsyncReplayClient`) only perform them: block or
 await, sleep or ``asyncio.sleep``. The retry loop, the fallback and what a
-failed call may have done (:func:`~tdreplay.client.shm.in_doubt`) exist once.
+failed call may have done (:func:`~tdreplay.client.errors.in_doubt`) exist once.
 
     >>> from tdreplay.client.plans import ClientSettings
     >>> from tdreplay.client import commands as C
@@ -93,7 +93,7 @@ def transmit(call: Call, settings: ClientSettings, links: list[Any]) -> Generato
     try:
         return (yield from over_http(call, settings))
     except errors.TransportError as err:
-        raise shm.in_doubt(err, failed) from None
+        raise errors.in_doubt(err, failed) from None
 
 
 def over_http(call: Call, settings: ClientSettings) -> Generator[Wire, Any, Any]:

@@ -39,7 +39,6 @@ __all__ = [
     "ShmLink",
     "ShmUnavailable",
     "host_id",
-    "in_doubt",
     "open_link",
     "run",
     "usable",
@@ -157,23 +156,6 @@ def run(link: ShmLink, command: C.Command[Any], *, strict: bool = False) -> Any:
         assert isinstance(command, C.UpdatePriority)
         return chan.update_priority(command.table, command.payload())
     raise TypeError(f"the same-host transport does not carry {type(command).__name__}")
-
-
-def in_doubt(
-    err: errors.TransportError, over_shm: errors.TransportError | None
-) -> errors.TransportError:
-    """The error of a call whose HTTP try failed with ``err`` after its shared-memory try
-    failed with ``over_shm``: if the socket may have carried the request to the server, so
-    may the call have (``sent``), whatever the HTTP try says (a sharded extend must then
-    not go to another server: it may be stored already)."""
-    shm_sent = isinstance(over_shm, errors.ConnectionFailed) and over_shm.sent
-    if shm_sent and isinstance(err, errors.ConnectionFailed) and not err.sent:
-        return errors.ConnectionFailed(
-            f"{err} (after the shared-memory socket broke mid-call: {over_shm})",
-            url=err.url,
-            sent=True,
-        )
-    return err
 
 
 def open_link(

@@ -145,13 +145,16 @@ class Transport:
             ProtocolError: the answer is not valid HTTP.
         """
         conn, reused = self._take()
-        if reused:
-            try:
-                return self._roundtrip(conn, req, retry=True)
-            except _Stale:
-                pass
-            conn = self._new()
-        return self._roundtrip(conn, req, retry=False)
+        if not reused:
+            return self._roundtrip(conn, req, retry=False)
+        try:
+            return self._roundtrip(conn, req, retry=True)
+        except _Stale as stale:
+            first = stale.err  # the server may have read the request, then died
+        try:
+            return self._roundtrip(self._new(), req, retry=False)
+        except errors.TransportError as err:
+            raise errors.in_doubt(err, first) from None
 
     def head(self, req: Request) -> bytes:
         """``req``'s request line and headers, as sent."""
@@ -173,11 +176,12 @@ class Transport:
             ) from None
         except http1.ResetBeforeAnswer as err:
             conn.close()
-            if retry:
-                raise _Stale from None
-            raise errors.ConnectionFailed(
+            lost = errors.ConnectionFailed(
                 f"{what}: connection to {url} lost: {err}", url=url, sent=True
-            ) from None
+            )
+            if retry:
+                raise _Stale(lost) from None
+            raise lost from None
         except OSError as err:
             conn.close()
             raise errors.ConnectionFailed(
@@ -230,4 +234,10 @@ class Transport:
 
 
 class _Stale(Exception):
-    """A pooled connection the server had closed: send again on a fresh one."""
+    """A pooled connection that closed before any byte of the answer: most often one the
+    server had closed while idle, so the request is sent again on a fresh one; but the
+    server may also have read it and died (``err`` says it may have been sent)."""
+
+    def __init__(self, err: errors.ConnectionFailed) -> None:
+        super().__init__(str(err))
+        self.err = err
