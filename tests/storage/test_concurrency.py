@@ -17,14 +17,28 @@ SECONDS = 0.8
 BASE = 1_000_000
 
 
-def run_threads(targets: list[Callable[[], None]], seconds: float) -> list[BaseException]:
-    """Run every target in its own thread until ``seconds`` pass; return their errors."""
+#: seconds a run may go on past ``seconds`` until ``enough`` holds (a loaded machine)
+GRACE = 20.0
+
+
+def run_threads(
+    targets: list[Callable[[], None]],
+    seconds: float,
+    enough: Callable[[], bool] = lambda: True,
+) -> list[BaseException]:
+    """Run every target in its own thread until ``seconds`` pass and ``enough()`` holds (at
+    most ``GRACE`` seconds more: the interleavings under test need some calls of each
+    kind, however slow the machine); return their errors."""
     errors: list[BaseException] = []
-    stop = time.monotonic() + seconds
+    start = time.monotonic()
+
+    def going() -> bool:
+        spent = time.monotonic() - start
+        return spent < seconds or (spent < seconds + GRACE and not enough())
 
     def loop(fn: Callable[[], None]) -> None:
         try:
-            while time.monotonic() < stop:
+            while going():
                 fn()
         except BaseException as err:
             errors.append(err)
@@ -33,7 +47,7 @@ def run_threads(targets: list[Callable[[], None]], seconds: float) -> list[BaseE
     for t in threads:
         t.start()
     for t in threads:
-        t.join(seconds + 30)
+        t.join(seconds + GRACE + 30)
         assert not t.is_alive(), "a thread is stuck (deadlock?)"
     return errors
 
@@ -72,7 +86,11 @@ def test_overwrites_during_samples_never_tear_a_row(backend: dict, tables) -> No
 
         return step
 
-    errors = run_threads([writer(w) for w in range(3)] + [sampler(s) for s in range(3)], SECONDS)
+    errors = run_threads(
+        [writer(w) for w in range(3)] + [sampler(s) for s in range(3)],
+        SECONDS,
+        lambda: counters["extends"] > 10 and counters["samples"] > 10,
+    )
     assert not errors, errors[0]
     assert counters["extends"] > 10 and counters["samples"] > 10, counters
     final = table.read(table.live_index())
@@ -116,7 +134,11 @@ def test_fifo_with_many_producers_and_consumers_delivers_each_item_once(tables) 
 
         return step
 
-    errors = run_threads([producer(p) for p in range(3)] + [consumer(c) for c in range(3)], SECONDS)
+    errors = run_threads(
+        [producer(p) for p in range(3)] + [consumer(c) for c in range(3)],
+        SECONDS,
+        lambda: sum(len(c) for c in consumed) > 20,
+    )
     assert not errors, errors[0]
     left = table.read(table.live_index())["id"].tolist()
     everything = sorted([i for c in consumed for i in c] + left)
