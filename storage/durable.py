@@ -159,6 +159,7 @@ class DurableState:
         mapped = torch.from_file(str(path), shared=True, size=2 * _RECORD_BYTES, dtype=torch.uint8)
         self._mapped = mapped  # keeps the mapping alive
         self._record = mapped.numpy()
+        self._record_bytes = self._record.data  # written a record at a time, uncopied
 
     def _reserve_with_rows(self, mapped: dict[str, torch.Tensor]) -> None:
         """The column files join the rows' extents: reserved as far as the rows are now,
@@ -289,7 +290,7 @@ class DurableState:
         )
         start = (self._gen % 2) * _RECORD_BYTES
         record = body + zlib.crc32(body).to_bytes(8, "little")
-        self._record[start : start + _RECORD.size] = np.frombuffer(record, dtype=np.uint8)
+        self._record_bytes[start : start + _RECORD.size] = record
         if self.fsync:
             self.flush()
 

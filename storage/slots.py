@@ -44,6 +44,7 @@ class Slots:
         self.times_sampled = self.pairs[:, 0]
         self.ordinal = self.pairs[:, 1]
         self.tag = torch.zeros(capacity, dtype=torch.int64)
+        self.words = _words(self.pairs)
         self.n_live = 0
         #: slots ``[0, hi)`` have been written at least once
         self.hi = 0
@@ -60,6 +61,7 @@ class Slots:
         self.pairs = columns["slots.sampled_ordinal"]
         self.times_sampled = self.pairs[:, 0]
         self.ordinal = self.pairs[:, 1]
+        self.words = _words(self.pairs)
         self.tag = columns["slots.tag"]
 
     def tagged(self, limit: int) -> dict[int, torch.Tensor]:
@@ -142,6 +144,12 @@ class Slots:
         self.n_live = n_live
         self.hi = hi
         self.inserted = inserted
+
+
+def _words(pairs: torch.Tensor) -> memoryview:
+    """``pairs`` as one flat int64 memoryview: slot ``r``'s times_sampled at ``2 r``, its
+    ordinal at ``2 r + 1`` (a small sample reads and counts them item by item)."""
+    return pairs.numpy().data.cast("B").cast("q")
 
 
 def _distinct(values: torch.Tensor) -> bool:

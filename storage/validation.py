@@ -7,6 +7,7 @@ and what came.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,8 @@ INFO_KEYS: list[NestedKey] = [
     ("sample_info", "times_sampled"),
     ("sample_info", "key"),
 ]
+#: the sample-info keys in :attr:`SampleTarget.words`, after ``index``
+WORD_ORDER = ("times_sampled", "key", "priority", "weight")
 INFO_DTYPES = {
     ("index",): torch.int64,
     ("sample_info", "priority"): torch.float32,
@@ -52,6 +55,16 @@ class SampleTarget:
     rows: int
     bufs: dict[NestedKey, torch.Tensor]
     info: dict[NestedKey, torch.Tensor]
+
+    @functools.cached_property
+    def words(self) -> tuple[memoryview, ...] | None:
+        """The ``index``, ``times_sampled``, ``key``, ``priority`` and ``weight`` buffers as
+        memoryviews, for a small sample written item by item (a torch call costs more
+        than the values); ``None`` when the target lacks one of them."""
+        order = [("index",), *(("sample_info", k) for k in WORD_ORDER)]
+        if not all(k in self.info and self.info[k].is_contiguous() for k in order):
+            return None
+        return tuple(self.info[k].numpy().data for k in order)
 
 
 class RowChecker:

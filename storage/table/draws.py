@@ -10,6 +10,7 @@ from tensordict import TensorDictBase, is_tensorclass
 
 from tdreplay.codec.operations import check_lengths
 
+from ..backends.tensor import SMALL_BATCH
 from ..errors import InvalidRequest
 from ..tensordicts import nest, nest_by
 from ..validation import SampleTarget
@@ -22,6 +23,23 @@ _ONE = torch.ones((), dtype=torch.int64)
 
 def _ones(n: int) -> torch.Tensor:
     return torch.ones(n, dtype=torch.float32)
+
+
+def _count_words(rows: list[int], pairs: memoryview, words: tuple[memoryview, ...]) -> None:
+    """Count a draw of slots ``rows`` in ``pairs`` (:attr:`Slots.words`) and write each
+    item's slot, times sampled and key into ``words`` (:attr:`SampleTarget.words`)."""
+    index, times, keys = words[0], words[1], words[2]
+    for r in rows:
+        pairs[2 * r] += 1
+    for j, r in enumerate(rows):  # an item drawn twice has its count after both, twice
+        index[j], times[j], keys[j] = r, pairs[2 * r], pairs[2 * r + 1]
+
+
+def _put_words(view: memoryview, values: torch.Tensor | None) -> None:
+    """``values`` into the float32 ``view`` item by item; 1 for each when there are none."""
+    ones: list[float] = [1.0] * len(view)
+    for j, v in enumerate(ones if values is None else values.tolist()):
+        view[j] = v  # type: ignore[call-overload]  # a float view (typeshed: int only)
 
 
 class Draws(TableBase):
@@ -176,15 +194,22 @@ class Draws(TableBase):
             if self._cap_times:
                 index, weight = self._cap_times_sampled(index, weight)
             s = self.slots
-            s.times_sampled.index_put_((index,), _ONE, accumulate=True)
-            # read straight into the caller's buffers where it has them: a torch call less each
-            times = torch.index_select(s.times_sampled, 0, index, out=out_info.get(_TIMES))
-            keys = torch.index_select(s.ordinal, 0, index, out=out_info.get(_KEY))
+            words = out.words if n <= SMALL_BATCH and isinstance(out, SampleTarget) else None
+            if words is not None:  # a few items: counted and read one by one
+                times = keys = None
+                _count_words(index.tolist(), s.words, words)
+            else:
+                s.times_sampled.index_put_((index,), _ONE, accumulate=True)
+                # read straight into the caller's buffers where it has them: a torch call less
+                times = torch.index_select(s.times_sampled, 0, index, out=out_info.get(_TIMES))
+                keys = torch.index_select(s.ordinal, 0, index, out=out_info.get(_KEY))
             priority = self.sampler.priority(index)
             if self.sampler.consumes:
                 # queues and stacks return distinct live items, each now spent
                 self._remove(index)
             elif self.max_times_sampled:
+                if times is None:
+                    times = out_info[_TIMES]
                 done = torch.unique(index[times >= self.max_times_sampled])
                 done = done[s.live[done]]
                 if len(done):
@@ -202,6 +227,10 @@ class Draws(TableBase):
             self.backend.gather(index, bufs)
         finally:
             self._data_lock.release_read()
+        if words is not None:  # index, times and keys are in place
+            _put_words(words[3], priority)
+            _put_words(words[4], weight)
+            return dest
         # a sampler without priorities or weights: every item's is 1
         info = {_INDEX: index, _PRIORITY: priority, _WEIGHT: weight, _TIMES: times, _KEY: keys}
         if dest is not None:
