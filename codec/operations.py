@@ -27,6 +27,7 @@ the field (:func:`parse`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sized
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
@@ -349,6 +350,17 @@ def parse(model: type[P], values: Mapping[str, Any]) -> P:
             field=where,
             got=got if isinstance(got, int | float | str) else None,
         ) from None
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def sample_params(batch_size: int, timeout: float | None) -> SampleParams:
+    """:func:`parse` of a sample's values as a binary frame carries them (typed already),
+    remembered: a learner asks for the same size again and again, and the model is frozen.
+
+    Raises:
+        InvalidRequest: as :func:`parse` (a refusal is not remembered).
+    """
+    return parse(SampleParams, {"batch_size": batch_size, "timeout": timeout})
 
 
 def broken_rule(problems: list[Any]) -> InvalidRequest | None:

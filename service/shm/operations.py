@@ -19,8 +19,8 @@ from tdreplay.codec.operations import (
     BufferParams,
     ExtendParams,
     PriorityUpdate,
-    SampleParams,
     parse,
+    sample_params,
 )
 from tdreplay.codec.shm import (
     EXTEND,
@@ -82,7 +82,7 @@ class Operations:
 
     def _sample(self, request: Request, done: Done) -> Awaitable[None] | None:
         name = request.table
-        params = parse(SampleParams, {"batch_size": request.rows, "timeout": request.timeout})
+        params = sample_params(request.rows, request.timeout)
         number = self.slots.check_number(request.slot)
         placed: list[SlotBuffer] = []
 
