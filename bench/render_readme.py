@@ -234,6 +234,7 @@ def export() -> str:
 TABLES = {
     "durability-table": (durability, "durability.json"),
     "export-table": (export, "export.json"),
+    "export-10gb-table": (lambda: entries_table("export-10gb.json"), "export-10gb.json"),
     "footprint-table": (footprint, "footprint.json"),
     "shm-table": (shm, "shm.json"),
     "core-reshape-table": (refactor, "core-reshape.json"),
