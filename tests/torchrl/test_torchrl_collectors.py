@@ -4,11 +4,11 @@ Each test runs a real collector on gymnasium's CartPole-v1 (with the
 :class:`~torchrl_kit.FrameId` transform numbering every step) against a real
 server, then reads the table back and checks each env's frames are there
 once each, none missing (:func:`~torchrl_kit.check_exactly_once`).
+``RayCollector`` has its own module, which starts a Ray runtime: test_ray_collector.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -65,28 +65,6 @@ def test_multiprocess_collectors(
         frames_per_batch=100,
         total_frames=400,
         replay_buffer=rb,
-    )
-    run(collector)
-    check_table(client, table, rb, 400, envs=2)
-
-
-@pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None,
-    reason="ray is not installed (pip install ray): RayCollector cannot run",
-)
-def test_ray_collector(server: Any, client: ReplayClient, make_table: Callable[..., str]) -> None:
-    from torchrl.collectors.distributed import RayCollector
-
-    table = make_table()
-    rb = TDReplayBuffer(server.url, table)
-    collector = RayCollector(
-        [make_env, make_env],
-        policy=None,
-        collector_class=Collector,
-        collector_kwargs={"frames_per_batch": 100},
-        total_frames=400,
-        replay_buffer=rb,
-        ray_init_config={"num_cpus": 2, "include_dashboard": False},
     )
     run(collector)
     check_table(client, table, rb, 400, envs=2)
