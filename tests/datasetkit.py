@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -52,3 +53,23 @@ def transitions(lengths: list[int], *, truncate_last: bool = False, traj0: int =
         },
         [n],
     )
+
+
+def contains_every_step(ds: Any) -> int:
+    """How many steps were checked: every observation and action of every episode lies in
+    the dataset's spaces."""
+    steps = 0
+    for e in ds.iterate_episodes():
+        obs = e.observations
+        for i in range(len(e.rewards) + 1):
+            assert ds.observation_space.contains(_step(obs, i)), (e.id, i, _step(obs, i))
+        for i in range(len(e.rewards)):
+            assert ds.action_space.contains(_step(e.actions, i)), (e.id, i, _step(e.actions, i))
+            steps += 1
+    return steps
+
+
+def _step(values: Any, i: int) -> Any:
+    if isinstance(values, dict):
+        return {k: _step(v, i) for k, v in values.items()}
+    return np.asarray(values[i])

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import minari
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datasetkit import FIELDS, transitions
+import torch
+from datasetkit import FIELDS, contains_every_step, transitions
 from testkit import unique
 
 from tdreplay.cli import main
@@ -126,6 +128,41 @@ def test_minari_export_here_and_import(
     narrow = make_table(client, fields={**FIELDS, "extra": {"shape": [2], "dtype": "float32"}})
     with pytest.raises(SchemaError, match="'extra' has no source"):
         client.import_dataset(narrow, "tdreplay/run-v0", root=root)
+
+
+def test_minari_spaces_from_the_schema(
+    client: ReplayClient, server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without an env spec the dataset's spaces come from the table's schema (a scalar
+    integer action declaring n categories: Discrete), and every step lies in them; a
+    value outside the categories stops the export, here and on the server."""
+    from gymnasium import spaces
+
+    fields = {**FIELDS, "action": {"shape": [], "dtype": "int64", "n": 4}}
+    name = make_table(client, fields=fields)
+    assert client.info(name)["fields"]["action"] == {"shape": [], "dtype": "int64", "n": 4}
+    assert "n" not in client.info(name)["fields"]["observation"]
+    rows = transitions(LENGTHS)
+    rows["action"] = torch.arange(len(rows)) % 4
+    client.extend(name, rows)
+    root = tmp_path / "datasets"
+    client.export(name, format="minari", dest=root, dataset_id="tdreplay/spaces-v0")
+    ds = load(root, "tdreplay/spaces-v0", monkeypatch)
+    assert ds.env_spec is None
+    assert ds.action_space == spaces.Discrete(4)
+    assert ds.observation_space == spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    assert contains_every_step(ds) == sum(LENGTHS)
+    assert ds[1].actions.tolist() == [3, 0, 1, 2, 3]
+
+    bad = rows[:1].clone()
+    bad["action"] = torch.tensor([4])
+    client.extend(name, bad)
+    for where in ({"dest": root}, {"path": "exports/minari"}):
+        with pytest.raises(SchemaError, match="'action' holds 4 in row 14, outside its n = 4") as e:
+            client.export(name, format="minari", dataset_id="tdreplay/bad-v0", **where)
+        assert e.value.field == "action"
+    assert not (root / "tdreplay" / "bad-v0").exists() and hidden(root) == []
+    assert hidden(server.root / "exports") == []
 
 
 def test_minari_on_the_server(
