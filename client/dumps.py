@@ -176,17 +176,23 @@ class Persistence:
 
         Any flat-column file: a tdreplay export reads back exactly; another tool's
         file through ``columns``, ``{field: column}`` (a field not named reads the
-        column of its own dotted name), its values cast to the field's dtype.
+        column of its own dotted name), its values cast to the field's dtype. A
+        struct column's children are columns named by their dotted path (a struct
+        ``next`` with ``observation``, as pandas and Hugging Face ``datasets`` write
+        nested data, is ``next.observation``), so nested keys import as they are and
+        a mapping names them the same way (``{"next.observation": "nxt.obs"}``).
 
         Example:
             >>> client.import_parquet("cartpole", "d4rl.parquet",           # doctest: +SKIP
             ...     columns={"observation": "obs", "next.reward": "rewards"})
 
         Raises:
-            SchemaError: before any row is written: a field without its column, a
-                column that is not numeric or a float one for an integer field, a
-                mapping naming no field; while reading: nulls or lists of another
-                length. The error names the column, the field and the file.
+            SchemaError: before any row is written: a field without its column (or
+                mapped to a struct column rather than one of its children), a column
+                that is not numeric or a float one for an integer field, a column name
+                both flat and a struct's child, a mapping naming no field; while
+                reading: nulls or lists of another length. The error names the column,
+                the field and the file.
             FileNotFoundError: no such file, or a folder without Parquet files.
         """
         return datasets.import_parquet(
