@@ -148,19 +148,9 @@ class Persistence:
                 boundary is found.
             InvalidRequest: a malformed ``dataset_id`` or ``env_spec``.
         """
-        if format == datasets.MINARI:
-            return datasets.export_minari(
-                self,
-                table,
-                dataset_id=dataset_id,
-                path=path,
-                dest=dest,
-                env_spec=env_spec,
-                progress=progress,
-            )
-        if path is None and dest is not None:
-            return datasets.download(self, table, format, Path(dest), progress)
-        return self._run(self._calls.export(table, format, path))
+        return self._run(
+            datasets.export(self._calls, table, format, path, dest, dataset_id, env_spec, progress)
+        )
 
     def import_parquet(
         self,
@@ -195,8 +185,10 @@ class Persistence:
                 the field and the file.
             FileNotFoundError: no such file, or a folder without Parquet files.
         """
-        return datasets.import_parquet(
-            self, table, source, columns=columns, chunk=chunk, progress=progress
+        return self._run(
+            datasets.import_parquet(
+                self._calls, table, source, columns=columns, chunk=chunk, progress=progress
+            )
         )
 
     def import_dataset(
@@ -233,14 +225,16 @@ class Persistence:
         """
         if format != datasets.MINARI:
             raise ValueError(f"import_dataset reads Minari datasets, not {format!r}")
-        return datasets.import_minari(
-            self,
-            table,
-            dataset_id,
-            root=root,
-            chunk=chunk,
-            trajectory_key=trajectory_key,
-            progress=progress,
+        return self._run(
+            datasets.import_minari(
+                self._calls,
+                table,
+                dataset_id,
+                root=root,
+                chunk=chunk,
+                trajectory_key=trajectory_key,
+                progress=progress,
+            )
         )
 
     def dump(self, table: str, path: str | Path) -> Path:
