@@ -9,14 +9,16 @@ bytes), two ways:
 * **before**: ``client.export(table)`` returns the file's bytes, then they are
   written (what ``client.export(dest=...)`` and ``tdreplay export -o`` did);
 * **after**: ``client.export(table, dest=FILE)`` streams the body into a
-  hidden file beside FILE, 1 MiB at a time, and renames it at the end.
+  hidden file beside FILE, 1 MiB at a time, and renames it at the end;
+* **async**: the same with ``AsyncReplayClient``, over its own transport (it ran
+  the blocking client in a thread before: the blocking figures).
 
 Figures per way and format: GB/s (file bytes / wall time of the call), the
 client's peak RSS growth during the call (``VmRSS`` sampled every 10 ms
 from the call's start), and the server's peak growth of anonymous memory
 (``RssAnon``, sampled every 10 ms; the table's memmap pages the export reads
-are page cache, shown apart as ``VmRSS``), the higher of its two runs (its
-side is the same in both). The goal (issue 20): at most 256 MB growth on
+are page cache, shown apart as ``VmRSS``), the highest of its runs (its
+side is the same in all). The goal (issue 20): at most 256 MB growth on
 either side.
 
     python bench/export_bench.py            # a 4 GB table
@@ -33,6 +35,7 @@ under a scratch folder, deleted at the end.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -83,6 +86,15 @@ class Peak(threading.Thread):
 
 def client_worker(url: str, table: str, fmt: str, way: str, dest: str) -> None:
     """One export in this process; prints ``{"seconds", "bytes", "growth"}`` as JSON."""
+    if way == "async":
+        seconds, anon, rss = asyncio.run(_async_export(url, table, fmt, dest))
+    else:
+        seconds, anon, rss = _export(url, table, fmt, way, dest)
+    size = Path(dest).stat().st_size
+    print(json.dumps({"seconds": seconds, "bytes": size, "growth": rss, "growth_anon": anon}))
+
+
+def _export(url: str, table: str, fmt: str, way: str, dest: str) -> tuple[float, int, int]:
     from tdreplay.client import ReplayClient
 
     with ReplayClient(url, timeout=3600) as client:
@@ -97,9 +109,20 @@ def client_worker(url: str, table: str, fmt: str, way: str, dest: str) -> None:
         else:
             client.export(table, fmt, dest=dest)
         seconds = time.perf_counter() - start
-        anon, rss = peak.stop()
-    size = Path(dest).stat().st_size
-    print(json.dumps({"seconds": seconds, "bytes": size, "growth": rss, "growth_anon": anon}))
+        return seconds, *peak.stop()
+
+
+async def _async_export(url: str, table: str, fmt: str, dest: str) -> tuple[float, int, int]:
+    from tdreplay.client import AsyncReplayClient
+
+    async with AsyncReplayClient(url, timeout=3600) as client:
+        await client.info(table)
+        peak = Peak(os.getpid())
+        peak.start()
+        start = time.perf_counter()
+        await client.export(table, fmt, dest=dest)
+        seconds = time.perf_counter() - start
+        return seconds, *peak.stop()
 
 
 def fill(url: str, table: str, rows: int) -> None:
@@ -193,12 +216,12 @@ def main() -> None:
         fill(url, "csv", rows // 8)
         print(f"filled {rows} + {rows // 8} rows in {time.perf_counter() - began:.0f} s")
         for fmt, table in (("parquet", "big"), ("csv", "csv")):
-            ways = ("after",) if args.streamed_only else ("before", "after")
+            ways = ("after", "async") if args.streamed_only else ("before", "after", "async")
             for way in ways:
                 r = export_once(url, server.pid, table, fmt, way, scratch / f"out.{fmt}")
                 runs[f"{fmt} {way}"] = r
                 print(f"{fmt} {way}: {json.dumps(r)}")
-            after = runs[f"{fmt} after"]
+            after, aio = runs[f"{fmt} after"], runs[f"{fmt} async"]
             before = runs.get(f"{fmt} before")
             size = f"{after['bytes'] / 1e9:.2f} GB {fmt}"
             entries.append(
@@ -218,12 +241,27 @@ def main() -> None:
             if before is not None:
                 e["before"] = before["growth"] / MB
             entries.append(e)
-            # the server does the same in both ways: the higher of its runs (the first
+            entries.append(
+                entry(
+                    "export",
+                    f"async client: export {size}, streamed to a file",
+                    aio["bytes"] / aio["seconds"] / 1e9,
+                    "GB/s",
+                    "the blocking client (what it ran, in a thread)",
+                    after["bytes"] / after["seconds"] / 1e9,
+                )
+            )
+            e = bound_entry(
+                "export", f"async client RSS growth, {size}", aio["growth"] / MB, "MB",
+                GOAL_GROWTH / MB, most=True,
+            )  # fmt: skip
+            entries.append(e)
+            # the server does the same in every way: the highest of its runs (the first
             # export of a process also grows the allocator's arenas)
-            done = [r for r in (before, after) if r is not None]
+            done = [r for r in (before, after, aio) if r is not None]
             grown = max(r["server_anon"] for r in done)
             e = bound_entry(
-                "export", f"server RssAnon growth, {size} (either way)", grown / MB, "MB",
+                "export", f"server RssAnon growth, {size} (any way)", grown / MB, "MB",
                 GOAL_GROWTH / MB, most=True,
             )  # fmt: skip
             e["server_vmrss_growth_mb"] = max(r["server_rss"] for r in done) / MB

@@ -234,8 +234,9 @@ def add_remote_commands(sub: Any) -> None:
         "--map",
         action="append",
         metavar="FIELD=COLUMN",
-        help="read FIELD from COLUMN (repeat it; default: the column named as the field, "
-        "dots for nested keys: next.reward)",
+        help="read FIELD from COLUMN (repeat it; default: the column named as the field). "
+        "Both are dotted: a nested key (next.observation=next_obs), a struct column's child "
+        "(observation=obs.state)",
     )
     p.add_argument("--dataset-id", metavar="ID", help="minari: the dataset's id")
     p.add_argument("--chunk", type=int, default=4096, help="rows per extend (default: 4096)")

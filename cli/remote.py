@@ -28,7 +28,7 @@ from tdreplay.client import (
     Unauthorized,
 )
 from tdreplay.client.environment import configured
-from tdreplay.client.parquet_rows import nest_rows, parquet_files, read_rows
+from tdreplay.client.parquet_rows import parquet_files
 from tdreplay.service.cli import CommandError, Exit
 
 from .common import describe_file, export_format, show_progress
@@ -269,30 +269,23 @@ def import_(client: ReplayClient, args: dict[str, Any]) -> None:
         files = parquet_files(args["source"])
     except FileNotFoundError as err:
         raise CommandError(str(err)) from None
-    fields = client.info(table)["fields"]
-    written = 0
     try:
-        total, batches = read_rows(fields, files, columns, chunk)
-        with tqdm(
-            total=total,
-            desc=f"import {table}",
-            unit="rows",
-            unit_scale=True,
-            disable=not show_progress(args),
-        ) as bar:
-            for _, rows in batches:
-                n = len(next(iter(rows.values())))
-                written += len(client.extend(table, nest_rows(rows, n)))
-                bar.update(n)
+        written = client.import_parquet(
+            table, args["source"], columns=columns, chunk=chunk, progress=show_progress(args)
+        )
     except (OSError, pa.ArrowException) as err:
-        raise CommandError(f"cannot read Parquet: {err}; {written} rows were written") from None
+        raise CommandError(f"cannot read Parquet: {err}; {_written(err)}") from None
     except ServerError as err:
         if isinstance(err, Unauthorized | Forbidden):
             raise
-        raise CommandError(
-            f"{err} ({err.type}, HTTP {err.status}); {written} rows were written before it"
-        ) from None
+        raise CommandError(f"{err} ({err.type}, HTTP {err.status}); {_written(err)}") from None
     print(f"imported {written} rows into table {table!r} from {len(files)} file(s)")
+
+
+def _written(err: BaseException) -> str:
+    """How many rows an import wrote before ``err`` (its note, else none)."""
+    notes = [n for n in getattr(err, "__notes__", []) if "rows were written" in n]
+    return notes[-1] if notes else "0 rows were written"
 
 
 def column_map(pairs: list[str]) -> dict[str, str]:

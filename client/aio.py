@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from . import dumps, errors, route, shm
+from . import datasets, dumps, errors, route, shm
 from .aio_transport import AsyncTransport
 from .aio_writer import AsyncWriter
 from .base import ClientBase
@@ -34,7 +34,7 @@ from .loader import Loader, LoaderIterator
 from .plans import ClientSettings
 from .schema import load_spec
 from .stats import flatten
-from .steps import Call, Gather, Pause, Plan
+from .steps import Call, Gather, Pause, Plan, Work
 from .sync import ReplayClient
 
 T = TypeVar("T")
@@ -75,6 +75,10 @@ class AsyncReplayClient(ClientBase):
                 result = await self._do(step)
             except errors.ReplayError as err:
                 exc = err
+            except Exception as err:
+                if not isinstance(step, Work):
+                    raise
+                exc = err  # the plan's own work: the plan sees it where it happened
 
     async def _do(self, step: Any) -> Any:
         if isinstance(step, route.OverShm):
@@ -90,6 +94,8 @@ class AsyncReplayClient(ClientBase):
         if isinstance(step, Pause):
             await asyncio.sleep(step.seconds)
             return None
+        if isinstance(step, Work):
+            return await asyncio.to_thread(step.run)
         if isinstance(step, route.OpenLink):
             return await asyncio.to_thread(
                 shm.open_link, self.settings, step.shard, step.info, step.why
@@ -240,30 +246,53 @@ class AsyncReplayClient(ClientBase):
         env_spec: Any = None,
         progress: bool | None = None,
     ) -> Any:
-        """See :meth:`ReplayClient.export`."""
-        if format == "minari" or (path is None and dest is not None):
-            # streamed into a file (and converted) by the blocking twin, in a thread
-            return await asyncio.to_thread(
-                ReplayClient._from_settings(self.settings).export,
-                table,
-                format,
-                path=path,
-                dest=dest,
-                dataset_id=dataset_id,
-                env_spec=env_spec,
-                progress=progress,
-            )
-        return await self._run(self._calls.export(table, format, path))
+        """See :meth:`ReplayClient.export`: over this client's own transport (a file
+        streamed into place as the body arrives; a Minari dataset converted in a
+        worker thread)."""
+        return await self._run(
+            datasets.export(self._calls, table, format, path, dest, dataset_id, env_spec, progress)
+        )
 
-    async def import_parquet(self, table: str, source: str | Path, **kwargs: Any) -> int:
-        """See :meth:`ReplayClient.import_parquet` (run by the blocking twin, in a thread)."""
-        sync = ReplayClient._from_settings(self.settings)
-        return await asyncio.to_thread(sync.import_parquet, table, source, **kwargs)
+    async def import_parquet(
+        self,
+        table: str,
+        source: str | Path,
+        *,
+        columns: dict[str, str] | None = None,
+        chunk: int = 4096,
+        progress: bool | None = None,
+    ) -> int:
+        """See :meth:`ReplayClient.import_parquet`: files read in a worker thread, rows
+        sent over this client's own transport."""
+        plan = datasets.import_parquet(
+            self._calls, table, source, columns=columns, chunk=chunk, progress=progress
+        )
+        return await self._run(plan)
 
-    async def import_dataset(self, table: str, dataset_id: str, **kwargs: Any) -> int:
-        """See :meth:`ReplayClient.import_dataset` (run by the blocking twin, in a thread)."""
-        sync = ReplayClient._from_settings(self.settings)
-        return await asyncio.to_thread(sync.import_dataset, table, dataset_id, **kwargs)
+    async def import_dataset(
+        self,
+        table: str,
+        dataset_id: str,
+        *,
+        format: str = "minari",
+        root: str | Path | None = None,
+        chunk: int = 4096,
+        trajectory_key: str | None = None,
+        progress: bool | None = None,
+    ) -> int:
+        """See :meth:`ReplayClient.import_dataset` (read as :meth:`import_parquet` is)."""
+        if format != datasets.MINARI:
+            raise ValueError(f"import_dataset reads Minari datasets, not {format!r}")
+        plan = datasets.import_minari(
+            self._calls,
+            table,
+            dataset_id,
+            root=root,
+            chunk=chunk,
+            trajectory_key=trajectory_key,
+            progress=progress,
+        )
+        return await self._run(plan)
 
     # ---------------------------------------------------------------- views and helpers
     async def tensorclass(self, table: str) -> type:

@@ -10,7 +10,10 @@ event loop ``recv_into`` the body's final buffer (the command's
 :attr:`~tdreplay.client.commands.Request.alloc`) directly: the head is
 parsed from a small scratch buffer, and once ``Content-Length`` is known,
 every later byte lands where the decoder will read it. Chunked answers
-(the stream and export routes) are gathered through the scratch buffer.
+(the stream and export routes) are gathered through the scratch buffer. A
+request with a ``sink`` (an export streamed into a file) has its successful
+body poured into it as it arrives, whatever its framing, a piece of at most
+1 MiB at a time; its timeout bounds each wait for bytes, not the transfer.
 
 One request at a time per connection (no pipelining); connections belong to
 the event loop that opened them.
@@ -21,10 +24,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from . import errors
+from . import errors, http1
 from .commands import Request, Response
 from .deprecation import warn_close_deprecated
 from .http1 import MAX_HEAD, chunk_size, has_body, parse_head, request_head
+from .http_values import Sink
 from .transport import Endpoint, head_lines
 
 _SCRATCH = 64 * 1024
@@ -38,7 +42,7 @@ class _Protocol(asyncio.BufferedProtocol):
         self.closed = False
         self._scratch = bytearray(_SCRATCH)
         self._n = 0  # bytes held in scratch
-        self._state = "idle"  # head | body | chunked | eof | idle
+        self._state = "idle"  # head | body | pour | chunked | eof | idle
         self._req: Request | None = None
         self._fut: asyncio.Future[tuple[int, dict[str, str], memoryview, bool]] | None = None
         self._status = 0
@@ -48,6 +52,10 @@ class _Protocol(asyncio.BufferedProtocol):
         self._got = 0
         self._chunks: list[bytes] = []
         self._chunk_left = -1  # -1: expecting a size line; -2: reading trailers
+        self._sink: Sink | None = None  # where a successful body is poured (req.sink)
+        self._left = 0  # pour: bytes still to come; -1: until the server closes
+        self._piece: memoryview | None = None  # pour: the receive buffer, reused
+        self.received = 0  # bytes received: progress, for a poured answer's timeout
         self._writable = asyncio.Event()
         self._writable.set()
 
@@ -61,6 +69,8 @@ class _Protocol(asyncio.BufferedProtocol):
         self._writable.set()
         if self._state == "eof":
             self._finish(memoryview(bytes(self._scratch[: self._n])))
+        elif self._state == "pour" and self._left < 0:  # its end is the connection's
+            self._finish(memoryview(b""))
         else:
             self._fail(ConnectionResetError(f"connection closed by the server ({exc or 'EOF'})"))
 
@@ -76,6 +86,10 @@ class _Protocol(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._state == "body":
             return self._body[self._got :]
+        if self._state == "pour":
+            if self._piece is None:
+                self._piece = memoryview(bytearray(http1.PIECE))
+            return self._piece if self._left < 0 else self._piece[: min(http1.PIECE, self._left)]
         if self._n == len(self._scratch):  # grow (never resize: the loop may hold a view)
             bigger = bytearray(2 * len(self._scratch))
             bigger[: self._n] = self._scratch
@@ -83,21 +97,27 @@ class _Protocol(asyncio.BufferedProtocol):
         return memoryview(self._scratch)[self._n :]
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.received += nbytes
         if self._state == "body":
             self._got += nbytes
             if self._got == len(self._body):
                 self._finish(self._body)
             return
-        self._n += nbytes
         try:
+            if self._state == "pour":
+                assert self._piece is not None and self._sink is not None
+                http1.pour(self._sink, self._piece[:nbytes])
+                self._poured(nbytes)
+                return
+            self._n += nbytes
             if self._state == "head":
                 self._parse_head()
             if self._state == "chunked":
                 self._parse_chunks()
-        except ValueError as err:
+        except Exception as err:  # a bad answer, or the sink's (a full disk): the call fails
             self._fail(err)
             if self.transport is not None:
-                self.transport.close()
+                self.transport.abort()
 
     # ---------------------------------------------------------------- parsing
     def _consume(self, k: int) -> None:
@@ -122,10 +142,19 @@ class _Protocol(asyncio.BufferedProtocol):
         self._status, self._headers, self._keep = status, headers, head.keep_alive
         assert self._req is not None
         size = head.length
+        self._sink = self._req.sink if status < 300 else None
         if not has_body(head, self._req.method):
             self._finish(memoryview(b""))
         elif head.chunked:
             self._state, self._chunks, self._chunk_left = "chunked", [], -1
+        elif self._sink is not None:
+            self._state, self._left = "pour", -1 if size is None else size
+            self._keep = self._keep and size is not None
+            have = self._n if size is None else min(self._n, size)
+            if have:
+                http1.pour(self._sink, memoryview(bytes(self._scratch[:have])))
+                self._consume(have)
+            self._poured(have)
         elif size is not None:
             target = self._req.alloc(size) if status < 300 and size else memoryview(bytearray(size))
             have = min(self._n, size)
@@ -139,14 +168,29 @@ class _Protocol(asyncio.BufferedProtocol):
         else:
             self._state, self._keep = "eof", False
 
+    def _poured(self, nbytes: int) -> None:
+        """``nbytes`` more of a poured body went into the sink; finish at its end."""
+        if self._left >= 0:
+            self._left -= nbytes
+            if self._left == 0:
+                self._finish(memoryview(b""))
+
     def _parse_chunks(self) -> None:
         buf = self._scratch
         pos = 0
         while True:
             if self._chunk_left >= 0:  # data, then CRLF
+                if self._sink is not None and self._chunk_left:  # poured as it comes
+                    k = min(self._n - pos, self._chunk_left)
+                    if k:
+                        http1.pour(self._sink, memoryview(bytes(buf[pos : pos + k])))
+                    pos, self._chunk_left = pos + k, self._chunk_left - k
+                    if self._chunk_left:
+                        break
                 if self._n - pos < self._chunk_left + 2:
                     break
-                self._chunks.append(bytes(buf[pos : pos + self._chunk_left]))
+                if self._sink is None:
+                    self._chunks.append(bytes(buf[pos : pos + self._chunk_left]))
                 pos += self._chunk_left + 2
                 self._chunk_left = -1
                 continue
@@ -292,7 +336,13 @@ class AsyncTransport:
         limit = self.timeout + req.wait
         result: Any
         try:
-            result = await asyncio.wait_for(proto.roundtrip(head, req), limit)
+            if req.sink is None:
+                result = await asyncio.wait_for(proto.roundtrip(head, req), limit)
+            else:
+                result = await _while_progress(proto, proto.roundtrip(head, req), limit)
+        except http1.SinkFailed as err:
+            _close(proto)
+            raise err.err from None
         except TimeoutError:
             _close(proto)
             raise errors.Timeout(
@@ -315,6 +365,23 @@ class AsyncTransport:
         else:
             _close(proto)
         return Response(status, headers, body)
+
+
+async def _while_progress(proto: _Protocol, call: Any, limit: float) -> Any:
+    """Await ``call`` while ``proto`` receives bytes at least every ``limit`` seconds (a
+    poured body may take any time); else raise ``TimeoutError`` (within 2 x ``limit``)."""
+    task = asyncio.ensure_future(call)
+    try:
+        seen = proto.received
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=limit)
+            if done:
+                return task.result()
+            if proto.received == seen:
+                raise TimeoutError
+            seen = proto.received
+    finally:
+        task.cancel()
 
 
 def _close(proto: _Protocol) -> None:

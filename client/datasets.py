@@ -1,20 +1,33 @@
-"""Exports to files and datasets, and datasets into tables, on the caller's side.
+"""Exports to files and datasets, and datasets into tables, on the caller's side: as plans,
+which both client twins drive (:mod:`.steps`).
 
 :func:`download` streams an export into a file next to its destination and
 renames it into place at the end (bounded memory; never half a file under the
 final name). :func:`export_minari` makes a Minari dataset of a table: on the
 server (``path=``), or here from a streamed Parquet export;
-:func:`import_minari` extends a table with a Minari dataset's episodes. The
-conversions are :mod:`tdreplay.codec.minari_files`, the same the server and
-the offline CLI use.
+:func:`import_minari` and :func:`import_parquet` extend a table with a Minari
+dataset's episodes or a Parquet file's rows. The conversions are
+:mod:`tdreplay.codec.minari_files`, the same the server and the offline CLI
+use, and :mod:`.parquet_rows`.
+
+Each is written once: its requests are :class:`~.steps.Call` steps, which the
+blocking client sends with blocking I/O and the asyncio client over its own
+transport (a streamed body poured into the file as it arrives); its file work
+(reading Parquet, converting, writing a dataset) is :class:`~.steps.Work`, run in
+place by the blocking client and in a worker thread by the asyncio client, so the
+event loop never waits on a disk. An import that fails after writing says how
+many rows it wrote, in a note on the error (``err.__notes__``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 from tqdm import tqdm
@@ -24,23 +37,54 @@ from ..codec.dtypes import TORCH
 from ..codec.episodes import trajectory_key_of
 from ..codec.errors import InvalidRequest, PathExists
 from .parquet_rows import nest_rows, parquet_files, read_rows
+from .plans import Calls
 from .sinks import aside
+from .steps import Plan, Work
 
 MINARI = "minari"
 
 
+def export(
+    calls: Calls,
+    table: str,
+    format: str = "parquet",
+    path: str | None = None,
+    dest: str | Path | None = None,
+    dataset_id: str | None = None,
+    env_spec: Any = None,
+    progress: bool | None = None,
+) -> Plan[Any]:
+    """An export, as :meth:`~tdreplay.client.ReplayClient.export` takes it: a Minari
+    dataset (:func:`export_minari`), a file here (:func:`download`), or the server's."""
+    if format == MINARI:
+        return (
+            yield from export_minari(
+                calls,
+                table,
+                dataset_id=dataset_id,
+                path=path,
+                dest=dest,
+                env_spec=env_spec,
+                progress=progress,
+            )
+        )
+    if path is None and dest is not None:
+        return (yield from download(calls, table, format, Path(dest), progress))
+    return (yield from calls.export(table, format, path))
+
+
 def download(
-    client: Any, table: str, format: str, dest: Path, progress: bool | None = None
-) -> Path:
+    calls: Calls, table: str, format: str, dest: Path, progress: bool | None = None
+) -> Plan[Path]:
     """Stream ``table``'s export as ``format`` into ``dest``, atomically; returns ``dest``."""
     with aside(dest, progress=progress, desc=f"export {table}") as sink:
-        client._run(client._calls.export(table, format, sink=sink))
+        yield from calls.export(table, format, sink=sink)
         os.replace(sink.path, dest)
     return dest
 
 
 def export_minari(
-    client: Any,
+    calls: Calls,
     table: str,
     *,
     dataset_id: str | None,
@@ -48,7 +92,7 @@ def export_minari(
     dest: str | Path | None = None,
     env_spec: Any = None,
     progress: bool | None = None,
-) -> Any:
+) -> Plan[Any]:
     """``table`` as the Minari dataset ``dataset_id``: written by the server under its
     ``path`` (a datasets root inside ``exports/``; returns the dataset's path there), else
     under the datasets root ``dest`` here (default: Minari's; returns the dataset's folder).
@@ -57,7 +101,8 @@ def export_minari(
         InvalidRequest: no or a malformed ``dataset_id`` or ``env_spec``.
         PathExists: the dataset exists already.
         SchemaError: the table lacks a key an episode needs, or no episode boundary is
-            found (:mod:`tdreplay.codec.episodes`).
+            found (:mod:`tdreplay.codec.episodes`), or a value is outside its field's
+            categories (:mod:`tdreplay.codec.spaces`).
     """
     if dataset_id is None:
         raise InvalidRequest(
@@ -66,11 +111,12 @@ def export_minari(
             field="dataset_id",
             expected="[namespace/]name-vN",
         )
-    spec_json = minari_files.env_spec_json(env_spec)
+    spec_json = yield Work(minari_files.env_spec_json, env_spec)  # may import gymnasium
     if path is not None:
-        plan = client._calls.export(table, MINARI, path, dataset_id=dataset_id, env_spec=spec_json)
-        return client._run(plan)
-    root = Path(dest) if dest is not None else minari_files.default_root()
+        return (
+            yield from calls.export(table, MINARI, path, dataset_id=dataset_id, env_spec=spec_json)
+        )
+    root = Path(dest) if dest is not None else (yield Work(minari_files.default_root))
     folder = minari_files.dataset_folder(root, dataset_id)
     if os.path.lexists(folder):  # before the download, not after it
         raise PathExists(
@@ -80,14 +126,20 @@ def export_minari(
             got=dataset_id,
         )
     with aside(root / f"{table}.parquet", progress=progress, desc=f"export {table}") as sink:
-        client._run(client._calls.export(table, "parquet", sink=sink))
-        return minari_files.write_minari(
-            sink.path, root, dataset_id, env_spec=spec_json, progress=progress
+        yield from calls.export(table, "parquet", sink=sink)
+        write = functools.partial(
+            minari_files.write_minari,
+            sink.path,
+            root,
+            dataset_id,
+            env_spec=spec_json,
+            progress=progress,
         )
+        return (yield Work(write))
 
 
 def import_minari(
-    client: Any,
+    calls: Calls,
     table: str,
     dataset_id: str,
     *,
@@ -95,51 +147,69 @@ def import_minari(
     chunk: int = 4096,
     trajectory_key: str | None = None,
     progress: bool | None = None,
-) -> int:
+) -> Plan[int]:
     """Extend ``table`` with the steps of the Minari dataset ``dataset_id``; returns the
     number of items written. See :meth:`~tdreplay.client.ReplayClient.import_dataset`."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    info = client.info(table)
+    info = yield from calls.info(table)
     fields = info["fields"]
     key = trajectory_key_of(info, trajectory_key)
-    total, chunks = minari_files.read_minari(
-        root, dataset_id, fields, trajectory_key=key, chunk=chunk
+    read = functools.partial(
+        minari_files.read_minari, root, dataset_id, fields, trajectory_key=key, chunk=chunk
     )
-    written = 0
-    disable = not progress if progress is not None else True
-    with tqdm(total=total, desc=f"import {table}", unit="rows", disable=disable) as bar:
-        for rows in chunks:
-            n = len(next(iter(rows.values())))
-            leaves = {
-                tuple(k.split(".")): torch.from_numpy(v).to(TORCH[fields[k]["dtype"]])
-                for k, v in rows.items()
-            }
-            written += len(client.extend(table, TensorDict(leaves, [n])))
-            bar.update(n)
-    return written
+    total, chunks = yield Work(read)
+    batches = (_typed(fields, rows) for rows in chunks)
+    return (yield from _extend_all(calls, table, total, batches, progress))
 
 
 def import_parquet(
-    client: Any,
+    calls: Calls,
     table: str,
     source: str | Path,
     *,
     columns: dict[str, str] | None = None,
     chunk: int = 4096,
     progress: bool | None = None,
-) -> int:
+) -> Plan[int]:
     """Extend ``table`` with the rows of Parquet files (:mod:`.parquet_rows`); returns the
     number of items written. See :meth:`~tdreplay.client.ReplayClient.import_parquet`."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    fields = client.info(table)["fields"]
-    total, batches = read_rows(fields, parquet_files(source), columns, chunk)
+    fields = (yield from calls.info(table))["fields"]
+    files = yield Work(parquet_files, source)
+    total, rows = yield Work(read_rows, fields, files, columns, chunk)
+    batches = (nest_rows(r, len(next(iter(r.values())))) for _, r in rows)
+    return (yield from _extend_all(calls, table, total, batches, progress))
+
+
+def _typed(fields: Mapping[str, Any], rows: Mapping[str, np.ndarray]) -> TensorDict:
+    n = len(next(iter(rows.values())))
+    leaves = {
+        tuple(k.split(".")): torch.from_numpy(v).to(TORCH[fields[k]["dtype"]])
+        for k, v in rows.items()
+    }
+    return TensorDict(leaves, [n])
+
+
+def _extend_all(
+    calls: Calls,
+    table: str,
+    total: int,
+    batches: Iterator[TensorDict],
+    progress: bool | None,
+) -> Plan[int]:
+    """Extend ``table`` with each of ``batches`` (read and decoded as :class:`Work`);
+    returns the number of items written. An error gets a note of how many were written
+    before it (rows of earlier batches stay written)."""
     written = 0
     disable = not progress if progress is not None else True
-    with tqdm(total=total, desc=f"import {table}", unit="rows", disable=disable) as bar:
-        for _, rows in batches:
-            n = len(next(iter(rows.values())))
-            written += len(client.extend(table, nest_rows(rows, n)))
-            bar.update(n)
+    try:
+        with tqdm(total=total, desc=f"import {table}", unit="rows", disable=disable) as bar:
+            while (batch := (yield Work(next, batches, None))) is not None:
+                written += len((yield from calls.extend(table, batch)))
+                bar.update(len(batch))
+    except Exception as err:
+        err.add_note(f"{written} rows were written into table {table!r} before it")
+        raise
     return written

@@ -148,19 +148,9 @@ class Persistence:
                 boundary is found.
             InvalidRequest: a malformed ``dataset_id`` or ``env_spec``.
         """
-        if format == datasets.MINARI:
-            return datasets.export_minari(
-                self,
-                table,
-                dataset_id=dataset_id,
-                path=path,
-                dest=dest,
-                env_spec=env_spec,
-                progress=progress,
-            )
-        if path is None and dest is not None:
-            return datasets.download(self, table, format, Path(dest), progress)
-        return self._run(self._calls.export(table, format, path))
+        return self._run(
+            datasets.export(self._calls, table, format, path, dest, dataset_id, env_spec, progress)
+        )
 
     def import_parquet(
         self,
@@ -176,21 +166,29 @@ class Persistence:
 
         Any flat-column file: a tdreplay export reads back exactly; another tool's
         file through ``columns``, ``{field: column}`` (a field not named reads the
-        column of its own dotted name), its values cast to the field's dtype.
+        column of its own dotted name), its values cast to the field's dtype. A
+        struct column's children are columns named by their dotted path (a struct
+        ``next`` with ``observation``, as pandas and Hugging Face ``datasets`` write
+        nested data, is ``next.observation``), so nested keys import as they are and
+        a mapping names them the same way (``{"next.observation": "nxt.obs"}``).
 
         Example:
             >>> client.import_parquet("cartpole", "d4rl.parquet",           # doctest: +SKIP
             ...     columns={"observation": "obs", "next.reward": "rewards"})
 
         Raises:
-            SchemaError: before any row is written: a field without its column, a
-                column that is not numeric or a float one for an integer field, a
-                mapping naming no field; while reading: nulls or lists of another
-                length. The error names the column, the field and the file.
+            SchemaError: before any row is written: a field without its column (or
+                mapped to a struct column rather than one of its children), a column
+                that is not numeric or a float one for an integer field, a column name
+                both flat and a struct's child, a mapping naming no field; while
+                reading: nulls or lists of another length. The error names the column,
+                the field and the file.
             FileNotFoundError: no such file, or a folder without Parquet files.
         """
-        return datasets.import_parquet(
-            self, table, source, columns=columns, chunk=chunk, progress=progress
+        return self._run(
+            datasets.import_parquet(
+                self._calls, table, source, columns=columns, chunk=chunk, progress=progress
+            )
         )
 
     def import_dataset(
@@ -227,14 +225,16 @@ class Persistence:
         """
         if format != datasets.MINARI:
             raise ValueError(f"import_dataset reads Minari datasets, not {format!r}")
-        return datasets.import_minari(
-            self,
-            table,
-            dataset_id,
-            root=root,
-            chunk=chunk,
-            trajectory_key=trajectory_key,
-            progress=progress,
+        return self._run(
+            datasets.import_minari(
+                self._calls,
+                table,
+                dataset_id,
+                root=root,
+                chunk=chunk,
+                trajectory_key=trajectory_key,
+                progress=progress,
+            )
         )
 
     def dump(self, table: str, path: str | Path) -> Path:

@@ -32,6 +32,23 @@ class ResetBeforeAnswer(ConnectionError):
     server had closed while it was idle: the request can be sent again)."""
 
 
+class SinkFailed(Exception):
+    """The request's sink raised ``err`` (a full disk): the caller's own error, raised as it
+    came, not a failure of the connection (which is dropped all the same)."""
+
+    def __init__(self, err: Exception) -> None:
+        super().__init__(str(err))
+        self.err = err
+
+
+def pour(sink: Callable[[memoryview], None], piece: memoryview) -> None:
+    """``sink(piece)``, its exception wrapped in :class:`SinkFailed`."""
+    try:
+        sink(piece)
+    except Exception as err:
+        raise SinkFailed(err) from err
+
+
 @dataclass(frozen=True)
 class Head:
     """A response's status line and headers (names lower-case)."""
@@ -262,12 +279,12 @@ class Connection:
         """The body of ``head`` into ``sink``, at most :data:`PIECE` bytes at a time."""
         if head.chunked:
             for piece in self.chunks():
-                sink(memoryview(piece))
+                pour(sink, memoryview(piece))
             return
         left = head.length
         if self._n:
             have = self._n if left is None else min(self._n, left)
-            sink(memoryview(bytes(self._scratch[:have])))
+            pour(sink, memoryview(bytes(self._scratch[:have])))
             self._consume(have)
             left = None if left is None else left - have
         buf = memoryview(bytearray(PIECE))
@@ -277,7 +294,7 @@ class Connection:
                 if left is None:
                     return
                 raise ConnectionResetError("the server closed the connection mid-body")
-            sink(buf[:got])
+            pour(sink, buf[:got])
             if left is not None:
                 left -= got
 

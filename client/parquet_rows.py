@@ -8,6 +8,11 @@ numbers (or bools) without nulls, with as many elements per row as the field
 (a scalar column, or lists of that length, nested or flat). Values are cast to
 the field's dtype; a float column never goes into an integer or bool field.
 Columns the mapping does not name and the table has no field for are ignored.
+A struct column's children are columns too, named by their dotted path
+(:mod:`tdreplay.codec.parquet_columns`): a struct ``next`` with a child
+``observation``, as pandas and Hugging Face ``datasets`` write nested data, is
+the column ``next.observation``, read by the field of that name or mapped
+(``{"next.observation": "nxt.obs"}``).
 
 Every file's schema is checked before any row is read; a problem is a
 :class:`~tdreplay.client.errors.SchemaError` naming the column, the field
@@ -39,6 +44,7 @@ from ..codec import from_column
 from ..codec.dtypes import TORCH
 from ..codec.errors import CodecError, SchemaError
 from ..codec.format import META_DTYPE
+from ..codec.parquet_columns import flatten_structs, leaf_columns, struct_children
 
 __all__ = ["decode", "nest_rows", "parquet_files", "plan_columns", "read_rows"]
 
@@ -90,19 +96,25 @@ def plan_columns(
                 field=name,
                 got=name,
             )
-    names = set(schema.names)
+    leaves: dict[str, pa.Field] = {}
+    twice = set()
+    for c in leaf_columns(schema):
+        if c.name in leaves:
+            twice.add(c.name)
+        leaves[c.name] = c.field
     plan = {}
     for name, spec in fields.items():
         column = mapping.get(name, name)
-        if column not in names:
+        if column not in leaves:
+            raise _missing(schema, list(leaves), name, column, source)
+        if column in twice:
             raise SchemaError(
-                f"{source}: no column {column!r} for field {name!r} (columns: "
-                f"{', '.join(schema.names)}); map one with --map {name}=COLUMN",
+                f"{source}: column {column!r} (for field {name!r}) appears twice: a column "
+                "of that name and a struct column's child",
                 field=name,
-                expected=column,
-                got=schema.names,
+                got=column,
             )
-        typ = schema.field(column).type
+        typ = leaves[column].type
         while (
             pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)
         ):
@@ -124,6 +136,28 @@ def plan_columns(
             )
         plan[name] = column
     return plan
+
+
+def _missing(
+    schema: pa.Schema, names: list[str], field: str, column: str, source: str | Path
+) -> SchemaError:
+    children = struct_children(schema, column)
+    if children:
+        return SchemaError(
+            f"{source}: column {column!r} (for field {field!r}) is a struct of "
+            f"{', '.join(children)}; map the field to one of them, e.g. --map "
+            f"{field}={children[0]}",
+            field=field,
+            expected=column,
+            got=children,
+        )
+    return SchemaError(
+        f"{source}: no column {column!r} for field {field!r} (columns: {', '.join(names)}); "
+        f"map one with --map {field}=COLUMN",
+        field=field,
+        expected=column,
+        got=names,
+    )
 
 
 def _values(arr: pa.Array, column: str, n: int, numel: int, source: str | Path) -> pa.Array:
@@ -157,7 +191,9 @@ def _values(arr: pa.Array, column: str, n: int, numel: int, source: str | Path) 
 def decode(
     fields: Mapping[str, Any], plan: Mapping[str, str], table: pa.Table, source: str | Path
 ) -> dict[str, torch.Tensor]:
-    """``{field: tensor [n, *shape]}`` of one batch of rows (see the module's docstring)."""
+    """``{field: tensor [n, *shape]}`` of one batch of rows (see the module's docstring;
+    struct columns are flattened first)."""
+    table = flatten_structs(table)
     n = table.num_rows
     out = {}
     for name, column in plan.items():
@@ -203,15 +239,16 @@ def read_rows(
     """
     plans, total = [], 0
     for f in files:
-        pf = pq.ParquetFile(f)
-        plans.append((f, plan_columns(fields, pf.schema_arrow, columns, f)))
-        total += pf.metadata.num_rows
-        pf.close()
+        with pq.ParquetFile(f) as pf:
+            schema = pf.schema_arrow
+            plan = plan_columns(fields, schema, columns, f)
+            tops = {c.name: c.top for c in leaf_columns(schema)}
+            plans.append((f, plan, sorted({tops[c] for c in plan.values()})))
+            total += pf.metadata.num_rows
 
     def rows() -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
-        for f, plan in plans:
+        for f, plan, wanted in plans:
             with pq.ParquetFile(f) as pf:
-                wanted = sorted(set(plan.values()))
                 for rb in pf.iter_batches(batch_size=chunk, columns=wanted):
                     yield f, decode(fields, plan, pa.Table.from_batches([rb]), f)
 

@@ -1,14 +1,16 @@
 """The steps a plan yields (:mod:`.plans`): what each client twin performs, its own way.
 
 A plan is a generator of steps: :class:`Call` (one command to one server),
-:class:`Gather` (several at once) and :class:`Pause`; it receives each step's
-result and returns the call's. The blocking twin performs them with blocking
-I/O and ``time.sleep``, the asyncio twin awaits them.
+:class:`Gather` (several at once), :class:`Pause` and :class:`Work` (blocking
+work on the caller's side: files, decoding); it receives each step's result
+and returns the call's. The blocking twin performs them with blocking I/O and
+``time.sleep``, the asyncio twin awaits them (and runs :class:`Work` in a worker
+thread).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -52,5 +54,18 @@ class Pause:
     seconds: float
 
 
-Step = Call | Gather | Pause
+class Work:
+    """Run ``fn(*args)`` on the caller's side: blocking work a plan needs between its calls
+    (reading a Parquet file, writing a dataset). The blocking twin runs it in place, the
+    asyncio twin in a worker thread; its result, or its exception, goes back to the plan."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.fn = fn
+        self.args = args
+
+    def run(self) -> Any:
+        return self.fn(*self.args)
+
+
+Step = Call | Gather | Pause | Work
 Plan = Generator[Step, Any, T]

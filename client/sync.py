@@ -34,7 +34,7 @@ from .loader import Loader
 from .plans import ClientSettings
 from .schema import load_spec
 from .stats import flatten
-from .steps import Call, Gather, Pause, Plan
+from .steps import Call, Gather, Pause, Plan, Work
 from .transport import Transport
 from .writer import Writer
 
@@ -111,6 +111,10 @@ class ReplayClient(Persistence, ClientBase):
                 result = self._do(step)
             except errors.ReplayError as err:
                 exc = err
+            except Exception as err:
+                if not isinstance(step, Work):
+                    raise
+                exc = err  # the plan's own work: the plan sees it where it happened
 
     def _do(self, step: Any) -> Any:
         if isinstance(step, route.OverShm):
@@ -124,6 +128,8 @@ class ReplayClient(Persistence, ClientBase):
         if isinstance(step, Pause):
             time.sleep(step.seconds)
             return None
+        if isinstance(step, Work):
+            return step.run()
         if isinstance(step, route.OpenLink):
             return shm.open_link(self.settings, step.shard, step.info, step.why)
         return self._gather(step)

@@ -174,6 +174,9 @@ class Transport:
             raise errors.Timeout(
                 f"{what}: no answer from {url} within {limit:g}s", url=url
             ) from None
+        except http1.SinkFailed as err:
+            conn.close()
+            raise err.err from None
         except http1.ResetBeforeAnswer as err:
             conn.close()
             lost = errors.ConnectionFailed(

@@ -8,7 +8,10 @@ Minari stores it, has ``T`` steps: ``T + 1`` observations (the ``T`` values of
 terminations and truncations. ``observation`` and ``action`` may be subtrees
 (``observation.pixels``, ``observation.state``): they become dict observations.
 Every other field of the table travels per step in the episode's ``infos``
-(nested by its dots), so a table exported and imported again gets it back.
+(nested by its dots), so a table exported and imported again gets it back. As
+Minari keeps infos, one per observation (``T + 1``; the reset's first), the
+info of observation ``t`` is row ``t``'s and the last one repeats row ``T - 1``'s;
+an import takes the first ``T`` (an older export's ``T`` infos read too).
 
 Episodes are told apart by the table's trajectory key when it has one
 (a key the caller names, else ``sampler.traj_key`` of a slice sampler, else
@@ -308,7 +311,7 @@ def _episode(layout: EpisodeLayout, rows: dict[str, np.ndarray]) -> Episode:
         rewards=rows[layout.reward].reshape(t),
         terminations=term,
         truncations=trunc,
-        infos=nest_dotted({k: rows[k] for k in layout.infos}),
+        infos=nest_dotted({k: np.concatenate([rows[k], rows[k][-1:]]) for k in layout.infos}),
     )
 
 
@@ -333,7 +336,7 @@ def episode_rows(
     the export, in TED's layout.
 
     Each field is filled from, first, the episode's ``infos`` under its dotted key
-    (what an export put there), else: ``observation*`` / ``next.observation*`` from the
+    (what an export put there; the first ``T`` of ``T + 1``), else: ``observation*`` / ``next.observation*`` from the
     observations' first / last ``T``, ``action*`` from the actions, ``next.reward``,
     ``next.terminated``, ``next.truncated``, ``next.done`` (either), the root flags
     ``done`` / ``terminated`` / ``truncated`` (false), and ``trajectory_key`` (the
@@ -358,7 +361,7 @@ def episode_rows(
         source[k] = np.zeros(t, dtype=bool)
     if trajectory_key is not None:
         source[trajectory_key] = np.full(t, episode_id, dtype=np.int64)
-    source.update({k: v for k, v in infos.items() if len(v) == t})
+    source.update({k: v[:t] for k, v in infos.items() if len(v) in (t, t + 1)})
     out = {}
     for key, spec in fields.items():
         if key not in source:

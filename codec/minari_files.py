@@ -11,9 +11,10 @@ dataset is written beside its final place and renamed into it: an export that
 fails leaves no dataset behind. Memory holds one chunk of rows and the
 episodes still open.
 
-The spaces are the table's: a ``Box`` per field (``MultiBinary`` for bool, a
-``Dict`` for subtrees; bfloat16 is written as float32), stored losslessly (no
-JPEG). The metadata holds ``tdreplay_version``, ``tdreplay_table`` and the
+The spaces are derived from the table's schema (:mod:`tdreplay.codec.spaces`:
+``Box``, ``Discrete`` / ``MultiDiscrete`` for fields declaring ``n`` categories,
+a ``Dict`` for subtrees; bfloat16 is written as float32), with or
+without an env spec, and the data is stored losslessly (no JPEG). The metadata holds ``tdreplay_version``, ``tdreplay_table`` and the
 table's spec as JSON (``tdreplay_schema``), and the environment's spec when
 one is given. :func:`read_minari` reads any Minari dataset back as rows for a
 table's fields (:func:`tdreplay.codec.episodes.episode_rows`).
@@ -41,6 +42,7 @@ from tqdm import tqdm
 from .episodes import EpisodeLayout, EpisodeSplitter, episode_rows
 from .errors import InvalidRequest, PathExists, SchemaError
 from .from_arrow import to_leaves
+from .spaces import categories, check_categories, space_of
 
 __all__ = [
     "DATASET_ID_PATTERN",
@@ -134,36 +136,6 @@ def _env_spec(env_spec: Any) -> Any:
         ) from None
 
 
-def _space(fields: Mapping[str, Any], keys: list[str], top: str) -> Any:
-    from gymnasium import spaces
-
-    def leaf(f: Mapping[str, Any]) -> Any:
-        shape = tuple(f.get("shape") or [])
-        name = "float32" if f["dtype"] == "bfloat16" else str(f["dtype"])
-        dtype: Any = np.dtype(name)
-        if name == "bool":
-            return spaces.MultiBinary(list(shape) if shape else 1)
-        if name.startswith(("int", "uint")):
-            info = np.iinfo(dtype)
-            return spaces.Box(info.min, info.max, shape, dtype=dtype)
-        return spaces.Box(-np.inf, np.inf, shape, dtype=dtype)
-
-    if keys == [top]:
-        return leaf(fields[top])
-    tree: dict[str, Any] = {}
-    for key in keys:
-        parts = key.split(".")[1:]
-        node = tree
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = leaf(fields[key])
-
-    def build(node: dict[str, Any]) -> Any:
-        return spaces.Dict({k: build(v) if isinstance(v, dict) else v for k, v in node.items()})
-
-    return build(tree)
-
-
 def _numpy(t: torch.Tensor) -> np.ndarray:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
@@ -244,8 +216,8 @@ def write_minari(
             aside.mkdir()
             storage = MinariStorage.new(
                 aside / "data",
-                observation_space=_space(fields, layout.observation, "observation"),
-                action_space=_space(fields, layout.action, "action"),
+                observation_space=space_of(fields, layout.observation, "observation"),
+                action_space=space_of(fields, layout.action, "action"),
                 env_spec=env,
                 data_format=data_format,
                 jpeg_encoding=False,
@@ -261,6 +233,8 @@ def write_minari(
                 }
             )
             splitter = EpisodeSplitter(layout)
+            declared = categories(fields, [*layout.observation, *layout.action])
+            declared |= {f"next.{k}": n for k, n in declared.items() if k in layout.observation}
             pending: list[Any] = []
 
             def flush(episodes: list[Any]) -> None:
@@ -285,6 +259,7 @@ def write_minari(
                 total=total, desc=f"minari {dataset_id}", unit="rows", disable=not show
             ) as bar:
                 for rows in _rows(pf, CHUNK_ROWS):
+                    check_categories(declared, rows, first=splitter.rows)
                     flush(splitter.feed(rows))
                     bar.update(len(next(iter(rows.values()))))
                 flush(splitter.finish())

@@ -12,15 +12,26 @@ puts them together.
     'next.done'
     >>> FieldSpec(shape=[2, 3], dtype="bfloat16").nbytes
     12
+    >>> FieldSpec(shape=[], dtype="int64", n=4).model_dump()  # a Minari export: Discrete(4)
+    {'shape': [], 'dtype': 'int64', 'n': 4}
+    >>> FieldSpec(shape=[2], dtype="float32").model_dump()
+    {'shape': [2], 'dtype': 'float32'}
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from tdreplay.codec.dtypes import TORCH, DTypeName
 
@@ -34,7 +45,9 @@ class SpecModel(BaseModel):
 
 
 class FieldSpec(SpecModel):
-    """One field of an item: its per-item shape and dtype."""
+    """One field of an item: its per-item shape and dtype; for a categorical integer
+    field, the number of values its elements take (``n``). A field without ``n``
+    serializes without it."""
 
     shape: list[Annotated[int, Field(ge=1, le=1 << 31)]] = Field(
         default_factory=list,
@@ -42,6 +55,32 @@ class FieldSpec(SpecModel):
         description="Per-item shape; [] for a scalar. Every dimension is at least 1.",
     )
     dtype: DTypeName = Field(description="Element type.")
+    n: int | None = Field(
+        default=None,
+        ge=1,
+        description="An integer field's number of categories: its elements take the values "
+        "0 .. n-1 (TorchRL's Categorical; a Minari export's Discrete or MultiDiscrete space). "
+        "Not checked on insert.",
+    )
+
+    @model_validator(mode="after")
+    def _check_n(self) -> FieldSpec:
+        if self.n is None:
+            return self
+        if self.dtype == "bool" or TORCH[self.dtype].is_floating_point:
+            raise ValueError(f"n (categories) is for integer fields; this one is {self.dtype}")
+        top = int(torch.iinfo(TORCH[self.dtype]).max)
+        if self.n - 1 > top:
+            raise ValueError(f"n = {self.n} categories do not fit {self.dtype} (at most {top + 1})")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # a field that declares no categories reads, and is stored, as before they existed
+        data: dict[str, Any] = handler(self)
+        if data.get("n", 0) is None:
+            del data["n"]
+        return data
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -1,7 +1,7 @@
 """How the columns of a Parquet file become the fields of a table, for :mod:`~tdreplay.storage.importer`.
 
 :func:`plan_columns` matches a file's columns (struct columns flattened to
-dotted names) to the table's fields and checks each before any row is read:
+dotted names by :mod:`tdreplay.codec.parquet_columns`) to the table's fields and checks each before any row is read:
 its dtype must cast losslessly into the field's (``int32 -> int64``,
 ``float32 -> float64``; never ``float64 -> float32``), its list nesting must
 spell the field's shape (or hold all its elements in one flat list), and it
@@ -14,10 +14,8 @@ naming the column and the file.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,8 +26,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from tdreplay.codec.arrow import META_DTYPE, META_SHAPE, SEP
+from tdreplay.codec.arrow import META_DTYPE, META_SHAPE
 from tdreplay.codec.dtypes import ARROW, NAMES, TORCH
+from tdreplay.codec.parquet_columns import leaf_columns
 
 from .errors import SchemaError
 from .spec import NestedKey, join_key
@@ -79,37 +78,13 @@ class Column:
     scan: bool
 
 
-def _leaves(schema: pa.Schema) -> Iterator[tuple[str, pa.Field, int, str]]:
-    """``(dotted name, field, Parquet leaf column, top-level column)``, struct columns flattened."""
-    leaf = itertools.count()
-
-    def walk(name: str, f: pa.Field, top: str) -> Iterator[tuple[str, pa.Field, int, str]]:
-        if pa.types.is_struct(f.type):
-            for child in f.type:
-                yield from walk(f"{name}{SEP}{child.name}", child, top)
-        else:
-            first = next(leaf)
-            for _ in range(_n_leaves(f.type) - 1):
-                next(leaf)
-            yield name, f, first, top
-
-    for f in schema:
-        yield from walk(f.name, f, f.name)
-
-
-def _n_leaves(t: pa.DataType) -> int:
-    if t.num_fields == 0:
-        return 1
-    return sum(_n_leaves(t.field(i).type) for i in range(t.num_fields))
-
-
 def plan_columns(table: Table, pf: pq.ParquetFile, source: Path) -> list[Column]:
     """Check a file's schema against the table's; say how each column is read."""
     found: dict[str, tuple[pa.Field, int, str]] = {}
-    for name, f, leaf, top in _leaves(pf.schema_arrow):
-        if name in found:
-            raise schema_error(table, source, name, "appears twice")
-        found[name] = (f, leaf, top)
+    for c in leaf_columns(pf.schema_arrow):
+        if c.name in found:
+            raise schema_error(table, source, c.name, "appears twice")
+        found[c.name] = (c.field, c.leaf, c.top)
     schema = table.spec.torch_schema()
     wanted = {join_key(k): k for k in schema}
     for name in wanted:

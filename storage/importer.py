@@ -22,6 +22,7 @@ import torch
 
 from tdreplay.codec import CodecError, from_column
 from tdreplay.codec.arrow import META_DTYPE, META_SHAPE
+from tdreplay.codec.parquet_columns import flatten_structs
 
 from .errors import InvalidRequest
 from .export import progress_bar
@@ -143,10 +144,7 @@ def _batches(pf: pq.ParquetFile, plan: list[Column], step: int) -> Iterator[pa.T
     tops = {c.top for c in plan}
     columns = [n for n in pf.schema_arrow.names if n in tops]
     for rb in pf.iter_batches(batch_size=step, columns=columns):
-        t = pa.Table.from_batches([rb])
-        while any(pa.types.is_struct(f.type) for f in t.schema):
-            t = t.flatten()
-        yield t
+        yield flatten_structs(pa.Table.from_batches([rb]))
 
 
 def _prescan(table: Table, source: Path, pf: pq.ParquetFile, plan: list[Column], step: int) -> None:

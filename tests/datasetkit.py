@@ -1,12 +1,21 @@
-"""Episodes for the dataset tests: transitions in TorchRL's TED layout whose values say
-which episode and step they are, so boundaries and the T+1 observations can be checked."""
+"""For the dataset tests: transitions in TorchRL's TED layout whose values say which episode
+and step they are, so boundaries and the T+1 observations can be checked; a check that a
+Minari dataset's spaces contain its data; tables on a live server and the CLI."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
 import torch
 from tensordict import TensorDict
+from testkit import unique
+
+from tdreplay.cli import main
+from tdreplay.client import ReplayClient
 
 FIELDS: dict[str, Any] = {
     "observation": {"shape": [3], "dtype": "float32"},
@@ -52,3 +61,50 @@ def transitions(lengths: list[int], *, truncate_last: bool = False, traj0: int =
         },
         [n],
     )
+
+
+def contains_every_step(ds: Any) -> int:
+    """How many steps were checked: every observation and action of every episode lies in
+    the dataset's spaces."""
+    steps = 0
+    for e in ds.iterate_episodes():
+        obs = e.observations
+        for i in range(len(e.rewards) + 1):
+            assert ds.observation_space.contains(_step(obs, i)), (e.id, i, _step(obs, i))
+        for i in range(len(e.rewards)):
+            assert ds.action_space.contains(_step(e.actions, i)), (e.id, i, _step(e.actions, i))
+            steps += 1
+    return steps
+
+
+def _step(values: Any, i: int) -> Any:
+    if isinstance(values, dict):
+        return {k: _step(v, i) for k, v in values.items()}
+    return np.asarray(values[i])
+
+
+def make_table(client: ReplayClient, *, fields: dict | None = None, **extra: Any) -> str:
+    name = unique("ds")
+    client.create_table(
+        {"name": name, "capacity": 100, "backend": {"kind": "memory"}, "fields": fields or FIELDS}
+        | extra
+    )
+    return name
+
+
+def hidden(folder: Path) -> list[str]:
+    return [str(p) for p in folder.rglob(".*")]
+
+
+def cli(*argv: str, capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    capsys.readouterr()
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from datasetkit import FIELDS, transitions
+from datasetkit import FIELDS, contains_every_step, transitions
 from tensordict import TensorDict
 
 from tdreplay.codec.episodes import EpisodeLayout, EpisodeSplitter
@@ -66,7 +66,7 @@ def test_done_flags_cut_episodes_across_chunks() -> None:
     assert second.rewards.tolist() == [10, 11, 12, 13, 14]
     assert second.terminations.tolist() == [False] * 4 + [True]
     assert not second.truncations.any()
-    assert second.infos["traj"].tolist() == [1] * 5
+    assert second.infos["traj"].tolist() == [1] * 6  # one per observation, as Minari's
 
 
 def test_no_boundary_found_in_the_rows() -> None:
@@ -89,7 +89,7 @@ def test_trajectory_key_joins_interleaved_rows() -> None:
     splitter = EpisodeSplitter(EpisodeLayout.of({"fields": FIELDS}, "traj"))
     assert splitter.feed(rows) == []
     first, second = splitter.finish()
-    assert first.infos["traj"].tolist() == [7] * 4 and second.infos["traj"].tolist() == [9] * 3
+    assert first.infos["traj"].tolist() == [7] * 5 and second.infos["traj"].tolist() == [9] * 4
     assert first.observations[:, 1].tolist() == [0, 1, 2, 3, 4]
 
 
@@ -141,3 +141,117 @@ def test_torchrl_collector_ids_are_the_trajectory_key_by_default() -> None:
     assert EpisodeLayout.of(slices).trajectory == "done"  # the sampler's names it first
     assert EpisodeLayout.of({"fields": FIELDS}).trajectory is None  # "traj" is just a field
     assert EpisodeLayout.of({"fields": FIELDS}, "traj").trajectory == "traj"
+
+
+@pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
+def test_spaces_come_from_the_schema_and_contain_the_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_format: str
+) -> None:
+    """No env spec: the spaces are the table's, field by field, and minari reads back a
+    dataset whose every step lies in them (both of Minari's storage formats)."""
+    from gymnasium import spaces
+
+    leaves = {
+        "state": {"shape": [3], "dtype": "float32"},
+        "pixels": {"shape": [2, 2], "dtype": "uint8"},
+        "flag": {"shape": [], "dtype": "bool"},
+        "mask": {"shape": [2], "dtype": "bool"},
+        "half": {"shape": [2], "dtype": "bfloat16"},
+        "cell": {"shape": [], "dtype": "int16", "n": 5},
+    }
+    fields = {
+        **{f"observation.{k}": v for k, v in leaves.items()},
+        **{f"next.observation.{k}": v for k, v in leaves.items()},
+        "action": {"shape": [], "dtype": "int64", "n": 3},
+        "next.reward": {"shape": [1], "dtype": "float32"},
+        "next.done": {"shape": [1], "dtype": "bool"},
+    }
+    n = 7
+    steps = torch.arange(n)
+    data = {
+        "state": steps[:, None].float().expand(n, 3),
+        "pixels": (steps[:, None, None] * 30).to(torch.uint8).expand(n, 2, 2),
+        "flag": steps % 2 == 0,
+        "mask": torch.stack([steps % 2 == 0, steps % 3 == 0], 1),
+        "half": steps[:, None].to(torch.bfloat16).expand(n, 2),
+        "cell": (steps % 5).to(torch.int16),
+    }
+    rows = TensorDict(
+        {
+            "observation": data,
+            "next": {
+                "observation": {k: v.roll(-1, 0) for k, v in data.items()},
+                "reward": torch.ones(n, 1),
+                "done": (steps == 2) | (steps == n - 1),
+            },
+            "action": steps % 3,
+        },
+        [n],
+    )
+    rows["next", "done"] = rows["next", "done"][:, None]
+    source = table(tmp_path, "sp", fields=fields)
+    source.extend(rows)
+    parquet = source.export(tmp_path / "sp.parquet")
+    root = tmp_path / "datasets"
+    write_minari(parquet, root, "tdreplay/sp-v0", data_format=data_format)
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
+    ds = minari.load_dataset("tdreplay/sp-v0")
+    assert ds.env_spec is None
+    assert ds.action_space == spaces.Discrete(3)
+    obs = ds.observation_space
+    assert isinstance(obs, spaces.Dict) and set(obs.spaces) == set(leaves)
+    assert obs["state"] == spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    assert obs["pixels"] == spaces.Box(0, 255, (2, 2), np.uint8)
+    assert obs["flag"] == spaces.Box(0, 1, (), bool)
+    assert obs["mask"] == spaces.Box(0, 1, (2,), bool)
+    assert obs["half"] == spaces.Box(-np.inf, np.inf, (2,), np.float32)  # written as float32
+    assert obs["cell"] == spaces.Discrete(5)
+    assert contains_every_step(ds) == n
+    assert [len(e.rewards) for e in ds.iterate_episodes()] == [3, 4]
+
+    copy = table(tmp_path, "sp2", fields=fields)  # and back, every field as it was
+    spec = copy.spec.fields
+    _, chunks = read_minari(root, "tdreplay/sp-v0", {k: f.model_dump() for k, f in spec.items()})
+    for got in chunks:
+        leaves_ = {
+            tuple(k.split(".")): torch.from_numpy(v).to(spec[k].torch_dtype) for k, v in got.items()
+        }
+        copy.extend(TensorDict(leaves_, [len(got["action"])]))
+    again = copy.export(tmp_path / "sp2.parquet")
+    assert pq.read_table(again).to_pydict() == pq.read_table(parquet).to_pydict()
+
+
+def test_integer_actions_without_categories_and_multi_discrete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An integer field without ``n`` is a Box over its dtype's range; a tensor field with
+    ``n`` a MultiDiscrete; a value outside the declared categories stops the export, which
+    leaves nothing behind."""
+    from gymnasium import spaces
+
+    root = tmp_path / "datasets"
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
+    source = table(tmp_path, "ints")
+    source.extend(transitions([3, 2]))  # FIELDS' action: int64 [2], no n
+    write_minari(source.export(tmp_path / "ints.parquet"), root, "tdreplay/ints-v0")
+    ds = minari.load_dataset("tdreplay/ints-v0")
+    info = np.iinfo(np.int64)
+    assert ds.action_space == spaces.Box(info.min, info.max, (2,), np.int64)
+    assert contains_every_step(ds) == 5
+
+    fields = {**FIELDS, "action": {"shape": [2], "dtype": "int32", "n": 10}}
+    multi = table(tmp_path, "multi", fields=fields)
+    rows = transitions([3, 2])
+    rows["action"] = rows["action"].to(torch.int32)  # 0 .. 9
+    multi.extend(rows)
+    write_minari(multi.export(tmp_path / "multi.parquet"), root, "tdreplay/multi-v0")
+    ds = minari.load_dataset("tdreplay/multi-v0")
+    assert ds.action_space == spaces.MultiDiscrete([10, 10], dtype=np.int32)
+    assert contains_every_step(ds) == 5
+
+    rows["action"][4, 1] = 10  # row 4 leaves the categories
+    multi.extend(rows)
+    with pytest.raises(SchemaError, match=r"'action' holds 10 in row 9, outside its n = 10") as err:
+        write_minari(multi.export(tmp_path / "bad.parquet"), root, "tdreplay/bad-v0")
+    assert err.value.field == "action"
+    assert sorted(os.listdir(root / "tdreplay")) == ["ints-v0", "multi-v0"]

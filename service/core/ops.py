@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import torch
 from starlette.concurrency import run_in_threadpool
@@ -59,6 +59,9 @@ from .served import Served
 from .waiting import WaitHook
 
 log = logging.getLogger("tdreplay.service")
+
+#: rows as flat columns, ``{nested key: tensor [N, *shape]}``
+Columns = Mapping[NestedKey, torch.Tensor]
 
 
 class Core(TableOps, PersistenceOps):
@@ -104,28 +107,33 @@ class Core(TableOps, PersistenceOps):
         return await handle.extend(columns, n, self.timeout(params.timeout), params.request_id)
 
     async def insert(
-        self, columns: Mapping[NestedKey, torch.Tensor], params: InsertParams
+        self, params: InsertParams, rows: Columns | Callable[[], Awaitable[Columns]]
     ) -> tuple[dict[str, torch.Tensor], bool]:
         """Insert the same rows into every table of ``params.into``, each with its own
         initial priority (Reverb's insert into several tables).
 
-        Every table is looked up and the rows checked against it first (keys, shapes,
-        dtypes, priority): a missing table, or one that refuses the rows, stops the call
-        before anything is written. Then each table's insert runs, atomic as an extend
-        is, their rate-limiter waits side by side. With a request id each table keeps
-        its own part's answer: a retry after a lost answer inserts where the first call
-        did not get to, and nowhere twice.
+        Every table is looked up (here, once), then the rows are taken - ``rows`` may be
+        a coroutine function reading them, which a door passes so that a missing table
+        is answered before its body is read - and checked against each table (keys,
+        shapes, dtypes, priority): a missing table, or one that refuses the rows, stops
+        the call before anything is written. Then each table's insert runs, atomic as an
+        extend is, their rate-limiter waits side by side. With a request id each table
+        keeps its own part's answer: a retry after a lost answer inserts where the first
+        call did not get to, and nowhere twice.
 
         Returns:
-            The slots written, by table; and whether the call was a repeat everywhere.
+            The slots written, by table (as many as the rows, unless a table's max-value
+            writer dropped some: count them per table); and whether the call was a
+            repeat everywhere.
 
         Raises:
             TableNotFound, SchemaError, InvalidRequest: nothing was written.
             RateLimitTimeout: a table held its insert back past the timeout (the others'
                 went in; a retry with the same request id completes the call).
         """
-        n = _rows(columns)
         handles = {name: self.table(name) for name in params.into}
+        columns = await rows() if callable(rows) else rows
+        n = _rows(columns)
         for name, handle in handles.items():
             with handle.use() as table:
                 check = functools.partial(table.check_insert, priority=params.into[name])

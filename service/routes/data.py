@@ -104,9 +104,9 @@ async def extend(
     inserts back, then answers 429. A rejected body writes nothing.
     """
     params = parse(ExtendParams, {"timeout": timeout, protocol.REQUEST_ID: request_id})
-    core.table(name)  # 404 before the body is read
+    handle = core.table(name)  # 404 before the body is read; passed on: looked up once
     columns = await _rows(request, core)
-    index, replayed = await core.extend(name, columns, params)
+    index, replayed = await core.extend(handle, columns, params)
     content = json.dumps({"index": index.tolist(), "rows": len(index)}).encode()
     headers = {protocol.ROWS_WRITTEN: str(len(index))}
     if replayed:
@@ -135,7 +135,10 @@ async def _rows(request: Request, core: Core) -> dict[Any, Any]:
 
 class InsertResult(BaseModel):
     index: dict[str, list[int]] = Field(description="The slots written in each table.")
-    rows: int = Field(description="How many rows went into each table.")
+    rows: dict[str, int] = Field(
+        description="How many rows went into each table (fewer than sent where a "
+        "max-value writer dropped some)."
+    )
 
 
 async def insert(
@@ -154,12 +157,14 @@ async def insert(
     params = parse(
         InsertParams, {"into": into, "timeout": timeout, protocol.REQUEST_ID: request_id}
     )
-    for name in params.into:
-        core.table(name)  # 404 before the body is read
-    columns = await _rows(request, core)
-    index, replayed = await core.insert(columns, params)
-    rows = len(next(iter(index.values())))
-    content = json.dumps({"index": {k: v.tolist() for k, v in index.items()}, "rows": rows})
+    # the core looks the tables up, then reads the body: a missing table is a 404 first
+    index, replayed = await core.insert(params, lambda: _rows(request, core))
+    content = json.dumps(
+        {
+            "index": {k: v.tolist() for k, v in index.items()},
+            "rows": {k: len(v) for k, v in index.items()},
+        }
+    )
     headers = {protocol.IDEMPOTENT_REPLAY: "true"} if replayed else None
     return Response(content.encode(), media_type=protocol.JSON, headers=headers)
 

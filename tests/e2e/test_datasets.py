@@ -1,23 +1,22 @@
 """Datasets out and in against a real server: streamed Parquet/CSV exports, Minari datasets
 (written here from a streamed export, on the server with path=, and by the CLI with and
 without a server) read back by minari itself, Minari datasets imported into tables, and a
-Parquet export read by Hugging Face ``datasets``."""
+Parquet export read by Hugging Face ``datasets``. Parquet imports: test_parquet_import.py."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import minari
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datasetkit import FIELDS, transitions
-from testkit import unique
+import torch
+from datasetkit import FIELDS, cli, contains_every_step, hidden, make_table, transitions
 
-from tdreplay.cli import main
 from tdreplay.client import InvalidRequest, PathExists, ReplayClient, SchemaError, TableNotFound
 
 LENGTHS = [3, 5, 2, 4]
@@ -34,36 +33,9 @@ def client(server: Any) -> Iterator[ReplayClient]:
         yield c
 
 
-def make_table(client: ReplayClient, *, fields: dict | None = None, **extra: Any) -> str:
-    name = unique("ds")
-    client.create_table(
-        {"name": name, "capacity": 100, "backend": {"kind": "memory"}, "fields": fields or FIELDS}
-        | extra
-    )
-    return name
-
-
 def load(root: Path, dataset_id: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
     return minari.load_dataset(dataset_id)
-
-
-def hidden(folder: Path) -> list[str]:
-    return [str(p) for p in folder.rglob(".*")]
-
-
-def cli(*argv: str, capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return code, out, err
 
 
 def test_streamed_export_is_atomic(client: ReplayClient, tmp_path: Path) -> None:
@@ -126,6 +98,41 @@ def test_minari_export_here_and_import(
     narrow = make_table(client, fields={**FIELDS, "extra": {"shape": [2], "dtype": "float32"}})
     with pytest.raises(SchemaError, match="'extra' has no source"):
         client.import_dataset(narrow, "tdreplay/run-v0", root=root)
+
+
+def test_minari_spaces_from_the_schema(
+    client: ReplayClient, server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without an env spec the dataset's spaces come from the table's schema (a scalar
+    integer action declaring n categories: Discrete), and every step lies in them; a
+    value outside the categories stops the export, here and on the server."""
+    from gymnasium import spaces
+
+    fields = {**FIELDS, "action": {"shape": [], "dtype": "int64", "n": 4}}
+    name = make_table(client, fields=fields)
+    assert client.info(name)["fields"]["action"] == {"shape": [], "dtype": "int64", "n": 4}
+    assert "n" not in client.info(name)["fields"]["observation"]
+    rows = transitions(LENGTHS)
+    rows["action"] = torch.arange(len(rows)) % 4
+    client.extend(name, rows)
+    root = tmp_path / "datasets"
+    client.export(name, format="minari", dest=root, dataset_id="tdreplay/spaces-v0")
+    ds = load(root, "tdreplay/spaces-v0", monkeypatch)
+    assert ds.env_spec is None
+    assert ds.action_space == spaces.Discrete(4)
+    assert ds.observation_space == spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    assert contains_every_step(ds) == sum(LENGTHS)
+    assert ds[1].actions.tolist() == [3, 0, 1, 2, 3]
+
+    bad = rows[:1].clone()
+    bad["action"] = torch.tensor([4])
+    client.extend(name, bad)
+    for where in ({"dest": root}, {"path": "exports/minari"}):
+        with pytest.raises(SchemaError, match="'action' holds 4 in row 14, outside its n = 4") as e:
+            client.export(name, format="minari", dataset_id="tdreplay/bad-v0", **where)
+        assert e.value.field == "action"
+    assert not (root / "tdreplay" / "bad-v0").exists() and hidden(root) == []
+    assert hidden(server.root / "exports") == []
 
 
 def test_minari_on_the_server(
@@ -228,71 +235,3 @@ def test_hugging_face_datasets_reads_a_parquet_export(
     assert ds[3]["next.reward"] == [10.0] and ds[7]["next.done"] == [True]
     torch_rows = ds.with_format("torch")[0:3]
     assert torch_rows["observation"].shape == (3, 3)
-
-
-def foreign_file(path: Path, n: int = 6) -> Path:
-    """A Parquet file another tool wrote: its own column names, plain lists, other dtypes."""
-    table = pa.table(
-        {
-            "obs": pa.array([[float(i), 0.0, 1.0] for i in range(n)]),  # list<double>
-            "obs_next": pa.array([[float(i + 1), 0.0, 1.0] for i in range(n)]),
-            "act": pa.array([[i, -i] for i in range(n)], pa.list_(pa.int32())),
-            "rew": pa.array([0.5 * i for i in range(n)]),
-            "terminal": pa.array([i == n - 1 for i in range(n)]),
-            "timeout": pa.array([False] * n),
-            "note": pa.array(["x"] * n),
-        }
-    )
-    pq.write_table(table, path)
-    return path
-
-
-MAPPING = {
-    "observation": "obs",
-    "action": "act",
-    "next.observation": "obs_next",
-    "next.reward": "rew",
-    "next.done": "terminal",
-    "next.terminated": "terminal",
-    "next.truncated": "timeout",
-    "done": "timeout",
-    "traj": "act",  # any column of the right size: a demonstration, not a meaning
-}
-
-
-def test_import_any_parquet_through_a_column_mapping(
-    client: ReplayClient, tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    fields = {k: v for k, v in FIELDS.items() if k != "traj"}
-    name = make_table(client, fields=fields)
-    src = foreign_file(tmp_path / "d4rl.parquet")
-    mapping = {k: v for k, v in MAPPING.items() if k != "traj"}
-    assert client.import_parquet(name, src, columns=mapping, chunk=4) == 6
-    back = pq.read_table(pa.BufferReader(client.export(name))).to_pydict()
-    assert back["observation"][2] == [2.0, 0.0, 1.0] and back["action"][3] == [3, -3]
-    assert back["next.reward"] == [[0.5 * i] for i in range(6)]
-    assert back["next.done"][-1] == [True]
-
-    with pytest.raises(SchemaError, match=r"no column 'observation' for field 'observation'"):
-        client.import_parquet(name, src)
-    with pytest.raises(
-        SchemaError, match=r"column 'note' \(for field 'next.reward'\) holds string"
-    ):
-        client.import_parquet(name, src, columns={**mapping, "next.reward": "note"})
-    with pytest.raises(SchemaError, match="column 'act' holds 2 elements per row; its field has 3"):
-        client.import_parquet(name, src, columns={**mapping, "observation": "act"})
-    with pytest.raises(SchemaError, match="column 'rew' holds double; field 'action' is int64"):
-        client.import_parquet(name, src, columns={**mapping, "action": "rew"})
-    with pytest.raises(SchemaError, match="no field 'nope'"):
-        client.import_parquet(name, src, columns={**mapping, "nope": "obs"})
-    assert client.info(name)["size"] == 6  # nothing written by the refused imports
-
-    args = [f"--map={k}={v}" for k, v in mapping.items()]
-    code, out, err = cli("import", name, str(src), *args, "--url", client.urls[0], capsys=capsys)
-    assert code == 0 and "imported 6 rows" in out, err
-    code, _, err = cli("import", name, str(src), "--url", client.urls[0], capsys=capsys)
-    assert code == 1 and "no column 'observation'" in err and "0 rows were written" in err
-    code, _, err = cli(
-        "import", name, str(src), "--map", "obs", "--url", client.urls[0], capsys=capsys
-    )
-    assert code == 2 and "FIELD=COLUMN" in err

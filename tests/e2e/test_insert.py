@@ -114,3 +114,44 @@ def test_the_torchrl_adapter_writes_its_also_tables_in_the_same_request(server: 
     clone = pickle.loads(pickle.dumps(rb))  # a collector worker's copy keeps also=
     clone.extend(rows(6, 2))
     assert client.info(hot)["size"] == 8
+
+
+def test_the_answer_counts_the_rows_of_each_table(server: Any) -> None:
+    """A max-value writer keeps only the largest items: its table takes fewer rows than
+    the others, and the answer says how many each took (its retry too)."""
+    client = ReplayClient(server.url)
+    top = spec("top6", {"kind": "uniform"}, capacity=4, writer={"kind": "max_value", "key": "id"})
+    client.create_table(top)
+    client.create_table(spec("all6", {"kind": "uniform"}, capacity=64))
+    into = {"top6": None, "all6": None}
+    status, (answer, _) = _post(server, into, rows(10, 4), "counted")
+    assert status == 200 and answer["rows"] == {"top6": 4, "all6": 4}
+    status, (answer, _) = _post(server, into, rows(0, 3), "dropped")  # below top6's minimum
+    assert status == 200 and answer["rows"] == {"top6": 0, "all6": 3}
+    assert {k: len(v) for k, v in answer["index"].items()} == answer["rows"]
+    again, (repeat, headers) = _post(server, into, rows(0, 3), "dropped")
+    assert again == 200 and repeat == answer and headers.get("x-idempotent-replay") == "true"
+    slots = client.extend(into, rows(100, 2))
+    assert {k: len(v) for k, v in slots.items()} == {"top6": 2, "all6": 2}
+    assert sorted(client.read("top6", list(range(4)))["id"].tolist()) == [12, 13, 100, 101]
+
+
+def test_a_missing_table_is_answered_before_the_body_is_read(server: Any) -> None:
+    """The core looks every table up before it reads the body: a request announcing a large
+    body that never comes gets its 404 at once."""
+    import socket
+
+    client = ReplayClient(server.url)
+    client.create_table(spec("here7", {"kind": "uniform"}, capacity=8))
+    into = quote(json.dumps({"here7": None, "nowhere7": None}))
+    head = (
+        f"POST /v1/insert?into={into} HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: {protocol.ARROW_STREAM}\r\nContent-Length: {100 << 20}\r\n\r\n"
+    )
+    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+        sock.sendall(head.encode())
+        answer = ""
+        while "nowhere7" not in answer and (got := sock.recv(65536)):
+            answer += got.decode(errors="replace")
+    assert answer.startswith("HTTP/1.1 404"), answer[:200]
+    assert "nowhere7" in answer and client.info("here7")["size"] == 0
