@@ -101,6 +101,7 @@ __all__ = [
     "UnsupportedMediaType",
     "from_response",
     "in_doubt",
+    "may_have_arrived",
 ]
 
 #: server error ``type`` -> class: the classes the storage raises and the server answers with
@@ -149,14 +150,22 @@ class ConnectionFailed(TransportError, ConnectionError):
         self.sent = sent
 
 
+def may_have_arrived(err: TransportError | None) -> bool:
+    """Whether the request of a try that failed with ``err`` may have reached the server: a
+    connection that dropped once it was sent (``sent``), or any failure but a connection's
+    (a timeout, an answer that could not be read). ``None`` (no try failed): no."""
+    if err is None:
+        return False
+    return not isinstance(err, ConnectionFailed) or err.sent
+
+
 def in_doubt(err: TransportError, first: TransportError | None) -> TransportError:
-    """The error of a call whose second try failed with ``err`` after its first try failed
-    with ``first`` (a pooled connection that broke, or the shared-memory socket): if the
-    first may have carried the request to the server, so may the call have (``sent``),
-    whatever the second says - a sharded extend must then not go to another server: it may
-    be stored already."""
-    first_sent = isinstance(first, ConnectionFailed) and first.sent
-    if first_sent and isinstance(err, ConnectionFailed) and not err.sent:
+    """The error of a call whose later try failed with ``err`` after an earlier try failed
+    with ``first`` (a pooled connection that broke, the shared-memory socket, a retry): if
+    the first may have carried the request to the server (:func:`may_have_arrived`), so
+    may the call have (``sent``), whatever the later one says - a sharded extend must then
+    not go to another server: it may be stored already."""
+    if may_have_arrived(first) and isinstance(err, ConnectionFailed) and not err.sent:
         return ConnectionFailed(
             f"{err} (after a first try broke mid-call: {first})", url=err.url, sent=True
         )

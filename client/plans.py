@@ -228,8 +228,7 @@ class Calls(PersistencePlans):
                 if self.n == 1:
                     raise
                 self.shards.down(shard, err)
-                sent = not isinstance(err, errors.ConnectionFailed) or err.sent
-                if sent:  # it may have been stored there: only there may it go again
+                if errors.may_have_arrived(err):  # it may be stored there: only there again
                     index = yield from self._resend(shard, command, err)
                 elif k == len(order) - 1:
                     raise
@@ -251,11 +250,13 @@ class Calls(PersistencePlans):
         policy's deadline.
 
         Raises:
-            TransportError: ``err`` (or the last failure) once the deadline passed.
+            TransportError: the last failure once the deadline passed, saying the call may
+                have been sent (as ``err`` does), though the last try was refused.
         """
         policy = self.settings.retry
         limit = policy.deadline if policy.deadline is not None else 30.0
         start, paused, attempt = time.monotonic(), 0.0, 0
+        last = err
         while time.monotonic() - start < limit and paused < limit:
             attempt += 1
             pause = min(policy.max_backoff, policy.delay(attempt))
@@ -264,8 +265,8 @@ class Calls(PersistencePlans):
             try:
                 return (yield Call(shard, command))
             except errors.TransportError as again:
-                err = again
-        raise err
+                last = again
+        raise errors.in_doubt(last, err)
 
     def sample(
         self,

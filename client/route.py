@@ -90,14 +90,18 @@ def transmit(call: Call, settings: ClientSettings, links: list[Any]) -> Generato
                 failed, result = err, shm.HTTP  # the socket failed: this call goes over HTTP
             if result is not shm.HTTP:
                 return result
-    try:
-        return (yield from over_http(call, settings))
-    except errors.TransportError as err:
-        raise errors.in_doubt(err, failed) from None
+    return (yield from over_http(call, settings, failed))
 
 
-def over_http(call: Call, settings: ClientSettings) -> Generator[Wire, Any, Any]:
-    """``call`` over HTTP, retried as its policy says (:meth:`Call.retry`)."""
+def over_http(
+    call: Call, settings: ClientSettings, failed: errors.TransportError | None = None
+) -> Generator[Wire, Any, Any]:
+    """``call`` over HTTP, retried as its policy says (:meth:`Call.retry`).
+
+    A try that may have reached the server (``failed``, the shared-memory socket's, or
+    one of these) leaves the call in doubt: the error raised says it may have been sent
+    (:func:`~tdreplay.client.errors.in_doubt`), though the last try was refused.
+    """
     policy, command = call.retry(settings.retry), call.command
     start, attempt = time.monotonic(), 0
     while True:
@@ -106,9 +110,12 @@ def over_http(call: Call, settings: ClientSettings) -> Generator[Wire, Any, Any]
         try:
             response = yield OverHttp(call.shard, req)
         except errors.TransportError as err:
+            if not errors.may_have_arrived(failed):
+                failed = err
+            err = errors.in_doubt(err, failed)
             elapsed = time.monotonic() - start
             if not policy.should_retry(err, attempt, elapsed, idempotent=req.idempotent):
-                raise
+                raise err from None
             yield Pause(policy.delay(attempt))
             continue
         return command.parse(response)

@@ -60,9 +60,10 @@ class SampleTarget:
     def words(self) -> tuple[memoryview, ...] | None:
         """The ``index``, ``times_sampled``, ``key``, ``priority`` and ``weight`` buffers as
         memoryviews, for a small sample written item by item (a torch call costs more
-        than the values); ``None`` when the target lacks one of them."""
+        than the values); ``None`` when the target lacks one of them. Each was checked
+        to be one a sample writes in place (``RowChecker.out_buffers``)."""
         order = [("index",), *(("sample_info", k) for k in WORD_ORDER)]
-        if not all(k in self.info and self.info[k].is_contiguous() for k in order):
+        if not all(k in self.info for k in order):
             return None
         return tuple(self.info[k].numpy().data for k in order)
 
@@ -212,7 +213,14 @@ class RowChecker:
     def out_buffers(
         self, out: TensorDictBase, n: int
     ) -> tuple[dict[NestedKey, torch.Tensor], dict[NestedKey, torch.Tensor]]:
-        """The schema's tensors in ``out``, and the sample-info tensors it already holds."""
+        """The schema's tensors in ``out``, and the sample-info tensors it already holds:
+        each is written in place, so each must fit (:func:`_fits`).
+
+        Raises:
+            InvalidRequest: ``out``'s batch is not ``[n]``, a field is missing, or a field
+                or a sample-info tensor is not a contiguous CPU tensor of its dtype and
+                shape (``index`` and ``sample_info``: ``[n]``).
+        """
         if is_tensorclass(out):
             out = out._tensordict
         if list(out.batch_size) != [n]:
@@ -228,39 +236,55 @@ class RowChecker:
         # general path below, which also reports what does not fit.
         got = plain_leaves(out)
         if got is not None and all(k in got for k in INFO_KEYS):
-            bufs = {}
-            for key, (shape, dtype) in self._schema.items():
-                t = got.get(key)
-                if (
-                    t is None
-                    or t.dtype != dtype
-                    or t.shape != (n, *shape)
-                    or not t.is_contiguous()
-                    or t.device.type != "cpu"
-                ):
-                    break
-                bufs[key] = t
-            else:
-                return bufs, {k: got[k] for k in INFO_KEYS}
+            fields = self._schema.items()
+            if all(_fits(got.get(k), d, (n, *shape)) for k, (shape, d) in fields) and all(
+                _fits(got[k], d, (n,)) for k, d in INFO_DTYPES.items()
+            ):
+                return {k: got[k] for k in self._schema}, {k: got[k] for k in INFO_KEYS}
         bufs = {}
         for key, (shape, dtype) in self._schema.items():
             t = out.get(key, None)
-            if (
-                t is None
-                or t.dtype != dtype
-                or list(t.shape) != [n, *shape]
-                or not t.is_contiguous()
-                or t.device.type != "cpu"
-            ):
-                raise InvalidRequest(
-                    f"table {self.name!r}: out[{join_key(key)!r}] must be a contiguous CPU {dtype} tensor of shape {[n, *shape]}",
-                    table=self.name,
-                    field=join_key(key),
-                )
+            if not _fits(t, dtype, (n, *shape)):
+                raise self._unfit(key, t, dtype, (n, *shape))
             bufs[key] = t
         out_info = {}
         for k in INFO_KEYS:
             t = out.get(k, None)
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor):  # written in place: checked as the fields are
+                if not _fits(t, INFO_DTYPES[k], (n,)):
+                    raise self._unfit(k, t, INFO_DTYPES[k], (n,))
                 out_info[k] = t
         return bufs, out_info
+
+    def _unfit(
+        self, key: NestedKey, t: Any, dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> InvalidRequest:
+        """The error for an ``out`` buffer ``t`` that a sample cannot write into (:func:`_fits`)."""
+        if isinstance(t, torch.Tensor):
+            grad = ", requiring grad" if t.requires_grad else ""
+            layout = "" if t.is_contiguous() else "non-contiguous "
+            what = f"a {layout}{t.device.type} {t.dtype} tensor of shape {list(t.shape)}{grad}"
+        else:
+            what = "none" if t is None else type(t).__name__
+        return InvalidRequest(
+            f"table {self.name!r}: out[{join_key(key)!r}] must be a contiguous CPU {dtype} "
+            f"tensor of shape {list(shape)} that does not require grad, got {what}",
+            table=self.name,
+            field=join_key(key),
+            expected=f"{dtype} {list(shape)}",
+            got=what,
+        )
+
+
+def _fits(t: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:
+    """Whether a sample can write into ``t`` in place: a contiguous CPU tensor of ``dtype``
+    and ``shape`` that does not require grad (a few items are written item by item
+    through its memory, :attr:`SampleTarget.words`)."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.dtype == dtype
+        and t.shape == shape
+        and t.is_contiguous()
+        and t.device.type == "cpu"
+        and not t.requires_grad
+    )

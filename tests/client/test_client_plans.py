@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from tdreplay.client import ClientSettings, ConnectionFailed, split_batch
+from tdreplay.client import ClientSettings, ConnectionFailed, ProtocolError, route, split_batch
 from tdreplay.client import commands as C
 from tdreplay.client.plans import Calls
 from tdreplay.client.steps import Call, Gather, Pause
@@ -247,3 +247,25 @@ def test_the_old_settings_name_warns_and_still_works() -> None:
     with pytest.warns(DeprecationWarning, match="ClientSettings"):
         old = client.Settings
     assert old is ClientSettings
+
+
+def test_a_call_whose_socket_answered_garbage_stays_in_doubt_over_http() -> None:
+    """The same-host socket carried an extend and its answer could not be read (the server
+    got the request); the HTTP tries after it are refused. The call may have been stored:
+    its error says so (``sent``), so a sharded extend goes to no other server."""
+    settings = ClientSettings(urls=("http://s0",), transport="auto")
+    plan = route.transmit(Call(0, C.Extend("t", rows(1))), settings, [object()])
+    step, tries = next(plan), 0
+    with pytest.raises(ConnectionFailed) as info:
+        while True:
+            if isinstance(step, route.Link):
+                step = plan.send(object())
+            elif isinstance(step, route.OverShm):
+                step = plan.throw(ProtocolError("shared-memory socket: a garbled reply"))
+            elif isinstance(step, route.OverHttp):
+                tries += 1
+                step = plan.throw(ConnectionFailed("refused", sent=False))
+            else:
+                assert isinstance(step, Pause)
+                step = plan.send(None)
+    assert tries == settings.retry.attempts and info.value.sent

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -9,7 +12,13 @@ import torch
 from tensordict import TensorDict
 from testkit import unique
 
-from tdreplay.client import AsyncReplayClient, ReplayClient
+from tdreplay.client import (
+    AsyncReplayClient,
+    ConnectionFailed,
+    RateLimitTimeout,
+    ReplayClient,
+    RetryPolicy,
+)
 
 FIELDS = {"x": {"shape": [], "dtype": "int64"}}
 
@@ -148,3 +157,41 @@ def test_from_statefulset_names_the_pods_in_order(tmp_path: Any) -> None:
     for bad in ({"replicas": 0}, {"name": "Bad_Name"}, {"port": 70000}, {"namespace": "a.b"}):
         with pytest.raises(ValueError):
             ReplayClient.from_statefulset(**{"namespace": "x", **bad})
+
+
+def test_an_extend_whose_server_died_holding_it_goes_to_no_other(
+    server: Any, live_server: Any
+) -> None:
+    """A sharded extend is held by its server's rate limiter when the server is killed: the
+    request reached it. The client's retries of that call are then refused (nothing listens
+    any more), but the call must still say it may have been sent and must not go to the
+    other server (a real crash after the insert would have stored it twice)."""
+    victim = live_server()
+    urls = [victim.url, server.url]
+    limiter = {"min_size_to_sample": 1, "samples_per_insert": 1.0, "error_buffer": 1.0}
+    name = create(ReplayClient(urls), rate_limiter=limiter)
+    direct = ReplayClient(victim.url)
+    with pytest.raises(RateLimitTimeout):  # fill the victim until an insert waits
+        for k in range(10):
+            direct.extend(name, rows(k, 1), timeout=0.05)
+    client = ReplayClient(urls, transport="http", retry=RetryPolicy(deadline=1.0))
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            client.extend(name, rows(1000, 1), timeout=30)  # the first extend: the victim's
+        except BaseException as err:
+            failed.append(err)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    deadline = time.monotonic() + 10
+    while direct.info(name)["waiting"]["insert"] == 0:  # the request is in the server
+        assert time.monotonic() < deadline, "the extend never reached its server"
+        time.sleep(0.05)
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    writer.join(30)
+    assert len(failed) == 1 and isinstance(failed[0], ConnectionFailed), failed
+    assert failed[0].sent, failed[0]
+    assert ReplayClient(server.url).info(name)["size"] == 0, "the extend went to another server"

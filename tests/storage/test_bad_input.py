@@ -237,3 +237,45 @@ def test_extend_copies_the_input(tables) -> None:
     table.extend(data)
     data["observation"].fill_(-1)
     assert table.read(torch.arange(4))["observation"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def _set(key: tuple[str, ...], make: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    def change(batch: TensorDict) -> TensorDict:
+        batch.set(key, make(batch.get(key)))
+        return batch
+
+    return change
+
+
+INFO_CASES = [
+    ("key-float32", _set(("sample_info", "key"), lambda t: t.float()), "sample_info.key"),
+    ("times-int32", _set(("sample_info", "times_sampled"), lambda t: t.int()), "sample_info.times_sampled"),
+    ("priority-int64", _set(("sample_info", "priority"), lambda t: t.long()), "sample_info.priority"),
+    ("weight-column", _set(("sample_info", "weight"), lambda t: t[:, None].clone()), "sample_info.weight"),
+    ("index-bool", _set(("index",), lambda t: t.bool()), "index"),
+    ("weight-grad", _set(("sample_info", "weight"), lambda t: t.clone().requires_grad_()), "sample_info.weight"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("checked", [False, True], ids=["out", "target"])
+@pytest.mark.parametrize(
+    ("make_bad", "field"), [c[1:] for c in INFO_CASES], ids=[c[0] for c in INFO_CASES]
+)
+def test_bad_sample_info_in_out_is_rejected_and_changes_nothing(
+    tables, make_bad: Callable, field: str, checked: bool
+) -> None:
+    """A sample writes ``out``'s sample-info tensors in place, a few items one by one
+    through their memory: one of another dtype or shape is refused before anything is
+    drawn (a float32 key was silently rounded, an int64 priority or an [n, 1] weight
+    failed after a queue had handed its items out: lost), both as ``out=`` and as a
+    checked target."""
+    table = tables.create(make_spec(capacity=16, sampler={"kind": "fifo"}))
+    table.extend(rows(0, 12))
+    out = make_bad(table.sample(3).detach().clone())
+    before = snapshot(table)
+    with pytest.raises(InvalidRequest) as info:
+        table.sample(3, out=table.target(out, 3) if checked else out)
+    assert info.value.field == field
+    assert f"out[{field!r}]" in str(info.value) and "got" in str(info.value)
+    assert_same(before, snapshot(table))
+    assert table.sample(9)["id"].tolist() == list(range(3, 12))  # nothing handed out

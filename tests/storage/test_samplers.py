@@ -398,8 +398,9 @@ def test_samplers_report_their_state(tables) -> None:
         {"max_times_sampled": 3},
         {"sampler": {"kind": "without_replacement"}},
         {"sampler": {"kind": "fifo"}},
+        {"sampler": {"kind": "lifo"}},
     ],
-    ids=["uniform", "prioritized", "max_times_sampled", "without_replacement", "fifo"],
+    ids=["uniform", "prioritized", "max_times_sampled", "without_replacement", "fifo", "lifo"],
 )
 @pytest.mark.parametrize("kind", ["memory", "memmap"])
 def test_a_small_sample_into_a_target_counts_and_reads_as_any_other(
@@ -409,24 +410,28 @@ def test_a_small_sample_into_a_target_counts_and_reads_as_any_other(
     and a plain sample on a twin table with the same seed draw the same items and answer
     the same index, times sampled, key, priority and weight, and leave the same counts."""
     backend = {"kind": kind}
-    a = tables.create(make_spec(name="a", capacity=16, backend=backend, **extra), seed=7)
-    b = tables.create(make_spec(name="b", capacity=16, backend=backend, **extra), seed=7)
-    for t in (a, b):
+    a, b, c = (
+        tables.create(make_spec(name=name, capacity=16, backend=backend, **extra), seed=7)
+        for name in "abc"
+    )
+    for t in (a, b, c):
         t.extend(rows(0, 12))
         if "prioritized" in str(extra):
             t.update_priority(torch.arange(12), torch.arange(1.0, 13.0))
-    targets = {n: a.target(a.sample(n).clone(), n) for n in (1, 3, 8)}
-    for n in (1, 3, 8):  # the twin draws as often, to stay in step
-        b.sample(n)
+    # the targets are made of a third table's samples: a queue's twins keep their items
+    targets = {n: a.target(c.sample(n).clone(), n) for n in (1, 3, 8)}
+    compared: set[int] = set()
     for n in [1, 3, 8, 1, 8, 3] * 2:
         if not a.can_sample(n):
             assert not b.can_sample(n)
             continue
         got, want = a.sample(n, out=targets[n]), b.sample(n)
+        compared.add(n)
         for key in ("index", ("sample_info", "times_sampled"), ("sample_info", "key")):
             assert torch.equal(got[key], want[key]), (key, got[key], want[key])
         for key in (("sample_info", "priority"), ("sample_info", "weight")):
             assert torch.allclose(got[key], want[key]), (key, got[key], want[key])
         assert torch.equal(got["id"], want["id"])
+    assert compared == {1, 3, 8}  # each size drawn into its target at least once
     assert torch.equal(a.slots.times_sampled, b.slots.times_sampled)
     assert torch.equal(a.slots.live, b.slots.live)
