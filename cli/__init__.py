@@ -163,8 +163,8 @@ def add_remote_commands(sub: Any) -> None:
     p = sub.add_parser(
         "load",
         help="restore a table from a folder `tdreplay dump` wrote",
-        description="Replace (or create) TABLE on the server from DIR (at most the server's "
-        "--max-body-bytes).",
+        description="Replace (or create) TABLE on the server from DIR, sent in parts within "
+        "the server's --max-body-bytes (at most its --max-load-bytes in all).",
     )
     p.add_argument("table")
     p.add_argument("folder", metavar="DIR")

@@ -256,11 +256,15 @@ class Persistence:
     def load(self, table: str, path: str | Path) -> dict[str, Any]:
         """Replace (or create) ``table`` from a local dump :meth:`dump` wrote; returns its info.
 
-        The archive goes up in one request: at most the server's ``--max-body-bytes``.
+        The archive goes up in parts, each one request within the server's
+        ``--max-body-bytes``, staged on the server and restored once whole (the table is
+        swapped atomically: a load that fails or is cut off leaves it as it was). The
+        whole archive is held in memory here, as :meth:`dump` holds it.
 
         Raises:
             FileNotFoundError: no dump at ``path`` (for this client's servers).
-            PayloadTooLarge: the dump is over the server's body limit.
+            PayloadTooLarge: the dump is over the server's ``--max-load-bytes``.
             InvalidRequest: the dump is of another table.
+            CodecError: the dump is not a whole archive (the member at fault is named).
         """
         return self.load_archives(table, read(path, len(self.urls)))

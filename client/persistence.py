@@ -6,6 +6,7 @@ them on every server of a sharded client.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,7 +15,9 @@ from typing import Any
 
 from ..codec import operations as ops
 from ..codec import protocol
-from .commands import Command, Request, Response, json_body, op_request
+from ..codec.errors import ReplayError
+from .commands import Command, Request, Response, json_body, op_request, op_target
+from .errors import ProtocolError
 from .merging import merge_infos
 from .sinks import FileSink
 from .steps import Call, Gather, Plan
@@ -68,21 +71,65 @@ class Dump(Command[bytes]):
 
 
 @dataclass
-class Load(Command[dict[str, Any]]):
-    """Replace (or create) the table from an archive :class:`Dump` made of it; its info."""
+class LoadBegin(Command[dict[str, Any]]):
+    """Begin a load in parts of an archive of ``size`` bytes: the server's answer names the
+    upload and the part size (``{"upload", "part_bytes", ...}``)."""
 
-    op = ops.LOAD
+    op = ops.LOAD_BEGIN
 
     table: str
-    archive: bytes
+    size: int
 
     def request(self) -> Request:
-        return op_request(
-            self, self.table, headers={"Content-Type": protocol.TAR}, body=self.archive
-        )
+        headers, body = json_body({"size": self.size})
+        return op_request(self, self.table, headers=headers, body=body)
 
     def parse(self, response: Response) -> dict[str, Any]:
         return response.check().json()
+
+
+@dataclass
+class LoadPart(Command[dict[str, Any]]):
+    """The archive's bytes ``part`` from ``offset``; the answer counts the bytes received."""
+
+    op = ops.LOAD_PART
+
+    table: str
+    upload: str
+    offset: int
+    part: bytes | memoryview
+
+    def request(self) -> Request:
+        target = op_target(self.op, self.table, upload=self.upload, offset=self.offset)
+        headers = {"Content-Type": protocol.TAR}
+        return Request(self.op.method, target, headers, self.part, idempotent=self.op.idempotent)
+
+    def parse(self, response: Response) -> dict[str, Any]:
+        return response.check().json()
+
+
+@dataclass
+class LoadCommit(Command[dict[str, Any]]):
+    """Replace (or create) the table from the whole upload; its info."""
+
+    op = ops.LOAD_COMMIT
+
+    table: str
+    upload: str
+
+    def request(self) -> Request:
+        headers, body = json_body({"upload": self.upload})
+        return op_request(self, self.table, headers=headers, body=body)
+
+    def parse(self, response: Response) -> dict[str, Any]:
+        return response.check().json()
+
+
+@dataclass
+class LoadAbort(LoadCommit):
+    """Drop the upload and its staged bytes (the answer says whether it was under way)."""
+
+    op = ops.LOAD_ABORT
 
 
 @dataclass
@@ -154,16 +201,41 @@ class PersistencePlans:
         return list(results)
 
     def load(self, table: str, archives: Sequence[bytes]) -> Plan[dict[str, Any]]:
-        """Restore each shard's ``table`` from its archive (as :meth:`dump` made them)."""
+        """Restore each shard's ``table`` from its archive (as :meth:`dump` made them), sent
+        in parts within each server's body limit: begin, parts (a round of one part per
+        server at a time), commit. A failure aborts every upload begun, so no server keeps
+        staged bytes, and leaves each table as it was unless its commit succeeded."""
         if len(archives) != self.n:
             raise ValueError(
                 f"{len(archives)} archives for {self.n} servers: load takes what dump made "
                 "of the same servers"
             )
-        calls = [Call(i, Load(table, a)) for i, a in enumerate(archives)]
-        results = yield Gather(calls)
-        with self._lock:
-            self._sizes.pop(table, None)
+        begun: list[dict[str, Any]] = []
+        try:
+            for i, archive in enumerate(archives):  # one by one: each begun one is known
+                begun.append((yield Call(i, LoadBegin(table, len(archive)))))
+            sent = [0] * self.n
+            while calls := [
+                Call(i, LoadPart(table, up["upload"], sent[i], _part(archive, sent[i], up)))
+                for i, (archive, up) in enumerate(zip(archives, begun, strict=True))
+                if sent[i] < len(archive)
+            ]:
+                for call, answer in zip(calls, (yield Gather(calls)), strict=True):
+                    received = int(answer["received"])
+                    if received <= sent[call.shard]:  # never loop on a server that takes nothing
+                        raise ProtocolError(f"load part at {sent[call.shard]}: {answer}")
+                    sent[call.shard] = received
+            results = yield Gather(
+                [Call(i, LoadCommit(table, up["upload"])) for i, up in enumerate(begun)]
+            )
+        except ReplayError:
+            for i, up in enumerate(begun):
+                with contextlib.suppress(ReplayError):  # else dropped once idle (--load-timeout)
+                    yield Call(i, LoadAbort(table, up["upload"]))
+            raise
+        finally:
+            with self._lock:
+                self._sizes.pop(table, None)
         return merge_infos(results)
 
     def export(
@@ -188,3 +260,14 @@ class PersistencePlans:
         ]
         results = yield Gather(calls)
         return results[0] if self.n == 1 else results
+
+
+#: the largest part a load sends (the server's body limit may cap it lower): each request
+#: stays short, and so does the body buffer the server keeps for its size
+MAX_PART = 64 << 20
+
+
+def _part(archive: bytes, start: int, upload: dict[str, Any]) -> memoryview:
+    """The part of ``archive`` from ``start`` (uncopied), as long as the server allows."""
+    size = max(1, min(int(upload["part_bytes"]), MAX_PART))
+    return memoryview(archive)[start : start + size]

@@ -70,8 +70,31 @@ def _member_path(dest: Path, member: tarfile.TarInfo) -> Path:
     return dest.joinpath(*name.parts)
 
 
-def unpack(data: bytes, dest: Path, *, max_bytes: int, max_members: int = MAX_MEMBERS) -> None:
-    """Write the archive ``data`` into the new folder ``dest`` (its parent must exist).
+def check_start(block: bytes) -> None:
+    """Refuse ``block`` (an archive's first 512 bytes) unless it is a tar member's header:
+    a load in parts checks it as soon as it has it, before the rest is sent.
+
+        >>> check_start(b"not a tar header".ljust(512, b"?"))
+        Traceback (most recent call last):
+        ...
+        tdreplay.codec.errors.CodecError: the archive does not begin with a tar header: invalid header
+
+    Raises:
+        CodecError: it is not (an empty header, a bad checksum).
+    """
+    try:
+        tarfile.TarInfo.frombuf(block[: tarfile.BLOCKSIZE], tarfile.ENCODING, "surrogateescape")
+    except tarfile.HeaderError as err:
+        raise CodecError(
+            f"the archive does not begin with a tar header: {err}", field="archive"
+        ) from None
+
+
+def unpack(
+    data: bytes | Path, dest: Path, *, max_bytes: int, max_members: int = MAX_MEMBERS
+) -> None:
+    """Write the archive ``data`` (its bytes, or a file holding them, read as it goes) into
+    the new folder ``dest`` (its parent must exist).
 
     Raises:
         CodecError: not a tar archive; a member that is not a regular file or folder,
@@ -82,7 +105,8 @@ def unpack(data: bytes, dest: Path, *, max_bytes: int, max_members: int = MAX_ME
     """
     dest.mkdir(mode=0o700)
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        source = {"name": data} if isinstance(data, Path) else {"fileobj": io.BytesIO(data)}
+        with tarfile.open(mode="r:", **source) as tar:
             _unpack_members(tar, dest, max_bytes, max_members)
     except tarfile.TarError as err:  # not tar, cut short, or a damaged header
         raise CodecError(f"not a whole tar archive: {err}", field="archive") from None

@@ -217,6 +217,29 @@ class ExportBody(Params):
     )
 
 
+#: a load's upload, as the server named it at ``load_begin`` (the client only repeats it)
+UploadId = Annotated[
+    str,
+    StringConstraints(pattern=r"^[0-9a-f]{32}$"),
+    Field(description="The upload, as load_begin named it."),
+]
+
+
+class LoadBegin(Params):
+    size: int = Field(ge=1, lt=1 << 63, strict=True, description="The archive's size in bytes.")
+
+
+class LoadPart(Params):
+    upload: UploadId
+    offset: int = Field(
+        ge=0, lt=1 << 63, description="Where the part starts: the bytes received so far."
+    )  # a retry may repeat bytes received already: they must be the same
+
+
+class LoadUpload(Params):
+    upload: UploadId  # commit and abort name only the upload
+
+
 # ------------------------------------------------------------------ the operations
 #: how an operation's parameters travel over HTTP: the query string, a JSON body, an
 #: Arrow IPC body (the rows; the parameters in the query and headers), a tar archive, none
@@ -287,6 +310,16 @@ RESTORE = _on_table("restore", "POST", "restore", params=PathBody, carrier="json
 EXPORT = _on_table("export", "POST", "export", params=ExportBody, carrier="json")
 DUMP = _on_table("dump", "POST", "dump")
 LOAD = _on_table("load", "POST", "load", carrier="tar")
+#: a load in parts (an archive over the body limit): begin (names the upload and the part
+#: size; a repeat would stage another), parts in order, commit (restores it) or abort
+LOAD_BEGIN = _on_table(
+    "load_begin", "POST", "load/begin", params=LoadBegin, carrier="json", idempotent=False
+)  # fmt: skip
+LOAD_PART = _on_table("load_part", "POST", "load/part", params=LoadPart, carrier="tar")
+LOAD_COMMIT = _on_table(
+    "load_commit", "POST", "load/commit", params=LoadUpload, carrier="json", idempotent=False
+)  # fmt: skip
+LOAD_ABORT = _on_table("load_abort", "POST", "load/abort", params=LoadUpload, carrier="json")
 
 #: every operation, by name
 OPERATIONS: dict[str, Operation] = {
@@ -294,6 +327,7 @@ OPERATIONS: dict[str, Operation] = {
     for op in (
         HEALTHZ, LIST_TABLES, CREATE_TABLE, SERVER_INFO, STATUS, INSERT, INFO, DELETE_TABLE, CLEAR, EXTEND, SAMPLE,
         STREAM, UPDATE_PRIORITY, REMOVE, READ, CHECKPOINT, RESTORE, EXPORT, DUMP, LOAD,
+        LOAD_BEGIN, LOAD_PART, LOAD_COMMIT, LOAD_ABORT,
     )
 }  # fmt: skip
 

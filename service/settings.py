@@ -115,6 +115,18 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=256 * MiB, ge=1, description="Largest request or sample body, in bytes (413)."
     )
+    max_load_bytes: int = Field(
+        default=32 * GiB,
+        ge=1,
+        description="Largest archive a load in parts may send (413 at its begin); each part "
+        "is one request within --max-body-bytes.",
+    )
+    load_timeout: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds a load in parts may idle between requests before it is abandoned "
+        "and its staged bytes deleted.",
+    )
     max_tables: int = Field(
         default=1024,
         ge=1,

@@ -18,6 +18,8 @@ of what the service may use (``tests/test_import_cycles.py`` holds it so):
   :func:`is_checkpoint_debris`, :func:`is_reserved_checkpoint_name` and :func:`clean_checkpoints` (what
   interrupted checkpoints leave);
 * Redis: :class:`RedisConnection`, :func:`resolve_redis_connection`;
+* disk space: :func:`free_bytes`, :func:`is_disk_full`, :func:`insufficient_storage` (the
+  507 quoting the bytes free);
 * sampled batches: :data:`SAMPLE_INFO_DTYPES` (the columns every sample
   carries besides the table's fields), :func:`tensordict_from_leaves`,
   :class:`SampleTarget` (buffers checked once, sampled into again and again);
@@ -35,6 +37,9 @@ from .debris import clean_checkpoints
 from .debris import is_complete as is_complete_checkpoint
 from .debris import is_debris as is_checkpoint_debris
 from .debris import is_reserved as is_reserved_checkpoint_name
+from .diskspace import free_bytes
+from .diskspace import insufficient as insufficient_storage
+from .diskspace import is_full as is_disk_full
 from .errors import (
     BackendError,
     CheckpointError,
@@ -92,6 +97,9 @@ __all__ = [
     "TableSpec",
     "clean_checkpoints",
     "find_checkpoint",
+    "free_bytes",
+    "insufficient_storage",
+    "is_disk_full",
     "is_checkpoint",
     "is_checkpoint_debris",
     "is_reserved_checkpoint_name",

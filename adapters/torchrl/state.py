@@ -72,7 +72,8 @@ class ServiceStateMixin:
         Raises:
             FileNotFoundError: no dump in the local ``path``.
             InvalidRequest: the dump or checkpoint is of another table.
-            PayloadTooLarge: the dump is over the server's ``--max-body-bytes``.
+            PayloadTooLarge: the dump is over the server's ``--max-load-bytes`` (it goes up
+                in parts, each within ``--max-body-bytes``).
         """
         if on_server:
             self._client.restore(self._table, str(path or f"checkpoints/{self._table}"))

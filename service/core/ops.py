@@ -4,9 +4,9 @@
 in-process caller hold: the one service object. It holds the served tables
 (:class:`~.served.Served`) and every operation on them - extend, sample,
 update priorities, remove, read here; create, clear, delete, info
-(:mod:`.lifecycle`); checkpoint, restore, export, dump, load
-(:mod:`.persistence`) - each looking its table up once, with its validation,
-limits and rate-limiter wait done once. A door parses its request into the
+(:mod:`.lifecycle`); checkpoint, restore, export, dump, load (:mod:`.persistence`;
+a load in parts: :mod:`.uploads`) - each looking its table up once, with its
+validation, limits and rate-limiter wait done once. A door parses its request into the
 models of the contract (:mod:`tdreplay.codec.operations`), calls one method,
 and encodes the answer.
 
@@ -54,8 +54,10 @@ from ..settings import Settings
 from ..wire import Lease, sample_nbytes
 from .handle import Place, Shape, TableHandle
 from .lifecycle import TableOps
+from .paths import TRANSFER_SCRATCH
 from .persistence import PersistenceOps
 from .served import Served
+from .uploads import Uploads
 from .waiting import WaitHook
 
 log = logging.getLogger("tdreplay.service")
@@ -76,6 +78,13 @@ class Core(TableOps, PersistenceOps):
         self.settings = settings
         self.served = Served(settings, on_wait=on_wait)
         self.root = self.served.root
+        self.uploads = Uploads(self.root / TRANSFER_SCRATCH, settings)
+
+    async def close(self, *, checkpoint: bool = False) -> None:
+        """Drop the loads under way (:mod:`.uploads`), then stop serving every table
+        (:meth:`TableOps.close <.lifecycle.TableOps.close>`)."""
+        await self.uploads.close()
+        await super().close(checkpoint=checkpoint)
 
     # -- rules shared by the operations ----------------------------------------
     def timeout(self, given: float | None) -> float:

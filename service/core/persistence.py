@@ -10,6 +10,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from tdreplay.codec import protocol
 from tdreplay.codec.archive import pack as archive_pack
 from tdreplay.codec.archive import unpack as archive_unpack
 from tdreplay.codec.minari_files import write_minari
-from tdreplay.codec.operations import ExportBody, PathBody
+from tdreplay.codec.operations import ExportBody, LoadBegin, LoadPart, LoadUpload, PathBody
 from tdreplay.storage import (
     CheckpointError,
     InvalidCheckpoint,
@@ -42,12 +43,16 @@ from .paths import (
     relative,
 )
 from .served import CorePart
+from .uploads import Upload, Uploads
 
 log = logging.getLogger("tdreplay.service")
 
 
 class PersistenceOps(CorePart):
-    """Checkpoint, restore, export, dump and load of :class:`~.ops.Core`."""
+    """Checkpoint, restore, export, dump and load (in one request or in parts) of
+    :class:`~.ops.Core`."""
+
+    uploads: Uploads
 
     async def checkpoint(self, name: str, body: PathBody) -> str:
         """Checkpoint a table; returns the folder relative to the data root.
@@ -193,13 +198,60 @@ class PersistenceOps(CorePart):
             InvalidCheckpoint, CheckpointError: it cannot be restored.
         """
         folder = self._scratch(name)
-        limit = self.settings.max_body_bytes
         try:
-            await run_in_threadpool(lambda: archive_unpack(bytes(data), folder, max_bytes=limit))
-            handle = await self.restore_from(name, folder)
+            handle = await self._restore_archive(name, bytes(data), folder)
         finally:
             await run_in_threadpool(shutil.rmtree, folder, True)
         return await handle.info()
+
+    async def load_begin(self, name: str, params: LoadBegin) -> Upload:
+        """Begin a load in parts of an archive of ``params.size`` bytes (:mod:`.uploads`).
+
+        Raises:
+            PayloadTooLarge: over ``--max-load-bytes``.
+            InsufficientStorage: too many loads under way, or no room on the disk.
+        """
+        upload = await self.uploads.begin(name, params.size)
+        log.info("table %r: load %s of %d bytes begun", name, upload.id, upload.size)
+        return upload
+
+    async def load_part(
+        self, name: str, params: LoadPart, read: Callable[[], Awaitable[memoryview]]
+    ) -> Upload:
+        """Add the part ``read()`` gives to a load in parts (see :meth:`.uploads.Uploads.part`)."""
+        return await self.uploads.part(name, params.upload, params.offset, read)
+
+    async def load_commit(self, name: str, params: LoadUpload) -> dict[str, Any]:
+        """Restore the table from a load in parts, once whole; returns its info. As
+        :meth:`load`: unpacked as untrusted, restored beside the table served, swapped in
+        once whole. The upload ends either way; a failure leaves the table as it was.
+
+        Raises:
+            InvalidRequest: no such upload, bytes of it missing (it stays open), or the
+                archive is of another table.
+            CodecError, InvalidCheckpoint, CheckpointError: see :meth:`load`.
+        """
+        began = time.monotonic()
+        async with self.uploads.committing(name, params.upload) as upload:
+            handle = await self._restore_archive(name, upload.archive, upload.folder / "dump")
+        log.info(
+            "table %r loaded from %d bytes in parts (load %s) in %.2f s",
+            name,
+            upload.size,
+            upload.id,
+            time.monotonic() - began,
+        )
+        return await handle.info()
+
+    async def load_abort(self, name: str, params: LoadUpload) -> bool:
+        """Drop a load in parts and its staged bytes; whether it was under way."""
+        return await self.uploads.abort(name, params.upload)
+
+    async def _restore_archive(self, name: str, archive: bytes | Path, folder: Path) -> TableHandle:
+        """Unpack ``archive`` (untrusted) into the new ``folder`` and restore ``name`` from it."""
+        limit = max(self.settings.max_body_bytes, self.settings.max_load_bytes)
+        await run_in_threadpool(lambda: archive_unpack(archive, folder, max_bytes=limit))
+        return await self.restore_from(name, folder)
 
     async def checkpoint_to(self, name: str, path: Path | None = None) -> Path:
         """Checkpoint ``name`` to ``path`` (default ``checkpoints/<name>``); the folder written."""

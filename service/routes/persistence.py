@@ -9,20 +9,36 @@ so a client keeps a table's whole state on its own side.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
 
 from tdreplay.codec import protocol
-from tdreplay.codec.operations import CHECKPOINT, DUMP, EXPORT, LOAD, RESTORE, ExportBody, PathBody
+from tdreplay.codec.operations import (
+    CHECKPOINT,
+    DUMP,
+    EXPORT,
+    LOAD,
+    LOAD_ABORT,
+    LOAD_BEGIN,
+    LOAD_COMMIT,
+    LOAD_PART,
+    RESTORE,
+    ExportBody,
+    LoadBegin,
+    LoadPart,
+    LoadUpload,
+    PathBody,
+)
 from tdreplay.storage import (
     BackendError,
     CheckpointError,
     InsufficientStorage,
     InvalidCheckpoint,
+    InvalidRequest,
     PathExists,
     SchemaError,
     TableNotFound,
@@ -129,6 +145,14 @@ async def dump(name: TableName, core: CoreDep) -> FileResponse:
     )
 
 
+TAR_REQUEST: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {protocol.TAR: {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
 @declare(
     router,
     LOAD,
@@ -141,16 +165,89 @@ async def dump(name: TableName, core: CoreDep) -> FileResponse:
         PayloadTooLarge,
         UnsupportedMediaType,
     ),
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {protocol.TAR: {"schema": {"type": "string", "format": "binary"}}},
-        }
-    },
+    openapi_extra=TAR_REQUEST,
 )
 async def load(request: Request, name: TableName, core: CoreDep) -> dict[str, Any]:
     """Replace (or create) the table from an archive ``dump`` made of it (at most
-    ``--max-body-bytes``). Answers its info."""
+    ``--max-body-bytes``; a larger one goes in parts: ``load/begin``). Answers its info."""
     require_media_type(request, protocol.TAR)
     body = await read_body(request, request.app.state.bodies, core.settings.max_body_bytes)
     return await core.load(name, body)
+
+
+# ------------------------------------------------------------------ a load in parts
+class UploadAnswer(BaseModel):
+    upload: str = Field(description="The upload's id: name it in its parts and its commit.")
+    size: int = Field(description="The archive's size, as begun.")
+    received: int = Field(description="Bytes received so far, from the start.")
+    part_bytes: int = Field(description="A part's size at most (the server's body limit).")
+    timeout: float = Field(description="Seconds the upload may idle before it is dropped.")
+
+
+def _upload(core: Any, upload: Any) -> dict[str, Any]:
+    return {
+        "upload": upload.id,
+        "size": upload.size,
+        "received": upload.received,
+        "part_bytes": core.uploads.part_bytes,
+        "timeout": core.uploads.idle,
+    }
+
+
+@declare(
+    router,
+    LOAD_BEGIN,
+    response_model=UploadAnswer,
+    responses=error_responses(PayloadTooLarge, InsufficientStorage),
+)
+async def load_begin(name: TableName, core: CoreDep, body: LoadBegin) -> dict[str, Any]:
+    """Begin a load of an archive of ``size`` bytes (at most ``--max-load-bytes``) in parts:
+    answers the upload's id and the part size; send the parts (``load/part``), then
+    ``load/commit``. An upload idle over ``--load-timeout`` is dropped."""
+    return _upload(core, await core.load_begin(name, body))
+
+
+@declare(
+    router,
+    LOAD_PART,
+    response_model=UploadAnswer,
+    responses=error_responses(
+        "CodecError", InsufficientStorage, PayloadTooLarge, UnsupportedMediaType
+    ),
+    openapi_extra=TAR_REQUEST,
+)
+async def load_part(
+    request: Request, name: TableName, core: CoreDep, params: Annotated[LoadPart, Query()]
+) -> dict[str, Any]:
+    """The archive's bytes from ``offset`` (where those received end; a retry may repeat
+    received bytes, the same ones), at most the part size. Answers the bytes received."""
+    require_media_type(request, protocol.TAR)
+    limit = core.settings.max_body_bytes
+
+    async def read() -> memoryview:
+        return await read_body(request, request.app.state.bodies, limit)
+
+    return _upload(core, await core.load_part(name, params, read))
+
+
+@declare(
+    router,
+    LOAD_COMMIT,
+    responses=error_responses(
+        "CodecError", InvalidCheckpoint, SchemaError, CheckpointError, BackendError
+    ),
+)
+async def load_commit(name: TableName, core: CoreDep, body: LoadUpload) -> dict[str, Any]:
+    """Replace (or create) the table from the whole upload, as ``load`` does; the upload
+    ends either way (a failure leaves the table as it was). Answers its info."""
+    return await core.load_commit(name, body)
+
+
+class AbortAnswer(BaseModel):
+    aborted: bool = Field(description="Whether the upload was under way.")
+
+
+@declare(router, LOAD_ABORT, response_model=AbortAnswer, responses=error_responses(InvalidRequest))
+async def load_abort(name: TableName, core: CoreDep, body: LoadUpload) -> dict[str, bool]:
+    """Drop an upload and its staged bytes (answered alike if it ended already)."""
+    return {"aborted": await core.load_abort(name, body)}

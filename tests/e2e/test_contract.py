@@ -81,7 +81,10 @@ ARGS: dict[str, dict[str, Any]] = {
     "read": {"index": [0]},
     "remove": {"index": [0]},
     "update_priority": {"index": [0], "priority": [1.0]},
-    "load": {"archive": b""},
+    "load_begin": {"size": 10},
+    "load_part": {"upload": "0" * 32, "offset": 0, "part": b"x"},
+    "load_commit": {"upload": "0" * 32},
+    "load_abort": {"upload": "0" * 32},
     "checkpoint": {"path": "checkpoints/t"},
     "restore": {"path": "checkpoints/t"},
 }

@@ -43,6 +43,7 @@ def api_schema(live_server: Any) -> Any:
         backend="memory",
         max_table_bytes=64 << 20,
         max_body_bytes=1 << 20,
+        max_load_bytes=8 << 20,  # a begin past it is a 413, not the disk's 507
         max_timeout=0.01,
         env={"TDREPLAY_TOKEN": TOKEN},
     )

@@ -55,6 +55,7 @@ def test_no_server_errors(service, tmp_path: Path, path: str, method: str) -> No
         allowed_backends=["memory"],
         max_table_bytes=64 << 20,
         max_body_bytes=1 << 20,
+        max_load_bytes=8 << 20,  # a begin past it is a 413, not the disk's 507
         max_timeout=0.01,
         raise_server_exceptions=False,
     )

@@ -60,6 +60,8 @@ def _valid(path: str) -> dict[str, str]:
     """Values of the route's other required query parameters that pass."""
     if path.endswith(("/sample", "/stream")):
         return {"batch_size": "1"}
+    if path.endswith("/load/part"):
+        return {"upload": "0" * 32, "offset": "0"}
     return {"into": '{"t": null}'} if path.endswith("/insert") else {}
 
 

@@ -19,7 +19,7 @@ def test_token_guards_every_route_but_the_probes(service) -> None:
     documented = client.app.openapi()["paths"]
     routes = [(path, method.upper()) for path, ops in documented.items() for method in ops]
     routes += [("/openapi.json", "GET"), ("/docs", "GET"), ("/redoc", "GET")]
-    assert len(routes) == 25  # 22 routes of the protocol (GET /v1/info, /v1/status too) + the docs
+    assert len(routes) == 29  # 26 routes of the protocol (GET /v1/info, /v1/status too) + the docs
     assert ("/v1/info", "GET") in routes
     for path, method in routes:
         url = path.replace("{name}", "t")
