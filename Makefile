@@ -8,7 +8,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 TOKEN_FILE ?=
 
-.PHONY: setup dev serve demo test test-ray test-deploy lint typecheck check bench bench-peers schema wheel clean redis chromium image base-image wheelhouse docker
+.PHONY: setup dev serve demo test test-long test-deploy lint typecheck check bench bench-peers schema wheel clean redis chromium image base-image wheelhouse docker
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,12 +53,13 @@ typecheck: setup
 # the suite in TEST_JOBS processes, a test file each at a time (its module's servers shared)
 TEST_JOBS ?= 3
 test: setup redis chromium lint typecheck   ## lint, type-check and run the test suite (not the Docker tests)
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not docker and not ray"
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not docker and not ray and not slow"
 
-# TorchRL's RayCollector into the buffer on a real local Ray runtime (loopback only; ~1 min:
-# Ray and its actors are slow to start)
-test-ray: setup redis   ## run the Ray tests (not part of make test; .ci/run runs them)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m ray tests/torchrl
+# the example trainings and the GPU check script (each in processes of its own), and TorchRL's
+# RayCollector into the buffer on a real local Ray runtime (loopback only; Ray and its actors
+# are slow to start): ~2 min
+test-long: setup redis   ## run the example, bench-script and Ray tests (not part of make test; .ci/run runs them)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile -m "slow or ray" tests
 
 # ---------------------------------------------------------------- the image
 # `make image` builds the server image with no network inside the build: every wheel is prepared

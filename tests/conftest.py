@@ -17,6 +17,13 @@ from testkit import Tables, free_port
 BACKENDS = ["memory", "memmap", "h5", "shared", "redis"]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` (whole files: ``pytestmark``) run first: the suite's workers
+    take whole files (``--dist loadfile``), and a long file collected last would run on
+    one worker while the others sit idle. Otherwise the order is the collection's."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """A real ``redis-server`` on a free loopback port, for the whole session."""

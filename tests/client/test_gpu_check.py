@@ -13,6 +13,9 @@ import pytest
 import torch
 from testkit import REPO
 
+#: the check script in processes of its own: make test-long, not make test
+pytestmark = pytest.mark.slow
+
 SCRIPT = REPO / "bench" / "gpu_check.py"
 
 

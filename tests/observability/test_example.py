@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from testkit import REPO
+
+#: an example run in processes of its own: make test-long, not make test
+pytestmark = pytest.mark.slow
 
 
 def test_log_stats_smoke(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ TOTAL_FRAMES = 2000
 ONE_HOST = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 pytestmark = [
-    pytest.mark.ray,  # make test-ray: Ray and its actors take ~40 s to start and stop
+    pytest.mark.ray,  # make test-long: Ray and its actors take ~25-40 s to start and stop
     # policy=None: a random policy, which has no weights for the collector to send
     pytest.mark.filterwarnings("ignore:The policy is not an nn.Module:UserWarning"),
     pytest.mark.filterwarnings("ignore:RayCollector iteration started before:UserWarning"),

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 from example_kit import REPO, run
 
+#: an example run in processes of its own: make test-long, not make test
+pytestmark = pytest.mark.slow
+
 
 def test_learning_parity_smoke(tmp_path: Path) -> None:
     """Both buffers x 2 seeds of a few hundred frames, the curves, the late returns and

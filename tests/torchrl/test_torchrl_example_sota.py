@@ -7,9 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from example_kit import run
 
 from tdreplay.client import ReplayClient
+
+#: an example run in processes of its own: make test-long, not make test
+pytestmark = pytest.mark.slow
 
 
 def test_dqn_sota_trains_checkpoints_and_resumes(
