@@ -281,12 +281,11 @@ class AsyncReplayClient(ClientBase):
         progress: bool | None = None,
     ) -> int:
         """See :meth:`ReplayClient.import_dataset` (read as :meth:`import_parquet` is)."""
-        if format != datasets.MINARI:
-            raise ValueError(f"import_dataset reads Minari datasets, not {format!r}")
-        plan = datasets.import_minari(
+        plan = datasets.import_dataset(
             self._calls,
             table,
             dataset_id,
+            format=format,
             root=root,
             chunk=chunk,
             trajectory_key=trajectory_key,

@@ -5,7 +5,7 @@ which both client twins drive (:mod:`.steps`).
 renames it into place at the end (bounded memory; never half a file under the
 final name). :func:`export_minari` makes a Minari dataset of a table: on the
 server (``path=``), or here from a streamed Parquet export;
-:func:`import_minari` and :func:`import_parquet` extend a table with a Minari
+:func:`import_dataset` and :func:`import_parquet` extend a table with a Minari
 dataset's episodes or a Parquet file's rows. The conversions are
 :mod:`tdreplay.codec.minari_files`, the same the server and the offline CLI
 use, and :mod:`.parquet_rows`.
@@ -138,18 +138,25 @@ def export_minari(
         return (yield Work(write))
 
 
-def import_minari(
+def import_dataset(
     calls: Calls,
     table: str,
     dataset_id: str,
     *,
+    format: str = MINARI,
     root: str | Path | None = None,
     chunk: int = 4096,
     trajectory_key: str | None = None,
     progress: bool | None = None,
 ) -> Plan[int]:
     """Extend ``table`` with the steps of the Minari dataset ``dataset_id``; returns the
-    number of items written. See :meth:`~tdreplay.client.ReplayClient.import_dataset`."""
+    number of items written. See :meth:`~tdreplay.client.ReplayClient.import_dataset`.
+
+    Raises:
+        ValueError: ``format`` is not ``"minari"``, or ``chunk`` < 1.
+    """
+    if format != MINARI:
+        raise ValueError(f"import_dataset reads Minari datasets, not {format!r}")
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     info = yield from calls.info(table)

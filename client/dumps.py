@@ -223,13 +223,12 @@ class Persistence:
                 another number of elements (the error names the field). Rows of earlier
                 chunks stay written.
         """
-        if format != datasets.MINARI:
-            raise ValueError(f"import_dataset reads Minari datasets, not {format!r}")
         return self._run(
-            datasets.import_minari(
+            datasets.import_dataset(
                 self._calls,
                 table,
                 dataset_id,
+                format=format,
                 root=root,
                 chunk=chunk,
                 trajectory_key=trajectory_key,

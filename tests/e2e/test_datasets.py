@@ -98,6 +98,8 @@ def test_minari_export_here_and_import(
     narrow = make_table(client, fields={**FIELDS, "extra": {"shape": [2], "dtype": "float32"}})
     with pytest.raises(SchemaError, match="'extra' has no source"):
         client.import_dataset(narrow, "tdreplay/run-v0", root=root)
+    with pytest.raises(ValueError, match="reads Minari datasets, not 'd4rl'"):
+        client.import_dataset(copy, "tdreplay/run-v0", format="d4rl", root=root)
 
 
 def test_minari_spaces_from_the_schema(

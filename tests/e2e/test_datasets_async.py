@@ -64,6 +64,8 @@ def test_async_exports_and_imports_are_native(
             csv = await aio.export(name, "csv", dest=tmp_path / "rows.csv")
             folder = await aio.export(name, format="minari", dest=root, dataset_id="aio/run-v0")
             steps = await aio.import_dataset(copies[0], "aio/run-v0", chunk=5)
+            with pytest.raises(ValueError, match="reads Minari datasets, not 'd4rl'"):
+                await aio.import_dataset(copies[0], "aio/run-v0", format="d4rl")
             rows = await aio.import_parquet(copies[1], parquet, chunk=4)
             return parquet, csv, folder, steps, rows
 
