@@ -278,6 +278,9 @@ class Calls(PersistencePlans):
         lease: bool = False,
     ) -> Plan[Any]:
         wait = self._wait(wait)
+        # the contract's rule, before anything is sent (the shm frame could not even carry
+        # a negative or huge size): the same error as the server's
+        batch_size = ops.sample_params(batch_size, wait).batch_size
         if self.n == 1:
             td = yield Call(0, C.Sample(table, batch_size, wait, alloc, lease))
         else:

@@ -386,14 +386,25 @@ def parse(model: type[P], values: Mapping[str, Any]) -> P:
         ) from None
 
 
-@functools.lru_cache(maxsize=256, typed=True)
-def sample_params(batch_size: int, timeout: float | None) -> SampleParams:
-    """:func:`parse` of a sample's values as a binary frame carries them (typed already),
-    remembered: a learner asks for the same size again and again, and the model is frozen.
+def sample_params(batch_size: Any, timeout: Any) -> SampleParams:
+    """:func:`parse` of a sample's values (a binary frame's, or a client call's before
+    anything is sent), remembered: a learner asks for the same size again and again, and
+    the model is frozen. Values that cannot be remembered (unhashable) are only checked.
+
+        >>> sample_params(32, None).batch_size
+        32
 
     Raises:
         InvalidRequest: as :func:`parse` (a refusal is not remembered).
     """
+    try:
+        return _remembered_sample_params(batch_size, timeout)
+    except TypeError:  # unhashable (a list, say): checked, not remembered
+        return parse(SampleParams, {"batch_size": batch_size, "timeout": timeout})
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _remembered_sample_params(batch_size: Any, timeout: Any) -> SampleParams:
     return parse(SampleParams, {"batch_size": batch_size, "timeout": timeout})
 
 

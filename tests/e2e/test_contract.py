@@ -126,3 +126,28 @@ def test_a_broken_rule_is_the_same_error_on_the_client_and_the_server(live_serve
         client.remove("rule", [0], key=[1, 2])
     assert removing.value.field == "key"
     assert client.info("rule")["size"] == 4
+
+
+@pytest.mark.parametrize("bad", [0, -1, 10**12])
+def test_a_batch_size_out_of_range_is_the_servers_error_over_either_transport(
+    live_server: Any, bad: int
+) -> None:
+    """A batch size the contract refuses is refused by the client before anything is sent,
+    over HTTP and over the same-host socket alike (whose frame could not even carry a
+    negative or huge size: it raised struct's error), with the server's own answer."""
+    server = live_server()
+    ReplayClient(server.url).create_table(spec("sizes", {"kind": "uniform"}, capacity=8))
+    ReplayClient(server.url).extend("sizes", rows(0, 4))
+    status, _, body = server.request("POST", f"/v1/tables/sizes/sample?batch_size={bad}")
+    answer = json.loads(body)
+    assert status == 400 and answer["field"] == "batch_size"
+    for transport in ("http", "shm"):
+        with pytest.raises(InvalidRequest) as refused:
+            ReplayClient(server.url, transport=transport).sample("sizes", bad)
+        # the same rule and field; the value as each side got it (the query's is a string)
+        rule = answer["detail"].split(" (got ")[0]
+        assert (refused.value.detail.split(" (got ")[0], refused.value.field) == (
+            rule,
+            "batch_size",
+        )
+    assert ReplayClient(server.url).info("sizes")["sampler"]["kind"] == "uniform"
