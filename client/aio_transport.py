@@ -318,7 +318,7 @@ class AsyncTransport:
         try:
             return await self._roundtrip(proto, req)
         except errors.ConnectionFailed as err:
-            if not reused:
+            if not reused or not req.idempotent:  # a call that must not be repeated goes once
                 raise
             first = err  # a pooled connection: maybe closed while idle, maybe mid-call
         try:

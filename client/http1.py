@@ -13,6 +13,7 @@ small body in one ``send``, parses the head from one scratch buffer, and
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 from collections.abc import Callable, Iterator
@@ -145,6 +146,15 @@ class Connection:
     def close(self) -> None:
         self.closed = True
         self.sock.close()
+
+    def dropped(self) -> bool:
+        """Whether this idle connection is no longer usable: readable while no request is
+        out means the server closed it (or sent what no request asked for)."""
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):  # closed here already
+            return True
+        return bool(readable)
 
     def roundtrip(
         self, head: bytes, req: Request, timeout: float

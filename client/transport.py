@@ -136,8 +136,10 @@ class Transport:
         """Send ``req`` and read the whole answer.
 
         A connection taken from the pool may have been closed by the server
-        while idle; if it ends before any byte of the answer arrives, the
-        request is sent once more on a fresh connection (as urllib3 does).
+        while idle; if it ends before any byte of the answer arrives, an
+        idempotent request is sent once more on a fresh connection (as urllib3
+        does). One that must not be repeated is sent on a fresh connection
+        when the pooled one shows it was closed, and never twice.
 
         Raises:
             ConnectionFailed: cannot connect, or the connection dropped.
@@ -145,7 +147,12 @@ class Transport:
             ProtocolError: the answer is not valid HTTP.
         """
         conn, reused = self._take()
-        if not reused:
+        if reused and not req.idempotent and conn.dropped():
+            conn.close()  # closed while idle: a fresh one, before the request goes out
+            conn, reused = self._new(), False
+        if not reused or not req.idempotent:
+            # a call that must not be repeated goes once: should the connection end before
+            # the answer, the server may have done it (``sent``), and it is not sent again
             return self._roundtrip(conn, req, retry=False)
         try:
             return self._roundtrip(conn, req, retry=True)

@@ -309,3 +309,93 @@ def test_a_pooled_connection_that_dies_mid_call_may_have_sent_it() -> None:
 
     asyncio.run(twin())
     srv.close()
+
+
+def resetting_server() -> tuple[socket.socket, int, list[bytes]]:
+    """A server that answers one request on a kept-alive connection, reads the next one on
+    it and resets the connection without answering (a server that may have acted on it and
+    died, or that dropped the connection), and answers on every later connection; it keeps
+    the request lines it received."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    seen: list[bytes] = []
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        seen.append(conn.recv(65536).split(b"\r\n")[0])
+        conn.sendall(ok)
+        seen.append(conn.recv(65536).split(b"\r\n")[0])
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        conn.close()
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                seen.append(conn.recv(65536).split(b"\r\n")[0])
+                conn.sendall(ok)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, srv.getsockname()[1], seen
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_a_call_that_must_not_be_repeated_is_sent_once(idempotent: bool) -> None:
+    """A pooled connection ends before the answer: an idempotent call goes again on a fresh
+    connection; one that must not be repeated (a create without if_absent) is not sent
+    twice - the server may have acted on it - and says it may have been sent."""
+    srv, port, seen = resetting_server()
+    with srv:
+        t = Transport(f"http://127.0.0.1:{port}", connect_timeout=2)
+        assert t.execute(Request("GET", "/first")).status == 200
+        second = Request("POST", "/v1/tables", body=b"{}", idempotent=idempotent)
+        if idempotent:
+            assert t.execute(second).status == 200
+            assert seen[1:] == [b"POST /v1/tables HTTP/1.1"] * 2
+        else:
+            with pytest.raises(ConnectionFailed) as info:
+                t.execute(second)
+            assert info.value.sent is True
+            assert seen[1:] == [b"POST /v1/tables HTTP/1.1"]
+
+
+def test_a_call_that_must_not_be_repeated_skips_a_pooled_connection_closed_while_idle(
+    server: tuple[str, type[Handler]],
+) -> None:
+    """A pooled connection the server closed while idle is seen before a call that must not
+    be repeated goes out: that call takes a fresh connection and gets its answer."""
+    url, _ = server
+    t = Transport(url)
+    t.execute(Request("GET", "/"))
+    conn = t._idle[0]
+    assert conn.sock is not None
+    conn.sock.shutdown(socket.SHUT_RDWR)  # as if the server had dropped the idle connection
+    done = t.execute(Request("POST", "/p", body=memoryview(b"abc"), idempotent=False))
+    assert done.json()["got"] == 3
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_the_async_transport_sends_a_call_that_must_not_be_repeated_once(
+    idempotent: bool,
+) -> None:
+    """:func:`test_a_call_that_must_not_be_repeated_is_sent_once` for the asyncio twin."""
+    srv, port, seen = resetting_server()
+
+    async def main() -> None:
+        t = AsyncTransport(f"http://127.0.0.1:{port}", connect_timeout=2)
+        assert (await t.execute(Request("GET", "/first"))).status == 200
+        second = Request("POST", "/v1/tables", body=b"{}", idempotent=idempotent)
+        if idempotent:
+            assert (await t.execute(second)).status == 200
+        else:
+            with pytest.raises(ConnectionFailed) as info:
+                await t.execute(second)
+            assert info.value.sent is True
+        await t.aclose()
+
+    with srv:
+        asyncio.run(main())
+    assert seen[1:] == [b"POST /v1/tables HTTP/1.1"] * (2 if idempotent else 1)
