@@ -40,11 +40,8 @@ class Slots:
         self.busy = torch.zeros(capacity, dtype=torch.bool)
         # A slot's times_sampled and ordinal side by side: a sample updates the first
         # and reads both, one cache line per slot however large the table.
-        self.pairs = torch.zeros((capacity, 2), dtype=torch.int64)
-        self.times_sampled = self.pairs[:, 0]
-        self.ordinal = self.pairs[:, 1]
+        self._bind_pairs(torch.zeros((capacity, 2), dtype=torch.int64))
         self.tag = torch.zeros(capacity, dtype=torch.int64)
-        self.words = _words(self.pairs)
         self.n_live = 0
         #: slots ``[0, hi)`` have been written at least once
         self.hi = 0
@@ -58,11 +55,17 @@ class Slots:
     def bind_columns(self, columns: dict[str, torch.Tensor]) -> None:
         """Use ``columns`` (same shapes and dtypes, e.g. memory-mapped) instead of the own tensors."""
         self.live = columns["slots.live"]
-        self.pairs = columns["slots.sampled_ordinal"]
-        self.times_sampled = self.pairs[:, 0]
-        self.ordinal = self.pairs[:, 1]
-        self.words = _words(self.pairs)
+        self._bind_pairs(columns["slots.sampled_ordinal"])
         self.tag = columns["slots.tag"]
+
+    def _bind_pairs(self, pairs: torch.Tensor) -> None:
+        """``pairs`` and the views over it: ``times_sampled``, ``ordinal``, and ``words``, the
+        same memory as one flat int64 memoryview (slot ``r``'s count at ``2 r``, its ordinal
+        at ``2 r + 1``: a small sample reads and counts them item by item)."""
+        self.pairs = pairs
+        self.times_sampled = pairs[:, 0]
+        self.ordinal = pairs[:, 1]
+        self.words = pairs.numpy().data.cast("B").cast("q")
 
     def tagged(self, limit: int) -> dict[int, torch.Tensor]:
         """The live items' slots by the tag of the insert that wrote them, for the ``limit``
@@ -144,12 +147,6 @@ class Slots:
         self.n_live = n_live
         self.hi = hi
         self.inserted = inserted
-
-
-def _words(pairs: torch.Tensor) -> memoryview:
-    """``pairs`` as one flat int64 memoryview: slot ``r``'s times_sampled at ``2 r``, its
-    ordinal at ``2 r + 1`` (a small sample reads and counts them item by item)."""
-    return pairs.numpy().data.cast("B").cast("q")
 
 
 def _distinct(values: torch.Tensor) -> bool:

@@ -26,8 +26,6 @@ INFO_KEYS: list[NestedKey] = [
     ("sample_info", "times_sampled"),
     ("sample_info", "key"),
 ]
-#: the sample-info keys in :attr:`SampleTarget.words`, after ``index``
-WORD_ORDER = ("times_sampled", "key", "priority", "weight")
 INFO_DTYPES = {
     ("index",): torch.int64,
     ("sample_info", "priority"): torch.float32,
@@ -57,15 +55,25 @@ class SampleTarget:
     info: dict[NestedKey, torch.Tensor]
 
     @functools.cached_property
-    def words(self) -> tuple[memoryview, ...] | None:
-        """The ``index``, ``times_sampled``, ``key``, ``priority`` and ``weight`` buffers as
-        memoryviews, for a small sample written item by item (a torch call costs more
-        than the values); ``None`` when the target lacks one of them. Each was checked
-        to be one a sample writes in place (``RowChecker.out_buffers``)."""
-        order = [("index",), *(("sample_info", k) for k in WORD_ORDER)]
-        if not all(k in self.info for k in order):
+    def words(self) -> Words | None:
+        """The sample-info buffers as memoryviews, for a small sample written item by item
+        (a torch call costs more than the values); ``None`` when the target lacks one of
+        them. Each was checked to be one a sample writes in place (``RowChecker.out_buffers``)."""
+        if not all(k in self.info for k in INFO_KEYS):
             return None
-        return tuple(self.info[k].numpy().data for k in order)
+        return Words(*(self.info[k].numpy().data for k in INFO_KEYS))
+
+
+@dataclass(frozen=True, slots=True)
+class Words:
+    """A target's sample-info buffers as memoryviews (:attr:`SampleTarget.words`), in the
+    order of :data:`INFO_KEYS`."""
+
+    index: memoryview
+    priority: memoryview
+    weight: memoryview
+    times: memoryview
+    key: memoryview
 
 
 class RowChecker:

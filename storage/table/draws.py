@@ -13,7 +13,7 @@ from tdreplay.codec.operations import check_lengths
 from ..backends.tensor import SMALL_BATCH
 from ..errors import InvalidRequest
 from ..tensordicts import nest, nest_by
-from ..validation import SampleTarget
+from ..validation import SampleTarget, Words
 from .base import TableBase, _HeldBack
 
 _INDEX, _TIMES, _KEY = ("index",), ("sample_info", "times_sampled"), ("sample_info", "key")
@@ -25,10 +25,10 @@ def _ones(n: int) -> torch.Tensor:
     return torch.ones(n, dtype=torch.float32)
 
 
-def _count_words(rows: list[int], pairs: memoryview, words: tuple[memoryview, ...]) -> None:
+def _count_words(rows: list[int], pairs: memoryview, words: Words) -> None:
     """Count a draw of slots ``rows`` in ``pairs`` (:attr:`Slots.words`) and write each
     item's slot, times sampled and key into ``words`` (:attr:`SampleTarget.words`)."""
-    index, times, keys = words[0], words[1], words[2]
+    index, times, keys = words.index, words.times, words.key
     for r in rows:
         pairs[2 * r] += 1
     for j, r in enumerate(rows):  # an item drawn twice has its count after both, twice
@@ -228,8 +228,8 @@ class Draws(TableBase):
         finally:
             self._data_lock.release_read()
         if words is not None:  # index, times and keys are in place
-            _put_words(words[3], priority)
-            _put_words(words[4], weight)
+            _put_words(words.priority, priority)
+            _put_words(words.weight, weight)
             return dest
         # a sampler without priorities or weights: every item's is 1
         info = {_INDEX: index, _PRIORITY: priority, _WEIGHT: weight, _TIMES: times, _KEY: keys}
