@@ -264,58 +264,12 @@ def test_an_answer_cut_short_is_connection_failed() -> None:
         Transport(f"http://127.0.0.1:{port}").execute(Request("GET", "/"))
 
 
-def dying_server() -> tuple[socket.socket, int]:
-    """A server that answers one request on a kept-alive connection, reads the next and
-    dies before answering it: its connection drops and nothing listens on its port any more
-    (a server killed after it may have stored a write)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-
-    def serve() -> None:
-        conn, _ = srv.accept()
-        conn.recv(65536)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        conn.recv(65536)  # the second request arrived
-        srv.close()
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-        conn.close()  # a reset, no answer
-
-    threading.Thread(target=serve, daemon=True).start()
-    return srv, srv.getsockname()[1]
-
-
-def test_a_pooled_connection_that_dies_mid_call_may_have_sent_it() -> None:
-    """The second request went out on the pooled connection and the server died before
-    answering; the fresh connection the transport tries then is refused. The call must say
-    it may have reached the server (``sent``): a sharded extend that took "refused" for
-    "never sent" went to another server and was stored twice."""
-    srv, port = dying_server()
-    t = Transport(f"http://127.0.0.1:{port}", connect_timeout=2)
-    assert t.execute(Request("GET", "/")).status == 200
-    with pytest.raises(ConnectionFailed) as info:
-        t.execute(Request("POST", "/v1/extend", body=memoryview(b"rows")))
-    assert info.value.sent is True
-    srv.close()
-
-    srv, port = dying_server()
-
-    async def twin() -> None:
-        t = AsyncTransport(f"http://127.0.0.1:{port}", connect_timeout=2)
-        assert (await t.execute(Request("GET", "/"))).status == 200
-        with pytest.raises(ConnectionFailed) as info:
-            await t.execute(Request("POST", "/v1/extend", body=memoryview(b"rows")))
-        assert info.value.sent is True
-
-    asyncio.run(twin())
-    srv.close()
-
-
-def resetting_server() -> tuple[socket.socket, int, list[bytes]]:
+def resetting_server(*, dies: bool = False) -> tuple[socket.socket, int, list[bytes]]:
     """A server that answers one request on a kept-alive connection, reads the next one on
     it and resets the connection without answering (a server that may have acted on it and
-    died, or that dropped the connection), and answers on every later connection; it keeps
-    the request lines it received."""
+    died, or that dropped the connection), and answers on every later connection - or, if
+    it ``dies``, listens no more (a server killed after it may have stored a write). It
+    keeps the request lines it received."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen()
@@ -327,9 +281,11 @@ def resetting_server() -> tuple[socket.socket, int, list[bytes]]:
         seen.append(conn.recv(65536).split(b"\r\n")[0])
         conn.sendall(ok)
         seen.append(conn.recv(65536).split(b"\r\n")[0])
+        if dies:
+            srv.close()
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-        conn.close()
-        while True:
+        conn.close()  # a reset, no answer
+        while not dies:
             try:
                 conn, _ = srv.accept()
             except OSError:
@@ -340,6 +296,32 @@ def resetting_server() -> tuple[socket.socket, int, list[bytes]]:
 
     threading.Thread(target=serve, daemon=True).start()
     return srv, srv.getsockname()[1], seen
+
+
+def test_a_pooled_connection_that_dies_mid_call_may_have_sent_it() -> None:
+    """The second request went out on the pooled connection and the server died before
+    answering; the fresh connection the transport tries then is refused. The call must say
+    it may have reached the server (``sent``): a sharded extend that took "refused" for
+    "never sent" went to another server and was stored twice."""
+    srv, port, _ = resetting_server(dies=True)
+    t = Transport(f"http://127.0.0.1:{port}", connect_timeout=2)
+    assert t.execute(Request("GET", "/")).status == 200
+    with pytest.raises(ConnectionFailed) as info:
+        t.execute(Request("POST", "/v1/extend", body=memoryview(b"rows")))
+    assert info.value.sent is True
+    srv.close()
+
+    srv, port, _ = resetting_server(dies=True)
+
+    async def twin() -> None:
+        t = AsyncTransport(f"http://127.0.0.1:{port}", connect_timeout=2)
+        assert (await t.execute(Request("GET", "/"))).status == 200
+        with pytest.raises(ConnectionFailed) as info:
+            await t.execute(Request("POST", "/v1/extend", body=memoryview(b"rows")))
+        assert info.value.sent is True
+
+    asyncio.run(twin())
+    srv.close()
 
 
 @pytest.mark.parametrize("idempotent", [True, False])
