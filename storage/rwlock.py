@@ -28,7 +28,7 @@ class RWLock:
     def release_read(self) -> None:
         with self._cond:
             self._readers -= 1
-            if self._readers == 0:
+            if self._readers == 0 and self._writers_waiting:  # only a writer waits for none
                 self._cond.notify_all()
 
     def acquire_write(self) -> None:

@@ -49,6 +49,16 @@ def plain_leaves(td: TensorDictBase) -> dict[NestedKey, Any] | None:
     return out
 
 
+def byte_view(t: torch.Tensor) -> memoryview:
+    """The bytes of the contiguous CPU tensor ``t`` as a flat memoryview sharing its memory
+    (a slice of it copies with no torch call, which costs more than a small row's bytes).
+
+    >>> byte_view(torch.zeros(3, 2, dtype=torch.int16)).nbytes
+    12
+    """
+    return t.reshape(-1).view(torch.uint8).numpy().data
+
+
 def row_bytes(t: torch.Tensor) -> np.ndarray:
     """The rows of ``t`` as a ``[rows, row bytes]`` uint8 array sharing its memory.
 

@@ -17,7 +17,7 @@ from tensordict import TensorDictBase, is_tensorclass
 
 from .errors import InvalidRequest, SchemaError
 from .spec import NestedKey, join_key
-from .tensordicts import leaves, plain_leaves
+from .tensordicts import byte_view, leaves, plain_leaves
 
 INFO_KEYS: list[NestedKey] = [
     ("index",),
@@ -62,6 +62,12 @@ class SampleTarget:
         if not all(k in self.info for k in INFO_KEYS):
             return None
         return Words(*(self.info[k].numpy().data for k in INFO_KEYS))
+
+    @functools.cached_property
+    def row_bytes(self) -> dict[NestedKey, memoryview]:
+        """The field buffers' bytes, for a small sample copied row by row
+        (``Backend.gather_rows``)."""
+        return {k: byte_view(t) for k, t in self.bufs.items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,17 @@ class Backend:
         """Copy rows ``index`` of every field into the tensors of ``out``."""
         raise NotImplementedError
 
+    def gather_rows(
+        self,
+        rows: list[int],
+        out: Mapping[NestedKey, torch.Tensor],
+        out_bytes: Mapping[NestedKey, memoryview],
+    ) -> None:
+        """:meth:`gather` of a few rows (``rows``, a list) into ``out``, whose bytes
+        ``out_bytes`` also gives (``SampleTarget.row_bytes``): a backend that copies row by
+        row uses those; the others gather as usual."""
+        self.gather(torch.tensor(rows, dtype=torch.int64), out)
+
     def read(self, index: torch.Tensor) -> dict[NestedKey, torch.Tensor]:
         """Rows ``index`` of every field, in fresh tensors."""
         out = self.empty(len(index))

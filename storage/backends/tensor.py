@@ -5,7 +5,10 @@ than advanced indexing) and written with slice copies or ``index_copy_``. A
 batch of a few rows is gathered with one ``memmove`` a row and field instead:
 a torch call costs 2-8 us whatever it copies (the most when a server and its
 client take turns on the cores), so eleven of them for a one-row cartpole
-sample cost more than the rest of the sample.
+sample cost more than the rest of the sample. Into a sample target, whose
+buffers' bytes are memoryviews made once (:meth:`TensorBackend.gather_rows`),
+a row is one memoryview slice assignment (0.17 us, no call through ``ctypes``
+at 0.4 us or more).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from tensordict import TensorDictBase
 from ..diskspace import fsync_path
 from ..extents import Extents, Span
 from ..spec import NestedKey, TableSpec
+from ..tensordicts import byte_view
 from .base import Backend, Rows
 from .locations import LocationClaim, delete_location, release_folder
 
@@ -70,6 +74,11 @@ class TensorBackend(Backend):
             (k, t.data_ptr(), nbytes)
             for (k, t), nbytes in zip(self._items, self._row_nbytes, strict=True)
         ]
+        #: (key, bytes, row bytes) of every field, for :meth:`gather_rows`
+        self._bytes = [
+            (k, byte_view(t), nbytes)
+            for (k, t), nbytes in zip(self._items, self._row_nbytes, strict=True)
+        ]
         assert all(t.is_contiguous() for _, t in self._items)
 
     def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:
@@ -88,14 +97,33 @@ class TensorBackend(Backend):
                 torch.index_select(t, 0, index, out=out[key])
             return
         rows = index.tolist()
-        for r in rows:
-            if not 0 <= r < self.capacity:
-                raise IndexError(f"row {r} is outside the table's [0, {self.capacity})")
+        self._check_rows(rows)
         memmove = ctypes.memmove
         for key, src, nbytes in self._rows:
             dst = out[key].data_ptr()
             for j, r in enumerate(rows):
                 memmove(dst + j * nbytes, src + r * nbytes, nbytes)
+
+    def gather_rows(
+        self,
+        rows: list[int],
+        out: Mapping[NestedKey, torch.Tensor],
+        out_bytes: Mapping[NestedKey, memoryview],
+    ) -> None:
+        """A few ``rows`` into ``out``, copied row by row through ``out_bytes``."""
+        self._check_rows(rows)
+        for key, src, nbytes in self._bytes:
+            dst = out_bytes[key]
+            at = 0
+            for r in rows:
+                start = r * nbytes
+                dst[at : at + nbytes] = src[start : start + nbytes]
+                at += nbytes
+
+    def _check_rows(self, rows: list[int]) -> None:
+        for r in rows:
+            if not 0 <= r < self.capacity:
+                raise IndexError(f"row {r} is outside the table's [0, {self.capacity})")
 
     def read_range(self, start: int, stop: int) -> dict[NestedKey, torch.Tensor]:
         return {k: t[start:stop].clone() for k, t in self._items}
@@ -117,6 +145,7 @@ class TensorBackend(Backend):
         self.tensors.clear()
         self._items = []
         self._rows = []
+        self._bytes = []
         if self.claim is not None:
             self.claim.release()
 
@@ -124,6 +153,7 @@ class TensorBackend(Backend):
         self.tensors.clear()
         self._items = []
         self._rows = []
+        self._bytes = []
         if self.claim is not None:  # deleted before close() lets the location go
             with contextlib.suppress(OSError):
                 delete_location(self.claim.path)

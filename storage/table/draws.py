@@ -194,10 +194,13 @@ class Draws(TableBase):
             if self._cap_times:
                 index, weight = self._cap_times_sampled(index, weight)
             s = self.slots
-            words = out.words if n <= SMALL_BATCH and isinstance(out, SampleTarget) else None
-            if words is not None:  # a few items: counted and read one by one
+            # a few items into a target: counted, and their rows copied, one by one
+            small = out if n <= SMALL_BATCH and isinstance(out, SampleTarget) else None
+            rows = index.tolist() if small is not None else []
+            words = small.words if small is not None else None
+            if words is not None:
                 times = keys = None
-                _count_words(index.tolist(), s.words, words)
+                _count_words(rows, s.words, words)
             else:
                 s.times_sampled.index_put_((index,), _ONE, accumulate=True)
                 # read straight into the caller's buffers where it has them: a torch call less
@@ -221,10 +224,13 @@ class Draws(TableBase):
             # evicted cannot be overwritten until the gather below is done.
             self._data_lock.acquire_read()
             self._notify()
+        if bufs is None:
+            bufs = self.backend.empty(n)
         try:
-            if bufs is None:
-                bufs = self.backend.empty(n)
-            self.backend.gather(index, bufs)
+            if small is not None:
+                self.backend.gather_rows(rows, bufs, small.row_bytes)
+            else:
+                self.backend.gather(index, bufs)
         finally:
             self._data_lock.release_read()
         if words is not None:  # index, times and keys are in place

@@ -262,10 +262,10 @@ def test_a_closed_table_raises_table_closed_not_empty(backend: dict, tables) -> 
 
 
 def test_small_and_large_gathers_read_the_same_rows(backend: dict, tables) -> None:
-    """A gather of a few rows (memmove a row and field on the tensor backends) and one of
-    many (a torch call a field) read the same bits, repeats and the last slot included,
-    into fresh buffers and into a reused target alike; a row outside the table is refused
-    before anything is copied."""
+    """A gather of a few rows (a copy a row and field on the tensor backends: memmove into
+    fresh buffers, memoryview slices into a target) and one of many (a torch call a field)
+    read the same bits, repeats and the last slot included, into fresh buffers and into
+    reused targets alike; a row outside the table is refused before anything is copied."""
     table = tables.create(make_spec(capacity=32, backend=backend))
     data = rows(0, 32)
     table.extend(data)
@@ -274,17 +274,26 @@ def test_small_and_large_gathers_read_the_same_rows(backend: dict, tables) -> No
         got = table.read(idx)
         assert got["id"].tolist() == index
         assert_bitwise_equal(got, data[idx], FIELDS)
-    target = table.target(table.sample(2).clone(), 2)
-    for _ in range(20):
-        batch = table.sample(2, out=target)
-        assert_consistent(batch)
-        assert torch.equal(batch["index"], batch["id"])  # slot i holds item i here
-        assert_bitwise_equal(batch, data[batch["index"]], FIELDS)
+    for n in (1, 2, 8, 9):
+        target = table.target(table.sample(n).clone(), n)
+        for _ in range(20):
+            batch = table.sample(n, out=target)
+            assert_consistent(batch)
+            assert torch.equal(batch["index"], batch["id"])  # slot i holds item i here
+            assert_bitwise_equal(batch, data[batch["index"]], FIELDS)
+        index = [31, 0, 31][:n] + [7] * max(0, n - 3)
+        table.backend.gather_rows(index, target.bufs, target.row_bytes)
+        assert target.bufs[("id",)].tolist() == index
+        assert_bitwise_equal(TensorDict(target.bufs, [n]), data[torch.tensor(index)], FIELDS)
     if backend["kind"] in ("memory", "shared", "memmap"):
-        out = table.backend.empty(1)
-        for v in out.values():  # uninitialized memory may hold NaN, never equal to itself
+        target = table.target(table.sample(2).clone(), 2)
+        out = table.backend.empty(2)
+        for v in [*out.values(), *target.bufs.values()]:  # uninitialized memory may hold NaN
             v.zero_()
         before = {k: v.clone() for k, v in out.items()}
         with pytest.raises(IndexError, match="outside"):
-            table.backend.gather(torch.tensor([32]), out)
+            table.backend.gather(torch.tensor([0, 32]), out)
+        with pytest.raises(IndexError, match="outside"):
+            table.backend.gather_rows([0, -1], target.bufs, target.row_bytes)
         assert all(torch.equal(out[k], before[k]) for k in out)
+        assert all(torch.equal(target.bufs[k], before[k]) for k in out)
