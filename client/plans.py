@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import torch
 from tensordict import TensorDict
 
-from ..codec import operations as ops
+from ..codec import params
 from . import commands as C
 from . import errors
 from .merging import by_shard, merge_infos, split_batch
@@ -210,7 +210,7 @@ class Calls(PersistencePlans):
             InvalidRequest: not 1 to 16 tables, or a priority negative or not finite (the
                 contract's model, before anything is sent).
         """
-        ops.parse(ops.InsertParams, {"into": json.dumps(into)})
+        params.parse(params.InsertParams, {"into": json.dumps(into)})
         return (yield from self._write(C.Insert(dict(into), data, wait=self._wait(wait))))
 
     def _write(self, command: C.Extend | C.Insert) -> Plan[Any]:
@@ -280,7 +280,7 @@ class Calls(PersistencePlans):
         wait = self._wait(wait)
         # the contract's rule, before anything is sent (the shm frame could not even carry
         # a negative or huge size): the same error as the server's
-        batch_size = ops.sample_params(batch_size, wait).batch_size
+        batch_size = params.sample_params(batch_size, wait).batch_size
         if self.n == 1:
             td = yield Call(0, C.Sample(table, batch_size, wait, alloc, lease))
         else:
@@ -313,7 +313,7 @@ class Calls(PersistencePlans):
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
         priority = torch.as_tensor(priority).detach().reshape(-1).cpu()
         key = None if key is None else torch.as_tensor(key).reshape(-1).cpu()
-        ops.check_lengths(index, priority=priority, key=key)
+        params.check_lengths(index, priority=priority, key=key)
         if self.n == 1:
             updated: int = yield Call(0, C.UpdatePriority(table, index, priority, key))
             return updated
@@ -329,7 +329,7 @@ class Calls(PersistencePlans):
     def remove(self, table: str, index: Any, key: Any = None) -> Plan[int]:
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
         key = None if key is None else torch.as_tensor(key, dtype=torch.int64).reshape(-1).cpu()
-        ops.check_lengths(index, key=key)
+        params.check_lengths(index, key=key)
         calls = [
             Call(s, C.Remove(table, mine.tolist(), None if k is None else k.tolist()))
             for s, mine, (k,) in by_shard(index, self.n, key)

@@ -29,7 +29,9 @@ from tdreplay.codec.errors import (
     UnsupportedMediaType,
     status_of,
 )
-from tdreplay.codec.operations import broken_rule
+from tdreplay.codec.params import (
+    broken_rule,
+)
 
 log = logging.getLogger("tdreplay.service")
 

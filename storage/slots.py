@@ -23,11 +23,14 @@ start as holes and take disk only as slots are written (see
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import statefile as SF
+
+if TYPE_CHECKING:
+    from .validation import Words
 
 #: the largest ordinal a table may reach (int64 arithmetic on it stays exact)
 MAX_ORDINAL = 1 << 62
@@ -66,6 +69,17 @@ class Slots:
         self.times_sampled = pairs[:, 0]
         self.ordinal = pairs[:, 1]
         self.words = pairs.numpy().data.cast("B").cast("q")
+
+    def count_drawn(self, rows: list[int], words: Words) -> None:
+        """Count a small draw of slots ``rows`` through :attr:`words` (no torch call costs
+        less), and write each item's slot, times sampled and key into a target's ``words``
+        (:attr:`~tdreplay.storage.validation.SampleTarget.words`)."""
+        pairs = self.words
+        for r in rows:
+            pairs[2 * r] += 1
+        index, times, keys = words.index, words.times, words.key
+        for j, r in enumerate(rows):  # an item drawn twice has its count after both, twice
+            index[j], times[j], keys[j] = r, pairs[2 * r], pairs[2 * r + 1]
 
     def tagged(self, limit: int) -> dict[int, torch.Tensor]:
         """The live items' slots by the tag of the insert that wrote them, for the ``limit``

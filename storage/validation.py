@@ -81,6 +81,14 @@ class Words:
     times: memoryview
     key: memoryview
 
+    def put_weights(self, priority: torch.Tensor | None, weight: torch.Tensor | None) -> None:
+        """A small sample's priorities and weights, item by item; 1 for each where a
+        sampler has none (``None``)."""
+        for view, values in ((self.priority, priority), (self.weight, weight)):
+            ones: list[float] = [1.0] * len(view)
+            for j, v in enumerate(ones if values is None else values.tolist()):
+                view[j] = v  # type: ignore[call-overload]  # a float view (typeshed: int only)
+
 
 class RowChecker:
     """Validates input against one table's schema.

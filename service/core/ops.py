@@ -37,7 +37,7 @@ import torch
 from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import encode
-from tdreplay.codec.operations import (
+from tdreplay.codec.params import (
     BufferParams,
     ExtendParams,
     InsertParams,

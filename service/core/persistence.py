@@ -20,7 +20,13 @@ from tdreplay.codec import protocol
 from tdreplay.codec.archive import pack as archive_pack
 from tdreplay.codec.archive import unpack as archive_unpack
 from tdreplay.codec.minari_files import write_minari
-from tdreplay.codec.operations import ExportBody, LoadBegin, LoadPart, LoadUpload, PathBody
+from tdreplay.codec.params import (
+    ExportBody,
+    LoadBegin,
+    LoadPart,
+    LoadUpload,
+    PathBody,
+)
 from tdreplay.storage import (
     CheckpointError,
     InvalidCheckpoint,

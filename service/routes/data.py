@@ -26,12 +26,14 @@ from tdreplay.codec import CodecError, protocol
 from tdreplay.codec.operations import (
     EXTEND,
     INSERT,
-    MAX_REQUEST_ID,
     READ,
     REMOVE,
     SAMPLE,
     STREAM,
     UPDATE_PRIORITY,
+)
+from tdreplay.codec.params import (
+    MAX_REQUEST_ID,
     ExtendParams,
     InsertParams,
     PriorityUpdate,

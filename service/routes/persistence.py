@@ -27,6 +27,8 @@ from tdreplay.codec.operations import (
     LOAD_COMMIT,
     LOAD_PART,
     RESTORE,
+)
+from tdreplay.codec.params import (
     ExportBody,
     LoadBegin,
     LoadPart,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tdreplay.codec import operations as ops
 from tdreplay.codec.arrow import nest
-from tdreplay.codec.operations import (
+from tdreplay.codec.params import (
     BufferParams,
     ExtendParams,
     PriorityUpdate,

@@ -8,12 +8,14 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from tdreplay.codec.operations import check_lengths
+from tdreplay.codec.params import (
+    check_lengths,
+)
 
 from ..backends.tensor import SMALL_BATCH
 from ..errors import InvalidRequest
 from ..tensordicts import nest, nest_by
-from ..validation import SampleTarget, Words
+from ..validation import SampleTarget
 from .base import TableBase, _HeldBack
 
 _INDEX, _TIMES, _KEY = ("index",), ("sample_info", "times_sampled"), ("sample_info", "key")
@@ -23,23 +25,6 @@ _ONE = torch.ones((), dtype=torch.int64)
 
 def _ones(n: int) -> torch.Tensor:
     return torch.ones(n, dtype=torch.float32)
-
-
-def _count_words(rows: list[int], pairs: memoryview, words: Words) -> None:
-    """Count a draw of slots ``rows`` in ``pairs`` (:attr:`Slots.words`) and write each
-    item's slot, times sampled and key into ``words`` (:attr:`SampleTarget.words`)."""
-    index, times, keys = words.index, words.times, words.key
-    for r in rows:
-        pairs[2 * r] += 1
-    for j, r in enumerate(rows):  # an item drawn twice has its count after both, twice
-        index[j], times[j], keys[j] = r, pairs[2 * r], pairs[2 * r + 1]
-
-
-def _put_words(view: memoryview, values: torch.Tensor | None) -> None:
-    """``values`` into the float32 ``view`` item by item; 1 for each when there are none."""
-    ones: list[float] = [1.0] * len(view)
-    for j, v in enumerate(ones if values is None else values.tolist()):
-        view[j] = v  # type: ignore[call-overload]  # a float view (typeshed: int only)
 
 
 class Draws(TableBase):
@@ -200,7 +185,7 @@ class Draws(TableBase):
             words = small.words if small is not None else None
             if words is not None:
                 times = keys = None
-                _count_words(rows, s.words, words)
+                s.count_drawn(rows, words)
             else:
                 s.times_sampled.index_put_((index,), _ONE, accumulate=True)
                 # read straight into the caller's buffers where it has them: a torch call less
@@ -234,8 +219,7 @@ class Draws(TableBase):
         finally:
             self._data_lock.release_read()
         if words is not None:  # index, times and keys are in place
-            _put_words(words.priority, priority)
-            _put_words(words.weight, weight)
+            words.put_weights(priority, weight)
             return dest
         # a sampler without priorities or weights: every item's is 1
         info = {_INDEX: index, _PRIORITY: priority, _WEIGHT: weight, _TIMES: times, _KEY: keys}

@@ -12,7 +12,10 @@ from service_helpers import ARROW, body, served, spec
 from tensordict import TensorDict
 
 from tdreplay.codec import protocol
-from tdreplay.codec.operations import BufferParams, SampleParams
+from tdreplay.codec.params import (
+    BufferParams,
+    SampleParams,
+)
 from tdreplay.service.core import Shape
 
 

@@ -10,7 +10,7 @@ import torch
 from service_helpers import rows, spec
 
 from tdreplay.codec import decode
-from tdreplay.codec.operations import (
+from tdreplay.codec.params import (
     ExportBody,
     ExtendParams,
     PathBody,
