@@ -60,7 +60,7 @@ class FieldSpec(SpecModel):
         ge=1,
         description="An integer field's number of categories: its elements take the values "
         "0 .. n-1 (TorchRL's Categorical; a Minari export's Discrete or MultiDiscrete space). "
-        "Not checked on insert.",
+        "An extend holding another value is refused, naming the field; nothing is written.",
     )
 
     @model_validator(mode="after")

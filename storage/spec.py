@@ -246,6 +246,10 @@ class TableSpec(SpecModel):
         """The ``{key: (shape, dtype)}`` mapping ``TensorDict.from_schema`` takes."""
         return {split_key(n): (list(f.shape), f.torch_dtype) for n, f in self.fields.items()}
 
+    def categories(self) -> dict[NestedKey, int]:
+        """The integer fields that declare ``n`` categories: ``{key: n}``."""
+        return {split_key(k): f.n for k, f in self.fields.items() if f.n is not None}
+
     @functools.cached_property
     def item_nbytes(self) -> int:
         """Bytes one item takes in storage (computed once: the hot path asks often)."""

@@ -97,15 +97,22 @@ class RowChecker:
         name: the table, for messages.
         schema: ``{nested key: (shape, dtype)}`` (``TableSpec.torch_schema()``).
         capacity: the table's capacity (an extend may not exceed it).
+        categories: the integer fields that declare ``n`` categories, ``{key: n}``
+            (``TableSpec.categories()``): their values must lie in ``0 .. n-1``.
     """
 
     def __init__(
-        self, name: str, schema: dict[NestedKey, tuple[list[int], torch.dtype]], capacity: int
+        self,
+        name: str,
+        schema: dict[NestedKey, tuple[list[int], torch.dtype]],
+        capacity: int,
+        categories: Mapping[NestedKey, int] | None = None,
     ) -> None:
         self.name = name
         self._schema = schema
         self._keys = list(schema)
         self.capacity = capacity
+        self._categories = dict(categories or {})
 
     def rows(self, td: Any) -> tuple[dict[NestedKey, torch.Tensor], int]:
         """Check ``td`` (an extend's rows) against the schema.
@@ -116,7 +123,8 @@ class RowChecker:
         Raises:
             SchemaError: not a TensorDict of batch ``[N]``, or a key missing,
                 extra, or of the wrong dtype or shape.
-            InvalidRequest: ``N`` is 0 or above capacity.
+            InvalidRequest: ``N`` is 0 or above capacity, or a field that declares ``n``
+                categories holds a value outside ``0 .. n-1``.
         """
         if is_tensorclass(td):
             td = td._tensordict
@@ -230,7 +238,27 @@ class RowChecker:
             if value.device.type != "cpu":
                 value = value.cpu()
             data[key] = value.contiguous()
+        for key, count in self._categories.items():
+            self._check_category(key, data[key], count)
         return data, n
+
+    def _check_category(self, key: NestedKey, value: torch.Tensor, n: int) -> None:
+        """Every element of ``value`` one of a field's ``n`` categories, ``0 .. n-1``."""
+        if not value.numel():
+            return
+        low, high = (int(v) for v in torch.aminmax(value))
+        if low >= 0 and high < n:
+            return
+        bad = low if low < 0 else high
+        name = join_key(key)
+        raise InvalidRequest(
+            f"table {self.name!r}: key {name!r} holds {bad}, outside its {n} categories "
+            f"0 .. {n - 1}",
+            table=self.name,
+            field=name,
+            expected=f"0 .. {n - 1}",
+            got=bad,
+        )
 
     def out_buffers(
         self, out: TensorDictBase, n: int

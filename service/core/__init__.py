@@ -15,9 +15,10 @@ a client's path may lead - lives here once.
 * :mod:`.startup`: reopen, restore, create on start; periodic checkpoints.
 """
 
-from .handle import Shape, TableHandle
+from .handle import TableHandle
 from .ops import Core
 from .served import Served
+from .shape import Shape
 from .startup import PeriodicCheckpoints, load_specs, load_tables
 
 __all__ = [

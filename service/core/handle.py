@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -38,6 +37,7 @@ from ..errors import PayloadTooLarge
 from ..idempotency import RecentRequests, request_tag
 from ..settings import Settings
 from ..wire import Lease, SampleBuffers, sample_nbytes, sample_schema
+from .shape import Place, Shape
 from .waiting import Changes, WaitHook, admitted
 
 #: calls of one redis table running in worker threads at most (see TableHandle.call)
@@ -49,33 +49,6 @@ T = TypeVar("T")
 
 def not_found(name: str) -> TableNotFound:
     return TableNotFound(f"no table {name!r}", table=name, field="name", got=name)
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What a door needs to lay out buffers for one table's rows, without touching the table.
-
-    Attributes:
-        owner: the table served (its identity: a table of the same name made since is
-            another, whose buffers are laid out anew).
-        rows: rows the buffers hold (checked: a sample's batch size, or an extend's rows
-            up to the capacity).
-        schema: the columns, ``{key: (shape, dtype)}`` (a sample's include the sample info).
-        item_nbytes: bytes of one row of the table's fields (what a row moves, for metrics).
-        target: for a sample, makes the checked target of a TensorDict over the buffers.
-        inline: for a sample, whether it is small enough to be drawn on the event loop.
-    """
-
-    owner: TableHandle
-    rows: int
-    schema: Schema
-    item_nbytes: int
-    target: Callable[[TensorDictBase], SampleTarget] | None = None
-    inline: bool = False
-
-
-#: a door's placement of a sample: given its :class:`Shape`, the buffers to gather into
-Place = Callable[[Shape], "TensorDictBase | SampleTarget"]
 
 
 class TableHandle:
@@ -92,6 +65,8 @@ class TableHandle:
         self.name = table.name
         #: bytes of one row of the table's fields
         self.item_nbytes = table.spec.item_nbytes
+        #: the fields an extend reads values of (a door copies them out of shared buffers)
+        self.read_keys = table.read_keys
         self.changes = Changes(asyncio.get_running_loop())
         table.add_listener(self.changes.notify_threadsafe)
         self.recent = RecentRequests(

@@ -52,11 +52,12 @@ from tdreplay.storage import InvalidRequest, NestedKey
 from ..errors import PayloadTooLarge
 from ..settings import Settings
 from ..wire import Lease, sample_nbytes
-from .handle import Place, Shape, TableHandle
+from .handle import TableHandle
 from .lifecycle import TableOps
 from .paths import TRANSFER_SCRATCH
 from .persistence import PersistenceOps
 from .served import Served
+from .shape import Place, Shape
 from .uploads import Uploads
 from .waiting import WaitHook
 

@@ -178,11 +178,12 @@ class Operations:
             ExtendParams, {"timeout": request.timeout, "X-Request-Id": request.request_id}
         )
         # The client can write into its slot at any time. The columns the table reads values
-        # of before inserting them (max-value keys, trajectory ids, end flags: one element an
-        # item) are copied first, so what was checked is what goes in; the others go from the
+        # of before inserting them (categories, trajectory ids, end flags, max-value keys)
+        # are copied first, so what was checked is what goes in; the others go from the
         # slot straight into the table (a client racing itself tears only its own rows).
+        copied = handle.read_keys
         columns = {
-            key: view[:rows].clone() if view[:1].numel() <= 1 else view[:rows]
+            key: view[:rows].clone() if key in copied else view[:rows]
             for key, view in slot.views().items()
         }
         index, replayed = await self.core.extend(handle, columns, params)

@@ -73,7 +73,7 @@ class TableBase:
         self._schema = spec.torch_schema()
         self._keys = list(self._schema)
         self._item_nbytes = spec.item_nbytes
-        self._check = RowChecker(spec.name, self._schema, spec.capacity)
+        self._check = RowChecker(spec.name, self._schema, spec.capacity, spec.categories())
         self._batch_tree = key_tree([*self._keys, *INFO_KEYS])
         self._cond = threading.Condition(threading.Lock())
         self._data_lock = RWLock()
@@ -90,6 +90,12 @@ class TableBase:
         self._value_key = (
             split_key(self.writer.key) if isinstance(self.writer, MaxValuePolicy) else None
         )
+        #: the fields whose values an extend checks or reads before inserting them
+        #: (categories, trajectory ids or end flags, the max-value writer's key): a door
+        #: handing the table rows a client can still write copies these first
+        self.read_keys = frozenset(
+            k for k in (self._traj_key, self._end_key, self._value_key) if k is not None
+        ) | frozenset(spec.categories())
         self.closed = False
         #: memmap tables keep their state in files beside the rows (see durable.py)
         self._durable: DurableState | None = None

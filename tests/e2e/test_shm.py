@@ -316,3 +316,30 @@ def test_the_async_twin_uses_shared_memory_and_owns_its_batches(twins: Any) -> N
             assert info["samples"] == 32 and info["inserts"] == 32
 
     asyncio.run(main())
+
+
+def test_a_value_outside_its_categories_is_refused_through_either_door(twins: Any) -> None:
+    """A field declaring ``n`` categories (several elements an item, which the server copies
+    out of the client's slot before checking) refuses a value outside ``0 .. n-1`` over
+    shared memory as over HTTP: the same error, nothing written."""
+    a, _ = twins
+    fields = {**FIELDS, "choice": {"shape": [3], "dtype": "int64", "n": 4}}
+    shm, http = ReplayClient(a.url, transport="shm"), ReplayClient(a.url, transport="http")
+    shm.create_table({**spec("cats", {"kind": "uniform"}, capacity=64), "fields": fields})
+
+    def data(start: int, bad: int | None = None) -> TensorDict:
+        td = rows(start, 4)
+        td["choice"] = (torch.arange(12) % 4).reshape(4, 3)
+        if bad is not None:
+            td["choice"][2, 1] = bad
+        return td
+
+    assert shm.extend("cats", data(0)).tolist() == [0, 1, 2, 3]
+    for client in (shm, http):
+        for bad in (4, -1):
+            with pytest.raises(ServerError) as info:
+                client.extend("cats", data(4, bad))
+            assert (info.value.type, info.value.field) == ("InvalidRequest", "choice")
+            assert f"holds {bad}, outside its 4 categories 0 .. 3" in str(info.value)
+    assert shm.info("cats")["size"] == 4
+    assert torch.equal(shm.sample("cats", 8)["choice"].max(), torch.tensor(3))

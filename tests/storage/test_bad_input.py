@@ -279,3 +279,37 @@ def test_bad_sample_info_in_out_is_rejected_and_changes_nothing(
     assert f"out[{field!r}]" in str(info.value) and "got" in str(info.value)
     assert_same(before, snapshot(table))
     assert table.sample(9)["id"].tolist() == list(range(3, 12))  # nothing handed out
+
+
+@pytest.mark.parametrize(
+    ("shape", "n", "bad"),
+    [([], 2, 2), ([], 2, -1), ([3], 4, 4), ([3], 4, -7)],
+    ids=["scalar-high", "scalar-negative", "multi-high", "multi-negative"],
+)
+def test_a_value_outside_a_fields_categories_is_refused_and_changes_nothing(
+    backend: dict, tables, shape: list[int], n: int, bad: int
+) -> None:
+    """A field declaring ``n`` categories holds values ``0 .. n-1``: an extend holding
+    another is refused naming the field and the value, before anything is written; the
+    edges themselves go in."""
+    spec = make_spec(
+        capacity=16, backend=backend, fields={"choice": {"shape": shape, "dtype": "int16", "n": n}}
+    )
+    table = tables.create(spec)
+
+    def with_choice(td: TensorDict, value: int | None = None) -> TensorDict:
+        edges = torch.arange(len(td)) % n  # every category, the edges included
+        choice = edges.reshape(-1, *[1] * len(shape)).expand(len(td), *shape).to(torch.int16)
+        td["choice"] = choice.clone()
+        if value is not None:
+            td["choice"].view(-1)[-1] = value  # one element of the last row
+        return td
+
+    table.extend(with_choice(rows(0, 12)))
+    assert table.read(torch.arange(12))["choice"].max() == n - 1
+    before = snapshot(table)
+    with pytest.raises(InvalidRequest) as info:
+        table.extend(with_choice(rows(100, 3), bad))
+    assert info.value.field == "choice" and info.value.got == bad
+    assert f"holds {bad}, outside its {n} categories 0 .. {n - 1}" in str(info.value)
+    assert_same(before, snapshot(table))
