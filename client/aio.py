@@ -19,12 +19,13 @@ imports this module).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator, Mapping
+from collections.abc import AsyncIterator, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+from ..codec.archive import Packed
 from . import datasets, dumps, errors, route, shm
 from .aio_transport import AsyncTransport
 from .aio_writer import AsyncWriter
@@ -219,8 +220,7 @@ class AsyncReplayClient(ClientBase):
 
     async def dump(self, table: str, path: str | Path) -> Path:
         """See :meth:`ReplayClient.dump`."""
-        archives = await self.dump_archives(table)
-        return await asyncio.to_thread(dumps.write, archives, path)
+        return await self._run(dumps.dump_into(self._calls, table, path))
 
     async def load(self, table: str, path: str | Path) -> dict[str, Any]:
         """See :meth:`ReplayClient.load`."""
@@ -231,7 +231,7 @@ class AsyncReplayClient(ClientBase):
         """See :meth:`ReplayClient.dump_archives`."""
         return await self._run(self._calls.dump(table))
 
-    async def load_archives(self, table: str, archives: list[bytes]) -> dict[str, Any]:
+    async def load_archives(self, table: str, archives: Sequence[bytes | Packed]) -> dict[str, Any]:
         """See :meth:`ReplayClient.load_archives`."""
         return await self._run(self._calls.load(table, archives))
 

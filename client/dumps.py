@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..codec.archive import pack, unpack
+from ..codec.archive import Packed, unpack
 from . import datasets
 from .plans import Calls
-from .steps import Plan
+from .steps import Plan, Work
 
 T = TypeVar("T")
 
@@ -31,20 +31,44 @@ def folders(path: Path, n: int) -> list[Path]:
     return [path] if n == 1 else [path / f"shard-{i}" for i in range(n)]
 
 
-def write(archives: Sequence[bytes], path: str | Path) -> Path:
-    """Unpack the servers' ``archives`` into ``path`` (a new or empty folder); atomic: the
-    dump is written beside it and renamed into place, so ``path`` never holds half of one.
+def dump_into(calls: Calls, table: str, path: str | Path) -> Plan[Path]:
+    """A dump of ``table`` into the folder ``path`` (:func:`write`), each server's archive
+    streamed into a hidden file beside it first (one read buffer in memory, whatever the
+    table's size), unpacked from there, and deleted."""
+    path = Path(path)
+    yield Work(_check_empty, path)
+    files = [path.with_name(f".{path.name}.dump-{i}.tar") for i in range(calls.n)]
+    try:
+        return (yield Work(write, (yield from calls.dump(table, files)), path))
+    finally:
+        for file in files:
+            file.unlink(missing_ok=True)
+
+
+def _check_empty(path: Path) -> None:
+    """Refuse a dump into a folder holding files; make the folder it goes into.
+
+    Raises:
+        FileExistsError: ``path`` holds files already.
+    """
+    if path.exists() and any(path.iterdir()):
+        raise FileExistsError(f"{path} is not empty: dump into a new or empty folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def write(archives: Sequence[bytes | Path], path: str | Path) -> Path:
+    """Unpack the servers' ``archives`` (their bytes, or files holding them) into ``path``
+    (a new or empty folder); atomic: the dump is written beside it and renamed into place,
+    so ``path`` never holds half of one.
 
     Raises:
         FileExistsError: ``path`` holds files already.
         CodecError: an archive is not a checkpoint's (the member at fault is named).
     """
     path = Path(path)
-    if path.exists() and any(path.iterdir()):
-        raise FileExistsError(f"{path} is not empty: dump into a new or empty folder")
+    _check_empty(path)
     aside = path.with_name(f".{path.name}.dumping")
     shutil.rmtree(aside, ignore_errors=True)
-    aside.parent.mkdir(parents=True, exist_ok=True)
     try:
         parts = folders(aside, len(archives))
         if len(archives) > 1:
@@ -60,8 +84,9 @@ def write(archives: Sequence[bytes], path: str | Path) -> Path:
     return path
 
 
-def read(path: str | Path, n: int) -> list[bytes]:
-    """The archives of a dump :func:`write` made for ``n`` servers.
+def read(path: str | Path, n: int) -> list[Packed]:
+    """The archives of a dump :func:`write` made for ``n`` servers, laid out (each read a
+    part at a time as it is sent: :class:`~tdreplay.codec.archive.Packed`).
 
     Raises:
         FileNotFoundError: no such dump there (for ``n`` servers).
@@ -73,7 +98,7 @@ def read(path: str | Path, n: int) -> list[bytes]:
             raise FileNotFoundError(
                 f"{folder} holds no table dump (for {n} server{'s' if n > 1 else ''})"
             )
-    return [pack(folder) for folder in parts]
+    return [Packed(folder) for folder in parts]
 
 
 class Persistence:
@@ -102,7 +127,7 @@ class Persistence:
         (:mod:`tdreplay.codec.archive`), in shard order."""
         return self._run(self._calls.dump(table))
 
-    def load_archives(self, table: str, archives: list[bytes]) -> dict[str, Any]:
+    def load_archives(self, table: str, archives: Sequence[bytes | Packed]) -> dict[str, Any]:
         """:meth:`load` from archives :meth:`dump_archives` returned; returns the table's info."""
         return self._run(self._calls.load(table, archives))
 
@@ -239,7 +264,9 @@ class Persistence:
     def dump(self, table: str, path: str | Path) -> Path:
         """Write ``table``'s whole state (rows, sampler and priorities, writer position,
         rate-limiter counters: a fresh checkpoint) into the local folder ``path``, streamed
-        from the server; :meth:`load` restores it. Sharded: one folder per server
+        from the server (one read buffer in memory here, whatever the table's size; the
+        archive passes through a hidden file beside ``path``, so the disk holds it twice
+        for a moment); :meth:`load` restores it. Sharded: one folder per server
         (``shard-0``...). The folder is new or empty, and written atomically.
 
         Example:
@@ -250,7 +277,7 @@ class Persistence:
             FileExistsError: ``path`` holds files already.
             TableNotFound: no such table.
         """
-        return write(self.dump_archives(table), path)
+        return self._run(dump_into(self._calls, table, path))
 
     def load(self, table: str, path: str | Path) -> dict[str, Any]:
         """Replace (or create) ``table`` from a local dump :meth:`dump` wrote; returns its info.
@@ -258,7 +285,8 @@ class Persistence:
         The archive goes up in parts, each one request within the server's
         ``--max-body-bytes``, staged on the server and restored once whole (the table is
         swapped atomically: a load that fails or is cut off leaves it as it was). The
-        whole archive is held in memory here, as :meth:`dump` holds it.
+        archive is read from the dump's files a part at a time (at most 64 MiB in memory
+        here, whatever the dump's size), as :meth:`dump` streams it in.
 
         Raises:
             FileNotFoundError: no dump at ``path`` (for this client's servers).

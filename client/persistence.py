@@ -15,12 +15,13 @@ from typing import Any
 
 from ..codec import operations as ops
 from ..codec import protocol
+from ..codec.archive import Packed
 from ..codec.errors import ReplayError
 from .commands import Command, Request, Response, json_body, op_request, op_target
 from .errors import ProtocolError
 from .merging import merge_infos
 from .sinks import FileSink
-from .steps import Call, Gather, Plan
+from .steps import Call, Gather, Plan, Work
 
 
 @dataclass
@@ -55,18 +56,27 @@ class Restore(Command[dict[str, Any]]):
 
 
 @dataclass
-class Dump(Command[bytes]):
-    """A fresh checkpoint of the table as one archive (:mod:`tdreplay.codec.archive`)."""
+class Dump(Command[bytes | Path]):
+    """A fresh checkpoint of the table as one archive (:mod:`tdreplay.codec.archive`): its
+    bytes, or with ``sink`` the file it was streamed into (one read buffer in memory)."""
 
     op = ops.DUMP
 
     table: str
+    sink: FileSink | None = None
 
     def request(self) -> Request:
-        return op_request(self, self.table, body=b"")
+        req = op_request(self, self.table, body=b"")
+        if self.sink is not None:
+            self.sink.start()  # every attempt writes the file from its start
+            req.sink = self.sink
+        return req
 
-    def parse(self, response: Response) -> bytes:
+    def parse(self, response: Response) -> bytes | Path:
         response.check()
+        if self.sink is not None:
+            self.sink.close()
+            return self.sink.path
         return bytes(response.body)
 
 
@@ -195,16 +205,20 @@ class PersistencePlans:
             self._sizes.pop(table, None)
         return merge_infos(results)
 
-    def dump(self, table: str) -> Plan[list[bytes]]:
-        """Each server's archive of ``table`` (one per shard, in shard order)."""
-        results = yield Gather([Call(i, Dump(table)) for i in range(self.n)])
+    def dump(self, table: str, files: Sequence[Path] | None = None) -> Plan[list[Any]]:
+        """Each server's archive of ``table`` (one per shard, in shard order): its bytes, or
+        streamed into ``files`` (one per shard; returns them)."""
+        sinks = [None] * self.n if files is None else [FileSink(f) for f in files]
+        results = yield Gather([Call(i, Dump(table, sink)) for i, sink in enumerate(sinks)])
         return list(results)
 
-    def load(self, table: str, archives: Sequence[bytes]) -> Plan[dict[str, Any]]:
-        """Restore each shard's ``table`` from its archive (as :meth:`dump` made them), sent
-        in parts within each server's body limit: begin, parts (a round of one part per
-        server at a time), commit. A failure aborts every upload begun, so no server keeps
-        staged bytes, and leaves each table as it was unless its commit succeeded."""
+    def load(self, table: str, archives: Sequence[bytes | Packed]) -> Plan[dict[str, Any]]:
+        """Restore each shard's ``table`` from its archive (as :meth:`dump` made them, in
+        memory or :class:`~tdreplay.codec.archive.Packed` from a folder: read a part at a
+        time), sent in parts within each server's body limit: begin, parts (a round of one
+        part per server at a time), commit. A failure aborts every upload begun, so no
+        server keeps staged bytes, and leaves each table as it was unless its commit
+        succeeded."""
         if len(archives) != self.n:
             raise ValueError(
                 f"{len(archives)} archives for {self.n} servers: load takes what dump made "
@@ -215,11 +229,11 @@ class PersistencePlans:
             for i, archive in enumerate(archives):  # one by one: each begun one is known
                 begun.append((yield Call(i, LoadBegin(table, len(archive)))))
             sent = [0] * self.n
-            while calls := [
-                Call(i, LoadPart(table, up["upload"], sent[i], _part(archive, sent[i], up)))
-                for i, (archive, up) in enumerate(zip(archives, begun, strict=True))
-                if sent[i] < len(archive)
-            ]:
+            while todo := [i for i, archive in enumerate(archives) if sent[i] < len(archive)]:
+                calls = []
+                for i in todo:  # read here (a file's part: off the event loop), then sent
+                    part = yield Work(_part, archives[i], sent[i], begun[i])
+                    calls.append(Call(i, LoadPart(table, begun[i]["upload"], sent[i], part)))
                 for call, answer in zip(calls, (yield Gather(calls)), strict=True):
                     received = int(answer["received"])
                     if received <= sent[call.shard]:  # never loop on a server that takes nothing
@@ -228,7 +242,7 @@ class PersistencePlans:
             results = yield Gather(
                 [Call(i, LoadCommit(table, up["upload"])) for i, up in enumerate(begun)]
             )
-        except ReplayError:
+        except (ReplayError, OSError):  # a server's refusal, or a dump file gone meanwhile
             for i, up in enumerate(begun):
                 with contextlib.suppress(ReplayError):  # else dropped once idle (--load-timeout)
                     yield Call(i, LoadAbort(table, up["upload"]))
@@ -267,7 +281,10 @@ class PersistencePlans:
 MAX_PART = 64 << 20
 
 
-def _part(archive: bytes, start: int, upload: dict[str, Any]) -> memoryview:
-    """The part of ``archive`` from ``start`` (uncopied), as long as the server allows."""
+def _part(archive: bytes | Packed, start: int, upload: dict[str, Any]) -> memoryview:
+    """The part of ``archive`` from ``start`` (uncopied when in memory), as long as the
+    server allows."""
     size = max(1, min(int(upload["part_bytes"]), MAX_PART))
+    if isinstance(archive, Packed):
+        return memoryview(archive.read(start, size))
     return memoryview(archive)[start : start + size]

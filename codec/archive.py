@@ -25,6 +25,7 @@ import io
 import os
 import tarfile
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from .errors import CodecError
 
@@ -35,13 +36,40 @@ CHUNK = 1 << 20
 
 
 def pack(folder: Path) -> bytes:
-    """The archive of every regular file under ``folder`` (sorted, relative names).
+    """The archive of every regular file under ``folder`` (sorted, relative names), in
+    memory (:class:`Packed` makes it piece by piece).
 
     Raises:
         CodecError: ``folder`` holds a link or a special file (a checkpoint never does).
     """
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    packed = Packed(folder)
+    return bytes(packed.read(0, len(packed)))
+
+
+class Packed:
+    """The archive of a folder (:func:`pack`'s bytes), laid out up front and read piece by
+    piece: a dump of any size goes out with one part in memory at a time.
+
+    The layout is tar's (POSIX PAX, as :mod:`tarfile` writes it): each file's header
+    block(s), its bytes padded to 512, two empty blocks, the whole padded to tar's
+    record size. The files are read when their bytes are asked for, so they must not
+    change meanwhile (a dump folder does not).
+
+        >>> import tempfile
+        >>> src = Path(tempfile.mkdtemp()); _ = (src / "x.bin").write_bytes(b"abc")
+        >>> packed = Packed(src)
+        >>> len(packed), bytes(packed.read(512, 3))
+        (10240, b'abc')
+
+    Raises:
+        CodecError: ``folder`` holds a link or a special file.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        #: (start, header, file, file bytes) of each member, in archive order
+        self._members: list[tuple[int, bytes, Path, int]] = []
+        at = 0
         for path in sorted(folder.rglob("*")):
             name = path.relative_to(folder).as_posix()
             if path.is_symlink() or not (path.is_file() or path.is_dir()):
@@ -50,9 +78,53 @@ def pack(folder: Path) -> bytes:
                 info = tarfile.TarInfo(name)
                 info.size = path.stat().st_size
                 info.mode = 0o600
+                header = info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+                self._members.append((at, header, path, info.size))
+                at += len(header) + _blocks(info.size)
+        end = at + 2 * tarfile.BLOCKSIZE  # two empty blocks end the archive
+        self._size = -(-end // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+
+    def __len__(self) -> int:
+        return self._size
+
+    def read(self, start: int, n: int) -> bytearray:
+        """Bytes ``start .. start + n`` of the archive (fewer past its end), in a new buffer.
+
+        Raises:
+            CodecError: a file changed size since the archive was laid out.
+        """
+        stop = min(start + n, self._size)
+        out = bytearray(max(0, stop - start))  # zeros: padding and the end blocks
+        for at, header, path, size in self._members:
+            body = at + len(header)
+            if at >= stop or body + size <= start:
+                continue
+            _place(out, start, at, header)
+            lo, hi = max(start, body), min(stop, body + size)
+            if lo < hi:
                 with path.open("rb") as f:
-                    tar.addfile(info, f)
-    return out.getvalue()
+                    got = os.pread(f.fileno(), hi - lo, lo - body)
+                if len(got) != hi - lo:
+                    raise CodecError(f"{path.name!r} changed while it was sent", field="archive")
+                out[lo - start : hi - start] = got
+        return out
+
+    def write_to(self, file: BinaryIO) -> None:
+        """Write the whole archive into ``file``, :data:`CHUNK` bytes at a time."""
+        for at in range(0, self._size, CHUNK):
+            file.write(self.read(at, CHUNK))
+
+
+def _blocks(size: int) -> int:
+    """Bytes ``size`` bytes take in a tar archive: whole 512-byte blocks."""
+    return -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+
+def _place(out: bytearray, start: int, at: int, data: bytes) -> None:
+    """The part of ``data`` (at archive offset ``at``) that falls in ``out`` (at ``start``)."""
+    lo, hi = max(start, at), min(start + len(out), at + len(data))
+    if lo < hi:
+        out[lo - start : hi - start] = data[lo - at : hi - at]
 
 
 def _member_path(dest: Path, member: tarfile.TarInfo) -> Path:

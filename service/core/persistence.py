@@ -17,7 +17,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import protocol
-from tdreplay.codec.archive import pack as archive_pack
+from tdreplay.codec.archive import Packed
 from tdreplay.codec.archive import unpack as archive_unpack
 from tdreplay.codec.minari_files import write_minari
 from tdreplay.codec.params import (
@@ -185,8 +185,7 @@ class PersistenceOps(CorePart):
         try:
             await self.checkpoint_to(name, folder)
             archive = folder.with_suffix(".tar")
-            data = await run_in_threadpool(archive_pack, folder)
-            await run_in_threadpool(archive.write_bytes, data)
+            await run_in_threadpool(_write_archive, folder, archive)
         finally:
             await run_in_threadpool(shutil.rmtree, folder, True)
         return archive
@@ -338,3 +337,13 @@ def _checkpoint(table: Table, target: Path) -> tuple[Path, int, int]:
     written = table.checkpoint(target)
     nbytes = sum(f.stat().st_size for f in written.rglob("*") if f.is_file())
     return written, table.size, nbytes
+
+
+def _write_archive(folder: Path, archive: Path) -> None:
+    """The archive of ``folder`` into the file ``archive``, a chunk in memory at a time."""
+    try:
+        with archive.open("wb") as f:
+            Packed(folder).write_to(f)
+    except BaseException:
+        archive.unlink(missing_ok=True)
+        raise
