@@ -95,10 +95,10 @@ class AsyncWriter(WriterBase):
         buf = await self._buf()
         async with self._lock:
             waiting = buf.waiting
-            buf.append(step)
+            due = buf.append(step)
             if waiting and not buf.waiting:
                 self._wake.set()  # the timer has a deadline now
-            if buf.ready():
+            if due:
                 await self._send(buf.take(borrow=True))
 
     async def flush(self) -> None:

@@ -7,8 +7,8 @@ boundaries) is described in :mod:`tdreplay.client.writer`.
     >>> import torch
     >>> from tensordict import TensorDict
     >>> buf = ChunkBuffer(3, end_key="done")
-    >>> for t in range(5):
-    ...     buf.append(TensorDict({"done": torch.tensor([t == 3])}, []))
+    >>> [buf.append(TensorDict({"done": torch.tensor([t == 3])}, [])) for t in range(5)]  # due?
+    [False, False, False, True, True]
     >>> [c.batch_size[0] for c in buf.take()], buf.unfinished()
     ([4], 1)
 """
@@ -52,6 +52,8 @@ class ChunkBuffer:
         self.chunk = chunk
         self.episode_key = tuple(episode_key.split(".")) if episode_key else None
         self.end_key = tuple(end_key.split(".")) if end_key else None
+        #: whether chunks end at episode boundaries (an attribute: it is read per step)
+        self.trajectory = self.episode_key is not None or self.end_key is not None
         self.max_rows = max_rows or None
         if self.max_rows is not None:
             self.chunk = min(chunk, self.max_rows)  # a bigger insert could never fit
@@ -66,28 +68,35 @@ class ChunkBuffer:
         return self._rows.n
 
     @property
-    def trajectory(self) -> bool:
-        return self.episode_key is not None or self.end_key is not None
-
-    @property
     def waiting(self) -> bool:
-        """Whether :meth:`due` is ``None`` for want of a step or a whole episode (a timer sleeps)."""
+        """Whether :meth:`due` is ``None`` for want of a step or a whole episode (a timer sleeps).
+
+        Only an append into a waiting buffer can change what :meth:`due` reads
+        (``first_at``, ``boundaries``): one into a buffer that is not waiting
+        adds rows and, at most, boundaries. A writer's timer thread therefore
+        needs its lock only around appends into a waiting buffer.
+        """
         return self.first_at is None or (self.trajectory and not self.boundaries)
 
-    def append(self, step: Any) -> None:
+    def append(self, step: Any) -> bool:
         """Copy one step (batch ``[]``) or several (``[k]``) into the buffer.
+
+        Returns:
+            Whether a chunk is due now (:meth:`ready`; told here, as it is known
+            here, since a writer asks after every step).
 
         Raises:
             KeyError: the step lacks a key the first step had (or the end /
                 trajectory key), or has one it had not.
             ValueError, TypeError: a leaf's shape or dtype differs from the first step's.
         """
-        base = self._rows.n
-        k = self._rows.append(step)
+        rows = self._rows
+        base = rows.n
+        k = rows.append(step)
         if not k:
-            return
-        if self.first_at is not None and self.end_key is None and self.episode_key is None:
-            return  # the common case, per step: a plain table's step, after the first
+            return self.ready()
+        if self.first_at is not None and not self.trajectory:
+            return rows.n >= self.chunk  # the common case, per step: a plain table's step
         try:
             if self.end_key is not None:
                 self._find_ends(base, k)
@@ -100,6 +109,7 @@ class ChunkBuffer:
             raise
         if self.first_at is None:
             self.first_at = time.monotonic()
+        return self.ready()
 
     def _column(self, key: tuple[str, ...], base: int, k: int) -> Any:
         try:
@@ -134,7 +144,7 @@ class ChunkBuffer:
 
     def ready(self) -> bool:
         """Whether :meth:`take` has a chunk now (a full one; cheaper than asking it, per step)."""
-        if self.end_key is None and self.episode_key is None:
+        if not self.trajectory:
             return self._rows.n >= self.chunk
         sealed = self.boundaries[-1] if self.boundaries else 0
         return sealed >= self.chunk or (self.max_rows is not None and self.n > self.max_rows)

@@ -30,6 +30,7 @@ lent set comes back (:meth:`ColumnBuffer.reclaim`) once the chunk is sent.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -39,6 +40,8 @@ from .batches import as_batch
 
 #: a leaf key as ``TensorDictBase.items(True, True)`` yields it: a name, or a tuple of names
 Key = str | tuple[str, ...]
+
+_DTYPE, _SHAPE = attrgetter("dtype"), attrgetter("shape")
 
 
 def _leaves(td: TensorDictBase) -> tuple[tuple[Key, ...], tuple[Any, ...]]:
@@ -57,8 +60,9 @@ def _dotted(key: Key) -> str:
 Lent = tuple[list[torch.Tensor], list[list[torch.Tensor] | None]]
 
 #: the key tree of a step: the names at one level, for each the tree below it (``None``: a
-#: leaf), and whether the level holds leaves only
-Tree = tuple[tuple[str, ...], tuple["Tree | None", ...], bool]
+#: leaf), and the positions of those that are not leaves with their trees (empty: the level
+#: holds leaves only)
+Tree = tuple[tuple[str, ...], tuple["Tree | None", ...], tuple[tuple[int, "Tree"], ...]]
 
 
 def _tree(keys: tuple[Key, ...]) -> Tree:
@@ -73,7 +77,7 @@ def _tree(keys: tuple[Key, ...]) -> Tree:
         if len(path) > 1:
             below[path[0]].append(path[1:] if len(path) > 2 else path[1])
     subs = tuple(_tree(tuple(below[n])) if below[n] else None for n in names)
-    return tuple(names), subs, all(sub is None for sub in subs)
+    return tuple(names), subs, tuple((i, sub) for i, sub in enumerate(subs) if sub is not None)
 
 
 def _gather(td: TensorDictBase, tree: Tree, out: list[Any]) -> bool:
@@ -103,21 +107,27 @@ def _gather_dicts(entries: dict[str, Any], tree: Tree, out: list[Any]) -> bool:
 
     A plain TensorDict keeps its entries, nested TensorDicts included, in one
     dict per level, in ``items()`` order: a level with the same names in the
-    same order is one tuple comparison, and its values are the leaves. Three
-    times cheaper again than :func:`_gather`; any other kind of nested entry
-    is False here (the general way handles it).
+    same order is one tuple comparison, and its values are the leaves: the
+    runs of leaves between nested entries are copied to ``out`` as slices
+    (a Python loop over every entry cost a fifth more). Three times cheaper
+    again than :func:`_gather`; any other kind of nested entry is False here
+    (the general way handles it).
     """
-    names, subs, flat = tree
+    names, _, nested = tree
     if tuple(entries) != names:
         return False
-    if flat:
+    if not nested:
         out.extend(entries.values())
         return True
-    for value, sub in zip(entries.values(), subs, strict=True):
-        if sub is None:
-            out.append(value)
-        elif type(value) is not TensorDict or not _gather_dicts(value._tensordict, sub, out):
+    values = list(entries.values())
+    at = 0
+    for i, sub in nested:
+        out.extend(values[at:i])
+        value = values[i]
+        if type(value) is not TensorDict or not _gather_dicts(value._tensordict, sub, out):
             return False
+        at = i + 1
+    out.extend(values[at:])
     return True
 
 
@@ -207,11 +217,17 @@ class ColumnBuffer:
         return values
 
     def _same(self, values: Any, *, rows: bool = False) -> bool:
-        """Whether ``values`` (in column order) are tensors of the layout's shapes and dtypes."""
+        """Whether ``values`` (in column order) are tensors of the layout's shapes and dtypes.
+
+        Per step this is a third of the Python work: ``map`` with an
+        ``attrgetter`` reads the attributes in C, half the cost of a comprehension.
+        """
         try:
-            return [v.dtype for v in values] == self._dtypes and (
-                [v.shape[1:] for v in values] if rows else [v.shape for v in values]
-            ) == self._shapes
+            if list(map(_DTYPE, values)) != self._dtypes:
+                return False
+            if rows:
+                return [v.shape[1:] for v in values] == self._shapes
+            return list(map(_SHAPE, values)) == self._shapes
         except AttributeError:  # a leaf that is not a tensor
             return False
 
@@ -275,7 +291,7 @@ class ColumnBuffer:
             ValueError, TypeError: a leaf's shape or dtype differs from the first step's.
         """
         tree = self._tree
-        if tree is not None and type(data) is TensorDict and not data.batch_dims:
+        if tree is not None and type(data) is TensorDict and not data.batch_size:
             # the per-step fast path: a plain TensorDict shaped like the first step
             values: list[Any] = []
             if _gather_dicts(data._tensordict, tree, values) and self._same(values):

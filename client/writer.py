@@ -121,7 +121,8 @@ class Writer(WriterBase):
         self.background = background
         # Three locks, so that no thread waits on another's per-step work: _send_lock
         # orders the changes to the buffer and the sends; _cond guards what the timer
-        # thread reads of the buffer (taken per step only if there is a timer); _sent
+        # thread reads of the buffer (taken only by an append that changes it: the first
+        # of a chunk, or of a trajectory table's first whole episode); _sent
         # guards the counts and the pending error, which the sending threads update.
         self._send_lock = threading.Lock()
         self._cond = threading.Condition()
@@ -239,15 +240,16 @@ class Writer(WriterBase):
             self._raise_pending()
         buf = self._buffer or self._buf()
         with self._send_lock:
-            if self._timer is None:
-                buf.append(step)
-            else:
+            if self._timer is not None and buf.waiting:
+                # the timer reads what this append changes (see ChunkBuffer.waiting);
+                # any other append changes nothing it reads, and takes no second lock
                 with self._cond:
-                    waiting = buf.waiting
-                    buf.append(step)
-                    if waiting and not buf.waiting:
+                    due = buf.append(step)
+                    if not buf.waiting:
                         self._cond.notify_all()  # the timer has a deadline now
-            if buf.ready():
+            else:
+                due = buf.append(step)
+            if due:
                 self._send_due(buf)
 
     def flush(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -178,3 +180,108 @@ def test_a_lent_set_of_the_old_size_is_let_go() -> None:
     cols.reclaim(lent)
     assert cols._spare is None
     assert cols.front(5, copy=True)["id"].tolist() == [2, 3, 4, 5, 6]
+
+
+def nested_step(i: int) -> TensorDict:
+    """A step shaped like a TorchRL transition: leaves around and inside two nested levels."""
+    g = torch.Generator().manual_seed(i)
+    return TensorDict(
+        {
+            "observation": torch.randn(4, generator=g),
+            "action": torch.randint(0, 2, (2,), generator=g),
+            "done": torch.tensor([i % 3 == 2]),
+            "next": {
+                "observation": torch.randn(4, generator=g),
+                "reward": torch.rand(1, generator=g),
+                "done": torch.tensor([i % 3 == 2]),
+            },
+            "collector": {"traj_ids": torch.tensor(i // 3)},
+        },
+        [],
+    )
+
+
+def test_the_fast_path_stores_what_the_general_path_stores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After the first step every plain step takes the fast path, and the columns come out
+    as the general path (``_append_any``, checked leaf by leaf) makes them."""
+    steps = [nested_step(i) for i in range(10)]
+    slow = ColumnBuffer(4)
+    for s in steps:
+        slow._append_any(s)
+    fast = ColumnBuffer(4)
+    fast.append(steps[0])
+    general = ColumnBuffer._append_any
+    calls: list[object] = []
+
+    def counted(self: ColumnBuffer, data: object) -> int:
+        calls.append(data)
+        return general(self, data)
+
+    monkeypatch.setattr(ColumnBuffer, "_append_any", counted)
+    for s in steps[1:]:
+        fast.append(s)
+    assert not calls  # every later step took the fast path
+    a, b = fast.front(10, copy=True), slow.front(10, copy=True)
+    keys = list(b.keys(True, True))
+    assert list(a.keys(True, True)) == keys and len(keys) == 7
+    for key in keys:
+        assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda td: td.set(("next", "extra"), torch.tensor(1.0)),  # a new key, nested
+        lambda td: td.set("extra", torch.tensor(1.0)),  # a new key at the root
+        lambda td: td.del_(("next", "reward")),  # a key gone
+        lambda td: td.set(("next", "reward"), torch.rand(1, dtype=torch.float64)),  # dtype
+        lambda td: td.set(("next", "reward"), torch.rand(())),  # shape (would broadcast)
+        lambda td: td.set("observation", torch.randn(1)),  # shape (would broadcast)
+        lambda td: td.set("action", torch.tensor([1, 0], dtype=torch.int32)),  # dtype (would cast)
+        lambda td: td.set("collector", torch.tensor(0)),  # a tree now a leaf
+    ],
+)
+def test_a_step_that_changes_mid_chunk_is_refused_as_the_general_path_refuses_it(
+    change: Any,
+) -> None:
+    """A step unlike the others, after several that took the fast path, falls back and gets
+    the very error the general path gives; nothing changes and the fast path goes on."""
+    errors = []
+    for general in (False, True):
+        cols = ColumnBuffer(8)
+        for i in range(5):
+            (cols._append_any if general else cols.append)(nested_step(i))
+        bad = nested_step(5)
+        change(bad)
+        with pytest.raises((KeyError, ValueError, TypeError)) as info:
+            (cols._append_any if general else cols.append)(bad)
+        errors.append((type(info.value), str(info.value)))
+        assert cols.n == 5
+        cols.append(nested_step(6))
+        assert cols.front(6, copy=True)["collector", "traj_ids"].tolist() == [0, 0, 0, 1, 1, 2]
+    assert errors[0] == errors[1]
+
+
+def test_a_step_changed_in_place_after_append_leaves_its_row_as_it_was() -> None:
+    """Environments often write the next step into the same tensors: append copies at once.
+
+    Copies are not deferred to the chunk (one stack per column would be cheaper) because
+    no check could tell a step changed meanwhile: a write through numpy, shared memory or
+    another process leaves torch's version counter as it was.
+    """
+    cols = ColumnBuffer(4)
+    s = nested_step(0)
+    expected = []
+    for i in range(4):
+        s["observation"].fill_(float(i))  # in place: torch's version counter sees this
+        s["next", "reward"].numpy()[:] = i  # through numpy: nothing in torch sees this
+        cols.append(s)
+        expected.append(s.clone())
+    s["observation"].zero_()
+    s["next", "reward"].numpy()[:] = -1
+    chunk = cols.front(4, copy=False)
+    assert chunk["observation"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert chunk["next", "reward"].flatten().tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert all((chunk[i] == e).all() for i, e in enumerate(expected))

@@ -64,6 +64,21 @@ def test_time_limit_sends(client: ReplayClient) -> None:
     w.close()
 
 
+@pytest.mark.parametrize("background", [False, True])
+def test_the_time_limit_sends_the_steps_after_a_full_chunk(
+    client: ReplayClient, background: bool
+) -> None:
+    """Once a full chunk has left, the next step gives the sleeping timer a deadline again
+    (the one append of a chunk that takes the timer's lock)."""
+    name = table(client)
+    w = Writer(client, name, chunk=4, max_delay=0.05, background=background)
+    for i in range(6):
+        w.append(step(i))
+    assert w.wait_sent(6, timeout=10)  # 4 as a full chunk, 2 by the timer
+    assert w.sent_chunks == 2 and client.info(name)["size"] == 6
+    w.close()
+
+
 def test_exception_discards_the_buffer(client: ReplayClient) -> None:
     name = table(client)
     with pytest.raises(RuntimeError, match="collector crashed"), client.writer(name, chunk=8) as w:
