@@ -10,7 +10,7 @@ the same keys, shapes and dtypes. Chunks are slices of the columns.
 Per step, walking a TensorDict's leaves the generic way
 (``items(include_nested=True, leaves_only=True)``) costs about as much as
 the copy; a plain ``TensorDict`` step of the first step's key tree is read
-straight from its key dicts instead (:func:`_gather_dicts`), and anything
+straight from its key dicts instead (:func:`~.leaves.gather_dicts`), and anything
 else (another TensorDict class, a tensorclass, a differing step) goes the
 general way, which also names what differs.
 
@@ -37,98 +37,13 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from .batches import as_batch
-
-#: a leaf key as ``TensorDictBase.items(True, True)`` yields it: a name, or a tuple of names
-Key = str | tuple[str, ...]
+from .leaves import Key, Tree, dotted, gather, gather_dicts, leaves_of, step_tree
 
 _DTYPE, _SHAPE = attrgetter("dtype"), attrgetter("shape")
 
 
-def _leaves(td: TensorDictBase) -> tuple[tuple[Key, ...], tuple[Any, ...]]:
-    pairs = tuple(td.items(include_nested=True, leaves_only=True))
-    if not pairs:
-        return (), ()
-    keys, values = zip(*pairs, strict=True)
-    return keys, values
-
-
-def _dotted(key: Key) -> str:
-    return key if isinstance(key, str) else ".".join(key)
-
-
 #: a set of columns lent out (:meth:`ColumnBuffer.lend`): the columns and their row views
 Lent = tuple[list[torch.Tensor], list[list[torch.Tensor] | None]]
-
-#: the key tree of a step: the names at one level, for each the tree below it (``None``: a
-#: leaf), and the positions of those that are not leaves with their trees (empty: the level
-#: holds leaves only)
-Tree = tuple[tuple[str, ...], tuple["Tree | None", ...], tuple[tuple[int, "Tree"], ...]]
-
-
-def _tree(keys: tuple[Key, ...]) -> Tree:
-    """The key tree of leaf keys as ``items(True, True)`` yields them (depth first, in order)."""
-    names: list[str] = []
-    below: dict[str, list[Key]] = {}
-    for key in keys:
-        path = (key,) if isinstance(key, str) else key
-        if path[0] not in below:
-            names.append(path[0])
-            below[path[0]] = []
-        if len(path) > 1:
-            below[path[0]].append(path[1:] if len(path) > 2 else path[1])
-    subs = tuple(_tree(tuple(below[n])) if below[n] else None for n in names)
-    return tuple(names), subs, tuple((i, sub) for i, sub in enumerate(subs) if sub is not None)
-
-
-def _gather(td: TensorDictBase, tree: Tree, out: list[Any]) -> bool:
-    """Append the leaves of ``td`` to ``out`` in ``tree``'s order; False if its keys differ.
-
-    Four times cheaper than ``td.items(True, True)``, which is generic
-    (leaf predicates, key tuples); per step, that difference is most of the cost.
-    A step with more (a non-tensor entry, which the wire format leaves out too)
-    is False here and goes the slow way.
-    """
-    names, subs, _ = tree
-    i = 0
-    for name, value in td.items():
-        if i == len(names) or name != names[i]:
-            return False
-        sub = subs[i]
-        i += 1
-        if sub is None:
-            out.append(value)
-        elif not isinstance(value, TensorDictBase) or not _gather(value, sub, out):
-            return False
-    return i == len(names)
-
-
-def _gather_dicts(entries: dict[str, Any], tree: Tree, out: list[Any]) -> bool:
-    """:func:`_gather` for a plain ``TensorDict``, read from its key dicts (``_tensordict``).
-
-    A plain TensorDict keeps its entries, nested TensorDicts included, in one
-    dict per level, in ``items()`` order: a level with the same names in the
-    same order is one tuple comparison, and its values are the leaves: the
-    runs of leaves between nested entries are copied to ``out`` as slices
-    (a Python loop over every entry cost a fifth more). Three times cheaper
-    again than :func:`_gather`; any other kind of nested entry is False here
-    (the general way handles it).
-    """
-    names, _, nested = tree
-    if tuple(entries) != names:
-        return False
-    if not nested:
-        out.extend(entries.values())
-        return True
-    values = list(entries.values())
-    at = 0
-    for i, sub in nested:
-        out.extend(values[at:i])
-        value = values[i]
-        if type(value) is not TensorDict or not _gather_dicts(value._tensordict, sub, out):
-            return False
-        at = i + 1
-    out.extend(values[at:])
-    return True
 
 
 class ColumnBuffer:
@@ -168,37 +83,35 @@ class ColumnBuffer:
             raise ValueError("a step must hold at least one tensor")
         for key, v in zip(keys, values, strict=True):
             if not isinstance(v, torch.Tensor):
-                raise TypeError(f"step key {_dotted(key)!r} holds {type(v).__name__}, not a tensor")
+                raise TypeError(f"step key {dotted(key)!r} holds {type(v).__name__}, not a tensor")
         self.keys = keys
-        self._tree = _tree(keys)
+        self._tree = step_tree(keys)
         self._shapes = [v.shape[1:] if rows else v.shape for v in values]
         self._dtypes = [v.dtype for v in values]
 
     def _mismatch(self, keys: tuple[Key, ...], values: tuple[Any, ...], rows: bool) -> Exception:
         """The error for a step whose keys, shapes or dtypes differ from the first step's."""
         assert self.keys is not None
-        want = {_dotted(k) for k in self.keys}
-        got = {_dotted(k) for k in keys}
+        want = {dotted(k) for k in self.keys}
+        got = {dotted(k) for k in keys}
         if want - got:
             return KeyError(f"step lacks key(s) {sorted(want - got)} that the first step had")
         if got - want:
             return KeyError(f"step has key(s) {sorted(got - want)} that the first step had not")
-        index = {_dotted(k): i for i, k in enumerate(self.keys)}
+        index = {dotted(k): i for i, k in enumerate(self.keys)}
         for key, v in zip(keys, values, strict=True):
-            i = index[_dotted(key)]
+            i = index[dotted(key)]
             if not isinstance(v, torch.Tensor):
-                return TypeError(
-                    f"step key {_dotted(key)!r} holds {type(v).__name__}, not a tensor"
-                )
+                return TypeError(f"step key {dotted(key)!r} holds {type(v).__name__}, not a tensor")
             shape = v.shape[1:] if rows else v.shape
             if shape != self._shapes[i]:
                 return ValueError(
-                    f"step key {_dotted(key)!r} has shape {list(shape)}, "
+                    f"step key {dotted(key)!r} has shape {list(shape)}, "
                     f"the first step's was {list(self._shapes[i])}"
                 )
             if v.dtype != self._dtypes[i]:
                 return TypeError(
-                    f"step key {_dotted(key)!r} has dtype {v.dtype}, the first step's was {self._dtypes[i]}"
+                    f"step key {dotted(key)!r} has dtype {v.dtype}, the first step's was {self._dtypes[i]}"
                 )
         return ValueError("step does not match the first step's layout")  # pragma: no cover
 
@@ -207,10 +120,10 @@ class ColumnBuffer:
     ) -> tuple[Any, ...]:
         """``values`` in the layout's column order, checked against it."""
         if keys != self.keys:
-            if self.keys is None or sorted(map(_dotted, keys)) != sorted(map(_dotted, self.keys)):
+            if self.keys is None or sorted(map(dotted, keys)) != sorted(map(dotted, self.keys)):
                 raise self._mismatch(keys, values, rows)
-            by_key = dict(zip(map(_dotted, keys), values, strict=True))
-            values = tuple(by_key[_dotted(k)] for k in self.keys)
+            by_key = dict(zip(map(dotted, keys), values, strict=True))
+            values = tuple(by_key[dotted(k)] for k in self.keys)
             keys = self.keys
         if not self._same(values, rows=rows):
             raise self._mismatch(keys, values, rows)
@@ -294,7 +207,7 @@ class ColumnBuffer:
         if tree is not None and type(data) is TensorDict and not data.batch_size:
             # the per-step fast path: a plain TensorDict shaped like the first step
             values: list[Any] = []
-            if _gather_dicts(data._tensordict, tree, values) and self._same(values):
+            if gather_dicts(data._tensordict, tree, values) and self._same(values):
                 self._put(values)
                 return 1
         return self._append_any(data)
@@ -305,12 +218,8 @@ class ColumnBuffer:
             data = data._tensordict  # type: ignore[union-attr]
         if isinstance(data, TensorDictBase) and data.batch_dims == 0:
             values: Any = []
-            if (
-                self._tree is None
-                or not _gather(data, self._tree, values)
-                or not self._same(values)
-            ):
-                keys, values = _leaves(data)  # the first step, or one that differs: the slow way
+            if self._tree is None or not gather(data, self._tree, values) or not self._same(values):
+                keys, values = leaves_of(data)  # the first step, or one that differs: the slow way
                 if self.keys is None:
                     self._layout(keys, values, rows=False)
                 values = self._ordered(keys, values, rows=False)
@@ -320,7 +229,7 @@ class ColumnBuffer:
         k = td.batch_size[0]
         if k == 0:
             return 0
-        keys, values = _leaves(td)
+        keys, values = leaves_of(td)
         if self.keys is None:
             self._layout(keys, values, rows=True)
         values = self._ordered(keys, values, rows=True)
@@ -337,7 +246,7 @@ class ColumnBuffer:
         assert self.keys is not None
         view = self._numpy.get(key)
         if view is None:
-            i = [_dotted(k) for k in self.keys].index(_dotted(key))
+            i = [dotted(k) for k in self.keys].index(dotted(key))
             flat = self._cols[i].reshape(self._capacity, -1)
             try:
                 view = flat.numpy()
