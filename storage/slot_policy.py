@@ -65,6 +65,12 @@ class SlotPolicy:
         never past the written ones (``slots.hi``) plus ``n``."""
         return min(self.slots.capacity, self.slots.hi + n)
 
+    def ring_start(self) -> int | None:
+        """The slot of the oldest item when the policy writes slots in ring order (then
+        the items, oldest first, are slots ``[start, hi)`` and ``[0, start)``); ``None``
+        when items are not in slot order (their ordinals tell)."""
+        return None
+
     def columns(self) -> dict[str, torch.Tensor]:
         """Per-slot tensors holding state to keep across a crash (see :mod:`tdreplay.storage.durable`)."""
         return {}
@@ -114,6 +120,9 @@ class RoundRobinPolicy(SlotPolicy):
 
     def reach(self, n: int) -> int:
         return min(self.slots.capacity, max(self.slots.hi, self.cursor) + n)
+
+    def ring_start(self) -> int:
+        return self.cursor
 
     def state_dict(self) -> dict[str, Any]:
         return {"cursor": self.cursor}

@@ -160,40 +160,125 @@ class Snapshot:
 
 @dataclass(eq=False)
 class Items:
-    """A table's live items at one instant, oldest first: their slots and ordinals.
-    :meth:`chunks` reads them (:meth:`Table.items <tdreplay.storage.Table.items>`)."""
+    """A table's live items at one instant, oldest first; :meth:`chunks` reads them
+    (:meth:`Table.items <tdreplay.storage.Table.items>`).
+
+    An item is in it if it was live at that instant: it is live now with an ordinal
+    at most ``newest`` (every item inserted since has a higher one, and a slot
+    overwritten since holds such an item). A table whose writer fills slots in ring
+    order (round robin: ``ring``, the oldest item's slot) keeps its items in slot order
+    from there, so they are read in that order and nothing per item is held; its
+    ordinals are checked to rise along the ring first (a restored state need not
+    agree), else, as for every other writer, the live slots are sorted by ordinal
+    (``order``: 8 bytes an item).
+
+    Attributes:
+        table: the table.
+        count: the live items at that instant.
+        newest: the table's ``inserted`` then (the newest item's ordinal).
+        hi: the table's ``hi`` then (no live slot at or past it).
+        ring: the oldest item's slot, for a ring; ``None`` otherwise.
+        order: the slots oldest first, when not read along the ring.
+    """
 
     table: TableBase
-    index: torch.Tensor
-    ordinal: torch.Tensor
+    count: int
+    newest: int
+    hi: int
+    ring: int | None = None
+    order: torch.Tensor | None = None
 
     def __len__(self) -> int:
-        return len(self.index)
+        return self.count
 
     def chunks(self, rows: int) -> Iterator[tuple[dict[NestedKey, torch.Tensor], int]]:
-        """``(items, slots read)``, ``rows`` slots at a time (see :func:`intact_items`)."""
-        return intact_items(self.table, self.index, self.ordinal, rows)
+        """``(items, slots read)``, about ``rows`` slots at a time: each chunk read under the
+        data read lock, and an item overwritten or removed meanwhile left out (the slots
+        read add up to :attr:`count`, for a progress bar)."""
+        if self.ring is not None and not self._rises_along_ring(rows):
+            self.ring, self.order = None, self._sorted()
+        done = 0
+        for idx in self._slots(rows):
+            data = read_intact(self.table, idx, self.newest)
+            read = min(len(idx), self.count - done)
+            done += read
+            yield data, read
+        if done < self.count:  # removed since: the bar still ends full
+            yield (
+                read_intact(self.table, torch.empty(0, dtype=torch.int64), self.newest),
+                (self.count - done),
+            )
+
+    def _slots(self, rows: int) -> Iterator[torch.Tensor]:
+        """The slots to read, oldest first, ``rows`` at a time (the last chunk fewer)."""
+        if self.order is not None:
+            for start in range(0, len(self.order), rows):
+                yield self.order[start : start + rows]
+            return
+        pending: list[torch.Tensor] = []
+        count = 0
+        for idx in self._held(rows):
+            pending.append(idx)
+            count += len(idx)
+            if count >= rows:
+                ready = torch.cat(pending)
+                for start in range(0, len(ready) - rows + 1, rows):
+                    yield ready[start : start + rows]
+                rest = ready[len(ready) // rows * rows :]
+                pending, count = [rest], len(rest)
+        if count:
+            yield torch.cat(pending)
+
+    def _held(self, rows: int) -> Iterator[torch.Tensor]:
+        """Along the ring, ``rows`` slots at a time: those still holding an item of the instant."""
+        s, ring = self.table.slots, self.ring or 0
+        for lo, hi in ((ring, self.hi), (0, min(ring, self.hi))):
+            for a in range(lo, hi, rows):
+                b = min(a + rows, hi)
+                with self.table._cond:
+                    held = s.live[a:b] & (s.ordinal[a:b] <= self.newest)
+                idx = held.nonzero().squeeze(1) + a
+                if len(idx):
+                    yield idx
+
+    def _rises_along_ring(self, rows: int) -> bool:
+        """Whether the items of the instant have rising ordinals along the ring."""
+        last = 0
+        for idx in self._held(rows):
+            with self.table._cond:
+                ordinal = self.table.slots.ordinal[idx]
+                ordinal = ordinal[self.table.slots.live[idx] & (ordinal <= self.newest)]
+            if len(ordinal) and (
+                int(ordinal[0]) <= last or bool((ordinal[1:] <= ordinal[:-1]).any())
+            ):
+                return False
+            if len(ordinal):
+                last = int(ordinal[-1])
+        return True
+
+    def _sorted(self) -> torch.Tensor:
+        """The slots of the items of the instant still live, sorted by ordinal."""
+        s = self.table.slots
+        with self.table._cond:
+            live = (s.live & (s.ordinal <= self.newest)).nonzero().squeeze(1)
+            return live[torch.argsort(s.ordinal[live])]
 
 
-def intact_items(
-    table: TableBase, index: torch.Tensor, ordinal: torch.Tensor, rows: int
-) -> Iterator[tuple[dict[NestedKey, torch.Tensor], int]]:
-    """``(items, slots read)`` for the slots of ``index``, ``rows`` at a time.
+def read_intact(table: TableBase, idx: torch.Tensor, newest: int) -> dict[NestedKey, torch.Tensor]:
+    """The rows of slots ``idx`` whose items are of the instant (``newest``), read now.
 
-    Each chunk is read under the data read lock. A slot whose item is still
-    live with the same ordinal after the read was not written during it:
-    an insert marks the slots it claims dead before it writes them and gives
-    them a new ordinal after. Other rows are left out. (The check is made after
-    the read lock is released: sampling takes that lock while holding the
-    table's, so taking them the other way round could deadlock.)
+    The rows are read under the data read lock. A slot still live with an ordinal
+    at most ``newest`` after the read was not written during it: an insert marks
+    the slots it claims dead before it writes them and gives them a new, higher
+    ordinal after. Other rows are left out. (The check is made after the read
+    lock is released: sampling takes that lock while holding the table's, so
+    taking them the other way round could deadlock.)
     """
-    for start in range(0, len(index), rows):
-        idx, want = index[start : start + rows], ordinal[start : start + rows]
-        with table._data_lock.read():
-            data = table.backend.read(idx)
-        with table._cond:
-            intact = table.slots.live[idx] & (table.slots.ordinal[idx] == want)
-        if not bool(intact.all()):
-            keep = intact.nonzero().squeeze(1)
-            data = {k: v.index_select(0, keep) for k, v in data.items()}
-        yield data, len(idx)
+    with table._data_lock.read():
+        data = table.backend.read(idx)
+    with table._cond:
+        intact = table.slots.live[idx] & (table.slots.ordinal[idx] <= newest)
+    if not bool(intact.all()):
+        keep = intact.nonzero().squeeze(1)
+        data = {k: v.index_select(0, keep) for k, v in data.items()}
+    return data

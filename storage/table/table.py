@@ -36,8 +36,6 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import torch
-
 from ..backends import allocate, reopen, sweep
 from ..checkpoint import checkpoint, restore
 from ..export import export
@@ -275,9 +273,11 @@ class Table(Inserts, Draws):
         """
         with self._cond:
             self._check_open()
-            live = self.slots.live.nonzero().squeeze(1)
-            index = live[torch.argsort(self.slots.ordinal[live])]
-            return Items(self, index, self.slots.ordinal[index].clone())
+            s = self.slots
+            items = Items(self, s.n_live, s.inserted, s.hi, self.writer.ring_start())
+        if items.ring is None:
+            items.order = items._sorted()
+        return items
 
     # ------------------------------------------------------------ persistence
     def checkpoint(self, path: str | Path, *, ted2flat: bool | None = None) -> Path:
