@@ -104,6 +104,49 @@ def test_overwrites_during_samples_never_tear_a_row(backend: dict, tables) -> No
         assert torch.equal(mine, mine.sort().values)
 
 
+def test_small_samples_into_targets_race_with_overwrites(backend: dict, tables) -> None:
+    """Samples of a few items into reused targets (each row copied on its own, the readers
+    of the rows' lock waking a writer only as the last leaves) while writers overwrite
+    every slot: no torn row, no thread stuck, the writers never starved."""
+    table = tables.create(make_spec(capacity=24, backend=backend))
+    table.extend(rows(0, 24))
+    counts = {"extends": 0, "samples": 0}
+    lock = threading.Lock()
+
+    def writer(w: int) -> Callable[[], None]:
+        next_id = [BASE * (w + 1)]
+
+        def step() -> None:
+            n = 1 + next_id[0] % 7
+            table.extend(rows(next_id[0], n))
+            next_id[0] += n
+            with lock:
+                counts["extends"] += 1
+
+        return step
+
+    def sampler(n: int) -> Callable[[], None]:
+        target = table.target(table.sample(n).clone(), n)
+
+        def step() -> None:
+            batch = table.sample(n, out=target)
+            assert_consistent(batch)
+            assert batch is target.out
+            with lock:
+                counts["samples"] += 1
+
+        return step
+
+    errors = run_threads(
+        [writer(0), writer(1)] + [sampler(n) for n in (1, 2, 8, 8)],
+        SECONDS,
+        lambda: counts["extends"] > 20 and counts["samples"] > 20,
+    )
+    assert not errors, errors[0]
+    assert counts["extends"] > 20 and counts["samples"] > 20, counts
+    assert_consistent(table.read(table.live_index()))
+
+
 def test_fifo_with_many_producers_and_consumers_delivers_each_item_once(tables) -> None:
     table = tables.create(make_spec(capacity=16, sampler={"kind": "fifo"}))
     produced: list[list[int]] = [[] for _ in range(3)]
