@@ -147,6 +147,31 @@ def test_small_samples_into_targets_race_with_overwrites(backend: dict, tables) 
     assert_consistent(table.read(table.live_index()))
 
 
+def test_a_sample_that_cannot_allocate_its_batch_lets_go_of_the_rows(
+    tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sample whose fresh buffers cannot be allocated raises, and leaves the rows' lock:
+    an extend after it goes through, and so does a sample."""
+    table = tables.create(make_spec(capacity=16))
+    table.extend(rows(0, 16))
+
+    def no_memory(n: int) -> None:
+        raise MemoryError(f"no room for {n} rows")
+
+    monkeypatch.setattr(table.backend, "empty", no_memory)
+    with pytest.raises(MemoryError):
+        table.sample(4)
+    monkeypatch.undo()
+    done: list[torch.Tensor] = []
+    extend = threading.Thread(target=lambda: done.append(table.extend(rows(16, 4))), daemon=True)
+    extend.start()
+    extend.join(10)
+    if not done:  # the lock a failed sample kept: let the extend and the teardown go on
+        table._data_lock.release_read()
+    assert done, "the extend waits for a reader that is gone"
+    assert_consistent(table.sample(4))
+
+
 def test_fifo_with_many_producers_and_consumers_delivers_each_item_once(tables) -> None:
     table = tables.create(make_spec(capacity=16, sampler={"kind": "fifo"}))
     produced: list[list[int]] = [[] for _ in range(3)]
