@@ -24,9 +24,11 @@ from tdreplay.codec import CodecError, from_column
 from tdreplay.codec.arrow import META_DTYPE, META_SHAPE
 from tdreplay.codec.parquet_columns import flatten_structs
 
+from .component_specs import MaxValueWriterSpec
 from .errors import InvalidRequest
 from .export import progress_bar
 from .import_columns import Column, plan_columns, schema_error, to_fixed_lists
+from .spec import NestedKey, split_key
 from .tensordicts import nest
 
 if TYPE_CHECKING:
@@ -40,8 +42,10 @@ def import_parquet(
 
     Every file's schema is checked first, and files whose columns need it
     (variable-size lists, nullable columns not proven null-free by the file's
-    statistics) are read through once more to check list lengths and nulls;
-    a mismatch anywhere raises before any row is written. Rows are then read
+    statistics), and those whose values an extend checks (a field declaring ``n``
+    categories, the max-value writer's key), are read through once more to check
+    list lengths, nulls and those values; a mismatch anywhere raises before any row
+    is written. Rows are then read
     ``chunk`` at a time and extended like :meth:`Table.extend` (waiting on the
     rate limiter as it does), files in name order.
 
@@ -59,8 +63,10 @@ def import_parquet(
 
     Raises:
         SchemaError: a column is missing, extra, of another shape, of a dtype that
-            does not cast losslessly to the field's, holds nulls, or a list of the
-            wrong length; the error names the column and the file. Nothing is written.
+            does not cast losslessly to the field's, holds nulls, a list of the wrong
+            length, or a value an extend refuses (outside a field's ``n`` categories,
+            NaN in the max-value writer's key); the error names the column and the
+            file. Nothing is written.
         InvalidRequest: ``chunk`` < 1, or ``path`` holds no readable Parquet file.
         RateLimitTimeout, BackendError: as :meth:`Table.extend` (rows of earlier
             chunks stay written).
@@ -148,15 +154,54 @@ def _batches(pf: pq.ParquetFile, plan: list[Column], step: int) -> Iterator[pa.T
 
 
 def _prescan(table: Table, source: Path, pf: pq.ParquetFile, plan: list[Column], step: int) -> None:
-    """Read the columns that need it (:attr:`Column.scan`) through once, checking every value."""
-    check = [c for c in plan if c.scan]
+    """Read the columns that need it through once, checking every value: those that may
+    hold nulls or lists of another length (:attr:`Column.scan`), and those whose values an
+    extend refuses (:func:`_refused`), which would otherwise stop the import after the
+    chunks before them went in."""
+    refused = _value_checks(table)
+    check = [c for c in plan if c.scan or c.key in refused]
     if not check:
         return
     first = 0
     for t in _batches(pf, check, step):
         for c in check:
-            to_fixed_lists(table, source, c, _one_chunk(t.column(c.name)), first)
+            arr = to_fixed_lists(table, source, c, _one_chunk(t.column(c.name)), first)
+            if c.key in refused:
+                _refused(table, source, c, refused[c.key], _tensor(table, source, c, arr), first)
         first += t.num_rows
+
+
+def _value_checks(table: Table) -> dict[NestedKey, int | None]:
+    """The fields whose values an extend checks: ``{key: n}`` for a field declaring ``n``
+    categories, ``{key: None}`` for the max-value writer's key (no NaN)."""
+    checks: dict[NestedKey, int | None] = dict(table.spec.categories())
+    if isinstance(table.spec.writer, MaxValueWriterSpec):
+        checks[split_key(table.spec.writer.key)] = None
+    return checks
+
+
+def _refused(
+    table: Table, source: Path, c: Column, n: int | None, values: torch.Tensor, first: int
+) -> None:
+    """Raise where rows ``first...`` of column ``c`` hold a value an extend refuses: one
+    outside the field's ``n`` categories, or (``n`` is ``None``) NaN.
+
+    Raises:
+        SchemaError: naming the column, the file, the row and the value.
+    """
+    flat = values.reshape(len(values), -1)
+    bad = flat.isnan() if n is None else (flat < 0) | (flat >= n)
+    rows = bad.any(1).nonzero()
+    if not len(rows):
+        return
+    i = int(rows[0])
+    got: int | str
+    if n is None:
+        what, expected, got = "NaN; the max_value writer ranks items by it", "a number", "nan"
+    else:
+        got = int(flat[i][bad[i]][0])
+        what, expected = f"{got}, outside its {n} categories 0 .. {n - 1}", f"0 .. {n - 1}"
+    raise schema_error(table, source, c.name, f"row {first + i} holds {what}", expected, got)
 
 
 def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
@@ -164,7 +209,11 @@ def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
 
 
 def _decode(table: Table, source: Path, c: Column, col: pa.ChunkedArray) -> torch.Tensor:
-    arr = to_fixed_lists(table, source, c, _one_chunk(col))
+    return _tensor(table, source, c, to_fixed_lists(table, source, c, _one_chunk(col)))
+
+
+def _tensor(table: Table, source: Path, c: Column, arr: pa.Array) -> torch.Tensor:
+    """Column ``c``'s fixed-size lists (:func:`to_fixed_lists`) as the field's tensor."""
     meta = {k: v for k, v in (c.field.metadata or {}).items() if k in (META_DTYPE, META_SHAPE)}
     try:
         t = from_column(pa.field(c.name, arr.type, metadata=meta or None), arr)

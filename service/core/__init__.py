@@ -2,7 +2,7 @@
 
 The HTTP routes (:mod:`tdreplay.service.routes`), the same-host socket and
 in-process callers are doors onto one :class:`Core`: they parse a request
-into a model of :mod:`tdreplay.codec.operations` (the contract), call one operation, and encode its answer.
+into a model of the contract (:mod:`tdreplay.codec.params`), call one operation, and encode its answer.
 Every rule - validation, limits, the rate-limiter wait, idempotency, where
 a client's path may lead - lives here once.
 

@@ -7,7 +7,7 @@ update priorities, remove, read here; create, clear, delete, info
 (:mod:`.lifecycle`); checkpoint, restore, export, dump, load (:mod:`.persistence`;
 a load in parts: :mod:`.uploads`) - each looking its table up once, with its
 validation, limits and rate-limiter wait done once. A door parses its request into the
-models of the contract (:mod:`tdreplay.codec.operations`), calls one method,
+models of the contract (:mod:`tdreplay.codec.params`), calls one method,
 and encodes the answer.
 
     >>> import asyncio, tempfile, torch

@@ -91,7 +91,7 @@ class PrioritizedSampler(Sampler):
     ) -> int:
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
         priority = torch.as_tensor(priority, dtype=torch.float64).reshape(-1)
-        # one priority (and key) per slot: checked by the table (codec.operations.check_lengths)
+        # one priority (and key) per slot: checked by the table (codec.params.check_lengths)
         if len(index) == 0:
             return 0
         if not torch.isfinite(priority).all() or (priority < 0).any():

@@ -209,9 +209,9 @@ class Draws(TableBase):
             # evicted cannot be overwritten until the gather below is done.
             self._data_lock.acquire_read()
             self._notify()
-        if bufs is None:
-            bufs = self.backend.empty(n)
         try:
+            if bufs is None:  # in the try: a failed allocation must let go of the rows too
+                bufs = self.backend.empty(n)
             if small is not None:
                 self.backend.gather_rows(rows, bufs, small.row_bytes)
             else:

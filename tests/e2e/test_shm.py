@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ from testkit import FIELDS, REPO, assert_consistent, rows
 
 from tdreplay.client import ReplayClient, ServerError
 from tdreplay.client.shm import ShmUnavailable
-from tdreplay.codec.shm import HEADER, VERSION, frame, parse_frame, sample_frame
+from tdreplay.codec.shm import HEADER, VERSION, extend_frame, frame, parse_frame, sample_frame
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create")
 
@@ -343,3 +344,65 @@ def test_a_value_outside_its_categories_is_refused_through_either_door(twins: An
             assert f"holds {bad}, outside its 4 categories 0 .. 3" in str(info.value)
     assert shm.info("cats")["size"] == 4
     assert torch.equal(shm.sample("cats", 8)["choice"].max(), torch.tensor(3))
+
+
+RACED = {
+    # (a field or writer the table checks values of, the column raced, a refused value)
+    "categories": (
+        {"fields": {**FIELDS, "choice": {"shape": [3], "dtype": "int64", "n": 4}}},
+        ("choice",),
+        99,
+    ),
+    "max-value key": (
+        {"writer": {"kind": "max_value", "key": "next.reward"}},
+        ("next", "reward"),
+        float("nan"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(RACED))
+def test_a_client_writing_its_slot_during_an_extend_gets_nothing_past_the_checks(
+    twins: Any, case: str
+) -> None:
+    """The client can write into its extend slot while the server works on it: a thread
+    flips a checked column between a good value and a refused one while extends of that
+    slot run. Each extend is refused or stores the good value, never the refused one (the
+    server checks, and inserts, its own copy of the columns the table reads values of)."""
+    a, _ = twins
+    extra, key, bad = RACED[case]
+    name = f"raced-{case.replace(' ', '-')}"
+    client = ReplayClient(a.url, transport="shm")
+    client.create_table({**spec(name, {"kind": "uniform"}, capacity=4096), **extra})
+    n = 64
+    data = rows(0, n)
+    if "choice" in key:
+        data["choice"] = torch.zeros(n, 3, dtype=torch.int64)
+    chan = client._link(0).channel()
+    assert chan.extend(name, data, 1, "first") is not None  # maps the slot, fills it
+    (number,) = chan._numbers[("extend", name)]
+    column = chan._slots[number].columns[key][:n]
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            column.fill_(bad)
+            column.fill_(0)
+
+    racer = threading.Thread(target=flip, daemon=True)
+    racer.start()
+    try:
+        for i in range(150):
+            message = extend_frame(name, slot=number, rows=n, timeout=1, request_id=f"r{i}")
+            try:
+                chan.call(message, wait=1)
+            except ServerError as err:
+                assert err.type == "InvalidRequest" and err.field == ".".join(key), err
+    finally:
+        stop.set()
+        racer.join(10)
+    values = client.read(name, torch.arange(4096)).get(key)  # slots never written hold zeros
+    if isinstance(bad, float):
+        assert not values.isnan().any()
+    else:
+        assert values.max() == 0

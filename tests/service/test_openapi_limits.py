@@ -1,7 +1,7 @@
 """Every limit the OpenAPI document declares is one the server enforces, door by door.
 
 The hot routes are served by their own handlers (HOT_ROUTES), not by FastAPI's validation; both
-read the same models (``tdreplay.codec.operations``). This walks the
+read the same models (``tdreplay.codec.params``). This walks the
 document, and for every bounded parameter sends the first value past the
 bound: the answer must be 400 naming that parameter, and the table unchanged.
 """

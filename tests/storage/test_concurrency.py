@@ -104,6 +104,74 @@ def test_overwrites_during_samples_never_tear_a_row(backend: dict, tables) -> No
         assert torch.equal(mine, mine.sort().values)
 
 
+def test_small_samples_into_targets_race_with_overwrites(backend: dict, tables) -> None:
+    """Samples of a few items into reused targets (each row copied on its own, the readers
+    of the rows' lock waking a writer only as the last leaves) while writers overwrite
+    every slot: no torn row, no thread stuck, the writers never starved."""
+    table = tables.create(make_spec(capacity=24, backend=backend))
+    table.extend(rows(0, 24))
+    counts = {"extends": 0, "samples": 0}
+    lock = threading.Lock()
+
+    def writer(w: int) -> Callable[[], None]:
+        next_id = [BASE * (w + 1)]
+
+        def step() -> None:
+            n = 1 + next_id[0] % 7
+            table.extend(rows(next_id[0], n))
+            next_id[0] += n
+            with lock:
+                counts["extends"] += 1
+
+        return step
+
+    def sampler(n: int) -> Callable[[], None]:
+        target = table.target(table.sample(n).clone(), n)
+
+        def step() -> None:
+            batch = table.sample(n, out=target)
+            assert_consistent(batch)
+            assert batch is target.out
+            with lock:
+                counts["samples"] += 1
+
+        return step
+
+    errors = run_threads(
+        [writer(0), writer(1)] + [sampler(n) for n in (1, 2, 8, 8)],
+        SECONDS,
+        lambda: counts["extends"] > 20 and counts["samples"] > 20,
+    )
+    assert not errors, errors[0]
+    assert counts["extends"] > 20 and counts["samples"] > 20, counts
+    assert_consistent(table.read(table.live_index()))
+
+
+def test_a_sample_that_cannot_allocate_its_batch_lets_go_of_the_rows(
+    tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sample whose fresh buffers cannot be allocated raises, and leaves the rows' lock:
+    an extend after it goes through, and so does a sample."""
+    table = tables.create(make_spec(capacity=16))
+    table.extend(rows(0, 16))
+
+    def no_memory(n: int) -> None:
+        raise MemoryError(f"no room for {n} rows")
+
+    monkeypatch.setattr(table.backend, "empty", no_memory)
+    with pytest.raises(MemoryError):
+        table.sample(4)
+    monkeypatch.undo()
+    done: list[torch.Tensor] = []
+    extend = threading.Thread(target=lambda: done.append(table.extend(rows(16, 4))), daemon=True)
+    extend.start()
+    extend.join(10)
+    if not done:  # the lock a failed sample kept: let the extend and the teardown go on
+        table._data_lock.release_read()
+    assert done, "the extend waits for a reader that is gone"
+    assert_consistent(table.sample(4))
+
+
 def test_fifo_with_many_producers_and_consumers_delivers_each_item_once(tables) -> None:
     table = tables.create(make_spec(capacity=16, sampler={"kind": "fifo"}))
     produced: list[list[int]] = [[] for _ in range(3)]

@@ -626,3 +626,52 @@ def test_demo_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     assert "data identical: True, priorities identical: True, next draws identical: True" in out
     assert pq.read_metadata(tmp_path / "demo" / "cartpole.parquet").num_rows == 2000
+
+
+def _bad_id() -> pa.Table:
+    return _replace(foreign_table(), "id", pa.array([*range(19), 20], pa.int32()))
+
+
+def _nan_reward() -> pa.Table:
+    reward = pa.array([*[0.5] * 19, float("nan")], pa.float16())
+    done = foreign_table()["next"].combine_chunks().field("done")
+    return _replace(
+        foreign_table(), "next", pa.StructArray.from_arrays([reward, done], ["reward", "done"])
+    )
+
+
+REFUSED_VALUES = {
+    "category": (
+        {"fields": {"id": {"shape": [], "dtype": "int64", "n": 20}}},
+        "id",
+        r"row 19 holds 20, outside its 20 categories 0 \.\. 19",
+        _bad_id,
+    ),
+    "max-value NaN": (
+        {"writer": {"kind": "max_value", "key": "next.reward"}},
+        "next.reward",
+        "row 19 holds NaN; the max_value writer ranks items by it",
+        _nan_reward,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_VALUES))
+def test_a_value_an_extend_refuses_stops_the_import_before_any_row(
+    tables, tmp_path: Path, case: str
+) -> None:
+    """A value an extend refuses (outside a field's ``n`` categories; NaN in the max-value
+    writer's key) is found by the import's scan, before any row is written: not by the
+    extend of the chunk holding it, after the chunks before it went in."""
+    extra, column, message, build = REFUSED_VALUES[case]
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    pq.write_table(foreign_table(), folder / "a.parquet")
+    pq.write_table(build(), folder / "b.parquet", row_group_size=6)
+    table = tables.create(make_spec(**extra))
+    for path in (folder / "b.parquet", folder):
+        with pytest.raises(SchemaError, match=message) as err:
+            table.import_parquet(path, chunk=4)
+        assert err.value.field == column and "b.parquet" in str(err.value)
+        assert len(table) == 0 and table.rate_limiter.inserts == 0
+    assert table.import_parquet(folder / "a.parquet", chunk=4) == 20
