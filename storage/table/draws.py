@@ -205,10 +205,10 @@ class Draws(TableBase):
             self.rate_limiter.sampled(n)
             self.bytes_out += n * self._item_nbytes
             self._persist()
+            self._notify()  # before the read lock: nothing between it and the try below
             # Take the read lock before letting go of the table lock: slots just
             # evicted cannot be overwritten until the gather below is done.
             self._data_lock.acquire_read()
-            self._notify()
         try:
             if bufs is None:  # in the try: a failed allocation must let go of the rows too
                 bufs = self.backend.empty(n)
