@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -225,8 +226,9 @@ def test_integer_actions_without_categories_and_multi_discrete(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An integer field without ``n`` is a Box over its dtype's range; a tensor field with
-    ``n`` a MultiDiscrete; a value outside the declared categories stops the export, which
-    leaves nothing behind."""
+    ``n`` a MultiDiscrete; a value outside the declared categories never gets into the
+    table, and one in a file (from elsewhere: a table that declared no ``n``) stops the
+    dataset's writing, which leaves nothing behind."""
     from gymnasium import spaces
 
     root = tmp_path / "datasets"
@@ -249,9 +251,20 @@ def test_integer_actions_without_categories_and_multi_discrete(
     assert ds.action_space == spaces.MultiDiscrete([10, 10], dtype=np.int32)
     assert contains_every_step(ds) == 5
 
-    rows["action"][4, 1] = 10  # row 4 leaves the categories
-    multi.extend(rows)
+    bad = rows.clone()
+    bad["action"][4, 1] = 10  # row 4 leaves the categories
+    with pytest.raises(InvalidRequest, match="'action' holds 10, outside its 10 categories"):
+        multi.extend(bad)
+    loose = table(tmp_path, "loose", fields={**fields, "action": {"shape": [2], "dtype": "int32"}})
+    loose.extend(rows)
+    loose.extend(bad)  # row 9 of the file
+    file = pq.read_table(loose.export(tmp_path / "loose.parquet"))
+    spec = json.loads(file.schema.metadata[b"tdreplay.spec"])
+    spec["fields"]["action"]["n"] = 10  # the rows, with the spec of a table declaring n
+    declared = tmp_path / "bad.parquet"
+    meta = {**file.schema.metadata, b"tdreplay.spec": json.dumps(spec).encode()}
+    pq.write_table(file.replace_schema_metadata(meta), declared)
     with pytest.raises(SchemaError, match=r"'action' holds 10 in row 9, outside its n = 10") as err:
-        write_minari(multi.export(tmp_path / "bad.parquet"), root, "tdreplay/bad-v0")
+        write_minari(declared, root, "tdreplay/bad-v0")
     assert err.value.field == "action"
     assert sorted(os.listdir(root / "tdreplay")) == ["ints-v0", "multi-v0"]
