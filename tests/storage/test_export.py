@@ -547,11 +547,21 @@ def _tampered(tmp_path: Path, meta: dict) -> pa.Table:
     return t.cast(t.schema.set(i, t.schema.field(i).with_metadata(meta)))
 
 
+def _overflow() -> pa.Table:
+    obs = rows(0, 20)["observation"].double().numpy().tolist()
+    obs[-1][1] = 1e39  # finite in float64, infinite in the float32 field
+    return _replace(foreign_table(), "observation", pa.array(obs, pa.list_(pa.float64(), 3)))
+
+
 MISMATCHES = {
-    "missing": ("pixels", "is missing", lambda p: _replace(foreign_table(), "pixels", None)),
+    "missing": (
+        "pixels",
+        "no column 'pixels' for field 'pixels'",
+        lambda p: _replace(foreign_table(), "pixels", None),
+    ),
     "extra": (
         "bonus",
-        "not a field",
+        "column 'bonus' of .* is not a field of the table; .* ignore_extra=True",
         lambda p: foreign_table().append_column("bonus", pa.array([1] * 20)),
     ),
     "shape": (
@@ -561,14 +571,21 @@ MISMATCHES = {
             foreign_table(), "observation", pa.array([[1.0] * 4] * 20, pa.list_(pa.float32(), 4))
         ),
     ),
-    "dtype": (
+    "lossy dtype": (
         "observation",
-        "float64, which does not cast losslessly to float32",
-        lambda p: _replace(foreign_table(), "observation", pa.array([[1.0] * 3] * 20)),
+        "has dtype int64, which does not cast to float32 without loss",
+        lambda p: _replace(
+            foreign_table(), "observation", pa.array([[1, 2, 3]] * 20, pa.list_(pa.int64(), 3))
+        ),
+    ),
+    "float overflow": (
+        "observation",
+        r"holds 1e\+39 in row 19, beyond float32's range",
+        lambda p: _overflow(),
     ),
     "bfloat16 bits without metadata": (
         "action",
-        "uint16, which does not cast losslessly to bfloat16",
+        "uint16, which does not cast to bfloat16 without loss",
         lambda p: _replace(
             foreign_table(), "action", pa.array([[1, 2]] * 20, pa.list_(pa.uint16(), 2))
         ),
