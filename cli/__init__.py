@@ -238,6 +238,11 @@ def add_remote_commands(sub: Any) -> None:
         "Both are dotted: a nested key (next.observation=next_obs), a struct column's child "
         "(observation=obs.state)",
     )
+    p.add_argument(
+        "--ignore-extra",
+        action="store_true",
+        help="skip the file's columns that no field reads (refused by default)",
+    )
     p.add_argument("--dataset-id", metavar="ID", help="minari: the dataset's id")
     p.add_argument("--chunk", type=int, default=4096, help="rows per extend (default: 4096)")
     _progress(p)

@@ -28,7 +28,7 @@ from tdreplay.client import (
     Unauthorized,
 )
 from tdreplay.client.environment import configured
-from tdreplay.client.parquet_rows import parquet_files
+from tdreplay.codec.parquet_read import parquet_files
 from tdreplay.service.cli import CommandError, Exit
 
 from .common import describe_file, export_format, show_progress
@@ -265,15 +265,17 @@ def import_(client: ReplayClient, args: dict[str, Any]) -> None:
     if not args.get("source"):
         raise CommandError("which Parquet file or folder? tdreplay import TABLE SOURCE", Exit.USAGE)
     columns = column_map(args.get("map") or [])
-    try:
-        files = parquet_files(args["source"])
-    except FileNotFoundError as err:
-        raise CommandError(str(err)) from None
+    files = parquet_files(table, args["source"])
     try:
         written = client.import_parquet(
-            table, args["source"], columns=columns, chunk=chunk, progress=show_progress(args)
+            table,
+            args["source"],
+            columns=columns,
+            ignore_extra=args.get("ignore_extra", False),
+            chunk=chunk,
+            progress=show_progress(args),
         )
-    except (OSError, pa.ArrowException) as err:
+    except (OSError, pa.ArrowException) as err:  # a file that fails to read past its checks
         raise CommandError(f"cannot read Parquet: {err}; {_written(err)}") from None
     except ServerError as err:
         if isinstance(err, Unauthorized | Forbidden):

@@ -259,13 +259,20 @@ class AsyncReplayClient(ClientBase):
         source: str | Path,
         *,
         columns: dict[str, str] | None = None,
+        ignore_extra: bool = False,
         chunk: int = 4096,
         progress: bool | None = None,
     ) -> int:
         """See :meth:`ReplayClient.import_parquet`: files read in a worker thread, rows
         sent over this client's own transport."""
         plan = datasets.import_parquet(
-            self._calls, table, source, columns=columns, chunk=chunk, progress=progress
+            self._calls,
+            table,
+            source,
+            columns=columns,
+            ignore_extra=ignore_extra,
+            chunk=chunk,
+            progress=progress,
         )
         return await self._run(plan)
 

@@ -8,7 +8,8 @@ server (``path=``), or here from a streamed Parquet export;
 :func:`import_dataset` and :func:`import_parquet` extend a table with a Minari
 dataset's episodes or a Parquet file's rows. The conversions are
 :mod:`tdreplay.codec.minari_files`, the same the server and the offline CLI
-use, and :mod:`.parquet_rows`.
+use, and :mod:`tdreplay.codec.parquet_read`, which ``Table.import_parquet`` reads
+with too (one import policy: :mod:`tdreplay.codec.parquet_import`).
 
 Each is written once: its requests are :class:`~.steps.Call` steps, which the
 blocking client sends with blocking I/O and the asyncio client over its own
@@ -36,7 +37,8 @@ from ..codec import minari_files
 from ..codec.dtypes import TORCH
 from ..codec.episodes import trajectory_key_of
 from ..codec.errors import InvalidRequest, PathExists
-from .parquet_rows import nest_rows, parquet_files, read_rows
+from ..codec.parquet_import import refused_values
+from ..codec.parquet_read import parquet_files, read_parquet
 from .plans import Calls
 from .sinks import aside
 from .steps import Plan, Work
@@ -176,17 +178,24 @@ def import_parquet(
     source: str | Path,
     *,
     columns: dict[str, str] | None = None,
+    ignore_extra: bool = False,
     chunk: int = 4096,
     progress: bool | None = None,
 ) -> Plan[int]:
-    """Extend ``table`` with the rows of Parquet files (:mod:`.parquet_rows`); returns the
-    number of items written. See :meth:`~tdreplay.client.ReplayClient.import_parquet`."""
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
-    fields = (yield from calls.info(table))["fields"]
-    files = yield Work(parquet_files, source)
-    total, rows = yield Work(read_rows, fields, files, columns, chunk)
-    batches = (nest_rows(r, len(next(iter(r.values())))) for _, r in rows)
+    """Extend ``table`` with the rows of Parquet files; returns the number of items
+    written. See :meth:`~tdreplay.client.ReplayClient.import_parquet`.
+
+    Every file is checked (:mod:`tdreplay.codec.parquet_read`, by the import policy of
+    :mod:`tdreplay.codec.parquet_import`, which ``Table.import_parquet`` follows too)
+    before the first extend is sent."""
+    info = yield from calls.info(table)
+    fields = {k: (v.get("shape") or [], TORCH[v["dtype"]]) for k, v in info["fields"].items()}
+    files = yield Work(parquet_files, table, source)
+    read = functools.partial(
+        read_parquet, table, fields, files, columns, ignore_extra=ignore_extra, chunk=chunk,
+        refused=refused_values(info["fields"], info.get("writer") or {}),
+    )  # fmt: skip
+    total, batches = yield Work(read)
     return (yield from _extend_all(calls, table, total, batches, progress))
 
 

@@ -183,19 +183,23 @@ class Persistence:
         source: str | Path,
         *,
         columns: dict[str, str] | None = None,
+        ignore_extra: bool = False,
         chunk: int = 4096,
         progress: bool | None = None,
     ) -> int:
         """Extend ``table`` with the rows of a Parquet file, or of a folder of them, ``chunk``
         rows per extend; returns the number of items written.
 
-        Any flat-column file: a tdreplay export reads back exactly; another tool's
-        file through ``columns``, ``{field: column}`` (a field not named reads the
-        column of its own dotted name), its values cast to the field's dtype. A
-        struct column's children are columns named by their dotted path (a struct
-        ``next`` with ``observation``, as pandas and Hugging Face ``datasets`` write
-        nested data, is ``next.observation``), so nested keys import as they are and
-        a mapping names them the same way (``{"next.observation": "nxt.obs"}``).
+        The file is read here and checked by the same import policy as
+        ``Table.import_parquet`` (:mod:`tdreplay.codec.parquet_import`), so a file gets
+        the same answer through either: each field reads the column ``columns`` maps
+        it to (``{field: column}``), else the column of its own dotted name; a struct
+        column's children are columns named by their dotted path (a struct ``next``
+        with ``observation``, as pandas and Hugging Face ``datasets`` write nested
+        data, is ``next.observation``). A column no field reads is refused unless
+        ``ignore_extra``. Values are cast when no value changes (``int32 -> int64``),
+        and floats are rounded into a narrower float field (``float64 -> float32``)
+        unless a value would overflow it. A tdreplay export reads back exactly.
 
         Example:
             >>> client.import_parquet("cartpole", "d4rl.parquet",           # doctest: +SKIP
@@ -204,15 +208,23 @@ class Persistence:
         Raises:
             SchemaError: before any row is written: a field without its column (or
                 mapped to a struct column rather than one of its children), a column
-                that is not numeric or a float one for an integer field, a column name
-                both flat and a struct's child, a mapping naming no field; while
-                reading: nulls or lists of another length. The error names the column,
-                the field and the file.
-            FileNotFoundError: no such file, or a folder without Parquet files.
+                no field reads (unless ``ignore_extra``), a mapping naming no field, a
+                column name both flat and a struct's child, a column not numeric or
+                of a dtype the policy does not cast to the field's, of another shape,
+                holding nulls, lists of another length or a value beyond a narrower
+                float field's range. The error names the column, the field and the file.
+            InvalidRequest: no such file, a folder without Parquet files, a file that
+                is not Parquet, ``chunk`` < 1.
         """
         return self._run(
             datasets.import_parquet(
-                self._calls, table, source, columns=columns, chunk=chunk, progress=progress
+                self._calls,
+                table,
+                source,
+                columns=columns,
+                ignore_extra=ignore_extra,
+                chunk=chunk,
+                progress=progress,
             )
         )
 

@@ -4,12 +4,10 @@ A table's nested key is one dotted name (``next.observation``). A Parquet file
 holds it either as a flat column of that name (what ``tdreplay export`` writes)
 or as a struct column's child (``next`` with a child ``observation``: what
 pandas writes for a column of dicts, and Hugging Face ``datasets`` for nested
-features). Both readers of Parquet files, the table's importer
-(:mod:`tdreplay.storage.importer`) and the client's
-(:mod:`tdreplay.client.parquet_rows`), name columns through :func:`leaf_columns`
-and read them through :func:`flatten_structs`, so a column is named the same way
-on either side, and a mapping's ``next.observation=obs.next`` (a struct's child)
-means the same to both.
+features). The import (:mod:`.parquet_import`, :mod:`.parquet_read`: both the
+table's and the client's) names columns through :func:`leaf_columns` and reads
+them through :func:`flatten_structs`, so a mapping's ``next.observation=obs.next``
+(a struct's child) names a column the way the error messages do.
 
     >>> import pyarrow as pa
     >>> t = pa.table({"obs": [[1.0, 2.0]], "next": pa.array([{"obs": [3.0, 4.0], "r": 1.5}])})

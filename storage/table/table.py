@@ -318,7 +318,22 @@ class Table(Inserts, Draws):
         return export(self, Path(path), format=format, progress=progress)
 
     def import_parquet(
-        self, path: str | Path, *, chunk: int = 4096, progress: bool | None = None
+        self,
+        path: str | Path,
+        *,
+        columns: Mapping[str, str] | None = None,
+        ignore_extra: bool = False,
+        chunk: int = 4096,
+        progress: bool | None = None,
     ) -> int:
-        """Extend the table with the rows of a Parquet dataset (see :mod:`tdreplay.storage.export`)."""
-        return import_parquet(self, Path(path), chunk=chunk, progress=progress)
+        """Extend the table with the rows of a Parquet dataset (see
+        :func:`tdreplay.storage.importer.import_parquet`; the policy of which columns and
+        casts are accepted is :mod:`tdreplay.codec.parquet_import`)."""
+        return import_parquet(
+            self,
+            Path(path),
+            columns=columns,
+            ignore_extra=ignore_extra,
+            chunk=chunk,
+            progress=progress,
+        )

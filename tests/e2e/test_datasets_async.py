@@ -15,7 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 from datasetkit import FIELDS, cli, hidden, make_table, transitions
 
-from tdreplay.client import AsyncReplayClient, ReplayClient, SchemaError
+from tdreplay.client import (
+    AsyncReplayClient,
+    RateLimitTimeout,
+    ReplayClient,
+    SchemaError,
+)
 from tdreplay.client.commands import Request
 
 LENGTHS = [3, 5, 2, 4]
@@ -82,9 +87,8 @@ def test_async_exports_and_imports_are_native(
     assert hidden(tmp_path) == []
 
 
-def _with_a_null_late(path: Path) -> Path:
-    """A foreign file whose second row group holds a null: found only once the first
-    group's rows were written."""
+def _foreign(path: Path, reward: list[Any]) -> Path:
+    """A foreign file of 8 rows in row groups of 4, ``next.reward`` as given."""
     n = 8
     table = pa.table(
         {
@@ -92,7 +96,7 @@ def _with_a_null_late(path: Path) -> Path:
             "action": pa.array([[i, -i] for i in range(n)], pa.list_(pa.int64())),
             "done": [[False]] * n,
             "next.observation": [[float(i + 1), 0.0, 1.0] for i in range(n)],
-            "next.reward": [[1.0]] * 5 + [None] + [[1.0]] * 2,
+            "next.reward": reward,
             "next.done": [[i == n - 1] for i in range(n)],
             "next.terminated": [[i == n - 1] for i in range(n)],
             "next.truncated": [[False]] * n,
@@ -103,24 +107,56 @@ def _with_a_null_late(path: Path) -> Path:
     return path
 
 
-def test_a_failed_import_says_how_many_rows_it_wrote(
+def test_a_null_late_in_a_file_is_found_before_any_row_is_written(
     client: ReplayClient, server: Any, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    path = _with_a_null_late(tmp_path / "late.parquet")
+    """The file is checked through before the first extend (it was found only once the
+    first row group's rows were written): both twins and the CLI write nothing."""
+    path = _foreign(tmp_path / "late.parquet", [[1.0]] * 5 + [None] + [[1.0]] * 2)
     first, second, third = (make_table(client, fields=FIELDS) for _ in range(3))
-    with pytest.raises(SchemaError, match=r"'next\.reward' holds nulls") as err:
+    with pytest.raises(SchemaError, match=r"column 'next\.reward' of '.*' holds 1 null value"):
+        client.import_parquet(first, path, chunk=4)
+
+    async def main() -> None:
+        async with AsyncReplayClient(server.url) as aio:
+            with pytest.raises(SchemaError, match="holds 1 null value"):
+                await aio.import_parquet(second, path, chunk=4)
+
+    asyncio.run(main())
+    assert client.info(first)["size"] == client.info(second)["size"] == 0
+    code, _, err_text = cli(
+        "import", third, str(path), "--chunk", "4", "--url", server.url, capsys=capsys
+    )
+    assert code == 1 and "holds 1 null value" in err_text and "0 rows were written" in err_text
+    assert client.info(third)["size"] == 0
+
+
+def test_a_failed_import_says_how_many_rows_it_wrote(server: Any, tmp_path: Path) -> None:
+    """A file every check accepts whose second chunk the table holds back (its rate limiter
+    lets 5 items in before a sample; the clients wait 0.3 s): the first chunk stays
+    written, and the error says so, through both twins (the CLI prints the note: see the
+    null's test). A NaN where the max-value writer ranks items is found before anything is
+    written, as a null is."""
+    client = ReplayClient(server.url, wait=0.3)
+    path = _foreign(tmp_path / "ok.parquet", [[1.0]] * 8)
+    limited = {"rate_limiter": {"min_size_to_sample": 1, "samples_per_insert": 1.0,
+                                "error_buffer": 4}}  # fmt: skip
+    first, second = (make_table(client, fields=FIELDS, **limited) for _ in range(2))
+    with pytest.raises(RateLimitTimeout) as err:
         client.import_parquet(first, path, chunk=4)
     assert f"4 rows were written into table {first!r} before it" in err.value.__notes__
 
     async def main() -> None:
-        async with AsyncReplayClient(server.url) as aio:
-            with pytest.raises(SchemaError, match="holds nulls") as err:
+        async with AsyncReplayClient(server.url, wait=0.3) as aio:
+            with pytest.raises(RateLimitTimeout) as err:
                 await aio.import_parquet(second, path, chunk=4)
             assert f"4 rows were written into table {second!r} before it" in err.value.__notes__
 
     asyncio.run(main())
     assert client.info(first)["size"] == client.info(second)["size"] == 4
-    code, _, err_text = cli(
-        "import", third, str(path), "--chunk", "4", "--url", server.url, capsys=capsys
-    )
-    assert code == 1 and "holds nulls" in err_text and "4 rows were written" in err_text
+
+    nan = _foreign(tmp_path / "nan.parquet", [[1.0]] * 5 + [[float("nan")]] + [[1.0]] * 2)
+    ranked = make_table(client, fields=FIELDS, writer={"kind": "max_value", "key": "next.reward"})
+    with pytest.raises(SchemaError, match="holds NaN in row 5; the max_value writer") as err:
+        client.import_parquet(ranked, nan, chunk=4)
+    assert err.value.field == "next.reward" and client.info(ranked)["size"] == 0

@@ -1,6 +1,8 @@
 """Parquet files into tables through a real server: any flat-column file through a column
-mapping (``client.import_parquet``, ``tdreplay import --map``), struct columns (as pandas and
-Hugging Face ``datasets`` write nested data) into nested keys, errors that name the column."""
+mapping (``client.import_parquet``, ``tdreplay import --map``), extra columns refused unless
+ignored, struct columns (as pandas and Hugging Face ``datasets`` write nested data) into
+nested keys, errors that name the column. The same files through ``Table.import_parquet``:
+``test_parquet_policy.py``."""
 
 from __future__ import annotations
 
@@ -64,29 +66,43 @@ def test_import_any_parquet_through_a_column_mapping(
     name = make_table(client, fields=fields)
     src = foreign_file(tmp_path / "d4rl.parquet")
     mapping = {k: v for k, v in MAPPING.items() if k != "traj"}
-    assert client.import_parquet(name, src, columns=mapping, chunk=4) == 6
+    with pytest.raises(SchemaError, match=r"column 'note' of '.*' is not a field of the table"):
+        client.import_parquet(name, src, columns=mapping)  # no field reads "note"
+    assert client.import_parquet(name, src, columns=mapping, ignore_extra=True, chunk=4) == 6
     back = pq.read_table(pa.BufferReader(client.export(name))).to_pydict()
     assert back["observation"][2] == [2.0, 0.0, 1.0] and back["action"][3] == [3, -3]
     assert back["next.reward"] == [[0.5 * i] for i in range(6)]
     assert back["next.done"][-1] == [True]
 
-    with pytest.raises(SchemaError, match=r"no column 'observation' for field 'observation'"):
-        client.import_parquet(name, src)
-    with pytest.raises(
-        SchemaError, match=r"column 'note' \(for field 'next.reward'\) holds string"
-    ):
-        client.import_parquet(name, src, columns={**mapping, "next.reward": "note"})
-    with pytest.raises(SchemaError, match="column 'act' holds 2 elements per row; its field has 3"):
-        client.import_parquet(name, src, columns={**mapping, "observation": "act"})
-    with pytest.raises(SchemaError, match="column 'rew' holds double; field 'action' is int64"):
-        client.import_parquet(name, src, columns={**mapping, "action": "rew"})
-    with pytest.raises(SchemaError, match="no field 'nope'"):
-        client.import_parquet(name, src, columns={**mapping, "nope": "obs"})
+    def refused(match: str, **kwargs: Any) -> None:
+        with pytest.raises(SchemaError, match=match):
+            client.import_parquet(name, src, ignore_extra=True, **kwargs)
+
+    refused(r"no column 'observation' for field 'observation'")
+    refused(
+        r"column 'note' \(for field 'next.reward'\) of '.*' has unsupported Arrow type string",
+        columns={**mapping, "next.reward": "note"},
+    )
+    refused(
+        r"column 'obs' \(for field 'next.reward'\) of '.*' row 0 holds a list of 3 values, "
+        "expected 1",
+        columns={**mapping, "next.reward": "obs"},
+    )
+    refused(
+        r"column 'rew' \(for field 'action'\) of '.*' has dtype float64, which does not cast "
+        "to int64 without loss",
+        columns={**mapping, "action": "rew"},
+    )
+    refused("the mapping nope=obs names no field", columns={**mapping, "nope": "obs"})
     assert client.info(name)["size"] == 6  # nothing written by the refused imports
 
     args = [f"--map={k}={v}" for k, v in mapping.items()]
-    code, out, err = cli("import", name, str(src), *args, "--url", client.urls[0], capsys=capsys)
+    code, out, err = cli(
+        "import", name, str(src), *args, "--ignore-extra", "--url", client.urls[0], capsys=capsys
+    )
     assert code == 0 and "imported 6 rows" in out, err
+    code, _, err = cli("import", name, str(src), *args, "--url", client.urls[0], capsys=capsys)
+    assert code == 1 and "column 'note' of" in err and "0 rows were written" in err
     code, _, err = cli("import", name, str(src), "--url", client.urls[0], capsys=capsys)
     assert code == 1 and "no column 'observation'" in err and "0 rows were written" in err
     code, _, err = cli(
@@ -178,14 +194,14 @@ def test_hugging_face_nested_features_through_the_mapping(
 
     with pytest.raises(
         SchemaError,
-        match=r"column 'nxt' \(for field 'next.observation'\) is a "
+        match=r"column 'nxt' \(for field 'next.observation'\) of '.*' is a "
         r"struct of nxt.obs, nxt.rew, nxt.end; map the field to one of them",
     ) as e:
         client.import_parquet(name, path, columns={**mapping, "next.observation": "nxt"})
     assert e.value.field == "next.observation"
     with pytest.raises(
         SchemaError,
-        match=r"no column 'nxt.nope' for field 'next.reward' "
+        match=r"no column 'nxt.nope' for field 'next.reward' in '.*' "
         r"\(columns: obs, act, nxt.obs, nxt.rew, nxt.end\)",
     ):
         client.import_parquet(name, path, columns={**mapping, "next.reward": "nxt.nope"})
@@ -208,8 +224,7 @@ def test_a_column_both_flat_and_a_struct_child_is_refused(
     name = make_table(client)
     with pytest.raises(
         SchemaError,
-        match=r"column 'next.reward' \(for field 'next.reward'\) "
-        "appears twice",
+        match=r"column 'next.reward' of '.*' appears twice",
     ) as e:
         client.import_parquet(name, path)
     assert e.value.field == "next.reward" and client.info(name)["size"] == 0

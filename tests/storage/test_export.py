@@ -1,8 +1,6 @@
-"""Export to Parquet / CSV and import from Parquet: every backend, every dtype, bit for bit.
-
-Files are read back the ways users read them (pyarrow and the codec, pandas,
-tensordict's ``TensorDict.from_parquet`` / ``from_csv``) and compared with
-the table's own rows.
+"""Export to Parquet / CSV: every backend, every dtype, bit for bit (imports:
+``test_import_parquet.py``). Files are read back the ways users read them (pyarrow and the
+codec, pandas, tensordict's ``from_parquet`` / ``from_csv``) and compared with the table's rows.
 """
 
 from __future__ import annotations
@@ -24,14 +22,7 @@ from tensordict import TensorDict
 from testkit import assert_consistent, make_spec, rows
 
 from tdreplay.codec import from_record_batch
-from tdreplay.storage import (
-    BackendError,
-    InvalidRequest,
-    SchemaError,
-    Table,
-    TableClosed,
-    TableSpec,
-)
+from tdreplay.storage import BackendError, InvalidRequest, Table, TableClosed, TableSpec
 from tdreplay.storage import export as export_mod
 from tdreplay.storage.export import csv_columns
 from tdreplay.storage.spec import join_key
@@ -179,18 +170,6 @@ def test_parquet_reads_back_with_pyarrow_pandas_and_tensordict(
         else:
             assert got.dtype == (torch.bool if dtype == torch.bool else torch.int64), name
             assert torch.equal(got.to(dtype), flat), name
-
-
-def test_parquet_round_trip_into_a_fresh_table(backend: dict, tables, tmp_path: Path) -> None:
-    table, expected = filled(tables, backend)
-    path = table.export(tmp_path / "x.pq")
-    fresh = tables.create(full_spec("y", backend))
-    assert fresh.import_parquet(path, chunk=7) == len(expected)
-    assert len(fresh) == len(expected)
-    assert_bitwise_equal(expected, fresh.read(fresh.live_index()))
-    # a second import wraps the ring: the file's oldest items go first
-    assert fresh.import_parquet(path, chunk=1000) == len(expected)
-    assert_bitwise_equal(expected, fresh.read(fresh.live_index()))
 
 
 def test_parquet_chunks_become_row_groups_in_order(
@@ -411,214 +390,6 @@ def test_progress_bar(tables, tmp_path: Path, capsys: pytest.CaptureFixture) -> 
     assert "import y" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------ foreign Parquet
-def foreign_table(n: int = 20) -> pa.Table:
-    """``rows(0, n)`` as another tool would write it: no tdreplay metadata, other layouts.
-
-    ``id`` int32 (widens to int64), ``observation`` variable lists, ``action``
-    int8 lists (exact in bfloat16), ``next`` a struct column with a scalar
-    float16 ``reward`` for a ``[1]`` field, ``pixels`` nested fixed-size lists.
-    """
-    d = rows(0, n)
-    reward = pa.array(d["next", "reward"].reshape(-1).numpy())
-    done = pa.array(d["next", "done"].numpy().tolist(), pa.list_(pa.bool_()))
-    pixels = pa.FixedSizeListArray.from_arrays(
-        pa.FixedSizeListArray.from_arrays(pa.array(d["pixels"].reshape(-1).numpy()), 2), 2
-    )
-    return pa.table(
-        {
-            "id": pa.array(d["id"].numpy().astype(np.int32)),
-            "observation": pa.array(d["observation"].numpy().tolist(), pa.list_(pa.float32())),
-            "action": pa.array(d["action"].float().numpy().tolist(), pa.list_(pa.int8(), 2)),
-            "next": pa.StructArray.from_arrays([reward, done], names=["reward", "done"]),
-            "pixels": pixels,
-        }
-    )
-
-
-def test_foreign_parquet_imports(tables, tmp_path: Path) -> None:
-    path = tmp_path / "foreign.parquet"
-    pq.write_table(foreign_table(), path, row_group_size=6)
-    table = tables.create(make_spec())
-    assert table.import_parquet(path, chunk=4) == 20
-    assert_bitwise_equal(rows(0, 20), table.read(table.live_index()))
-    # images as nested variable-size lists, [row][col], as pa.array infers them
-    pixels = pa.array(rows(0, 20)["pixels"].numpy().tolist())
-    assert pixels.type == pa.list_(pa.list_(pa.int64()))
-    pq.write_table(
-        _replace(foreign_table(), "pixels", pixels.cast(pa.list_(pa.list_(pa.uint8())))), path
-    )
-    fresh = tables.create(make_spec("u"))
-    assert fresh.import_parquet(path) == 20
-    assert_bitwise_equal(rows(0, 20), fresh.read(fresh.live_index()))
-
-
-def test_pandas_parquet_imports(tables, tmp_path: Path) -> None:
-    spec = TableSpec.model_validate(
-        {
-            "name": "p",
-            "capacity": 16,
-            "backend": {"kind": "memory"},
-            "fields": {
-                "step": {"shape": [], "dtype": "int64"},
-                "obs": {"shape": [2], "dtype": "float64"},
-                "next.reward": {"shape": [], "dtype": "float32"},
-            },
-        }
-    )
-    df = pd.DataFrame(
-        {
-            "step": [3, 4, 5],
-            "obs": [np.array([0.1, 0.2]), np.array([1.5, -2.0]), np.array([np.inf, 0.0])],
-            "next.reward": np.array([1.0, 0.5, -1.0], np.float32),
-        },
-        index=[10, 20, 30],  # written as __index_level_0__, ignored
-    )
-    df.to_parquet(tmp_path / "df.parquet")
-    table = tables.create(spec)
-    assert table.import_parquet(tmp_path / "df.parquet") == 3
-    got = table.read(table.live_index())
-    assert got["step"].tolist() == [3, 4, 5]
-    assert torch.equal(got["obs"], torch.tensor(np.stack(df["obs"].to_list())))
-    assert got["next", "reward"].tolist() == [1.0, 0.5, -1.0]
-
-
-def test_import_folder_in_name_order(tables, tmp_path: Path) -> None:
-    table, _ = filled(tables)
-    folder = tmp_path / "ds"
-    (folder / "part").mkdir(parents=True)
-    table.export(folder / "b.parquet")
-    src = tables.create(full_spec("src"))
-    src.extend(random_items(src.spec, 100, 5))
-    src.export(folder / "part" / "c.pq")
-    src.export(folder / "a.parquet")
-    (folder / "_SUCCESS").write_text("")
-    (folder / "_metadata.parquet").write_text("not parquet")  # skipped: leading underscore
-    fresh = tables.create(full_spec("y", capacity=64))
-    assert fresh.import_parquet(folder, chunk=9) == 50
-    assert fresh.read(fresh.live_index())["id"].tolist() == [
-        *range(100, 105),
-        *range(15, 55),
-        *range(100, 105),
-    ]
-
-
-def test_import_bad_paths(tables, tmp_path: Path) -> None:
-    table = tables.create(make_spec())
-    with pytest.raises(InvalidRequest, match="no such file"):
-        table.import_parquet(tmp_path / "missing.parquet")
-    with pytest.raises(InvalidRequest, match="no Parquet files"):
-        table.import_parquet(tmp_path)
-    (tmp_path / "junk.parquet").write_text("junk")
-    with pytest.raises(InvalidRequest, match="not a readable Parquet file"):
-        table.import_parquet(tmp_path / "junk.parquet")
-    with pytest.raises(InvalidRequest, match="chunk"):
-        table.import_parquet(tmp_path / "junk.parquet", chunk=0)
-
-
-def _replace(t: pa.Table, name: str, arr: pa.Array | None) -> pa.Table:
-    i = t.schema.get_field_index(name)
-    return t.remove_column(i) if arr is None else t.set_column(i, name, arr)
-
-
-def _late_nulls() -> pa.Table:
-    ids = foreign_table()["id"].to_pylist()
-    return _replace(foreign_table(), "id", pa.array([*ids[:-1], None], pa.int32()))
-
-
-def _ragged() -> pa.Table:
-    obs = rows(0, 20)["observation"].numpy().tolist()
-    obs[-1] = obs[-1][:2]  # the last row group holds a short list
-    return _replace(foreign_table(), "observation", pa.array(obs, pa.list_(pa.float32())))
-
-
-def _ragged_nested() -> pa.Table:
-    pixels = rows(0, 20)["pixels"].numpy().tolist()
-    pixels[-1][1] = pixels[-1][1][:1]
-    return _replace(foreign_table(), "pixels", pa.array(pixels, pa.list_(pa.list_(pa.uint8()))))
-
-
-def _tampered(tmp_path: Path, meta: dict) -> pa.Table:
-    table = Table.create(make_spec("tmp"), root=tmp_path / "tmp")
-    table.extend(rows(0, 20))
-    t = pq.read_table(table.export(tmp_path / "tmp.parquet"))
-    table.destroy()
-    i = t.schema.get_field_index("observation")
-    return t.cast(t.schema.set(i, t.schema.field(i).with_metadata(meta)))
-
-
-MISMATCHES = {
-    "missing": ("pixels", "is missing", lambda p: _replace(foreign_table(), "pixels", None)),
-    "extra": (
-        "bonus",
-        "not a field",
-        lambda p: foreign_table().append_column("bonus", pa.array([1] * 20)),
-    ),
-    "shape": (
-        "observation",
-        r"has lists of 4, expected shape \[3\]",
-        lambda p: _replace(
-            foreign_table(), "observation", pa.array([[1.0] * 4] * 20, pa.list_(pa.float32(), 4))
-        ),
-    ),
-    "dtype": (
-        "observation",
-        "float64, which does not cast losslessly to float32",
-        lambda p: _replace(foreign_table(), "observation", pa.array([[1.0] * 3] * 20)),
-    ),
-    "bfloat16 bits without metadata": (
-        "action",
-        "uint16, which does not cast losslessly to bfloat16",
-        lambda p: _replace(
-            foreign_table(), "action", pa.array([[1, 2]] * 20, pa.list_(pa.uint16(), 2))
-        ),
-    ),
-    "string": (
-        "id",
-        "unsupported Arrow type string",
-        lambda p: _replace(foreign_table(), "id", pa.array(["a"] * 20)),
-    ),
-    "late nulls": ("id", "holds 1 null value", lambda p: _late_nulls()),
-    "ragged list": (
-        "observation",
-        "row 19 holds a list of 2 values, expected 3",
-        lambda p: _ragged(),
-    ),
-    "ragged nested list": (
-        "pixels",
-        "row 19 holds a list of 1 values, expected 2",
-        lambda p: _ragged_nested(),
-    ),
-    "metadata dtype": (
-        "observation",
-        "metadata dtype 'float64'",
-        lambda p: _tampered(p, {b"tdreplay.dtype": b"float64", b"tdreplay.shape": b"[3]"}),
-    ),
-    "metadata shape": (
-        "observation",
-        r"has shape \[1, 3\], expected shape \[3\]",
-        lambda p: _tampered(p, {b"tdreplay.dtype": b"float32", b"tdreplay.shape": b"[1, 3]"}),
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(MISMATCHES))
-def test_mismatching_parquet_is_rejected_before_any_row(tables, tmp_path: Path, case: str) -> None:
-    column, message, build = MISMATCHES[case]
-    folder = tmp_path / "ds"
-    folder.mkdir()
-    # a good file first: a folder is checked as a whole before anything is written
-    pq.write_table(foreign_table(), folder / "a.parquet")
-    pq.write_table(build(tmp_path), folder / "b.parquet", row_group_size=6)
-    table = tables.create(make_spec())
-    for path in (folder / "b.parquet", folder):
-        with pytest.raises(SchemaError, match=message) as err:
-            table.import_parquet(path, chunk=4)
-        assert err.value.field == column
-        assert "b.parquet" in str(err.value)
-        assert len(table) == 0 and table.rate_limiter.inserts == 0
-
-
 def test_demo_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from tdreplay.storage import demo
 
@@ -626,52 +397,3 @@ def test_demo_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     assert "data identical: True, priorities identical: True, next draws identical: True" in out
     assert pq.read_metadata(tmp_path / "demo" / "cartpole.parquet").num_rows == 2000
-
-
-def _bad_id() -> pa.Table:
-    return _replace(foreign_table(), "id", pa.array([*range(19), 20], pa.int32()))
-
-
-def _nan_reward() -> pa.Table:
-    reward = pa.array([*[0.5] * 19, float("nan")], pa.float16())
-    done = foreign_table()["next"].combine_chunks().field("done")
-    return _replace(
-        foreign_table(), "next", pa.StructArray.from_arrays([reward, done], ["reward", "done"])
-    )
-
-
-REFUSED_VALUES = {
-    "category": (
-        {"fields": {"id": {"shape": [], "dtype": "int64", "n": 20}}},
-        "id",
-        r"row 19 holds 20, outside its 20 categories 0 \.\. 19",
-        _bad_id,
-    ),
-    "max-value NaN": (
-        {"writer": {"kind": "max_value", "key": "next.reward"}},
-        "next.reward",
-        "row 19 holds NaN; the max_value writer ranks items by it",
-        _nan_reward,
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(REFUSED_VALUES))
-def test_a_value_an_extend_refuses_stops_the_import_before_any_row(
-    tables, tmp_path: Path, case: str
-) -> None:
-    """A value an extend refuses (outside a field's ``n`` categories; NaN in the max-value
-    writer's key) is found by the import's scan, before any row is written: not by the
-    extend of the chunk holding it, after the chunks before it went in."""
-    extra, column, message, build = REFUSED_VALUES[case]
-    folder = tmp_path / "ds"
-    folder.mkdir()
-    pq.write_table(foreign_table(), folder / "a.parquet")
-    pq.write_table(build(), folder / "b.parquet", row_group_size=6)
-    table = tables.create(make_spec(**extra))
-    for path in (folder / "b.parquet", folder):
-        with pytest.raises(SchemaError, match=message) as err:
-            table.import_parquet(path, chunk=4)
-        assert err.value.field == column and "b.parquet" in str(err.value)
-        assert len(table) == 0 and table.rate_limiter.inserts == 0
-    assert table.import_parquet(folder / "a.parquet", chunk=4) == 20

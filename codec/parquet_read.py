@@ -1,0 +1,324 @@
+"""Rows for a table out of Parquet files, checked by the import policy before any is read.
+
+The one reader of both import doors (``Table.import_parquet`` and
+``ReplayClient.import_parquet``; the policy is :mod:`.parquet_import`):
+:func:`parquet_files` finds the files, :func:`read_parquet` plans every file's
+columns, reads through the columns whose values need checking (variable-size
+lists, nulls, floats rounded into a narrower field) and only then yields the
+rows, ``chunk`` at a time, as TensorDicts of the table's nested keys in the
+fields' dtypes. A door extends its table with them.
+
+    >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, torch
+    >>> path = tempfile.mkdtemp() + "/a.parquet"
+    >>> pq.write_table(pa.table({"obs": [[1.0, 2.0], [3.0, 4.0]], "r": [0.5, 1.5]}), path)
+    >>> fields = {"obs": ([2], torch.float32), "next.reward": ([1], torch.float32)}
+    >>> total, chunks = read_parquet("t", fields, [path], {"next.reward": "r"})
+    >>> td = next(chunks)
+    >>> total, td["obs"].tolist(), td["next", "reward"].tolist()
+    (2, [[1.0, 2.0], [3.0, 4.0]], [[0.5], [1.5]])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from tensordict import TensorDict
+
+from .arrow import from_column, nest
+from .dtypes import NAMES
+from .errors import CodecError, InvalidRequest
+from .format import META_DTYPE, META_SHAPE
+from .parquet_columns import flatten_structs
+from .parquet_import import Column, Fields, import_error, plan_columns
+
+__all__ = ["parquet_files", "read_parquet"]
+
+#: the suffixes of the files a folder's import reads
+SUFFIXES = (".parquet", ".pq")
+
+
+def parquet_files(table: str, source: str | Path) -> list[Path]:
+    """``source`` if a file, else the ``*.parquet`` / ``*.pq`` files under it, searched
+    recursively (a name starting with ``_`` or ``.`` is skipped, and so is everything
+    under a folder named so), in name order.
+
+    Raises:
+        InvalidRequest: no such file or folder, or a folder without Parquet files.
+    """
+    path = Path(source)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.suffix.lower() in SUFFIXES
+            and p.is_file()
+            and not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts)
+        )
+        if files:
+            return files
+        raise InvalidRequest(
+            f"table {table!r}: no Parquet files under {str(path)!r}",
+            table=table,
+            field="path",
+            got=str(path),
+        )
+    raise InvalidRequest(
+        f"table {table!r}: no such file or folder {str(path)!r}",
+        table=table,
+        field="path",
+        got=str(path),
+    )
+
+
+def read_parquet(
+    table: str,
+    fields: Fields,
+    files: Sequence[str | Path],
+    columns: Mapping[str, str] | None = None,
+    *,
+    ignore_extra: bool = False,
+    chunk: int = 4096,
+    refused: Mapping[str, int | None] | None = None,
+) -> tuple[int, Iterator[TensorDict]]:
+    """Every file checked (its schema, then the values that need it), then its rows.
+
+    Args:
+        table: the table's name, for errors.
+        fields: the table's fields by dotted name.
+        files: the files, read in this order (:func:`parquet_files`).
+        columns, ignore_extra: as :func:`~.parquet_import.plan_columns`.
+        chunk: rows per yielded batch (the last of a file may be shorter).
+        refused: the values an extend of the table refuses
+            (:func:`~.parquet_import.refused_values`), found here before any row is
+            written rather than by the extend of the chunk holding one.
+
+    Returns:
+        The number of rows, and an iterator of their batches, ``TensorDict`` of batch
+        size ``[n]`` keyed by the fields' nested keys.
+
+    Raises:
+        SchemaError: see :func:`~.parquet_import.plan_columns`; nulls, lists of
+            another length, a value a rounding would overflow, a value ``refused``
+            names. Raised here, before any row is yielded.
+        InvalidRequest: ``chunk`` < 1, or a file is not readable Parquet.
+    """
+    if chunk < 1:
+        raise InvalidRequest(
+            f"table {table!r}: chunk must be >= 1, got {chunk}",
+            table=table,
+            field="chunk",
+            expected=">= 1",
+            got=chunk,
+        )
+    plans, total = [], 0
+    for f in files:  # one open file at a time: folders can be large
+        with _open(table, f) as pf:
+            plan = plan_columns(
+                table,
+                fields,
+                pf.schema_arrow,
+                f,
+                columns,
+                ignore_extra=ignore_extra,
+                stats=functools.partial(_stats, pf),
+            )
+            _prescan(table, f, pf, plan, chunk, refused or {})
+            total += pf.metadata.num_rows
+        plans.append((f, plan))
+
+    def rows() -> Iterator[TensorDict]:
+        for f, plan in plans:
+            with _open(table, f) as pf:
+                for t in _batches(pf, plan, chunk):
+                    leaves = {c.key: _decode(table, f, c, t.column(c.column)) for c in plan}
+                    yield nest(leaves, t.num_rows)
+
+    return total, rows()
+
+
+@contextlib.contextmanager
+def _open(table: str, path: str | Path) -> Iterator[pq.ParquetFile]:
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as err:
+        raise InvalidRequest(
+            f"table {table!r}: {str(path)!r} is not a readable Parquet file: {err}",
+            table=table,
+            field="path",
+            got=str(path),
+        ) from None
+    with pf:
+        yield pf
+
+
+def _stats(pf: pq.ParquetFile, leaf: int) -> tuple[bool, tuple[float, float] | None]:
+    """Whether the file's statistics prove a leaf column free of nulls (null or empty lists
+    included), and the range of its values when they give one for every row group."""
+    meta = pf.metadata
+    null_free, low, high = True, float("inf"), float("-inf")
+    for i in range(meta.num_row_groups):
+        s = meta.row_group(i).column(leaf).statistics
+        if s is None:
+            return False, None
+        null_free = null_free and s.has_null_count and not s.null_count
+        if not s.has_min_max or not isinstance(s.min, float | int):
+            return null_free, None
+        low, high = min(low, float(s.min)), max(high, float(s.max))
+    return null_free, (low, high) if meta.num_row_groups else None
+
+
+def _batches(pf: pq.ParquetFile, plan: list[Column], step: int) -> Iterator[pa.Table]:
+    """Batches of the planned columns, struct columns flattened to dotted names.
+
+    Selecting a dotted top-level name may also select a struct's child of the same
+    path; the flattened names stay unique all the same (:func:`plan_columns` refused
+    a name that is both), so the extra columns are harmless.
+    """
+    tops = {c.top for c in plan}
+    wanted = [n for n in pf.schema_arrow.names if n in tops]
+    for rb in pf.iter_batches(batch_size=step, columns=wanted):
+        yield flatten_structs(pa.Table.from_batches([rb]))
+
+
+def _prescan(
+    table: str,
+    source: str | Path,
+    pf: pq.ParquetFile,
+    plan: list[Column],
+    step: int,
+    refused: Mapping[str, int | None],
+) -> None:
+    """Read the columns that need it through once, checking every value: those that may
+    hold nulls or lists of another length, or overflow a rounding (:attr:`Column.scan`),
+    and those whose values an extend refuses (``refused``)."""
+    check = [c for c in plan if c.scan or c.field in refused]
+    if not check:
+        return
+    first = 0
+    for t in _batches(pf, check, step):
+        for c in check:
+            arr = _to_fixed_lists(table, source, c, _one_chunk(t.column(c.column)), first)
+            if c.cast == "round":
+                _check_range(table, source, c, arr, first)
+            if c.field in refused:
+                _check_refused(
+                    table, source, c, refused[c.field], _tensor(table, source, c, arr), first
+                )
+        first += t.num_rows
+
+
+def _check_refused(
+    table: str, source: str | Path, c: Column, n: int | None, values: torch.Tensor, first: int
+) -> None:
+    """Refuse rows ``first...`` of column ``c`` holding a value an extend refuses: one
+    outside the field's ``n`` categories, or (``n`` is ``None``) NaN."""
+    flat = values.reshape(len(values), -1)
+    bad = flat.isnan() if n is None else (flat < 0) | (flat >= n)
+    rows = bad.any(1).nonzero()
+    if not len(rows):
+        return
+    i = int(rows[0])
+    got: int | str
+    row = first + i
+    if n is None:
+        what, expected = (
+            f"holds NaN in row {row}; the max_value writer ranks items by it",
+            "a number",
+        )
+        got = "nan"
+    else:
+        got = int(flat[i][bad[i]][0])
+        what = f"holds {got} in row {row}, outside its {n} categories 0 .. {n - 1}"
+        expected = f"0 .. {n - 1}"
+    raise import_error(table, source, c.column, c.field, what, expected, got)
+
+
+def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
+    return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+
+
+def _to_fixed_lists(
+    table: str, source: str | Path, c: Column, arr: pa.Array, first: int = 0
+) -> pa.Array:
+    """``arr`` (rows ``first...`` of the file) as nested fixed-size lists of ``c.sizes``.
+
+    Raises:
+        SchemaError: a value is null, or a list has the wrong length.
+    """
+
+    def fix(a: pa.Array, sizes: list[int], per_row: int) -> pa.Array:
+        if a.null_count:
+            nulls = f"{a.null_count} null value{'s' if a.null_count > 1 else ''}"
+            raise import_error(
+                table, source, c.column, c.field, f"holds {nulls}", "no nulls", nulls
+            )
+        if not sizes:
+            return pc.cast(a, pa.int64()) if a.type == pa.uint32() else a
+        size = sizes[0]
+        if not pa.types.is_fixed_size_list(a.type):
+            lengths = pc.list_value_length(a).to_numpy(zero_copy_only=False)
+            bad = np.flatnonzero(lengths != size)
+            if len(bad):
+                i = int(bad[0])
+                raise import_error(
+                    table, source, c.column, c.field,
+                    f"row {first + i // per_row} holds a list of {lengths[i]} values, "
+                    f"expected {size}",
+                    size, int(lengths[i]),
+                )  # fmt: skip
+        inner = fix(a.flatten(), sizes[1:], per_row * size)
+        return pa.FixedSizeListArray.from_arrays(inner, size)
+
+    return fix(arr, c.sizes, 1)
+
+
+def _check_range(table: str, source: str | Path, c: Column, arr: pa.Array, first: int) -> None:
+    """Refuse a finite value that rounding into ``c.dtype`` would make infinite."""
+    values = arr
+    while pa.types.is_fixed_size_list(values.type):
+        values = values.flatten()
+    src = _float_values(c, values)
+    bad = torch.nonzero(torch.isinf(src.to(c.dtype)) & torch.isfinite(src)).flatten()
+    if len(bad):
+        i, top, want = int(bad[0]), torch.finfo(c.dtype).max, NAMES[c.dtype]
+        value = float(src[i])
+        raise import_error(
+            table, source, c.column, c.field,
+            f"holds {value:g} in row {first + i // math.prod(c.shape)}, beyond {want}'s "
+            f"range (+-{top:g})",
+            f"|value| <= {top:g}", value,
+        )  # fmt: skip
+
+
+def _float_values(c: Column, values: pa.Array) -> torch.Tensor:
+    """A rounded column's flat values as a tensor of their own float dtype (bfloat16 from
+    the bits it travels as)."""
+    data = np.array(values.to_numpy(zero_copy_only=False))  # writable, as torch wants
+    if (c.arrow.metadata or {}).get(META_DTYPE) == b"bfloat16":
+        return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(data)
+
+
+def _decode(table: str, source: str | Path, c: Column, col: pa.ChunkedArray) -> torch.Tensor:
+    return _tensor(table, source, c, _to_fixed_lists(table, source, c, _one_chunk(col)))
+
+
+def _tensor(table: str, source: str | Path, c: Column, arr: pa.Array) -> torch.Tensor:
+    """Column ``c``'s fixed-size lists (:func:`_to_fixed_lists`) as the field's tensor."""
+    meta = {k: v for k, v in (c.arrow.metadata or {}).items() if k in (META_DTYPE, META_SHAPE)}
+    try:
+        t = from_column(pa.field(c.column, arr.type, metadata=meta or None), arr)
+    except CodecError as err:  # ruled out by plan_columns; kept typed all the same
+        raise import_error(table, source, c.column, c.field, str(err)) from None
+    return t.reshape([len(arr), *c.shape]).to(c.dtype)
