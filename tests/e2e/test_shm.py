@@ -401,7 +401,8 @@ def test_a_client_writing_its_slot_during_an_extend_gets_nothing_past_the_checks
     finally:
         stop.set()
         racer.join(10)
-    values = client.read(name, torch.arange(4096)).get(key)  # slots never written hold zeros
+    size = client.info(name)["size"]  # fewer than 4096 when many extends were refused
+    values = client.read(name, torch.arange(size)).get(key)  # filled from slot 0, in order
     if isinstance(bad, float):
         assert not values.isnan().any()
     else:
