@@ -39,11 +39,6 @@ def creator(url: str, worker: int, barrier: Any, out: Any) -> None:
             out.put((trial, worker, f"{type(err).__name__}: {err}"))
 
 
-@pytest.fixture(scope="module")
-def server(live_server: Any) -> Any:
-    return live_server()
-
-
 def test_concurrent_creators_with_one_spec_all_succeed(server: Any) -> None:
     ctx = mp.get_context("spawn")  # fresh interpreters: no thread of this process forked
     barrier, out = ctx.Barrier(WORKERS), ctx.Queue()

@@ -5,7 +5,6 @@ Parquet export read by Hugging Face ``datasets``. Parquet imports: test_parquet_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +19,6 @@ from datasetkit import FIELDS, cli, contains_every_step, hidden, make_table, tra
 from tdreplay.client import InvalidRequest, PathExists, ReplayClient, SchemaError, TableNotFound
 
 LENGTHS = [3, 5, 2, 4]
-
-
-@pytest.fixture(scope="module")
-def server(live_server: Any) -> Any:
-    return live_server()
-
-
-@pytest.fixture
-def client(server: Any) -> Iterator[ReplayClient]:
-    with ReplayClient(server.url) as c:
-        yield c
 
 
 def load(root: Path, dataset_id: str, monkeypatch: pytest.MonkeyPatch) -> Any:

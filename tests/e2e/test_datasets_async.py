@@ -5,7 +5,6 @@ never through the blocking twin; the same files and rows as the blocking client'
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +23,6 @@ from tdreplay.client import (
 from tdreplay.client.commands import Request
 
 LENGTHS = [3, 5, 2, 4]
-
-
-@pytest.fixture(scope="module")
-def server(live_server: Any) -> Any:
-    return live_server()
-
-
-@pytest.fixture
-def client(server: Any) -> Iterator[ReplayClient]:
-    with ReplayClient(server.url) as c:
-        yield c
 
 
 def _rows_of(client: ReplayClient, table: str) -> dict[str, Any]:

@@ -21,11 +21,6 @@ from tdreplay.torchrl import TDReplayBuffer
 PRIORITIZED = {"kind": "prioritized", "alpha": 1.0, "beta": 0.0}
 
 
-@pytest.fixture(scope="module")
-def server(live_server: Any) -> Any:
-    return live_server()
-
-
 def _tables(client: ReplayClient, suffix: str) -> tuple[str, str]:
     hot, all_ = f"hot{suffix}", f"all{suffix}"
     client.create_table(spec(hot, PRIORITIZED, capacity=64))

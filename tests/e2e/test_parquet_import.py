@@ -6,7 +6,6 @@ nested keys, errors that name the column. The same files through ``Table.import_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +15,6 @@ import pytest
 from datasetkit import FIELDS, cli, make_table
 
 from tdreplay.client import ReplayClient, SchemaError
-
-
-@pytest.fixture(scope="module")
-def server(live_server: Any) -> Any:
-    return live_server()
-
-
-@pytest.fixture
-def client(server: Any) -> Iterator[ReplayClient]:
-    with ReplayClient(server.url) as c:
-        yield c
 
 
 def foreign_file(path: Path, n: int = 6) -> Path:

@@ -9,7 +9,7 @@ nulls found late in a file, files without statistics."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +30,6 @@ FIELDS: dict[str, Any] = {
     "next.reward": {"shape": [1], "dtype": "float32"},
 }
 N = 10
-
-
-@pytest.fixture(scope="module")
-def server(live_server: Any) -> Any:
-    return live_server()
-
-
-@pytest.fixture
-def client(server: Any) -> Iterator[ReplayClient]:
-    with ReplayClient(server.url) as c:
-        yield c
 
 
 def columns(n: int = N, **change: Any) -> dict[str, Any]:
