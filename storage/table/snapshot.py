@@ -196,18 +196,21 @@ class Items:
         data read lock, and an item overwritten or removed meanwhile left out (the slots
         read add up to :attr:`count`, for a progress bar)."""
         if self.ring is not None and not self._rises_along_ring(rows):
-            self.ring, self.order = None, self._sorted()
+            self.ring, self.order = None, self.sorted()
         done = 0
         for idx in self._slots(rows):
-            data = read_intact(self.table, idx, self.newest)
+            data = self._read(idx)
             read = min(len(idx), self.count - done)
             done += read
             yield data, read
         if done < self.count:  # removed since: the bar still ends full
-            yield (
-                read_intact(self.table, torch.empty(0, dtype=torch.int64), self.newest),
-                (self.count - done),
-            )
+            yield self.table.backend.empty(0), self.count - done
+
+    def _of_instant(self, slots: torch.Tensor | slice) -> torch.Tensor:
+        """Which of ``slots`` hold an item of the instant: live, with an ordinal at most
+        :attr:`newest` (the table's lock held)."""
+        s = self.table.slots
+        return s.live[slots] & (s.ordinal[slots] <= self.newest)
 
     def _slots(self, rows: int) -> Iterator[torch.Tensor]:
         """The slots to read, oldest first, ``rows`` at a time (the last chunk fewer)."""
@@ -217,7 +220,7 @@ class Items:
             return
         pending: list[torch.Tensor] = []
         count = 0
-        for idx in self._held(rows):
+        for idx, _ in self._held(rows):
             pending.append(idx)
             count += len(idx)
             if count >= rows:
@@ -229,56 +232,49 @@ class Items:
         if count:
             yield torch.cat(pending)
 
-    def _held(self, rows: int) -> Iterator[torch.Tensor]:
-        """Along the ring, ``rows`` slots at a time: those still holding an item of the instant."""
-        s, ring = self.table.slots, self.ring or 0
+    def _held(self, rows: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Along the ring, ``rows`` slots at a time: those still holding an item of the
+        instant, and their ordinals (read together, under one hold of the table's lock)."""
+        ring = self.ring or 0
         for lo, hi in ((ring, self.hi), (0, min(ring, self.hi))):
             for a in range(lo, hi, rows):
-                b = min(a + rows, hi)
+                window = slice(a, min(a + rows, hi))
                 with self.table._cond:
-                    held = s.live[a:b] & (s.ordinal[a:b] <= self.newest)
-                idx = held.nonzero().squeeze(1) + a
-                if len(idx):
-                    yield idx
+                    held = self._of_instant(window).nonzero().squeeze(1)
+                    ordinal = self.table.slots.ordinal[window][held]
+                if len(held):
+                    yield held + a, ordinal
 
     def _rises_along_ring(self, rows: int) -> bool:
         """Whether the items of the instant have rising ordinals along the ring."""
         last = 0
-        for idx in self._held(rows):
-            with self.table._cond:
-                ordinal = self.table.slots.ordinal[idx]
-                ordinal = ordinal[self.table.slots.live[idx] & (ordinal <= self.newest)]
-            if len(ordinal) and (
-                int(ordinal[0]) <= last or bool((ordinal[1:] <= ordinal[:-1]).any())
-            ):
+        for _, ordinal in self._held(rows):
+            if int(ordinal[0]) <= last or bool((ordinal[1:] <= ordinal[:-1]).any()):
                 return False
-            if len(ordinal):
-                last = int(ordinal[-1])
+            last = int(ordinal[-1])
         return True
 
-    def _sorted(self) -> torch.Tensor:
+    def sorted(self) -> torch.Tensor:
         """The slots of the items of the instant still live, sorted by ordinal."""
-        s = self.table.slots
         with self.table._cond:
-            live = (s.live & (s.ordinal <= self.newest)).nonzero().squeeze(1)
-            return live[torch.argsort(s.ordinal[live])]
+            slots = self._of_instant(slice(None)).nonzero().squeeze(1)
+            return slots[torch.argsort(self.table.slots.ordinal[slots])]
 
+    def _read(self, idx: torch.Tensor) -> dict[NestedKey, torch.Tensor]:
+        """The rows of slots ``idx`` whose items are of the instant, read now.
 
-def read_intact(table: TableBase, idx: torch.Tensor, newest: int) -> dict[NestedKey, torch.Tensor]:
-    """The rows of slots ``idx`` whose items are of the instant (``newest``), read now.
-
-    The rows are read under the data read lock. A slot still live with an ordinal
-    at most ``newest`` after the read was not written during it: an insert marks
-    the slots it claims dead before it writes them and gives them a new, higher
-    ordinal after. Other rows are left out. (The check is made after the read
-    lock is released: sampling takes that lock while holding the table's, so
-    taking them the other way round could deadlock.)
-    """
-    with table._data_lock.read():
-        data = table.backend.read(idx)
-    with table._cond:
-        intact = table.slots.live[idx] & (table.slots.ordinal[idx] <= newest)
-    if not bool(intact.all()):
-        keep = intact.nonzero().squeeze(1)
-        data = {k: v.index_select(0, keep) for k, v in data.items()}
-    return data
+        The rows are read under the data read lock. A slot still live with an ordinal
+        at most :attr:`newest` after the read was not written during it: an insert marks
+        the slots it claims dead before it writes them and gives them a new, higher
+        ordinal after. Other rows are left out. (The check is made after the read lock
+        is released: sampling takes that lock while holding the table's, so taking them
+        the other way round could deadlock.)
+        """
+        with self.table._data_lock.read():
+            data = self.table.backend.read(idx)
+        with self.table._cond:
+            intact = self._of_instant(idx)
+        if not bool(intact.all()):
+            keep = intact.nonzero().squeeze(1)
+            data = {k: v.index_select(0, keep) for k, v in data.items()}
+        return data

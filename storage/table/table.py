@@ -276,7 +276,7 @@ class Table(Inserts, Draws):
             s = self.slots
             items = Items(self, s.n_live, s.inserted, s.hi, self.writer.ring_start())
         if items.ring is None:
-            items.order = items._sorted()
+            items.order = items.sorted()
         return items
 
     # ------------------------------------------------------------ persistence
