@@ -39,6 +39,7 @@ from .errors import CodecError, InvalidRequest
 from .format import META_DTYPE, META_SHAPE
 from .parquet_columns import flatten_structs
 from .parquet_import import Column, Fields, import_error, plan_columns
+from .spaces import outside_categories
 
 __all__ = ["parquet_files", "read_parquet"]
 
@@ -223,25 +224,17 @@ def _check_refused(
 ) -> None:
     """Refuse rows ``first...`` of column ``c`` holding a value an extend refuses: one
     outside the field's ``n`` categories, or (``n`` is ``None``) NaN."""
-    flat = values.reshape(len(values), -1)
-    bad = flat.isnan() if n is None else (flat < 0) | (flat >= n)
-    rows = bad.any(1).nonzero()
-    if not len(rows):
+    if n is not None:
+        found = outside_categories(values.numpy(), n)
+        if found is not None:
+            row, got = found
+            what = f"holds {got} in row {first + row}, outside its {n} categories 0 .. {n - 1}"
+            raise import_error(table, source, c.column, c.field, what, f"0 .. {n - 1}", got)
         return
-    i = int(rows[0])
-    got: int | str
-    row = first + i
-    if n is None:
-        what, expected = (
-            f"holds NaN in row {row}; the max_value writer ranks items by it",
-            "a number",
-        )
-        got = "nan"
-    else:
-        got = int(flat[i][bad[i]][0])
-        what = f"holds {got} in row {row}, outside its {n} categories 0 .. {n - 1}"
-        expected = f"0 .. {n - 1}"
-    raise import_error(table, source, c.column, c.field, what, expected, got)
+    nan = values.reshape(len(values), -1).isnan().any(1).nonzero()
+    if len(nan):
+        what = f"holds NaN in row {first + int(nan[0])}; the max_value writer ranks items by it"
+        raise import_error(table, source, c.column, c.field, what, "a number", "nan")
 
 
 def _one_chunk(col: pa.ChunkedArray) -> pa.Array:

@@ -37,7 +37,7 @@ import numpy as np
 
 from .errors import SchemaError
 
-__all__ = ["categories", "check_categories", "space_of"]
+__all__ = ["categories", "check_categories", "outside_categories", "space_of"]
 
 
 def _leaf(f: Mapping[str, Any]) -> Any:
@@ -107,11 +107,9 @@ def check_categories(
             value and its row).
     """
     for key, n in declared.items():
-        values = rows[key]
-        bad = (values < 0) | (values >= n)
-        if bad.any():
-            where = np.argwhere(bad)[0]
-            row, value = int(where[0]), values[tuple(where)].item()
+        found = outside_categories(rows[key], n)
+        if found is not None:
+            row, value = found
             raise SchemaError(
                 f"field {key!r} holds {value} in row {first + row}, outside its n = {n} "
                 f"categories (0 .. {n - 1}): the dataset's space would not contain it",
@@ -119,3 +117,17 @@ def check_categories(
                 expected=f"0 .. {n - 1}",
                 got=value,
             )
+
+
+def outside_categories(values: np.ndarray, n: int) -> tuple[int, int] | None:
+    """The first row of ``values`` (``[rows, *shape]``) holding a value outside its ``n``
+    categories ``0 .. n-1``, and that value; ``None`` when every value is one. The one
+    test of a field's categories: an extend's, an import's and an export's.
+
+        >>> outside_categories(np.array([[0, 1], [2, 3]]), 3)
+        (1, 3)
+    """
+    if not values.size or (values.min() >= 0 and values.max() < n):
+        return None
+    where = np.argwhere((values < 0) | (values >= n))[0]
+    return int(where[0]), int(values[tuple(where)])

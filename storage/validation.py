@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
+from tdreplay.codec.spaces import outside_categories
+
 from .errors import InvalidRequest, SchemaError
 from .spec import NestedKey, join_key
 from .tensordicts import byte_view, leaves, plain_leaves
@@ -244,12 +246,10 @@ class RowChecker:
 
     def _check_category(self, key: NestedKey, value: torch.Tensor, n: int) -> None:
         """Every element of ``value`` one of a field's ``n`` categories, ``0 .. n-1``."""
-        if not value.numel():
+        found = outside_categories(value.numpy(), n)
+        if found is None:
             return
-        low, high = (int(v) for v in torch.aminmax(value))
-        if low >= 0 and high < n:
-            return
-        bad = low if low < 0 else high
+        _, bad = found
         name = join_key(key)
         raise InvalidRequest(
             f"table {self.name!r}: key {name!r} holds {bad}, outside its {n} categories "
