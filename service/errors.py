@@ -29,9 +29,7 @@ from tdreplay.codec.errors import (
     UnsupportedMediaType,
     status_of,
 )
-from tdreplay.codec.params import (
-    broken_rule,
-)
+from tdreplay.codec.params import broken_rule
 
 log = logging.getLogger("tdreplay.service")
 

@@ -8,9 +8,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from tdreplay.codec.params import (
-    check_lengths,
-)
+from tdreplay.codec.params import check_lengths
 
 from ..backends.tensor import SMALL_BATCH
 from ..errors import InvalidRequest
