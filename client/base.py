@@ -39,6 +39,7 @@ def make_settings(
     shard_refresh: float,
     transport: str = "auto",
     lease_slots: int = 2,
+    shm_poll_us: int = 200,
 ) -> ClientSettings:
     """The :class:`ClientSettings` of a client built with these constructor arguments (a
     URL or token not given comes from the environment: :mod:`.environment`)."""
@@ -54,6 +55,7 @@ def make_settings(
         shard_refresh=shard_refresh,
         transport=transport,
         lease_slots=lease_slots,
+        shm_poll_us=shm_poll_us,
     )
 
 
@@ -79,6 +81,7 @@ class ClientBase:
         shard_refresh: float = 1.0,
         transport: str = "auto",
         lease_slots: int = 2,
+        shm_poll_us: int = 200,
     ) -> None:
         self._setup(
             make_settings(
@@ -92,6 +95,7 @@ class ClientBase:
                 shard_refresh,
                 transport,
                 lease_slots,
+                shm_poll_us,
             )
         )
 

@@ -69,6 +69,9 @@ class ClientSettings:
             ``"shm"`` (shared memory or an error) or ``"http"``.
         lease_slots: shared-memory slots per table and batch size each thread
             cycles through: a sampled batch stays as it is for that many samples.
+        shm_poll_us: microseconds a same-host call polls for its answer before it
+            sleeps, when the last answer came that soon (a thread calling in a tight
+            loop is not woken for each answer, for the CPU the polling burns); 0: never.
     """
 
     urls: tuple[str, ...]
@@ -81,6 +84,7 @@ class ClientSettings:
     shard_refresh: float = 1.0
     transport: str = "auto"
     lease_slots: int = 2
+    shm_poll_us: int = 200
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -89,6 +93,8 @@ class ClientSettings:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
         if not 1 <= self.lease_slots <= 64:
             raise ValueError(f"lease_slots must be in [1, 64], got {self.lease_slots!r}")
+        if type(self.shm_poll_us) is not int or not 0 <= self.shm_poll_us <= 100_000:
+            raise ValueError(f"shm_poll_us must be an int in [0, 100000], got {self.shm_poll_us!r}")
         for name in ("timeout", "connect_timeout", "wait"):
             value = getattr(self, name)
             if not value > 0 or value == float("inf"):

@@ -59,6 +59,7 @@ class ShmLink:
         lease_slots: slots per table and batch size each thread cycles through (see the lease).
         instance: the server's identity from ``/v1/info``; a socket answering with
             another is refused.
+        poll_us: microseconds a call polls for its answer (see :class:`Channel`).
     """
 
     def __init__(
@@ -68,8 +69,10 @@ class ShmLink:
         timeout: float,
         lease_slots: int = 2,
         instance: str | None = None,
+        poll_us: int = 0,
     ) -> None:
         self.path = path
+        self.poll_us = poll_us
         self.token = token
         self.timeout = timeout
         self.lease_slots = max(1, lease_slots)
@@ -92,7 +95,9 @@ class ShmLink:
         """
         chan = getattr(self._local, "channel", None)
         if chan is None or chan.sock.fileno() < 0:
-            chan = Channel(self.path, self.token, self.timeout, self.lease_slots, self.instance)
+            chan = Channel(
+                self.path, self.token, self.timeout, self.lease_slots, self.instance, self.poll_us
+            )
             self._local.channel = chan
             with self._lock:
                 self._channels.add(chan)
@@ -179,6 +184,7 @@ def open_link(
             settings.timeout,
             settings.lease_slots,
             instance=info["shm"].get("instance"),
+            poll_us=settings.shm_poll_us,
         )
         try:
             found.channel()

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -31,7 +33,7 @@ from ..codec.shm import (
     release_frame,
     sample_frame,
 )
-from ..system import SharedMap, host_id
+from ..system import SharedMap, host_id, poll
 from . import errors
 from .batches import as_batch
 from .commands import Alloc
@@ -90,9 +92,13 @@ class Channel:
         timeout: float,
         lease_slots: int,
         instance: str | None = None,
+        poll_us: int = 0,
     ) -> None:
         self.timeout = timeout
         self.lease_slots = lease_slots
+        self.poll_s = poll_us * 1e-6
+        #: seconds the last answer took to come (an answer polled for: one that came soon)
+        self._waited = math.inf
         # every attribute close() reads is set before anything can fail (__del__ calls it)
         self._slots: dict[int, _Mapped] = {}
         #: slot numbers by (op, table, batch size), least recently used first
@@ -107,6 +113,9 @@ class Channel:
         except OSError as err:
             self.sock.close()
             raise ShmUnavailable(f"cannot connect to {path}: {err}") from None
+        #: the socket without a timeout, for polling (a read with one waits in the kernel)
+        self._now = socket.socket(fileno=os.dup(self.sock.fileno()))
+        self._now.setblocking(False)
         try:
             reply, _ = self.call({"op": "hello", "version": VERSION, "token": token or ""}, wait=0)
         except errors.ReplayError as err:  # refused (token, too many connections) or cut off
@@ -152,8 +161,18 @@ class Channel:
 
     def _recv_frame(self) -> tuple[bytes, list[int]]:
         """One reply frame's body and the descriptors that came with it, read with as few
-        system calls as it takes (a hot reply: one)."""
-        data, fds, _, _ = socket.recv_fds(self.sock, FIRST_READ, 4)
+        system calls as it takes (a hot reply: one).
+
+        When the last answer came within ``poll_s``, the socket is polled that long before
+        the read sleeps in the kernel (:func:`tdreplay.system.poll`): a thread calling in a
+        tight loop is not left idle to be woken for each answer."""
+        began = time.perf_counter()
+        got = None
+        if self._waited < self.poll_s:
+            now = self._now
+            got = poll(lambda: socket.recv_fds(now, FIRST_READ, 4), self.poll_s)
+        data, fds, _, _ = got if got is not None else socket.recv_fds(self.sock, FIRST_READ, 4)
+        self._waited = time.perf_counter() - began
         if not data:
             raise ConnectionResetError("the server closed the connection")
         try:
@@ -291,10 +310,11 @@ class Channel:
     def close(self) -> None:
         self._slots.clear()
         self._numbers.clear()
-        sock = getattr(self, "sock", None)  # socket() itself may have failed (no descriptors)
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.close()
+        for name in ("sock", "_now"):  # socket() itself may have failed (no descriptors)
+            sock = getattr(self, name, None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
 
 
 def _fill(mapped: _Mapped, td: TensorDictBase, n: int) -> bool:

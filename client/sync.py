@@ -55,6 +55,12 @@ class ReplayClient(Persistence, ClientBase):
         retry: what to do when a connection fails (default :class:`RetryPolicy()`).
         max_connections: idle keep-alive connections kept per server.
         shard_refresh: seconds a sharded client trusts its view of the servers' sizes.
+        transport: ``"auto"`` (shared memory with a server on this host, else HTTP),
+            ``"shm"`` (shared memory or an error) or ``"http"``.
+        lease_slots: shared-memory slots per table and batch size each thread cycles
+            through: a sampled batch stays as it is for that many samples.
+        shm_poll_us: microseconds a same-host call polls for its answer before it sleeps,
+            when the last answer came that soon (0: never); see the README's "Same host".
 
     Every method raises the :mod:`~tdreplay.client.errors` tree:
     a :class:`~tdreplay.client.errors.ServerError` subclass named like the

@@ -45,3 +45,15 @@ def read_token_file(path: Path) -> str:
     token = raw.decode("latin-1")
     check_token(token, source)
     return token
+
+
+def read_secret_file(path: Path, what: str) -> str:
+    """Another secret (``what``: e.g. Redis's password) in ``path``, read as a token is.
+
+    Raises:
+        ValueError: the file cannot be read, or holds nothing or other characters.
+    """
+    try:
+        return read_token_file(path)
+    except ValueError as err:
+        raise ValueError(f"{what} password: {err}") from None

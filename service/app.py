@@ -157,7 +157,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,  # served by _offline_docs from bundled assets, not a CDN
     )
     _offline_docs(app)
-    metrics = Metrics(lambda: app.state.core.served.handles())
+    metrics = Metrics(lambda: app.state.core.served.handles(), lambda: app.state.shm)
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.history = History(metrics, lambda: app.state.core.served.handles())

@@ -18,16 +18,21 @@ Tables and their rate limiters: read at scrape time, see :mod:`.status.collector
 Rate-limiter waits (by table and ``op``, insert or sample), counted as each ends:
     ``tdreplay_rate_limiter_waits_total``, ``tdreplay_rate_limiter_timeouts_total``,
     ``tdreplay_rate_limiter_wait_seconds`` (histogram).
+Polling of same-host connections (``--shm-poll-us``), read at scrape time:
+    ``tdreplay_shm_polls_total`` (with ``outcome`` = found / missed: a request came within
+    the window, or not) and ``tdreplay_shm_poll_seconds_total`` (the CPU time it took).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .status.collector import TableCollector
@@ -60,10 +65,46 @@ NO_TABLE = "-"
 RequestHook = Callable[[str, str, str, float, int, int, bool], None]
 
 
+class Polls(Protocol):
+    """What the same-host listener counts of its polling."""
+
+    polls_found: int
+    polls_missed: int
+    poll_seconds: float
+
+
+class PollCollector(Collector):
+    """The same-host listener's polling (``None``: no listener), at each scrape."""
+
+    def __init__(self, polls: Callable[[], Polls | None]) -> None:
+        self._polls = polls
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        p = self._polls()
+        polls = CounterMetricFamily(
+            "tdreplay_shm_polls",
+            "Polls of a same-host connection for its next request after an answer "
+            "(--shm-poll-us), by outcome: found (a request came within the window) or missed.",
+            labels=["outcome"],
+        )
+        polls.add_metric(["found"], p.polls_found if p else 0)
+        polls.add_metric(["missed"], p.polls_missed if p else 0)
+        yield polls
+        yield CounterMetricFamily(
+            "tdreplay_shm_poll_seconds",
+            "Seconds spent polling same-host connections for their next request.",
+            value=p.poll_seconds if p else 0.0,
+        )
+
+
 class Metrics:
     """The app's metrics and the hooks that feed them."""
 
-    def __init__(self, handles: Callable[[], Iterable[TableHandle]]) -> None:
+    def __init__(
+        self,
+        handles: Callable[[], Iterable[TableHandle]],
+        polls: Callable[[], Polls | None] = lambda: None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         #: labelled children of the request metrics, by (method, route, status)
@@ -140,6 +181,7 @@ class Metrics:
             registry=r,
         )
         r.register(TableCollector(handles))
+        r.register(PollCollector(polls))
 
     def checkpointed(self, table: str, outcome: str) -> None:
         """The periodic checkpoints' hook: one checkpoint, ``"ok"`` or ``"failed"``."""

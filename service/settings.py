@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tdreplay.codec.token import check_token, read_token_file
+from tdreplay.codec.token import check_token, read_secret_file, read_token_file
 from tdreplay.storage import RedisConnection
 
 BackendKind = Literal["memory", "memmap", "shared", "h5", "redis"]
@@ -232,6 +232,17 @@ class Settings(BaseSettings):
         "--shm-total-bytes needs the room).",
     )
 
+    shm_poll_us: int = Field(
+        default=100,
+        ge=0,
+        le=100_000,
+        description="Microseconds a socket connection is polled for the next request after "
+        "an answer, when its client asked again that soon the last time (a client calling in "
+        "a tight loop): the server's CPU stays awake instead of being woken for each call, "
+        "for the CPU the polling burns. Polling holds the server's event loop at most 1 ms at "
+        "a time and stops while other connections are busy. 0: never poll.",
+    )
+
     # -- performance --------------------------------------------------------
     torch_threads: int = Field(
         default=1,
@@ -360,18 +371,6 @@ class Settings(BaseSettings):
     @property
     def token_bytes(self) -> bytes | None:
         return self.token.get_secret_value().encode() if self.token else None
-
-
-def read_secret_file(path: Path, what: str) -> str:
-    """The secret in ``path`` less one trailing newline; visible ASCII, like a token.
-
-    Raises:
-        ValueError: the file cannot be read, or holds nothing or other characters.
-    """
-    try:
-        return read_token_file(path)
-    except ValueError as err:
-        raise ValueError(f"{what} password: {err}") from None
 
 
 def is_loopback(host: str) -> bool:

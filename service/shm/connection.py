@@ -16,6 +16,13 @@ inserted from the client's slot as flat columns (the one-element columns the
 table checks values of are copied first, so a client writing into its slot
 meanwhile cannot change a value after it was checked).
 
+A client calling in a tight loop is polled: after an answer, the connection
+reads its socket for the next request for up to ``--shm-poll-us`` when the
+client asked again that soon the last time, so the server's CPU is not left
+idle to be woken for each call (see :func:`tdreplay.system.poll`). It holds
+the event loop at most :data:`POLL_HOLD` at a time, and does not poll while
+another connection was served within the window.
+
 A connection is one client thread's: it sends a request and waits for the
 answer. A client that dies, hangs up or sends garbage ends only its
 connection: a call it left waiting is cancelled (and a gather under way
@@ -28,14 +35,11 @@ otherwise.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import hmac
 import logging
 import math
-import os
-import socket
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -51,12 +55,14 @@ from tdreplay.codec.shm import (
     read_request,
 )
 from tdreplay.storage import TDReplayError
+from tdreplay.system import poll
 
 from ..core import Core
 from ..errors import Unauthorized
 from ..metrics import RequestHook
 from ..settings import Settings
 from .buffers import Budget, SlotBuffers
+from .direct import Direct
 from .operations import Operations
 from .requests import HOT_OPS, Done, bad, error_frame, op_of, too_many
 
@@ -71,6 +77,8 @@ HELLO_TIMEOUT = 10.0
 #: largest frame before the hello went through (a hello is small; nothing big is parsed
 #: for a client that has not shown the token)
 MAX_HELLO = 4096
+#: seconds one connection's polling may hold the event loop before others get a turn
+POLL_HOLD = 0.001
 
 
 class Host(Protocol):
@@ -84,6 +92,13 @@ class Host(Protocol):
     instance: str
     connections: set[Connection]
     on_request: RequestHook | None
+    #: the connection served last, and when (``time.perf_counter``): polling stops while
+    #: others are served
+    served_by: Connection | None
+    served_at: float
+    polls_found: int
+    polls_missed: int
+    poll_seconds: float
 
 
 class Connection(Operations, asyncio.Protocol):
@@ -92,8 +107,8 @@ class Connection(Operations, asyncio.Protocol):
     Reads arrive through the protocol (``data_received``): no future per
     request, and a hang-up is seen at once (``connection_lost``), which
     cancels a call the client left waiting. Replies go out through a
-    duplicate of the socket, because a descriptor travels only with
-    ``sendmsg``; the transport itself never writes.
+    duplicate of the socket (:class:`~.direct.Direct`), because a descriptor
+    travels only with ``sendmsg``; the transport itself never writes.
     """
 
     def __init__(self, server: Host) -> None:
@@ -106,12 +121,14 @@ class Connection(Operations, asyncio.Protocol):
         self.limit = settings.max_body_bytes
         self.frame_timeout = settings.body_timeout
         self.idle_timeout = settings.shm_idle_timeout
+        self.poll_s = settings.shm_poll_us * 1e-6
+        self._answered_at = -math.inf  # time.perf_counter() of the last answer sent
         self.authed = False
         self.task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
         self._buf = bytearray()
         self._need = 0  # body bytes of the frame being read (0: reading a header)
-        self._out: socket.socket | None = None
+        self._out: Direct | None = None
         self._transport: asyncio.Transport | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
         #: ends the connection when a frame stays incomplete, or nothing comes, too long: at
@@ -141,8 +158,7 @@ class Connection(Operations, asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
         raw = transport.get_extra_info("socket")
-        self._out = socket.socket(fileno=os.dup(raw.fileno()))
-        self._out.setblocking(False)
+        self._out = Direct(raw.fileno(), self._loop)
         if len(self.server.connections) >= self.server.settings.shm_max_connections:
             self._send_now(error_frame(too_many(self.server.settings.shm_max_connections)))
             transport.close()
@@ -151,6 +167,45 @@ class Connection(Operations, asyncio.Protocol):
         self._hello_timer = self._loop.call_later(HELLO_TIMEOUT, transport.close)
 
     def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        soon = now - self._answered_at < self.poll_s
+        host = self.server
+        alone = host.served_by is self or now - host.served_at >= self.poll_s
+        host.served_by, host.served_at = self, now
+        self._feed(data)
+        if soon and alone:
+            self._poll(now + POLL_HOLD)
+
+    def _poll(self, hold: float) -> None:
+        """Serve the requests that come within the window of each answer, until ``hold``."""
+        out, host = self._out, self.server
+        if out is None:
+            return
+        while self._live() and self._idle() and (began := time.perf_counter()) < hold:
+            try:
+                data = poll(out.recv_now, self.poll_s)
+            except OSError:  # the end, which the transport sees too
+                data = None
+            host.served_at = now = time.perf_counter()
+            host.poll_seconds += now - began
+            if not data:  # none in time, or the end
+                host.polls_missed += 1
+                return
+            host.polls_found += 1
+            self._feed(data)
+
+    def _live(self) -> bool:
+        return (
+            self._out is not None
+            and self._transport is not None
+            and not self._transport.is_closing()
+        )
+
+    def _idle(self) -> bool:
+        """Whether the last request is answered and no frame is under way."""
+        return (self.task is None or self.task.done()) and not self._need and not self._buf
+
+    def _feed(self, data: bytes) -> None:
         self._buf += data
         limit = self.limit if self.authed else MAX_HELLO
         try:
@@ -259,7 +314,11 @@ class Connection(Operations, asyncio.Protocol):
         """Send ``data`` from byte ``sent`` on (the reply's descriptor with its first byte)."""
         slot = done.slot
         try:
-            await self._send(data[sent:] if sent else data, -1 if slot is None or sent else slot.fd)
+            if self._out is None:
+                raise ConnectionResetError("the connection is closed")
+            await self._out.send(
+                data[sent:] if sent else data, -1 if slot is None or sent else slot.fd
+            )
         except OSError:
             self._end()
         finally:
@@ -268,6 +327,7 @@ class Connection(Operations, asyncio.Protocol):
         self._answered(done, began, received, len(data))
 
     def _answered(self, done: Done, began: float, received: int, sent: int) -> None:
+        self._answered_at = time.perf_counter()
         self._arm(self.idle_timeout)
         if self.server.on_request is not None:
             done.report(self.server.on_request, time.perf_counter() - began, received, sent)
@@ -306,50 +366,13 @@ class Connection(Operations, asyncio.Protocol):
 
     # -- writing ----------------------------------------------------------------
     def _send_now(self, data: bytes) -> None:
-        """A small frame, sent if the socket takes it now (else dropped: the end is near)."""
-        with contextlib.suppress(OSError):
-            assert self._out is not None
-            self._out.send(data)
+        if self._out is not None:
+            self._out.send_small(data)
 
     def _sendmsg(self, data: bytes, fd: int) -> int:
-        """Send what the socket takes of ``data`` now, ``fd`` with its first byte (``-1``:
-        none); raises ``BlockingIOError`` when it takes nothing."""
-        out = self._out
-        if out is None:
+        if self._out is None:
             raise ConnectionResetError("the connection is closed")
-        if fd < 0:
-            return out.send(data)
-        return out.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
-
-    async def _send(self, data: bytes, fd: int = -1) -> None:
-        out = self._out
-        assert out is not None
-        while True:  # a descriptor goes with the first byte sent
-            try:
-                sent = self._sendmsg(data, fd)
-                break
-            except BlockingIOError:
-                await self._writable()
-        while sent < len(data):
-            try:
-                sent += out.send(data[sent:])
-            except BlockingIOError:
-                await self._writable()
-
-    async def _writable(self) -> None:
-        assert self._out is not None
-        ready = self._loop.create_future()
-        fileno = self._out.fileno()
-
-        def wake() -> None:
-            if not ready.done():
-                ready.set_result(None)
-
-        self._loop.add_writer(fileno, wake)
-        try:
-            await ready
-        finally:
-            self._loop.remove_writer(fileno)
+        return self._out.sendmsg(data, fd)
 
     # -- the end ----------------------------------------------------------------
     def _end(self) -> None:

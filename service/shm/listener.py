@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -55,6 +56,13 @@ class ShmServer:
         # a slot let go of lingers (still counted) for as long as an idle connection may stay
         self.budget = Budget(settings.shm_total_bytes, linger=settings.shm_idle_timeout)
         self.connections: set[Connection] = set()
+        self.served_by: Connection | None = None
+        self.served_at = -math.inf
+        #: polls of a connection for its next request: the ones that found one, the ones
+        #: that did not, and the seconds they took (``tdreplay_shm_polls_total``)
+        self.polls_found = 0
+        self.polls_missed = 0
+        self.poll_seconds = 0.0
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._made: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket it bound

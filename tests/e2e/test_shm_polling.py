@@ -1,0 +1,197 @@
+"""Polling on the same-host socket (``--shm-poll-us``, ``shm_poll_us``): a client calling in a
+tight loop is polled instead of woken, a client that pauses costs no polling, and polling
+never holds the server from its other clients.
+
+The server's polls are read from its metrics (``tdreplay_shm_polls_total``), whether the
+client's thread slept from the kernel (``voluntary_ctxt_switches`` in
+``/proc/<pid>/task/<tid>/status``: a thread that sleeps in the kernel counts one each time);
+none of it from timings of the calls.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+from test_shm import spec
+from test_shm_attacks import _recv_reply, raw, read
+from testkit import rows
+
+from tdreplay.client import ReplayClient
+from tdreplay.client.plans import ClientSettings
+from tdreplay.codec.shm import HEADER, sample_frame
+from tdreplay.system import poll
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create")
+
+#: a window wide enough that a loaded machine still answers within it
+WIDE = 20_000
+
+
+def sleeps(pid: int, tid: int) -> int:
+    """How often thread ``tid`` of process ``pid`` slept in the kernel so far."""
+    with open(f"/proc/{pid}/task/{tid}/status") as f:
+        return next(
+            int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches")
+        )
+
+
+def polls(server: Any) -> dict[str, float]:
+    """The server's polling metrics: found, missed, seconds."""
+    text = server.request("GET", "/metrics")[2].decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("tdreplay_shm_polls_total{"):
+            out[line.split('outcome="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("tdreplay_shm_poll_seconds_total "):
+            out["seconds"] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def filled(server: Any, name: str) -> None:
+    with ReplayClient(server.url, transport="http") as c:
+        c.create_table(spec(name, {"kind": "uniform"}, capacity=64))
+        c.extend(name, rows(0, 64))
+
+
+def tight_loop(server: Any, poll_us: int, calls: int) -> tuple[dict[str, float], float]:
+    """``calls`` one-item samples in a tight loop by a client polling ``poll_us``: the server's
+    polls meanwhile, and how often the calling thread slept per call."""
+    with ReplayClient(server.url, transport="shm", shm_poll_us=poll_us) as c:
+        for _ in range(20):
+            c.sample("t", 1)
+        me = threading.get_native_id()
+        before, slept = polls(server), sleeps(os.getpid(), me)
+        for _ in range(calls):
+            c.sample("t", 1)
+        slept, after = sleeps(os.getpid(), me) - slept, polls(server)
+    return {k: after[k] - before[k] for k in after}, slept / calls
+
+
+def test_a_tight_loop_is_polled_on_both_ends_not_woken(live_server: Any) -> None:
+    polled = live_server(shm_poll_us=WIDE)
+    filled(polled, "t")
+    server, client = tight_loop(polled, WIDE, 300)
+    # most requests come while the server polls (it stops at least every millisecond)
+    assert server["found"] >= 100 and server["seconds"] > 0, server
+    woken = live_server(shm_poll_us=0)  # the same calls, polling off on both ends
+    filled(woken, "t")
+    off, client_off = tight_loop(woken, 0, 300)
+    assert off == {"found": 0, "missed": 0, "seconds": 0}, off
+    # the polling thread slept for few answers, the other for most (fewer on a busy machine,
+    # where the answer is sometimes there before the thread asks)
+    assert client < 0.5 * client_off, (client, client_off)
+
+
+def test_a_client_that_pauses_between_calls_costs_no_polling(live_server: Any) -> None:
+    """The server polls only a connection whose client asked again within the window the
+    last time: a client 30 ms apart with a 10 ms window is never polled."""
+    server = live_server(shm_poll_us=10_000)
+    filled(server, "t")
+    with ReplayClient(server.url, transport="shm") as c:
+        for _ in range(40):
+            time.sleep(0.03)
+            c.sample("t", 1)
+    assert polls(server) == {"found": 0, "missed": 0, "seconds": 0}
+
+
+def test_polling_holds_the_server_from_its_other_clients_at_most_briefly(
+    live_server: Any,
+) -> None:
+    """With the widest window, a client calling in a tight loop on one thread would be
+    served as long as it keeps calling; the server goes back to its other connections at
+    least every millisecond (``POLL_HOLD``), so HTTP calls and another thread's
+    same-host calls are answered meanwhile."""
+    server = live_server(shm_poll_us=100_000)
+    filled(server, "t")
+    stop = threading.Event()
+    calls = [0]
+
+    def tight() -> None:
+        with ReplayClient(server.url, transport="shm", shm_poll_us=100_000) as c:
+            while not stop.is_set():
+                c.sample("t", 1)
+                calls[0] += 1
+
+    worker = threading.Thread(target=tight)
+    worker.start()
+    try:
+        while calls[0] < 200:
+            time.sleep(0.01)
+        slowest = 0.0
+        with ReplayClient(server.url, transport="http") as h, ReplayClient(server.url) as s:
+            for _ in range(20):
+                for call in (lambda: h.info("t"), lambda: s.sample("t", 4)):
+                    began = time.perf_counter()
+                    call()
+                    slowest = max(slowest, time.perf_counter() - began)
+        assert calls[0] > 400  # the tight loop went on meanwhile
+    finally:
+        stop.set()
+        worker.join()
+    assert slowest < 0.5, slowest
+
+
+def test_frames_split_garbled_or_cut_off_while_polled(live_server: Any) -> None:
+    """A frame that comes in pieces within the window is read whole; garbage ends only its
+    connection, with an answer; a client hanging up while polled frees its connection."""
+    server = live_server(shm_poll_us=WIDE)
+    filled(server, "t")
+    with raw(server) as s:
+        for _ in range(3):  # the second and third come soon: the server polls after them
+            s.sendall(sample_frame("t", slot=0, batch_size=1, timeout=0))
+            reply, fds = _recv_reply(s)
+            for fd in fds:
+                os.close(fd)
+            assert reply["ok"] is True
+        whole = sample_frame("t", slot=0, batch_size=2, timeout=0)
+        s.sendall(whole[:3])
+        time.sleep(0.002)
+        s.sendall(whole[3 : HEADER.size + 2])
+        time.sleep(0.002)
+        s.sendall(whole[HEADER.size + 2 :])
+        reply, fds = _recv_reply(s)
+        for fd in fds:
+            os.close(fd)
+        assert reply["ok"] is True and reply["rows"] == 2
+        s.sendall(sample_frame("t", slot=0, batch_size=1, timeout=0))
+        reply, fds = _recv_reply(s)
+        for fd in fds:
+            os.close(fd)
+        assert reply["ok"] is True
+        s.sendall(HEADER.pack(0xFFFFFFFF) + b"\x01")  # soon, and no frame
+        answer = read(s)
+        assert answer["ok"] is False and answer["error"]["type"] == "InvalidRequest"
+        assert s.recv(1) == b""  # the server ended the connection
+    with raw(server) as s:
+        for _ in range(3):
+            s.sendall(sample_frame("t", slot=0, batch_size=1, timeout=0))
+            for fd in _recv_reply(s)[1]:
+                os.close(fd)
+    with ReplayClient(server.url, transport="shm") as c:  # the server serves on
+        assert c.sample("t", 3).batch_size[0] == 3
+    log = server.log.read_text()
+    assert "Traceback" not in log, log[-2000:]
+
+
+def test_poll_reads_until_something_comes_or_the_time_is_up() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        a.setblocking(False)
+        began = time.perf_counter()
+        assert poll(lambda: a.recv(8), 0.01) is None
+        assert time.perf_counter() - began >= 0.01
+        threading.Timer(0.005, lambda: b.send(b"late")).start()
+        assert poll(lambda: a.recv(8), 5.0) == b"late"
+        b.close()
+        assert poll(lambda: a.recv(8), 1.0) == b""  # the end is something
+
+
+@pytest.mark.parametrize("bad", [-1, 100_001, 1.5, "200", True])
+def test_a_clients_poll_window_is_checked(bad: Any) -> None:
+    with pytest.raises(ValueError, match="shm_poll_us"):
+        ClientSettings(urls=("http://127.0.0.1:1",), shm_poll_us=bad)
