@@ -53,7 +53,7 @@ from tensordict import TensorDictBase
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import commands as C
-from . import errors
+from . import errors, shm
 from .batches import decode_batch
 from .plans import ClientSettings
 from .staging import Credits as _Credits
@@ -256,6 +256,7 @@ class _Pipeline:
 
     def _fetcher(self, i: int) -> None:
         loader = self.loader
+        shm.background_thread()  # prefetching: no one waits on its calls
         try:
             # in the try: whatever fails here reaches the learner, who would wait forever else
             stream = torch.cuda.Stream(self.device) if self.cuda else None

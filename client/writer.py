@@ -62,6 +62,7 @@ from tensordict import TensorDictBase
 from .chunking import ChunkBuffer, episode_keys
 from .columns import Lent
 from .errors import ReplayError
+from .shm import background_thread
 from .writer_base import WriterBase, final_chunks
 
 
@@ -198,7 +199,9 @@ class Writer(WriterBase):
             chunks, self._lent = buf.take_lent()
         if chunks:
             if self._sender is None:
-                self._sender = ThreadPoolExecutor(1, thread_name_prefix="tdreplay-writer-send")
+                self._sender = ThreadPoolExecutor(
+                    1, thread_name_prefix="tdreplay-writer-send", initializer=background_thread
+                )
             self._in_flight = self._sender.submit(self._send_in_background, chunks)
 
     def _send_now(self, buf: ChunkBuffer, *, final: bool = False) -> None:

@@ -14,6 +14,10 @@ only rebuilds tensors and plain containers and refuses anything else, then
 checked like a format 2 state; the rows are read as above. Checkpointing the
 restored table writes format 2.
 
+The rows are held to what an extend is: a field that declares ``n`` categories
+holds values ``0 .. n-1`` only (:func:`tdreplay.codec.spaces.outside_categories`,
+the test an extend runs).
+
 A damaged, unsupported or unsafe checkpoint is refused with
 :class:`~tdreplay.storage.InvalidCheckpoint` (a :class:`CheckpointError`),
 whose message names the file and the problem; nothing of it was loaded.
@@ -28,11 +32,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from tdreplay.codec.spaces import outside_categories
+
 from .. import statefile as SF
 from ..backends import allocate, primary_location, sweep
 from ..errors import CheckpointError, InvalidCheckpoint, TDReplayError
 from ..redis_conn import Connections
-from ..spec import TableSpec
+from ..spec import NestedKey, TableSpec, join_key
 from ..tensordicts import leaves, nest
 from . import reader as R
 from .folder import METADATA, READABLE_FORMATS, V1_STATE, find, overlaps, read_metadata
@@ -110,9 +116,17 @@ def restore(
             rows = {k: torch.as_tensor(got[k]) for k in schema}
         elif hi:
             rows = R.read_rows(src, spec, hi)
+        if rows is not None:
+            _check_categories(spec, rows)
         state = _read_state(src, version)
     except InvalidCheckpoint as err:
-        raise InvalidCheckpoint(f"cannot restore {src}: {err}", table=spec.name) from None
+        raise InvalidCheckpoint(
+            f"cannot restore {src}: {err}",
+            table=spec.name,
+            field=err.field,
+            expected=err.expected,
+            got=err.got,
+        ) from None
     except TDReplayError:
         raise
     except Exception as err:
@@ -132,6 +146,21 @@ def restore(
         raise _invalid(src, err, spec.name) from err
     sweep(spec, root)
     return table
+
+
+def _check_categories(spec: TableSpec, rows: dict[NestedKey, torch.Tensor]) -> None:
+    """The checkpoint's rows hold no value an extend refuses for a field's categories."""
+    for key, n in spec.categories().items():
+        found = outside_categories(rows[key].numpy(), n)
+        if found is not None:
+            slot, value = found
+            raise InvalidCheckpoint(
+                f"field {join_key(key)!r} holds {value} in slot {slot}, outside its {n} "
+                f"categories 0 .. {n - 1}",
+                field=join_key(key),
+                expected=f"0 .. {n - 1}",
+                got=value,
+            )
 
 
 def _invalid(src: Path, err: Exception, table: str) -> CheckpointError:

@@ -23,6 +23,7 @@ from testkit import rows
 
 from tdreplay.client import ReplayClient
 from tdreplay.client.plans import ClientSettings
+from tdreplay.client.shm import background_thread
 from tdreplay.codec.shm import HEADER, sample_frame
 from tdreplay.system import poll
 
@@ -85,6 +86,33 @@ def test_a_tight_loop_is_polled_on_both_ends_not_woken(live_server: Any) -> None
     # the polling thread slept for few answers, the other for most (fewer on a busy machine,
     # where the answer is sometimes there before the thread asks)
     assert client < 0.5 * client_off, (client, client_off)
+
+
+def test_a_background_threads_calls_do_not_poll(live_server: Any) -> None:
+    """A thread no caller waits on (a loader's fetcher, a writer's sender marks itself with
+    ``background_thread``) sleeps for its answers: polling there would take the GIL from the
+    threads doing the work."""
+    server = live_server(shm_poll_us=WIDE)
+    filled(server, "t")
+    slept: dict[str, float] = {}
+    with ReplayClient(server.url, transport="shm", shm_poll_us=WIDE) as c:
+
+        def calls(name: str, background: bool) -> None:
+            if background:
+                background_thread()
+            for _ in range(20):
+                c.sample("t", 1)
+            me = threading.get_native_id()
+            before = sleeps(os.getpid(), me)
+            for _ in range(300):
+                c.sample("t", 1)
+            slept[name] = (sleeps(os.getpid(), me) - before) / 300
+
+        for name in ("polling", "background"):
+            thread = threading.Thread(target=calls, args=(name, name == "background"))
+            thread.start()
+            thread.join()
+    assert slept["polling"] < 0.5 * slept["background"], slept
 
 
 def test_a_client_that_pauses_between_calls_costs_no_polling(live_server: Any) -> None:

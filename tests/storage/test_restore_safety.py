@@ -10,7 +10,7 @@ import torch
 from storage_helpers import assert_bitwise_equal, snapshot
 from testkit import assert_consistent, make_spec, rows
 
-from tdreplay.storage import CheckpointError, Table, TableExists
+from tdreplay.storage import CheckpointError, InvalidCheckpoint, Table, TableExists
 from tdreplay.storage.backends import MARKER, sweep
 
 FILE_KINDS = ["memmap", "h5"]
@@ -149,3 +149,36 @@ def test_a_second_table_of_a_name_does_not_replace_an_open_one(tables, root: Pat
     b.extend(rows(100, 8))
     assert a.backend.location != b.backend.location
     assert a.read(torch.arange(8))["id"].tolist() == list(range(8))
+
+
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_a_checkpoint_holding_a_value_outside_a_fields_categories_is_refused(
+    tables, root: Path, tmp_path: Path, kind: str
+) -> None:
+    """A checkpoint is held to what an extend is: a field declaring ``n`` categories holds
+    ``0 .. n-1``; a checkpoint whose rows were edited to hold another value is refused,
+    naming the field, the value and its slot, and no table is made of it."""
+    spec = make_spec(
+        capacity=16,
+        backend={"kind": kind},
+        fields={"choice": {"shape": [], "dtype": "int16", "n": 3}},
+    )
+    table = tables.create(spec, root=root)
+    td = rows(0, 12)
+    td["choice"] = (torch.arange(12) % 3).to(torch.int16)
+    table.extend(td)
+    path = table.checkpoint(tmp_path / "ckpt")
+    column = path / "storage" / "choice.memmap"
+    values = bytearray(column.read_bytes())
+    values[5 * 2 : 6 * 2] = (9).to_bytes(2, "little", signed=True)
+    column.write_bytes(bytes(values))
+    other = tmp_path / "other"
+    with pytest.raises(InvalidCheckpoint) as info:
+        tables.restore(path, root=other)
+    assert info.value.field == "choice" and info.value.got == 9, info.value
+    assert "holds 9 in slot 5, outside its 3 categories 0 .. 2" in str(info.value)
+    assert files(other / "tables" / "t") == []  # nothing allocated is left
+    values[5 * 2 : 6 * 2] = (2).to_bytes(2, "little", signed=True)  # in range: it restores
+    column.write_bytes(bytes(values))
+    restored = tables.restore(path, root=other)
+    assert restored.read(torch.arange(12))["choice"][5] == 2
