@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from ..codec.archive import Packed, unpack
 from . import datasets
 from .plans import Calls
+from .sinks import UnpackSink
 from .steps import Plan, Work
 
 T = TypeVar("T")
@@ -32,17 +33,40 @@ def folders(path: Path, n: int) -> list[Path]:
 
 
 def dump_into(calls: Calls, table: str, path: str | Path) -> Plan[Path]:
-    """A dump of ``table`` into the folder ``path`` (:func:`write`), each server's archive
-    streamed into a hidden file beside it first (one read buffer in memory, whatever the
-    table's size), unpacked from there, and deleted."""
+    """A dump of ``table`` into the folder ``path``, as :func:`write` lays it out: each
+    server's archive unpacked as it arrives (one read buffer in memory, the files once on
+    disk, whatever the table's size) into a hidden folder beside ``path``, renamed into
+    place when whole (a dump cut off leaves the hidden folder, which the next one deletes)."""
     path = Path(path)
-    yield Work(_check_empty, path)
-    files = [path.with_name(f".{path.name}.dump-{i}.tar") for i in range(calls.n)]
+    aside = yield Work(_aside, path, calls.n)
+    sinks = [UnpackSink(folder, MAX_DUMP_BYTES) for folder in folders(aside, calls.n)]
     try:
-        return (yield Work(write, (yield from calls.dump(table, files)), path))
+        yield from calls.dump(table, sinks)
+        return (yield Work(_into_place, aside, path))
     finally:
-        for file in files:
-            file.unlink(missing_ok=True)
+        for sink in sinks:
+            sink.discard()  # what a failed dump wrote; nothing once renamed
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _aside(path: Path, n: int) -> Path:
+    """The hidden folder beside ``path`` a dump of ``n`` servers is written into, emptied
+    (a dump cut off left it); ``path`` must be new or empty."""
+    _check_empty(path)
+    aside = path.with_name(f".{path.name}.dumping")
+    shutil.rmtree(aside, ignore_errors=True)
+    if n > 1:
+        aside.mkdir(mode=0o700)
+    return aside
+
+
+def _into_place(aside: Path, path: Path) -> Path:
+    """Rename the whole dump at ``aside`` to ``path`` (new, or empty: checked again)."""
+    _check_empty(path)
+    if path.exists():
+        path.rmdir()
+    aside.rename(path)
+    return path
 
 
 def _check_empty(path: Path) -> None:
@@ -66,22 +90,14 @@ def write(archives: Sequence[bytes | Path], path: str | Path) -> Path:
         CodecError: an archive is not a checkpoint's (the member at fault is named).
     """
     path = Path(path)
-    _check_empty(path)
-    aside = path.with_name(f".{path.name}.dumping")
-    shutil.rmtree(aside, ignore_errors=True)
+    aside = _aside(path, len(archives))
     try:
-        parts = folders(aside, len(archives))
-        if len(archives) > 1:
-            aside.mkdir(mode=0o700)
-        for archive, folder in zip(archives, parts, strict=True):
+        for archive, folder in zip(archives, folders(aside, len(archives)), strict=True):
             unpack(archive, folder, max_bytes=MAX_DUMP_BYTES)
-        if path.exists():
-            path.rmdir()  # empty: checked above
-        aside.rename(path)
+        return _into_place(aside, path)
     except BaseException:
         shutil.rmtree(aside, ignore_errors=True)
         raise
-    return path
 
 
 def read(path: str | Path, n: int) -> list[Packed]:
@@ -276,9 +292,8 @@ class Persistence:
     def dump(self, table: str, path: str | Path) -> Path:
         """Write ``table``'s whole state (rows, sampler and priorities, writer position,
         rate-limiter counters: a fresh checkpoint) into the local folder ``path``, streamed
-        from the server (one read buffer in memory here, whatever the table's size; the
-        archive passes through a hidden file beside ``path``, so the disk holds it twice
-        for a moment); :meth:`load` restores it. Sharded: one folder per server
+        from the server and unpacked as it arrives (one read buffer in memory here, the
+        files once on disk, whatever the table's size); :meth:`load` restores it. Sharded: one folder per server
         (``shard-0``...). The folder is new or empty, and written atomically.
 
         Example:

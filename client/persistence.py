@@ -20,7 +20,7 @@ from ..codec.errors import ReplayError
 from .commands import Command, Request, Response, json_body, op_request, op_target
 from .errors import ProtocolError
 from .merging import merge_infos
-from .sinks import FileSink
+from .sinks import FileSink, UnpackSink
 from .steps import Call, Gather, Plan, Work
 
 
@@ -58,17 +58,18 @@ class Restore(Command[dict[str, Any]]):
 @dataclass
 class Dump(Command[bytes | Path]):
     """A fresh checkpoint of the table as one archive (:mod:`tdreplay.codec.archive`): its
-    bytes, or with ``sink`` the file it was streamed into (one read buffer in memory)."""
+    bytes, or with ``sink`` the folder it was unpacked into as it came (one read buffer in
+    memory)."""
 
     op = ops.DUMP
 
     table: str
-    sink: FileSink | None = None
+    sink: UnpackSink | None = None
 
     def request(self) -> Request:
         req = op_request(self, self.table, body=b"")
         if self.sink is not None:
-            self.sink.start()  # every attempt writes the file from its start
+            self.sink.start()  # every attempt unpacks anew
             req.sink = self.sink
         return req
 
@@ -205,11 +206,11 @@ class PersistencePlans:
             self._sizes.pop(table, None)
         return merge_infos(results)
 
-    def dump(self, table: str, files: Sequence[Path] | None = None) -> Plan[list[Any]]:
+    def dump(self, table: str, sinks: Sequence[UnpackSink] | None = None) -> Plan[list[Any]]:
         """Each server's archive of ``table`` (one per shard, in shard order): its bytes, or
-        streamed into ``files`` (one per shard; returns them)."""
-        sinks = [None] * self.n if files is None else [FileSink(f) for f in files]
-        results = yield Gather([Call(i, Dump(table, sink)) for i, sink in enumerate(sinks)])
+        unpacked into ``sinks`` (one per shard; returns their folders)."""
+        each: Sequence[UnpackSink | None] = sinks if sinks is not None else [None] * self.n
+        results = yield Gather([Call(i, Dump(table, sink)) for i, sink in enumerate(each)])
         return list(results)
 
     def load(self, table: str, archives: Sequence[bytes | Packed]) -> Plan[dict[str, Any]]:

@@ -1,18 +1,22 @@
 """Where a streamed answer goes: :class:`FileSink` writes a body into a file as it arrives
 (:attr:`~tdreplay.client.commands.Request.sink`), so an export of any size costs the
-client one read buffer, not the file.
+client one read buffer, not the file; :class:`UnpackSink` unpacks an archive (a dump) into
+a folder as it arrives, so a dump's disk is its files, once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from tqdm import tqdm
+
+from ..codec.archive import Unpacker
 
 
 class FileSink:
@@ -48,6 +52,49 @@ class FileSink:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class UnpackSink:
+    """An archive body unpacked into the new folder ``path`` as it arrives
+    (:class:`~tdreplay.codec.archive.Unpacker`: the archive's rules, one member's bytes
+    at a time). :meth:`start` begins anew (each attempt of a retried request: what an
+    earlier one wrote is deleted), :meth:`close` checks the archive ended whole,
+    :meth:`discard` deletes what was written.
+
+    Args:
+        path: the folder (its parent must exist).
+        max_bytes: bytes of files the archive may unpack to at most.
+    """
+
+    def __init__(self, path: Path, max_bytes: int) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self._unpacker: Unpacker | None = None
+
+    def start(self) -> None:
+        self.discard()
+        self._unpacker = Unpacker(self.path, max_bytes=self.max_bytes)
+
+    def __call__(self, piece: memoryview) -> None:
+        assert self._unpacker is not None, "UnpackSink written before start()"
+        self._unpacker.feed(piece)
+
+    def close(self) -> None:
+        """The body ended: the archive must have too.
+
+        Raises:
+            CodecError: it was cut short.
+        """
+        unpacker, self._unpacker = self._unpacker, None
+        if unpacker is not None:
+            unpacker.finish()
+
+    def discard(self) -> None:
+        """Stop, and delete the folder as far as it was written."""
+        unpacker, self._unpacker = self._unpacker, None
+        if unpacker is not None:
+            unpacker.close()
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 @contextlib.contextmanager

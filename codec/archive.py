@@ -133,7 +133,7 @@ def _member_path(dest: Path, member: tarfile.TarInfo) -> Path:
         raise CodecError(
             f"archive member {member.name!r:.200} leaves the destination", field="archive"
         )
-    if not (member.isreg() or member.isdir()):
+    if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE):
         raise CodecError(
             f"archive member {member.name!r:.200} is not a regular file or folder (links and "
             "special files are refused)",
@@ -166,42 +166,196 @@ def unpack(
     data: bytes | Path, dest: Path, *, max_bytes: int, max_members: int = MAX_MEMBERS
 ) -> None:
     """Write the archive ``data`` (its bytes, or a file holding them, read as it goes) into
-    the new folder ``dest`` (its parent must exist).
+    the new folder ``dest`` (its parent must exist), through an :class:`Unpacker`.
 
     Raises:
-        CodecError: not a tar archive; a member that is not a regular file or folder,
-            or whose name leaves ``dest``; more than ``max_members`` members or
+        CodecError: not a whole tar archive; a member that is not a regular file or
+            folder, or whose name leaves ``dest``; more than ``max_members`` members or
             ``max_bytes`` bytes of files. ``dest`` may then hold part of the archive:
             the caller deletes it.
         FileExistsError: ``dest`` exists, or the archive names a file twice.
     """
-    dest.mkdir(mode=0o700)
-    try:
-        source = {"name": data} if isinstance(data, Path) else {"fileobj": io.BytesIO(data)}
-        with tarfile.open(mode="r:", **source) as tar:
-            _unpack_members(tar, dest, max_bytes, max_members)
-    except tarfile.TarError as err:  # not tar, cut short, or a damaged header
-        raise CodecError(f"not a whole tar archive: {err}", field="archive") from None
+    unpacker = Unpacker(dest, max_bytes=max_bytes, max_members=max_members)
+    with open(data, "rb") if isinstance(data, Path) else io.BytesIO(data) as source:
+        while piece := source.read(CHUNK):
+            unpacker.feed(piece)
+    unpacker.finish()
 
 
-def _unpack_members(tar: tarfile.TarFile, dest: Path, max_bytes: int, max_members: int) -> None:
-    total = 0
-    for count, member in enumerate(tar, start=1):
-        if count > max_members:
-            raise CodecError(f"the archive holds more than {max_members} members", field="archive")
-        path = _member_path(dest, member)
-        if member.isdir():
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            continue
-        total += member.size
-        if total > max_bytes:
+#: what an Unpacker reads next
+_HEADER, _PAX, _DATA, _PAD, _END = range(5)
+#: bytes of extended (pax) header records a member may carry
+MAX_PAX = 64 << 10
+
+
+class Unpacker:
+    """An archive unpacked into the new folder ``dest`` as it arrives, piece by piece
+    (:meth:`feed`, then :meth:`finish`): each member's bytes go straight into its file,
+    so the archive is never held whole, in memory or on disk. The one reader of archives
+    (:func:`unpack` feeds it too), under the module's rules; tar's blocks are read with
+    :meth:`tarfile.TarInfo.frombuf`, and POSIX extended headers may give a member's
+    ``path`` and ``size``.
+
+        >>> import tempfile
+        >>> src = Path(tempfile.mkdtemp()); _ = (src / "x.bin").write_bytes(b"abc")
+        >>> archive = pack(src)
+        >>> unpacker = Unpacker(Path(tempfile.mkdtemp()) / "copy", max_bytes=1 << 20)
+        >>> for at in range(0, len(archive), 100):   # pieces of any size
+        ...     unpacker.feed(archive[at : at + 100])
+        >>> unpacker.finish(); (unpacker.dest / "x.bin").read_bytes()
+        b'abc'
+
+    Raises (from :meth:`feed` and :meth:`finish`): as :func:`unpack`; ``dest`` may then
+    hold part of the archive: the caller deletes it.
+    """
+
+    def __init__(self, dest: Path, *, max_bytes: int, max_members: int = MAX_MEMBERS) -> None:
+        dest.mkdir(mode=0o700)
+        self.dest = dest
+        self.max_bytes = max_bytes
+        self.max_members = max_members
+        self.members = 0
+        self.nbytes = 0  # of files
+        self._state = _HEADER
+        self._block = bytearray()  # a header (or extended header) gathered so far
+        self._need = tarfile.BLOCKSIZE  # bytes it takes
+        self._extended: dict[str, str] = {}  # what an extended header said of the next member
+        self._file: BinaryIO | None = None
+        self._left = 0  # bytes of the member's file still to come, then of its padding
+        self._padding = 0  # after the member's file: to its next 512-byte block
+        self._pax_size = 0  # bytes of the extended header being gathered
+
+    def feed(self, piece: bytes | bytearray | memoryview) -> None:
+        """Unpack the archive's next ``piece``."""
+        view = memoryview(piece).cast("B")
+        try:
+            while view:
+                if self._state == _END:
+                    return  # the end blocks' padding: nothing more is read
+                if self._state in (_DATA, _PAD):
+                    n = min(self._left, len(view))
+                    if self._state == _DATA:
+                        assert self._file is not None
+                        self._file.write(view[:n])
+                    view, self._left = view[n:], self._left - n
+                    if not self._left:
+                        self._next_block()
+                    continue
+                n = min(self._need - len(self._block), len(view))
+                self._block += view[:n]
+                view = view[n:]
+                if len(self._block) == self._need:
+                    block, self._block = bytes(self._block), bytearray()
+                    if self._state == _HEADER:
+                        self._header(block)
+                    else:
+                        self._pax(block)
+        except BaseException:
+            self.close()
+            raise
+
+    def finish(self) -> None:
+        """The archive ended here.
+
+        Raises:
+            CodecError: it was cut short (in a member, or before any).
+        """
+        self.close()
+        if self._state != _END and (self._state != _HEADER or self._block or not self.members):
+            raise CodecError("not a whole tar archive: it ends early", field="archive")
+
+    def close(self) -> None:
+        """Close the member's file being written, if any (on an error, or at the end)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    # -- the blocks --------------------------------------------------------------
+    def _next_block(self) -> None:
+        """The member's bytes are done: its padding, then the next header."""
+        if self._state == _DATA:
+            self.close()
+            self._state, self._left = _PAD, self._padding
+            if self._left:
+                return
+        self._state, self._need = _HEADER, tarfile.BLOCKSIZE
+
+    def _header(self, block: bytes) -> None:
+        if not any(block):
+            self._state = _END  # tar ends with empty blocks
+            return
+        try:
+            info = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+        except tarfile.HeaderError as err:
+            raise CodecError(f"not a whole tar archive: {err}", field="archive") from None
+        if info.type == tarfile.XHDTYPE:
+            if info.size > MAX_PAX:
+                raise CodecError(f"an extended header over {MAX_PAX} bytes", field="archive")
+            self._state, self._need, self._pax_size = _PAX, _blocks(info.size), info.size
+            return
+        self._member(info)
+
+    def _pax(self, block: bytes) -> None:
+        self._extended = _pax_records(block[: self._pax_size])
+        self._state, self._need = _HEADER, tarfile.BLOCKSIZE
+
+    def _member(self, info: tarfile.TarInfo) -> None:
+        """A member's header: its folder made, or its file opened for the bytes to come."""
+        extended, self._extended = self._extended, {}
+        info.name = extended.get("path", info.name)
+        if "size" in extended:
+            info.size = _pax_int(extended["size"])
+        self.members += 1
+        if self.members > self.max_members:
             raise CodecError(
-                f"the archive's files exceed {max_bytes} bytes", field="archive", got=total
+                f"the archive holds more than {self.max_members} members", field="archive"
+            )
+        path = _member_path(self.dest, info)
+        if info.size < 0:
+            raise CodecError(
+                f"archive member {info.name!r:.200} has a negative size", field="archive"
+            )
+        if info.isdir():
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return
+        self.nbytes += info.size
+        if self.nbytes > self.max_bytes:
+            raise CodecError(
+                f"the archive's files exceed {self.max_bytes} bytes",
+                field="archive",
+                got=self.nbytes,
             )
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        source = tar.extractfile(member)
-        assert source is not None  # a regular member
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(path, flags, 0o600), "wb") as f:
-            while chunk := source.read(CHUNK):
-                f.write(chunk)
+        self._file = os.fdopen(os.open(path, flags, 0o600), "wb")
+        self._state, self._left = _DATA, info.size
+        self._padding = _blocks(info.size) - info.size
+        if not self._left:
+            self._next_block()
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    """The ``key=value`` records of an extended header (``"<length> <key>=<value>\\n"``)."""
+    out: dict[str, str] = {}
+    at = 0
+    try:
+        while at < len(data):
+            space = data.index(b" ", at)
+            length = _pax_int(data[at:space].decode("ascii"))
+            record = data[space + 1 : at + length]
+            if at + length > len(data) or not record.endswith(b"\n") or b"=" not in record:
+                raise ValueError("a damaged record")
+            key, _, value = record[:-1].partition(b"=")
+            out[key.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
+            at += length
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CodecError(
+            f"not a whole tar archive: extended header: {err}", field="archive"
+        ) from None
+    return out
+
+
+def _pax_int(text: str) -> int:
+    if not text.isdigit() or len(text) > 20:
+        raise CodecError(f"not a whole tar archive: {text!r:.40} is no size", field="archive")
+    return int(text)

@@ -3,8 +3,10 @@ and a load's archive treated as what it is: untrusted bytes from the network."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -177,13 +179,23 @@ print(dumped - base, peak() - dumped)
 """
 
 
+def _disk(folder: Path) -> int:
+    """Bytes the files under ``folder`` hold on disk now (files going as it walks: skipped)."""
+    total = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):
+            total += path.stat().st_blocks * 512
+    return total
+
+
 def test_a_dump_and_a_load_hold_a_part_not_the_table(live_server: Any, tmp_path: Path) -> None:
-    """A dump streams each archive into a file beside the folder and unpacks it from there,
-    and a load reads the dump's files a part at a time: a client dumping and loading a
-    table of ~190 MB grows its peak memory by a few parts (8 MB each under this server's
-    body limit), not by the table."""
+    """A dump unpacks each archive as it arrives, and a load reads the dump's files a part
+    at a time: a client dumping and loading a table of ~190 MB grows its peak memory by a
+    few parts (8 MB each under this server's body limit), not by the table, and its disk
+    holds the dump's files once (never the archive beside them)."""
     import subprocess
     import sys
+    import threading
 
     server = live_server(max_body_bytes=8 << 20)
     client = ReplayClient(server.url, transport="http")
@@ -199,14 +211,29 @@ def test_a_dump_and_a_load_hold_a_part_not_the_table(live_server: Any, tmp_path:
     client.extend("small", {("frames",): torch.zeros(1, 96, 96, 3, dtype=torch.uint8),
                             ("n",): torch.zeros(1, dtype=torch.int64)})  # fmt: skip
     before = client.export("big")
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURED, server.url, "big", "small", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, check=True,
-    )  # fmt: skip
+    peak_disk, stop = [0], threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak_disk[0] = max(peak_disk[0], _disk(tmp_path))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _MEASURED, server.url, "big", "small", str(tmp_path)],
+            capture_output=True, text=True, timeout=300, check=True,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        watcher.join()
     dump_growth, load_growth = (int(v) for v in done.stdout.split())
     table_bytes = 7000 * (96 * 96 * 3 + 8)
     assert table_bytes > 190e6
     assert dump_growth < 64 << 20, (dump_growth, done.stderr)
     assert load_growth < 64 << 20, (load_growth, done.stderr)
+    dumped = _disk(tmp_path)
+    assert dumped > table_bytes and peak_disk[0] < dumped + (16 << 20), (peak_disk, dumped)
     assert client.export("big") == before  # and the table came back whole
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
