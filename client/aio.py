@@ -218,14 +218,16 @@ class AsyncReplayClient(ClientBase):
     async def restore(self, table: str, path: str) -> dict[str, Any]:
         return await self._run(self._calls.restore(table, path))
 
-    async def dump(self, table: str, path: str | Path) -> Path:
+    async def dump(self, table: str, path: str | Path, *, progress: bool | None = None) -> Path:
         """See :meth:`ReplayClient.dump`."""
-        return await self._run(dumps.dump_into(self._calls, table, path))
+        return await self._run(dumps.dump_into(self._calls, table, path, progress))
 
-    async def load(self, table: str, path: str | Path) -> dict[str, Any]:
+    async def load(
+        self, table: str, path: str | Path, *, progress: bool | None = None
+    ) -> dict[str, Any]:
         """See :meth:`ReplayClient.load`."""
         archives = await asyncio.to_thread(dumps.read, path, len(self.urls))
-        return await self.load_archives(table, archives)
+        return await self._run(self._calls.load(table, archives, progress))
 
     async def dump_archives(self, table: str) -> list[bytes]:
         """See :meth:`ReplayClient.dump_archives`."""

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from ..codec.archive import Packed, unpack
 from . import datasets
 from .plans import Calls
-from .sinks import UnpackSink
+from .sinks import UnpackSink, byte_bar
 from .steps import Plan, Work
 
 T = TypeVar("T")
@@ -32,21 +32,25 @@ def folders(path: Path, n: int) -> list[Path]:
     return [path] if n == 1 else [path / f"shard-{i}" for i in range(n)]
 
 
-def dump_into(calls: Calls, table: str, path: str | Path) -> Plan[Path]:
+def dump_into(
+    calls: Calls, table: str, path: str | Path, progress: bool | None = None
+) -> Plan[Path]:
     """A dump of ``table`` into the folder ``path``, as :func:`write` lays it out: each
     server's archive unpacked as it arrives (one read buffer in memory, the files once on
     disk, whatever the table's size) into a hidden folder beside ``path``, renamed into
-    place when whole (a dump cut off leaves the hidden folder, which the next one deletes)."""
+    place when whole (a dump cut off leaves the hidden folder, which the next one deletes);
+    ``progress``: a bar of the bytes received (``None``: when stderr is a terminal)."""
     path = Path(path)
     aside = yield Work(_aside, path, calls.n)
-    sinks = [UnpackSink(folder, MAX_DUMP_BYTES) for folder in folders(aside, calls.n)]
-    try:
-        yield from calls.dump(table, sinks)
-        return (yield Work(_into_place, aside, path))
-    finally:
-        for sink in sinks:
-            sink.discard()  # what a failed dump wrote; nothing once renamed
-        shutil.rmtree(aside, ignore_errors=True)
+    with byte_bar(progress, f"dump {table}") as bar:
+        sinks = [UnpackSink(f, MAX_DUMP_BYTES, bar) for f in folders(aside, calls.n)]
+        try:
+            yield from calls.dump(table, sinks)
+            return (yield Work(_into_place, aside, path))
+        finally:
+            for sink in sinks:
+                sink.discard()  # what a failed dump wrote; nothing once renamed
+            shutil.rmtree(aside, ignore_errors=True)
 
 
 def _aside(path: Path, n: int) -> Path:
@@ -289,7 +293,7 @@ class Persistence:
             )
         )
 
-    def dump(self, table: str, path: str | Path) -> Path:
+    def dump(self, table: str, path: str | Path, *, progress: bool | None = None) -> Path:
         """Write ``table``'s whole state (rows, sampler and priorities, writer position,
         rate-limiter counters: a fresh checkpoint) into the local folder ``path``, streamed
         from the server and unpacked as it arrives (one read buffer in memory here, the
@@ -300,13 +304,16 @@ class Persistence:
             >>> client.dump("cartpole", "run-1/buffer")         # doctest: +SKIP
             >>> client.load("cartpole", "run-1/buffer")         # doctest: +SKIP
 
+        Args:
+            progress: a bar of the bytes received on stderr (``None``: when it is a terminal).
+
         Raises:
             FileExistsError: ``path`` holds files already.
             TableNotFound: no such table.
         """
-        return self._run(dump_into(self._calls, table, path))
+        return self._run(dump_into(self._calls, table, path, progress))
 
-    def load(self, table: str, path: str | Path) -> dict[str, Any]:
+    def load(self, table: str, path: str | Path, *, progress: bool | None = None) -> dict[str, Any]:
         """Replace (or create) ``table`` from a local dump :meth:`dump` wrote; returns its info.
 
         The archive goes up in parts, each one request within the server's
@@ -315,10 +322,13 @@ class Persistence:
         archive is read from the dump's files a part at a time (at most 64 MiB in memory
         here, whatever the dump's size), as :meth:`dump` streams it in.
 
+        Args:
+            progress: a bar of the bytes sent on stderr (``None``: when it is a terminal).
+
         Raises:
             FileNotFoundError: no dump at ``path`` (for this client's servers).
             PayloadTooLarge: the dump is over the server's ``--max-load-bytes``.
             InvalidRequest: the dump is of another table.
             CodecError: the dump is not a whole archive (the member at fault is named).
         """
-        return self.load_archives(table, read(path, len(self.urls)))
+        return self._run(self._calls.load(table, read(path, len(self.urls)), progress))

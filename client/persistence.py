@@ -20,7 +20,7 @@ from ..codec.errors import ReplayError
 from .commands import Command, Request, Response, json_body, op_request, op_target
 from .errors import ProtocolError
 from .merging import merge_infos
-from .sinks import FileSink, UnpackSink
+from .sinks import FileSink, UnpackSink, byte_bar
 from .steps import Call, Gather, Plan, Work
 
 
@@ -213,19 +213,23 @@ class PersistencePlans:
         results = yield Gather([Call(i, Dump(table, sink)) for i, sink in enumerate(each)])
         return list(results)
 
-    def load(self, table: str, archives: Sequence[bytes | Packed]) -> Plan[dict[str, Any]]:
+    def load(
+        self, table: str, archives: Sequence[bytes | Packed], progress: bool | None = False
+    ) -> Plan[dict[str, Any]]:
         """Restore each shard's ``table`` from its archive (as :meth:`dump` made them, in
         memory or :class:`~tdreplay.codec.archive.Packed` from a folder: read a part at a
         time), sent in parts within each server's body limit: begin, parts (a round of one
         part per server at a time), commit. A failure aborts every upload begun, so no
         server keeps staged bytes, and leaves each table as it was unless its commit
-        succeeded."""
+        succeeded. ``progress``: a bar of the bytes sent (``None``: when stderr is a
+        terminal)."""
         if len(archives) != self.n:
             raise ValueError(
                 f"{len(archives)} archives for {self.n} servers: load takes what dump made "
                 "of the same servers"
             )
         begun: list[dict[str, Any]] = []
+        bar = byte_bar(progress, f"load {table}", total=sum(len(a) for a in archives))
         try:
             for i, archive in enumerate(archives):  # one by one: each begun one is known
                 begun.append((yield Call(i, LoadBegin(table, len(archive)))))
@@ -239,6 +243,7 @@ class PersistencePlans:
                     received = int(answer["received"])
                     if received <= sent[call.shard]:  # never loop on a server that takes nothing
                         raise ProtocolError(f"load part at {sent[call.shard]}: {answer}")
+                    bar.update(received - sent[call.shard])
                     sent[call.shard] = received
             results = yield Gather(
                 [Call(i, LoadCommit(table, up["upload"])) for i, up in enumerate(begun)]
@@ -249,6 +254,7 @@ class PersistencePlans:
                     yield Call(i, LoadAbort(table, up["upload"]))
             raise
         finally:
+            bar.close()
             with self._lock:
                 self._sizes.pop(table, None)
         return merge_infos(results)

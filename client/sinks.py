@@ -64,20 +64,29 @@ class UnpackSink:
     Args:
         path: the folder (its parent must exist).
         max_bytes: bytes of files the archive may unpack to at most.
+        bar: a tqdm bar counting the bytes (shared by the sinks of a sharded dump), if any.
     """
 
-    def __init__(self, path: Path, max_bytes: int) -> None:
+    def __init__(self, path: Path, max_bytes: int, bar: Any = None) -> None:
         self.path = path
         self.max_bytes = max_bytes
+        self.bar = bar
+        self.nbytes = 0
         self._unpacker: Unpacker | None = None
 
     def start(self) -> None:
         self.discard()
+        if self.bar is not None and self.nbytes:
+            self.bar.update(-self.nbytes)  # an earlier attempt's bytes
+        self.nbytes = 0
         self._unpacker = Unpacker(self.path, max_bytes=self.max_bytes)
 
     def __call__(self, piece: memoryview) -> None:
         assert self._unpacker is not None, "UnpackSink written before start()"
         self._unpacker.feed(piece)
+        self.nbytes += len(piece)
+        if self.bar is not None:
+            self.bar.update(len(piece))
 
     def close(self) -> None:
         """The body ended: the archive must have too.
@@ -109,14 +118,19 @@ def aside(dest: Path, *, progress: bool | None = None, desc: str = "") -> Iterat
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    disable = not progress if progress is not None else not _tty()
-    with tqdm(desc=desc, unit="B", unit_scale=True, disable=disable) as bar:
+    with byte_bar(progress, desc) as bar:
         sink = FileSink(tmp, bar)
         try:
             yield sink
         finally:
             sink.close()
             tmp.unlink(missing_ok=True)
+
+
+def byte_bar(progress: bool | None, desc: str, total: int | None = None) -> Any:
+    """A tqdm bar of bytes on stderr (``progress`` ``None``: when stderr is a terminal)."""
+    disable = not progress if progress is not None else not _tty()
+    return tqdm(desc=desc, total=total, unit="B", unit_scale=True, disable=disable)
 
 
 def _tty() -> bool:

@@ -23,6 +23,7 @@ from tdreplay.client import (
     TableNotFound,
 )
 from tdreplay.codec import protocol
+from tdreplay.codec.archive import Packed
 
 
 def _scratch(server: Any) -> list[Path]:
@@ -237,3 +238,23 @@ def test_a_dump_and_a_load_hold_a_part_not_the_table(live_server: Any, tmp_path:
     assert dumped > table_bytes and peak_disk[0] < dumped + (16 << 20), (peak_disk, dumped)
     assert client.export("big") == before  # and the table came back whole
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_dump_and_a_load_show_their_bytes_when_asked(
+    live_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``progress=True``: a bar of the bytes received (dump) and sent (load) on stderr,
+    ending at the archive's size; by default (stderr not a terminal) none."""
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(spec("pb", {"kind": "uniform"}, capacity=64))
+    client.extend("pb", rows(0, 64))
+    client.dump("pb", tmp_path / "quiet")
+    client.load("pb", tmp_path / "quiet")
+    assert capsys.readouterr().err == ""
+    client.dump("pb", tmp_path / "shown", progress=True)
+    client.load("pb", tmp_path / "shown", progress=True)
+    err = capsys.readouterr().err
+    size = len(Packed(tmp_path / "shown"))
+    assert "dump pb" in err and "load pb" in err and "100%" in err, err
+    assert f"{size / 1000:.1f}k" in err or f"{size}" in err, (size, err)
