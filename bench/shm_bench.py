@@ -23,7 +23,12 @@ measures:
 4. four learner processes sampling atari b256 through shm at once vs one:
    items/s summed over the learners, and the CPU seconds per second of the
    server and of the learners (``/proc/<pid>/stat`` for the server, in clock
-   ticks; ``time.process_time`` in each learner).
+   ticks; ``time.process_time`` in each learner);
+5. what waking an idle CPU costs here, before the server starts: two bare
+   processes on a socket pair, 50 us of work on one side and 40 on the other
+   per round trip, both sleeping in ``recv`` for the other's message vs both
+   polling for it (``tdreplay.system.poll``, what the same-host transport does
+   for a client calling in a tight loop; see ``--shm-poll-us``).
 
 Every workload runs each round, the transports compared taking turns in a
 rotating order, so both see the same machine load; figures are medians over
@@ -42,6 +47,7 @@ import json
 import logging
 import math
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -77,6 +83,54 @@ RATIOS: list[tuple[str, str, str, float | None]] = [
     ("atari extend b64", "shm", "http", 2.0),
     ("atari sample b256, learners", f"{LEARNERS} learners", "1 learner", None),
 ]
+
+
+# ------------------------------------------------------------------ wake-up cost
+def _busy(us: float) -> None:
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+def _recv(s: socket.socket, polling: bool) -> bytes:
+    from tdreplay.system import poll
+
+    got = poll(lambda: s.recv(64, socket.MSG_DONTWAIT), 0.0002) if polling else None
+    return got if got is not None else s.recv(64)
+
+
+def round_trips(polling: bool, seconds: float) -> float:
+    """Round trips per second of two bare processes (a forked echo), 50 us of work on its
+    side and 40 on this one per round trip, both sleeping or both polling for the other."""
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the echo
+        a.close()
+        while _recv(b, polling):
+            _busy(50)
+            b.send(b"x" * 32)
+        os._exit(0)
+    b.close()
+    try:
+        n, t0 = 0, time.perf_counter()
+        while (now := time.perf_counter()) - t0 < seconds:
+            a.send(b"q")
+            _recv(a, polling)
+            _busy(40)
+            n += 1
+        return n / (now - t0)
+    finally:
+        a.close()
+        os.waitpid(pid, 0)
+
+
+def wake_cost(rounds: int, seconds: float) -> dict[str, list[float]]:
+    """:func:`round_trips` sleeping and polling, taking turns, ``rounds`` times each."""
+    out: dict[str, list[float]] = {"sleep": [], "poll": []}
+    for r in range(rounds):
+        for mode in ("sleep", "poll") if r % 2 == 0 else ("poll", "sleep"):
+            out[mode].append(round_trips(mode == "poll", seconds))
+    return out
 
 
 # ------------------------------------------------------------------ worker side
@@ -197,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     info["loadavg_start"] = info.pop("loadavg")
     procs: list[subprocess.Popen] = []
     runs: dict[tuple[str, str], list[dict]] = {}
+    wakes = wake_cost(args.rounds, args.seconds / 2)
     with tempfile.TemporaryDirectory(prefix="tdreplay-shm-bench-") as tmp:
         work = Path(tmp)
         (work / "schemas").mkdir()
@@ -245,10 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop(procs)
     info["loadavg_end"] = os.getloadavg()
-    return report(args, info, fields, runs, time.perf_counter() - t_start)
+    return report(args, info, fields, runs, wakes, time.perf_counter() - t_start)
 
 
-def report(args: argparse.Namespace, info: dict, fields: dict, runs: dict, wall_s: float) -> int:
+def report(
+    args: argparse.Namespace, info: dict, fields: dict, runs: dict, wakes: dict, wall_s: float
+) -> int:
     import torch
 
     batch = {wl: b for wl, _, b in GROUPS}
@@ -316,6 +373,15 @@ def report(args: argparse.Namespace, info: dict, fields: dict, runs: dict, wall_
         print(
             f"  {case:<12} server {srv:.2f}  learners {cli:.2f}  server share {srv / (srv + cli):.0%}"
         )
+    sleep, poll = (statistics.median(wakes[k]) for k in ("sleep", "poll"))
+    ratio = statistics.median(p / s for p, s in zip(wakes["poll"], wakes["sleep"], strict=True))
+    work = "two bare processes, 90 us of work per round trip"
+    print(
+        f"\n{work}: {sleep:,.0f}/s sleeping for the other's message, {poll:,.0f}/s polling "
+        f"({ratio:.2f}x; a wake-up costs ~{(1 / sleep - 1 / poll) / 2 * 1e6:.0f} us here)"
+    )
+    entries.append(entry("shm", f"{work}: both poll", poll, "round trips/s", "both sleep",
+                         sleep, ratio=ratio))  # fmt: skip
     goals = [e for e in entries if e["goal"] is not None]
     print(f"\n{sum(e['pass'] for e in goals)}/{len(goals)} goals met; {wall_s:.0f}s")
     if args.json:
@@ -328,6 +394,7 @@ def report(args: argparse.Namespace, info: dict, fields: dict, runs: dict, wall_
             rounds=args.rounds,
             seconds=args.seconds,
             runs={f"{wl}: {case}": r for (wl, case), r in runs.items()},
+            wakes=wakes,
             wall_s=wall_s,
         )
     return 1 if args.strict and not all(e["pass"] for e in goals) else 0
