@@ -33,7 +33,7 @@ from ..codec.shm import (
     release_frame,
     sample_frame,
 )
-from ..system import SharedMap, host_id, poll
+from ..system import Poller, SharedMap, host_id
 from . import errors
 from .batches import as_batch
 from .commands import Alloc
@@ -97,6 +97,7 @@ class Channel:
         self.timeout = timeout
         self.lease_slots = lease_slots
         self.poll_s = poll_us * 1e-6
+        self._poller = Poller(self.poll_s)
         #: seconds the last answer took to come (an answer polled for: one that came soon)
         self._waited = math.inf
         # every attribute close() reads is set before anything can fail (__del__ calls it)
@@ -168,9 +169,9 @@ class Channel:
         tight loop is not left idle to be woken for each answer."""
         began = time.perf_counter()
         got = None
-        if self._waited < self.poll_s:
+        if self._waited < self.poll_s and self._poller.ready():
             now = self._now
-            got = poll(lambda: socket.recv_fds(now, FIRST_READ, 4), self.poll_s)
+            got = self._poller.read(lambda: socket.recv_fds(now, FIRST_READ, 4))
         data, fds, _, _ = got if got is not None else socket.recv_fds(self.sock, FIRST_READ, 4)
         self._waited = time.perf_counter() - began
         if not data:

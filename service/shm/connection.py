@@ -19,9 +19,10 @@ meanwhile cannot change a value after it was checked).
 A client calling in a tight loop is polled: after an answer, the connection
 reads its socket for the next request for up to ``--shm-poll-us`` when the
 client asked again that soon the last time, so the server's CPU is not left
-idle to be woken for each call (see :func:`tdreplay.system.poll`). It holds
-the event loop at most :data:`POLL_HOLD` at a time, and does not poll while
-another connection was served within the window.
+idle to be woken for each call (see :class:`tdreplay.system.Poller`, which also
+pauses polling when it does not pay). It holds the event loop at most
+:data:`POLL_HOLD` at a time, and does not poll while another connection was
+served within the window.
 
 A connection is one client thread's: it sends a request and waits for the
 answer. A client that dies, hangs up or sends garbage ends only its
@@ -55,7 +56,7 @@ from tdreplay.codec.shm import (
     read_request,
 )
 from tdreplay.storage import TDReplayError
-from tdreplay.system import poll
+from tdreplay.system import Poller
 
 from ..core import Core
 from ..errors import Unauthorized
@@ -122,6 +123,7 @@ class Connection(Operations, asyncio.Protocol):
         self.frame_timeout = settings.body_timeout
         self.idle_timeout = settings.shm_idle_timeout
         self.poll_s = settings.shm_poll_us * 1e-6
+        self._poller = Poller(self.poll_s)
         self._answered_at = -math.inf  # time.perf_counter() of the last answer sent
         self.authed = False
         self.task: asyncio.Task[None] | None = None
@@ -173,7 +175,7 @@ class Connection(Operations, asyncio.Protocol):
         alone = host.served_by is self or now - host.served_at >= self.poll_s
         host.served_by, host.served_at = self, now
         self._feed(data)
-        if soon and alone:
+        if soon and alone and self._poller.ready():
             self._poll(now + POLL_HOLD)
 
     def _poll(self, hold: float) -> None:
@@ -181,9 +183,11 @@ class Connection(Operations, asyncio.Protocol):
         out, host = self._out, self.server
         if out is None:
             return
-        while self._live() and self._idle() and (began := time.perf_counter()) < hold:
+        while self._live() and self._idle() and self._poller.ready():
+            if (began := time.perf_counter()) >= hold:
+                return
             try:
-                data = poll(out.recv_now, self.poll_s)
+                data = self._poller.read(out.recv_now)
             except OSError:  # the end, which the transport sees too
                 data = None
             host.served_at = now = time.perf_counter()
