@@ -174,16 +174,17 @@ class Connection(Operations, asyncio.Protocol):
         host.served_by, host.served_at = self, now
         self._feed(data)
         if soon and alone:
-            self._poll(now + POLL_HOLD)
+            self._poll()
 
-    def _poll(self, hold: float) -> None:
-        """Serve the requests that come within the window of each answer, until ``hold``."""
+    def _poll(self) -> None:
+        """Serve the requests coming within each answer's window, :data:`POLL_HOLD` at most."""
         out, host = self._out, self.server
         if out is None:
             return
+        hold = time.perf_counter() + POLL_HOLD
         while self._live() and self._idle() and (began := time.perf_counter()) < hold:
             try:
-                data = poll(out.recv_now, self.poll_s)
+                data = poll(out.recv_now, min(self.poll_s, hold - began))
             except OSError:  # the end, which the transport sees too
                 data = None
             host.served_at = now = time.perf_counter()
