@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import fcntl
+import math
 import mmap
 import os
 import socket
@@ -198,12 +199,14 @@ class Poller:
         """Whether polling is worth trying now."""
         return self.seconds > 0 and time.perf_counter() >= self._resume
 
-    def read(self, read: Callable[[], T]) -> T | None:
-        """:func:`poll` ``read`` for up to ``seconds``: its result, or ``None``."""
+    def read(self, read: Callable[[], T], most: float = math.inf) -> T | None:
+        """:func:`poll` ``read`` for up to ``seconds`` (``most``, if less: a poll cut short
+        that finds nothing is no sign polling does not pay): its result, or ``None``."""
         began, cpu = time.perf_counter(), time.thread_time()
-        got = poll(read, self.seconds)
+        got = poll(read, min(self.seconds, most))
         now = time.perf_counter()
-        if got is None or time.thread_time() - cpu < (now - began) / 2:
+        missed = got is None and most >= self.seconds
+        if missed or time.thread_time() - cpu < (now - began) / 2:
             self._resume = now + self.pause
         return got
 

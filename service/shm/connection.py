@@ -176,18 +176,19 @@ class Connection(Operations, asyncio.Protocol):
         host.served_by, host.served_at = self, now
         self._feed(data)
         if soon and alone and self._poller.ready():
-            self._poll(now + POLL_HOLD)
+            self._poll()
 
-    def _poll(self, hold: float) -> None:
-        """Serve the requests that come within the window of each answer, until ``hold``."""
+    def _poll(self) -> None:
+        """Serve the requests coming within each answer's window, :data:`POLL_HOLD` at most."""
         out, host = self._out, self.server
         if out is None:
             return
+        hold = time.perf_counter() + POLL_HOLD
         while self._live() and self._idle() and self._poller.ready():
             if (began := time.perf_counter()) >= hold:
                 return
             try:
-                data = self._poller.read(out.recv_now)
+                data = self._poller.read(out.recv_now, hold - began)
             except OSError:  # the end, which the transport sees too
                 data = None
             host.served_at = now = time.perf_counter()

