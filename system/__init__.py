@@ -37,6 +37,7 @@ __all__ = [
     "pin_malloc",
     "poll",
     "Poller",
+    "cpu_to_spare",
     "sealed_memfd",
     "shm_supported",
     "trim",
@@ -176,6 +177,28 @@ def poll(read: Callable[[], T], seconds: float) -> T | None:
             os.sched_yield()
 
 
+#: seconds a reading of the runnable threads is trusted
+_RUNNABLE_TTL = 0.01
+_runnable: list[float] = [-math.inf, 0.0]  # [when read, whether a CPU was to spare]
+
+
+def cpu_to_spare() -> bool:
+    """Whether the machine had no more runnable threads than CPUs, the caller included, a
+    moment ago (``/proc/loadavg``, read at most every 10 ms; ``True`` where it is
+    missing): polling on a machine with none to spare takes a CPU another thread needs."""
+    now = time.perf_counter()
+    if now - _runnable[0] < _RUNNABLE_TTL:
+        return bool(_runnable[1])
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            running = int(f.read().split()[3].split(b"/")[0])
+        spare = running <= (os.cpu_count() or 1)
+    except (OSError, ValueError, IndexError):
+        spare = True
+    _runnable[0], _runnable[1] = now, spare
+    return spare
+
+
 class Poller:
     """:func:`poll` for up to ``seconds`` while polling pays, and not for ``pause`` seconds
     after a poll that did not: one that found nothing in time, or during which the thread
@@ -184,20 +207,23 @@ class Poller:
     process beside a client and server, polling made one-item calls 2.5x slower).
 
         >>> a, b = socket.socketpair(); a.setblocking(False)
-        >>> poller = Poller(0.0005)
+        >>> poller = Poller(0.0005, spare=lambda: True)
         >>> poller.ready(), poller.read(lambda: a.recv(8)), poller.ready()
         (True, None, False)
         >>> a.close(); b.close()
     """
 
-    def __init__(self, seconds: float, pause: float = 0.05) -> None:
+    def __init__(
+        self, seconds: float, pause: float = 0.05, spare: Callable[[], bool] = cpu_to_spare
+    ) -> None:
         self.seconds = seconds
         self.pause = pause
+        self.spare = spare  # whether the machine has a CPU to spare (:func:`cpu_to_spare`)
         self._resume = 0.0  # time.perf_counter() from which polling is tried again
 
     def ready(self) -> bool:
-        """Whether polling is worth trying now."""
-        return self.seconds > 0 and time.perf_counter() >= self._resume
+        """Whether polling is worth trying now (the machine has a CPU to spare, too)."""
+        return self.seconds > 0 and time.perf_counter() >= self._resume and self.spare()
 
     def read(self, read: Callable[[], T], most: float = math.inf) -> T | None:
         """:func:`poll` ``read`` for up to ``seconds`` (``most``, if less: a poll cut short

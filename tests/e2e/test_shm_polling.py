@@ -25,7 +25,7 @@ from tdreplay.client import ReplayClient
 from tdreplay.client.plans import ClientSettings
 from tdreplay.client.shm import background_thread
 from tdreplay.codec.shm import HEADER, sample_frame
-from tdreplay.system import Poller, poll
+from tdreplay.system import Poller, cpu_to_spare, poll
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create")
 
@@ -62,6 +62,7 @@ def filled(server: Any, name: str) -> None:
 def tight_loop(server: Any, poll_us: int, calls: int) -> tuple[dict[str, float], float]:
     """``calls`` one-item samples in a tight loop by a client polling ``poll_us``: the server's
     polls meanwhile, and how often the calling thread slept per call."""
+    seen = []
     with ReplayClient(server.url, transport="shm", shm_poll_us=poll_us) as c:
         for _ in range(20):
             c.sample("t", 1)
@@ -69,14 +70,26 @@ def tight_loop(server: Any, poll_us: int, calls: int) -> tuple[dict[str, float],
         before, slept = polls(server), sleeps(os.getpid(), me)
         for _ in range(calls):
             c.sample("t", 1)
+            seen.append(cpu_to_spare())
         slept, after = sleeps(os.getpid(), me) - slept, polls(server)
+    if poll_us:
+        spare_or_skip(seen)
     return {k: after[k] - before[k] for k in after}, slept / calls
+
+
+def spare_or_skip(seen: list[bool]) -> None:
+    """Skip the rest of a test about polling happening when the machine had no CPU to spare
+    for most of it (``seen``: :func:`cpu_to_spare` during it): polling is then rightly off
+    (:func:`test_no_polling_while_the_machine_has_no_cpu_to_spare`)."""
+    if sum(seen) < len(seen) / 2:
+        pytest.skip("the machine had no CPU to spare: no polling, as it should")
 
 
 def raw_loop(server: Any, calls: int) -> dict[str, float]:
     """``calls`` one-item samples on a bare socket, each sent as soon as the last answer
     came (no decoding between): the server's polls meanwhile."""
     request = sample_frame("t", slot=0, batch_size=1, timeout=0)
+    seen = []
     with raw(server) as s:
         before = polls(server)
         for _ in range(calls):
@@ -85,23 +98,25 @@ def raw_loop(server: Any, calls: int) -> dict[str, float]:
             for fd in fds:
                 os.close(fd)
             assert reply["ok"] is True
+            seen.append(cpu_to_spare())
         after = polls(server)
+    spare_or_skip(seen)
     return {k: after[k] - before[k] for k in after}
 
 
 def test_a_tight_loop_is_polled_on_both_ends_not_woken(live_server: Any) -> None:
     polled = live_server(shm_poll_us=WIDE)
     filled(polled, "t")
-    # most requests of a bare loop come while the server polls (it polls at most a
-    # millisecond at a time, which the client's own decoding may pass on a busy machine)
-    found = raw_loop(polled, 300)
-    assert found["found"] >= 100 and found["seconds"] > 0, found
-    server, client = tight_loop(polled, WIDE, 300)
-    assert server["found"] + server["missed"] >= 100, server  # the server polled after most
     woken = live_server(shm_poll_us=0)  # the same calls, polling off on both ends
     filled(woken, "t")
     off, client_off = tight_loop(woken, 0, 300)
     assert off == {"found": 0, "missed": 0, "seconds": 0}, off
+    # requests of a bare loop come while the server polls (at most a millisecond at a
+    # time; while the machine has a CPU to spare)
+    found = raw_loop(polled, 300)
+    assert found["found"] > 0 and found["seconds"] > 0, found
+    server, client = tight_loop(polled, WIDE, 300)
+    assert server["found"] + server["missed"] > 0, server
     # the polling thread slept for few answers, the other for most (fewer on a busy machine,
     # where the answer is sometimes there before the thread asks)
     assert client < 0.5 * client_off, (client, client_off)
@@ -114,6 +129,7 @@ def test_a_background_threads_calls_do_not_poll(live_server: Any) -> None:
     server = live_server(shm_poll_us=WIDE)
     filled(server, "t")
     slept: dict[str, float] = {}
+    seen: list[bool] = []
     with ReplayClient(server.url, transport="shm", shm_poll_us=WIDE) as c:
 
         def calls(name: str, background: bool) -> None:
@@ -125,12 +141,14 @@ def test_a_background_threads_calls_do_not_poll(live_server: Any) -> None:
             before = sleeps(os.getpid(), me)
             for _ in range(300):
                 c.sample("t", 1)
+                seen.append(cpu_to_spare())
             slept[name] = (sleeps(os.getpid(), me) - before) / 300
 
         for name in ("polling", "background"):
             thread = threading.Thread(target=calls, args=(name, name == "background"))
             thread.start()
             thread.join()
+    spare_or_skip(seen)
     assert slept["polling"] < 0.5 * slept["background"], slept
 
 
@@ -291,7 +309,7 @@ def test_a_poller_pauses_when_its_thread_loses_the_cpu() -> None:
                 timer = threading.Timer(0.03, lambda: b.send(b"x"))
                 timer.start()  # before this thread is pinned: it runs anywhere
                 os.sched_setaffinity(0, {cpu})
-                poller = Poller(0.5)
+                poller = Poller(0.5, spare=lambda: True)  # the machine's load aside
                 assert poller.read(lambda: a.recv(8)) == b"x"
                 timer.join()
                 return poller.ready()
@@ -307,7 +325,27 @@ def test_a_poller_pauses_when_its_thread_loses_the_cpu() -> None:
     a, b = socket.socketpair()
     with a, b:
         a.setblocking(False)
-        poller = Poller(0.001)
+        poller = Poller(0.001, spare=lambda: True)
         assert poller.read(lambda: a.recv(8)) is None and not poller.ready()
         time.sleep(poller.pause)
         assert poller.ready()
+
+
+def test_no_polling_while_the_machine_has_no_cpu_to_spare() -> None:
+    """With more runnable threads than CPUs (busy processes, one more than the CPUs), a
+    poller does not poll: it would take a CPU another thread needs."""
+    import subprocess
+    import sys
+
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range((os.cpu_count() or 1) + 1)
+    ]
+    try:
+        time.sleep(0.3)  # they run
+        assert not cpu_to_spare()
+        assert not Poller(0.001).ready()
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()

@@ -17,6 +17,7 @@ from test_shm_polling import filled, polls
 from testkit import REPO
 
 from tdreplay.codec.shm import frame, release_frame, sample_frame
+from tdreplay.system import cpu_to_spare
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create")
 
@@ -44,7 +45,7 @@ def test_every_kind_of_request_is_answered_and_counted_from_a_poll(live_server: 
         sample_frame("t", slot=0, batch_size=1, timeout=0),
     ]
     before = shm_requests(server)
-    rounds = []
+    rounds, seen = [], []
     with raw(server) as s:
         for _ in range(3):  # each request sent as soon as the last was answered: polled
             answers = []
@@ -54,11 +55,13 @@ def test_every_kind_of_request_is_answered_and_counted_from_a_poll(live_server: 
                 for fd in fds:
                     os.close(fd)
                 answers.append(reply["ok"])
+                seen.append(cpu_to_spare())
             rounds.append(answers)
     assert rounds[0][:6] == [True, True, True, True, False, True] and rounds[0][-1], rounds
     assert rounds[0] == rounds[1] == rounds[2], rounds
     wait_until(lambda: shm_requests(server) - before == 3 * len(requests))
-    assert polls(server)["found"] > 0  # some were read by the poll
+    if all(seen):  # polling is off while the machine has no CPU to spare
+        assert polls(server)["found"] > 0  # some were read by the poll
     assert "Traceback" not in server.log.read_text()
 
 
@@ -77,18 +80,22 @@ def test_a_client_killed_while_polled_frees_its_connection(live_server: Any) -> 
     server = live_server(shm_poll_us=100_000)
     filled(server, "t")
     before = fd_count(server.proc.pid)
+    seen = []
     for _ in range(2):
         client = subprocess.Popen(
             [sys.executable, "-c", TIGHT, server.url], cwd=REPO, stdout=subprocess.PIPE
         )
         assert client.stdout is not None
         assert client.stdout.readline() == b"calling\n"
-        time.sleep(0.2)
+        for _ in range(20):
+            seen.append(cpu_to_spare())
+            time.sleep(0.01)
         client.send_signal(signal.SIGKILL)
         client.wait()
         client.stdout.close()
     wait_until(lambda: fd_count(server.proc.pid) <= before)
-    assert polls(server)["found"] > 0
+    if all(seen):  # polling is off while the machine has no CPU to spare
+        assert polls(server)["found"] > 0
     with raw(server) as s:  # the server serves on
         s.sendall(sample_frame("t", slot=0, batch_size=1, timeout=0))
         reply, fds = _recv_reply(s)
