@@ -179,23 +179,27 @@ def poll(read: Callable[[], T], seconds: float) -> T | None:
 
 #: seconds a reading of the runnable threads is trusted
 _RUNNABLE_TTL = 0.01
-_runnable: list[float] = [-math.inf, 0.0]  # [when read, whether a CPU was to spare]
+#: [when read, whether a CPU was to spare, whether that reading had more threads than CPUs]
+_runnable: list[float] = [-math.inf, 1.0, 0.0]
 
 
 def cpu_to_spare() -> bool:
     """Whether the machine had no more runnable threads than CPUs, the caller included, a
-    moment ago (``/proc/loadavg``, read at most every 10 ms; ``True`` where it is
-    missing): polling on a machine with none to spare takes a CPU another thread needs."""
+    moment ago: ``False`` once two readings of ``/proc/loadavg`` in a row (read at most
+    every 10 ms) counted more (one such reading is often a passing kernel thread);
+    ``True`` where it is missing. Polling on a machine with no CPU to spare takes a CPU
+    another thread needs."""
     now = time.perf_counter()
     if now - _runnable[0] < _RUNNABLE_TTL:
         return bool(_runnable[1])
     try:
         with open("/proc/loadavg", "rb") as f:
             running = int(f.read().split()[3].split(b"/")[0])
-        spare = running <= (os.cpu_count() or 1)
+        over = running > (os.cpu_count() or 1)
     except (OSError, ValueError, IndexError):
-        spare = True
-    _runnable[0], _runnable[1] = now, spare
+        over = False
+    spare = not (over and _runnable[2])
+    _runnable[0], _runnable[1], _runnable[2] = now, spare, over
     return spare
 
 
