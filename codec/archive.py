@@ -174,7 +174,7 @@ def unpack(
     the new folder ``dest`` (its parent must exist), through an :class:`Unpacker`.
 
     Raises:
-        CodecError: not a whole tar archive; a member that is
+        CodecError: not a whole tar archive (its end blocks included); a member that is
             not a regular file or folder, whose name leaves ``dest`` or is no file name
             there (a NUL, too long, under a file of the archive, named twice); more than
             ``max_members`` members or ``max_bytes`` bytes of files. ``dest`` may then
@@ -264,10 +264,11 @@ class Unpacker:
         """The archive ended here.
 
         Raises:
-            CodecError: it was cut short (in a member, or before any).
+            CodecError: it was cut short (anywhere before its end blocks: a cut on a
+                member's edge leaves out the members after it just as well).
         """
         self.close()
-        if self._state != _END and (self._state != _HEADER or self._block or not self.members):
+        if self._state != _END:
             raise CodecError("not a whole tar archive: it ends early", field="archive")
 
     def close(self) -> None:

@@ -83,6 +83,7 @@ HOSTILE = {
     "the-destination": (_member(".", b"x") + END, "'.'"),
     "name-too-long": (_member("x" * 300, b"x") + END, "xxxx"),
     "path-too-long": (_member("a/" * 3000 + "f", b"x") + END, "a/a/a"),
+    "no-end-blocks": (_member("f", b"x"), "ends early"),
 }
 
 

@@ -54,6 +54,12 @@ def test_a_server_refuses_a_crafted_load_with_400_and_keeps_serving(live_server:
         assert client.export("t") == stored
         transfers = server.root / ".transfers"
         assert not transfers.exists() or not any(transfers.iterdir()), name
+    # a dump without its end blocks is cut short, even at a member's edge
+    whole = client.dump_archives("t")[0]
+    cut = whole.rstrip(b"\0")
+    cut += b"\0" * (-len(cut) % 512)
+    status, body = _loaded(server, cut)
+    assert status == 400 and b"ends early" in body, (status, body[:300])
 
 
 class _Answer(http.server.BaseHTTPRequestHandler):
@@ -88,7 +94,8 @@ def test_a_client_refuses_a_crafted_dump_and_leaves_nothing(
     hostile_server: Any, tmp_path: Path
 ) -> None:
     url = f"http://127.0.0.1:{hostile_server.server_address[1]}"
-    for name, archive in HOSTILE.items():
+    cases = {**HOSTILE, "no-end-blocks": _member("metadata.json", b"{}")}
+    for name, archive in cases.items():
         hostile_server.archive = archive
         client = ReplayClient(url, transport="http", timeout=10)
         with pytest.raises(CodecError):
