@@ -21,9 +21,12 @@ by the checkpoint reader, which never runs code from them.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import os
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -133,6 +136,8 @@ def _member_path(dest: Path, member: tarfile.TarInfo) -> Path:
         raise CodecError(
             f"archive member {member.name!r:.200} leaves the destination", field="archive"
         )
+    if "\0" in member.name:
+        raise CodecError(f"archive member {member.name!r:.200} is no file name", field="archive")
     if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE):
         raise CodecError(
             f"archive member {member.name!r:.200} is not a regular file or folder (links and "
@@ -169,11 +174,12 @@ def unpack(
     the new folder ``dest`` (its parent must exist), through an :class:`Unpacker`.
 
     Raises:
-        CodecError: not a whole tar archive; a member that is not a regular file or
-            folder, or whose name leaves ``dest``; more than ``max_members`` members or
-            ``max_bytes`` bytes of files. ``dest`` may then hold part of the archive:
-            the caller deletes it.
-        FileExistsError: ``dest`` exists, or the archive names a file twice.
+        CodecError: not a whole tar archive (its end blocks included); a member that is
+            not a regular file or folder, whose name leaves ``dest`` or is no file name
+            there (a NUL, too long, under a file of the archive, named twice); more than
+            ``max_members`` members or ``max_bytes`` bytes of files. ``dest`` may then
+            hold part of the archive: the caller deletes it.
+        FileExistsError: ``dest`` exists.
     """
     unpacker = Unpacker(dest, max_bytes=max_bytes, max_members=max_members)
     with open(data, "rb") if isinstance(data, Path) else io.BytesIO(data) as source:
@@ -258,10 +264,11 @@ class Unpacker:
         """The archive ended here.
 
         Raises:
-            CodecError: it was cut short (in a member, or before any).
+            CodecError: it was cut short (anywhere before its end blocks: a cut on a
+                member's edge leaves out the members after it just as well).
         """
         self.close()
-        if self._state != _END and (self._state != _HEADER or self._block or not self.members):
+        if self._state != _END:
             raise CodecError("not a whole tar archive: it ends early", field="archive")
 
     def close(self) -> None:
@@ -289,8 +296,11 @@ class Unpacker:
         except tarfile.HeaderError as err:
             raise CodecError(f"not a whole tar archive: {err}", field="archive") from None
         if info.type == tarfile.XHDTYPE:
-            if info.size > MAX_PAX:
-                raise CodecError(f"an extended header over {MAX_PAX} bytes", field="archive")
+            if not 0 <= info.size <= MAX_PAX:  # a negative one would never be read
+                raise CodecError(
+                    f"an extended header's size, {info.size}, is not 0 to {MAX_PAX} bytes",
+                    field="archive",
+                )
             self._state, self._need, self._pax_size = _PAX, _blocks(info.size), info.size
             return
         self._member(info)
@@ -316,7 +326,8 @@ class Unpacker:
                 f"archive member {info.name!r:.200} has a negative size", field="archive"
             )
         if info.isdir():
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with _refused(info.name):
+                path.mkdir(mode=0o700, parents=True, exist_ok=True)
             return
         self.nbytes += info.size
         if self.nbytes > self.max_bytes:
@@ -325,13 +336,32 @@ class Unpacker:
                 field="archive",
                 got=self.nbytes,
             )
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        self._file = os.fdopen(os.open(path, flags, 0o600), "wb")
+        with _refused(info.name):
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._file = os.fdopen(os.open(path, flags, 0o600), "wb")
         self._state, self._left = _DATA, info.size
         self._padding = _blocks(info.size) - info.size
         if not self._left:
             self._next_block()
+
+
+#: what the file system answers a name the archive chose badly (not a full disk)
+_NAME_ERRORS = {errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.ELOOP}
+
+
+@contextlib.contextmanager
+def _refused(name: str) -> Iterator[None]:
+    """The file system refusing member ``name`` (named twice, under a file of the archive,
+    too long) as the archive's fault: a :class:`CodecError` naming it."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in _NAME_ERRORS:
+            raise
+        raise CodecError(
+            f"archive member {name!r:.200} cannot be written: {err.strerror}", field="archive"
+        ) from None
 
 
 def _pax_records(data: bytes) -> dict[str, str]:
@@ -356,6 +386,6 @@ def _pax_records(data: bytes) -> dict[str, str]:
 
 
 def _pax_int(text: str) -> int:
-    if not text.isdigit() or len(text) > 20:
+    if not (text.isascii() and text.isdigit()) or len(text) > 20:
         raise CodecError(f"not a whole tar archive: {text!r:.40} is no size", field="archive")
     return int(text)
