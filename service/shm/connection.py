@@ -184,7 +184,7 @@ class Connection(Operations, asyncio.Protocol):
         if out is None:
             return
         hold = time.perf_counter() + POLL_HOLD
-        while self._live() and self._idle() and self._poller.ready():
+        while self._serving() and self._poller.ready():
             if (began := time.perf_counter()) >= hold:
                 return
             try:
@@ -199,16 +199,11 @@ class Connection(Operations, asyncio.Protocol):
             host.polls_found += 1
             self._feed(data)
 
-    def _live(self) -> bool:
-        return (
-            self._out is not None
-            and self._transport is not None
-            and not self._transport.is_closing()
-        )
-
-    def _idle(self) -> bool:
-        """Whether the last request is answered and no frame is under way."""
-        return (self.task is None or self.task.done()) and not self._need and not self._buf
+    def _serving(self) -> bool:
+        """Open, the last request answered, and no frame under way."""
+        t, task = self._transport, self.task
+        idle = (task is None or task.done()) and not self._need and not self._buf
+        return self._out is not None and t is not None and not t.is_closing() and idle
 
     def _feed(self, data: bytes) -> None:
         self._buf += data
