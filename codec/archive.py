@@ -17,6 +17,7 @@ by the checkpoint reader, which never runs code from them.
     >>> unpack(pack(src), dest, max_bytes=1 << 20)
     >>> (dest / "sub" / "x.bin").read_bytes()
     b'abc'
+    >>> import shutil; shutil.rmtree(src); shutil.rmtree(dest.parent)
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Packed:
         >>> packed = Packed(src)
         >>> len(packed), bytes(packed.read(512, 3))
         (10240, b'abc')
+        >>> import shutil; shutil.rmtree(src)
 
     Raises:
         CodecError: ``folder`` holds a link or a special file.
@@ -210,6 +212,7 @@ class Unpacker:
         ...     unpacker.feed(archive[at : at + 100])
         >>> unpacker.finish(); (unpacker.dest / "x.bin").read_bytes()
         b'abc'
+        >>> import shutil; shutil.rmtree(src); shutil.rmtree(unpacker.dest.parent)
 
     Raises (from :meth:`feed` and :meth:`finish`): as :func:`unpack`; ``dest`` may then
     hold part of the archive: the caller deletes it.
