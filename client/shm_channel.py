@@ -96,8 +96,7 @@ class Channel:
     ) -> None:
         self.timeout = timeout
         self.lease_slots = lease_slots
-        self.poll_s = poll_us * 1e-6
-        self._poller = Poller(self.poll_s)
+        self._poller = Poller(poll_us * 1e-6)
         #: seconds the last answer took to come (an answer polled for: one that came soon)
         self._waited = math.inf
         # every attribute close() reads is set before anything can fail (__del__ calls it)
@@ -164,12 +163,12 @@ class Channel:
         """One reply frame's body and the descriptors that came with it, read with as few
         system calls as it takes (a hot reply: one).
 
-        When the last answer came within ``poll_s``, the socket is polled that long before
-        the read sleeps in the kernel (:func:`tdreplay.system.poll`): a thread calling in a
-        tight loop is not left idle to be woken for each answer."""
+        When the last answer came within the poll window, the socket is polled that long
+        before the read sleeps in the kernel (:class:`tdreplay.system.Poller`): a thread
+        calling in a tight loop is not left idle to be woken for each answer."""
         began = time.perf_counter()
         got = None
-        if self._waited < self.poll_s and self._poller.ready():
+        if self._poller.ready(self._waited):
             now = self._now
             got = self._poller.read(lambda: socket.recv_fds(now, FIRST_READ, 4))
         data, fds, _, _ = got if got is not None else socket.recv_fds(self.sock, FIRST_READ, 4)

@@ -154,8 +154,8 @@ def poll(read: Callable[[], T], seconds: float) -> T | None:
     waking an idle CPU costs tens of microseconds on a virtual machine (measured here:
     ~35 µs a wake-up, two per round trip). Polling for an answer that comes soon keeps
     the CPU awake, for the CPU time the polling burns; both ends of the same-host
-    socket poll only while the other end answered within the window the last time,
-    through a :class:`Poller`. Between reads the thread yields its CPU
+    socket poll through a :class:`Poller`, only while the other end answered within the
+    window the last time. Between reads the thread yields its CPU
     (``sched_yield``) to any other thread that wants it.
 
         >>> a, b = socket.socketpair(); a.setblocking(False)
@@ -203,10 +203,17 @@ def cpu_to_spare() -> bool:
     return spare
 
 
+#: seconds a poll may spend off its CPU before that counts as losing it (a passing
+#: interrupt or kernel thread takes tens of microseconds; a busy thread beside the poller
+#: takes milliseconds)
+LOST_CPU = 0.0005
+
+
 class Poller:
-    """:func:`poll` for up to ``seconds`` while polling pays, and not for ``pause`` seconds
-    after a poll that did not: one that found nothing in time, or during which the thread
-    lost its CPU for half the time or more (the machine has more runnable threads than
+    """:func:`poll` for up to ``seconds`` while polling pays: when the other end's last
+    answer (or request) came within ``seconds``, and not for ``pause`` seconds after a
+    poll that did not pay: one that found nothing in time, or during which the thread
+    lost its CPU for half the time or more, and :data:`LOST_CPU` at least (the machine has more runnable threads than
     CPUs: a thread polling then holds a CPU the answer needs; measured here with one busy
     process beside a client and server, polling made one-item calls 2.5x slower).
 
@@ -225,9 +232,10 @@ class Poller:
         self.spare = spare  # whether the machine has a CPU to spare (:func:`cpu_to_spare`)
         self._resume = 0.0  # time.perf_counter() from which polling is tried again
 
-    def ready(self) -> bool:
-        """Whether polling is worth trying now (the machine has a CPU to spare, too)."""
-        return self.seconds > 0 and time.perf_counter() >= self._resume and self.spare()
+    def ready(self, waited: float = 0.0) -> bool:
+        """Whether polling is worth trying now, the other end's last answer having taken
+        ``waited`` seconds to come (the machine must have a CPU to spare, too)."""
+        return waited < self.seconds and time.perf_counter() >= self._resume and self.spare()
 
     def read(self, read: Callable[[], T], most: float = math.inf) -> T | None:
         """:func:`poll` ``read`` for up to ``seconds`` (``most``, if less: a poll cut short
@@ -236,7 +244,8 @@ class Poller:
         got = poll(read, min(self.seconds, most))
         now = time.perf_counter()
         missed = got is None and most >= self.seconds
-        if missed or time.thread_time() - cpu < (now - began) / 2:
+        lost = (now - began) - (time.thread_time() - cpu)  # off its CPU meanwhile
+        if missed or (lost > LOST_CPU and lost > (now - began) / 2):
             self._resume = now + self.pause
         return got
 

@@ -13,8 +13,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from test_codec_archive import _fds, _fed
 
-from tdreplay.codec.archive import Unpacker
 from tdreplay.codec.errors import CodecError
 
 END = b"\0" * 1024
@@ -51,22 +51,6 @@ def _extended(records: bytes, size: int | None = None) -> bytes:
     return bytes(block) + records + b"\0" * (-len(records) % 512)
 
 
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def _fed(archive: bytes, dest: Path, sizes: list[int], **limits: int) -> Unpacker:
-    unpacker = Unpacker(dest, max_bytes=limits.get("max_bytes", 1 << 20),
-                        max_members=limits.get("max_members", 1000))  # fmt: skip
-    at, turn = 0, 0
-    while at < len(archive):
-        n = sizes[turn % len(sizes)]
-        unpacker.feed(archive[at : at + n])
-        at, turn = at + n, turn + 1
-    unpacker.finish()
-    return unpacker
-
-
 HOSTILE = {
     "negative-extended-size": (_extended(b"", size=-600) + _member("f", b"x") + END, "size"),
     "superscript-size": (_extended(_record(b"size", "²".encode())) + _member("f", b"x"), "no size"),
@@ -97,7 +81,7 @@ def test_a_hostile_archive_is_refused_with_a_codec_error(
     for i, sizes in enumerate([[1, 700], [512], [len(archive) + 1]]):
         fds = _fds()
         with pytest.raises(CodecError) as err:
-            _fed(archive, tmp_path / f"d{i}", sizes)
+            _fed(archive, tmp_path / f"d{i}", sizes, max_bytes=1 << 20)
         assert match in str(err.value), err.value
         assert _fds() == fds
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d0", "d1", "d2"]
@@ -190,6 +174,9 @@ def test_damaged_archives_give_a_codec_error_or_files_never_anything_else(
             fds, sandbox = _fds(), work / f"m{i}"
             sandbox.mkdir()
             with contextlib.suppress(CodecError):  # refused, or unpacked: either is fine
-                _fed(_mutated(rng, archive), sandbox / "dest", _pieces(rng), max_members=50)
+                _fed(
+                    _mutated(rng, archive), sandbox / "dest", _pieces(rng),
+                    max_bytes=1 << 20, max_members=50,
+                )  # fmt: skip
             assert _fds() == fds, (seed, i)
             assert os.listdir(sandbox) == ["dest"], (seed, i)

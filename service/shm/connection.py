@@ -122,8 +122,7 @@ class Connection(Operations, asyncio.Protocol):
         self.limit = settings.max_body_bytes
         self.frame_timeout = settings.body_timeout
         self.idle_timeout = settings.shm_idle_timeout
-        self.poll_s = settings.shm_poll_us * 1e-6
-        self._poller = Poller(self.poll_s)
+        self._poller = Poller(settings.shm_poll_us * 1e-6)
         self._answered_at = -math.inf  # time.perf_counter() of the last answer sent
         self.authed = False
         self.task: asyncio.Task[None] | None = None
@@ -170,12 +169,12 @@ class Connection(Operations, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
-        soon = now - self._answered_at < self.poll_s
+        waited = now - self._answered_at  # since the last answer: read before this one's
         host = self.server
-        alone = host.served_by is self or now - host.served_at >= self.poll_s
+        alone = host.served_by is self or now - host.served_at >= self._poller.seconds
         host.served_by, host.served_at = self, now
         self._feed(data)
-        if soon and alone and self._poller.ready():
+        if alone and self._poller.ready(waited):
             self._poll()
 
     def _poll(self) -> None:
