@@ -207,15 +207,24 @@ def cpu_to_spare() -> bool:
 #: interrupt or kernel thread takes tens of microseconds; a busy thread beside the poller
 #: takes milliseconds)
 LOST_CPU = 0.0005
+#: seconds a :class:`Poller` pauses after a poll that did not pay (doubled for each more
+#: in a row)
+FIRST_PAUSE = 0.001
 
 
 class Poller:
     """:func:`poll` for up to ``seconds`` while polling pays: when the other end's last
-    answer (or request) came within ``seconds``, and not for ``pause`` seconds after a
-    poll that did not pay: one that found nothing in time, or during which the thread
-    lost its CPU for half the time or more, and :data:`LOST_CPU` at least (the machine has more runnable threads than
-    CPUs: a thread polling then holds a CPU the answer needs; measured here with one busy
-    process beside a client and server, polling made one-item calls 2.5x slower).
+    answer (or request) came within ``seconds``, and not for a while after a poll that did
+    not pay: one that found nothing in time, or during which the thread lost its CPU for
+    half the time or more, and :data:`LOST_CPU` at least (the machine has more runnable
+    threads than CPUs: a thread polling then holds a CPU the answer needs; measured here
+    with one busy process beside a client and server, polling made one-item calls 2.5x
+    slower).
+
+    The pause doubles with each such poll in a row, from :data:`FIRST_PAUSE` up to
+    ``pause`` seconds, and a poll that pays ends the run: one passing interrupt costs a
+    millisecond of polling, not ``pause`` (a tight loop of one-item calls makes ten in a
+    millisecond and hundreds in 50), while a busy machine is polled a few times a second.
 
         >>> a, b = socket.socketpair(); a.setblocking(False)
         >>> poller = Poller(0.0005, spare=lambda: True)
@@ -230,23 +239,29 @@ class Poller:
         self.seconds = seconds
         self.pause = pause
         self.spare = spare  # whether the machine has a CPU to spare (:func:`cpu_to_spare`)
-        self._resume = 0.0  # time.perf_counter() from which polling is tried again
+        self.resume = 0.0  # time.perf_counter() from which polling is tried again
+        self.unpaid = 0  # polls in a row that did not pay
+        self.polls = 0  # polls so far
 
     def ready(self, waited: float = 0.0) -> bool:
         """Whether polling is worth trying now, the other end's last answer having taken
         ``waited`` seconds to come (the machine must have a CPU to spare, too)."""
-        return waited < self.seconds and time.perf_counter() >= self._resume and self.spare()
+        return waited < self.seconds and time.perf_counter() >= self.resume and self.spare()
 
     def read(self, read: Callable[[], T], most: float = math.inf) -> T | None:
         """:func:`poll` ``read`` for up to ``seconds`` (``most``, if less: a poll cut short
         that finds nothing is no sign polling does not pay): its result, or ``None``."""
+        self.polls += 1
         began, cpu = time.perf_counter(), time.thread_time()
         got = poll(read, min(self.seconds, most))
         now = time.perf_counter()
         missed = got is None and most >= self.seconds
         lost = (now - began) - (time.thread_time() - cpu)  # off its CPU meanwhile
         if missed or (lost > LOST_CPU and lost > (now - began) / 2):
-            self._resume = now + self.pause
+            self.unpaid += 1
+            self.resume = now + min(self.pause, FIRST_PAUSE * 2 ** min(self.unpaid - 1, 32))
+        elif got is not None:
+            self.unpaid = 0
         return got
 
 

@@ -115,10 +115,14 @@ def test_a_tight_loop_is_polled_on_both_ends_not_woken(live_server: Any) -> None
     # time; while the machine has a CPU to spare)
     found = raw_loop(polled, 300)
     assert found["found"] > 0 and found["seconds"] > 0, found
-    server, client = tight_loop(polled, WIDE, 300)
-    assert server["found"] + server["missed"] > 0, server
     # the polling thread slept for few answers, the other for most (fewer on a busy machine,
-    # where the answer is sometimes there before the thread asks)
+    # where the answer is sometimes there before the thread asks); up to three rounds:
+    # another process taking the polling thread's CPU rightly pauses its polling a while
+    for _ in range(3):
+        server, client = tight_loop(polled, WIDE, 300)
+        assert server["found"] + server["missed"] > 0, server
+        if client < 0.5 * client_off:
+            break
     assert client < 0.5 * client_off, (client, client_off)
 
 
@@ -129,27 +133,31 @@ def test_a_background_threads_calls_do_not_poll(live_server: Any) -> None:
     server = live_server(shm_poll_us=WIDE)
     filled(server, "t")
     slept: dict[str, float] = {}
+    polled: dict[str, int] = {}
     seen: list[bool] = []
     with ReplayClient(server.url, transport="shm", shm_poll_us=WIDE) as c:
 
-        def calls(name: str, background: bool) -> None:
-            if background:
+        def calls(name: str) -> None:
+            if name == "background":
                 background_thread()
             for _ in range(20):
                 c.sample("t", 1)
-            me = threading.get_native_id()
-            before = sleeps(os.getpid(), me)
+            me, poller = threading.get_native_id(), c._link(0).channel()._poller
+            before, polls = sleeps(os.getpid(), me), poller.polls
             for _ in range(300):
                 c.sample("t", 1)
-                seen.append(cpu_to_spare())
+                if name == "polling":
+                    seen.append(cpu_to_spare())
             slept[name] = (sleeps(os.getpid(), me) - before) / 300
+            polled[name] = poller.polls - polls
 
-        for name in ("polling", "background"):
-            thread = threading.Thread(target=calls, args=(name, name == "background"))
+        for name in ("background", "polling"):
+            thread = threading.Thread(target=calls, args=(name,))
             thread.start()
             thread.join()
+    assert polled["background"] == 0 and slept["background"] > 0.5, (polled, slept)
     spare_or_skip(seen)
-    assert slept["polling"] < 0.5 * slept["background"], slept
+    assert polled["polling"] > 0, (polled, slept)
 
 
 def test_a_client_that_pauses_between_calls_costs_no_polling(live_server: Any) -> None:
@@ -312,7 +320,7 @@ def test_a_poller_pauses_when_its_thread_loses_the_cpu() -> None:
                 poller = Poller(0.5, spare=lambda: True)  # the machine's load aside
                 assert poller.read(lambda: a.recv(8)) == b"x"
                 timer.join()
-                return poller.ready()
+                return poller.unpaid == 0
         finally:
             os.sched_setaffinity(0, mask)
             if hog is not None:
@@ -322,13 +330,28 @@ def test_a_poller_pauses_when_its_thread_loses_the_cpu() -> None:
     # alone on its CPU (on a busy machine, other tests' processes may share it: a few tries)
     assert any(poll_once(busy=False) for _ in range(5))
     assert poll_once(busy=True) is False
+
+
+def test_a_pollers_pause_doubles_while_polls_do_not_pay() -> None:
+    """A poll that finds nothing pauses polling for a millisecond, the next one in a row
+    for two, and so on up to ``pause``; one that finds its answer ends the run: a passing
+    hiccup costs a tight loop a millisecond of polling, a machine where polling never
+    pays is polled a few times a second."""
     a, b = socket.socketpair()
     with a, b:
         a.setblocking(False)
-        poller = Poller(0.001, spare=lambda: True)
-        assert poller.read(lambda: a.recv(8)) is None and not poller.ready()
-        time.sleep(poller.pause)
-        assert poller.ready()
+        poller = Poller(0.0002, pause=0.016, spare=lambda: True)
+        for unpaid, paused in enumerate((0.001, 0.002, 0.004, 0.008, 0.016, 0.016), 1):
+            assert poller.read(lambda: a.recv(8)) is None
+            left = poller.resume - time.perf_counter()
+            assert poller.unpaid == unpaid and paused - 0.001 < left <= paused, (unpaid, left)
+            assert not poller.ready()
+            time.sleep(left)
+            assert poller.ready()
+        b.send(b"x")
+        assert poller.read(lambda: a.recv(8)) == b"x" and poller.unpaid == 0 and poller.ready()
+        assert poller.read(lambda: a.recv(8)) is None
+        assert 0 < poller.resume - time.perf_counter() <= 0.001
 
 
 def test_no_polling_while_the_machine_has_no_cpu_to_spare() -> None:
