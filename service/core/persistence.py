@@ -49,7 +49,7 @@ from .paths import (
     relative,
 )
 from .served import CorePart
-from .uploads import Upload, Uploads
+from .uploads import Upload, Uploads, finish
 
 log = logging.getLogger("tdreplay.service")
 
@@ -172,9 +172,10 @@ class PersistenceOps(CorePart):
         )
         return written
 
-    async def dump(self, name: str) -> Path:
-        """A fresh checkpoint of a table as one archive (:mod:`tdreplay.codec.archive`), for
-        the caller to send and then delete; nothing else of it stays behind.
+    async def dump(self, name: str) -> Packed:
+        """A fresh checkpoint of a table, as the archive its folder makes (read a part at a
+        time: the disk holds its files once), for the caller to send and then delete
+        (``shutil.rmtree(packed.folder)``); nothing else of it stays behind.
 
         Raises:
             TableNotFound: no such table.
@@ -184,11 +185,10 @@ class PersistenceOps(CorePart):
         folder = self._scratch(name)
         try:
             await self.checkpoint_to(name, folder)
-            archive = folder.with_suffix(".tar")
-            await run_in_threadpool(_write_archive, folder, archive)
-        finally:
+            return await run_in_threadpool(Packed, folder)
+        except BaseException:
             await run_in_threadpool(shutil.rmtree, folder, True)
-        return archive
+            raise
 
     async def load(self, name: str, data: bytes | memoryview) -> dict[str, Any]:
         """Replace (or create) a table from an archive :meth:`dump` made of it; returns its info.
@@ -203,8 +203,10 @@ class PersistenceOps(CorePart):
             InvalidCheckpoint, CheckpointError: it cannot be restored.
         """
         folder = self._scratch(name)
+        limit = max(self.settings.max_body_bytes, self.settings.max_load_bytes)
         try:
-            handle = await self._restore_archive(name, bytes(data), folder)
+            await run_in_threadpool(archive_unpack, bytes(data), folder, max_bytes=limit)
+            handle = await self.restore_from(name, folder)
         finally:
             await run_in_threadpool(shutil.rmtree, folder, True)
         return await handle.info()
@@ -238,7 +240,7 @@ class PersistenceOps(CorePart):
         """
         began = time.monotonic()
         async with self.uploads.committing(name, params.upload) as upload:
-            handle = await self._restore_archive(name, upload.archive, upload.folder / "dump")
+            handle = await self.restore_from(name, await run_in_threadpool(finish, upload))
         log.info(
             "table %r loaded from %d bytes in parts (load %s) in %.2f s",
             name,
@@ -251,12 +253,6 @@ class PersistenceOps(CorePart):
     async def load_abort(self, name: str, params: LoadUpload) -> bool:
         """Drop a load in parts and its staged bytes; whether it was under way."""
         return await self.uploads.abort(name, params.upload)
-
-    async def _restore_archive(self, name: str, archive: bytes | Path, folder: Path) -> TableHandle:
-        """Unpack ``archive`` (untrusted) into the new ``folder`` and restore ``name`` from it."""
-        limit = max(self.settings.max_body_bytes, self.settings.max_load_bytes)
-        await run_in_threadpool(lambda: archive_unpack(archive, folder, max_bytes=limit))
-        return await self.restore_from(name, folder)
 
     async def checkpoint_to(self, name: str, path: Path | None = None) -> Path:
         """Checkpoint ``name`` to ``path`` (default ``checkpoints/<name>``); the folder written."""
@@ -337,13 +333,3 @@ def _checkpoint(table: Table, target: Path) -> tuple[Path, int, int]:
     written = table.checkpoint(target)
     nbytes = sum(f.stat().st_size for f in written.rglob("*") if f.is_file())
     return written, table.size, nbytes
-
-
-def _write_archive(folder: Path, archive: Path) -> None:
-    """The archive of ``folder`` into the file ``archive``, a chunk in memory at a time."""
-    try:
-        with archive.open("wb") as f:
-            Packed(folder).write_to(f)
-    except BaseException:
-        archive.unlink(missing_ok=True)
-        raise

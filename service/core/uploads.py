@@ -1,23 +1,25 @@
-"""Loads in parts: a table's archive larger than one request body, staged on the server's
-disk part by part, restored only once whole.
+"""Loads in parts: a table's archive larger than one request body, unpacked on the server's
+disk part by part as it comes, restored only once whole.
 
-A load in one request is bounded by ``--max-body-bytes``; a dump of a bigger
-table goes up as an *upload*: ``load_begin`` declares the archive's size (at most
-``--max-load-bytes``) and the server answers the upload's id and the part size
-(its body limit); each ``load_part`` is one request within that limit, written
-at its offset into the upload's file; ``load_commit`` unpacks and restores it
-(:meth:`~.persistence.PersistenceOps.load_commit`); ``load_abort`` drops it.
+A load in one request is bounded by ``--max-body-bytes``; a dump of a bigger table goes up
+as an *upload*: ``load_begin`` declares the archive's size (at most ``--max-load-bytes``)
+and the server answers the upload's id and the part size (its body limit); each
+``load_part`` is one request within that limit, its bytes fed straight to a
+:class:`~tdreplay.codec.archive.Unpacker` into the upload's folder (the archive is never
+held whole: the disk holds the table's files once); ``load_commit`` checks the archive
+ended and restores the table (:meth:`~.persistence.PersistenceOps.load_commit`);
+``load_abort`` drops it.
 
-The server names everything: the id is random, the folder
-``<root>/.transfers/load-<id>/`` is made by the server, and a request
-names an upload only by its id, looked up here - no client path reaches the
-disk. Parts come in order: a part must start where the bytes received end (a
-retry may repeat bytes received already; they must be the same), and may not
-run past the declared size. The first 512 bytes must be a tar header
-(:func:`~tdreplay.codec.archive.check_start`), checked once they are in. A part
-refused changes nothing. An upload idle for ``--load-timeout`` seconds is
-deleted, as is one whose commit failed, every one at shutdown, and (what a
-crash left) every one at start with the rest of ``.transfers``. At most
+The server names everything: the id is random, the folder ``<root>/.transfers/load-<id>/``
+is made by the server, and a request names an upload only by its id, looked up here - no
+client path reaches the disk. Parts come in order: a part must start where the bytes
+received end, and may not run past the declared size; a retry may send the last part
+again as it was (same offset, size and bytes: told by its digest), answered as the first
+time. The first 512 bytes must be a tar header (:func:`~tdreplay.codec.archive.check_start`).
+A part refused for its place, size or first block changes nothing; one the archive's reader
+refuses (a damaged member, half written by then) ends the upload. An upload idle for
+``--load-timeout`` seconds is deleted, as is one whose commit failed, every one at shutdown,
+and (what a crash left) every one at start with the rest of ``.transfers``. At most
 :data:`MAX_UPLOADS` are open at once: one more drops the one idle longest.
 """
 
@@ -25,10 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,7 +38,7 @@ from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
 
-from tdreplay.codec.archive import check_start
+from tdreplay.codec.archive import Unpacker, check_start
 from tdreplay.storage import (
     InsufficientStorage,
     InvalidRequest,
@@ -58,8 +60,9 @@ HEADER = 512
 
 @dataclass(eq=False)
 class Upload:
-    """One load in parts under way: the table it loads, its id, declared size, staging
-    folder and the bytes received so far (in order, from the start)."""
+    """One load in parts under way: the table it loads, its id, declared size, folder, the
+    bytes received so far (in order, from the start) and the reader they went through
+    (made by :meth:`Uploads.begin`)."""
 
     table: str
     id: str
@@ -69,10 +72,9 @@ class Upload:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     timer: asyncio.TimerHandle | None = None
     touched: float = 0.0  # when a request on it last ended (time.monotonic())
-
-    @property
-    def archive(self) -> Path:
-        return self.folder / "archive.tar"
+    unpacker: Unpacker | None = None
+    head: bytes = b""  # the archive's first bytes, up to its first header's 512
+    last: tuple[int, int, bytes] = (0, 0, b"")  # the last part: offset, end, digest
 
 
 class Uploads:
@@ -87,6 +89,8 @@ class Uploads:
     def __init__(self, scratch: Path, settings: Settings) -> None:
         self.scratch = scratch
         self.max_bytes = settings.max_load_bytes
+        #: the most bytes of files an archive may unpack into
+        self.unpack_bytes = max(settings.max_body_bytes, settings.max_load_bytes)
         self.part_bytes = settings.max_body_bytes
         self.idle = settings.load_timeout
         self._open: dict[str, Upload] = {}
@@ -127,7 +131,7 @@ class Uploads:
             )
         upload_id = uuid.uuid4().hex
         upload = Upload(table, upload_id, size, self.scratch / f"load-{upload_id}")
-        await run_in_threadpool(_make, upload)
+        await run_in_threadpool(_make, upload, self.unpack_bytes)
         self._open[upload.id] = upload
         self._arm(upload)
         return upload
@@ -135,13 +139,15 @@ class Uploads:
     async def part(
         self, table: str, upload_id: str, offset: int, read: Callable[[], Awaitable[memoryview]]
     ) -> Upload:
-        """Write the part ``read()`` gives (the request's body, read once the upload is
+        """Unpack the part ``read()`` gives (the request's body, read once the upload is
         found and held, so it does not expire meanwhile) at ``offset``.
 
         Raises:
             InvalidRequest: no such upload of ``table``; the part is empty, leaves a gap,
-                runs past the declared size, or repeats received bytes with others.
-            CodecError: the archive's first 512 bytes are not a tar header.
+                runs past the declared size, or repeats received bytes other than the
+                last part's, as it was.
+            CodecError: the archive's first 512 bytes are not a tar header; or the
+                archive's reader refused a member (the upload is then dropped).
             InsufficientStorage: the disk filled up (the upload is then dropped).
         """
         upload = self.find(table, upload_id)
@@ -150,18 +156,21 @@ class Uploads:
             self.find(table, upload_id)  # dropped meanwhile (an abort)?
             end = offset + len(data)
             _check_part(upload, offset, end)
+            if offset < upload.received:
+                await run_in_threadpool(_check_repeat, upload, offset, end, data)
+                self._arm(upload)
+                return upload
+            head = upload.head
+            if len(head) < HEADER:
+                head += bytes(data[: HEADER - len(head)])
+                if len(head) == HEADER:
+                    check_start(head)  # refused: as if never sent
             try:
-                await run_in_threadpool(_write, upload, offset, data)
-            except InsufficientStorage:
+                digest = await run_in_threadpool(_feed, upload, data)
+            except BaseException:
                 await self.drop(upload)
                 raise
-            before, upload.received = upload.received, max(upload.received, end)
-            if before < HEADER <= upload.received:
-                try:
-                    await run_in_threadpool(_check_header, upload)
-                except Exception:
-                    upload.received = before  # refused: as if never sent
-                    raise
+            upload.head, upload.received, upload.last = head, end, (offset, end, digest)
             self._arm(upload)
         return upload
 
@@ -190,7 +199,7 @@ class Uploads:
         try:
             yield upload
         finally:
-            await run_in_threadpool(shutil.rmtree, upload.folder, True)
+            await run_in_threadpool(_delete, upload)
 
     async def abort(self, table: str, upload_id: str) -> bool:
         """Drop upload ``upload_id`` of ``table`` (a part being received ends first); whether
@@ -249,7 +258,7 @@ class Uploads:
     async def drop(self, upload: Upload) -> None:
         """Forget ``upload`` and delete its folder."""
         self._forget(upload)
-        await run_in_threadpool(shutil.rmtree, upload.folder, True)
+        await run_in_threadpool(_delete, upload)
 
     async def close(self) -> None:
         """Drop every upload (the server is stopping)."""
@@ -285,13 +294,19 @@ class Uploads:
             upload.size,
         )
         self._forget(upload)
-        asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, upload.folder, True)
+        asyncio.get_running_loop().run_in_executor(None, _delete, upload)
 
 
-def _make(upload: Upload) -> None:
+def _make(upload: Upload, max_bytes: int) -> None:
     upload.folder.parent.mkdir(mode=0o700, exist_ok=True)
     upload.folder.mkdir(mode=0o700)
-    upload.archive.touch(mode=0o600, exist_ok=False)
+    upload.unpacker = Unpacker(upload.folder / "dump", max_bytes=max_bytes)
+
+
+def _delete(upload: Upload) -> None:
+    if upload.unpacker is not None:
+        upload.unpacker.close()
+    shutil.rmtree(upload.folder, True)
 
 
 def _check_part(upload: Upload, offset: int, end: int) -> None:
@@ -321,38 +336,62 @@ def _check_part(upload: Upload, offset: int, end: int) -> None:
         )
 
 
-def _write(upload: Upload, offset: int, data: memoryview) -> None:
-    """Write ``data`` at ``offset``: the bytes received already are compared (a retry's
-    repeat), the rest written.
+def _digest(data: memoryview) -> bytes:
+    return zlib.crc32(data).to_bytes(4, "big")
+
+
+def _check_repeat(upload: Upload, offset: int, end: int, data: memoryview) -> None:
+    """Refuse a part over bytes received unless it is the last part again, as it was (a
+    retry of a part whose answer was lost).
 
     Raises:
-        InvalidRequest: a repeated byte differs.
+        InvalidRequest: it is not.
+    """
+    table, (last, last_end, digest) = upload.table, upload.last
+    if (offset, end) != (last, last_end):
+        raise InvalidRequest(
+            f"table {table!r}: a part of load {upload.id} at offset {offset} repeats bytes "
+            f"received ({upload.received} are in): only the last part, from {last} to "
+            f"{last_end}, may be sent again, as it was",
+            table=table,
+            field="offset",
+            expected=upload.received,
+            got=offset,
+        )
+    if _digest(data) != digest:
+        raise InvalidRequest(
+            f"table {table!r}: a part of load {upload.id} at offset {offset} differs from the "
+            "bytes received there; a retry sends the same bytes",
+            table=table,
+            field="body",
+        )
+
+
+def _feed(upload: Upload, data: memoryview) -> bytes:
+    """Unpack ``data``, the archive's next bytes; their digest.
+
+    Raises:
+        CodecError: the archive's reader refused a member.
         InsufficientStorage: the disk is full.
     """
-    seen = max(0, min(upload.received - offset, len(data)))
-    fd = os.open(upload.archive, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    assert upload.unpacker is not None
     try:
-        if seen and os.pread(fd, seen, offset) != data[:seen]:
-            raise InvalidRequest(
-                f"table {upload.table!r}: a part of load {upload.id} at offset {offset} differs "
-                f"from the bytes received there; a retry sends the same bytes",
-                table=upload.table,
-                field="body",
-            )
-        pos, rest = offset + seen, data[seen:]
-        while rest:
-            n = os.pwrite(fd, rest, pos)
-            pos, rest = pos + n, rest[n:]
+        upload.unpacker.feed(data)
     except OSError as err:
         if is_disk_full(err):
             raise insufficient_storage(
                 f"load of table {upload.table!r}", upload.folder, err
             ) from None
         raise
-    finally:
-        os.close(fd)
+    return _digest(data)
 
 
-def _check_header(upload: Upload) -> None:
-    with upload.archive.open("rb") as f:
-        check_start(f.read(HEADER))
+def finish(upload: Upload) -> Path:
+    """The folder ``upload``'s whole archive went into (its commit).
+
+    Raises:
+        CodecError: the archive did not end there (its end blocks are missing).
+    """
+    assert upload.unpacker is not None
+    upload.unpacker.finish()
+    return upload.unpacker.dest

@@ -9,14 +9,18 @@ so a client keeps a table's whole state on its own side.
 from __future__ import annotations
 
 import contextlib
+import shutil
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import protocol
+from tdreplay.codec.archive import CHUNK as ARCHIVE_CHUNK
 from tdreplay.codec.operations import (
     CHECKPOINT,
     DUMP,
@@ -122,7 +126,7 @@ async def export(
 @declare(
     router,
     DUMP,
-    response_class=FileResponse,
+    response_class=StreamingResponse,
     responses={
         200: {
             "description": "A fresh checkpoint of the table as a tar archive.",
@@ -131,18 +135,27 @@ async def export(
         **error_responses(TableNotFound, CheckpointError, InsufficientStorage),
     },
 )
-async def dump(name: TableName, core: CoreDep) -> FileResponse:
+async def dump(name: TableName, core: CoreDep) -> StreamingResponse:
     """The table's data and state (a fresh checkpoint) as one archive, for ``load`` to restore."""
-    archive = await core.dump(name)
+    packed = await core.dump(name)
 
-    def cleanup() -> None:
-        with contextlib.suppress(OSError):
-            archive.unlink()
+    def cleanup() -> None:  # run after the answer, and after a client gone midway (tested)
+        shutil.rmtree(packed.folder, ignore_errors=True)
 
-    return FileResponse(
-        archive,
+    async def parts() -> AsyncIterator[memoryview]:
+        for at in range(0, len(packed), ARCHIVE_CHUNK):
+            part = await run_in_threadpool(packed.read, at, ARCHIVE_CHUNK)
+            if at + ARCHIVE_CHUNK >= len(packed):  # all read: gone before the last bytes go
+                await run_in_threadpool(cleanup)
+            yield memoryview(part)
+
+    return StreamingResponse(
+        parts(),
         media_type=protocol.TAR,
-        filename=f"{name}.tar",
+        headers={
+            "Content-Length": str(len(packed)),
+            "Content-Disposition": f'attachment; filename="{name}.tar"',
+        },
         background=BackgroundTask(cleanup),
     )
 

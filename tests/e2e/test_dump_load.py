@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import tarfile
 import time
 from pathlib import Path
@@ -181,11 +182,13 @@ print(dumped - base, peak() - dumped)
 
 
 def _disk(folder: Path) -> int:
-    """Bytes the files under ``folder`` hold on disk now (files going as it walks: skipped)."""
+    """Bytes the files under ``folder`` hold on disk now (files and folders going as it
+    walks: skipped)."""
     total = 0
-    for path in folder.rglob("*"):
-        with contextlib.suppress(OSError):
-            total += path.stat().st_blocks * 512
+    for top, dirs, names in os.walk(folder):
+        for name in dirs + names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(top, name)).st_blocks * 512
     return total
 
 
@@ -193,7 +196,8 @@ def test_a_dump_and_a_load_hold_a_part_not_the_table(live_server: Any, tmp_path:
     """A dump unpacks each archive as it arrives, and a load reads the dump's files a part
     at a time: a client dumping and loading a table of ~190 MB grows its peak memory by a
     few parts (8 MB each under this server's body limit), not by the table, and its disk
-    holds the dump's files once (never the archive beside them)."""
+    holds the dump's files once (never the archive beside them); so does the server's, the
+    load going up in parts (it unpacks each part as it comes)."""
     import subprocess
     import sys
     import threading
@@ -212,11 +216,12 @@ def test_a_dump_and_a_load_hold_a_part_not_the_table(live_server: Any, tmp_path:
     client.extend("small", {("frames",): torch.zeros(1, 96, 96, 3, dtype=torch.uint8),
                             ("n",): torch.zeros(1, dtype=torch.int64)})  # fmt: skip
     before = client.export("big")
-    peak_disk, stop = [0], threading.Event()
+    peak_disk, peak_staged, stop = [0], [0], threading.Event()
 
     def watch() -> None:
         while not stop.is_set():
             peak_disk[0] = max(peak_disk[0], _disk(tmp_path))
+            peak_staged[0] = max(peak_staged[0], _disk(server.root / ".transfers"))
             time.sleep(0.005)
 
     watcher = threading.Thread(target=watch)
@@ -236,6 +241,7 @@ def test_a_dump_and_a_load_hold_a_part_not_the_table(live_server: Any, tmp_path:
     assert load_growth < 64 << 20, (load_growth, done.stderr)
     dumped = _disk(tmp_path)
     assert dumped > table_bytes and peak_disk[0] < dumped + (16 << 20), (peak_disk, dumped)
+    assert table_bytes < peak_staged[0] < dumped + (16 << 20), (peak_staged, dumped)
     assert client.export("big") == before  # and the table came back whole
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
@@ -258,3 +264,28 @@ def test_a_dump_and_a_load_show_their_bytes_when_asked(
     size = len(Packed(tmp_path / "shown"))
     assert "dump pb" in err and "load pb" in err and "100%" in err, err
     assert f"{size / 1000:.1f}k" in err or f"{size}" in err, (size, err)
+
+
+def test_a_dump_the_client_leaves_midway_leaves_nothing_on_the_server(live_server: Any) -> None:
+    """The server streams a dump from its checkpoint's files: a client that hangs up after
+    the first bytes leaves no scratch folder behind, and the next dump is whole."""
+    import socket
+
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(
+        {"name": "d", "capacity": 4096, "fields": {"x": {"shape": [1024], "dtype": "float32"}}}
+    )
+    client.extend("d", {("x",): torch.rand(4096, 1024)})
+    target = protocol.table_path("d", "dump")
+    for _ in range(3):
+        with socket.create_connection((server.host, server.port), timeout=30) as conn:
+            conn.sendall(f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
+            head = conn.recv(1 << 16)
+            assert head.startswith(b"HTTP/1.1 200") and b"content-length: " in head.lower(), head
+    scratch = server.root / ".transfers"
+    wait_until(lambda: not scratch.exists() or not list(scratch.iterdir()))
+    archive = client.dump_archives("d")[0]
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        assert sum(m.size for m in tar.getmembers()) > 16 << 20
+    assert list(scratch.iterdir()) == []

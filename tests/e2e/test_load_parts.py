@@ -233,8 +233,11 @@ def test_garbage_parts_are_refused_naming_what_is_wrong(live_server: Any) -> Non
         assert words in answer["detail"], answer
     assert _part(server, "g", uid, 0, first) == (200, {**up, "received": LIMIT})
     assert _part(server, "g", uid, 0, first)[1]["received"] == LIMIT  # a retry's repeat
-    status, answer = _part(server, "g", uid, LIMIT - 4, b"diff" + archive[LIMIT : LIMIT + 4])
+    status, answer = _part(server, "g", uid, 0, b"diff" + first[4:])  # the same, but not
     assert (status, answer["field"]) == (400, "body") and "differs" in answer["detail"]
+    status, answer = _part(server, "g", uid, LIMIT - 4, archive[LIMIT - 4 : LIMIT + 4])
+    assert (status, answer["field"]) == (400, "offset"), answer  # not the last part
+    assert "only the last part, from 0 to" in answer["detail"], answer
     status, answer = _part(server, "g", uid, LIMIT, archive[LIMIT:] + b"x" * 8)
     assert (status, answer["field"]) == (400, "offset") and "past the" in answer["detail"]
     status, answer = _post(server, "g", "commit", uid)  # not whole: refused, the upload stays
