@@ -260,7 +260,8 @@ class Unpacker:
                     else:
                         self._pax(block)
         except BaseException:
-            self.close()
+            with contextlib.suppress(OSError):  # the error says what went wrong, not this
+                self.close()
             raise
 
     def finish(self) -> None:
@@ -275,10 +276,11 @@ class Unpacker:
             raise CodecError("not a whole tar archive: it ends early", field="archive")
 
     def close(self) -> None:
-        """Close the member's file being written, if any (on an error, or at the end)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Close the member's file being written, if any (on an error, or at the end): it is
+        closed even where writing its last bytes fails (a full disk), then that raises."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
 
     # -- the blocks --------------------------------------------------------------
     def _next_block(self) -> None:

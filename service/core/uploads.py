@@ -26,6 +26,7 @@ and (what a crash left) every one at start with the rest of ``.transfers``. At m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import time
@@ -305,7 +306,8 @@ def _make(upload: Upload, max_bytes: int) -> None:
 
 def _delete(upload: Upload) -> None:
     if upload.unpacker is not None:
-        upload.unpacker.close()
+        with contextlib.suppress(OSError):  # its last bytes unwritten (a full disk): it goes
+            upload.unpacker.close()
     shutil.rmtree(upload.folder, True)
 
 

@@ -320,3 +320,26 @@ def test_a_cut_off_upload_leaves_the_table_and_is_cleaned(live_server: Any) -> N
     assert (status, answer["field"]) == (400, "upload") and "--load-timeout" in answer["detail"]
     assert client.export("c") == stored
     assert client.info("c")["inserts"] == 2048
+
+
+def test_an_upload_dropped_while_the_disk_refuses_writes_is_deleted(live_server: Any) -> None:
+    """An upload dropped while the disk refuses writes (full, or here over the process's
+    file size limit) goes with its folder all the same, and its abort is answered: closing
+    the member half written cannot write its last bytes, and must not keep the folder (a
+    full disk is when its bytes are wanted back most)."""
+    import resource
+
+    server = live_server(max_body_bytes=LIMIT)
+    info = tarfile.TarInfo("a.bin")
+    info.size = 4096
+    archive = info.tobuf(tarfile.PAX_FORMAT) + b"x" * 4096 + b"\0" * 1024
+    uid = _begin(server, "t", len(archive))["upload"]
+    assert _part(server, "t", uid, 0, archive[: 512 + 100])[0] == 200  # a.bin's first bytes
+    limit = resource.prlimit(server.proc.pid, resource.RLIMIT_FSIZE)
+    resource.prlimit(server.proc.pid, resource.RLIMIT_FSIZE, (50, limit[1]))
+    try:
+        answer = _post(server, "t", "abort", uid)
+    finally:
+        resource.prlimit(server.proc.pid, resource.RLIMIT_FSIZE, limit)
+    assert answer == (200, {"aborted": True})
+    assert staged(server) == []
