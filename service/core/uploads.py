@@ -243,13 +243,14 @@ class Uploads:
         """The open upload ``upload_id`` of ``table``.
 
         Raises:
-            InvalidRequest: there is none (never begun, committed, aborted, or expired).
+            InvalidRequest: there is none (never begun, committed, aborted, ended, expired).
         """
         upload = self._open.get(upload_id)
         if upload is None or upload.table != table:
             raise InvalidRequest(
-                f"table {table!r}: no load {upload_id!r} under way (it was committed, aborted, "
-                f"or idle over {self.idle:g} s (--load-timeout)); begin the load again",
+                f"table {table!r}: no load {upload_id!r} under way (committed, aborted, ended "
+                f"by a part refused, or idle over {self.idle:g} s (--load-timeout)); begin the "
+                "load again",
                 table=table,
                 field="upload",
                 got=upload_id,

@@ -343,3 +343,20 @@ def test_an_upload_dropped_while_the_disk_refuses_writes_is_deleted(live_server:
         resource.prlimit(server.proc.pid, resource.RLIMIT_FSIZE, limit)
     assert answer == (200, {"aborted": True})
     assert staged(server) == []
+
+
+def test_a_part_the_archive_reader_refuses_ends_the_upload_and_says_so(live_server: Any) -> None:
+    """A part whose member the reader refuses (here: a link) is a 400 naming it, and ends
+    the upload: the next part's 400 says a part was refused, not only commits, aborts and
+    idling, so its client knows why it must begin again; nothing stays staged."""
+    server = live_server(max_body_bytes=LIMIT)
+    link = tarfile.TarInfo("l")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    archive = link.tobuf(tarfile.PAX_FORMAT) + b"\0" * 1024
+    uid = _begin(server, "t", len(archive))["upload"]
+    status, answer = _part(server, "t", uid, 0, archive[:512])
+    assert (status, answer["field"]) == (400, "archive") and "'l'" in answer["detail"], answer
+    assert staged(server) == []
+    status, answer = _part(server, "t", uid, 512, archive[512:])
+    assert (status, answer["field"]) == (400, "upload"), answer
+    assert "refused" in answer["detail"], answer
