@@ -33,7 +33,7 @@ from typing import BinaryIO
 
 from .errors import CodecError
 
-#: members an archive may hold at most (a checkpoint has a few dozen files)
+#: members an archive may hold, with the folders their names make (a checkpoint: a few dozen)
 MAX_MEMBERS = 100_000
 #: bytes copied at a time
 CHUNK = 1 << 20
@@ -223,7 +223,7 @@ class Unpacker:
         self.dest = dest
         self.max_bytes = max_bytes
         self.max_members = max_members
-        self.members = 0
+        self.members = self.folders = 0  # folders: made for members' names (not members)
         self.nbytes = 0  # of files
         self._state = _HEADER
         self._block = bytearray()  # a header (or extended header) gathered so far
@@ -260,7 +260,8 @@ class Unpacker:
                     else:
                         self._pax(block)
         except BaseException:
-            self.close()
+            with contextlib.suppress(OSError):  # the error says what went wrong, not this
+                self.close()
             raise
 
     def finish(self) -> None:
@@ -275,10 +276,11 @@ class Unpacker:
             raise CodecError("not a whole tar archive: it ends early", field="archive")
 
     def close(self) -> None:
-        """Close the member's file being written, if any (on an error, or at the end)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Close the member's file being written, if any (on an error, or at the end): it is
+        closed even where writing its last bytes fails (a full disk), then that raises."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
 
     # -- the blocks --------------------------------------------------------------
     def _next_block(self) -> None:
@@ -319,11 +321,15 @@ class Unpacker:
         if "size" in extended:
             info.size = _pax_int(extended["size"])
         self.members += 1
-        if self.members > self.max_members:
+        path = folder = _member_path(self.dest, info)
+        while (folder := folder.parent) != self.dest and not os.path.lexists(folder):
+            self.folders += 1  # the folders its name makes count too: one per level
+        if self.members + self.folders > self.max_members:
             raise CodecError(
-                f"the archive holds more than {self.max_members} members", field="archive"
+                f"the archive holds more than {self.max_members} members (the folders their "
+                f"names make counted) at {info.name!r:.200}",
+                field="archive",
             )
-        path = _member_path(self.dest, info)
         if info.size < 0:
             raise CodecError(
                 f"archive member {info.name!r:.200} has a negative size", field="archive"

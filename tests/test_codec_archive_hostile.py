@@ -179,3 +179,16 @@ def test_damaged_archives_give_a_codec_error_or_files_never_anything_else(
                 )  # fmt: skip
             assert _open_in(sandbox) == [], (seed, i)
             assert os.listdir(sandbox) == ["dest"], (seed, i)
+
+
+def test_the_folders_deep_names_make_count_against_the_members_limit(tmp_path: Path) -> None:
+    """A member named ``a/a/.../f`` makes a folder per level (a block of disk and an inode
+    each), none of them a member: a few kilobytes of archive made thousands of folders,
+    past any limit on its bytes or members. Each folder a name makes counts as a member."""
+    deep = "/".join(["d"] * 30)
+    archive = b"".join(_member(f"{i}/{deep}/f", b"x") for i in range(3)) + END
+    with pytest.raises(CodecError, match="more than 50 members"):
+        _fed(archive, tmp_path / "deep", [10_000], max_bytes=1 << 20, max_members=50)
+    assert sum(len(dirs) for _, dirs, _ in os.walk(tmp_path / "deep")) <= 50
+    shallow = b"".join(_member(f"{i}/d/f", b"x") for i in range(3)) + END  # 3 + 6 in all
+    assert _fed(shallow, tmp_path / "shallow", [10_000], max_members=9).members == 3

@@ -26,6 +26,7 @@ and (what a crash left) every one at start with the rest of ``.transfers``. At m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import time
@@ -242,13 +243,14 @@ class Uploads:
         """The open upload ``upload_id`` of ``table``.
 
         Raises:
-            InvalidRequest: there is none (never begun, committed, aborted, or expired).
+            InvalidRequest: there is none (never begun, committed, aborted, ended, expired).
         """
         upload = self._open.get(upload_id)
         if upload is None or upload.table != table:
             raise InvalidRequest(
-                f"table {table!r}: no load {upload_id!r} under way (it was committed, aborted, "
-                f"or idle over {self.idle:g} s (--load-timeout)); begin the load again",
+                f"table {table!r}: no load {upload_id!r} under way (committed, aborted, ended "
+                f"by a part refused, or idle over {self.idle:g} s (--load-timeout)); begin the "
+                "load again",
                 table=table,
                 field="upload",
                 got=upload_id,
@@ -305,7 +307,8 @@ def _make(upload: Upload, max_bytes: int) -> None:
 
 def _delete(upload: Upload) -> None:
     if upload.unpacker is not None:
-        upload.unpacker.close()
+        with contextlib.suppress(OSError):  # its last bytes unwritten (a full disk): it goes
+            upload.unpacker.close()
     shutil.rmtree(upload.folder, True)
 
 

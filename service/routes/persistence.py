@@ -8,6 +8,7 @@ so a client keeps a table's whole state on its own side.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 from collections.abc import AsyncIterator
@@ -143,11 +144,16 @@ async def dump(name: TableName, core: CoreDep) -> StreamingResponse:
         shutil.rmtree(packed.folder, ignore_errors=True)
 
     async def parts() -> AsyncIterator[memoryview]:
-        for at in range(0, len(packed), ARCHIVE_CHUNK):
-            part = await run_in_threadpool(packed.read, at, ARCHIVE_CHUNK)
-            if at + ARCHIVE_CHUNK >= len(packed):  # all read: gone before the last bytes go
-                await run_in_threadpool(cleanup)
-            yield memoryview(part)
+        try:
+            for at in range(0, len(packed), ARCHIVE_CHUNK):
+                part = await run_in_threadpool(packed.read, at, ARCHIVE_CHUNK)
+                if at + ARCHIVE_CHUNK >= len(packed):  # all read: gone before the last bytes go
+                    await run_in_threadpool(cleanup)
+                yield memoryview(part)
+        except BaseException:  # a file unreadable midway: the answer ends early, and the
+            # background task never runs; nor may this wait (a cancelled stream)
+            asyncio.get_running_loop().run_in_executor(None, cleanup)
+            raise
 
     return StreamingResponse(
         parts(),

@@ -289,3 +289,33 @@ def test_a_dump_the_client_leaves_midway_leaves_nothing_on_the_server(live_serve
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         assert sum(m.size for m in tar.getmembers()) > 16 << 20
     assert list(scratch.iterdir()) == []
+
+
+def test_a_dump_that_fails_midway_leaves_nothing_on_the_server(live_server: Any) -> None:
+    """A dump whose files cannot be read on (here: one cut short under it while its answer
+    is on the way) ends its answer early, and its scratch folder goes all the same."""
+    import socket
+
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(
+        {"name": "f", "capacity": 4096, "fields": {"x": {"shape": [2048], "dtype": "float32"}}}
+    )
+    client.extend("f", {("x",): torch.rand(4096, 2048)})  # 32 MiB: far past socket buffers
+    target = protocol.table_path("f", "dump")
+    with socket.socket() as conn:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        conn.settimeout(30)
+        conn.connect((server.host, server.port))
+        conn.sendall(f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
+        head = conn.recv(1 << 16)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        (folder,) = _scratch(server)
+        biggest = max((p for p in folder.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+        os.truncate(biggest, 0)
+        got = len(head)
+        while chunk := conn.recv(1 << 20):
+            got += len(chunk)
+    assert got < 32 << 20  # cut short: the answer ended early
+    wait_until(lambda: not _scratch(server), timeout=10)
+    assert _scratch(server) == []

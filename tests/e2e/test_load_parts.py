@@ -320,3 +320,43 @@ def test_a_cut_off_upload_leaves_the_table_and_is_cleaned(live_server: Any) -> N
     assert (status, answer["field"]) == (400, "upload") and "--load-timeout" in answer["detail"]
     assert client.export("c") == stored
     assert client.info("c")["inserts"] == 2048
+
+
+def test_an_upload_dropped_while_the_disk_refuses_writes_is_deleted(live_server: Any) -> None:
+    """An upload dropped while the disk refuses writes (full, or here over the process's
+    file size limit) goes with its folder all the same, and its abort is answered: closing
+    the member half written cannot write its last bytes, and must not keep the folder (a
+    full disk is when its bytes are wanted back most)."""
+    import resource
+
+    server = live_server(max_body_bytes=LIMIT)
+    info = tarfile.TarInfo("a.bin")
+    info.size = 4096
+    archive = info.tobuf(tarfile.PAX_FORMAT) + b"x" * 4096 + b"\0" * 1024
+    uid = _begin(server, "t", len(archive))["upload"]
+    assert _part(server, "t", uid, 0, archive[: 512 + 100])[0] == 200  # a.bin's first bytes
+    limit = resource.prlimit(server.proc.pid, resource.RLIMIT_FSIZE)
+    resource.prlimit(server.proc.pid, resource.RLIMIT_FSIZE, (50, limit[1]))
+    try:
+        answer = _post(server, "t", "abort", uid)
+    finally:
+        resource.prlimit(server.proc.pid, resource.RLIMIT_FSIZE, limit)
+    assert answer == (200, {"aborted": True})
+    assert staged(server) == []
+
+
+def test_a_part_the_archive_reader_refuses_ends_the_upload_and_says_so(live_server: Any) -> None:
+    """A part whose member the reader refuses (here: a link) is a 400 naming it, and ends
+    the upload: the next part's 400 says a part was refused, not only commits, aborts and
+    idling, so its client knows why it must begin again; nothing stays staged."""
+    server = live_server(max_body_bytes=LIMIT)
+    link = tarfile.TarInfo("l")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    archive = link.tobuf(tarfile.PAX_FORMAT) + b"\0" * 1024
+    uid = _begin(server, "t", len(archive))["upload"]
+    status, answer = _part(server, "t", uid, 0, archive[:512])
+    assert (status, answer["field"]) == (400, "archive") and "'l'" in answer["detail"], answer
+    assert staged(server) == []
+    status, answer = _part(server, "t", uid, 512, archive[512:])
+    assert (status, answer["field"]) == (400, "upload"), answer
+    assert "refused" in answer["detail"], answer
