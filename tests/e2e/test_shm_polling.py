@@ -155,9 +155,10 @@ def test_a_background_threads_calls_do_not_poll(live_server: Any) -> None:
             thread = threading.Thread(target=calls, args=(name,))
             thread.start()
             thread.join()
-    assert polled["background"] == 0 and slept["background"] > 0.5, (polled, slept)
+    assert polled["background"] == 0, (polled, slept)
     spare_or_skip(seen)
-    assert polled["polling"] > 0, (polled, slept)
+    # with a CPU to spare, an answer takes longer to come than the thread takes to ask
+    assert polled["polling"] > 0 and slept["background"] > 0.5, (polled, slept)
 
 
 def test_a_client_that_pauses_between_calls_costs_no_polling(live_server: Any) -> None:
