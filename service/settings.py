@@ -239,9 +239,15 @@ class Settings(BaseSettings):
         description="Microseconds a socket connection is polled for the next request after "
         "an answer, when its client asked again that soon the last time (a client calling in "
         "a tight loop): the server's CPU stays awake instead of being woken for each call, "
-        "for the CPU the polling burns. Polling holds the server's event loop at most 1 ms at "
-        "a time and stops while other connections are busy. 0: never poll.",
+        "for the CPU the polling burns. Polling holds the server's event loop at most "
+        "--shm-poll-hold-us at a time and stops while other connections are busy. 0: never poll.",
     )
+
+    shm_poll_hold_us: int = Field(
+        default=1000, ge=10, le=1_000_000,
+        description="Microseconds one socket connection's polling (--shm-poll-us) may hold "
+        "the event loop before other connections and HTTP requests get a turn.",
+    )  # fmt: skip
 
     # -- performance --------------------------------------------------------
     torch_threads: int = Field(

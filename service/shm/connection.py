@@ -21,7 +21,7 @@ reads its socket for the next request for up to ``--shm-poll-us`` when the
 client asked again that soon the last time, so the server's CPU is not left
 idle to be woken for each call (see :class:`tdreplay.system.Poller`, which also
 pauses polling when it does not pay). It holds the event loop at most
-:data:`POLL_HOLD` at a time, and does not poll while another connection was
+``--shm-poll-hold-us`` (1 ms) at a time, and does not poll while another connection was
 served within the window.
 
 A connection is one client thread's: it sends a request and waits for the
@@ -78,8 +78,6 @@ HELLO_TIMEOUT = 10.0
 #: largest frame before the hello went through (a hello is small; nothing big is parsed
 #: for a client that has not shown the token)
 MAX_HELLO = 4096
-#: seconds one connection's polling may hold the event loop before others get a turn
-POLL_HOLD = 0.001
 
 
 class Host(Protocol):
@@ -123,6 +121,7 @@ class Connection(Operations, asyncio.Protocol):
         self.frame_timeout = settings.body_timeout
         self.idle_timeout = settings.shm_idle_timeout
         self._poller = Poller(settings.shm_poll_us * 1e-6)
+        self._hold = settings.shm_poll_hold_us * 1e-6  # the most one polling holds the loop
         self._answered_at = -math.inf  # time.perf_counter() of the last answer sent
         self.authed = False
         self.task: asyncio.Task[None] | None = None
@@ -178,11 +177,11 @@ class Connection(Operations, asyncio.Protocol):
             self._poll()
 
     def _poll(self) -> None:
-        """Serve the requests coming within each answer's window, :data:`POLL_HOLD` at most."""
+        """Serve the requests coming within each answer's window, ``--shm-poll-hold-us`` at most."""
         out, host = self._out, self.server
         if out is None:
             return
-        hold = time.perf_counter() + POLL_HOLD
+        hold = time.perf_counter() + self._hold
         while self._serving() and self._poller.ready():
             if (began := time.perf_counter()) >= hold:
                 return

@@ -178,7 +178,7 @@ def test_polling_holds_the_server_from_its_other_clients_at_most_briefly(
 ) -> None:
     """With the widest window, a client calling in a tight loop on one thread would be
     served as long as it keeps calling; the server goes back to its other connections at
-    least every millisecond (``POLL_HOLD``), so HTTP calls and another thread's
+    least every millisecond (``--shm-poll-hold-us``), so HTTP calls and another thread's
     same-host calls are answered meanwhile."""
     server = live_server(shm_poll_us=100_000)
     filled(server, "t")
@@ -273,11 +273,15 @@ def test_a_clients_poll_window_is_checked(bad: Any) -> None:
         ClientSettings(urls=("http://127.0.0.1:1",), shm_poll_us=bad)
 
 
-def test_a_missed_poll_holds_the_loop_no_longer_than_the_hold(live_server: Any) -> None:
-    """A window wider than the hold (``--shm-poll-us`` up to 100 ms) is cut at the hold: a
-    client that asks twice in a row and then pauses costs one poll of at most a millisecond,
-    not one of the whole window, during which nothing else on the server ran."""
-    server = live_server(shm_poll_us=100_000)
+@pytest.mark.parametrize(("hold", "least", "most"), [(None, 0.0, 0.02), (20_000, 0.015, 0.08)])
+def test_a_missed_poll_holds_the_loop_no_longer_than_the_hold(
+    live_server: Any, hold: int | None, least: float, most: float
+) -> None:
+    """A window wider than the hold (``--shm-poll-us`` up to 100 ms) is cut at the hold
+    (``--shm-poll-hold-us``, 1 ms by default): a client that asks twice in a row and then
+    pauses costs one poll of at most the hold, not one of the whole window, during which
+    nothing else on the server ran."""
+    server = live_server(shm_poll_us=100_000, **({"shm_poll_hold_us": hold} if hold else {}))
     filled(server, "t")
     with raw(server) as s:
         for _ in range(2):  # the second comes soon after the first answer: it is polled after
@@ -289,7 +293,17 @@ def test_a_missed_poll_holds_the_loop_no_longer_than_the_hold(live_server: Any) 
         time.sleep(0.3)  # the poll after the second answer misses
         got = polls(server)
     assert got["missed"] >= 1, got
-    assert got["seconds"] < 0.02, got  # the hold is 1 ms; the window 100
+    assert least <= got["seconds"] < most, got  # the window is 100 ms
+
+
+@pytest.mark.parametrize("bad", [0, 9, 1_000_001, "1ms"])
+def test_the_servers_poll_hold_is_checked(bad: Any) -> None:
+    from pydantic import ValidationError
+
+    from tdreplay.service.settings import Settings
+
+    with pytest.raises(ValidationError, match="shm_poll_hold_us"):
+        Settings(shm_poll_hold_us=bad)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 1, reason="needs CPU affinity")
