@@ -203,7 +203,7 @@ class PersistenceOps(CorePart):
             InvalidCheckpoint, CheckpointError: it cannot be restored.
         """
         folder = self._scratch(name)
-        limit = max(self.settings.max_body_bytes, self.settings.max_load_bytes)
+        limit = self.uploads.unpack_bytes  # the one bound on what an archive unpacks into
         try:
             await run_in_threadpool(archive_unpack, bytes(data), folder, max_bytes=limit)
             handle = await self.restore_from(name, folder)

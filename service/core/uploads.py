@@ -90,7 +90,7 @@ class Uploads:
     def __init__(self, scratch: Path, settings: Settings) -> None:
         self.scratch = scratch
         self.max_bytes = settings.max_load_bytes
-        #: the most bytes of files an archive may unpack into
+        #: the most bytes of files an archive may unpack into (a load in parts, or in one)
         self.unpack_bytes = max(settings.max_body_bytes, settings.max_load_bytes)
         self.part_bytes = settings.max_body_bytes
         self.idle = settings.load_timeout
