@@ -10,7 +10,11 @@ How it keeps the learner from waiting:
   flight or ready (a credit per batch: taking a batch frees one).
 * Each answer is received (``readinto``) into one of a small pool of reused
   buffers and decoded in place — the tensors are views on the buffer, no
-  fresh allocation per batch.
+  fresh allocation per batch. Over shm a buffer keeps its column views
+  (:meth:`~.staging.StagingBuffer.kept`): a batch is one copy out of the
+  slot and a new TensorDict of the same tensors each time the buffer comes
+  round, since a torch call per column, each handing the GIL over, made
+  four fetchers half as fast.
 * CUDA: the pool is pinned host memory. The fetcher copies the batch to the
   device with ``non_blocking=True`` on its own side stream and records an
   event; the buffer is reused only after that event (the fetcher waits on it,
@@ -266,7 +270,7 @@ class _Pipeline:
                 if not self.keep:
                     slot = self._free.get()
                     slot.reset()
-                    alloc = slot.alloc
+                    alloc = slot  # an Alloc that keeps what is built on its pieces
                 td = loader.client._sample_into(
                     loader.table, loader.batch_size, loader.timeout, alloc
                 )

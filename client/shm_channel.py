@@ -74,6 +74,7 @@ class _Mapped:
             os.close(fd)
         self.layout = layout
         self.columns = layout.views(self.map.buffer)
+        self.flat = _flat(self.map.buffer, layout.nbytes)
         self.tree = key_tree(list(self.columns))
         self.batch = torch.Size([layout.rows])
 
@@ -257,12 +258,15 @@ class Channel:
         mapped = self._map(reply, fd, number)
         if alloc is None:
             return mapped.batch_of(mapped.columns)
-        nbytes = mapped.layout.nbytes
-        buf = alloc(nbytes)
-        if nbytes:
-            dst = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
-            dst.copy_(torch.frombuffer(mapped.map.buffer, dtype=torch.uint8, count=nbytes))
-        return mapped.batch_of(mapped.layout.views(buf))
+        layout = mapped.layout
+        buf = alloc(layout.nbytes)
+        kept = getattr(alloc, "kept", None)  # a buffer that outlives the batch keeps its views
+        flat, columns = (
+            kept(layout, buf, lambda: _target(layout, buf)) if kept else _target(layout, buf)
+        )
+        if layout.nbytes:
+            flat.copy_(mapped.flat)
+        return mapped.batch_of(columns)
 
     def extend(
         self, table: str, data: Any, wait: float, request_id: str, *, strict: bool = False
@@ -315,6 +319,18 @@ class Channel:
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.close()
+
+
+def _flat(buffer: Any, nbytes: int) -> torch.Tensor:
+    """The first ``nbytes`` of ``buffer`` as one uint8 tensor (empty: none)."""
+    if not nbytes:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes)
+
+
+def _target(layout: SlotLayout, buf: memoryview) -> tuple[torch.Tensor, dict[Any, torch.Tensor]]:
+    """A copy of a slot in ``buf``: the bytes to copy into, and the columns they hold."""
+    return _flat(buf, layout.nbytes), layout.views(buf)
 
 
 def _fill(mapped: _Mapped, td: TensorDictBase, n: int) -> bool:
