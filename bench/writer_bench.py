@@ -18,6 +18,13 @@ The ratio (writer / extend) is the cost of collecting the steps into a chunk
 on the client (stacking 256 TensorDicts) on top of the send; the writer
 against Reverb's writers is in ``peers_bench.py``.
 
+Where the writer is bound, in the same run: ``{t} buffer only`` appends the
+same steps into the writer's buffer (``ChunkBuffer``, what ``append`` does
+per step: read the leaves, check them against the first step's, copy them
+into the chunk's rows) and takes the chunk, sending nothing. Its rate over
+the extend's is the most the writer / extend ratio can reach with sends
+that cost the client nothing.
+
 One server (``python -m tdreplay.service serve``, one torch thread, memmap)
 holding the shipped cartpole (11 fields, ~70 B) and atari (84x84x4 frame
 stacks, ~56 KB) schemas, atari at a capacity of 4096 with no ratio limiter
@@ -54,9 +61,21 @@ def make_cases(cfg: dict[str, Any]) -> dict[str, Case]:
     from tdreplay_cases import rows
 
     from tdreplay.client import ReplayClient
+    from tdreplay.client.chunking import ChunkBuffer
 
     torch.set_num_threads(1)
     cases: dict[str, Case] = {}
+    for t in TABLES:
+        fields = {k: (s, d) for k, (s, d) in cfg["fields"][t].items()}
+        batch = rows(fields, CHUNK, seed=1)
+        steps = [batch[i].clone() for i in range(CHUNK)]
+
+        def buffer_only(buf: Any = ChunkBuffer(CHUNK), steps: list[Any] = steps) -> None:
+            for step in steps:
+                buf.append(step)
+            buf.take(borrow=True)  # what a writer sends from
+
+        cases[f"{t} buffer only"] = Case(buffer_only, CHUNK)
     for tr in cfg["transports"]:
         client = ReplayClient(cfg["url"], transport=tr, timeout=120)
         if client.transport != tr:
@@ -83,7 +102,7 @@ def groups(transports: list[str]) -> list[list[str]]:
     """Each table's writer and its batched extend back to back, per transport."""
     return [
         [f"{tr}: {t} writer", f"{tr}: {t} extend b{CHUNK}"] for t in TABLES for tr in transports
-    ]
+    ] + [[f"{t} buffer only"] for t in TABLES]
 
 
 def entries(runs: dict[str, list[dict[str, float]]], transports: list[str]) -> list[dict[str, Any]]:
@@ -104,6 +123,16 @@ def entries(runs: dict[str, list[dict[str, float]]], transports: list[str]) -> l
             )
             us = statistics.median(r["cpu"] / (r["items_per_s"] * r["wall"]) * 1e6 for r in ours)
             ub = statistics.median(r["cpu"] / (r["items_per_s"] * r["wall"]) * 1e6 for r in base)
+            figures.append(
+                entry(
+                    "writer",
+                    f"{t} writer's buffer alone, no sends (ceiling over {tr})",
+                    median_of(runs[f"{t} buffer only"]),
+                    "items/s",
+                    f"extend b{CHUNK}, pre-batched ({tr})",
+                    median_of(base),
+                )
+            )
             figures.append(
                 entry(
                     "writer",
