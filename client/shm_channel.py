@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import operator
 import os
 import socket
 import time
@@ -261,9 +262,11 @@ class Channel:
         layout = mapped.layout
         buf = alloc(layout.nbytes)
         kept = getattr(alloc, "kept", None)  # a buffer that outlives the batch keeps its views
-        flat, columns = (
-            kept(layout, buf, lambda: _target(layout, buf)) if kept else _target(layout, buf)
-        )
+        if kept is None:
+            flat, columns = _flat(buf, layout.nbytes), layout.views(buf)
+        else:
+            target = kept(layout, buf, lambda: _Target(layout, buf))
+            flat, columns = target.flat, target.intact_columns()
         if layout.nbytes:
             flat.copy_(mapped.flat)
         return mapped.batch_of(columns)
@@ -328,9 +331,38 @@ def _flat(buffer: Any, nbytes: int) -> torch.Tensor:
     return torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes)
 
 
-def _target(layout: SlotLayout, buf: memoryview) -> tuple[torch.Tensor, dict[Any, torch.Tensor]]:
-    """A copy of a slot in ``buf``: the bytes to copy into, and the columns they hold."""
-    return _flat(buf, layout.nbytes), layout.views(buf)
+class _Target:
+    """A copy of a slot in ``buf`` kept with it: the bytes to copy into (``flat``), and the
+    columns they hold."""
+
+    def __init__(self, layout: SlotLayout, buf: memoryview) -> None:
+        self.layout, self.buf = layout, buf
+        self.flat = _flat(buf, layout.nbytes)
+        self._view()
+
+    def _view(self) -> None:
+        self.columns = self.layout.views(self.buf)
+        self._tensors = list(self.columns.values())
+        self._at = list(map(torch.Tensor.data_ptr, self._tensors))
+
+    def intact_columns(self) -> dict[Any, torch.Tensor]:
+        """The columns, kept from batch to batch of a buffer: viewed anew where a learner
+        moved one (``share_memory_()``, as a torch.multiprocessing queue does: every later
+        batch of this buffer would be the old bytes) or had it require grad (its gradient
+        would build up over batches). Shapes changed in place are not looked at.
+
+        No torch call, about 0.1 us a column; still, a loader of one-item batches of nine
+        columns ran 5% slower with it (10.0k against 10.5k batches/s, 2 cores).
+        """
+        tensors = self._tensors
+        if list(map(torch.Tensor.data_ptr, tensors)) != self._at or any(
+            map(_REQUIRES_GRAD, tensors)
+        ):
+            self._view()
+        return self.columns
+
+
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 def _fill(mapped: _Mapped, td: TensorDictBase, n: int) -> bool:

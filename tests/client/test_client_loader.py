@@ -11,6 +11,7 @@ from testkit import unique
 from torch.utils.data import DataLoader, IterableDataset
 
 from tdreplay.client import Loader, ReplayClient, TableNotFound
+from tdreplay.client.shm import ShmLink
 
 FIELDS = {
     "x": {"shape": [], "dtype": "int64"},
@@ -69,6 +70,28 @@ def test_keep_gives_batches_their_own_memory(client: ReplayClient, table: str) -
     for b in batches:
         check(b)
     assert len({b["obs"].untyped_storage().data_ptr() for b in batches}) == 6
+
+
+def test_a_learner_that_shares_a_batch_or_takes_its_gradient_gets_fresh_batches_after(
+    client: ReplayClient, table: str
+) -> None:
+    # over shm a buffer's column views are kept from batch to batch; a learner that moves
+    # a batch to shared memory (share_memory_(), as a torch.multiprocessing queue does) or
+    # takes the gradient of a batch's tensor must not find the same bytes (a batch again),
+    # or that gradient, in the later batches of that buffer
+    seen: list[torch.Tensor] = []
+    for i, batch in enumerate(client.loader(table, 16, prefetch=1, num_batches=24)):
+        check(batch)
+        obs = batch["obs"]
+        assert not obs.requires_grad and obs.grad is None
+        assert not any(torch.equal(batch["x"], x) for x in seen)  # 16 of 256 rows: new ones
+        seen.append(batch["x"].clone())
+        if i % 2:
+            batch.share_memory_()
+        else:
+            obs.requires_grad_()
+            obs.sum().backward()
+    assert isinstance(client._links[0], ShmLink)  # the same-host transport carried them
 
 
 def test_as_cls_and_device(client: ReplayClient, table: str) -> None:
