@@ -74,9 +74,8 @@ class _Mapped:
         finally:
             os.close(fd)
         self.layout = layout
-        self.columns = layout.views(self.map.buffer)
-        self.flat = _flat(self.map.buffer, layout.nbytes)
-        self.tree = key_tree(list(self.columns))
+        self.views = Views(layout, self.map.buffer)
+        self.tree = key_tree(list(self.views.columns))
         self.batch = torch.Size([layout.rows])
 
     def batch_of(self, columns: dict[tuple[str, ...], torch.Tensor]) -> TensorDict:
@@ -258,18 +257,17 @@ class Channel:
         reply, fd = self.call(message, wait=wait)
         mapped = self._map(reply, fd, number)
         if alloc is None:
-            return mapped.batch_of(mapped.columns)
+            return mapped.batch_of(mapped.views.intact().columns)
         layout = mapped.layout
         buf = alloc(layout.nbytes)
         kept = getattr(alloc, "kept", None)  # a buffer that outlives the batch keeps its views
-        if kept is None:
-            flat, columns = _flat(buf, layout.nbytes), layout.views(buf)
-        else:
-            target = kept(layout, buf, lambda: _Target(layout, buf))
-            flat, columns = target.flat, target.intact_columns()
+        into = kept(layout, buf, lambda: Views(layout, buf)) if kept else Views(layout, buf)
+        into = into.intact()
         if layout.nbytes:
-            flat.copy_(mapped.flat)
-        return mapped.batch_of(columns)
+            into.flat.copy_(
+                mapped.views.intact().flat
+            )  # a leased batch of this slot may have moved
+        return mapped.batch_of(into.columns)
 
     def extend(
         self, table: str, data: Any, wait: float, request_id: str, *, strict: bool = False
@@ -331,35 +329,35 @@ def _flat(buffer: Any, nbytes: int) -> torch.Tensor:
     return torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes)
 
 
-class _Target:
-    """A copy of a slot in ``buf`` kept with it: the bytes to copy into (``flat``), and the
-    columns they hold."""
+class Views:
+    """A slot's layout on a buffer, kept from batch to batch: the bytes (``flat``, to copy
+    a whole slot in or out) and the columns they hold (``columns``, as the batches' tensors:
+    a leased slot's own, or those of a loader's receive buffer); one storage."""
 
-    def __init__(self, layout: SlotLayout, buf: memoryview) -> None:
+    def __init__(self, layout: SlotLayout, buf: Any) -> None:
         self.layout, self.buf = layout, buf
-        self.flat = _flat(buf, layout.nbytes)
         self._view()
 
     def _view(self) -> None:
-        self.columns = self.layout.views(self.buf)
+        self.flat = _flat(self.buf, self.layout.nbytes)
+        self.columns = self.layout.views_of(self.flat)
         self._tensors = list(self.columns.values())
-        self._at = list(map(torch.Tensor.data_ptr, self._tensors))
+        self._at = self.flat.data_ptr()
 
-    def intact_columns(self) -> dict[Any, torch.Tensor]:
-        """The columns, kept from batch to batch of a buffer: viewed anew where a learner
-        moved one (``share_memory_()``, as a torch.multiprocessing queue does: every later
-        batch of this buffer would be the old bytes) or had it require grad (its gradient
-        would build up over batches). Shapes changed in place are not looked at.
+    def intact(self) -> Views:
+        """These views, for the next batch: made anew where a caller moved one of the last
+        batch's tensors (``share_memory_()``, as a torch.multiprocessing queue does: it
+        moves their one storage, and every later batch on this buffer would be the old
+        bytes) or had one require grad (its gradient would build up over batches). Shapes
+        changed in place are not looked at.
 
-        No torch call, about 0.1 us a column; still, a loader of one-item batches of nine
-        columns ran 5% slower with it (10.0k against 10.5k batches/s, 2 cores).
+        No torch call: one storage address and a flag a column. A loader of one-item
+        batches ran 5% slower with a check of every column's address (10.0k against 10.5k
+        batches/s, 2 cores), hence the one storage.
         """
-        tensors = self._tensors
-        if list(map(torch.Tensor.data_ptr, tensors)) != self._at or any(
-            map(_REQUIRES_GRAD, tensors)
-        ):
+        if self.flat.data_ptr() != self._at or any(map(_REQUIRES_GRAD, self._tensors)):
             self._view()
-        return self.columns
+        return self
 
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
@@ -368,9 +366,10 @@ _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 def _fill(mapped: _Mapped, td: TensorDictBase, n: int) -> bool:
     """Copy ``td``'s rows into the slot; ``False`` if its leaves are not exactly the layout's."""
     leaves = {k if isinstance(k, tuple) else (k,): v for k, v in td.items(True, True)}
-    if len(leaves) != len(mapped.columns):
+    columns = mapped.views.columns  # the extend slot's: no caller holds them
+    if len(leaves) != len(columns):
         return False
-    for key, view in mapped.columns.items():
+    for key, view in columns.items():
         t = leaves.get(key)
         if (
             not isinstance(t, torch.Tensor)
@@ -378,7 +377,7 @@ def _fill(mapped: _Mapped, td: TensorDictBase, n: int) -> bool:
             or tuple(t.shape) != (n, *view.shape[1:])
         ):
             return False
-    for key, view in mapped.columns.items():
+    for key, view in columns.items():
         view[:n].copy_(leaves[key])
     return True
 

@@ -324,12 +324,18 @@ class SlotLayout:
 
     def views(self, buffer: Any) -> dict[NestedKey, torch.Tensor]:
         """Tensors viewing each column of ``buffer`` (a writable buffer of at least ``nbytes``)."""
+        if not self.nbytes:
+            return self.views_of(torch.empty(0, dtype=torch.uint8))
+        return self.views_of(torch.frombuffer(buffer, dtype=torch.uint8, count=self.nbytes))
+
+    def views_of(self, whole: torch.Tensor) -> dict[NestedKey, torch.Tensor]:
+        """Tensors viewing each column of ``whole`` (``nbytes`` uint8): one storage, so a
+        column moved (``share_memory_()``) moves them all, ``whole`` too."""
         out = {}
         for c in self.columns:
-            count = c.nbytes // c.dtype.itemsize
-            if count == 0:
-                flat = torch.empty(0, dtype=c.dtype)
+            if c.nbytes:
+                flat = whole[c.offset : c.offset + c.nbytes].view(c.dtype)
             else:
-                flat = torch.frombuffer(buffer, dtype=c.dtype, count=count, offset=c.offset)
+                flat = torch.empty(0, dtype=c.dtype)
             out[c.key] = flat.view(self.rows, *c.shape)
         return out

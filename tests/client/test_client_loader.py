@@ -94,6 +94,27 @@ def test_a_learner_that_shares_a_batch_or_takes_its_gradient_gets_fresh_batches_
     assert isinstance(client._links[0], ShmLink)  # the same-host transport carried them
 
 
+def test_a_caller_that_shares_a_leased_sample_or_takes_its_gradient_gets_fresh_samples_after(
+    client: ReplayClient, table: str
+) -> None:
+    # ReplayClient.sample over shm views the thread's leased slot, whose column tensors are
+    # kept from call to call: the same rule as the loader's buffers
+    seen: list[torch.Tensor] = []
+    for i in range(24):
+        batch = client.sample(table, 16)
+        check(batch)
+        obs = batch["obs"]
+        assert not obs.requires_grad and obs.grad is None
+        assert not any(torch.equal(batch["x"], x) for x in seen)  # 16 of 256 rows: new ones
+        seen.append(batch["x"].clone())
+        if i % 2:
+            batch.share_memory_()
+        else:
+            obs.requires_grad_()
+            obs.sum().backward()
+    assert isinstance(client._links[0], ShmLink)
+
+
 def test_as_cls_and_device(client: ReplayClient, table: str) -> None:
     Cls = client.tensorclass(table)
     for batch in client.loader(table, 8, num_batches=2, as_cls=Cls, device="cpu"):

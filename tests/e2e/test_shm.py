@@ -381,7 +381,7 @@ def test_a_client_writing_its_slot_during_an_extend_gets_nothing_past_the_checks
     chan = client._link(0).channel()
     assert chan.extend(name, data, 1, "first") is not None  # maps the slot, fills it
     (number,) = chan._numbers[("extend", name)]
-    column = chan._slots[number].columns[key][:n]
+    column = chan._slots[number].views.columns[key][:n]
     stop = threading.Event()
 
     def flip() -> None:
