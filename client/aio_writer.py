@@ -61,7 +61,10 @@ class AsyncWriter(WriterBase):
 
     async def _buf(self) -> ChunkBuffer:
         if self._buffer is None:
-            ep, end, cap = episode_keys(await self.client.info(self.table), *self._keys)
+            info = await self.client.info(self.table)
+            if self._buffer is not None:  # another append made it meanwhile: keep that one
+                return self._buffer
+            ep, end, cap = episode_keys(info, *self._keys)
             self._buffer = ChunkBuffer(self.chunk, episode_key=ep, end_key=end, max_rows=cap)
             if self.max_delay is not None:
                 self._timer = asyncio.get_running_loop().create_task(self._timer_loop())

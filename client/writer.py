@@ -134,9 +134,13 @@ class Writer(WriterBase):
         self._lent: Lent | None = None  # the columns they view
 
     def _buf(self) -> ChunkBuffer:
-        if self._buffer is None:
-            ep, end, cap = episode_keys(self.client.info(self.table), *self._keys)
-            self._buffer = ChunkBuffer(self.chunk, episode_key=ep, end_key=end, max_rows=cap)
+        """The buffer, made by the first append (threads that meet here make one)."""
+        info = self.client.info(self.table)
+        with self._send_lock:
+            if self._buffer is not None:
+                return self._buffer
+            ep, end, cap = episode_keys(info, *self._keys)
+            buf = self._buffer = ChunkBuffer(self.chunk, episode_key=ep, end_key=end, max_rows=cap)
             if self.background is None:
                 self.background = _same_host(self.client)
             if self.max_delay is not None:
@@ -150,7 +154,7 @@ class Writer(WriterBase):
                 )
                 weakref.finalize(self, _notify, self._cond)
                 self._timer.start()
-        return self._buffer
+        return buf
 
     def _raise_pending(self) -> None:
         if self._errors:

@@ -93,6 +93,28 @@ def test_async_writer_and_loader(server: Any) -> None:
     asyncio.run(main())
 
 
+def test_async_writer_first_appends_at_once_all_arrive(server: Any) -> None:
+    """Appends gathered on a new writer all await its first ``info``: every step is sent
+    (each made its own buffer, and only the last one made was kept)."""
+    fields = {"x": {"shape": [], "dtype": "int64"}}
+
+    async def main() -> None:
+        async with AsyncReplayClient(server.url) as client:
+            name = unique("ag")
+            await client.create_table(
+                {"name": name, "capacity": 64, "backend": {"kind": "memory"}, "fields": fields}
+            )
+            async with client.writer(name, chunk=8, max_delay=0.05) as w:
+                await asyncio.gather(
+                    *(w.append(TensorDict({"x": torch.tensor(i)}, [])) for i in range(4))
+                )
+            assert w.sent_rows == 4
+            got = await client.read(name, torch.arange(4))
+            assert sorted(got["x"].tolist()) == [0, 1, 2, 3]
+
+    asyncio.run(main())
+
+
 def test_close_is_a_deprecated_alias_of_aclose(monkeypatch: pytest.MonkeyPatch) -> None:
     """``await x.close()`` still closes, warning once per class; ``aclose`` does not warn."""
     from tdreplay.client import deprecation

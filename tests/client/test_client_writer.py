@@ -347,3 +347,35 @@ def test_a_dropped_background_writer_stops_its_sender(client: ReplayClient) -> N
     gc.collect()
     sender.join(10)
     assert not sender.is_alive()
+
+
+class _MeetingInfo:
+    """The real client, whose ``info`` (the writer's first call) two threads enter together."""
+
+    transport = "http"
+
+    def __init__(self, client: ReplayClient) -> None:
+        self.client = client
+        self.barrier = threading.Barrier(2)
+
+    def info(self, name: str) -> dict[str, Any]:
+        self.barrier.wait(timeout=30)
+        return self.client.info(name)
+
+    def extend(self, name: str, data: Any, *, timeout: float | None = None) -> Any:
+        return self.client.extend(name, data, timeout=timeout)
+
+
+def test_first_appends_from_two_threads_both_arrive(client: ReplayClient) -> None:
+    """Two threads append the first steps of a new writer at once: both steps are sent
+    (each made its own buffer, and the one made first was dropped with its step)."""
+    name = table(client)
+    w = Writer(_MeetingInfo(client), name, chunk=8, max_delay=0.05)
+    threads = [threading.Thread(target=w.append, args=(step(i),)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    w.close()
+    assert w.sent_rows == 2
+    assert sorted(client.read(name, torch.arange(2))["x"].tolist()) == [0, 1]
