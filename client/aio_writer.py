@@ -62,6 +62,8 @@ class AsyncWriter(WriterBase):
     async def _buf(self) -> ChunkBuffer:
         if self._buffer is None:
             info = await self.client.info(self.table)
+            if self._closed:  # closed while this asked (aclose found no buffer to send)
+                raise RuntimeError("append() on a closed writer")
             if self._buffer is not None:  # another append made it meanwhile: keep that one
                 return self._buffer
             ep, end, cap = episode_keys(info, *self._keys)
@@ -97,6 +99,8 @@ class AsyncWriter(WriterBase):
         self._raise_pending()
         buf = await self._buf()
         async with self._lock:
+            if self._closed:  # closed while this waited for the lock: its last send is past
+                raise RuntimeError("append() on a closed writer")
             waiting = buf.waiting
             due = buf.append(step)
             if waiting and not buf.waiting:

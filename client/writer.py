@@ -137,6 +137,8 @@ class Writer(WriterBase):
         """The buffer, made by the first append (threads that meet here make one)."""
         info = self.client.info(self.table)
         with self._send_lock:
+            if self._closed:  # closed while this asked (close found no buffer to send)
+                raise RuntimeError("append() on a closed writer")
             if self._buffer is not None:
                 return self._buffer
             ep, end, cap = episode_keys(info, *self._keys)
@@ -247,6 +249,8 @@ class Writer(WriterBase):
             self._raise_pending()
         buf = self._buffer or self._buf()
         with self._send_lock:
+            if self._closed:  # closed by another thread since the check above: its last
+                raise RuntimeError("append() on a closed writer")  # send is past
             if self._timer is not None and buf.waiting:
                 # the timer reads what this append changes (see ChunkBuffer.waiting);
                 # any other append changes nothing it reads, and takes no second lock

@@ -115,6 +115,28 @@ def test_async_writer_first_appends_at_once_all_arrive(server: Any) -> None:
     asyncio.run(main())
 
 
+def test_async_append_that_meets_aclose_is_sent_or_refused(server: Any) -> None:
+    """An append waiting for the writer's first ``info`` while the writer closes raises;
+    it does not return with its step kept nowhere."""
+    fields = {"x": {"shape": [], "dtype": "int64"}}
+
+    async def main() -> None:
+        async with AsyncReplayClient(server.url) as client:
+            name = unique("ac")
+            await client.create_table(
+                {"name": name, "capacity": 64, "backend": {"kind": "memory"}, "fields": fields}
+            )
+            w = client.writer(name, chunk=8, max_delay=None)
+            append = asyncio.ensure_future(w.append(TensorDict({"x": torch.tensor(0)}, [])))
+            await asyncio.sleep(0)  # the append awaits the table's info
+            await w.aclose()
+            with pytest.raises(RuntimeError, match="closed"):
+                await append
+            assert (await client.info(name))["size"] == 0
+
+    asyncio.run(main())
+
+
 def test_close_is_a_deprecated_alias_of_aclose(monkeypatch: pytest.MonkeyPatch) -> None:
     """``await x.close()`` still closes, warning once per class; ``aclose`` does not warn."""
     from tdreplay.client import deprecation

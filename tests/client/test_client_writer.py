@@ -379,3 +379,32 @@ def test_first_appends_from_two_threads_both_arrive(client: ReplayClient) -> Non
     w.close()
     assert w.sent_rows == 2
     assert sorted(client.read(name, torch.arange(2))["x"].tolist()) == [0, 1]
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_an_append_that_meets_close_is_sent_or_refused(
+    client: ReplayClient, background: bool
+) -> None:
+    """An append that passed its closed check when another thread closed the writer
+    either is sent by that close or raises; it never returns with its step kept nowhere."""
+    name = table(client)
+    w = Writer(client, name, chunk=2, max_delay=None, background=background)
+    w.append(step(0))
+    lock = w._send_lock
+
+    class CloseFirst:  # the append's lock: another thread closes the writer just before
+        def __enter__(self) -> bool:
+            w._send_lock = lock
+            closer = threading.Thread(target=w.close)
+            closer.start()
+            closer.join(30)
+            return lock.__enter__()
+
+        def __exit__(self, *exc: object) -> None:
+            lock.__exit__(*exc)
+
+    w._send_lock = CloseFirst()  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="closed"):
+        w.append(step(1))
+    assert w.sent_rows == 1 and client.info(name)["size"] == 1
+    assert not [t for t in threading.enumerate() if t.name.startswith("tdreplay-writer-send")]
