@@ -80,10 +80,15 @@ class AsyncWriter(WriterBase):
             self._progress.set()
 
     async def wait_sent(self, rows: int, timeout: float | None = None) -> bool:
-        """Wait until ``rows`` steps in all have been sent; whether they were within ``timeout``."""
+        """Wait until ``rows`` steps in all have been sent; whether they were within ``timeout``.
+
+        Raises:
+            The error of a chunk the time limit sent, if one failed meanwhile.
+        """
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while self.sent_rows < rows:
+            self._raise_pending()
             self._progress.clear()
             left = None if deadline is None else deadline - loop.time()
             if left is not None and left <= 0:
@@ -130,6 +135,7 @@ class AsyncWriter(WriterBase):
             except Exception as err:
                 self._keep(err)
                 self._buffer.clear()
+                self._progress.set()  # a wait_sent raises it now
 
     async def aclose(self, *, discard: bool = False) -> None:
         """Send what is left and stop the timer (see :meth:`Writer.close`).

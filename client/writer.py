@@ -288,6 +288,7 @@ class Writer(WriterBase):
             except BaseException as err:
                 with self._sent:
                     self._keep(err)
+                    self._sent.notify_all()  # a wait_sent raises it now
                 with self._cond:
                     self._buffer.clear()
 

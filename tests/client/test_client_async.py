@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 from testkit import make_rows, schema_fields, unique
 
-from tdreplay.client import AsyncReplayClient, RateLimitTimeout, SchemaError
+from tdreplay.client import AsyncReplayClient, RateLimitTimeout, SchemaError, TableNotFound
 
 
 def test_async_twin(server: Any) -> None:
@@ -133,6 +133,30 @@ def test_async_append_that_meets_aclose_is_sent_or_refused(server: Any) -> None:
             with pytest.raises(RuntimeError, match="closed"):
                 await append
             assert (await client.info(name))["size"] == 0
+
+    asyncio.run(main())
+
+
+def test_async_wait_sent_raises_the_time_limits_failed_send(server: Any) -> None:
+    """The timer task's send fails (the table was deleted): ``wait_sent`` raises its error
+    then, as the blocking writer's does (it waited out its timeout and said False)."""
+    fields = {"x": {"shape": [], "dtype": "int64"}}
+
+    async def main() -> None:
+        async with AsyncReplayClient(server.url) as client:
+            name = unique("at")
+            await client.create_table(
+                {"name": name, "capacity": 64, "backend": {"kind": "memory"}, "fields": fields}
+            )
+            w = client.writer(name, chunk=100, max_delay=0.3)
+            await w.append(TensorDict({"x": torch.tensor(0)}, []))
+            await client.delete_table(name)  # before the time limit sends the step
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            with pytest.raises(TableNotFound):
+                await w.wait_sent(1, timeout=15)
+            assert loop.time() - began < 10
+            await w.aclose(discard=True)
 
     asyncio.run(main())
 

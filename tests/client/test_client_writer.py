@@ -408,3 +408,24 @@ def test_an_append_that_meets_close_is_sent_or_refused(
         w.append(step(1))
     assert w.sent_rows == 1 and client.info(name)["size"] == 1
     assert not [t for t in threading.enumerate() if t.name.startswith("tdreplay-writer-send")]
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_wait_sent_raises_the_time_limits_failed_send_at_once(
+    client: ReplayClient, background: bool
+) -> None:
+    """The timer's send fails (the table was deleted): ``wait_sent`` raises its error then,
+    not once its own timeout has passed (with none, it waited for ever)."""
+    import time
+
+    from tdreplay.client import TableNotFound
+
+    name = table(client)
+    w = Writer(client, name, chunk=100, max_delay=0.3, background=background)
+    w.append(step(0))
+    client.delete_table(name)  # before the time limit sends the step
+    began = time.monotonic()
+    with pytest.raises(TableNotFound):
+        w.wait_sent(1, timeout=15)
+    assert time.monotonic() - began < 10
+    w.close(discard=True)
