@@ -1,0 +1,85 @@
+"""TDReplayBuffer against a real server, next to TorchRL's own buffer: sample transforms,
+``rb[index]`` in every form TorchRL takes, and ``update_priority`` as TorchRL's accepts it."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from parity_kit import ALPHA, BETA, FIELDS, rows
+from tensordict import TensorDictBase
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.envs import ExcludeTransform, SelectTransform
+
+from tdreplay.torchrl import TDReplayBuffer
+
+
+def ours_for(server: Any, sampler: str = "uniform", **options: Any) -> TDReplayBuffer:
+    block: dict[str, Any] = {"kind": sampler}
+    if sampler == "prioritized":
+        block.update(alpha=ALPHA, beta=BETA)
+    create = {"capacity": 64, "backend": "memory", "sampler": block}
+    name = f"calls_{uuid.uuid4().hex[:8]}"
+    return TDReplayBuffer(server.url, name, create=create, timeout=5.0, **options)
+
+
+def keys_of(td: TensorDictBase) -> set[Any]:
+    return set(td.keys(include_nested=True, leaves_only=True))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: SelectTransform("observation", "id"), lambda: ExcludeTransform("observation")],
+    ids=["select", "exclude"],
+)
+def test_a_sample_transform_sees_the_rows_and_index_is_set_after_it(server: Any, make: Any) -> None:
+    """TorchRL transforms the sampled rows, then sets ``index`` (and ``priority_weight``)
+    on what the transform returned: a transform that selects keys keeps them, and the
+    loss's ``td_error`` goes back with ``update_tensordict_priority``."""
+    theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(64), batch_size=8)
+    ours = ours_for(server, "prioritized", batch_size=8)
+    for rb in (theirs, ours):
+        rb.append_transform(make())
+        rb.extend(rows(0, 20))
+    a, b = theirs.sample(), ours.sample()
+    assert a.get("index", None) is not None
+    # ours adds priority_weight (prioritized) and sample_info, as documented
+    added = {"priority_weight"} | {k for k in keys_of(b) if k[:1] == ("sample_info",)}
+    assert keys_of(b) - added == keys_of(a)
+    assert b["index"].shape == (8,) and b["priority_weight"].shape == (8,)
+    b["td_error"] = torch.full((8,), 3.0)
+    ours.update_tensordict_priority(b)
+    after = ours.sample(64)
+    updated = torch.isin(after["index"], b["index"])
+    assert torch.all(after["sample_info", "priority"][updated] == 3.0)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        (torch.tensor([1, 2]),),  # a SliceSampler's index is a one-tuple
+        np.int64(3),
+        torch.tensor(3),
+        torch.tensor([[0, 1], [2, 3]]),
+        np.array([1, 2]),
+        torch.arange(20) < 3,  # a mask
+        torch.tensor([-1, -2]),
+        [4, 5],
+        7,
+        -1,
+        slice(2, 9, 3),
+    ],
+    ids=repr,
+)
+def test_items_by_every_index_form_as_torchrl_reads_them(server: Any, index: Any) -> None:
+    theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(64))
+    ours = ours_for(server)
+    for rb in (theirs, ours):
+        rb.extend(rows(0, 20))
+    a, b = theirs[index], ours[index]
+    assert a.batch_size == b.batch_size
+    for key in FIELDS:
+        assert torch.equal(a.get(key), b.get(key)), key
