@@ -83,3 +83,14 @@ def test_items_by_every_index_form_as_torchrl_reads_them(server: Any, index: Any
     assert a.batch_size == b.batch_size
     for key in FIELDS:
         assert torch.equal(a.get(key), b.get(key)), key
+
+
+def test_update_priority_takes_one_number_for_all_items(server: Any) -> None:
+    """TorchRL's ``update_priority(index, priority)``: ``priority`` a number or one per item."""
+    ours = ours_for(server, "prioritized")
+    ours.extend(rows(0, 20))
+    assert ours.update_priority(torch.arange(20), 2.5) == 20
+    assert ours.update_priority(torch.tensor([3, 4]), torch.tensor(7.0)) == 2
+    batch = ours.sample(64)
+    expected = torch.where(torch.isin(batch["index"], torch.tensor([3, 4])), 7.0, 2.5)
+    assert torch.equal(batch["sample_info", "priority"], expected)
