@@ -56,6 +56,8 @@ class PrioritiesMixin:
         priority = torch.as_tensor(priority)
         if priority.numel() == 1:  # as TorchRL: one number for every item
             priority = priority.reshape(1).expand(len(index))
+        kept = index >= 0  # as TorchRL: -1 is a row a max_value writer dropped
+        index, priority = index[kept], priority.reshape(len(kept), -1)[kept]
         return self._client.update_priority(self._table, index, priority, key=key)
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:  # type: ignore[override]

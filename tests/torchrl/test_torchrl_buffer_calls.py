@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 from parity_kit import ALPHA, BETA, FIELDS, rows
-from tensordict import TensorDictBase
-from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import LazyTensorStorage, TensorDictMaxValueWriter, TensorDictReplayBuffer
 from torchrl.envs import ExcludeTransform, SelectTransform
 
 from tdreplay.torchrl import TDReplayBuffer
@@ -94,3 +94,42 @@ def test_update_priority_takes_one_number_for_all_items(server: Any) -> None:
     batch = ours.sample(64)
     expected = torch.where(torch.isin(batch["index"], torch.tensor([3, 4])), 7.0, 2.5)
     assert torch.equal(batch["sample_info", "priority"], expected)
+
+
+def ranked(values: list[float], start: int) -> TensorDict:
+    """Rows with a ``score`` (the max_value writer's key) and a unique ``id``."""
+    n = len(values)
+    return TensorDict({"id": torch.arange(start, start + n), "score": torch.tensor(values)}, [n])
+
+
+def test_extend_into_a_max_value_table_answers_minus_one_for_dropped_rows(server: Any) -> None:
+    """TorchRL's ``TensorDictMaxValueWriter`` answers -1 for the rows it drops; the slot of
+    every kept row holds that row (ties included), and its priority update skips the -1s."""
+    theirs = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(4), writer=TensorDictMaxValueWriter(rank_key="score")
+    )
+    create = {
+        "capacity": 4,
+        "backend": "memory",
+        "writer": {"kind": "max_value", "key": "score"},
+        "sampler": {"kind": "prioritized", "alpha": ALPHA, "beta": BETA},
+    }
+    ours = TDReplayBuffer(server.url, f"calls_{uuid.uuid4().hex[:8]}", create=create)
+    start = 0
+    for values in ([1.0, 2.0, 3.0, 4.0], [0.5, 5.0, 0.1], [9.0, 0.0, 6.0]):
+        data = ranked(values, start)
+        a, b = theirs.extend(data.clone()), ours.extend(data.clone())
+        assert torch.equal(a < 0, b < 0), (values, a, b)
+        start += len(values)
+    assert sorted(theirs[:]["score"].tolist()) == sorted(ours[:]["score"].tolist())
+    ties = ranked([5.5, 5.5, 5.5], start)  # two of the three beat the 4.0 and the 5.0
+    ties["td_error"] = torch.tensor([1.0, 2.0, 3.0])
+    slots = ours.extend(ties)
+    kept = slots >= 0
+    assert kept.tolist() == [True, True, False]  # of equal values, the earlier rows
+    assert torch.equal(ours[slots[kept]]["id"], ties["id"][kept])
+    batch = ours.sample(64)
+    mine = torch.isin(batch["id"], ties["id"][kept])
+    assert torch.equal(batch["sample_info", "priority"][mine], batch["id"][mine] - start + 1.0)
+    assert ours.update_priority(slots, 2.0) == 2
+    assert ours.extend(ranked([0.0], start + 3)).tolist() == [-1]  # none kept (over shm too)
