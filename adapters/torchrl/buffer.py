@@ -322,7 +322,8 @@ class TDReplayBuffer(
     def extend(  # type: ignore[override]
         self, tensordicts: Any, *, update_priority: bool | None = None
     ) -> torch.Tensor:
-        """Insert a batch (``[N]``, ``[B, T]`` or ``[]``); returns the slots written, shaped like it.
+        """Insert a batch (``[N]``, ``[B, T]`` or ``[]``); returns the slots written, shaped like it
+        (-1 for the rows a ``max_value`` table dropped, as TorchRL's ``TensorDictMaxValueWriter``).
 
         As TorchRL's: ``tensordicts`` is left as it is (TorchRL sets ``index`` on
         what its transforms' inverse made of it, a copy, even with no transform)
@@ -353,9 +354,9 @@ class TDReplayBuffer(
         if update_priority is not False and self._sampler.prioritized:
             priority = data.get(self.priority_key, None)
             if priority is not None:
-                self._client.update_priority(
-                    self._table, index, R.priority_vector(data, self.priority_key)
-                )
+                kept = index >= 0  # a max_value writer's dropped rows are -1
+                priority = R.priority_vector(data, self.priority_key)[kept]
+                self._client.update_priority(self._table, index[kept], priority)
         return shaped
 
     def _insert(self, rows: TensorDictBase) -> torch.Tensor:
@@ -371,9 +372,11 @@ class TDReplayBuffer(
     def _write(self, rows: TensorDictBase) -> torch.Tensor:
         """One extend of the table (and of the ``also`` tables, in the same request)."""
         if not self._also:
-            return self._client.extend(self._table, rows, timeout=self._timeout)
-        into = {self._table: None, **self._also}
-        return self._client.extend(into, rows, timeout=self._timeout)[self._table]
+            index = self._client.extend(self._table, rows, timeout=self._timeout)
+        else:
+            into = {self._table: None, **self._also}
+            index = self._client.extend(into, rows, timeout=self._timeout)[self._table]
+        return R.with_dropped(rows, index, self._meta_info().get("writer"))
 
     def add(self, data: Any) -> int:
         """Insert one step (a TensorDict with an empty batch); returns its slot."""

@@ -28,6 +28,7 @@ class PrioritiesMixin:
     ) -> int:
         """Set the priorities of the items at ``index`` (from ``batch["index"]``).
 
+        ``priority`` is one per item, or one number for all of them (as TorchRL's).
         Pass ``key=batch["sample_info", "key"]`` and slots overwritten since the
         sample keep their new items' priorities. On a table without priorities
         this does nothing (with a warning, as TorchRL's samplers do).
@@ -51,6 +52,12 @@ class PrioritiesMixin:
             return 0
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)[..., 0]
+        index = torch.as_tensor(index).reshape(-1)
+        priority = torch.as_tensor(priority)
+        if priority.numel() == 1:  # as TorchRL: one number for every item
+            priority = priority.reshape(1).expand(len(index))
+        kept = index >= 0  # as TorchRL: -1 is a row a max_value writer dropped
+        index, priority = index[kept], priority.reshape(len(kept), -1)[kept]
         return self._client.update_priority(self._table, index, priority, key=key)
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:  # type: ignore[override]

@@ -13,6 +13,7 @@ slice is truncated and done, so losses do not bootstrap across slices
 
 from __future__ import annotations
 
+import numbers
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -81,21 +82,33 @@ class SamplingMixin:
             batch = self._draw(n)
         info: dict[str, Any] = {"index": batch.get("index")}
         if self._sampler.prioritized:
-            weight = batch.get(("sample_info", "weight"))
-            batch.set("priority_weight", weight)
-            info["priority_weight"] = weight
+            info["priority_weight"] = batch.get(("sample_info", "weight"))
         if self._sampler.kind == "slice":
-            mark_slice_ends(batch, int(self._sampler.options.get("slice_len") or 1))
-            info.update({key: batch.get(key) for key in SLICE_MARKERS})
-        if len(self._transform):
-            batch = self._transform(batch)
+            marked = batch.select(*SLICE_MARKERS[1:], strict=False)
+            mark_slice_ends(marked, int(self._sampler.options.get("slice_len") or 1))
+            info.update({key: marked.get(key) for key in SLICE_MARKERS})
+        if len(self._transform):  # as TorchRL: the rows transformed, then the info set on them
+            meta = batch.select("sample_info").update(info)
+            batch = self._transform(batch.exclude("sample_info"))
+            try:
+                batch.update(meta)
+            except RuntimeError as err:
+                raise RuntimeError(
+                    f"TDReplayBuffer.sample: cannot set index and sample info ({meta.batch_size})"
+                    f" on the transformed batch ({batch.batch_size}); a transform changed its "
+                    "shape: pass sample(return_info=True) and reshape after sampling"
+                ) from err
+        else:
+            batch.update(info)
         return (batch, info) if return_info else batch
 
     def __getitem__(self, index: Any) -> Any:
         """The items in slots ``index``, as TorchRL's ``rb[index]``: an int (one item), a
-        slice over the table's slots, a list or tensor of slots (e.g. a sample's
-        ``index``), or a key (``rb["observation"]``: that field of every item). Read from
-        the server, transforms applied; nothing is counted as sampled.
+        slice over the table's slots, a list, array or tensor of slots (e.g. a sample's
+        ``index``; the result is shaped like it, negative slots count from the end, a bool
+        tensor is a mask), a one-tuple of those (a ``SliceSampler``'s index), or a key
+        (``rb["observation"]``: that field of every item). Read from the server,
+        transforms applied; nothing is counted as sampled.
 
         Raises:
             InvalidRequest: a slot that holds no item.
@@ -105,6 +118,9 @@ class SamplingMixin:
             isinstance(index, tuple) and all(isinstance(k, str) for k in index)
         ):
             return self[:][index]
+        if isinstance(index, tuple):  # as TorchRL: a one-tuple is its element
+            return self[index[0]] if len(index) == 1 else self[:][index]
+        shape: Any = None
         if isinstance(index, slice):
             if len(self._client.urls) > 1:
                 raise InvalidRequest(
@@ -113,16 +129,23 @@ class SamplingMixin:
                     field="index",
                 )
             slots: Any = list(range(*index.indices(len(self))))
-        elif isinstance(index, int):
+        elif _is_int(index):
             size = len(self)
-            if not -size <= index < size:
+            if not -size <= int(index) < size:
                 raise IndexError(f"index {index} is outside the table's {size} items")
-            slots = [index % size]
+            slots = [int(index) % size]
         else:
-            slots = index
+            slots = torch.as_tensor(index)
+            if slots.dtype == torch.bool:  # a mask over the items, as TorchRL reads one
+                slots = slots.nonzero().squeeze(-1)
+            if bool((slots < 0).any()):
+                slots = torch.where(slots < 0, slots + len(self), slots)
+            shape, slots = slots.shape, slots.reshape(-1)
         rows = self._client.read(self._table, slots).exclude("index")
-        if isinstance(index, int):
+        if _is_int(index):
             rows = rows[0]
+        elif shape is not None:
+            rows = rows.reshape(shape)
         return self._transform(rows) if len(self._transform) else rows
 
     def _draw(self, n: int) -> TensorDictBase:
@@ -180,6 +203,13 @@ class SamplingMixin:
         except StopIteration:
             self._iterator = None
             return None
+
+
+def _is_int(index: Any) -> bool:
+    """Whether ``index`` names one item: an int (numpy's too) or a 0-d integer tensor."""
+    if isinstance(index, torch.Tensor):
+        return index.ndim == 0 and not index.is_floating_point() and index.dtype != torch.bool
+    return isinstance(index, numbers.Integral) and not isinstance(index, bool)
 
 
 def mark_slice_ends(batch: TensorDictBase, slice_len: int) -> None:

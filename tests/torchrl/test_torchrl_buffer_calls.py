@@ -1,0 +1,135 @@
+"""TDReplayBuffer against a real server, next to TorchRL's own buffer: sample transforms,
+``rb[index]`` in every form TorchRL takes, and ``update_priority`` as TorchRL's accepts it."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from parity_kit import ALPHA, BETA, FIELDS, rows
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import LazyTensorStorage, TensorDictMaxValueWriter, TensorDictReplayBuffer
+from torchrl.envs import ExcludeTransform, SelectTransform
+
+from tdreplay.torchrl import TDReplayBuffer
+
+
+def ours_for(server: Any, sampler: str = "uniform", **options: Any) -> TDReplayBuffer:
+    block: dict[str, Any] = {"kind": sampler}
+    if sampler == "prioritized":
+        block.update(alpha=ALPHA, beta=BETA)
+    create = {"capacity": 64, "backend": "memory", "sampler": block}
+    name = f"calls_{uuid.uuid4().hex[:8]}"
+    return TDReplayBuffer(server.url, name, create=create, timeout=5.0, **options)
+
+
+def keys_of(td: TensorDictBase) -> set[Any]:
+    return set(td.keys(include_nested=True, leaves_only=True))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: SelectTransform("observation", "id"), lambda: ExcludeTransform("observation")],
+    ids=["select", "exclude"],
+)
+def test_a_sample_transform_sees_the_rows_and_index_is_set_after_it(server: Any, make: Any) -> None:
+    """TorchRL transforms the sampled rows, then sets ``index`` (and ``priority_weight``)
+    on what the transform returned: a transform that selects keys keeps them, and the
+    loss's ``td_error`` goes back with ``update_tensordict_priority``."""
+    theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(64), batch_size=8)
+    ours = ours_for(server, "prioritized", batch_size=8)
+    for rb in (theirs, ours):
+        rb.append_transform(make())
+        rb.extend(rows(0, 20))
+    a, b = theirs.sample(), ours.sample()
+    assert a.get("index", None) is not None
+    # ours adds priority_weight (prioritized) and sample_info, as documented
+    added = {"priority_weight"} | {k for k in keys_of(b) if k[:1] == ("sample_info",)}
+    assert keys_of(b) - added == keys_of(a)
+    assert b["index"].shape == (8,) and b["priority_weight"].shape == (8,)
+    b["td_error"] = torch.full((8,), 3.0)
+    ours.update_tensordict_priority(b)
+    after = ours.sample(64)
+    updated = torch.isin(after["index"], b["index"])
+    assert torch.all(after["sample_info", "priority"][updated] == 3.0)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        (torch.tensor([1, 2]),),  # a SliceSampler's index is a one-tuple
+        np.int64(3),
+        torch.tensor(3),
+        torch.tensor([[0, 1], [2, 3]]),
+        np.array([1, 2]),
+        torch.arange(20) < 3,  # a mask
+        torch.tensor([-1, -2]),
+        [4, 5],
+        7,
+        -1,
+        slice(2, 9, 3),
+    ],
+    ids=repr,
+)
+def test_items_by_every_index_form_as_torchrl_reads_them(server: Any, index: Any) -> None:
+    theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(64))
+    ours = ours_for(server)
+    for rb in (theirs, ours):
+        rb.extend(rows(0, 20))
+    a, b = theirs[index], ours[index]
+    assert a.batch_size == b.batch_size
+    for key in FIELDS:
+        assert torch.equal(a.get(key), b.get(key)), key
+
+
+def test_update_priority_takes_one_number_for_all_items(server: Any) -> None:
+    """TorchRL's ``update_priority(index, priority)``: ``priority`` a number or one per item."""
+    ours = ours_for(server, "prioritized")
+    ours.extend(rows(0, 20))
+    assert ours.update_priority(torch.arange(20), 2.5) == 20
+    assert ours.update_priority(torch.tensor([3, 4]), torch.tensor(7.0)) == 2
+    batch = ours.sample(64)
+    expected = torch.where(torch.isin(batch["index"], torch.tensor([3, 4])), 7.0, 2.5)
+    assert torch.equal(batch["sample_info", "priority"], expected)
+
+
+def ranked(values: list[float], start: int) -> TensorDict:
+    """Rows with a ``score`` (the max_value writer's key) and a unique ``id``."""
+    n = len(values)
+    return TensorDict({"id": torch.arange(start, start + n), "score": torch.tensor(values)}, [n])
+
+
+def test_extend_into_a_max_value_table_answers_minus_one_for_dropped_rows(server: Any) -> None:
+    """TorchRL's ``TensorDictMaxValueWriter`` answers -1 for the rows it drops; the slot of
+    every kept row holds that row (ties included), and its priority update skips the -1s."""
+    theirs = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(4), writer=TensorDictMaxValueWriter(rank_key="score")
+    )
+    create = {
+        "capacity": 4,
+        "backend": "memory",
+        "writer": {"kind": "max_value", "key": "score"},
+        "sampler": {"kind": "prioritized", "alpha": ALPHA, "beta": BETA},
+    }
+    ours = TDReplayBuffer(server.url, f"calls_{uuid.uuid4().hex[:8]}", create=create)
+    start = 0
+    for values in ([1.0, 2.0, 3.0, 4.0], [0.5, 5.0, 0.1], [9.0, 0.0, 6.0]):
+        data = ranked(values, start)
+        a, b = theirs.extend(data.clone()), ours.extend(data.clone())
+        assert torch.equal(a < 0, b < 0), (values, a, b)
+        start += len(values)
+    assert sorted(theirs[:]["score"].tolist()) == sorted(ours[:]["score"].tolist())
+    ties = ranked([5.5, 5.5, 5.5], start)  # two of the three beat the 4.0 and the 5.0
+    ties["td_error"] = torch.tensor([1.0, 2.0, 3.0])
+    slots = ours.extend(ties)
+    kept = slots >= 0
+    assert kept.tolist() == [True, True, False]  # of equal values, the earlier rows
+    assert torch.equal(ours[slots[kept]]["id"], ties["id"][kept])
+    batch = ours.sample(64)
+    mine = torch.isin(batch["id"], ties["id"][kept])
+    assert torch.equal(batch["sample_info", "priority"][mine], batch["id"][mine] - start + 1.0)
+    assert ours.update_priority(slots, 2.0) == 2
+    assert ours.extend(ranked([0.0], start + 3)).tolist() == [-1]  # none kept (over shm too)
