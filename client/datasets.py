@@ -39,6 +39,7 @@ from ..codec.episodes import trajectory_key_of
 from ..codec.errors import InvalidRequest, PathExists
 from ..codec.parquet_import import refused_values
 from ..codec.parquet_read import parquet_files, read_parquet
+from ..codec.protocol import rows_written
 from .plans import Calls
 from .sinks import aside
 from .steps import Plan, Work
@@ -223,7 +224,7 @@ def _extend_all(
     try:
         with tqdm(total=total, desc=f"import {table}", unit="rows", disable=disable) as bar:
             while (batch := (yield Work(next, batches, None))) is not None:
-                written += len((yield from calls.extend(table, batch)))
+                written += rows_written((yield from calls.extend(table, batch)))
                 bar.update(len(batch))
     except Exception as err:
         err.add_note(f"{written} rows were written into table {table!r} before it")

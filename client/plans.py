@@ -244,9 +244,14 @@ class Calls(PersistencePlans):
             if self.n == 1:
                 return index
             if isinstance(index, dict):
-                return {k: v * self.n + shard for k, v in index.items()}
-            return index * self.n + shard
+                return {k: self._encode(v, shard) for k, v in index.items()}
+            return self._encode(index, shard)
         raise AssertionError("unreachable")
+
+    def _encode(self, slots: torch.Tensor, shard: int) -> torch.Tensor:
+        """An extend's slots as a sharded client names them (-1, a row a ``max_value``
+        table dropped, stays -1)."""
+        return torch.where(slots >= 0, slots * self.n + shard, slots)
 
     def _resend(
         self, shard: int, command: C.Extend | C.Insert, err: errors.TransportError

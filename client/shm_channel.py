@@ -302,8 +302,6 @@ class Channel:
                     raise
                 self._forget(number)  # the table was replaced since the slot was laid out
                 continue
-            if not reply["index"]:  # a max_value table kept none of the rows
-                return torch.empty(0, dtype=torch.int64)
             return torch.frombuffer(bytearray(reply["index"]), dtype=torch.int64)
         return None
 

@@ -248,8 +248,9 @@ class ReplayClient(Persistence, ClientBase):
             timeout: seconds the rate limiter may hold the insert (default: the client's ``wait``).
 
         Returns:
-            The slots written, int64 ``[K]`` (sharded: ``slot * n_servers + server``);
-            for several tables, ``{table: slots}``.
+            The slot of each row, int64 ``[N]`` (sharded: ``slot * n_servers + server``),
+            ``-1`` for a row a ``max_value`` table dropped; for several tables,
+            ``{table: slots}``.
 
         Raises:
             SchemaError: a key, shape or dtype does not match; nothing was written.

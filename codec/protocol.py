@@ -20,7 +20,8 @@ Routes (``{name}``: a table; every data route is named like the storage API)::
     DELETE /v1/tables/{name}                      204
     POST   /v1/tables/{name}/extend               Arrow IPC body (one record batch); ?timeout=SECONDS
                                                   header X-Request-Id makes a retry idempotent
-                                                  -> JSON {"index": [...], "rows": K}
+                                                  -> JSON {"index": [...], "rows": K}: each row's
+                                                  slot (-1: dropped by a max_value table), K written
     POST   /v1/tables/{name}/sample               ?batch_size=N&timeout=SECONDS
                                                   -> Arrow IPC: fields + index + sample_info.*
     GET    /v1/tables/{name}/stream               ?batch_size=N&count=M&timeout=SECONDS
@@ -56,6 +57,8 @@ bodies are relative to the server's data root and may not leave it (400).
 
 from __future__ import annotations
 
+from typing import Any
+
 from .errors import ANSWERS
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -80,6 +83,14 @@ def table_path(name: str, action: str = "") -> str:
 REQUEST_ID = "X-Request-Id"
 #: response header: the rows an extend wrote (comma-free count)
 ROWS_WRITTEN = "X-Rows-Written"
+
+
+def rows_written(index: Any) -> int:
+    """The rows an extend's answer (the slot of each row, -1 for a row a ``max_value``
+    table dropped) says were written."""
+    return int((index >= 0).sum())
+
+
 #: response header on an extend answered from the X-Request-Id memory ("true"): nothing was inserted
 IDEMPOTENT_REPLAY = "X-Idempotent-Replay"
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from tdreplay.codec.parquet_import import refused_values
 from tdreplay.codec.parquet_read import parquet_files, read_parquet
+from tdreplay.codec.protocol import rows_written
 
 from .export import progress_bar
 from .spec import join_key
@@ -86,6 +87,6 @@ def import_parquet(
     written = 0
     with progress_bar(progress, total, table.spec.item_nbytes, f"import {table.name}") as bar:
         for batch in batches:
-            written += len(table.extend(batch))
+            written += rows_written(table.extend(batch))
             bar.update(len(batch))
     return written

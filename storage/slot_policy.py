@@ -186,7 +186,7 @@ class MaxValuePolicy(SlotPolicy):
     def claim(self, n: int, values: torch.Tensor | None = None) -> Claim:
         assert values is not None
         v = values.reshape(-1).to(torch.float64)
-        order = torch.argsort(v, descending=True, stable=True)  # the adapter's with_dropped
+        order = torch.argsort(v, descending=True, stable=True)  # of equal values, the earlier row
         free = self.slots.free().nonzero().squeeze(1)
         take_free = min(len(free), n)
         rows = [order[:take_free]]

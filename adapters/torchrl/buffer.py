@@ -370,13 +370,12 @@ class TDReplayBuffer(
         )
 
     def _write(self, rows: TensorDictBase) -> torch.Tensor:
-        """One extend of the table (and of the ``also`` tables, in the same request)."""
+        """One extend of the table (and of the ``also`` tables, in the same request): the
+        slot of each row, -1 for a row a ``max_value`` table dropped (as TorchRL answers)."""
         if not self._also:
-            index = self._client.extend(self._table, rows, timeout=self._timeout)
-        else:
-            into = {self._table: None, **self._also}
-            index = self._client.extend(into, rows, timeout=self._timeout)[self._table]
-        return R.with_dropped(rows, index, self._meta_info().get("writer"))
+            return self._client.extend(self._table, rows, timeout=self._timeout)
+        into = {self._table: None, **self._also}
+        return self._client.extend(into, rows, timeout=self._timeout)[self._table]
 
     def add(self, data: Any) -> int:
         """Insert one step (a TensorDict with an empty batch); returns its slot."""

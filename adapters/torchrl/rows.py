@@ -127,24 +127,6 @@ def flat_index(data: TensorDictBase) -> torch.Tensor:
     return index.reshape(-1)
 
 
-def with_dropped(
-    rows: TensorDictBase, index: torch.Tensor, writer: Mapping[str, Any] | None
-) -> torch.Tensor:
-    """The slot of each of ``rows`` from an extend's answer, -1 for a row the table's
-    ``max_value`` writer dropped (as TorchRL's ``TensorDictMaxValueWriter`` answers).
-
-    The server answers the kept rows' slots in batch order; it keeps the rows with the
-    largest values of its key (a stable sort: of equal values, the earlier row).
-    """
-    if len(index) == len(rows) or not writer or writer.get("kind") != "max_value":
-        return index
-    values = rows.get(tuple(str(writer["key"]).split("."))).reshape(-1).to(torch.float64)
-    order = torch.argsort(values, descending=True, stable=True)
-    slots = torch.full((len(rows),), -1, dtype=torch.int64)
-    slots[torch.sort(order[: len(index)]).values] = index
-    return slots
-
-
 def spec_from_tensordict(
     data: TensorDictBase,
     name: str,

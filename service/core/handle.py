@@ -216,7 +216,8 @@ class TableHandle:
         items' initial priority (prioritized tables; ``None``: the sampler's).
 
         Returns:
-            The slots written, and whether this was such a repeat.
+            The slot of each row (-1: dropped by a max-value writer), and whether this was
+            such a repeat.
         """
         with self.use() as table:
             inline = n * table.spec.item_nbytes <= self._inline_extend

@@ -103,7 +103,7 @@ class Core(TableOps, PersistenceOps):
         """Insert rows given as flat columns ``{nested key: tensor [N, *shape]}``.
 
         Returns:
-            The slots written, and whether the call repeated a recent
+            The slot of each row (-1: dropped by a max-value writer), and whether the call repeated a recent
             ``request_id`` (then nothing was inserted; the first call's slots).
 
         Raises:
@@ -132,9 +132,8 @@ class Core(TableOps, PersistenceOps):
         call did not get to, and nowhere twice.
 
         Returns:
-            The slots written, by table (as many as the rows, unless a table's max-value
-            writer dropped some: count them per table); and whether the call was a
-            repeat everywhere.
+            The slot of each row, by table (-1 for a row a table's max-value writer
+            dropped); and whether the call was a repeat everywhere.
 
         Raises:
             TableNotFound, SchemaError, InvalidRequest: nothing was written.

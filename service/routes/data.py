@@ -73,7 +73,9 @@ Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
 
 class ExtendResult(BaseModel):
-    index: list[int] = Field(description="The slots written, in the order of the rows sent.")
+    index: list[int] = Field(
+        description="The slot of each row sent, in order; -1 for a row a max_value table dropped."
+    )
     rows: int = Field(description="How many rows were written.")
 
 
@@ -109,8 +111,9 @@ async def extend(
     handle = core.table(name)  # 404 before the body is read; passed on: looked up once
     columns = await _rows(request, core)
     index, replayed = await core.extend(handle, columns, params)
-    content = json.dumps({"index": index.tolist(), "rows": len(index)}).encode()
-    headers = {protocol.ROWS_WRITTEN: str(len(index))}
+    written = protocol.rows_written(index)
+    content = json.dumps({"index": index.tolist(), "rows": written}).encode()
+    headers = {protocol.ROWS_WRITTEN: str(written)}
     if replayed:
         headers[protocol.IDEMPOTENT_REPLAY] = "true"
     return Response(content, media_type=protocol.JSON, headers=headers)
@@ -136,7 +139,9 @@ async def _rows(request: Request, core: Core) -> dict[Any, Any]:
 
 
 class InsertResult(BaseModel):
-    index: dict[str, list[int]] = Field(description="The slots written in each table.")
+    index: dict[str, list[int]] = Field(
+        description="The slot of each row in each table; -1 for a row a max_value table dropped."
+    )
     rows: dict[str, int] = Field(
         description="How many rows went into each table (fewer than sent where a "
         "max-value writer dropped some)."
@@ -164,7 +169,7 @@ async def insert(
     content = json.dumps(
         {
             "index": {k: v.tolist() for k, v in index.items()},
-            "rows": {k: len(v) for k, v in index.items()},
+            "rows": {k: protocol.rows_written(v) for k, v in index.items()},
         }
     )
     headers = {protocol.IDEMPOTENT_REPLAY: "true"} if replayed else None

@@ -63,8 +63,9 @@ class Inserts(TableBase):
                 answers which live items an insert wrote, after a restart too.
 
         Returns:
-            The slots written, int64 ``[K]`` in the order of ``td``'s rows. ``K == N``
-            except with the max-value writer, which drops items below the table's minimum.
+            The slot of each row, int64 ``[N]`` in the order of ``td``'s rows; ``-1`` for a
+            row the max-value writer dropped (below the table's minimum), as TorchRL's
+            ``TensorDictMaxValueWriter`` answers.
 
         Raises:
             SchemaError: a key is missing or extra, or a shape, dtype or the batch dims are wrong.
@@ -164,7 +165,7 @@ class Inserts(TableBase):
             index = claim.index
             k = len(index)
             if k == 0:
-                return index
+                return _per_row(index, claim.rows, n)
             # A slice target (a contiguous run) makes the slot updates views, not gathers.
             target = claim.target
             evicted = index[self.slots.live[target]]
@@ -216,7 +217,7 @@ class Inserts(TableBase):
             self.bytes_in += k * self._item_nbytes
             self._persist()
             self._notify()
-        return index
+        return _per_row(index, claim.rows, n)
 
     def _episodes(self, data: Mapping[NestedKey, torch.Tensor], n: int) -> torch.Tensor:
         """Episode id per item: the trajectory key as given, or counted from end flags (lock held)."""
@@ -227,3 +228,13 @@ class Inserts(TableBase):
         base = self._episode_base
         self._episode_base += int(ends.sum())
         return base + torch.cumsum(ends, 0) - ends
+
+
+def _per_row(index: torch.Tensor, rows: torch.Tensor | None, n: int) -> torch.Tensor:
+    """The slot of each of ``n`` rows: ``index`` where the writer kept them all
+    (``rows`` is ``None``), else -1 for the rows it dropped."""
+    if rows is None:
+        return index
+    out = torch.full((n,), -1, dtype=torch.int64)
+    out[rows] = index
+    return out

@@ -195,3 +195,21 @@ def test_an_extend_whose_server_died_holding_it_goes_to_no_other(
     assert len(failed) == 1 and isinstance(failed[0], ConnectionFailed), failed
     assert failed[0].sent, failed[0]
     assert ReplayClient(server.url).info(name)["size"] == 0, "the extend went to another server"
+
+
+def test_a_sharded_extend_keeps_the_minus_one_of_a_row_a_max_value_table_dropped(
+    servers: list[Any],
+) -> None:
+    # the server answers each row's slot, -1 for a dropped row: the client encodes the
+    # server in the slots, never in the -1 (-1 * 2 + 1 would name slot 0 of server 1)
+    client = ReplayClient([s.url for s in servers], shard_refresh=0.0)
+    name = create(client, capacity=4, writer={"kind": "max_value", "key": "x"})
+    for k in range(2):  # both servers full: values 100.. and 200..
+        client.extend(name, rows(100 * (k + 1), 4))
+    for _ in range(2):  # one extend to each server
+        index = client.extend(name, rows(0, 3))  # below every minimum: all dropped
+        assert index.tolist() == [-1, -1, -1]
+    index = client.extend(name, rows(1000, 2))  # above: both kept, the server encoded
+    assert (index >= 0).all() and len(set((index % 2).tolist())) == 1
+    got = client.read(name, index.tolist())
+    assert got["x"].tolist() == [1000, 1001]

@@ -304,3 +304,15 @@ def test_a_value_an_extend_refuses_stops_the_import_before_any_row(
         assert err.value.field == column and "b.parquet" in str(err.value)
         assert len(table) == 0 and table.rate_limiter.inserts == 0
     assert table.import_parquet(folder / "a.parquet", chunk=4) == 20
+
+
+def test_an_import_into_a_max_value_table_counts_the_rows_it_kept(tables, tmp_path: Path) -> None:
+    # an extend answers each row's slot, -1 for a row the max_value writer dropped: the
+    # import counts the rows written, not the rows sent
+    path = tmp_path / "falling.parquet"
+    rewards = rows(0, 20)["next", "reward"].reshape(-1)
+    falling = foreign_table().take(torch.argsort(rewards, descending=True).numpy())
+    pq.write_table(falling, path)
+    table = tables.create(make_spec(capacity=8, writer={"kind": "max_value", "key": "next.reward"}))
+    written = table.import_parquet(path, chunk=4)
+    assert written == table.info()["inserts"] == len(table) == 8  # the 12 smaller dropped

@@ -54,11 +54,17 @@ def test_max_value_keeps_the_top_k(backend: dict, tables) -> None:
         values[0] = values[-1]  # a tie inside a batch
         data = valued(next_id, values)
         slots = table.extend(data)
-        # the returned slots hold the kept rows, in the order of the batch
-        kept = table.read(slots)
+        # the slot of each row of the batch, -1 for a row dropped
+        assert len(slots) == n
+        kept = table.read(slots[slots >= 0])
         assert_consistent(kept)
-        assert kept["id"].tolist() == sorted(kept["id"].tolist())
+        assert kept["id"].tolist() == [
+            next_id + i for i in (slots >= 0).nonzero().flatten().tolist()
+        ]
         assert torch.equal(kept["value"], data["value"][kept["id"] - next_id])
+        if (slots < 0).any() and (slots >= 0).any():  # what was dropped was no larger
+            dropped = values[slots < 0]
+            assert float(dropped.max()) <= float(values[slots >= 0].min())
         seen_ids += list(range(next_id, next_id + n))
         seen_values += values.tolist()
         next_id += n
@@ -81,8 +87,8 @@ def test_max_value_drops_items_below_the_minimum(tables) -> None:
     table = value_table(tables, capacity=4)
     table.extend(valued(0, torch.tensor([10.0, 20.0, 30.0, 40.0])))
     slots = table.extend(valued(4, torch.tensor([5.0, 50.0, 1.0])))
-    assert len(slots) == 1
-    assert table.read(slots)["id"].tolist() == [5]
+    assert slots[0] == -1 and slots[2] == -1 and slots[1] >= 0  # each row's slot, -1: dropped
+    assert table.read(slots[1:2])["id"].tolist() == [5]
     assert sorted(table.read(table.live_index())["value"].reshape(-1).tolist()) == [
         20.0,
         30.0,
@@ -91,7 +97,7 @@ def test_max_value_drops_items_below_the_minimum(tables) -> None:
     ]
     assert table.info()["inserts"] == 5  # only kept items count
     nothing = table.extend(valued(7, torch.tensor([0.0, -1.0])))
-    assert nothing.tolist() == [] and len(table) == 4
+    assert nothing.tolist() == [-1, -1] and len(table) == 4
 
 
 def test_max_times_sampled_removes_items_after_n_samples(tables) -> None:
