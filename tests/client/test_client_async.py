@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import warnings
 from typing import Any
 
@@ -186,5 +187,44 @@ def test_close_is_a_deprecated_alias_of_aclose(monkeypatch: pytest.MonkeyPatch) 
         w = client.writer("t")
         await w.close(discard=True)  # the alias passes its arguments on
         assert w._closed
+
+    asyncio.run(main())
+
+
+def test_aclose_leaves_same_host_calls_in_flight_to_finish(server: Any) -> None:
+    """``aclose`` with extends and samples in flight over shared memory: each ends as soon
+    as over HTTP, with its answer (the channels they used were closed under them: some
+    raised ``OSError: Bad file descriptor``, some waited out ``timeout + wait`` on a
+    descriptor number reused meanwhile, then went over HTTP)."""
+    fields = {"x": {"shape": [4], "dtype": "int64"}}
+
+    async def timed(call: Any) -> float:
+        began = time.monotonic()
+        await call
+        return time.monotonic() - began
+
+    async def main() -> None:
+        async with AsyncReplayClient(server.url, timeout=5, wait=5) as client:
+            name = unique("acf")
+            await client.create_table(
+                {"name": name, "capacity": 4096, "backend": {"kind": "memory"}, "fields": fields}
+            )
+            await client.extend(name, TensorDict({"x": torch.zeros(4, 4, dtype=torch.int64)}, [4]))
+            assert await client.transport() == "shm"
+            for turn in range(10):
+                rows = [
+                    torch.arange(8 * 4).reshape(8, 4) + 1000 * (20 * turn + i) for i in range(20)
+                ]
+                extends = [client.extend(name, TensorDict({"x": r}, [8])) for r in rows]
+                samples = [client.sample(name, 4) for _ in range(20)]
+                tasks = [asyncio.ensure_future(c) for c in (*extends, *samples)]
+                await asyncio.sleep(0.001 * (turn % 5))
+                await client.aclose()
+                took = await asyncio.gather(*(timed(t) for t in tasks))
+                assert max(took) < 4, (turn, max(took))
+                for r, task in zip(rows, tasks, strict=False):
+                    assert torch.equal((await client.read(name, task.result()))["x"], r)
+            size = (await client.info(name))["size"]
+            assert size == 4 + 10 * 20 * 8  # each extend stored once
 
     asyncio.run(main())
