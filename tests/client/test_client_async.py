@@ -228,3 +228,30 @@ def test_aclose_leaves_same_host_calls_in_flight_to_finish(server: Any) -> None:
             assert size == 4 + 10 * 20 * 8  # each extend stored once
 
     asyncio.run(main())
+
+
+def test_a_new_loop_resolves_the_same_host_link_again(live_server: Any) -> None:
+    """A client used under ``asyncio.run`` twice, its server restarted between: the new
+    loop's concurrent calls find the link again (the lock they waited on was the first
+    loop's, where calls had met on it: "bound to a different event loop")."""
+    fields = {"x": {"shape": [], "dtype": "int64"}}
+    first = live_server()
+    client = AsyncReplayClient(first.url, timeout=5)
+    spec = {"name": "again", "capacity": 64, "backend": {"kind": "memory"}, "fields": fields}
+    rows = [TensorDict({"x": torch.arange(4) + 10 * i}, [4]) for i in range(8)]
+
+    async def use(alone: int) -> None:
+        await client.create_table(spec, if_absent=True)
+        # the first loop's first calls all wait for the link; the second loop's first call
+        # finds the link gone (another server), and the next ones wait for it again
+        slots = [await client.extend("again", r) for r in rows[:alone]]
+        slots += await asyncio.gather(*(client.extend("again", r) for r in rows[alone:]))
+        for r, s in zip(rows, slots, strict=True):
+            assert torch.equal((await client.read("again", s))["x"], r["x"])
+        assert await client.transport() == "shm"
+        await client.aclose()
+
+    asyncio.run(use(0))
+    first.stop()
+    live_server(port=first.port)  # another server where it was
+    asyncio.run(use(1))
