@@ -255,3 +255,25 @@ def test_a_new_loop_resolves_the_same_host_link_again(live_server: Any) -> None:
     first.stop()
     live_server(port=first.port)  # another server where it was
     asyncio.run(use(1))
+
+
+def test_aclose_under_a_later_loop(server: Any) -> None:
+    """``asyncio.run(client.aclose())`` after the loop that used the client ended: its idle
+    connections are that loop's, dropped (closing them asked the ended loop to, and
+    raised RuntimeError: Event loop is closed); the client stays usable."""
+    client = AsyncReplayClient(server.url, transport="http")
+    name = unique("al")
+    spec = {
+        "name": name,
+        "capacity": 8,
+        "backend": {"kind": "memory"},
+        "fields": {"x": {"shape": [], "dtype": "int64"}},
+    }
+    asyncio.run(client.create_table(spec))  # leaves an idle connection of that loop
+    asyncio.run(client.aclose())
+
+    async def again() -> None:
+        async with client:
+            assert (await client.info(name))["size"] == 0
+
+    asyncio.run(again())
