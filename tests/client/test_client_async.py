@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import warnings
 from typing import Any
@@ -277,3 +278,40 @@ def test_aclose_under_a_later_loop(server: Any) -> None:
             assert (await client.info(name))["size"] == 0
 
     asyncio.run(again())
+
+
+def test_a_cancelled_append_leaves_no_torn_rows_over_shm(server: Any) -> None:
+    """An append cancelled while it sends a chunk over shared memory: the worker thread
+    still copying that chunk's rows out of the writer's buffer finishes with them as they
+    were (the next appends wrote the same rows of the buffer meanwhile: rows stored with
+    one step's ``id`` and another's ``obs``)."""
+    fields = {"id": {"shape": [], "dtype": "int64"}, "obs": {"shape": [4096], "dtype": "int64"}}
+
+    def step(i: int) -> TensorDict:
+        return TensorDict({"id": torch.tensor(i), "obs": torch.full((4096,), i)}, [])
+
+    async def main() -> None:
+        async with AsyncReplayClient(server.url) as client:
+            name = unique("atr")
+            spec = {"name": name, "capacity": 4096, "backend": {"kind": "memory"}}
+            await client.create_table({**spec, "fields": fields})
+            assert await client.transport() == "shm"
+            w = client.writer(name, chunk=64, max_delay=None)
+            i = 0
+            for turn in range(30):
+                for _ in range(63):
+                    await w.append(step(i))
+                    i += 1
+                sending = asyncio.ensure_future(w.append(step(i)))  # the chunk's 64th
+                i += 1
+                await asyncio.sleep(0.0001 * (turn % 20))
+                sending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sending
+            await w.aclose()
+            await asyncio.sleep(0.5)  # the cancelled sends' threads are done
+            stored = await client.read(name, torch.arange((await client.info(name))["size"]))
+            torn = (stored["obs"] != stored["id"][:, None]).any(1)
+            assert not torn.any(), stored["id"][torn].tolist()
+
+    asyncio.run(main())
