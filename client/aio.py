@@ -60,7 +60,7 @@ class AsyncReplayClient(ClientBase):
             for u in settings.urls
         ]
         self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
-        self._link_lock = asyncio.Lock()
+        self._link_lock: tuple[Any, asyncio.Lock] = (None, asyncio.Lock())  # (its loop, lock)
 
     async def _run(self, plan: Plan[T] | Generator[Any, Any, T]) -> T:
         """Drive a plan (:mod:`.core`, :mod:`.route`): perform each step it yields, awaited."""
@@ -112,7 +112,10 @@ class AsyncReplayClient(ClientBase):
     async def _link(self, shard: int, once: bool = False) -> shm.ShmLink | None:
         link = self._links[shard]
         if link is shm.UNRESOLVED:
-            async with self._link_lock:
+            loop = asyncio.get_running_loop()
+            if self._link_lock[0] is not loop:  # an asyncio lock waits on one loop only
+                self._link_lock = (loop, asyncio.Lock())
+            async with self._link_lock[1]:
                 if self._links[shard] is shm.UNRESOLVED:
                     plan = route.resolve(shard, once, self.settings)
                     self._links[shard] = await self._run(plan)

@@ -301,8 +301,11 @@ class AsyncTransport:
             proto.transport.close()
 
     async def aclose(self) -> None:
-        """Close every idle connection."""
+        """Close every idle connection (another loop's, maybe ended, are dropped, as
+        :meth:`_take` drops them)."""
         idle, self._idle = self._idle, []
+        if self._loop is not asyncio.get_running_loop():
+            return
         for proto in idle:
             if proto.transport is not None:
                 proto.transport.close()

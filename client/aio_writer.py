@@ -74,7 +74,14 @@ class AsyncWriter(WriterBase):
 
     async def _send(self, chunks: list[TensorDictBase]) -> None:
         for td in chunks:
-            await self.client.extend(self.table, td, timeout=self.timeout)
+            try:
+                await self.client.extend(self.table, td, timeout=self.timeout)
+            except asyncio.CancelledError:
+                # over shared memory the extend's worker thread goes on copying the chunk's
+                # rows out of the buffer: later steps must not be written over them
+                if self._buffer is not None:
+                    self._buffer.disown()
+                raise
             self.sent_rows += td.batch_size[0]
             self.sent_chunks += 1
             self._progress.set()

@@ -215,6 +215,11 @@ class ChunkBuffer:
         out = self.take(borrow=True)
         return out, self._rows.lend() if out else None
 
+    def disown(self) -> None:
+        """Append into other columns from now on: the chunks taken as views may still be
+        read (a send cancelled while a worker thread copies them out)."""
+        self._rows.lend()
+
     def reclaim(self, lent: Lent | None) -> None:
         """Give back columns :meth:`take_lent` lent, once their chunks are sent."""
         self._rows.reclaim(lent)

@@ -106,11 +106,21 @@ class ShmLink:
         return chan
 
     def close(self) -> None:
+        """Close every thread's channel; one a call is using (another thread's, or an
+        asyncio client's worker's) is closed when that call ends. Closed under it, the
+        call failed with a bad descriptor, or read a descriptor number reused meanwhile
+        and waited out its timeout."""
         with self._lock:
             channels = list(self._channels)
             self._channels = weakref.WeakSet()
         for chan in channels:
-            chan.close()
+            if chan.in_use.acquire(blocking=False):
+                try:
+                    chan.close()
+                finally:
+                    chan.in_use.release()
+            else:
+                chan.closing = True
         self._local = threading.local()
 
 
@@ -154,7 +164,18 @@ def run(link: ShmLink, command: C.Command[Any], *, strict: bool = False) -> Any:
     extend's rows do not fit the table's layout (HTTP's answer names what is wrong), or
     a slot would pass the server's shared-memory limits (HTTP has its own; ``strict``:
     the limit's error is raised instead)."""
-    chan = link.channel()
+    while True:
+        chan = link.channel()
+        with chan.in_use:  # ShmLink.close leaves it open until the call ends
+            if chan.sock.fileno() >= 0:  # else closed since channel() gave it: a new one
+                try:
+                    return _run(chan, command, strict)
+                finally:
+                    if chan.closing:
+                        chan.close()
+
+
+def _run(chan: Channel, command: C.Command[Any], strict: bool) -> Any:
     op = command.op
     if op is ops.SAMPLE:
         assert isinstance(command, C.Sample)

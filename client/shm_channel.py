@@ -12,6 +12,7 @@ import math
 import operator
 import os
 import socket
+import threading
 import time
 from collections import OrderedDict
 from typing import Any
@@ -100,6 +101,8 @@ class Channel:
         self._poller = Poller(poll_us * 1e-6)
         #: seconds the last answer took to come (an answer polled for: one that came soon)
         self._waited = math.inf
+        #: held by a call (:func:`~tdreplay.client.shm.run`); ``closing``: close when it ends
+        self.in_use, self.closing = threading.Lock(), False
         # every attribute close() reads is set before anything can fail (__del__ calls it)
         self._slots: dict[int, _Mapped] = {}
         #: slot numbers by (op, table, batch size), least recently used first

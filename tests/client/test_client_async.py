@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import warnings
 from typing import Any
 
@@ -186,5 +188,130 @@ def test_close_is_a_deprecated_alias_of_aclose(monkeypatch: pytest.MonkeyPatch) 
         w = client.writer("t")
         await w.close(discard=True)  # the alias passes its arguments on
         assert w._closed
+
+    asyncio.run(main())
+
+
+def test_aclose_leaves_same_host_calls_in_flight_to_finish(server: Any) -> None:
+    """``aclose`` with extends and samples in flight over shared memory: each ends as soon
+    as over HTTP, with its answer (the channels they used were closed under them: some
+    raised ``OSError: Bad file descriptor``, some waited out ``timeout + wait`` on a
+    descriptor number reused meanwhile, then went over HTTP)."""
+    fields = {"x": {"shape": [4], "dtype": "int64"}}
+
+    async def timed(call: Any) -> float:
+        began = time.monotonic()
+        await call
+        return time.monotonic() - began
+
+    async def main() -> None:
+        async with AsyncReplayClient(server.url, timeout=5, wait=5) as client:
+            name = unique("acf")
+            await client.create_table(
+                {"name": name, "capacity": 4096, "backend": {"kind": "memory"}, "fields": fields}
+            )
+            await client.extend(name, TensorDict({"x": torch.zeros(4, 4, dtype=torch.int64)}, [4]))
+            assert await client.transport() == "shm"
+            for turn in range(10):
+                rows = [
+                    torch.arange(8 * 4).reshape(8, 4) + 1000 * (20 * turn + i) for i in range(20)
+                ]
+                extends = [client.extend(name, TensorDict({"x": r}, [8])) for r in rows]
+                samples = [client.sample(name, 4) for _ in range(20)]
+                tasks = [asyncio.ensure_future(c) for c in (*extends, *samples)]
+                await asyncio.sleep(0.001 * (turn % 5))
+                await client.aclose()
+                took = await asyncio.gather(*(timed(t) for t in tasks))
+                assert max(took) < 4, (turn, max(took))
+                for r, task in zip(rows, tasks, strict=False):
+                    assert torch.equal((await client.read(name, task.result()))["x"], r)
+            size = (await client.info(name))["size"]
+            assert size == 4 + 10 * 20 * 8  # each extend stored once
+
+    asyncio.run(main())
+
+
+def test_a_new_loop_resolves_the_same_host_link_again(live_server: Any) -> None:
+    """A client used under ``asyncio.run`` twice, its server restarted between: the new
+    loop's concurrent calls find the link again (the lock they waited on was the first
+    loop's, where calls had met on it: "bound to a different event loop")."""
+    fields = {"x": {"shape": [], "dtype": "int64"}}
+    first = live_server()
+    client = AsyncReplayClient(first.url, timeout=5)
+    spec = {"name": "again", "capacity": 64, "backend": {"kind": "memory"}, "fields": fields}
+    rows = [TensorDict({"x": torch.arange(4) + 10 * i}, [4]) for i in range(8)]
+
+    async def use(alone: int) -> None:
+        await client.create_table(spec, if_absent=True)
+        # the first loop's first calls all wait for the link; the second loop's first call
+        # finds the link gone (another server), and the next ones wait for it again
+        slots = [await client.extend("again", r) for r in rows[:alone]]
+        slots += await asyncio.gather(*(client.extend("again", r) for r in rows[alone:]))
+        for r, s in zip(rows, slots, strict=True):
+            assert torch.equal((await client.read("again", s))["x"], r["x"])
+        assert await client.transport() == "shm"
+        await client.aclose()
+
+    asyncio.run(use(0))
+    first.stop()
+    live_server(port=first.port)  # another server where it was
+    asyncio.run(use(1))
+
+
+def test_aclose_under_a_later_loop(server: Any) -> None:
+    """``asyncio.run(client.aclose())`` after the loop that used the client ended: its idle
+    connections are that loop's, dropped (closing them asked the ended loop to, and
+    raised RuntimeError: Event loop is closed); the client stays usable."""
+    client = AsyncReplayClient(server.url, transport="http")
+    name = unique("al")
+    spec = {
+        "name": name,
+        "capacity": 8,
+        "backend": {"kind": "memory"},
+        "fields": {"x": {"shape": [], "dtype": "int64"}},
+    }
+    asyncio.run(client.create_table(spec))  # leaves an idle connection of that loop
+    asyncio.run(client.aclose())
+
+    async def again() -> None:
+        async with client:
+            assert (await client.info(name))["size"] == 0
+
+    asyncio.run(again())
+
+
+def test_a_cancelled_append_leaves_no_torn_rows_over_shm(server: Any) -> None:
+    """An append cancelled while it sends a chunk over shared memory: the worker thread
+    still copying that chunk's rows out of the writer's buffer finishes with them as they
+    were (the next appends wrote the same rows of the buffer meanwhile: rows stored with
+    one step's ``id`` and another's ``obs``)."""
+    fields = {"id": {"shape": [], "dtype": "int64"}, "obs": {"shape": [4096], "dtype": "int64"}}
+
+    def step(i: int) -> TensorDict:
+        return TensorDict({"id": torch.tensor(i), "obs": torch.full((4096,), i)}, [])
+
+    async def main() -> None:
+        async with AsyncReplayClient(server.url) as client:
+            name = unique("atr")
+            spec = {"name": name, "capacity": 4096, "backend": {"kind": "memory"}}
+            await client.create_table({**spec, "fields": fields})
+            assert await client.transport() == "shm"
+            w = client.writer(name, chunk=64, max_delay=None)
+            i = 0
+            for turn in range(30):
+                for _ in range(63):
+                    await w.append(step(i))
+                    i += 1
+                sending = asyncio.ensure_future(w.append(step(i)))  # the chunk's 64th
+                i += 1
+                await asyncio.sleep(0.0001 * (turn % 20))
+                sending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sending
+            await w.aclose()
+            await asyncio.sleep(0.5)  # the cancelled sends' threads are done
+            stored = await client.read(name, torch.arange((await client.info(name))["size"]))
+            torn = (stored["obs"] != stored["id"][:, None]).any(1)
+            assert not torn.any(), stored["id"][torn].tolist()
 
     asyncio.run(main())
