@@ -93,7 +93,7 @@ docker:                            ## make sure a Docker engine answers (install
 	@$(DOCKER) info >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  command -v dockerd >/dev/null 2>&1 || { $$SUDO apt-get update -qq && \
-	    $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap docker-compose; }; \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap docker-compose; }; \
 	  $$SUDO sh -c 'nohup dockerd >/var/log/tdreplay-dockerd.log 2>&1 &'; \
 	  for i in $$(seq 60); do $(DOCKER) info >/dev/null 2>&1 && exit 0; sleep 1; done; \
 	  echo "dockerd did not start: see /var/log/tdreplay-dockerd.log"; exit 1; }
