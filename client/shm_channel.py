@@ -266,10 +266,8 @@ class Channel:
         kept = getattr(alloc, "kept", None)  # a buffer that outlives the batch keeps its views
         into = kept(layout, buf, lambda: Views(layout, buf)) if kept else Views(layout, buf)
         into = into.intact()
-        if layout.nbytes:
-            into.flat.copy_(
-                mapped.views.intact().flat
-            )  # a leased batch of this slot may have moved
+        if layout.nbytes:  # the slot's views too: a leased batch of this slot may have moved
+            into.flat.copy_(mapped.views.intact().flat)
         return mapped.batch_of(into.columns)
 
     def extend(
@@ -325,13 +323,6 @@ class Channel:
                     sock.close()
 
 
-def _flat(buffer: Any, nbytes: int) -> torch.Tensor:
-    """The first ``nbytes`` of ``buffer`` as one uint8 tensor (empty: none)."""
-    if not nbytes:
-        return torch.empty(0, dtype=torch.uint8)
-    return torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes)
-
-
 class Views:
     """A slot's layout on a buffer, kept from batch to batch: the bytes (``flat``, to copy
     a whole slot in or out) and the columns they hold (``columns``, as the batches' tensors:
@@ -342,7 +333,7 @@ class Views:
         self._view()
 
     def _view(self) -> None:
-        self.flat = _flat(self.buf, self.layout.nbytes)
+        self.flat = self.layout.whole(self.buf)
         self.columns = self.layout.views_of(self.flat)
         self._tensors = list(self.columns.values())
         self._at = self.flat.data_ptr()

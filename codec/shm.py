@@ -324,9 +324,13 @@ class SlotLayout:
 
     def views(self, buffer: Any) -> dict[NestedKey, torch.Tensor]:
         """Tensors viewing each column of ``buffer`` (a writable buffer of at least ``nbytes``)."""
+        return self.views_of(self.whole(buffer))
+
+    def whole(self, buffer: Any) -> torch.Tensor:
+        """The slot's ``nbytes`` of ``buffer`` as one uint8 tensor (empty: none)."""
         if not self.nbytes:
-            return self.views_of(torch.empty(0, dtype=torch.uint8))
-        return self.views_of(torch.frombuffer(buffer, dtype=torch.uint8, count=self.nbytes))
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer(buffer, dtype=torch.uint8, count=self.nbytes)
 
     def views_of(self, whole: torch.Tensor) -> dict[NestedKey, torch.Tensor]:
         """Tensors viewing each column of ``whole`` (``nbytes`` uint8): one storage, so a

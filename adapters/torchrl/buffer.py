@@ -351,12 +351,10 @@ class TDReplayBuffer(
             R.warn_extra(self._table, extra, self._warned)
         index = self._insert(rows)
         shaped = index.reshape(data.batch_size) if data.batch_dims else index.reshape(())
-        if update_priority is not False and self._sampler.prioritized:
-            priority = data.get(self.priority_key, None)
-            if priority is not None:
-                kept = index >= 0  # a max_value writer's dropped rows are -1
-                priority = R.priority_vector(data, self.priority_key)[kept]
-                self._client.update_priority(self._table, index[kept], priority)
+        prioritized = update_priority is not False and self._sampler.prioritized
+        if prioritized and data.get(self.priority_key, None) is not None:
+            # its own update_priority: one place skips the rows a max_value table dropped
+            self.update_priority(index, R.priority_vector(data, self.priority_key))
         return shaped
 
     def _insert(self, rows: TensorDictBase) -> torch.Tensor:
