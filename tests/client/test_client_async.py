@@ -16,6 +16,16 @@ from testkit import make_rows, schema_fields, unique
 from tdreplay.client import AsyncReplayClient, RateLimitTimeout, SchemaError, TableNotFound
 
 
+async def x_table(client: AsyncReplayClient, prefix: str) -> str:
+    """A new table of one int64 field ``x`` (capacity 64, in memory); its name."""
+    name = unique(prefix)
+    await client.create_table(
+        {"name": name, "capacity": 64, "backend": {"kind": "memory"},
+         "fields": {"x": {"shape": [], "dtype": "int64"}}}
+    )  # fmt: skip
+    return name
+
+
 def test_async_twin(server: Any) -> None:
     fields = schema_fields("robot")
 
@@ -98,14 +108,10 @@ def test_async_writer_and_loader(server: Any) -> None:
 def test_async_writer_first_appends_at_once_all_arrive(server: Any) -> None:
     """Appends gathered on a new writer all await its first ``info``: every step is sent
     (each made its own buffer, and only the last one made was kept)."""
-    fields = {"x": {"shape": [], "dtype": "int64"}}
 
     async def main() -> None:
         async with AsyncReplayClient(server.url) as client:
-            name = unique("ag")
-            await client.create_table(
-                {"name": name, "capacity": 64, "backend": {"kind": "memory"}, "fields": fields}
-            )
+            name = await x_table(client, "ag")
             async with client.writer(name, chunk=8, max_delay=0.05) as w:
                 await asyncio.gather(
                     *(w.append(TensorDict({"x": torch.tensor(i)}, [])) for i in range(4))
@@ -120,14 +126,10 @@ def test_async_writer_first_appends_at_once_all_arrive(server: Any) -> None:
 def test_async_append_that_meets_aclose_is_sent_or_refused(server: Any) -> None:
     """An append waiting for the writer's first ``info`` while the writer closes raises;
     it does not return with its step kept nowhere."""
-    fields = {"x": {"shape": [], "dtype": "int64"}}
 
     async def main() -> None:
         async with AsyncReplayClient(server.url) as client:
-            name = unique("ac")
-            await client.create_table(
-                {"name": name, "capacity": 64, "backend": {"kind": "memory"}, "fields": fields}
-            )
+            name = await x_table(client, "ac")
             w = client.writer(name, chunk=8, max_delay=None)
             append = asyncio.ensure_future(w.append(TensorDict({"x": torch.tensor(0)}, [])))
             await asyncio.sleep(0)  # the append awaits the table's info
@@ -142,14 +144,10 @@ def test_async_append_that_meets_aclose_is_sent_or_refused(server: Any) -> None:
 def test_async_wait_sent_raises_the_time_limits_failed_send(server: Any) -> None:
     """The timer task's send fails (the table was deleted): ``wait_sent`` raises its error
     then, as the blocking writer's does (it waited out its timeout and said False)."""
-    fields = {"x": {"shape": [], "dtype": "int64"}}
 
     async def main() -> None:
         async with AsyncReplayClient(server.url) as client:
-            name = unique("at")
-            await client.create_table(
-                {"name": name, "capacity": 64, "backend": {"kind": "memory"}, "fields": fields}
-            )
+            name = await x_table(client, "at")
             w = client.writer(name, chunk=100, max_delay=0.3)
             await w.append(TensorDict({"x": torch.tensor(0)}, []))
             await client.delete_table(name)  # before the time limit sends the step

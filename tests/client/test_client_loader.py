@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -72,15 +73,11 @@ def test_keep_gives_batches_their_own_memory(client: ReplayClient, table: str) -
     assert len({b["obs"].untyped_storage().data_ptr() for b in batches}) == 6
 
 
-def test_a_learner_that_shares_a_batch_or_takes_its_gradient_gets_fresh_batches_after(
-    client: ReplayClient, table: str
-) -> None:
-    # over shm a buffer's column views are kept from batch to batch; a learner that moves
-    # a batch to shared memory (share_memory_(), as a torch.multiprocessing queue does) or
-    # takes the gradient of a batch's tensor must not find the same bytes (a batch again),
-    # or that gradient, in the later batches of that buffer
+def share_or_take_gradients(batches: Iterable[TensorDict]) -> None:
+    """Check each batch, then move it to shared memory or take a gradient of it, by turns:
+    each next batch must be right, new rows (16 of 256), and free of that gradient."""
     seen: list[torch.Tensor] = []
-    for i, batch in enumerate(client.loader(table, 16, prefetch=1, num_batches=24)):
+    for i, batch in enumerate(batches):
         check(batch)
         obs = batch["obs"]
         assert not obs.requires_grad and obs.grad is None
@@ -91,6 +88,16 @@ def test_a_learner_that_shares_a_batch_or_takes_its_gradient_gets_fresh_batches_
         else:
             obs.requires_grad_()
             obs.sum().backward()
+
+
+def test_a_learner_that_shares_a_batch_or_takes_its_gradient_gets_fresh_batches_after(
+    client: ReplayClient, table: str
+) -> None:
+    # over shm a buffer's column views are kept from batch to batch; a learner that moves
+    # a batch to shared memory (share_memory_(), as a torch.multiprocessing queue does) or
+    # takes the gradient of a batch's tensor must not find the same bytes (a batch again),
+    # or that gradient, in the later batches of that buffer
+    share_or_take_gradients(client.loader(table, 16, prefetch=1, num_batches=24))
     assert isinstance(client._links[0], ShmLink)  # the same-host transport carried them
 
 
@@ -99,19 +106,7 @@ def test_a_caller_that_shares_a_leased_sample_or_takes_its_gradient_gets_fresh_s
 ) -> None:
     # ReplayClient.sample over shm views the thread's leased slot, whose column tensors are
     # kept from call to call: the same rule as the loader's buffers
-    seen: list[torch.Tensor] = []
-    for i in range(24):
-        batch = client.sample(table, 16)
-        check(batch)
-        obs = batch["obs"]
-        assert not obs.requires_grad and obs.grad is None
-        assert not any(torch.equal(batch["x"], x) for x in seen)  # 16 of 256 rows: new ones
-        seen.append(batch["x"].clone())
-        if i % 2:
-            batch.share_memory_()
-        else:
-            obs.requires_grad_()
-            obs.sum().backward()
+    share_or_take_gradients(client.sample(table, 16) for _ in range(24))
     assert isinstance(client._links[0], ShmLink)
 
 
