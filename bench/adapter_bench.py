@@ -29,13 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import (
-    Case,
-    entry,
-    median_of,
-    one_server_main,
-    paired_ratio,
-)
+from common import entry
+from workers import Case, median_of, one_server_main, paired_ratio
 
 TABLE = "cartpole"
 SAMPLE = 128

@@ -46,22 +46,19 @@ from pathlib import Path
 from typing import Any
 
 from common import (
-    Worker,
     bound_entry,
     entry,
     failed,
     free_port,
     machine,
-    median_of,
-    paired_ratio,
     print_entries,
-    run_rounds,
     schemas,
     stop,
     wait_up,
     write_json,
 )
 from tdreplay_cases import RAW_APP
+from workers import Worker, median_of, paired_ratio, run_rounds
 
 HERE = Path(__file__).resolve().parent
 TR = "tdreplay http"

@@ -45,20 +45,18 @@ from typing import Any
 import yaml
 from common import (
     REPO,
-    Worker,
     entry,
     failed,
     free_port,
     machine,
-    median_of,
     print_entries,
-    run_rounds,
     schemas,
     stop,
     wait_port,
     wait_up,
     write_json,
 )
+from workers import Worker, median_of, run_rounds
 
 HERE = Path(__file__).resolve().parent
 PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"

@@ -45,17 +45,8 @@ from typing import Any
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before ray is imported
 
-from common import (
-    entry,
-    free_port,
-    machine,
-    paired_ratio,
-    print_entries,
-    rotate,
-    stop,
-    wait_up,
-    write_json,
-)
+from common import entry, free_port, machine, print_entries, stop, wait_up, write_json
+from workers import paired_ratio, rotate
 
 try:
     import ray

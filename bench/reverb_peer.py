@@ -46,7 +46,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Case, serve_worker
+from workers import Case, serve_worker
 
 TRAJECTORY_CHUNK = 16
 STEPS = 256  # steps per writer call, as tdreplay's writer(chunk=256)

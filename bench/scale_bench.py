@@ -48,19 +48,16 @@ from typing import Any
 
 from common import (
     REPO,
-    Case,
-    Worker,
     cpu_seconds,
     entry,
     free_port,
     machine,
     print_entries,
-    rotate,
-    serve_worker,
     stop,
     wait_up,
     write_json,
 )
+from workers import Case, Worker, rotate, serve_worker
 
 HERE = Path(__file__).resolve().parent
 TABLE = "cartpole"

@@ -47,7 +47,6 @@ import json
 import logging
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,11 +56,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import common  # bench/ on sys.path
-from common import cpu_seconds, entry, free_port, machine, schemas, stop, write_json
+import workers  # bench/ on sys.path
+from common import MARK, cpu_seconds, entry, free_port, machine, schemas, stop, write_json
+from wake_cost import wake_cost
 
 HERE = Path(__file__).resolve().parent
-MARK = "@@ "  # a worker's protocol lines on stdout start with this
 LEARNERS = 4
 ATARI_ITEMS = 4096  # the capacity compare_trees.schemas gives atari: filled to it
 CARTPOLE_ITEMS = 10_000
@@ -83,54 +82,6 @@ RATIOS: list[tuple[str, str, str, float | None]] = [
     ("atari extend b64", "shm", "http", 2.0),
     ("atari sample b256, learners", f"{LEARNERS} learners", "1 learner", None),
 ]
-
-
-# ------------------------------------------------------------------ wake-up cost
-def _busy(us: float) -> None:
-    end = time.perf_counter() + us * 1e-6
-    while time.perf_counter() < end:
-        pass
-
-
-def _recv(s: socket.socket, polling: bool) -> bytes:
-    from tdreplay.system import poll
-
-    got = poll(lambda: s.recv(64, socket.MSG_DONTWAIT), 0.0002) if polling else None
-    return got if got is not None else s.recv(64)
-
-
-def round_trips(polling: bool, seconds: float) -> float:
-    """Round trips per second of two bare processes (a forked echo), 50 us of work on its
-    side and 40 on this one per round trip, both sleeping or both polling for the other."""
-    a, b = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:  # the echo
-        a.close()
-        while _recv(b, polling):
-            _busy(50)
-            b.send(b"x" * 32)
-        os._exit(0)
-    b.close()
-    try:
-        n, t0 = 0, time.perf_counter()
-        while (now := time.perf_counter()) - t0 < seconds:
-            a.send(b"q")
-            _recv(a, polling)
-            _busy(40)
-            n += 1
-        return n / (now - t0)
-    finally:
-        a.close()
-        os.waitpid(pid, 0)
-
-
-def wake_cost(rounds: int, seconds: float) -> dict[str, list[float]]:
-    """:func:`round_trips` sleeping and polling, taking turns, ``rounds`` times each."""
-    out: dict[str, list[float]] = {"sleep": [], "poll": []}
-    for r in range(rounds):
-        for mode in ("sleep", "poll") if r % 2 == 0 else ("poll", "sleep"):
-            out[mode].append(round_trips(mode == "poll", seconds))
-    return out
 
 
 # ------------------------------------------------------------------ worker side
@@ -204,7 +155,7 @@ def worker(url: str, fields: dict[str, Any], torchrl: bool) -> None:
 
 
 # ------------------------------------------------------------------ main side
-class Worker(common.Worker):
+class Worker(workers.Worker):
     """A client process of :func:`worker`, driven over its stdin/stdout."""
 
     def __init__(self, url: str, fields: dict[str, Any], torchrl: bool) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Case, serve_worker
+from workers import Case, serve_worker
 
 BATCHES = {"cartpole": (1, 32, 256), "atari": (32, 256)}
 LOADERS = {"cartpole": (1, 32, 256), "atari": (256,)}

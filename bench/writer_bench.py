@@ -42,13 +42,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import (
-    Case,
-    entry,
-    median_of,
-    one_server_main,
-    paired_ratio,
-)
+from common import entry
+from workers import Case, median_of, one_server_main, paired_ratio
 
 CHUNK = 256
 TABLES = ("cartpole", "atari")

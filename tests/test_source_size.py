@@ -4,6 +4,8 @@ split where its parts have names of their own, not trimmed of docstrings."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from test_import_cycles import module_files
 
 MAX_LINES = 400
@@ -18,3 +20,16 @@ def test_every_module_is_at_most_400_lines() -> None:
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} lines (split them): {long}"
+
+
+def test_every_benchmark_file_is_at_most_400_lines() -> None:
+    """The benchmarks read as the packages do: a file past the limit is split where its
+    parts have names of their own (``bench/workers.py``, ``bench/storage_report.py``)."""
+    files = sorted((Path(__file__).resolve().parent.parent / "bench").glob("*.py"))
+    assert len(files) > 10  # the glob found the benchmarks
+    long = {
+        p.name: n
+        for p in files
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"benchmark files over {MAX_LINES} lines (split them): {long}"
