@@ -1,0 +1,32 @@
+"""Sampling semantics at the edges: queues and stacks with emptied slots, the rate limiter
+below its minimum size, and ``max_times_sampled`` with slices (Reverb's semantics)."""
+
+from __future__ import annotations
+
+from testkit import make_spec, rows
+
+
+def test_fifo_skips_items_removed_from_the_queue(tables) -> None:
+    """A removed item (or a failed insert) leaves an empty slot in the queue: the items
+    behind it are still returned, in order (it once stranded them: samples timed out
+    with items queued, and a later insert into the hole jumped the queue)."""
+    table = tables.create(make_spec(capacity=10, sampler={"kind": "fifo"}))
+    table.extend(rows(0, 10))
+    assert table.remove([5, 0]) == 2
+    assert table.sample(4, timeout=1)["id"].tolist() == [1, 2, 3, 4]
+    assert table.sample(2, timeout=1)["id"].tolist() == [6, 7]
+    table.extend(rows(10, 6))  # into slots 0..5, behind the queued 8 and 9
+    assert table.remove([8]) == 1  # the head itself
+    assert table.sample(7, timeout=1)["id"].tolist() == [9, 10, 11, 12, 13, 14, 15]
+    assert len(table) == 0
+
+
+def test_lifo_skips_items_removed_from_the_stack(tables) -> None:
+    table = tables.create(make_spec(capacity=10, sampler={"kind": "lifo"}))
+    table.extend(rows(0, 10))
+    assert table.remove([5, 9]) == 2
+    assert table.sample(4, timeout=1)["id"].tolist() == [8, 7, 6, 4]
+    assert table.sample(1, timeout=1)["id"].tolist() == [3]
+    table.extend(rows(10, 7))  # the popped and removed slots are free again: 3..9
+    assert len(table) == 10
+    assert table.sample(10, timeout=1)["id"].tolist() == [16, 15, 14, 13, 12, 11, 10, 2, 1, 0]
