@@ -264,7 +264,8 @@ class TableBase:
                 "max_times_sampled": self.max_times_sampled,
                 "rate_limiter": self.rate_limiter.info(),
                 "can_sample": self._sample_ready(1),
-                "can_insert": self.rate_limiter.can_insert(1) and self.writer.can_claim(1),
+                "can_insert": self.rate_limiter.can_insert(1, self.slots.n_live)
+                and self.writer.can_claim(1),
                 "inserts": self.rate_limiter.inserts,
                 "samples": self.rate_limiter.samples,
                 "bytes_in": self.bytes_in,

@@ -30,3 +30,25 @@ def test_lifo_skips_items_removed_from_the_stack(tables) -> None:
     table.extend(rows(10, 7))  # the popped and removed slots are free again: 3..9
     assert len(table) == 10
     assert table.sample(10, timeout=1)["id"].tolist() == [16, 15, 14, 13, 12, 11, 10, 2, 1, 0]
+
+
+def test_inserts_are_free_below_min_size_to_sample(tables) -> None:
+    """Reverb's rule: an insert proceeds while the table holds at most min_size_to_sample
+    items. Without it, items removed while inserts ran ahead left both sides waiting for
+    good: samples for the minimum size, inserts for samples (a deadlock, measured: size
+    5 of min 10, can_sample and can_insert both False)."""
+    table = tables.create(
+        make_spec(
+            capacity=100,
+            rate_limiter={"min_size_to_sample": 10, "samples_per_insert": 1.0, "error_buffer": 5},
+        )
+    )
+    table.extend(rows(0, 15))  # inserts * SPI - samples = 15: the limiter's maximum
+    assert not table.can_insert(1)
+    assert table.remove(list(range(10))) == 10
+    assert len(table) == 5 and not table.can_sample(1)
+    assert table.can_insert(5) and not table.can_insert(6)
+    assert table.info()["stats"]["rate_limiter"]["headroom"]["insert"] == 5
+    table.extend(rows(15, 5), timeout=1)
+    assert len(table) == 10 and table.can_sample(1) and not table.can_insert(1)
+    assert len(table.sample(5, timeout=1)) == 5
