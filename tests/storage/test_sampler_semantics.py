@@ -3,7 +3,10 @@ below its minimum size, and ``max_times_sampled`` with slices (Reverb's semantic
 
 from __future__ import annotations
 
+import pytest
 from testkit import make_spec, rows
+
+from tdreplay.storage import SchemaError, TableSpec
 
 
 def test_fifo_skips_items_removed_from_the_queue(tables) -> None:
@@ -52,3 +55,20 @@ def test_inserts_are_free_below_min_size_to_sample(tables) -> None:
     table.extend(rows(15, 5), timeout=1)
     assert len(table) == 10 and table.can_sample(1) and not table.can_insert(1)
     assert len(table.sample(5, timeout=1)) == 5
+
+
+def test_an_error_buffer_that_could_block_both_sides_is_refused(tables) -> None:
+    """samples_per_insert 8, error_buffer 2 was accepted; after one insert and two samples
+    neither an insert (difference 6 + 8 > 10) nor a sample (6 - 1 < 6) could ever proceed.
+    Reverb's rule: error_buffer >= max(1, samples_per_insert)."""
+    narrow = make_spec().model_dump(mode="json")
+    narrow["rate_limiter"] = {"samples_per_insert": 8.0, "error_buffer": 2}
+    with pytest.raises(SchemaError, match="error_buffer 2 is below"):
+        TableSpec.parse(narrow)
+    table = tables.create(make_spec(rate_limiter={"samples_per_insert": 8.0, "error_buffer": 8}))
+    for i in range(50):  # one side can always move
+        if table.can_sample(1):
+            table.sample(1)
+        else:
+            assert table.can_insert(1), table.rate_limiter.info()
+            table.extend(rows(i, 1))
