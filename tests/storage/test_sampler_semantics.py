@@ -3,10 +3,14 @@ below its minimum size, and ``max_times_sampled`` with slices (Reverb's semantic
 
 from __future__ import annotations
 
+import math
+import threading
+import time
+
 import pytest
 from testkit import make_spec, rows
 
-from tdreplay.storage import SchemaError, TableSpec
+from tdreplay.storage import InvalidRequest, SchemaError, TableSpec
 
 
 def test_fifo_skips_items_removed_from_the_queue(tables) -> None:
@@ -72,3 +76,23 @@ def test_an_error_buffer_that_could_block_both_sides_is_refused(tables) -> None:
         else:
             assert table.can_insert(1), table.rate_limiter.info()
             table.extend(rows(i, 1))
+
+
+def test_an_infinite_timeout_waits_and_a_bad_one_is_refused(tables) -> None:
+    """timeout=inf raised a raw OverflowError ('timestamp out of range for platform
+    time_t') instead of waiting; NaN and -1 'timed out after nans' / '-1s'."""
+    table = tables.create(make_spec(capacity=8))
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(table.sample(1, timeout=math.inf)))
+    waiter.start()
+    time.sleep(0.1)
+    assert waiter.is_alive()
+    table.extend(rows(0, 1), timeout=math.inf)
+    waiter.join(5)
+    assert not waiter.is_alive() and got[0]["id"].tolist() == [0]
+    for bad in (math.nan, -1.0):
+        with pytest.raises(InvalidRequest, match="timeout must be seconds >= 0"):
+            table.sample(1, timeout=bad)
+        with pytest.raises(InvalidRequest, match="timeout must be seconds >= 0"):
+            table.extend(rows(1, 1), timeout=bad)
+    assert len(table) == 1 and table.rate_limiter.samples == 1
