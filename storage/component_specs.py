@@ -264,8 +264,16 @@ class RateLimiterSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check_buffer(self) -> RateLimiterSpec:
-        if self.samples_per_insert is not None and self.error_buffer is None:
+        spi, buffer = self.samples_per_insert, self.error_buffer
+        if spi is not None and buffer is None:
             raise ValueError("samples_per_insert needs error_buffer (Reverb's SampleToInsertRatio)")
+        if spi is not None and buffer is not None and buffer < max(1.0, spi):
+            # narrower, one insert can push the difference past the top while one sample
+            # would push it past the bottom: both sides wait for good
+            raise ValueError(
+                f"error_buffer {buffer:g} is below max(1, samples_per_insert {spi:g}): inserts "
+                "and samples could both wait for good (Reverb's SampleToInsertRatio refuses it too)"
+            )
         return self
 
 

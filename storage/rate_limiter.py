@@ -8,14 +8,16 @@ size — never data. With ``samples_per_insert`` (SPI) set it keeps::
     max_diff = SPI * min_size_to_sample + error_buffer
 
 An insert of ``n`` items may proceed when the difference stays ``<= max_diff``
-after it; a sample of ``n`` items when the table holds at least
+after it, or when the table would still hold at most ``min_size_to_sample`` items
+(Reverb's rule: inserts are free until the table can be sampled, so items removed
+while the difference is high never leave both sides waiting); a sample of ``n`` items when the table holds at least
 ``min_size_to_sample`` items and the difference stays ``>= min_diff``. Calls
 that cannot proceed wait (see ``Table.extend`` / ``Table.sample``).
 
     >>> rl = RateLimiter(min_size_to_sample=2, samples_per_insert=1.0, error_buffer=4)
-    >>> rl.can_sample(1, size=0), rl.can_insert(4)
+    >>> rl.can_sample(1, size=0), rl.can_insert(4, size=0)
     (False, True)
-    >>> rl.inserted(4); rl.can_sample(1, size=4), rl.can_insert(4)
+    >>> rl.inserted(4); rl.can_sample(1, size=4), rl.can_insert(4, size=4)
     (True, False)
 """
 
@@ -79,8 +81,8 @@ class RateLimiter:
     def _diff(self, inserts: int, samples: int) -> float:
         return inserts * (self.samples_per_insert or 0.0) - samples
 
-    def can_insert(self, n: int) -> bool:
-        if self.samples_per_insert is None:
+    def can_insert(self, n: int, size: int) -> bool:
+        if self.samples_per_insert is None or size + n <= self.min_size_to_sample:
             return True
         return self._diff(self.inserts + n, self.samples) <= self.max_diff
 

@@ -11,19 +11,24 @@ wait, so no client starves.
 The wait is counted by the table's rate limiter, once per call, like the
 table's own blocking wait (``Table.begin_wait`` / ``end_wait``): its
 counters say how many calls were held back, not how many tries were made.
+
+A caller that leaves while its call waits (its connection closed) ends the
+wait without another try: a sample nobody will read must not take a queue's
+items, count as sampled or spend ``max_times_sampled``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import anyio
 
-from tdreplay.storage import Table, TDReplayError
+from tdreplay.storage import RateLimitTimeout, Table, TDReplayError
 
 T = TypeVar("T")
 #: what a wait is reported to (metrics): table, operation, seconds waited, timed out
@@ -71,6 +76,7 @@ async def admitted(
     changes: Changes,
     gone: Callable[[], TDReplayError | None],
     on_wait: WaitHook | None = None,
+    left: Callable[[], Awaitable[object]] | None = None,
 ) -> T:
     """``attempt()``'s result once the rate limiter lets it through.
 
@@ -85,9 +91,12 @@ async def admitted(
         gone: why the table is no longer served (deleted, cleared, replaced), or
             ``None``; the wait ends with that error.
         on_wait: told of the wait once it ends.
+        left: returns once the caller is gone (e.g. its connection closed); watched
+            only while the call waits, so a call that goes through at once costs nothing.
 
     Raises:
-        RateLimitTimeout: still held back after ``timeout`` seconds (HTTP 429).
+        RateLimitTimeout: still held back after ``timeout`` seconds (HTTP 429), or the
+            caller left while it was held back (nobody reads that answer).
         TableNotFound: the table was deleted while the call waited.
         TableClosed: it was cleared or replaced (by a restore) while the call waited.
     """
@@ -98,16 +107,27 @@ async def admitted(
     deadline = time.monotonic() + timeout
     changes.waiters += 1
     timed_out = False
+    watch: asyncio.Future[object] | None = None
     try:
         if timeout <= 0:
             timed_out = True
             raise table.held_back(op, n, timeout)  # type: ignore[arg-type]
+        if left is not None:
+            watch = asyncio.ensure_future(left())
+            watch.add_done_callback(functools.partial(_caller_left, changes))
         while True:
             # Registered (above), and the event taken before trying: a change during the try fires it.
             event = changes.event
             err = gone()
             if err is not None:
                 raise err
+            if watch is not None and watch.done():
+                timed_out = True
+                raise RateLimitTimeout(
+                    f"table {table.name!r}: the caller of a {op} of {n} items left while the "
+                    "rate limiter held it back",
+                    table=table.name,
+                )
             result = await attempt()
             if result is not None:
                 return result
@@ -118,7 +138,17 @@ async def admitted(
             with anyio.move_on_after(remaining):
                 await event.wait()
     finally:
+        if watch is not None:
+            watch.cancel()
         changes.waiters -= 1
         seconds = table.end_wait(op, began, timed_out=timed_out)  # type: ignore[arg-type]
         if on_wait is not None:
             on_wait(table.name, op, seconds, timed_out)
+
+
+def _caller_left(changes: Changes, watch: asyncio.Future[object]) -> None:
+    """Wake the waits once a caller's ``left()`` returned (or failed: the caller is gone
+    either way); not when the wait ended first and cancelled it."""
+    if not watch.cancelled():
+        watch.exception()  # retrieved: a failed watch is a caller gone, not an error to log
+        changes.fire()

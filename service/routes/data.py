@@ -201,16 +201,23 @@ async def _extend(request: Request) -> Response:
 
 # ------------------------------------------------------------------ sample
 async def sample(
-    name: TableName, params: Annotated[SampleParams, Query()], core: CoreDep
+    name: TableName, params: Annotated[SampleParams, Query()], core: CoreDep, request: Request
 ) -> Response:
-    """Sample ``batch_size`` items; waits up to ``timeout`` seconds for the rate limiter, then 429."""
-    lease = await core.sample(name, params)
+    """Sample ``batch_size`` items; waits up to ``timeout`` seconds for the rate limiter, then 429.
+    A client that hangs up while its sample waits ends the wait: nothing is drawn for it."""
+    lease = await core.sample(name, params, left=lambda: _hung_up(request))
     return Response(lease.body, media_type=protocol.ARROW_STREAM)
+
+
+async def _hung_up(request: Request) -> None:
+    """Return once the client's connection is gone (what it still sends is dropped)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _sample(request: Request) -> Response:
     params = parse(SampleParams, request.query_params)
-    return await sample(request.path_params["name"], params, _core(request))
+    return await sample(request.path_params["name"], params, _core(request), request)
 
 
 # The hot routes first (matched in order).
@@ -293,7 +300,7 @@ async def read(name: TableName, params: ReadParams, core: CoreDep) -> Response:
     },
 )
 async def stream(
-    name: TableName, params: Annotated[StreamParams, Query()], core: CoreDep
+    name: TableName, params: Annotated[StreamParams, Query()], core: CoreDep, request: Request
 ) -> StreamingResponse:
     """Keep sampled batches coming as one Arrow IPC stream, as fast as the client reads them.
 
@@ -302,7 +309,7 @@ async def stream(
     out, or the table's deletion, ends the stream early with a clean end of
     stream: the client sees fewer than ``count`` batches.
     """
-    header, batches = await core.stream(name, params)
+    header, batches = await core.stream(name, params, left=lambda: _hung_up(request))
 
     async def body() -> AsyncIterator[bytes | memoryview]:
         yield header

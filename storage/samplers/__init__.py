@@ -43,7 +43,7 @@ def make_sampler(
             initial_priority=s.initial_priority,
         )
     if isinstance(s, S.FifoSamplerSpec):
-        return FifoSampler(slots, generator)
+        return FifoSampler(slots, generator, ring=writer)
     if isinstance(s, S.LifoSamplerSpec):
         return LifoSampler(slots, generator, stack=writer)
     if isinstance(s, S.WithoutReplacementSamplerSpec):

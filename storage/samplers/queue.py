@@ -30,23 +30,45 @@ def _all_in_ring(mask: torch.Tensor, start: int, n: int) -> bool:
 
 
 class FifoSampler(Sampler):
-    """Oldest first. ``head`` is the slot of the oldest unread item."""
+    """Oldest first. ``head`` is the slot of the oldest unread item.
+
+    The queued items lie in ring order from ``head`` to the writer's cursor. A slot
+    there may have been emptied (``Table.remove``, an insert that failed to write):
+    it is skipped, as Reverb's queue skips deleted items, so no live item is ever
+    stranded behind it.
+    """
 
     kind = "fifo"
     consumes = True
 
-    def __init__(self, slots, generator=None) -> None:
+    def __init__(self, slots, generator=None, *, ring: Any) -> None:
         super().__init__(slots, generator)
+        self.ring = ring
         self.head = 0
 
+    def _take(self, n: int) -> torch.Tensor | None:
+        """The ``n`` oldest items' slots, or ``None`` while fewer are ready (an item
+        still being written comes before them)."""
+        s, cap = self.slots, self.slots.capacity
+        if s.n_live < n:
+            return None
+        if _all_in_ring(s.live, self.head, n):
+            return _ring(self.head, n, cap)
+        # a slot emptied in the queue: look at it all, head to cursor (every slot if full)
+        queued = _ring(self.head, (self.ring.cursor - self.head) % cap or cap, cap)
+        busy = s.busy[queued].nonzero()
+        if len(busy):
+            queued = queued[: int(busy[0])]
+        queued = queued[s.live[queued]]
+        return queued[:n] if len(queued) >= n else None
+
     def ready(self, n: int) -> bool:
-        if self.slots.n_live < n:
-            return False
-        return _all_in_ring(self.slots.live, self.head, n)
+        return self._take(n) is not None
 
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        idx = _ring(self.head, n, self.slots.capacity)
-        self.head = (self.head + n) % self.slots.capacity
+        idx = self._take(n)
+        assert idx is not None, "sample() without ready()"
+        self.head = (int(idx[-1]) + 1) % self.slots.capacity
         return idx, None
 
     def state_dict(self) -> dict[str, Any]:
@@ -69,12 +91,31 @@ class LifoSampler(Sampler):
         super().__init__(slots, generator)
         self.stack = stack
 
+    def _take(self, n: int) -> torch.Tensor | None:
+        """The ``n`` newest items' slots, or ``None`` while fewer are ready (an item still
+        being written comes before them). Emptied slots (``Table.remove``, an insert that
+        failed to write) are skipped."""
+        s, top = self.slots, self.stack.top
+        if s.n_live < n:
+            return None
+        if top >= n and bool(s.live[top - n : top].all()):
+            return torch.arange(top - 1, top - n - 1, -1, dtype=torch.int64)
+        stacked = torch.arange(top - 1, -1, -1, dtype=torch.int64)
+        busy = s.busy[stacked].nonzero()
+        if len(busy):
+            stacked = stacked[: int(busy[0])]
+        stacked = stacked[s.live[stacked]]
+        return stacked[:n] if len(stacked) >= n else None
+
     def ready(self, n: int) -> bool:
-        top = self.stack.top
-        return top >= n and bool(self.slots.live[top - n : top].all())
+        return self._take(n) is not None
 
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        top = self.stack.top
-        idx = torch.arange(top - 1, top - n - 1, -1, dtype=torch.int64)
-        self.stack.top = top - n
+        idx = self._take(n)
+        assert idx is not None, "sample() without ready()"
+        top = int(idx[-1])
+        s = self.slots
+        while top and not (s.live[top - 1] or s.busy[top - 1]):  # emptied slots below: free
+            top -= 1
+        self.stack.top = top
         return idx, None

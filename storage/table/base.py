@@ -10,6 +10,7 @@ puts them together.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import torch
 from .. import spec as S
 from ..backends import Backend
 from ..durable import STATE_DIR, DurableState
-from ..errors import RateLimitTimeout, TableClosed
+from ..errors import InvalidRequest, RateLimitTimeout, TableClosed
 from ..rate_limiter import Op, RateLimiter
 from ..rwlock import RWLock
 from ..samplers import Sampler, make_sampler
@@ -166,9 +167,21 @@ class TableBase:
         it raises :class:`_HeldBack` at once (see :meth:`try_extend`).
 
         Raises:
+            InvalidRequest: ``timeout`` is negative or NaN (``inf`` waits as ``None`` does).
             RateLimitTimeout: still held back after ``timeout`` seconds.
             TableClosed: the table is closed, or was closed while the call waited.
         """
+        if timeout is not None and not 0 <= timeout < math.inf:
+            if not timeout >= 0:
+                raise InvalidRequest(
+                    f"table {self.name!r}: timeout must be seconds >= 0 (None: no limit), "
+                    f"got {timeout!r}",
+                    table=self.name,
+                    field="timeout",
+                    expected=">= 0",
+                    got=timeout,
+                )
+            timeout = None  # inf: as long as it takes (a Condition wait overflows on it)
         self._check_open()
         if ready():
             return
@@ -264,7 +277,8 @@ class TableBase:
                 "max_times_sampled": self.max_times_sampled,
                 "rate_limiter": self.rate_limiter.info(),
                 "can_sample": self._sample_ready(1),
-                "can_insert": self.rate_limiter.can_insert(1) and self.writer.can_claim(1),
+                "can_insert": self.rate_limiter.can_insert(1, self.slots.n_live)
+                and self.writer.can_claim(1),
                 "inserts": self.rate_limiter.inserts,
                 "samples": self.rate_limiter.samples,
                 "bytes_in": self.bytes_in,

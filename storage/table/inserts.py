@@ -26,7 +26,7 @@ class Inserts(TableBase):
     def can_insert(self, n: int = 1) -> bool:
         """Whether an insert of ``n`` items would proceed now, without waiting."""
         with self._cond:
-            return self.rate_limiter.can_insert(n) and self.writer.can_claim(n)
+            return self.rate_limiter.can_insert(n, self.slots.n_live) and self.writer.can_claim(n)
 
     def try_extend(
         self, td: Any, *, priority: torch.Tensor | None = None, tag: int = 0
@@ -152,7 +152,9 @@ class Inserts(TableBase):
             self._admit(
                 "insert",
                 n,
-                lambda: self.rate_limiter.can_insert(n) and self.writer.can_claim(n),
+                lambda: (
+                    self.rate_limiter.can_insert(n, self.slots.n_live) and self.writer.can_claim(n)
+                ),
                 timeout,
                 attempt=attempt,
             )

@@ -128,6 +128,8 @@ def limiter_stats(rl: RateLimiter, size: int) -> dict[str, Any]:
         head["sample"] = max(0.0, math.floor(diff - rl.min_diff))
     if size < rl.min_size_to_sample:
         head["sample"] = 0.0
+        if head["insert"] is not None:  # inserts are free up to the minimum size
+            head["insert"] = max(head["insert"], float(rl.min_size_to_sample - size))
     return {
         "samples_per_insert": ratio,
         "target": spi,

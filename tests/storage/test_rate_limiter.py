@@ -207,18 +207,20 @@ def test_rate_limiter_counts_only() -> None:
     rl = RateLimiter(min_size_to_sample=2, samples_per_insert=1.0, error_buffer=4)
     assert (rl.min_diff, rl.max_diff) == (-2.0, 6.0)
     assert not rl.can_sample(1, size=1)
-    assert rl.can_insert(6) and not rl.can_insert(7)
+    assert rl.can_insert(6, size=0) and not rl.can_insert(7, size=0)
     rl.inserted(6)
     assert rl.can_sample(8, size=6) and not rl.can_sample(9, size=6)
     rl.sampled(8)  # diff -2
-    assert rl.can_insert(8) and not rl.can_insert(9)
+    assert rl.can_insert(8, size=6) and not rl.can_insert(9, size=6)
     state = rl.state_dict()
     other = RateLimiter(min_size_to_sample=2, samples_per_insert=1.0, error_buffer=4)
     other.load_state_dict(state)
     assert other.info() == rl.info()
     plain = RateLimiter(min_size_to_sample=3)
     assert (
-        plain.can_insert(10**9) and not plain.can_sample(1, size=2) and plain.can_sample(99, size=3)
+        plain.can_insert(10**9, size=0)
+        and not plain.can_sample(1, size=2)
+        and plain.can_sample(99, size=3)
     )
     assert not plain.insert_never_fits(10**9) and not plain.sample_never_fits(10**9)
 

@@ -262,6 +262,14 @@ MALFORMED = [
         ["rate_limiter", "error_buffer"],
     ),
     (
+        "error-buffer-below-samples-per-insert",
+        "name: x\ncapacity: 4\n"
+        + GOOD_FIELDS
+        + "rate_limiter: {samples_per_insert: 8.0, error_buffer: 2}\n",
+        "rate_limiter",
+        ["rate_limiter", "error_buffer 2", "samples_per_insert 8", "wait for good"],
+    ),
+    (
         "min-size-above-capacity",
         "name: x\ncapacity: 4\n" + GOOD_FIELDS + "rate_limiter: {min_size_to_sample: 5}\n",
         "rate_limiter.min_size_to_sample",
