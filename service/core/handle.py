@@ -38,7 +38,7 @@ from ..idempotency import RecentRequests, request_tag
 from ..settings import Settings
 from ..wire import Lease, SampleBuffers, sample_nbytes, sample_schema
 from .shape import Place, Shape
-from .waiting import Changes, Left, WaitHook, admitted
+from .waiting import Changes, WaitHook, admitted
 
 #: calls of one redis table running in worker threads at most (see TableHandle.call)
 REDIS_CALLS = 4
@@ -183,9 +183,8 @@ class TableHandle:
             self._gate.release()
 
     async def _admitted(
-        self, attempt: Callable[[], T | None], op: str, n: int, timeout: float, *, inline: bool,
-        left: Left | None = None,
-    ) -> T:  # fmt: skip
+        self, attempt: Callable[[], T | None], op: str, n: int, timeout: float, *, inline: bool
+    ) -> T:
         async def run() -> T | None:
             return await self.call(attempt, inline=inline)
 
@@ -198,7 +197,6 @@ class TableHandle:
             changes=self.changes,
             gone=self.gone,
             on_wait=self._on_wait,
-            left=left,
         )
 
     # -- data ---------------------------------------------------------------
@@ -259,16 +257,15 @@ class TableHandle:
                 got=n,
             )
 
-    async def sample(self, n: int, timeout: float, left: Left | None = None) -> Lease:
-        """``Table.sample`` gathered straight into a pooled Arrow IPC body; a wait for the
-        rate limiter ends when ``left`` returns (the caller went away: nothing is drawn)."""
+    async def sample(self, n: int, timeout: float) -> Lease:
+        """``Table.sample`` gathered straight into a pooled Arrow IPC body."""
         with self.use() as table:
             self.check_batch_size(n)
             lease = await self.samples.lease(n)
             buffer = lease.buffer
             if buffer.target is None:  # checked once per pooled body
                 buffer.target = table.target(lease.out, n)
-            await self._draw(table, n, timeout, buffer.target, left)
+            await self._draw(table, n, timeout, buffer.target)
             lease.finish()
             return lease
 
@@ -319,18 +316,13 @@ class TableHandle:
             return Shape(self, min(rows, table.capacity), self.schema, self.item_nbytes)
 
     async def _draw(
-        self,
-        table: Table,
-        n: int,
-        timeout: float,
-        out: TensorDictBase | SampleTarget,
-        left: Left | None = None,
+        self, table: Table, n: int, timeout: float, out: TensorDictBase | SampleTarget
     ) -> None:
         def draw() -> TensorDictBase | None:
             return table.try_sample(n, out=out)
 
         inline = sample_nbytes(table.spec.item_nbytes, n) <= self._inline_sample
-        await self._admitted(draw, "sample", n, timeout, inline=inline, left=left)
+        await self._admitted(draw, "sample", n, timeout, inline=inline)
 
     @property
     def runs_are_exact(self) -> bool:
@@ -343,9 +335,7 @@ class TableHandle:
         """
         return self.table.sampler.consumes or not self.table.max_times_sampled
 
-    async def sample_run(
-        self, n: int, k: int, timeout: float, left: Left | None = None
-    ) -> memoryview:
+    async def sample_run(self, n: int, k: int, timeout: float) -> memoryview:
         """Up to ``k`` samples of ``n`` items as consecutive Arrow record-batch messages.
 
         Draws ``k * n`` items in one ``Table.sample`` call and lays them out as
@@ -373,7 +363,7 @@ class TableHandle:
                         return None
                     m //= 2
 
-            return await self._admitted(draw, "sample", n, timeout, inline=False, left=left)
+            return await self._admitted(draw, "sample", n, timeout, inline=False)
 
     async def update_priority(self, index: Any, priority: Any, key: Any | None = None) -> int:
         """``Table.update_priority``; returns how many priorities were applied."""

@@ -59,7 +59,7 @@ from .persistence import PersistenceOps
 from .served import Served
 from .shape import Place, Shape
 from .uploads import Uploads
-from .waiting import Left, WaitHook
+from .waiting import WaitHook
 
 log = logging.getLogger("tdreplay.service")
 
@@ -159,11 +159,8 @@ class Core(TableOps, PersistenceOps):
         index = {name: slots for name, (slots, _) in zip(handles, done, strict=True)}
         return index, all(replayed for _, replayed in done)
 
-    async def sample(self, name: str, params: SampleParams, left: Left | None = None) -> Lease:
+    async def sample(self, name: str, params: SampleParams) -> Lease:
         """Sample ``batch_size`` items into a pooled Arrow IPC body (``lease.body``).
-
-        ``left``: returns once the caller has gone away; a wait for the rate limiter then
-        ends and nothing is drawn (InvalidRequest).
 
         Raises:
             InvalidRequest: the batch size does not fit the table.
@@ -172,7 +169,7 @@ class Core(TableOps, PersistenceOps):
             TableNotFound: no such table, or it was deleted while the call waited.
         """
         handle = self.table(name)
-        return await handle.sample(params.batch_size, self.timeout(params.timeout), left)
+        return await handle.sample(params.batch_size, self.timeout(params.timeout))
 
     def sample_to(self, name: str, params: SampleParams, place: Place) -> Shape | Awaitable[Shape]:
         """Sample ``batch_size`` items into the buffers ``place`` lays out for the sample's
@@ -199,7 +196,7 @@ class Core(TableOps, PersistenceOps):
         return self.table(name).extend_shape(params.rows)
 
     async def stream(
-        self, name: str, params: StreamParams, left: Left | None = None
+        self, name: str, params: StreamParams
     ) -> tuple[bytes, AsyncIterator[memoryview]]:
         """Samples one after the other: the Arrow stream's header, and its record batches.
 
@@ -207,9 +204,7 @@ class Core(TableOps, PersistenceOps):
         be sampled fails here as :meth:`sample` does. Batches are drawn
         several at a time where the sampler allows (``TableHandle.sample_run``).
         A later sample that times out, or the table's deletion, ends the
-        iterator early: the caller sees fewer than ``count`` batches. ``left``: as
-        :meth:`sample`'s, for the first sample (the door stops iterating when its caller
-        goes).
+        iterator early: the caller sees fewer than ``count`` batches.
         """
         handle = self.table(name)
         n, count, wait = params.batch_size, params.count, self.timeout(params.timeout)
@@ -219,14 +214,14 @@ class Core(TableOps, PersistenceOps):
         if not handle.runs_are_exact:
             per_run = 1
 
-        async def draw(rest: int | None, gone: Left | None = None) -> tuple[memoryview, int]:
-            k = per_run if rest is None else min(per_run, rest)
+        async def draw(left: int | None) -> tuple[memoryview, int]:
+            k = per_run if left is None else min(per_run, left)
             if k == 1:
-                return (await handle.sample(n, wait, gone)).batch, 1
-            run = await handle.sample_run(n, k, wait, gone)
+                return (await handle.sample(n, wait)).batch, 1
+            run = await handle.sample_run(n, k, wait)
             return run, len(run) // layout.batch_len
 
-        first, sent = await draw(count, left)
+        first, sent = await draw(count)
 
         async def batches() -> AsyncIterator[memoryview]:
             nonlocal sent

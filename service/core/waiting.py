@@ -11,11 +11,6 @@ wait, so no client starves.
 The wait is counted by the table's rate limiter, once per call, like the
 table's own blocking wait (``Table.begin_wait`` / ``end_wait``): its
 counters say how many calls were held back, not how many tries were made.
-
-A door whose caller can go away (an HTTP client that closes its connection)
-passes ``left``: the wait ends when it returns, so a sample nobody will
-receive does not take items (from a queue, from the rate limiter's budget)
-once they arrive.
 """
 
 from __future__ import annotations
@@ -24,17 +19,15 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 
-from tdreplay.storage import InvalidRequest, Table, TDReplayError
+from tdreplay.storage import Table, TDReplayError
 
 T = TypeVar("T")
 #: what a wait is reported to (metrics): table, operation, seconds waited, timed out
 WaitHook = Callable[[str, str, float, bool], None]
-#: what returns once the caller of a call has gone away (see :func:`admitted`)
-Left = Callable[[], Awaitable[object]]
 
 
 class Changes:
@@ -78,7 +71,6 @@ async def admitted(
     changes: Changes,
     gone: Callable[[], TDReplayError | None],
     on_wait: WaitHook | None = None,
-    left: Left | None = None,
 ) -> T:
     """``attempt()``'s result once the rate limiter lets it through.
 
@@ -93,13 +85,11 @@ async def admitted(
         gone: why the table is no longer served (deleted, cleared, replaced), or
             ``None``; the wait ends with that error.
         on_wait: told of the wait once it ends.
-        left: returns when the caller has gone away (started once the call must wait).
 
     Raises:
         RateLimitTimeout: still held back after ``timeout`` seconds (HTTP 429).
         TableNotFound: the table was deleted while the call waited.
         TableClosed: it was cleared or replaced (by a restore) while the call waited.
-        InvalidRequest: the caller went away (``left`` returned) while the call waited.
     """
     result = await attempt()
     if result is not None:
@@ -108,7 +98,6 @@ async def admitted(
     deadline = time.monotonic() + timeout
     changes.waiters += 1
     timed_out = False
-    watch: asyncio.Future[Any] | None = None
     try:
         if timeout <= 0:
             timed_out = True
@@ -127,30 +116,9 @@ async def admitted(
                 timed_out = True
                 raise table.held_back(op, n, timeout)  # type: ignore[arg-type]
             with anyio.move_on_after(remaining):
-                if left is None:
-                    await event.wait()
-                else:
-                    watch = watch or asyncio.ensure_future(left())
-                    await _either(event, watch)
-            if watch is not None and watch.done():
-                raise InvalidRequest(
-                    f"the caller went away while its {op} of {n} items waited", field="connection"
-                )
+                await event.wait()
     finally:
-        if watch is not None:
-            watch.cancel()
-            if watch.done() and not watch.cancelled():
-                watch.exception()  # retrieved: a receive that failed means gone too
         changes.waiters -= 1
         seconds = table.end_wait(op, began, timed_out=timed_out)  # type: ignore[arg-type]
         if on_wait is not None:
             on_wait(table.name, op, seconds, timed_out)
-
-
-async def _either(event: asyncio.Event, other: asyncio.Future[Any]) -> None:
-    """Wait until ``event`` is set or ``other`` is done."""
-    waiter: asyncio.Future[Any] = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait({waiter, other}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()

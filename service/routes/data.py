@@ -200,29 +200,17 @@ async def _extend(request: Request) -> Response:
 
 
 # ------------------------------------------------------------------ sample
-def disconnected(request: Request) -> Callable[[], Coroutine[Any, Any, None]]:
-    """What returns once the client of ``request`` has closed its connection (the body, if
-    any, is read and dropped: a sample has none). A call waiting for the rate limiter
-    then stops waiting: nobody would receive what it draws."""
-
-    async def wait() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    return wait
-
-
 async def sample(
-    request: Request, name: TableName, params: Annotated[SampleParams, Query()], core: CoreDep
+    name: TableName, params: Annotated[SampleParams, Query()], core: CoreDep
 ) -> Response:
     """Sample ``batch_size`` items; waits up to ``timeout`` seconds for the rate limiter, then 429."""
-    lease = await core.sample(name, params, disconnected(request))
+    lease = await core.sample(name, params)
     return Response(lease.body, media_type=protocol.ARROW_STREAM)
 
 
 async def _sample(request: Request) -> Response:
     params = parse(SampleParams, request.query_params)
-    return await sample(request, request.path_params["name"], params, _core(request))
+    return await sample(request.path_params["name"], params, _core(request))
 
 
 # The hot routes first (matched in order).
@@ -305,7 +293,7 @@ async def read(name: TableName, params: ReadParams, core: CoreDep) -> Response:
     },
 )
 async def stream(
-    request: Request, name: TableName, params: Annotated[StreamParams, Query()], core: CoreDep
+    name: TableName, params: Annotated[StreamParams, Query()], core: CoreDep
 ) -> StreamingResponse:
     """Keep sampled batches coming as one Arrow IPC stream, as fast as the client reads them.
 
@@ -314,7 +302,7 @@ async def stream(
     out, or the table's deletion, ends the stream early with a clean end of
     stream: the client sees fewer than ``count`` batches.
     """
-    header, batches = await core.stream(name, params, disconnected(request))
+    header, batches = await core.stream(name, params)
 
     async def body() -> AsyncIterator[bytes | memoryview]:
         yield header
