@@ -41,7 +41,7 @@ from .hotpath import HotRoutes
 from .metrics import Metrics, MetricsMiddleware, RequestHook
 from .routes import data, health, persistence, server, tables
 from .routes.data import HOT_ROUTES
-from .security import BearerAuth
+from .security import BearerAuth, BrowserGuard
 from .settings import Settings, is_loopback
 from .status import routes as status
 from .status.history import History
@@ -185,7 +185,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.token_bytes:
         app.add_middleware(BearerAuth, token=settings.token_bytes)
         _declare_bearer(app)
-    elif not is_loopback(settings.host):  # only with --insecure: Settings refuses it otherwise
+    else:  # no token: whoever reaches the port is trusted, but not a web page on another site
+        app.add_middleware(BrowserGuard)
+    if not settings.token_bytes and not is_loopback(
+        settings.host
+    ):  # only with --insecure: Settings refuses it otherwise
         log.warning(
             "serving %s with no token (--insecure): whoever reaches the port may read, write "
             "and delete every table",

@@ -5,7 +5,10 @@ retry of it. The first request with an id runs; a later one with the same id
 (within ``ttl`` seconds, and among the last ``size`` ids) gets the first
 one's answer and inserts nothing. A retry that arrives while the first is
 still running waits for it. A request that fails is forgotten, so its retry
-runs again.
+runs again. A request whose ``fingerprint`` (what the caller can tell of its
+body cheaply: its row count) differs from the first one's is no retry but an
+id used twice: it is refused, rather than answered with the other rows' slots
+while its own rows are dropped.
 
 Ids outlive a crash where the table keeps its items' tags (memmap tables:
 see ``Table.tagged``): each insert is tagged with :func:`request_tag` of its
@@ -27,8 +30,10 @@ import hashlib
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
+
+from tdreplay.storage import InvalidRequest
 
 #: bytes of bookkeeping per remembered id besides the id and the answer: the
 #: OrderedDict slot and node, the entry, its timestamp and its future (measured
@@ -66,12 +71,15 @@ def request_tag(request_id: str) -> int:
 
 
 class _Entry:
-    __slots__ = ("future", "nbytes", "time")
+    __slots__ = ("fingerprint", "future", "nbytes", "time")
 
-    def __init__(self, time: float, future: asyncio.Future[Any], nbytes: int) -> None:
+    def __init__(
+        self, time: float, future: asyncio.Future[Any], nbytes: int, fingerprint: Hashable
+    ) -> None:
         self.time = time
         self.future = future
         self.nbytes = nbytes
+        self.fingerprint = fingerprint
 
 
 class RecentRequests:
@@ -140,15 +148,31 @@ class RecentRequests:
             self._forget_oldest()
 
     async def run(
-        self, request_id: str | None, call: Callable[[], Awaitable[Any]]
+        self,
+        request_id: str | None,
+        call: Callable[[], Awaitable[Any]],
+        fingerprint: Hashable = None,
     ) -> tuple[Any, bool]:
-        """``(answer, replayed)``: ``call()``'s answer, or the remembered one for ``request_id``."""
+        """``(answer, replayed)``: ``call()``'s answer, or the remembered one for ``request_id``.
+
+        Raises:
+            InvalidRequest: ``request_id`` is remembered with another ``fingerprint``
+                (nothing runs).
+        """
         if not request_id or self.size == 0 or self.max_bytes == 0:
             return await call(), False
         now = time.monotonic()
         self._expire(now)
         entry = self._entries.get(request_id)
         if entry is not None:
+            if entry.fingerprint != fingerprint:
+                raise InvalidRequest(
+                    f"X-Request-Id {request_id!r} was sent with {entry.fingerprint}, now with "
+                    f"{fingerprint}: a retry resends the same request, a new one needs a new id",
+                    field="X-Request-Id",
+                    expected=str(entry.fingerprint),
+                    got=str(fingerprint),
+                )
             return await asyncio.shield(entry.future), True
         if self._seeded:
             if now - self._seeded_at > self.ttl:
@@ -156,7 +180,7 @@ class RecentRequests:
             elif (seeded := self._seeded.get(request_tag(request_id))) is not None:
                 return seeded, True
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        entry = _Entry(now, fut, ENTRY_BYTES + sys.getsizeof(request_id))
+        entry = _Entry(now, fut, ENTRY_BYTES + sys.getsizeof(request_id), fingerprint)
         self._entries[request_id] = entry
         self.nbytes += entry.nbytes
         self._shrink()

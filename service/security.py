@@ -5,6 +5,15 @@ With a token configured, every request but ``/healthz``, ``/readyz`` and the
 carries ``Authorization: Bearer <token>``; the comparison is constant-time
 (``hmac.compare_digest``). A missing or wrong token gets 401 and nothing runs.
 (Client-given paths are confined by the core: :mod:`tdreplay.service.core.paths`.)
+
+Without a token, whoever reaches the port is trusted - but a web page in a
+browser on this host reaches loopback too. :class:`BrowserGuard` then answers
+403, and runs nothing, to what such a page sends: a request from another site
+(its ``Sec-Fetch-Site`` or ``Origin`` says so: a ``no-cors`` POST needs no
+CORS answer to clear a table), or, on a loopback connection, a ``Host`` that
+is not a loopback name (a page on a domain re-pointed at 127.0.0.1, DNS
+rebinding, is same-origin with the server it reaches). Clients other than
+browsers send neither header, and ``Host`` as they were told to reach it.
 """
 
 from __future__ import annotations
@@ -15,7 +24,8 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import Unauthorized
+from .errors import Forbidden, Unauthorized
+from .settings import is_loopback
 from .status.routes import PUBLIC_PATHS as STATUS_PAGE
 
 #: routes that never need the token (probes of orchestrators carry none; a browser cannot
@@ -64,16 +74,77 @@ class BearerAuth:
         if scope["type"] != "http":
             await send({"type": "websocket.close", "code": 1008})
             return
-        body = json.dumps(Unauthorized(detail, field="Authorization").to_dict()).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b"Bearer"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        error = Unauthorized(detail, field="Authorization")
+        await _answer(send, error, [(b"www-authenticate", b"Bearer")])
+
+
+async def _answer(send: Send, error: Unauthorized | Forbidden, extra: list) -> None:
+    body = json.dumps(error.to_dict()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers + extra})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _hostname(host: str) -> str:
+    """The name in a ``Host`` header, without its port (``[::1]:8000`` -> ``::1``)."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.partition(":")[0]
+
+
+class BrowserGuard:
+    """ASGI middleware of a server without a token: 403 for what a web page on another site
+    sends (see the module docstring); the public paths stay open, like :class:`BearerAuth`'s.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    @staticmethod
+    def refused(scope: Scope) -> Forbidden | None:
+        """Why ``scope`` looks like a web page's request to another site, or ``None``."""
+        site = origin = host = None
+        for name, value in scope["headers"]:
+            if name == b"sec-fetch-site":
+                site = value.decode("latin-1")
+            elif name == b"origin":
+                origin = value.decode("latin-1")
+            elif name == b"host":
+                host = value.decode("latin-1")
+        if site is not None and site not in ("same-origin", "none"):
+            return Forbidden(
+                f"a request from a web page on another site (Sec-Fetch-Site: {site}); "
+                "a server without a token takes none",
+                field="Sec-Fetch-Site",
+                got=site,
+            )
+        if origin is not None and origin != f"{scope.get('scheme', 'http')}://{host}":
+            return Forbidden(
+                f"a request from a web page on another origin ({origin!r}); "
+                "a server without a token takes none",
+                field="Origin",
+                got=origin,
+            )
+        server = scope.get("server")
+        on_loopback = host is not None and server and is_loopback(str(server[0]))
+        if on_loopback and not is_loopback(_hostname(host or "")):
+            return Forbidden(
+                f"Host {host!r} does not name this loopback server (a web page on a "
+                "domain pointed at it?); reach it as localhost or 127.0.0.1, or give "
+                "the server a token to accept other names",
+                field="Host",
+                got=host,
+            )
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        error = self.refused(scope)
+        if error is None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "http":
+            await _answer(send, error, [])
+        else:
+            await send({"type": "websocket.close", "code": 1008})

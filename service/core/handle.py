@@ -226,6 +226,10 @@ class TableHandle:
         Returns:
             The slot of each row (-1: dropped by a max-value writer), and whether this was
             such a repeat.
+
+        Raises:
+            InvalidRequest: ``request_id`` is a recent id sent with another row count or
+                priority (no retry: nothing is inserted).
         """
         with self.use() as table:
             inline = n * table.spec.item_nbytes <= self._inline_extend
@@ -239,7 +243,9 @@ class TableHandle:
                 )  # fmt: skip
                 return index.numpy().tobytes()  # what the request-id memory keeps: 8 bytes a row
 
-            answer, replayed = await self.recent.run(request_id, insert)
+            # a repeat with other rows is no retry (refused): the rows and the priority tell
+            what = f"{n} rows" + ("" if priority is None else f" at priority {priority:g}")
+            answer, replayed = await self.recent.run(request_id, insert, what)
             return torch.from_numpy(np.frombuffer(answer, dtype=np.int64).copy()), replayed
 
     def check_batch_size(self, n: int) -> None:

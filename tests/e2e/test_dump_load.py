@@ -280,7 +280,9 @@ def test_a_dump_the_client_leaves_midway_leaves_nothing_on_the_server(live_serve
     target = protocol.table_path("d", "dump")
     for _ in range(3):
         with socket.create_connection((server.host, server.port), timeout=30) as conn:
-            conn.sendall(f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
+            conn.sendall(
+                f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n".encode()
+            )
             head = conn.recv(1 << 16)
             assert head.startswith(b"HTTP/1.1 200") and b"content-length: " in head.lower(), head
     scratch = server.root / ".transfers"
@@ -307,7 +309,9 @@ def test_a_dump_that_fails_midway_leaves_nothing_on_the_server(live_server: Any)
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
         conn.settimeout(30)
         conn.connect((server.host, server.port))
-        conn.sendall(f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
+        conn.sendall(
+            f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n".encode()
+        )
         head = conn.recv(1 << 16)
         assert head.startswith(b"HTTP/1.1 200"), head
         (folder,) = _scratch(server)

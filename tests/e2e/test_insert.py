@@ -141,7 +141,7 @@ def test_a_missing_table_is_answered_before_the_body_is_read(server: Any) -> Non
     client.create_table(spec("here7", {"kind": "uniform"}, capacity=8))
     into = quote(json.dumps({"here7": None, "nowhere7": None}))
     head = (
-        f"POST /v1/insert?into={into} HTTP/1.1\r\nHost: x\r\n"
+        f"POST /v1/insert?into={into} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         f"Content-Type: {protocol.ARROW_STREAM}\r\nContent-Length: {100 << 20}\r\n\r\n"
     )
     with socket.create_connection((server.host, server.port), timeout=10) as sock:

@@ -280,7 +280,7 @@ def _send_slowly(server: Any, target: str, body: bytes, *, pieces: int, pause: f
     """POST ``body`` in ``pieces`` with ``pause`` s between them (``cut``: hang up before
     the last); the raw answer."""
     head = (
-        f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: {protocol.TAR}\r\n"
+        f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {protocol.TAR}\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     step = -(-len(body) // pieces)

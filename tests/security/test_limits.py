@@ -113,7 +113,7 @@ def test_content_length_over_the_limit_is_refused_before_any_body(server: Any) -
     sock = connect(server)
     start = time.monotonic()
     sock.sendall(
-        f"POST {EXTEND} HTTP/1.1\r\nHost: x\r\nContent-Type: {protocol.ARROW_STREAM}\r\n"
+        f"POST {EXTEND} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {protocol.ARROW_STREAM}\r\n"
         "Content-Length: 10000000000\r\n\r\n".encode()
     )
     status, body, closed = answer(sock)
@@ -129,7 +129,7 @@ def test_chunked_body_is_cut_off_at_the_limit(server: Any) -> None:
     sock = connect(server)
     chunk = b"%x\r\n%s\r\n" % (64 * 1024, b"\0" * (64 * 1024))
     sock.sendall(
-        f"POST {EXTEND} HTTP/1.1\r\nHost: x\r\nContent-Type: {protocol.ARROW_STREAM}\r\n"
+        f"POST {EXTEND} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {protocol.ARROW_STREAM}\r\n"
         "Transfer-Encoding: chunked\r\n\r\n".encode()
         + chunk * 20  # 1.25 MiB, never ended
     )
@@ -155,7 +155,9 @@ def test_a_body_within_the_limit_still_goes_through(server: Any) -> None:
 def test_oversized_headers_get_431(server: Any) -> None:
     sock = connect(server)
     start = time.monotonic()
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100 * 1024 + b"\r\n\r\n")
+    sock.sendall(
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 100 * 1024 + b"\r\n\r\n"
+    )
     status, body, closed = answer(sock)
     sock.close()
     assert status == 431 and closed
@@ -165,7 +167,7 @@ def test_oversized_headers_get_431(server: Any) -> None:
     still_serves(server)
 
 
-@pytest.mark.parametrize("sent", [b"", b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n"])
+@pytest.mark.parametrize("sent", [b"", b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: 1\r\n"])
 def test_stalled_headers_get_408(server: Any, sent: bytes) -> None:
     """Half the headers then nothing, or nothing at all: 408 once header_timeout has passed."""
     sock = connect(server)
@@ -184,7 +186,7 @@ def test_stalled_body_gets_408(server: Any) -> None:
     sock = connect(server)
     start = time.monotonic()
     sock.sendall(
-        f"POST {EXTEND} HTTP/1.1\r\nHost: x\r\nContent-Type: {protocol.ARROW_STREAM}\r\n"
+        f"POST {EXTEND} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {protocol.ARROW_STREAM}\r\n"
         "Content-Length: 100000\r\n\r\n".encode()
         + b"\0" * 5000
     )
@@ -214,7 +216,7 @@ def test_connections_beyond_the_cap_get_503(server: Any) -> None:
     try:
         time.sleep(0.1)  # well inside header_timeout: the held connections are still open
         sock = connect(server)
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         status, body, closed = answer(sock)
         sock.close()
     finally:

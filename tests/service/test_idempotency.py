@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from service_helpers import ARROW, body, create, extend, info, served, spec, until
 
 from tdreplay.codec import protocol
+from tdreplay.codec.operations import INSERT
 from tdreplay.service.idempotency import RecentRequests
 
 RID = protocol.REQUEST_ID
@@ -41,6 +43,43 @@ def test_ids_are_per_table(service) -> None:
     r = extend(client, 0, 2, "u", **{RID: "same"})
     assert protocol.IDEMPOTENT_REPLAY not in r.headers
     assert info(client, "u")["inserts"] == 2
+
+
+def test_an_id_sent_again_with_other_rows_is_refused(service) -> None:
+    """A second extend under an id with another row count is no retry: refused, not answered
+    with the first one's slots while its own rows vanish; the real retry still replays."""
+    client = service()
+    create(client)
+    assert extend(client, 0, 3, **{RID: "reused"}).json()["index"] == [0, 1, 2]
+    r = extend(client, 100, 5, **{RID: "reused"})
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == RID and "3 rows" in r.json()["detail"], r.json()
+    assert "5 rows" in r.json()["detail"]
+    assert info(client)["size"] == 3 and info(client)["inserts"] == 3
+    r = extend(client, 0, 3, **{RID: "reused"})
+    assert r.headers[protocol.IDEMPOTENT_REPLAY] == "true" and r.json()["rows"] == 3
+
+
+def test_an_insert_id_sent_again_with_other_priorities_is_refused(service) -> None:
+    client = service()
+    create(client, "p", sampler={"kind": "prioritized"})
+
+    def insert(priority: float, n: int = 2) -> Any:
+        into = json.dumps({"p": priority})
+        return client.post(
+            INSERT.route,
+            params={"into": into},
+            content=body(0, n),
+            headers={**ARROW, RID: "ins"},
+        )
+
+    assert insert(2.0).status_code == 200
+    r = insert(9.0)
+    assert r.status_code == 400 and r.json()["field"] == RID, r.text
+    r = insert(2.0, n=3)
+    assert r.status_code == 400 and r.json()["field"] == RID, r.text
+    assert info(client, "p")["inserts"] == 2
+    assert insert(2.0).headers[protocol.IDEMPOTENT_REPLAY] == "true"
 
 
 def test_a_failed_request_is_forgotten(service) -> None:

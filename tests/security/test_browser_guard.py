@@ -1,0 +1,180 @@
+"""A server without a token trusts whoever reaches its port - but not a web page on another site.
+
+A page in a browser on the same host reaches loopback too. A ``no-cors`` POST
+needs no CORS answer to run (it only cannot read the answer), so without a
+guard a page on another origin clears a table (Chromium asks the user before a
+public site reaches loopback, other browsers do not; a page served from this
+host - a notebook, a dev server - is not asked about at all); a page on a domain re-pointed at
+127.0.0.1 (DNS rebinding) is even same-origin with the server and reads
+everything. Here a real Chromium (loopback only: :mod:`browserkit`) runs such a
+page against a real server, and raw requests carry what a rebound page sends
+(its own ``Host``); each is a 403 that changes nothing, while clients, and
+the server's own pages, work as before.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import os
+import threading
+from typing import Any
+
+import pytest
+import testkit
+from browserkit import CHROMIUM, host_only_browser
+
+from tdreplay.codec import encode, protocol
+
+SPEC = {
+    "name": "t",
+    "capacity": 32,
+    "fields": dict(testkit.FIELDS),
+    "backend": {"kind": "memory"},
+    "sampler": {"kind": "fifo"},  # a sample takes the item: reading changes it too
+}
+
+
+@pytest.fixture(scope="module")
+def server(live_server: Any) -> Any:
+    server = live_server()  # loopback, no token: the default
+    status, _, body = server.request(
+        "POST", protocol.TABLES, json.dumps(SPEC).encode(), {"Content-Type": protocol.JSON}
+    )
+    assert status == 201, body
+    status, _, body = server.request(
+        "POST",
+        protocol.table_path("t", "extend"),
+        encode(testkit.rows(0, 8)).to_pybytes(),
+        {"Content-Type": protocol.ARROW_STREAM},
+    )
+    assert status == 200, body
+    return server
+
+
+def size(server: Any) -> int:
+    status, _, body = server.request("GET", protocol.table_path("t"))
+    assert status == 200, body
+    return json.loads(body)["size"]
+
+
+def send(server: Any, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict]:
+    """One request with exactly these headers (``Host`` included, as a browser sends it)."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:
+        conn.putrequest(method, path, skip_host="Host" in headers, skip_accept_encoding=True)
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"null")
+    finally:
+        conn.close()
+
+
+CLEAR = ("POST", protocol.table_path("t", "clear"))
+SAMPLE = ("POST", protocol.table_path("t", "sample") + "?batch_size=1&timeout=0")
+LIST = ("GET", protocol.TABLES)
+
+
+@pytest.mark.parametrize(
+    "headers, field",
+    [
+        ({"Host": "rebound.example:{port}"}, "Host"),
+        ({"Host": "rebound.example:{port}", "Origin": "http://rebound.example:{port}"}, "Host"),
+        ({"Host": "127.0.0.1.rebound.example"}, "Host"),
+        ({"Origin": "http://elsewhere.example"}, "Origin"),
+        ({"Origin": "null"}, "Origin"),
+        ({"Origin": "http://localhost:1"}, "Origin"),  # another port: another origin
+        ({"Sec-Fetch-Site": "cross-site"}, "Sec-Fetch-Site"),
+        ({"Sec-Fetch-Site": "same-site"}, "Sec-Fetch-Site"),
+    ],
+)
+@pytest.mark.parametrize("call", [CLEAR, SAMPLE, LIST], ids=["clear", "sample", "list"])
+def test_a_web_page_on_another_site_is_refused(
+    server: Any, headers: dict[str, str], field: str, call: tuple[str, str]
+) -> None:
+    headers = {k: v.format(port=server.port) for k, v in headers.items()}
+    headers.setdefault("Host", f"127.0.0.1:{server.port}")
+    before = size(server)
+    status, body = send(server, *call, headers)
+    assert status == 403, body
+    assert body["type"] == "Forbidden" and body["field"] == field, body
+    assert size(server) == before == 8
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},  # a client: no Origin, no Sec-Fetch-Site
+        {"Host": "localhost:{port}"},
+        {"Host": "[::1]:{port}"},
+        {"Origin": "http://127.0.0.1:{port}", "Sec-Fetch-Site": "same-origin"},  # its own page
+        {"Sec-Fetch-Site": "none"},  # a URL typed into the address bar
+    ],
+)
+def test_clients_and_the_servers_own_pages_pass(server: Any, headers: dict[str, str]) -> None:
+    headers = {k: v.format(port=server.port) for k, v in headers.items()}
+    headers.setdefault("Host", f"127.0.0.1:{server.port}")
+    status, body = send(server, *LIST, headers)
+    assert status == 200, body
+    assert [t["name"] for t in body["tables"]] == ["t"]
+
+
+playwright = pytest.importorskip(
+    "playwright.sync_api", reason="pip install playwright (the test extra)"
+)
+
+
+class _Page(http.server.BaseHTTPRequestHandler):
+    """Serves the page of another origin on this host (any path: an empty page)."""
+
+    def do_GET(self) -> None:
+        body = b"<!doctype html><title>another origin</title>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def other_origin() -> Any:
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{site.server_port}"
+    site.shutdown()
+    site.server_close()
+    thread.join(5)
+
+
+@pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"), reason="no chromium here")
+def test_a_page_in_chromium_cannot_clear_a_table_nor_read(server: Any, other_origin: str) -> None:
+    """A page of another origin on this host posts ``no-cors`` (no preflight, no CORS answer
+    needed) and fetches; the server's own /status page still polls its data."""
+    with playwright.sync_playwright() as api, host_only_browser(api) as (browser, proxy):
+        page = browser.new_page()
+        page.goto(other_origin + "/page.html")
+        outcome = page.evaluate(
+            """async (base) => {
+                await fetch(base + "/v1/tables/t/clear", {method: "POST", mode: "no-cors"});
+                await fetch(base + "/v1/tables/t/sample?batch_size=1&timeout=0",
+                            {method: "POST", mode: "no-cors"});
+                try { await fetch(base + "/v1/tables"); return "read"; }
+                catch (e) { return "blocked"; }
+            }""",
+            server.url,
+        )
+        assert outcome == "blocked"  # no CORS answer: the page reads nothing
+        assert size(server) == 8  # and changed nothing
+        own = browser.new_page()
+        own.goto(server.url + "/status")
+        polled = own.evaluate("async () => (await fetch('/v1/status')).status")
+        assert polled == 200
+        assert size(server) == 8
+        assert proxy.attempts == []
