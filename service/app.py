@@ -37,12 +37,13 @@ from . import errors, shm, tuning
 from .bodies import BodyBuffers
 from .core import Core, PeriodicCheckpoints, load_tables
 from .core.paths import SCRATCH
+from .hosts import HostNames, is_loopback
 from .hotpath import HotRoutes
 from .metrics import Metrics, MetricsMiddleware, RequestHook
 from .routes import data, health, persistence, server, tables
 from .routes.data import HOT_ROUTES
 from .security import BearerAuth, BrowserGuard
-from .settings import Settings, is_loopback
+from .settings import Settings
 from .status import routes as status
 from .status.history import History
 
@@ -186,7 +187,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(BearerAuth, token=settings.token_bytes)
         _declare_bearer(app)
     else:  # no token: whoever reaches the port is trusted, but not a web page on another site
-        app.add_middleware(BrowserGuard)
+        app.add_middleware(BrowserGuard, hosts=HostNames(settings.allow_host))
     if not settings.token_bytes and not is_loopback(
         settings.host
     ):  # only with --insecure: Settings refuses it otherwise

@@ -11,8 +11,9 @@ browser on this host reaches loopback too. :class:`BrowserGuard` then answers
 403, and runs nothing, to what such a page sends: a request from another site
 (its ``Sec-Fetch-Site`` or ``Origin`` says so: a ``no-cors`` POST needs no
 CORS answer to clear a table), or, on a loopback connection, a ``Host`` that
-is not a loopback name (a page on a domain re-pointed at 127.0.0.1, DNS
-rebinding, is same-origin with the server it reaches). Clients other than
+another site could stand for (a page on a domain re-pointed at 127.0.0.1, DNS
+rebinding, is same-origin with the server it reaches; which names are this
+machine's is :class:`~tdreplay.service.hosts.HostNames`'s to say). Clients other than
 browsers send neither header, and ``Host`` as they were told to reach it.
 """
 
@@ -25,7 +26,7 @@ from collections.abc import Iterable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import Forbidden, Unauthorized
-from .settings import is_loopback
+from .hosts import HostNames, is_loopback
 from .status.routes import PUBLIC_PATHS as STATUS_PAGE
 
 #: routes that never need the token (probes of orchestrators carry none; a browser cannot
@@ -85,23 +86,16 @@ async def _answer(send: Send, error: Unauthorized | Forbidden, extra: list) -> N
     await send({"type": "http.response.body", "body": body})
 
 
-def _hostname(host: str) -> str:
-    """The name in a ``Host`` header, without its port (``[::1]:8000`` -> ``::1``)."""
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    return host.partition(":")[0]
-
-
 class BrowserGuard:
     """ASGI middleware of a server without a token: 403 for what a web page on another site
     sends (see the module docstring); the public paths stay open, like :class:`BearerAuth`'s.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, hosts: HostNames) -> None:
         self.app = app
+        self.hosts = hosts
 
-    @staticmethod
-    def refused(scope: Scope) -> Forbidden | None:
+    def refused(self, scope: Scope) -> Forbidden | None:
         """Why ``scope`` looks like a web page's request to another site, or ``None``."""
         site = origin = host = None
         for name, value in scope["headers"]:
@@ -127,11 +121,11 @@ class BrowserGuard:
             )
         server = scope.get("server")
         on_loopback = host is not None and server and is_loopback(str(server[0]))
-        if on_loopback and not is_loopback(_hostname(host or "")):
+        if on_loopback and not self.hosts.allows(host or ""):
             return Forbidden(
                 f"Host {host!r} does not name this loopback server (a web page on a "
-                "domain pointed at it?); reach it as localhost or 127.0.0.1, or give "
-                "the server a token to accept other names",
+                "domain pointed at it?); reach it as localhost or 127.0.0.1, list the "
+                "name with --allow-host, or give the server a token",
                 field="Host",
                 got=host,
             )

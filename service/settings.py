@@ -16,7 +16,7 @@ refused unless ``insecure`` is set.
 
 from __future__ import annotations
 
-import ipaddress
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -26,11 +26,15 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from tdreplay.codec.token import check_token, read_secret_file, read_token_file
 from tdreplay.storage import RedisConnection
 
+from .hosts import ANY_HOST, is_loopback
+
 BackendKind = Literal["memory", "memmap", "shared", "h5", "redis"]
 ALL_BACKENDS: list[BackendKind] = ["memory", "memmap", "shared", "h5", "redis"]
 
 MiB = 1 << 20
 GiB = 1 << 30
+#: a host name --allow-host takes (a DNS name; IP addresses are always answered)
+_HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*\.?")
 
 
 class Settings(BaseSettings):
@@ -100,6 +104,13 @@ class Settings(BaseSettings):
         default=None,
         description="File holding the bearer token (a Docker or Kubernetes secret); one "
         "trailing newline is dropped. Exclusive with TDREPLAY_TOKEN.",
+    )
+    allow_host: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names a server without a token answers besides localhost, IP "
+        "addresses and this machine's name (a proxy on this host that forwards its own Host); "
+        "'*': any. Other names get 403: a web page on a domain pointed at 127.0.0.1 "
+        "(DNS rebinding). Several: space-separated flags, comma-separated env.",
     )
     insecure: bool = Field(
         default=False,
@@ -329,11 +340,21 @@ class Settings(BaseSettings):
     _redis_password: SecretStr | None = PrivateAttr(default=None)
     access_log: bool = Field(default=False, description="Log every request (costs throughput).")
 
-    @field_validator("redis", mode="before")
+    @field_validator("redis", "allow_host", mode="before")
     @classmethod
-    def _split_redis(cls, value: object) -> object:
+    def _split_list(cls, value: object) -> object:
         if isinstance(value, str):  # from the environment: comma-separated
             return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("allow_host")
+    @classmethod
+    def _check_hosts(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name != ANY_HOST and not _HOST_NAME.fullmatch(name):
+                raise ValueError(
+                    f"allow_host {name!r} is not a host name (letters, digits, '.', '-')"
+                )
         return value
 
     @property
@@ -377,24 +398,3 @@ class Settings(BaseSettings):
     @property
     def token_bytes(self) -> bytes | None:
         return self.token.get_secret_value().encode() if self.token else None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` keeps the server to this machine: 127.0.0.0/8, ::1, localhost.
-
-    Any other name may resolve to a reachable interface, and ``0.0.0.0`` / ``::``
-    are every interface, so they are not loopback.
-
-        >>> [is_loopback(h) for h in ("127.0.0.1", "127.8.9.10", "::1", "localhost", "0.0.0.0", "::")]
-        [True, True, True, True, False, False]
-    """
-    name = host.strip().removeprefix("[").removesuffix("]").lower()
-    if name == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback
-    return address.is_loopback

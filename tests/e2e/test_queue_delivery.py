@@ -49,7 +49,7 @@ def test_a_sample_whose_client_hung_up_takes_nothing(
     _queue(client, name)
     conn = socket.create_connection((server.host, server.port))
     conn.sendall(
-        request_line % name.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        request_line % name.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
     )
     _until(lambda: client.info(name)["waiting"]["sample"] == 1)
     conn.close()

@@ -18,6 +18,7 @@ import http.client
 import http.server
 import json
 import os
+import socket
 import threading
 from typing import Any
 
@@ -26,6 +27,7 @@ import testkit
 from browserkit import CHROMIUM, host_only_browser
 
 from tdreplay.codec import encode, protocol
+from tdreplay.service import Settings
 
 SPEC = {
     "name": "t",
@@ -110,6 +112,9 @@ def test_a_web_page_on_another_site_is_refused(
         {},  # a client: no Origin, no Sec-Fetch-Site
         {"Host": "localhost:{port}"},
         {"Host": "[::1]:{port}"},
+        {"Host": "app.localhost:{port}"},  # browsers resolve *.localhost themselves
+        {"Host": "10.1.2.3:{port}"},  # an IP address: no domain to re-point
+        {"Host": socket.gethostname() + ":{port}"},  # this machine's name
         {"Origin": "http://127.0.0.1:{port}", "Sec-Fetch-Site": "same-origin"},  # its own page
         {"Sec-Fetch-Site": "none"},  # a URL typed into the address bar
     ],
@@ -120,6 +125,23 @@ def test_clients_and_the_servers_own_pages_pass(server: Any, headers: dict[str, 
     status, body = send(server, *LIST, headers)
     assert status == 200, body
     assert [t["name"] for t in body["tables"]] == ["t"]
+
+
+def test_allow_host_names_what_a_server_without_a_token_also_answers(live_server: Any) -> None:
+    """``--allow-host`` (a proxy on this host forwarding its own ``Host``) adds names; ``*``
+    turns the check off (not the Origin one); a value that is no host name is refused."""
+    server = live_server("--allow-host", "replay.internal", "Proxy.Example")
+    for host, want in [
+        ("replay.internal:8080", 200),
+        ("proxy.example", 200),  # names compare case-insensitively
+        ("rebound.example", 403),
+    ]:
+        assert send(server, *LIST, {"Host": host})[0] == want, host
+    anything = live_server(env={"TDREPLAY_ALLOW_HOST": "*"})
+    assert send(anything, *LIST, {"Host": "rebound.example"})[0] == 200
+    assert send(anything, *LIST, {"Host": "x", "Origin": "http://elsewhere.example"})[0] == 403
+    with pytest.raises(ValueError, match="allow_host 'evil/path' is not a host name"):
+        Settings(allow_host=["replay.internal", "evil/path"])
 
 
 playwright = pytest.importorskip(

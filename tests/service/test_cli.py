@@ -17,7 +17,7 @@ from tdreplay.cli import build_parser, main
 from tdreplay.service import Settings
 from tdreplay.service.cli import env_var, settings_from_args
 from tdreplay.service.core import load_specs
-from tdreplay.service.settings import is_loopback
+from tdreplay.service.hosts import is_loopback
 from tdreplay.service.tuning import apply, pin_malloc
 from tdreplay.storage.errors import SchemaError
 
