@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from reliability_helpers import call, create, extend
+from service_helpers import rows, spec
 
+from tdreplay.client import ReplayClient
 from tdreplay.codec import protocol
 
 
@@ -41,3 +43,42 @@ def test_a_deleted_or_cleared_memmap_table_unmaps_its_files(
     call(server, "DELETE", protocol.table_path("gone"))
     assert deleted_mappings(server, server.root) == set()
     assert not os.path.exists(server.root / "tables" / "gone")
+
+
+def shared_segments(server: Any) -> set[str]:
+    """The shared-memory segments (torch's, deleted from ``/dev/shm`` once opened) the server holds."""
+    fds = Path(f"/proc/{server.proc.pid}/fd")
+    held = set()
+    for fd in fds.iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:  # closed meanwhile
+            continue
+        if "/torch_" in target:
+            held.add(target)
+    return held
+
+
+def test_a_table_sampled_over_shared_memory_is_let_go_when_deleted_or_cleared(
+    live_server: Callable[..., Any],
+) -> None:
+    """A shared-memory slot held its table (the slot's owner) while the client held the slot,
+    and for ``linger`` (10 minutes) after: each clear of a table a learner sampled over
+    shared memory kept the old table's whole storage (seen: +200 MB a clear of a 200 MB
+    memory table), and a deleted table stayed in memory."""
+    server = live_server()
+    client = ReplayClient(server.url, transport="shm")
+    before = shared_segments(server)
+    client.create_table(spec("pinned", 256, backend={"kind": "shared"}))
+    client.extend("pinned", rows(0, 200))
+    first = shared_segments(server) - before
+    assert first, "a shared table holds segments"
+    client.sample("pinned", 8)
+    client.clear("pinned")
+    client.extend("pinned", rows(0, 200))
+    assert shared_segments(server) - before - first, "the cleared table's segments"
+    assert not first & shared_segments(server), "the old table's segments are let go"
+    client.sample("pinned", 8)  # the same slot, laid out for the new table
+    client.delete_table("pinned")
+    assert shared_segments(server) == before
+    client.close()
