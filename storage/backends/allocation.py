@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import math
+import mmap
 import os
 from pathlib import Path
 from typing import Literal
 
+import torch
 from tensordict import TensorDict
 
 from ..diskspace import insufficient, is_full
@@ -36,6 +39,20 @@ from .redis import RedisBackend
 from .tensor import TensorBackend
 
 Exists = Literal["error", "replace", "beside"]
+
+
+def lazy_zeros(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor whose memory is committed as it is written, not at once.
+
+    What ``TensorDict.from_schema`` gives a memory table, ``torch.zeros``, writes every
+    byte of the capacity at create (the whole table in RAM before a row); a private
+    anonymous mapping is the kernel's zero pages until a row lands there.
+    """
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # kept alive by the tensor
+    return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)
 
 
 def allocate(
@@ -95,7 +112,8 @@ def allocate(
         claim = claim_location(primary, replace=exists != "beside")
     try:
         if isinstance(b, MemoryBackendSpec):
-            return TensorBackend(spec, TensorDict.from_schema(schema, batch_size=cap))
+            fields = {k: lazy_zeros([*cap, *shape], dtype) for k, (shape, dtype) in schema.items()}
+            return TensorBackend(spec, TensorDict(fields, batch_size=cap))
         if isinstance(b, SharedBackendSpec):
             return TensorBackend(
                 spec, TensorDict.from_schema(schema, batch_size=cap, storage="shared")

@@ -1,0 +1,63 @@
+"""A memory table's rows take RAM as they are written, not its whole capacity at create.
+
+Measured as the process's own anonymous memory (``RssAnon`` in ``/proc/self/status``).
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+from tdreplay.storage import Table, TableSpec
+
+MiB = 1 << 20
+ITEM = 64 << 10  # 64 KiB items
+CAPACITY = 4096  # 256 MiB in all
+
+
+def anon() -> int:
+    """Bytes of anonymous memory this process holds (its heap and private mappings)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def test_a_memory_table_takes_ram_as_rows_come(tmp_path: Path) -> None:
+    """``from_schema``'s ``torch.zeros`` wrote the whole capacity at create: an empty
+    256 MiB table held 256 MiB of RAM (and a server admitted tables up to
+    ``--max-table-bytes`` whatever the host's RAM)."""
+    spec = TableSpec.model_validate(
+        {
+            "name": "m",
+            "capacity": CAPACITY,
+            "fields": {
+                "x": {"shape": [], "dtype": "int64"},
+                "pad": {"shape": [ITEM - 8], "dtype": "uint8"},
+            },
+            "backend": {"kind": "memory"},
+        }
+    )
+    gc.collect()
+    before = anon()
+    table = Table.create(spec, tmp_path)
+    try:
+        assert anon() - before < 32 * MiB, "an empty table holds next to no RAM"
+        n = CAPACITY // 4
+        rows = TensorDict(
+            {"x": torch.arange(n), "pad": torch.ones(n, ITEM - 8, dtype=torch.uint8)}, [n]
+        )
+        table.extend(rows)
+        del rows
+        gc.collect()
+        grown = anon() - before
+        assert n * ITEM <= grown < n * ITEM + 48 * MiB, grown / MiB  # the rows written, no more
+        batch = table.sample(64)
+        assert bool((batch["pad"] == 1).all()) and int(batch["x"].max()) < n
+        assert table.read(torch.tensor([CAPACITY - 1]))["pad"].sum() == 0  # never written: zeros
+    finally:
+        table.destroy()
