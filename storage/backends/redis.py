@@ -83,14 +83,25 @@ class RedisBackend(Backend):
 
         schema = spec.torch_schema()
         flat = {REDIS_SEP.join(k): (s, carrier(d)) for k, (s, d) in schema.items()}
-        td = TensorDict.from_schema(
-            flat,
-            batch_size=[spec.capacity],
-            storage="redis",
-            prefix=prefix,
-            retry=Retry(*_retry_policy()),  # type: ignore[arg-type]
-            **conn.kwargs(),
-        )
+        td_id = str(uuid.uuid4())  # ours, so that what a failed allocation wrote can be found
+        try:
+            td = TensorDict.from_schema(
+                flat,
+                batch_size=[spec.capacity],
+                storage="redis",
+                prefix=prefix,
+                td_id=td_id,
+                retry=Retry(*_retry_policy()),  # type: ignore[arg-type]
+                **conn.kwargs(),
+            )
+        except BaseException:  # Redis applies a pipeline's commands up to the one that failed
+            with contextlib.suppress(Exception):
+                client = _redis_client(conn)
+                try:
+                    _delete_keys(client, prefix, td_id)
+                finally:
+                    client.close()
+            raise
         backend = cls(spec, td, conn)
         try:
             backend.mark()
@@ -228,16 +239,20 @@ class RedisBackend(Backend):
     def destroy(self) -> None:
         try:
             td_id = self.storage._td_id  # type: ignore[attr-defined]
-            namespace = self.storage._namespace  # type: ignore[attr-defined]
-            keys = list(self.client.scan_iter(match=f"{namespace}:{{{td_id}}}:*", count=1000))
-            if keys:
-                self.client.delete(*keys)
+            _delete_keys(self.client, self.storage._namespace, td_id)  # type: ignore[attr-defined]
         finally:
             self.close()
 
     @property
     def location(self) -> str | None:
         return self.url
+
+
+def _delete_keys(client: Any, namespace: str, td_id: str) -> None:
+    """Delete every key of the ``TensorDictStore`` ``td_id`` under ``namespace``."""
+    keys = list(client.scan_iter(match=f"{namespace}:{{{td_id}}}:*", count=1000))
+    if keys:
+        client.delete(*keys)
 
 
 def _retry_policy() -> tuple[Any, int, tuple[type[Exception], ...]]:
