@@ -53,6 +53,7 @@ import json
 import os
 import struct
 import time
+import weakref
 import zlib
 from pathlib import Path
 from typing import Any, Protocol
@@ -131,7 +132,9 @@ class DurableState:
 
     def __init__(self, folder: Path, table: Table) -> None:
         self.folder = folder
-        self.table = table
+        # Weak: the table holds this, and a cycle through it would keep a deleted table's
+        # files mapped (their disk taken) until Python's cycle collector happened to run.
+        self.table: Table = weakref.proxy(table)
         self._record: np.ndarray | None = None
         self._gen = 0
         self.fsync = False

@@ -125,6 +125,7 @@ class TableHandle:
         self.retired_by = by
         self.changes.fire()
         await self._idle.wait()
+        self._shapes.clear()  # each names this handle: a cycle that kept the table's storage
 
     def gone(self) -> TDReplayError | None:
         """The error a call waiting on this table ends with, ``None`` while it is served."""

@@ -18,6 +18,7 @@ import errno
 import logging
 import os
 import time
+import weakref
 from collections import deque
 
 import torch
@@ -126,8 +127,10 @@ class SlotBuffer:
 
     Attributes:
         kind: ``"sample"`` or ``"extend"``.
-        owner: what the slot was laid out for (the table's handle): a slot is
-            laid out again when the table was replaced since.
+        owner: what the slot was laid out for (the table's handle), or ``None`` once
+            it is gone: a slot is laid out again when the table was replaced since. Held
+            weakly: a slot the client keeps (or one lingering after it was let go) must
+            not keep a deleted or cleared table's storage alive.
         fd: the descriptor, until it was sent to the client (then ``-1``).
         out: for a sample slot, the views the table gathers into (checked once).
         generation: how many times the server filled it.
@@ -138,7 +141,7 @@ class SlotBuffer:
 
     def __init__(self, kind: str, owner: object, layout: SlotLayout) -> None:
         self.kind = kind
-        self.owner = owner
+        self._owner = weakref.ref(owner)
         self.layout = layout
         self.size = max(ALIGN, layout.nbytes)
         self.generation = 0
@@ -159,6 +162,10 @@ class SlotBuffer:
         except BaseException:
             os.close(self.fd)
             raise
+
+    @property
+    def owner(self) -> object:
+        return self._owner()
 
     def views(self) -> dict[tuple[str, ...], torch.Tensor]:
         return self.layout.views(self.map.buffer)

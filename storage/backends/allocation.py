@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import math
+import mmap
 import os
 from pathlib import Path
 from typing import Literal
 
+import torch
 from tensordict import TensorDict
 
-from ..diskspace import insufficient, is_full
+from ..diskspace import free_bytes, insufficient, is_full
 from ..errors import BackendError, InsufficientStorage, SchemaError, TableExists
 from ..redis_conn import Connections, resolve
 from ..spec import (
@@ -36,6 +39,23 @@ from .redis import RedisBackend
 from .tensor import TensorBackend
 
 Exists = Literal["error", "replace", "beside"]
+
+#: where torch keeps the segments of a ``shared`` table (``shm_open``)
+SHM_DIR = "/dev/shm"
+
+
+def lazy_zeros(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor whose memory is committed as it is written, not at once.
+
+    What ``TensorDict.from_schema`` gives a memory table, ``torch.zeros``, writes every
+    byte of the capacity at create (the whole table in RAM before a row); a private
+    anonymous mapping is the kernel's zero pages until a row lands there.
+    """
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # kept alive by the tensor
+    return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)
 
 
 def allocate(
@@ -71,7 +91,8 @@ def allocate(
         TableExists: the table's folder is not its own, or (``exists="error"``)
             holds data of an earlier table of that name.
         SchemaError: the spec names a Redis connection that is not configured.
-        InsufficientStorage: the disk has no room for what must be reserved now.
+        InsufficientStorage: the disk has no room for what must be reserved now (a shared
+            table: ``/dev/shm`` has no room for its capacity).
         BackendError: the backend could not be allocated (Redis down, ...); what it had
             written is deleted.
     """
@@ -95,7 +116,8 @@ def allocate(
         claim = claim_location(primary, replace=exists != "beside")
     try:
         if isinstance(b, MemoryBackendSpec):
-            return TensorBackend(spec, TensorDict.from_schema(schema, batch_size=cap))
+            fields = {k: lazy_zeros([*cap, *shape], dtype) for k, (shape, dtype) in schema.items()}
+            return TensorBackend(spec, TensorDict(fields, batch_size=cap))
         if isinstance(b, SharedBackendSpec):
             return TensorBackend(
                 spec, TensorDict.from_schema(schema, batch_size=cap, storage="shared")
@@ -123,6 +145,16 @@ def allocate(
             release_table_dir(spec, root)
         if isinstance(err, BackendError | TableExists | SchemaError | InsufficientStorage):
             raise
+        if is_full(err) and isinstance(b, SharedBackendSpec):  # torch's segments: /dev/shm
+            raise InsufficientStorage(
+                f"table {spec.name!r}: no room for its {spec.capacity * spec.item_nbytes} bytes "
+                f"of shared memory in {SHM_DIR} ({free_bytes(SHM_DIR)} bytes free): {err}; give "
+                "the server more shared memory (docker run --shm-size, a larger /dev/shm), or "
+                "use another backend (memory, memmap)",
+                table=spec.name,
+                field="backend.kind",
+                got=b.kind,
+            ) from err
         if is_full(err):
             raise insufficient(
                 f"table {spec.name!r}: allocating its storage", root, err, table=spec.name

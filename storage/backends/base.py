@@ -144,7 +144,8 @@ class Backend:
         """Make written rows durable where the backend has a notion of it."""
 
     def close(self) -> None:
-        """Release handles; the data stays where it is (disk, Redis)."""
+        """Release handles; the data stays where it is (on disk; Redis keys, which nothing
+        reattaches, are deleted)."""
 
     def destroy(self) -> None:
         """Close and delete the data itself."""

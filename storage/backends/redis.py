@@ -83,14 +83,25 @@ class RedisBackend(Backend):
 
         schema = spec.torch_schema()
         flat = {REDIS_SEP.join(k): (s, carrier(d)) for k, (s, d) in schema.items()}
-        td = TensorDict.from_schema(
-            flat,
-            batch_size=[spec.capacity],
-            storage="redis",
-            prefix=prefix,
-            retry=Retry(*_retry_policy()),  # type: ignore[arg-type]
-            **conn.kwargs(),
-        )
+        td_id = str(uuid.uuid4())  # ours, so that what a failed allocation wrote can be found
+        try:
+            td = TensorDict.from_schema(
+                flat,
+                batch_size=[spec.capacity],
+                storage="redis",
+                prefix=prefix,
+                td_id=td_id,
+                retry=Retry(*_retry_policy()),  # type: ignore[arg-type]
+                **conn.kwargs(),
+            )
+        except BaseException:  # Redis applies a pipeline's commands up to the one that failed
+            with contextlib.suppress(Exception):
+                client = _redis_client(conn)
+                try:
+                    _delete_keys(client, prefix, td_id)
+                finally:
+                    client.close()
+            raise
         backend = cls(spec, td, conn)
         try:
             backend.mark()
@@ -220,24 +231,40 @@ class RedisBackend(Backend):
             out[key].copy_(value)
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.storage.close()  # type: ignore[attr-defined]
-        with contextlib.suppress(Exception):
-            self.client.close()
+        """:meth:`destroy`: nothing ever reattaches a redis table's keys (a process
+        allocates its tables afresh, and serves a checkpoint's rows), so keys left behind
+        would be the table's capacity of Redis memory lost for good, at every restart.
+        A Redis that fails meanwhile is logged, not raised (the process is stopping)."""
+        try:
+            self.destroy()
+        except Exception as err:
+            log.warning(
+                "table %r: its keys in Redis %r were not deleted: %s",
+                self.spec.name,
+                self.conn.name,
+                err,
+            )
 
     def destroy(self) -> None:
         try:
             td_id = self.storage._td_id  # type: ignore[attr-defined]
-            namespace = self.storage._namespace  # type: ignore[attr-defined]
-            keys = list(self.client.scan_iter(match=f"{namespace}:{{{td_id}}}:*", count=1000))
-            if keys:
-                self.client.delete(*keys)
+            _delete_keys(self.client, self.storage._namespace, td_id)  # type: ignore[attr-defined]
         finally:
-            self.close()
+            with contextlib.suppress(Exception):
+                self.storage.close()  # type: ignore[attr-defined]
+            with contextlib.suppress(Exception):
+                self.client.close()
 
     @property
     def location(self) -> str | None:
         return self.url
+
+
+def _delete_keys(client: Any, namespace: str, td_id: str) -> None:
+    """Delete every key of the ``TensorDictStore`` ``td_id`` under ``namespace``."""
+    keys = list(client.scan_iter(match=f"{namespace}:{{{td_id}}}:*", count=1000))
+    if keys:
+        client.delete(*keys)
 
 
 def _retry_policy() -> tuple[Any, int, tuple[type[Exception], ...]]:

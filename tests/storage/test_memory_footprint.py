@@ -1,0 +1,107 @@
+"""A memory table's rows take RAM as they are written, not its whole capacity at create.
+
+Measured as the process's own anonymous memory (``RssAnon`` in ``/proc/self/status``).
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from tdreplay.storage import Table, TableSpec
+
+MiB = 1 << 20
+ITEM = 64 << 10  # 64 KiB items
+CAPACITY = 4096  # 256 MiB in all
+
+
+def anon() -> int:
+    """Bytes of anonymous memory this process holds (its heap and private mappings)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def test_a_memory_table_takes_ram_as_rows_come(tmp_path: Path) -> None:
+    """``from_schema``'s ``torch.zeros`` wrote the whole capacity at create: an empty
+    256 MiB table held 256 MiB of RAM (and a server admitted tables up to
+    ``--max-table-bytes`` whatever the host's RAM)."""
+    spec = TableSpec.model_validate(
+        {
+            "name": "m",
+            "capacity": CAPACITY,
+            "fields": {
+                "x": {"shape": [], "dtype": "int64"},
+                "pad": {"shape": [ITEM - 8], "dtype": "uint8"},
+            },
+            "backend": {"kind": "memory"},
+        }
+    )
+    gc.collect()
+    before = anon()
+    table = Table.create(spec, tmp_path)
+    try:
+        assert anon() - before < 32 * MiB, "an empty table holds next to no RAM"
+        n = CAPACITY // 4
+        rows = TensorDict(
+            {"x": torch.arange(n), "pad": torch.ones(n, ITEM - 8, dtype=torch.uint8)}, [n]
+        )
+        table.extend(rows)
+        del rows
+        gc.collect()
+        grown = anon() - before
+        assert n * ITEM <= grown < n * ITEM + 48 * MiB, grown / MiB  # the rows written, no more
+        batch = table.sample(64)
+        assert bool((batch["pad"] == 1).all()) and int(batch["x"].max()) < n
+        assert table.read(torch.tensor([CAPACITY - 1]))["pad"].sum() == 0  # never written: zeros
+    finally:
+        table.destroy()
+
+
+SHARED_TOO_BIG = """
+import json
+from tdreplay.storage import InsufficientStorage, Table, TableSpec
+spec = TableSpec.model_validate({"name": "s", "capacity": 256, "backend": {"kind": "shared"},
+    "fields": {"x": {"shape": [16384], "dtype": "float32"}}})  # 16 MiB
+try:
+    Table.create(spec, ROOT)
+except InsufficientStorage as err:
+    print(json.dumps({"type": "InsufficientStorage", "detail": err.message, "field": err.field}))
+"""
+
+
+def test_a_shared_table_larger_than_the_shared_memory_names_it(tmp_path: Path) -> None:
+    """A shared table that ``/dev/shm`` cannot hold (Docker gives 64 MB) was refused with
+    "no space left at <data root> (70 GB free) ... free disk space (old checkpoints,
+    exports) or use a larger volume": the wrong place and the wrong remedy. Run in a
+    mount namespace of its own with a 4 MiB ``/dev/shm`` (needs root or CAP_SYS_ADMIN:
+    skipped with the reason where it is refused)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare(1) here")
+    script = SHARED_TOO_BIG.replace("ROOT", repr(str(tmp_path / "data")))
+    done = subprocess.run(
+        [unshare, "-m", "sh", "-c",
+         'mount --make-rprivate / && mount -t tmpfs -o size=4m tmpfs /dev/shm && exec "$0" -c "$1"',
+         sys.executable, script],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if done.returncode != 0 and "mount" in done.stderr and "Traceback" not in done.stderr:
+        pytest.skip(f"cannot mount a tmpfs on /dev/shm here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    err = json.loads(done.stdout)
+    assert err["type"] == "InsufficientStorage"
+    assert "shared memory" in err["detail"] and "/dev/shm" in err["detail"], err["detail"]
+    assert "--shm-size" in err["detail"], err["detail"]
+    assert str(tmp_path) not in err["detail"], err["detail"]

@@ -1,0 +1,47 @@
+"""A redis table that Redis refuses to allocate leaves nothing there (a real ``redis-server``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tdreplay.storage import BackendError, Table, TableSpec
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def small_strings(redis_server: dict) -> Iterator[dict]:
+    """The session's Redis with its largest string at 1 MiB (``proto-max-bulk-len``, 512 MiB
+    by default), and no keys."""
+    client = redis_server["client"]
+    before = client.config_get("proto-max-bulk-len")["proto-max-bulk-len"]
+    client.config_set("proto-max-bulk-len", MiB)
+    try:
+        yield redis_server
+    finally:
+        client.config_set("proto-max-bulk-len", before)
+
+
+def test_a_table_redis_cannot_hold_leaves_no_keys(small_strings: dict, tmp_path: Path) -> None:
+    """Each field is one Redis string of capacity x row bytes; one longer than Redis allows
+    failed the allocation half way, and the keys written before it (the other fields,
+    sized to the capacity, and the table's metadata) stayed in Redis for good."""
+    spec = TableSpec.model_validate(
+        {
+            "name": "toobig",
+            "capacity": 4096,
+            "backend": {"kind": "redis"},
+            "fields": {
+                "small": {"shape": [], "dtype": "float32"},  # 16 KiB: fits
+                "wide": {"shape": [512], "dtype": "float32"},  # 8 MiB: over the limit
+            },
+        }
+    )
+    client = small_strings["client"]
+    with pytest.raises(BackendError) as err:
+        Table.create(spec, tmp_path, redis={"default": small_strings["url"]})
+    assert "proto-max-bulk-len" in str(err.value) and "wide" in str(err.value)
+    assert list(client.scan_iter(match="tdreplay:toobig:*")) == []
