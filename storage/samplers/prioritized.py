@@ -12,6 +12,31 @@ from .base import Sampler
 from .sumtree import SumTree
 
 
+def priorities(value: Any, where: str) -> torch.Tensor:
+    """``value`` as priorities, float64 ``[N]`` (the sum-tree's dtype: a priority past
+    float32's range stays the number it was), each finite and >= 0: the one check of a
+    priority, for inserts and updates alike.
+
+        >>> priorities([0.5, 1e39], "update_priority").tolist()
+        [0.5, 1e+39]
+        >>> priorities(-1.0, "table 't'")
+        Traceback (most recent call last):
+        ...
+        tdreplay.codec.errors.InvalidRequest: table 't': priorities must be finite and >= 0, got -1.0 [field 'priority']
+
+    Raises:
+        InvalidRequest: a priority is negative or not finite (``where`` names the call).
+    """
+    priority = torch.as_tensor(value, dtype=torch.float64).reshape(-1)
+    bad = ~torch.isfinite(priority) | (priority < 0)
+    if bool(bad.any()):
+        raise InvalidRequest(
+            f"{where}: priorities must be finite and >= 0, got {priority[bad][0].item()}",
+            field="priority",
+        )
+    return priority
+
+
 class PrioritizedSampler(Sampler):
     """Samples item ``i`` with probability ``(p_i + eps)^alpha / sum_j (p_j + eps)^alpha``.
 
@@ -90,15 +115,10 @@ class PrioritizedSampler(Sampler):
         self, index: torch.Tensor, priority: torch.Tensor, key: torch.Tensor | None = None
     ) -> int:
         index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
-        priority = torch.as_tensor(priority, dtype=torch.float64).reshape(-1)
+        priority = priorities(priority, "update_priority")
         # one priority (and key) per slot: checked by the table (codec.params.check_lengths)
         if len(index) == 0:
             return 0
-        if not torch.isfinite(priority).all() or (priority < 0).any():
-            bad = priority[~torch.isfinite(priority) | (priority < 0)][0].item()
-            raise InvalidRequest(
-                f"update_priority: priorities must be finite and >= 0, got {bad}", field="priority"
-            )
         if (index < 0).any() or (index >= self.slots.capacity).any():
             bad = index[(index < 0) | (index >= self.slots.capacity)][0].item()
             raise InvalidRequest(

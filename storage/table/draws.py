@@ -260,7 +260,7 @@ class Draws(TableBase):
                 negative or not finite. Nothing is updated.
         """
         index = torch.as_tensor(index).reshape(-1).to(torch.int64)
-        priority = torch.as_tensor(priority).reshape(-1)
+        priority = torch.as_tensor(priority, dtype=torch.float64).reshape(-1)  # not float32's range
         check_lengths(index, priority=priority, table=self.name)
         key = self._keys_of(index, key)
         with self._cond:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidRequest
+from ..samplers.prioritized import priorities
 from ..spec import NestedKey, join_key
 from .base import TableBase, _HeldBack
 
@@ -100,13 +101,7 @@ class Inserts(TableBase):
                     table=self.name,
                     field="priority",
                 )
-            priority = torch.as_tensor(priority, dtype=torch.float64).reshape(-1)
-            if not torch.isfinite(priority).all() or (priority < 0).any():
-                raise InvalidRequest(
-                    f"table {self.name!r}: priorities must be finite and >= 0",
-                    table=self.name,
-                    field="priority",
-                )
+            priority = priorities(priority, f"table {self.name!r}")
             if len(priority) == 1 and n != 1:
                 priority = priority.expand(n)
             if len(priority) != n:

@@ -96,3 +96,21 @@ def test_an_infinite_timeout_waits_and_a_bad_one_is_refused(tables) -> None:
         with pytest.raises(InvalidRequest, match="timeout must be seconds >= 0"):
             table.extend(rows(1, 1), timeout=bad)
     assert len(table) == 1 and table.rate_limiter.samples == 1
+
+
+def test_a_priority_is_checked_alike_on_insert_and_on_update(tables) -> None:
+    """One rule for a priority, wherever it comes from: a number past float32's range is
+    kept as given (an update once read it as float32, inf, and refused what an insert
+    took), and a negative or non-finite one is refused the same way, changing nothing."""
+    table = tables.create(make_spec(capacity=8, sampler={"kind": "prioritized"}))
+    table.extend(rows(0, 2), priority=1e39)
+    assert table.sampler.priorities[:2].tolist() == [1e39, 1e39]
+    assert table.update_priority([0, 1], [1e39, 2.5]) == 2
+    assert table.sampler.priorities[:2].tolist() == [1e39, 2.5]
+    for bad in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(InvalidRequest, match="priorities must be finite and >= 0") as insert:
+            table.extend(rows(2, 1), priority=bad)
+        with pytest.raises(InvalidRequest, match="priorities must be finite and >= 0") as update:
+            table.update_priority([1], [bad])
+        assert insert.value.field == update.value.field == "priority"
+    assert len(table) == 2 and table.sampler.priorities[:2].tolist() == [1e39, 2.5]
