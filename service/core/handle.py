@@ -23,7 +23,6 @@ from tensordict import TensorDictBase
 
 from tdreplay.codec.ipc import Schema
 from tdreplay.storage import (
-    BackendError,
     InvalidRequest,
     NestedKey,
     SampleTarget,
@@ -37,11 +36,10 @@ from ..errors import PayloadTooLarge
 from ..idempotency import RecentRequests, request_tag
 from ..settings import Settings
 from ..wire import Lease, SampleBuffers, sample_nbytes, sample_schema
+from .calls import Calls
 from .shape import Place, Shape
 from .waiting import Changes, WaitHook, admitted
 
-#: calls of one redis table running in worker threads at most (see TableHandle.call)
-REDIS_CALLS = 4
 #: sample shapes a handle keeps, by batch size (a client cycling through more starts anew)
 SHAPES = 64
 T = TypeVar("T")
@@ -86,14 +84,7 @@ class TableHandle:
         kind = table.spec.backend.kind
         self._inline_sample = settings.inline_bytes if kind in ("memory", "shared", "memmap") else 0
         self._inline_extend = settings.inline_bytes if kind in ("memory", "shared") else 0
-        self._threads = 0
-        # A hung Redis holds each call for its timeout: a few at a time, so that one
-        # table cannot take every worker thread from the others (see :meth:`call`).
-        self._gate: asyncio.Semaphore | None = None
-        self._gate_timeout = 0.0
-        if kind == "redis":
-            self._gate = asyncio.Semaphore(REDIS_CALLS)
-            self._gate_timeout = table.backend.conn.timeout  # type: ignore[attr-defined]
+        self.calls = Calls(table)
         self.is_open = True
         #: why the table stopped being served (see :meth:`retire`)
         self.retired_by = ""
@@ -143,45 +134,8 @@ class TableHandle:
 
     # -- running table calls ------------------------------------------------
     async def call(self, fn: Callable[[], T], *, inline: bool = False) -> T:
-        """Run a table call without blocking the event loop.
-
-        In the threadpool, except when ``inline`` (a small, memory-speed call)
-        and no worker thread is using the table: then nothing can hold the
-        table's locks (every table call of the service goes through here), so
-        the call cannot wait, and it runs on the loop, saving the thread hop
-        that costs more than the call itself.
-        """
-        if inline and self._threads == 0:
-            return fn()
-        if self._gate is not None:
-            return await self._gated(fn)
-        self._threads += 1
-        try:
-            return await run_in_threadpool(fn)
-        finally:
-            self._threads -= 1
-
-    async def _gated(self, fn: Callable[[], T]) -> T:
-        """A redis table's call: at most :data:`REDIS_CALLS` in threads at once; a call
-        that waits longer than the Redis timeout for its turn fails (the ones ahead are
-        stuck on a Redis that does not answer)."""
-        assert self._gate is not None
-        try:
-            await asyncio.wait_for(self._gate.acquire(), self._gate_timeout)
-        except TimeoutError:
-            conn = self.table.backend.conn  # type: ignore[attr-defined]
-            raise BackendError(
-                f"table {self.name!r}: {REDIS_CALLS} calls have been waiting on Redis "
-                f"{conn.name!r} ({conn.describe()}) for over {self._gate_timeout:g}s "
-                "(--redis-timeout); it is hung, overloaded or unreachable",
-                table=self.name,
-            ) from None
-        self._threads += 1
-        try:
-            return await run_in_threadpool(fn)
-        finally:
-            self._threads -= 1
-            self._gate.release()
+        """Run a table call without blocking the event loop (see :class:`.calls.Calls`)."""
+        return await self.calls.run(fn, inline=inline)
 
     async def _admitted(
         self,
@@ -301,7 +255,7 @@ class TableHandle:
         if shape is None:
             shape = self._sample_shape(n)
         out = place(shape)
-        if shape.inline and self._threads == 0 and self.table.try_sample(n, out=out) is not None:
+        if shape.inline and self.calls.idle and self.table.try_sample(n, out=out) is not None:
             return shape
         return self._sample_later(shape, timeout, out)
 
