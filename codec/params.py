@@ -74,9 +74,14 @@ SampledKeys = Annotated[
 
 
 class Params(BaseModel):
-    model_config = ConfigDict(
-        frozen=True
-    )  # unknown fields are ignored, as query strings and bodies always were
+    model_config = ConfigDict(frozen=True)  # an unknown query parameter is ignored
+
+
+class Body(Params):
+    """The parameters of an operation that carries them as a JSON body: a field it does not
+    know is refused (a misspelt ``"kye"`` would otherwise drop the key check of a remove)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ExtendParams(Params):
@@ -146,7 +151,7 @@ class BufferParams(Params):
     rows: int = Field(ge=1, le=MAX_BATCH, strict=True, description="Rows the buffers hold.")
 
 
-class PriorityUpdate(Params):
+class PriorityUpdate(Body):
     index: list[SlotIndex] = Field(
         max_length=MAX_UPDATE, description="Slots, as sampled (`index`)."
     )
@@ -161,7 +166,7 @@ class PriorityUpdate(Params):
         return self
 
 
-class RemoveParams(Params):
+class RemoveParams(Body):
     index: list[SlotIndex] = Field(
         max_length=MAX_UPDATE, description="Slots of the items to remove, as sampled (`index`)."
     )
@@ -173,13 +178,13 @@ class RemoveParams(Params):
         return self
 
 
-class ReadParams(Params):
+class ReadParams(Body):
     index: list[SlotIndex] = Field(
         max_length=MAX_READ, description="Slots to read, each holding an item."
     )
 
 
-class PathBody(Params):
+class PathBody(Body):
     path: str | None = Field(
         default=None,
         max_length=MAX_PATH,
@@ -188,7 +193,7 @@ class PathBody(Params):
     )
 
 
-class ExportBody(Params):
+class ExportBody(Body):
     format: Literal["parquet", "csv", "minari"] = "parquet"
     path: str | None = Field(
         default=None,
@@ -218,7 +223,7 @@ UploadId = Annotated[
 ]
 
 
-class LoadBegin(Params):
+class LoadBegin(Body):
     size: int = Field(ge=1, lt=1 << 63, strict=True, description="The archive's size in bytes.")
 
 
@@ -229,7 +234,7 @@ class LoadPart(Params):
     )  # a retry may repeat bytes received already: they must be the same
 
 
-class LoadUpload(Params):
+class LoadUpload(Body):
     upload: UploadId  # commit and abort name only the upload
 
 

@@ -36,7 +36,7 @@ from tdreplay.storage import InvalidRequest
 
 from ..core import Core, Shape
 from .buffers import SlotBuffer, SlotBuffers
-from .requests import Done, table_of
+from .requests import Done, params_of, table_of
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
@@ -58,7 +58,9 @@ class Operations:
             self._extend_slot(m, done)
         elif op == ops.UPDATE_PRIORITY.name:
             done.table = table_of(m)
-            updated = await self.core.update_priority(done.table, parse(PriorityUpdate, m))
+            updated = await self.core.update_priority(
+                done.table, parse(PriorityUpdate, params_of(m))
+            )
             done.reply = {"ok": True, "updated": updated}
         elif op == ops.INFO.name:
             done.table = table_of(m)

@@ -89,5 +89,15 @@ def table_of(m: dict[str, Any]) -> str:
     return name
 
 
+def params_of(m: dict[str, Any]) -> dict[str, Any]:
+    """A JSON frame's operation parameters: the frame less what names the operation and its
+    table (a parameter model refuses any field it does not know)."""
+    return {k: v for k, v in m.items() if k not in _FRAMING}
+
+
+#: the keys of a JSON frame that are not parameters
+_FRAMING = frozenset({"op", "table"})
+
+
 def bad(detail: str) -> dict[str, Any]:
     return {"ok": False, "error": InvalidRequest(detail).to_dict()}

@@ -128,6 +128,36 @@ def test_a_broken_rule_is_the_same_error_on_the_client_and_the_server(live_serve
     assert client.info("rule")["size"] == 4
 
 
+@pytest.mark.parametrize(
+    "op, body",
+    [
+        ("remove", {"index": [0], "kye": [1]}),  # a misspelt key: the key check would be skipped
+        ("update_priority", {"index": [0], "priority": [2.0], "prio": [1.0]}),
+        ("read", {"index": [0], "limit": 1}),
+        ("checkpoint", {"path": "checkpoints/rule", "overwrite": True}),
+    ],
+)
+def test_a_json_body_with_a_field_it_does_not_know_is_refused(
+    live_server: Any, op: str, body: dict[str, Any]
+) -> None:
+    """A JSON body's unknown field is a 400 naming it, and nothing changes (a remove with
+    ``"kye"`` once removed the slot without the key check it asked for)."""
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(spec("rule", {"kind": "prioritized", "alpha": 1.0}, capacity=8))
+    client.extend("rule", rows(0, 4))
+    before = client.info("rule")
+    status, _, answer = server.request(
+        "POST", f"/v1/tables/rule/{op}", json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )  # fmt: skip
+    unknown = (set(body) - {"index", "priority", "path"}).pop()
+    assert status == 400 and json.loads(answer)["field"] == unknown, answer
+    after = client.info("rule")
+    assert after == before
+    assert not (server.root / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("bad", [0, -1, 10**12])
 def test_a_batch_size_out_of_range_is_the_servers_error_over_either_transport(
     live_server: Any, bad: int
