@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ..errors import BackendError, TableLost, TDReplayError
+from ..errors import BackendError, InsufficientStorage, TableLost, TDReplayError
 from ..redis_conn import RedisConnection
 from ..spec import NestedKey, TableSpec
 from .base import Backend, Rows, carrier
@@ -83,6 +84,7 @@ class RedisBackend(Backend):
 
         schema = spec.torch_schema()
         flat = {REDIS_SEP.join(k): (s, carrier(d)) for k, (s, d) in schema.items()}
+        _check_string_sizes(spec, flat, conn)
         td_id = str(uuid.uuid4())  # ours, so that what a failed allocation wrote can be found
         try:
             td = TensorDict.from_schema(
@@ -265,6 +267,38 @@ def _delete_keys(client: Any, namespace: str, td_id: str) -> None:
     keys = list(client.scan_iter(match=f"{namespace}:{{{td_id}}}:*", count=1000))
     if keys:
         client.delete(*keys)
+
+
+def _check_string_sizes(
+    spec: TableSpec, flat: Mapping[str, tuple[Any, torch.dtype]], conn: RedisConnection
+) -> None:
+    """Refuse a table with a field longer than the Redis's longest string before writing
+    anything: each field is one string of capacity x row bytes, and a Redis refuses one
+    past ``proto-max-bulk-len`` (512 MiB by default) - for good, whatever a retry does.
+
+    Raises:
+        InsufficientStorage: a field is longer than that (507, naming it and the limit).
+    """
+    import redis
+
+    client = _redis_client(conn)
+    try:
+        limit = int(client.config_get("proto-max-bulk-len").get("proto-max-bulk-len", 0))
+    except (redis.RedisError, ValueError):  # CONFIG not allowed (a managed Redis): let it try
+        return
+    finally:
+        client.close()
+    for key, (shape, dtype) in flat.items():
+        nbytes = spec.capacity * math.prod(shape) * dtype.itemsize
+        if limit and nbytes > limit:
+            raise InsufficientStorage(
+                f"table {spec.name!r}: field {key!r} takes {nbytes} bytes at capacity "
+                f"{spec.capacity}, one Redis string, and Redis {conn.name!r} holds strings of "
+                f"at most {limit} bytes (proto-max-bulk-len); lower the capacity, raise that "
+                "limit, or use another backend",
+                table=spec.name,
+                field=key,
+            )
 
 
 def _retry_policy() -> tuple[Any, int, tuple[type[Exception], ...]]:

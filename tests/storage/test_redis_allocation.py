@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tdreplay.storage import BackendError, Table, TableSpec
+from tdreplay.storage import BackendError, InsufficientStorage, Table, TableSpec
 
 MiB = 1 << 20
 
@@ -41,7 +41,34 @@ def test_a_table_redis_cannot_hold_leaves_no_keys(small_strings: dict, tmp_path:
         }
     )
     client = small_strings["client"]
-    with pytest.raises(BackendError) as err:
+    with pytest.raises(InsufficientStorage) as err:  # 507: for good, not a 503 to retry
         Table.create(spec, tmp_path, redis={"default": small_strings["url"]})
-    assert "proto-max-bulk-len" in str(err.value) and "wide" in str(err.value)
+    assert "proto-max-bulk-len" in str(err.value) and err.value.field == "wide"
+    assert f"takes {4096 * 512 * 4} bytes" in str(err.value)
     assert list(client.scan_iter(match="tdreplay:toobig:*")) == []
+
+
+def test_a_failed_allocation_leaves_no_keys(small_strings: dict, tmp_path: Path) -> None:
+    """What Redis refuses midway (here past ``maxmemory``) is cleaned up too: Redis applies
+    a pipeline's commands up to the failing one."""
+    client = small_strings["client"]
+    before = client.config_get("maxmemory")["maxmemory"]
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", used + 256 * 1024)  # room for the small field only
+    try:
+        spec = TableSpec.model_validate(
+            {
+                "name": "oom",
+                "capacity": 4096,
+                "backend": {"kind": "redis"},
+                "fields": {
+                    "small": {"shape": [], "dtype": "float32"},  # 16 KiB
+                    "wide": {"shape": [64], "dtype": "float32"},  # 1 MiB: fits the string cap
+                },
+            }
+        )
+        with pytest.raises(BackendError):
+            Table.create(spec, tmp_path, redis={"default": small_strings["url"]})
+    finally:
+        client.config_set("maxmemory", before)
+    assert list(client.scan_iter(match="tdreplay:oom:*")) == []
