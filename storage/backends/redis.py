@@ -278,14 +278,22 @@ def _check_string_sizes(
 
     Raises:
         InsufficientStorage: a field is longer than that (507, naming it and the limit).
+        BackendError: the Redis failed or did not answer in time (the one wait for it).
     """
     import redis
 
     client = _redis_client(conn)
     try:
         limit = int(client.config_get("proto-max-bulk-len").get("proto-max-bulk-len", 0))
-    except (redis.RedisError, ValueError):  # CONFIG not allowed (a managed Redis): let it try
+    except (redis.ResponseError, ValueError):  # CONFIG not allowed (a managed Redis): let it try
         return
+    except redis.RedisError as err:  # down or silent: fail now, not after a second wait
+        raise BackendError(
+            f"table {spec.name!r}: Redis {conn.name!r} ({conn.describe()}) failed or did not "
+            f"answer within {conn.timeout:g}s (--redis-timeout) while checking its string "
+            f"limit: {err}",
+            table=spec.name,
+        ) from err
     finally:
         client.close()
     for key, (shape, dtype) in flat.items():
