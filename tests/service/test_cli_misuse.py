@@ -3,10 +3,12 @@ non-zero exit, and each documented command line does what it says."""
 
 from __future__ import annotations
 
+import io
 import sys
 from typing import Any
 
 import pytest
+import torch
 
 from tdreplay.cli import main
 
@@ -75,3 +77,38 @@ def test_a_positional_after_options_is_taken(
         "info", "t", "--url", server.url, "extra", capsys=capsys, monkeypatch=monkeypatch
     )
     assert code == 2 and "unrecognized arguments: extra" in err
+
+
+class _Terminal(io.StringIO):
+    """What a user types at a terminal (``isatty``): ``text``, then the end (Ctrl-D)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_end_of_input_at_a_confirmation_deletes_nothing(
+    live_server: Any, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-D (or a closed terminal) at ``drop``'s or ``clear``'s question is a no, in one
+    line (it was an ``EOFError`` traceback); "n" is a no, "y" a yes."""
+    from tdreplay.client import ReplayClient
+
+    server = live_server()
+    schema = {"name": "t", "capacity": 8, "fields": {"x": {"shape": [], "dtype": "int64"}}}
+    with ReplayClient(server.url) as client:
+        client.create_table({**schema, "backend": {"kind": "memory"}})
+        client.extend("t", {"x": torch.arange(4)})
+        for command, typed, code, said in [
+            ("drop", "", 1, "not deleted"),
+            ("clear", "", 1, "not emptied"),
+            ("drop", "n\n", 1, "not deleted"),
+            ("clear", "y\n", 0, "emptied table 't'"),
+        ]:
+            monkeypatch.setattr(sys, "stdin", _Terminal(typed))
+            got, out, err = tdreplay(
+                command, "t", "--url", server.url, capsys=capsys, monkeypatch=monkeypatch
+            )
+            assert (got, "Traceback" in err) == (code, False), err
+            assert said in out + err
+            assert len((out + err).strip().splitlines()) <= 2  # the question, the answer
+        assert client.info("t")["size"] == 0  # cleared once, by the "y"; never dropped
