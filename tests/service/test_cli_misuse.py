@@ -4,7 +4,10 @@ non-zero exit, and each documented command line does what it says."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,3 +115,32 @@ def test_the_end_of_input_at_a_confirmation_deletes_nothing(
             assert said in out + err
             assert len((out + err).strip().splitlines()) <= 2  # the question, the answer
         assert client.info("t")["size"] == 0  # cleared once, by the "y"; never dropped
+
+
+def test_a_server_that_cannot_start_says_why_in_one_line(live_server: Any, tmp_path: Path) -> None:
+    """What stops ``tdreplay serve`` while it starts (a data root another server holds, a
+    socket folder others may enter, a root that cannot be made) ends it with one line
+    naming the cause and exit status 1; it was uvicorn's traceback of the lifespan and
+    status 3, which ``tdreplay`` documents as "no server answered at the URL"."""
+    from testkit import REPO, free_port
+
+    held = live_server().root
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for flags, said in [
+        (["--root", str(held)], "is in use by process"),
+        (["--root", str(tmp_path / "d"), "--shm-socket", str(shared / "s.sock")], "(mode 1777)"),
+        (["--root", str(blocker / "data")], str(blocker / "data")),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "tdreplay.cli", "serve", "--port", str(free_port()), *flags],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+            env={k: v for k, v in os.environ.items() if not k.startswith("TDREPLAY_")},
+        )  # fmt: skip
+        last = done.stderr.strip().splitlines()[-1]
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        assert last.startswith("tdreplay serve: ") and said in last, last
