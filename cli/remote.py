@@ -56,10 +56,11 @@ def connect(args: dict[str, Any]) -> Iterator[ReplayClient]:
     """A client of the server(s) of ``args``; its errors become :class:`CommandError`."""
     urls, token = configured_from(args)
     where = ", ".join(urls)
+    timeout = args.get("timeout", 600.0)
     try:
-        client = ReplayClient(urls, token, timeout=args.get("timeout") or 600.0)
-    except ValueError as err:
-        raise CommandError(f"bad server URL {where!r}: {err}", Exit.USAGE) from None
+        client = ReplayClient(urls, token, timeout=timeout)
+    except ValueError as err:  # the client's own check of a URL or of the timeout
+        raise CommandError(f"{err} (--url {where!r}, --timeout {timeout})", Exit.USAGE) from None
     try:
         with client:
             yield client

@@ -144,3 +144,19 @@ def test_a_server_that_cannot_start_says_why_in_one_line(live_server: Any, tmp_p
         assert done.returncode == 1, done.stderr
         assert "Traceback" not in done.stderr, done.stderr
         assert last.startswith("tdreplay serve: ") and said in last, last
+
+
+def test_a_bad_timeout_is_named_as_such(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--timeout`` out of range is a usage error about the timeout: it was reported as a
+    bad server URL, and ``--timeout 0`` was silently taken as 600 seconds."""
+    for given in ["-1", "nan", "0", "inf"]:
+        code, _, err = tdreplay(
+            "tables", "--url", "http://127.0.0.1:9", "--timeout", given,
+            capsys=capsys, monkeypatch=monkeypatch,
+        )  # fmt: skip
+        assert code == 2, (given, err)
+        assert "timeout" in err and "bad server URL" not in err, err
+    code, _, err = tdreplay("tables", "--url", "ftp://x", capsys=capsys, monkeypatch=monkeypatch)
+    assert code == 2 and "'ftp://x'" in err
