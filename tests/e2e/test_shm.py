@@ -297,6 +297,29 @@ def test_extend_through_shm_is_exactly_what_was_sent(twins: Any) -> None:
     assert isinstance(out, TensorDict)
 
 
+def test_an_extend_of_millions_of_rows_is_inserted_once(live_server: Any) -> None:
+    """The answer to an extend names each row's slot (8 bytes a row): past 8,388,608 rows
+    it is over the 64 MiB a control frame may have. The client read it with that limit:
+    over "shm" the call failed after the rows were in, and "auto" sent them again over
+    HTTP (twice the inserts)."""
+    n = (64 << 20) // 8 + 1000
+    server = live_server()
+    http = ReplayClient(server.url, transport="http")
+    fields = {"x": {"shape": [], "dtype": "int8"}}
+    data = TensorDict({"x": torch.ones(n, dtype=torch.int8)}, [n])
+    for transport in ("shm", "auto"):
+        name = f"long_{transport}"
+        http.create_table({"name": name, "capacity": n, "fields": fields,
+                           "backend": {"kind": "memory"}})  # fmt: skip
+        client = ReplayClient(server.url, transport=transport)
+        index = client.extend(name, data)
+        assert client.transport == "shm"
+        assert torch.equal(index, torch.arange(n)), transport
+        assert http.info(name)["inserts"] == n, transport
+        http.delete_table(name)
+        client.close()
+
+
 def test_the_async_twin_uses_shared_memory_and_owns_its_batches(twins: Any) -> None:
     import asyncio
 
