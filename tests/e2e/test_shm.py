@@ -320,6 +320,38 @@ def test_an_extend_of_millions_of_rows_is_inserted_once(live_server: Any) -> Non
         client.close()
 
 
+def test_a_long_answer_does_not_hold_up_the_server(live_server: Any) -> None:
+    """The answer to an extend of 16M rows is 128 MB (the slot of each row). The server
+    sent it copying what was left of it for every send the socket took (~200 KB): about
+    40 GB of copies with the event loop held, every HTTP and socket client waiting 12 s."""
+    n = 1 << 24
+    server = live_server()
+    http = ReplayClient(server.url, transport="http")
+    http.create_table({"name": "long", "capacity": n, "fields": {"x": {"shape": [], "dtype": "int8"}},
+                       "backend": {"kind": "memory"}})  # fmt: skip
+    client = ReplayClient(server.url, transport="shm")
+    data = TensorDict({"x": torch.ones(n, dtype=torch.int8)}, [n])
+    client.extend("long", data[:8])
+    waits: list[float] = []
+    done = threading.Event()
+
+    def health() -> None:
+        while not done.is_set():
+            began = time.monotonic()
+            assert server.request("GET", "/healthz")[0] == 200
+            waits.append(time.monotonic() - began)
+            time.sleep(0.01)
+
+    checker = threading.Thread(target=health)
+    checker.start()
+    try:
+        assert len(client.extend("long", data)) == n and client.transport == "shm"
+    finally:
+        done.set()
+        checker.join()
+    assert max(waits) < 5.0, max(waits)
+
+
 def test_the_async_twin_uses_shared_memory_and_owns_its_batches(twins: Any) -> None:
     import asyncio
 
