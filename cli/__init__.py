@@ -63,9 +63,32 @@ REMOTE = (
 )  # fmt: skip
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: its positionals may follow its options.
+
+    argparse matches consecutive positionals at once: in ``import TABLE --format minari
+    ROOT`` it gives TABLE and an empty optional SOURCE at ``TABLE``, and then refuses
+    ``ROOT`` as unrecognized. Options are parsed first here, then the positionals
+    (``parse_known_intermixed_args``).
+    """
+
+    _intermixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._intermixing:  # the two passes of parse_known_intermixed_args
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = new_parser()
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser
+    )
     add_serve_command(sub)
     add_remote_commands(sub)
     return parser

@@ -56,10 +56,11 @@ def connect(args: dict[str, Any]) -> Iterator[ReplayClient]:
     """A client of the server(s) of ``args``; its errors become :class:`CommandError`."""
     urls, token = configured_from(args)
     where = ", ".join(urls)
+    timeout = args.get("timeout", 600.0)
     try:
-        client = ReplayClient(urls, token, timeout=args.get("timeout") or 600.0)
-    except ValueError as err:
-        raise CommandError(f"bad server URL {where!r}: {err}", Exit.USAGE) from None
+        client = ReplayClient(urls, token, timeout=timeout)
+    except ValueError as err:  # the client's own check of a URL or of the timeout
+        raise CommandError(f"{err} (--url {where!r}, --timeout {timeout})", Exit.USAGE) from None
     try:
         with client:
             yield client
@@ -139,26 +140,43 @@ def create(client: ReplayClient, args: dict[str, Any]) -> None:
         )
 
 
+def confirm(args: dict[str, Any], question: str, doing: str, refused: str) -> None:
+    """Go on with ``--yes``, or when the user answers yes to ``question`` on a terminal.
+
+    Raises:
+        CommandError: no terminal to ask on (exit 2: ``doing`` needs --yes), or any
+            answer but yes - the end of input (Ctrl-D) too - (``refused``).
+    """
+    if args.get("yes"):
+        return
+    if not sys.stdin.isatty():
+        raise CommandError(f"{doing} needs --yes", Exit.USAGE)
+    try:
+        answer = input(f"{question} [y/N] ")
+    except EOFError:
+        answer = ""
+        print(file=sys.stderr)  # end the question's line
+    if answer.strip().lower() not in ("y", "yes"):
+        raise CommandError(refused)
+
+
 def drop(client: ReplayClient, args: dict[str, Any]) -> None:
     table = args["table"]
-    if not args.get("yes"):
-        if not sys.stdin.isatty():
-            raise CommandError(f"deleting table {table!r} needs --yes", Exit.USAGE)
-        answer = input(f"delete table {table!r} and all its data? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            raise CommandError("not deleted")
+    confirm(
+        args,
+        f"delete table {table!r} and all its data?",
+        f"deleting table {table!r}",
+        "not deleted",
+    )
     client.delete_table(table)
     print(f"deleted table {table!r}")
 
 
 def clear(client: ReplayClient, args: dict[str, Any]) -> None:
     table = args["table"]
-    if not args.get("yes"):
-        if not sys.stdin.isatty():
-            raise CommandError(f"emptying table {table!r} needs --yes", Exit.USAGE)
-        answer = input(f"delete every row of table {table!r}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            raise CommandError("not emptied")
+    confirm(
+        args, f"delete every row of table {table!r}?", f"emptying table {table!r}", "not emptied"
+    )
     client.clear(table)
     print(f"emptied table {table!r}")
 

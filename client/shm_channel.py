@@ -29,6 +29,7 @@ from ..codec.shm import (
     ShmProtocolError,
     SlotLayout,
     extend_frame,
+    extended_length,
     frame,
     frame_length,
     read_reply,
@@ -137,13 +138,15 @@ class Channel:
             )
 
     # -- framing ------------------------------------------------------------
-    def call(self, message: dict[str, Any] | bytes, *, wait: float) -> tuple[dict[str, Any], int]:
+    def call(
+        self, message: dict[str, Any] | bytes, *, wait: float, limit: int = MAX_FRAME
+    ) -> tuple[dict[str, Any], int]:
         """Send ``message`` (a JSON request, or a binary request's frame), read the reply
-        and the descriptor it carries (``-1``: none)."""
+        (of at most ``limit`` bytes) and the descriptor it carries (``-1``: none)."""
         self.sock.settimeout(self.timeout + wait)
         try:
             self.sock.sendall(message if isinstance(message, bytes) else frame(message))
-            body, fds = self._recv_frame()
+            body, fds = self._recv_frame(limit)
         except (OSError, ShmProtocolError) as err:
             self.close()
             raise errors.ConnectionFailed(f"shared-memory socket: {err}", sent=True) from None
@@ -163,7 +166,7 @@ class Channel:
             raise _error(reply.get("error"))
         return reply, fd
 
-    def _recv_frame(self) -> tuple[bytes, list[int]]:
+    def _recv_frame(self, limit: int) -> tuple[bytes, list[int]]:
         """One reply frame's body and the descriptors that came with it, read with as few
         system calls as it takes (a hot reply: one).
 
@@ -182,7 +185,7 @@ class Channel:
         try:
             if len(data) < HEADER.size:
                 data += self._recv_exactly(HEADER.size - len(data))
-            n = frame_length(data[: HEADER.size], MAX_FRAME)
+            n = frame_length(data[: HEADER.size], limit)
             body = data[HEADER.size :]
             if len(body) < n:
                 body += self._recv_exactly(n - len(body))
@@ -296,8 +299,8 @@ class Channel:
             if mapped.layout.rows < n or not _fill(mapped, td, n):
                 return None  # more rows than the table holds, or keys that do not fit: HTTP says
             message = extend_frame(table, slot=number, rows=n, timeout=wait, request_id=request_id)
-            try:
-                reply, _ = self.call(message, wait=wait)
+            try:  # the answer names each row's slot: past MAX_FRAME for 8 Mi rows
+                reply, _ = self.call(message, wait=wait, limit=max(MAX_FRAME, extended_length(n)))
             except errors.InvalidRequest as err:
                 if err.field != "slot" or attempt:
                     raise

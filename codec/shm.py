@@ -225,6 +225,12 @@ def extended_frame(index: bytes, replayed: bool) -> bytes:
     return _framed(_EXTENDED.pack(EXTENDED, replayed, len(index) // 8) + index)
 
 
+def extended_length(rows: int) -> int:
+    """The body length of the EXTENDED reply to an extend of ``rows`` rows (8 bytes a row:
+    past :data:`MAX_FRAME` for 8 Mi rows and more)."""
+    return _EXTENDED.size + 8 * rows
+
+
 def released_frame() -> bytes:
     return _framed(_RELEASED.pack(RELEASED))
 

@@ -168,7 +168,7 @@ def with_shipped_schemas(settings: Settings) -> Settings:
 
 def serve(settings: Settings) -> None:
     """Run the server until interrupted (uvicorn with the limits of :mod:`.server`)."""
-    from . import server, tuning
+    from . import runner, tuning
     from .app import create_app
     from .core import load_specs
 
@@ -180,7 +180,7 @@ def serve(settings: Settings) -> None:
         log.info("serving the shipped schema(s) %s", shipped.schema_path)
     load_specs(shipped)  # a bad schema stops here, with its message, before the server starts
     tuning.pin_malloc(shipped.malloc_mmap_threshold, shipped.malloc_trim_threshold)
-    server.run(create_app(shipped), shipped)
+    runner.run(create_app(shipped), shipped)
 
 
 # ---------------------------------------------------------------- the parser

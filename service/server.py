@@ -39,7 +39,6 @@ import asyncio
 import json
 import logging
 import math
-import resource
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -362,31 +361,3 @@ def config(app: Any, settings: Settings) -> uvicorn.Config:
         server_header=False,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout),
     )
-
-
-def raise_fd_limit(connections: int, spare: int = 256) -> None:
-    """Raise the soft open-files limit to fit ``connections`` plus ``spare`` descriptors.
-
-    The hard limit bounds it; when even that is too low a warning says so
-    (connections past it fail at ``accept`` rather than get a 503).
-    """
-    want = connections + spare
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-        soft = new
-    if soft != resource.RLIM_INFINITY and soft < want:
-        log.warning(
-            "open-files limit %d is below --max-connections %d plus %d spare descriptors; "
-            "lower --max-connections or raise the limit (ulimit -n)",
-            soft,
-            connections,
-            spare,
-        )
-
-
-def run(app: Any, settings: Settings) -> None:
-    """Serve ``app`` until interrupted."""
-    raise_fd_limit(settings.max_connections)
-    uvicorn.Server(config(app, settings)).run()

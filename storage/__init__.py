@@ -10,7 +10,8 @@ of what the service may use (``tests/test_import_cycles.py`` holds it so):
 * tables and their schema: :class:`Table`, :class:`TableSpec`,
   :class:`FieldSpec`, :data:`NestedKey`, :data:`DTYPES` (the dtype names a
   schema may use: :data:`tdreplay.codec.dtypes.TORCH`), :func:`table_nbytes`
-  (what a table of a spec allocates);
+  (what a table of a spec allocates), :data:`MAX_TABLE_NAME` (characters of a
+  table's name at most);
 * the data root: :func:`lock_root` / :class:`RootLock` (one process per
   root), :func:`stored_specs` (the tables a process left reopenable);
 * checkpoints: :func:`find_checkpoint`, :func:`read_checkpoint_metadata`, :func:`checkpoint_table`,
@@ -57,6 +58,7 @@ from .errors import (
     TableNotFound,
     TDReplayError,
 )
+from .names import TABLE_MAX as MAX_TABLE_NAME
 from .rate_limiter import RateLimiter
 from .redis_conn import RedisConnection
 from .redis_conn import resolve as resolve_redis_connection
@@ -70,6 +72,7 @@ from .validation import SampleTarget
 
 __all__ = [
     "DTYPES",
+    "MAX_TABLE_NAME",
     "SAMPLE_INFO_DTYPES",
     "SELF_DURABLE_BACKENDS",
     "SampleTarget",

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import re
 
+#: characters of a table's name at most
+TABLE_MAX = 64
 #: a table's name (a folder, a Redis key prefix, a metrics label, a URL segment)
-TABLE = r"[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}"
+TABLE = rf"[A-Za-z0-9_][A-Za-z0-9_\-]{{0,{TABLE_MAX - 1}}}"
 #: one segment of a field's nested key (a file name, with ``.memmap`` after it)
 FIELD_SEGMENT = r"[A-Za-z_][A-Za-z0-9_\-]{0,127}"
 #: an operator's Redis connection

@@ -23,6 +23,7 @@ from tensordict import TensorDictBase
 
 from tdreplay.codec.ipc import Schema
 from tdreplay.storage import (
+    MAX_TABLE_NAME,
     InvalidRequest,
     NestedKey,
     SampleTarget,
@@ -46,6 +47,14 @@ T = TypeVar("T")
 
 
 def not_found(name: str) -> TableNotFound:
+    """The error for ``name``; one longer than any table's name is quoted cut short, once
+    (a same-host frame may name a table in megabytes)."""
+    if len(name) > MAX_TABLE_NAME:
+        return TableNotFound(
+            f"no table {name[:MAX_TABLE_NAME]!r}... ({len(name)} characters; a table's name has "
+            f"at most {MAX_TABLE_NAME})",
+            field="name",
+        )
     return TableNotFound(f"no table {name!r}", table=name, field="name", got=name)
 
 

@@ -53,9 +53,10 @@ class Direct:
                 break
             except BlockingIOError:
                 await self._writable()
-        while sent < len(data):
+        rest = memoryview(data)  # the unsent part, without copying it for each send
+        while sent < len(rest):
             try:
-                sent += self.sock.send(data[sent:])
+                sent += self.sock.send(rest[sent:])
             except BlockingIOError:
                 await self._writable()
 

@@ -297,6 +297,61 @@ def test_extend_through_shm_is_exactly_what_was_sent(twins: Any) -> None:
     assert isinstance(out, TensorDict)
 
 
+def test_an_extend_of_millions_of_rows_is_inserted_once(live_server: Any) -> None:
+    """The answer to an extend names each row's slot (8 bytes a row): past 8,388,608 rows
+    it is over the 64 MiB a control frame may have. The client read it with that limit:
+    over "shm" the call failed after the rows were in, and "auto" sent them again over
+    HTTP (twice the inserts)."""
+    n = (64 << 20) // 8 + 1000
+    server = live_server()
+    http = ReplayClient(server.url, transport="http")
+    fields = {"x": {"shape": [], "dtype": "int8"}}
+    data = TensorDict({"x": torch.ones(n, dtype=torch.int8)}, [n])
+    for transport in ("shm", "auto"):
+        name = f"long_{transport}"
+        http.create_table({"name": name, "capacity": n, "fields": fields,
+                           "backend": {"kind": "memory"}})  # fmt: skip
+        client = ReplayClient(server.url, transport=transport)
+        index = client.extend(name, data)
+        assert client.transport == "shm"
+        assert torch.equal(index, torch.arange(n)), transport
+        assert http.info(name)["inserts"] == n, transport
+        http.delete_table(name)
+        client.close()
+
+
+def test_a_long_answer_does_not_hold_up_the_server(live_server: Any) -> None:
+    """The answer to an extend of 16M rows is 128 MB (the slot of each row). The server
+    sent it copying what was left of it for every send the socket took (~200 KB): about
+    40 GB of copies with the event loop held, every HTTP and socket client waiting 12 s."""
+    n = 1 << 24
+    server = live_server()
+    http = ReplayClient(server.url, transport="http")
+    http.create_table({"name": "long", "capacity": n, "fields": {"x": {"shape": [], "dtype": "int8"}},
+                       "backend": {"kind": "memory"}})  # fmt: skip
+    client = ReplayClient(server.url, transport="shm")
+    data = TensorDict({"x": torch.ones(n, dtype=torch.int8)}, [n])
+    client.extend("long", data[:8])
+    waits: list[float] = []
+    done = threading.Event()
+
+    def health() -> None:
+        while not done.is_set():
+            began = time.monotonic()
+            assert server.request("GET", "/healthz")[0] == 200
+            waits.append(time.monotonic() - began)
+            time.sleep(0.01)
+
+    checker = threading.Thread(target=health)
+    checker.start()
+    try:
+        assert len(client.extend("long", data)) == n and client.transport == "shm"
+    finally:
+        done.set()
+        checker.join()
+    assert max(waits) < 5.0, max(waits)
+
+
 def test_the_async_twin_uses_shared_memory_and_owns_its_batches(twins: Any) -> None:
     import asyncio
 

@@ -393,3 +393,27 @@ def test_the_server_changes_no_folder_it_did_not_create(tmp_path: Any, service: 
     assert os.stat(fresh).st_mode & 0o777 == 0o700
     info = app.get("/v1/info").json()
     assert info["shm"]["socket"] == str(fresh / "tdr.sock")
+
+
+def test_a_huge_table_name_is_not_sent_back(shared: Any) -> None:
+    """A frame may name a table in megabytes (the HTTP door caps a name at 64 characters in
+    its path): the error quoted it three times (detail, table, got), 30 MB back for 10 MB,
+    built on the event loop. It quotes the start of it once now."""
+    server = shared
+    name = "x" * 10_000_000
+    with raw(server) as s:
+        for request in [
+            sample_frame(name, slot=0, batch_size=1, timeout=0),
+            extend_frame(name, slot=0, rows=1, timeout=0, request_id=None),
+            frame({"op": "info", "table": name}),
+        ]:
+            s.sendall(request)
+            header = s.recv(HEADER.size, socket.MSG_WAITALL)
+            (n,) = HEADER.unpack(header)
+            assert n < 1000, n
+            reply = read_reply(s.recv(n, socket.MSG_WAITALL))
+            error = reply["error"]
+            assert error["type"] == "TableNotFound" and error["field"] == "name", error
+            assert "10000000 characters" in error["detail"], error
+        s.sendall(frame({"op": "info", "table": "nope"}))
+        assert read(s)["error"]["detail"] == "no table 'nope'"  # a short name: as it was

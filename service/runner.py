@@ -1,0 +1,82 @@
+"""Running the app: uvicorn with the limits of :mod:`.server`, until interrupted.
+
+``tdreplay serve`` calls :func:`run`. What stops the app while it starts (its
+lifespan: a data root another server holds, a socket that cannot be listened
+on, ...) is raised from :func:`run` for the command to say in one line, not
+logged by uvicorn as a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+from typing import Any
+
+import uvicorn
+
+from .server import config
+from .settings import Settings
+
+log = logging.getLogger("tdreplay.service")
+
+
+def raise_fd_limit(connections: int, spare: int = 256) -> None:
+    """Raise the soft open-files limit to fit ``connections`` plus ``spare`` descriptors.
+
+    The hard limit bounds it; when even that is too low a warning says so
+    (connections past it fail at ``accept`` rather than get a 503).
+    """
+    want = connections + spare
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = new
+    if soft != resource.RLIM_INFINITY and soft < want:
+        log.warning(
+            "open-files limit %d is below --max-connections %d plus %d spare descriptors; "
+            "lower --max-connections or raise the limit (ulimit -n)",
+            soft,
+            connections,
+            spare,
+        )
+
+
+def run(app: Any, settings: Settings) -> None:
+    """Serve ``app`` until interrupted.
+
+    Raises:
+        Exception: what stopped the app's start (its lifespan): a data root another
+            server holds, a socket that cannot be listened on, ... - raised here, for
+            the command to say in one line, instead of uvicorn's traceback and exit.
+    """
+    raise_fd_limit(settings.max_connections)
+    failed: list[Exception] = []
+    try:
+        uvicorn.Server(config(_start_reported(app, failed), settings)).run()
+    except SystemExit:
+        if failed:
+            raise failed[0] from None
+        raise
+
+
+def _start_reported(app: Any, failed: list[Exception]) -> Any:
+    """``app``, whose failure to start is put in ``failed`` rather than sent to uvicorn as
+    a traceback to log (uvicorn still stops)."""
+
+    async def served(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            return await app(scope, receive, send)
+
+        async def told(message: Any) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                message = {"type": message["type"], "message": ""}
+            await send(message)
+
+        try:
+            await app(scope, receive, told)
+        except Exception as err:
+            failed.append(err)
+            raise
+
+    return served

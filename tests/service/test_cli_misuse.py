@@ -1,0 +1,162 @@
+"""The ``tdreplay`` command used carelessly: each mistake is one line on stderr and a
+non-zero exit, and each documented command line does what it says."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tdreplay.cli import main
+
+
+def tdreplay(
+    *argv: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, **env: str
+) -> tuple[int, str, str]:
+    """Run ``tdreplay *argv`` in this process: ``(exit status, stdout, stderr)``."""
+    for name in ("TDREPLAY_URL", "TDREPLAY_TOKEN", "TDREPLAY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_positional_after_options_is_taken(
+    live_server: Any, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tdreplay import TABLE --format minari --dataset-id ID ROOT`` (the README's line) and
+    ``checkpoint TABLE --url URL PATH``: the optional positional after the options is the
+    one the command uses (argparse left it unrecognized: exit 2)."""
+    from tdreplay.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["import", "cp2", "--format", "minari", "--dataset-id", "tdreplay/cp-v0", "./datasets"]
+    )
+    assert (args.table, args.source, args.dataset_id) == ("cp2", "./datasets", "tdreplay/cp-v0")
+    server = live_server()
+    schema = {"name": "t", "capacity": 8, "fields": {"x": {"shape": [], "dtype": "int64"}}}
+    from tdreplay.client import ReplayClient
+
+    with ReplayClient(server.url) as client:
+        client.create_table({**schema, "backend": {"kind": "memory"}})
+    code, out, err = tdreplay(
+        "checkpoint",
+        "t",
+        "--url",
+        server.url,
+        "checkpoints/mine/t",
+        capsys=capsys,
+        monkeypatch=monkeypatch,
+    )
+    assert code == 0, err
+    assert "checkpoints/mine/t" in out and (server.root / "checkpoints" / "mine" / "t").is_dir()
+    code, out, err = tdreplay(
+        "restore",
+        "t",
+        "--url",
+        server.url,
+        "checkpoints/mine/t",
+        capsys=capsys,
+        monkeypatch=monkeypatch,
+    )
+    assert code == 0 and "restored table 't' from checkpoints/mine/t" in out, err
+    # a stray extra word is still refused, as one usage line
+    code, _, err = tdreplay(
+        "info", "t", "--url", server.url, "extra", capsys=capsys, monkeypatch=monkeypatch
+    )
+    assert code == 2 and "unrecognized arguments: extra" in err
+
+
+class _Terminal(io.StringIO):
+    """What a user types at a terminal (``isatty``): ``text``, then the end (Ctrl-D)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_end_of_input_at_a_confirmation_deletes_nothing(
+    live_server: Any, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-D (or a closed terminal) at ``drop``'s or ``clear``'s question is a no, in one
+    line (it was an ``EOFError`` traceback); "n" is a no, "y" a yes."""
+    from tdreplay.client import ReplayClient
+
+    server = live_server()
+    schema = {"name": "t", "capacity": 8, "fields": {"x": {"shape": [], "dtype": "int64"}}}
+    with ReplayClient(server.url) as client:
+        client.create_table({**schema, "backend": {"kind": "memory"}})
+        client.extend("t", {"x": torch.arange(4)})
+        for command, typed, code, said in [
+            ("drop", "", 1, "not deleted"),
+            ("clear", "", 1, "not emptied"),
+            ("drop", "n\n", 1, "not deleted"),
+            ("clear", "y\n", 0, "emptied table 't'"),
+        ]:
+            monkeypatch.setattr(sys, "stdin", _Terminal(typed))
+            got, out, err = tdreplay(
+                command, "t", "--url", server.url, capsys=capsys, monkeypatch=monkeypatch
+            )
+            assert (got, "Traceback" in err) == (code, False), err
+            assert said in out + err
+            assert len((out + err).strip().splitlines()) <= 2  # the question, the answer
+        assert client.info("t")["size"] == 0  # cleared once, by the "y"; never dropped
+
+
+def test_a_server_that_cannot_start_says_why_in_one_line(live_server: Any, tmp_path: Path) -> None:
+    """What stops ``tdreplay serve`` while it starts (a data root another server holds, a
+    socket folder others may enter, a root that cannot be made) ends it with one line
+    naming the cause and exit status 1; it was uvicorn's traceback of the lifespan and
+    status 3, which ``tdreplay`` documents as "no server answered at the URL"."""
+    from testkit import REPO, free_port
+
+    held = live_server().root
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for flags, said in [
+        (["--root", str(held)], "is in use by process"),
+        (["--root", str(tmp_path / "d"), "--shm-socket", str(shared / "s.sock")], "(mode 1777)"),
+        (["--root", str(blocker / "data")], str(blocker / "data")),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "tdreplay.cli", "serve", "--port", str(free_port()), *flags],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+            env={k: v for k, v in os.environ.items() if not k.startswith("TDREPLAY_")},
+        )  # fmt: skip
+        last = done.stderr.strip().splitlines()[-1]
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        assert last.startswith("tdreplay serve: ") and said in last, last
+
+
+def test_a_bad_timeout_is_named_as_such(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--timeout`` out of range is a usage error about the timeout: it was reported as a
+    bad server URL, and ``--timeout 0`` was silently taken as 600 seconds."""
+    for given in ["-1", "nan", "0", "inf"]:
+        code, _, err = tdreplay(
+            "tables", "--url", "http://127.0.0.1:9", "--timeout", given,
+            capsys=capsys, monkeypatch=monkeypatch,
+        )  # fmt: skip
+        assert code == 2, (given, err)
+        assert "timeout" in err and "bad server URL" not in err, err
+    code, _, err = tdreplay("tables", "--url", "ftp://x", capsys=capsys, monkeypatch=monkeypatch)
+    assert code == 2 and "'ftp://x'" in err
