@@ -463,6 +463,19 @@ def test_a_malformed_state_is_refused(tables, tmp_path: Path, case: str) -> None
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("*.memmap"))
 
 
+def test_a_negative_largest_priority_is_refused(tables, tmp_path: Path) -> None:
+    """New items take the largest priority: a negative one made the sum-tree's total NaN,
+    and every sample of the restored table then waited out its timeout."""
+    spec = make_spec(capacity=16, sampler={"kind": "prioritized", "alpha": 0.6, "beta": 0.4})
+    table = tables.create(spec)
+    table.extend(rows(0, 10))
+    path = table.checkpoint(tmp_path / "ckpt")
+    _edit_state(path, lambda s: s["sampler"].update(max_priority=-1.0))
+    with pytest.raises(InvalidCheckpoint, match=r"sampler\.max_priority: expected >= 0, got -1"):
+        Table.restore(path, root=tmp_path / "r")
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("*.memmap"))
+
+
 @pytest.mark.parametrize(
     "structure, tensors, message",
     [
