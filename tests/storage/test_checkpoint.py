@@ -476,6 +476,21 @@ def test_a_negative_largest_priority_is_refused(tables, tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("*.memmap"))
 
 
+def test_a_stack_top_below_live_items_is_refused(tables, tmp_path: Path) -> None:
+    """A LIFO table pushes at its top: a top below live items would overwrite them
+    (restored, the next extend of 4 replaced items 2..5 and stranded 6..9)."""
+    table = tables.create(make_spec(capacity=16, sampler={"kind": "lifo"}))
+    table.extend(rows(0, 10))
+    path = table.checkpoint(tmp_path / "ckpt")
+    _edit_state(path, lambda s: s["writer"].update(top=2))
+    with pytest.raises(InvalidCheckpoint, match=r"writer\.top is 2, but slot 2 .* is live"):
+        Table.restore(path, root=tmp_path / "r")
+    _edit_state(path, lambda s: s["writer"].update(top=10))
+    restored = tables.restore(path, root=tmp_path / "r")
+    restored.extend(rows(10, 4))
+    assert restored.read(restored.live_index())["id"].tolist() == list(range(14))
+
+
 @pytest.mark.parametrize(
     "structure, tensors, message",
     [
