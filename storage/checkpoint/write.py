@@ -46,7 +46,7 @@ from ..errors import CheckpointError, InvalidCheckpoint, TDReplayError
 from ..slot_policy import RoundRobinPolicy
 from ..spec import NestedKey
 from ..tensordicts import leaves, nest, row_bytes
-from .folder import ASIDE, FORMAT_VERSION, METADATA, TMP, overlaps
+from .folder import ASIDE, FORMAT_VERSION, METADATA, TMP, overlaps, path_lock
 from .reader import flat_layout_fits, load_flat
 from .sinks import RowFiles, RowsInMemory
 
@@ -73,10 +73,6 @@ def _fsync_tree(path: Path) -> None:
         fsync_path(Path(folder))
 
 
-_PATH_LOCKS: dict[Path, threading.Lock] = {}
-_PATH_LOCKS_GUARD = threading.Lock()
-
-
 def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Path:
     """Write ``table`` to ``path`` (see the module docstring). Returns ``path``.
 
@@ -85,9 +81,7 @@ def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Pat
     ``<path>.old-*``) is deleted, so crashes do not pile up copies on disk.
     """
     path = path.absolute()
-    with _PATH_LOCKS_GUARD:
-        lock = _PATH_LOCKS.setdefault(path, threading.Lock())
-    with lock:
+    with path_lock(path):
         write(table, path, ted2flat=ted2flat)
         for stale in path.parent.iterdir():
             if stale.name.startswith((f"{path.name}{TMP}", f"{path.name}{ASIDE}")):
