@@ -278,6 +278,7 @@ class RateLimiterSpec(SpecModel):
 
 
 class CheckpointSpec(SpecModel):
-    """Checkpoint hooks: TorchRL's ``TED2Flat`` on save and ``Flat2TED`` on load."""
+    """Checkpoint hooks: TorchRL's ``TED2Flat`` on save and ``Flat2TED`` on load (a
+    checkpoint whose rows the flat layout would change is written plainly instead)."""
 
     ted2flat: bool = False

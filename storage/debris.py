@@ -14,6 +14,9 @@ on the way leaves, depending on when:
   ``<name>``; the newest complete one wins if there are several, the rest are
   deleted.
 
+The same goes for every folder under it that is no checkpoint (a client's checkpoint
+may lie deeper, ``checkpoints/<folder>/<name>``).
+
 A checkpoint is complete when its ``metadata.json`` exists: it is written
 last, before the folder is flushed and renamed into place. :func:`clean_checkpoints`
 must run while nothing checkpoints into the folder (on start, under the root
@@ -86,13 +89,23 @@ def clean_checkpoints(folder: str | Path) -> list[str]:
     if not folder.is_dir():
         return []
     done: list[str] = []
+    _clean(folder, folder, done)
+    for line in done:
+        log.warning("checkpoints folder %s: %s", folder, line)
+    return done
+
+
+def _clean(folder: Path, top: Path, done: list[str]) -> None:
+    """:func:`clean_checkpoints` in ``folder`` (inside ``top``), then in each folder under it
+    that is no checkpoint: a client's checkpoint may lie deeper
+    (``checkpoints/<folder>/<name>``) and leave its debris there."""
 
     def delete(path: Path, why: str) -> None:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
             path.unlink()
-        done.append(f"deleted {path.name} ({why})")
+        done.append(f"deleted {path.relative_to(top)} ({why})")
 
     asides: dict[str, list[Path]] = {}
     for entry in sorted(folder.iterdir()):
@@ -116,14 +129,22 @@ def clean_checkpoints(folder: str | Path) -> list[str]:
                 # Not a complete checkpoint - but maybe not ours either: set aside, never deleted.
                 aside = folder / f"{name}{INCOMPLETE}{uuid.uuid4().hex[:8]}"
                 os.rename(target, aside)
-                done.append(f"moved {name} aside to {aside.name} (not a complete checkpoint)")
+                done.append(
+                    f"moved {target.relative_to(top)} aside to {aside.name} (not a complete checkpoint)"
+                )
             os.rename(complete[0], target)
             done.append(
-                f"renamed {complete[0].name} back to {name} (the last complete checkpoint of {name})"
+                f"renamed {complete[0].relative_to(top)} back to {name} (the last complete "
+                f"checkpoint of {name})"
             )
         for old in olds:
             if not complete or old != complete[0]:
                 delete(old, "an incomplete or older copy set aside")
-    for line in done:
-        log.warning("checkpoints folder %s: %s", folder, line)
-    return done
+    for entry in sorted(folder.iterdir()):
+        if (
+            entry.is_dir()
+            and not entry.is_symlink()
+            and not is_complete(entry)
+            and not is_reserved(entry.name)
+        ):
+            _clean(entry, top, done)

@@ -158,7 +158,13 @@ class StackPolicy(SlotPolicy):
         return {"top": self.top}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.top = SF.integer(state, "top", "writer", hi=self.slots.capacity)
+        top = SF.integer(state, "top", "writer", hi=self.slots.capacity)
+        above = self.slots.live[top:].nonzero()  # slots loaded first (Table.load_state_dict)
+        if len(above):  # the next push would overwrite it
+            raise SF.StateError(
+                f"writer.top is {top}, but slot {top + int(above[0])} (at or above it) is live"
+            )
+        self.top = top
 
     def info(self) -> dict[str, Any]:
         return {"kind": self.kind, "top": self.top}

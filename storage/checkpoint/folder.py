@@ -9,6 +9,8 @@ renames).
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,19 @@ METADATA = "metadata.json"
 ASIDE = ".old-"
 #: ``<path><TMP><hex>``: a checkpoint being written
 TMP = ".tmp-"
+
+
+_PATH_LOCKS: dict[str, threading.Lock] = {}
+_PATH_LOCKS_GUARD = threading.Lock()
+
+
+def path_lock(path: Path) -> threading.Lock:
+    """The lock of the checkpoint at ``path`` in this process: held while one is written
+    there (and earlier ones' debris deleted), and while a restore reads one, so that it
+    never reads the metadata and rows of one checkpoint and the state of the next."""
+    key = os.path.realpath(path)
+    with _PATH_LOCKS_GUARD:
+        return _PATH_LOCKS.setdefault(key, threading.Lock())
 
 
 def is_checkpoint(path: Path) -> bool:

@@ -170,6 +170,15 @@ def read_rows(src: Path, spec: TableSpec, hi: int) -> dict[NestedKey, torch.Tens
 _FROM_NEXT = {("done",), ("terminated",), ("truncated",), ("reward",)}
 
 
+def flat_layout_fits(spec: TableSpec) -> bool:
+    """Whether ``spec`` is a TED layout ``TED2Flat`` can flatten: a ``next.done`` field,
+    and beside each other ``next`` field but the done and reward ones its root twin."""
+    keys = spec.torch_schema().keys()
+    return ("next", "done") in keys and all(
+        k[1:] in keys or k[1:] in _FROM_NEXT for k in keys if k[0] == "next"
+    )
+
+
 def _read_flat(src: Path, spec: TableSpec, hi: int) -> TensorDict:
     """TorchRL's flat TED layout of ``<src>/storage``, as TED2Flat writes it, read safely.
 

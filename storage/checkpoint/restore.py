@@ -41,7 +41,15 @@ from ..redis_conn import Connections
 from ..spec import NestedKey, TableSpec, join_key
 from ..tensordicts import leaves, nest
 from . import reader as R
-from .folder import METADATA, READABLE_FORMATS, V1_STATE, find, overlaps, read_metadata
+from .folder import (
+    METADATA,
+    READABLE_FORMATS,
+    V1_STATE,
+    find,
+    overlaps,
+    path_lock,
+    read_metadata,
+)
 
 if TYPE_CHECKING:
     from ..consumers import Restorable
@@ -72,7 +80,35 @@ def restore(
             or holds something unsafe to load; the message names the file.
         SchemaError: the spec in ``metadata.json`` is invalid.
     """
-    src = find(path.absolute())
+    # A checkpoint written to ``path`` meanwhile would give this read the metadata and
+    # rows of one checkpoint and the state of the next: the two are serialized.
+    with path_lock(path.absolute()):
+        src, spec, root, hi, rows, state = _read(path.absolute(), root, expect)
+    # Nothing that exists is deleted or overwritten until the table is whole: a
+    # table being served may live at the default location (see backends.locations).
+    table = cls(spec, allocate(spec, root, exists="beside", redis=redis), root=root, seed=seed)
+    try:
+        if rows is not None:
+            table.backend.write(slice(0, hi), {k: v.contiguous() for k, v in rows.items()})
+        _check_table_state(table, state, hi)
+        table.load_state_dict(state)
+    except Exception as err:
+        table.destroy()
+        if isinstance(err, TDReplayError):
+            raise
+        raise _invalid(src, err, spec.name) from err
+    sweep(spec, root)
+    return table
+
+
+def _read(
+    path: Path, root: str | Path | None, expect: TableSpec | None
+) -> tuple[Path, TableSpec, Path, int, dict[NestedKey, torch.Tensor] | None, dict[str, Any]]:
+    """The checkpoint at ``path``, read and checked: where it was found (:func:`find`), its
+    spec, the data root of the table
+    (``root``, default the checkpoint's parent), ``hi``, its rows (``None``: none) mapped
+    copy-on-write, and its state (see :func:`restore`)."""
+    src = find(path)
     meta = read_metadata(src)
     version = meta.get("format_version")
     if not R.is_int(version) or version not in READABLE_FORMATS:
@@ -131,21 +167,7 @@ def restore(
         raise
     except Exception as err:
         raise _invalid(src, err, spec.name) from err
-    # Nothing that exists is deleted or overwritten until the table is whole: a
-    # table being served may live at the default location (see backends.locations).
-    table = cls(spec, allocate(spec, root, exists="beside", redis=redis), root=root, seed=seed)
-    try:
-        if rows is not None:
-            table.backend.write(slice(0, hi), {k: v.contiguous() for k, v in rows.items()})
-        _check_table_state(table, state, hi)
-        table.load_state_dict(state)
-    except Exception as err:
-        table.destroy()
-        if isinstance(err, TDReplayError):
-            raise
-        raise _invalid(src, err, spec.name) from err
-    sweep(spec, root)
-    return table
+    return src, spec, root, hi, rows, state
 
 
 def _check_categories(spec: TableSpec, rows: dict[NestedKey, torch.Tensor]) -> None:

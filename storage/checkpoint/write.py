@@ -16,7 +16,9 @@ run in a short-lived thread at nice :data:`BACKGROUND_NICE`, and give up the
 GIL about once per large field and chunk (rows move as bytes with ``pwrite``;
 small fields are written once): each time they take it back, a sampling thread
 may have to wait. With TorchRL's flat layout the rows are assembled in memory
-first, as ``TED2Flat`` needs them whole. Measured with
+first, as ``TED2Flat`` needs them whole, and read back: rows it would not give back
+bit for bit (trajectories interleaved in the table) are written in the plain layout
+instead (``"ted2flat": false`` in the metadata). Measured with
 ``bench/checkpoint_bench.py`` (``bench/results/checkpoint.json``).
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import threading
@@ -32,16 +35,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
 from .. import statefile as SF
 from ..backends import primary_location
 from ..diskspace import fsync_path, insufficient, is_full
-from ..errors import CheckpointError, TDReplayError
+from ..errors import CheckpointError, InvalidCheckpoint, TDReplayError
 from ..slot_policy import RoundRobinPolicy
-from ..tensordicts import nest
-from .folder import ASIDE, FORMAT_VERSION, METADATA, TMP, overlaps
+from ..spec import NestedKey
+from ..tensordicts import leaves, nest, row_bytes
+from .folder import ASIDE, FORMAT_VERSION, METADATA, TMP, overlaps, path_lock
+from .reader import flat_layout_fits, load_flat
 from .sinks import RowFiles, RowsInMemory
 
 if TYPE_CHECKING:
@@ -50,6 +56,8 @@ if TYPE_CHECKING:
 
 #: the nice value a checkpoint's copy and flush run at (a thread of their own)
 BACKGROUND_NICE = 10
+
+log = logging.getLogger("tdreplay.storage")
 
 
 def _fsync_tree(path: Path) -> None:
@@ -65,10 +73,6 @@ def _fsync_tree(path: Path) -> None:
         fsync_path(Path(folder))
 
 
-_PATH_LOCKS: dict[Path, threading.Lock] = {}
-_PATH_LOCKS_GUARD = threading.Lock()
-
-
 def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Path:
     """Write ``table`` to ``path`` (see the module docstring). Returns ``path``.
 
@@ -77,9 +81,7 @@ def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Pat
     ``<path>.old-*``) is deleted, so crashes do not pile up copies on disk.
     """
     path = path.absolute()
-    with _PATH_LOCKS_GUARD:
-        lock = _PATH_LOCKS.setdefault(path, threading.Lock())
-    with lock:
+    with path_lock(path):
         write(table, path, ted2flat=ted2flat)
         for stale in path.parent.iterdir():
             if stale.name.startswith((f"{path.name}{TMP}", f"{path.name}{ASIDE}")):
@@ -213,11 +215,51 @@ def _write_snapshot(
         if ted2flat:  # TED2Flat takes the rows whole
             rows = RowsInMemory({k: torch.empty([hi, *s], dtype=d) for k, (s, d) in schema.items()})
             copy(rows)
-            _save_rows(table, nest(rows.tensors, hi), tmp / "storage", state)
+            if _save_flat_lossless(table, rows.tensors, tmp, state, hi):
+                return state, meta
+            log.warning(
+                "table %r: its rows are not one TED stream TED2Flat keeps bit for bit "
+                "(interleaved trajectories, or not a TED schema); checkpointed in the plain layout",
+                table.name,
+            )
+            meta["ted2flat"] = False
+            with RowFiles(tmp / "storage", schema, hi) as files:
+                for key, tensor in rows.tensors.items():
+                    files.put(key, 0, row_bytes(tensor))
+                files.finish()
         else:
             with RowFiles(tmp / "storage", schema, hi) as files:
                 copy(files)
     return state, meta
+
+
+def _save_flat_lossless(
+    table: Table, tensors: dict[NestedKey, torch.Tensor], tmp: Path, state: dict[str, Any], hi: int
+) -> bool:
+    """Write rows ``[0, hi)`` in TorchRL's flat layout to ``tmp/storage``; whether
+    ``Flat2TED`` gives them back bit for bit (else that folder is deleted).
+
+    ``TED2Flat`` stores a step's next observation only as the observation of the
+    row after it (or, at a trajectory's end, apart), and no root done flags: rows
+    of trajectories interleaved in the table (several collectors, a batched
+    environment), or root done flags set, would come back changed. A schema
+    without TED's keys cannot be flattened at all.
+    """
+    if not flat_layout_fits(table.spec):
+        return False
+    data = nest(tensors, hi)
+    _save_rows(table, data, tmp / "storage", state)
+    try:
+        back = leaves(load_flat(tmp, table.spec, hi, data))
+    except InvalidCheckpoint:
+        back = {}
+    if all(
+        key in back and np.array_equal(row_bytes(t), row_bytes(torch.as_tensor(back[key])))
+        for key, t in tensors.items()
+    ):
+        return True
+    shutil.rmtree(tmp / "storage")
+    return False
 
 
 def _save_flat(data: TensorDict, path: Path, *, cursor: int, full: bool) -> None:

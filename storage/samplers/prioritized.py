@@ -148,6 +148,8 @@ class PrioritizedSampler(Sampler):
         if not bool(torch.isfinite(priorities).all()) or bool((priorities < 0).any()):
             raise SF.StateError("sampler.priorities: expected finite priorities >= 0")
         max_priority = SF.number(state, "max_priority", "sampler", finite=True)
+        if max_priority < 0:  # new items' priority: a negative one makes the tree's total NaN
+            raise SF.StateError(f"sampler.max_priority: expected >= 0, got {max_priority}")
         self.priorities.copy_(priorities)
         self.max_priority = max_priority
         leaves = torch.where(

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reliability_helpers import check_rows, create, extend, names, size
+from reliability_helpers import call, check_rows, create, extend, names, size
 from service_helpers import rows, spec
 
+from tdreplay.codec import protocol
 from tdreplay.service.core import startup as service_startup
 from tdreplay.storage import Table, TableSpec
 from tdreplay.storage.debris import clean_checkpoints
@@ -113,6 +114,26 @@ def test_restore_after_a_crash_at_every_stage_of_a_checkpoint(
         if n is not None:
             check_rows(server, n, name=name, batch=32)
     assert sorted(p.name for p in (root / "checkpoints").iterdir()) == names(server)
+
+
+def test_debris_of_a_deeper_checkpoint_is_cleaned_on_start(
+    live_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    """A client's checkpoint may lie deeper (``checkpoints/<folder>/<name>``): what a crash
+    left there (a killed checkpoint of a 256 MB table left its 257 MB ``.tmp-`` copy) stayed
+    for good, restart after restart; it is cleaned on start as at the top."""
+    root = tmp_path / "data"
+    deep = root / "checkpoints" / "runs" / "deeper"
+    expected = plant(deep, tmp_path / "made")
+    server = live_server(root=root)
+    assert sorted(p.name for p in deep.iterdir()) == ["a", "b", "c"]
+    for name, n in expected.items():
+        if n is not None:  # the complete ones are whole, and restore
+            path = f"checkpoints/runs/deeper/{name}"
+            body = json.dumps({"path": path}).encode()
+            headers = {"Content-Type": "application/json"}
+            call(server, "POST", protocol.table_path(name, "restore"), body=body, headers=headers)
+            check_rows(server, n, name=name, batch=32)
 
 
 def test_periodic_checkpoints_survive_kill_9(

@@ -279,6 +279,39 @@ def test_ted2flat_round_trips_a_ted_table(tables, tmp_path: Path, total: int, ki
     assert_same_future(table, restored)
 
 
+@pytest.mark.parametrize("kind", ["memory", "memmap"])
+def test_ted2flat_never_changes_rows_it_cannot_flatten(tables, tmp_path: Path, kind: str) -> None:
+    """Two collectors' trajectories interleaved in the table: TED2Flat would give a step
+    the next observation of the other collector's row after it; such rows are kept in
+    the plain layout, and the restore is bit for bit."""
+    spec = cartpole_spec(64, backend={"kind": kind}, checkpoint={"ted2flat": True})
+    table = tables.create(spec, seed=1)
+    a, b = TedStream(seed=1), TedStream(seed=2)
+    b.traj = 1000
+    for _ in range(6):
+        table.extend(a.take(3))
+        table.extend(b.take(3))
+    path = table.checkpoint(tmp_path / "flat")
+    assert json.loads((path / "metadata.json").read_text())["ted2flat"] is False
+    restored = tables.restore(path, root=tmp_path / "r")
+    assert_same_table(table, restored)
+    assert_same_future(table, restored)
+    assert leftovers(tmp_path) == []
+
+
+def test_ted2flat_on_a_schema_without_ted_keys_checkpoints_plainly(tables, tmp_path: Path) -> None:
+    spec = make_spec(
+        fields={"next.step": {"shape": [], "dtype": "int64"}}, checkpoint={"ted2flat": True}
+    )
+    table = tables.create(spec)
+    data = rows(0, 10)
+    data["next", "step"] = data["id"] + 1
+    table.extend(data)
+    path = table.checkpoint(tmp_path / "c")  # was CheckpointError: 'NoneType' object has no ...
+    assert json.loads((path / "metadata.json").read_text())["ted2flat"] is False
+    assert_same_table(table, tables.restore(path, root=tmp_path / "r"))
+
+
 def test_ted2flat_needs_the_round_robin_writer(tables, tmp_path: Path) -> None:
     spec = cartpole_spec(8, writer={"kind": "max_value", "key": "next.reward"})
     table = tables.create(spec)
@@ -428,6 +461,34 @@ def test_a_malformed_state_is_refused(tables, tmp_path: Path, case: str) -> None
     with pytest.raises(InvalidCheckpoint, match=message):
         Table.restore(path, root=tmp_path / "r")
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("*.memmap"))
+
+
+def test_a_negative_largest_priority_is_refused(tables, tmp_path: Path) -> None:
+    """New items take the largest priority: a negative one made the sum-tree's total NaN,
+    and every sample of the restored table then waited out its timeout."""
+    spec = make_spec(capacity=16, sampler={"kind": "prioritized", "alpha": 0.6, "beta": 0.4})
+    table = tables.create(spec)
+    table.extend(rows(0, 10))
+    path = table.checkpoint(tmp_path / "ckpt")
+    _edit_state(path, lambda s: s["sampler"].update(max_priority=-1.0))
+    with pytest.raises(InvalidCheckpoint, match=r"sampler\.max_priority: expected >= 0, got -1"):
+        Table.restore(path, root=tmp_path / "r")
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("*.memmap"))
+
+
+def test_a_stack_top_below_live_items_is_refused(tables, tmp_path: Path) -> None:
+    """A LIFO table pushes at its top: a top below live items would overwrite them
+    (restored, the next extend of 4 replaced items 2..5 and stranded 6..9)."""
+    table = tables.create(make_spec(capacity=16, sampler={"kind": "lifo"}))
+    table.extend(rows(0, 10))
+    path = table.checkpoint(tmp_path / "ckpt")
+    _edit_state(path, lambda s: s["writer"].update(top=2))
+    with pytest.raises(InvalidCheckpoint, match=r"writer\.top is 2, but slot 2 .* is live"):
+        Table.restore(path, root=tmp_path / "r")
+    _edit_state(path, lambda s: s["writer"].update(top=10))
+    restored = tables.restore(path, root=tmp_path / "r")
+    restored.extend(rows(10, 4))
+    assert restored.read(restored.live_index())["id"].tolist() == list(range(14))
 
 
 @pytest.mark.parametrize(
