@@ -86,6 +86,10 @@ async def _answer(send: Send, error: Unauthorized | Forbidden, extra: list) -> N
     await send({"type": "http.response.body", "body": body})
 
 
+#: (Host, address) pairs :class:`BrowserGuard` remembers at most
+_MAX_ANSWERED = 256
+
+
 class BrowserGuard:
     """ASGI middleware of a server without a token: 403 for what a web page on another site
     sends (see the module docstring); the public paths stay open, like :class:`BearerAuth`'s.
@@ -94,17 +98,35 @@ class BrowserGuard:
     def __init__(self, app: ASGIApp, hosts: HostNames) -> None:
         self.app = app
         self.hosts = hosts
+        #: (Host header, server address) -> whether that Host may be answered there: parsing
+        #: addresses cost 4 us a request; a client sends the same pair every time
+        self._answered: dict[tuple[bytes, str], bool] = {}
+
+    def _host_ok(self, host: bytes, scope: Scope) -> bool:
+        server = scope.get("server")
+        where = str(server[0]) if server else ""
+        ok = self._answered.get((host, where))
+        if ok is None:
+            ok = not is_loopback(where) or self.hosts.allows(host.decode("latin-1"))
+            if len(self._answered) >= _MAX_ANSWERED:  # many names tried: start over
+                self._answered.clear()
+            self._answered[host, where] = ok
+        return ok
 
     def refused(self, scope: Scope) -> Forbidden | None:
         """Why ``scope`` looks like a web page's request to another site, or ``None``."""
-        site = origin = host = None
+        site = origin = None
+        raw_host = b""
         for name, value in scope["headers"]:
-            if name == b"sec-fetch-site":
+            if name == b"host":
+                raw_host = value
+            elif name == b"sec-fetch-site":
                 site = value.decode("latin-1")
             elif name == b"origin":
                 origin = value.decode("latin-1")
-            elif name == b"host":
-                host = value.decode("latin-1")
+        if site is None and origin is None and (not raw_host or self._host_ok(raw_host, scope)):
+            return None  # a client's request, as every one but a browser's is
+        host = raw_host.decode("latin-1") if raw_host else None
         if site is not None and site not in ("same-origin", "none"):
             return Forbidden(
                 f"a request from a web page on another site (Sec-Fetch-Site: {site}); "
@@ -119,9 +141,7 @@ class BrowserGuard:
                 field="Origin",
                 got=origin,
             )
-        server = scope.get("server")
-        on_loopback = host is not None and server and is_loopback(str(server[0]))
-        if on_loopback and not self.hosts.allows(host or ""):
+        if raw_host and not self._host_ok(raw_host, scope):
             return Forbidden(
                 f"Host {host!r} does not name this loopback server (a web page on a "
                 "domain pointed at it?); reach it as localhost or 127.0.0.1, list the "
