@@ -29,7 +29,41 @@ def _all_in_ring(mask: torch.Tensor, start: int, n: int) -> bool:
     return bool(mask[start:].all()) and bool(mask[: end - len(mask)].all())
 
 
-class FifoSampler(Sampler):
+class _Taking(Sampler):
+    """A queue or a stack: :meth:`ready` finds the slots the next draw takes, and
+    :meth:`sample`, which the table calls next under the same lock, takes them without
+    looking again (finding them twice made a one-item draw 8 us slower)."""
+
+    consumes = True
+
+    def __init__(self, slots, generator=None) -> None:
+        super().__init__(slots, generator)
+        self._found: tuple[tuple[int, ...], torch.Tensor] | None = None
+
+    def _take(self, n: int) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def _where(self, n: int) -> tuple[int, ...]:
+        """What :meth:`_take`'s answer depends on besides the live slots (which only an
+        insert or a removal changes, and those move ``n_live``, the cursor or the top)."""
+        raise NotImplementedError
+
+    def ready(self, n: int) -> bool:
+        idx = self._take(n)
+        self._found = None if idx is None else (self._where(n), idx)
+        return idx is not None
+
+    def _taken(self, n: int) -> torch.Tensor:
+        """The slots :meth:`ready` found for this draw (found again if anything moved)."""
+        found, self._found = self._found, None
+        if found is not None and found[0] == self._where(n):
+            return found[1]
+        idx = self._take(n)
+        assert idx is not None, "sample() without ready()"
+        return idx
+
+
+class FifoSampler(_Taking):
     """Oldest first. ``head`` is the slot of the oldest unread item.
 
     The queued items lie in ring order from ``head`` to the writer's cursor. A slot
@@ -39,12 +73,14 @@ class FifoSampler(Sampler):
     """
 
     kind = "fifo"
-    consumes = True
 
     def __init__(self, slots, generator=None, *, ring: Any) -> None:
         super().__init__(slots, generator)
         self.ring = ring
         self.head = 0
+
+    def _where(self, n: int) -> tuple[int, ...]:
+        return n, self.head, self.slots.n_live, self.ring.cursor
 
     def _take(self, n: int) -> torch.Tensor | None:
         """The ``n`` oldest items' slots, or ``None`` while fewer are ready (an item
@@ -62,12 +98,8 @@ class FifoSampler(Sampler):
         queued = queued[s.live[queued]]
         return queued[:n] if len(queued) >= n else None
 
-    def ready(self, n: int) -> bool:
-        return self._take(n) is not None
-
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        idx = self._take(n)
-        assert idx is not None, "sample() without ready()"
+        idx = self._taken(n)
         self.head = (int(idx[-1]) + 1) % self.slots.capacity
         return idx, None
 
@@ -81,15 +113,17 @@ class FifoSampler(Sampler):
         return {"kind": self.kind, "head": self.head}
 
 
-class LifoSampler(Sampler):
+class LifoSampler(_Taking):
     """Newest first, popping from the top of the :class:`~tdreplay.storage.slot_policy.StackPolicy`."""
 
     kind = "lifo"
-    consumes = True
 
     def __init__(self, slots, generator=None, *, stack: Any) -> None:
         super().__init__(slots, generator)
         self.stack = stack
+
+    def _where(self, n: int) -> tuple[int, ...]:
+        return n, self.stack.top, self.slots.n_live
 
     def _take(self, n: int) -> torch.Tensor | None:
         """The ``n`` newest items' slots, or ``None`` while fewer are ready (an item still
@@ -107,12 +141,8 @@ class LifoSampler(Sampler):
         stacked = stacked[s.live[stacked]]
         return stacked[:n] if len(stacked) >= n else None
 
-    def ready(self, n: int) -> bool:
-        return self._take(n) is not None
-
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        idx = self._take(n)
-        assert idx is not None, "sample() without ready()"
+        idx = self._taken(n)
         top = int(idx[-1])
         s = self.slots
         while top and not (s.live[top - 1] or s.busy[top - 1]):  # emptied slots below: free
