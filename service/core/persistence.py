@@ -110,7 +110,9 @@ class PersistenceOps(CorePart):
         fmt = body.format
         began = time.monotonic()
         with handle.use() as table:
-            written = await handle.call(lambda: table.export(target, format=fmt))
+            # export_target refused an existing file; replace=False refuses one that
+            # appeared since (another export racing for the name), at the final step
+            written = await handle.call(lambda: table.export(target, format=fmt, replace=False))
         log.info(
             "table %r exported as %s to %s: %d bytes in %.2f s",
             name,

@@ -312,10 +312,16 @@ class Table(Inserts, Draws):
         return written
 
     def export(
-        self, path: str | Path, *, format: str | None = None, progress: bool | None = None
+        self,
+        path: str | Path,
+        *,
+        format: str | None = None,
+        progress: bool | None = None,
+        replace: bool = True,
     ) -> Path:
-        """Write the live items, oldest first, to a Parquet or CSV file (see :mod:`tdreplay.storage.export`)."""
-        return export(self, Path(path), format=format, progress=progress)
+        """Write the live items, oldest first, to a Parquet or CSV file (see
+        :func:`tdreplay.storage.export.export`; ``replace=False`` never replaces a file)."""
+        return export(self, Path(path), format=format, progress=progress, replace=replace)
 
     def import_parquet(
         self,
