@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import torch
 
 from tdreplay.codec import encode, protocol
+from tdreplay.storage import checkpoint_table
 
 #: rows of each table: large enough that its export / checkpoint takes a while (~64 MB)
 ROWS, WIDTH = 4096, 4096
@@ -89,3 +91,28 @@ def test_two_exports_to_one_path_never_replace_each_other(
     assert written.num_rows == ROWS
     leftover = [p.name for p in (server.root / "exports").iterdir() if p.name != "x.parquet"]
     assert not leftover  # no temporary file stays behind
+
+
+def test_two_tables_checkpointing_to_one_new_path_do_not_replace_each_other(
+    live_server: Callable[..., Any],
+) -> None:
+    server = live_server()
+    _table(server, "a")
+    _table(server, "b")
+    body = {"path": "checkpoints/shared/x"}
+    results = _at_once(server, [("a", "checkpoint", body), ("b", "checkpoint", body)])
+    assert sorted(s for s, _ in results) == [200, 409], results
+    (won,) = [name for name, (s, _) in zip("ab", results, strict=True) if s == 200]
+    (lost,) = [r for s, r in results if s == 409]
+    assert lost["type"] == "PathExists", lost
+    target: Path = server.root / "checkpoints" / "shared" / "x"
+    assert checkpoint_table(target) == won
+    # the path is the winner's own now: it checkpoints there again, the other is refused
+    again = _at_once(server, [(won, "checkpoint", body)])
+    assert again[0][0] == 200, again
+    other = "b" if won == "a" else "a"
+    refused = _at_once(server, [(other, "checkpoint", body)])
+    assert refused[0][0] == 409 and refused[0][1]["type"] == "PathExists", refused
+    assert checkpoint_table(target) == won
+    left = sorted(p.name for p in target.parent.iterdir())
+    assert left == ["x"], left  # no aside or temporary copy stays behind
