@@ -154,7 +154,7 @@ def _read(
             rows = R.read_rows(src, spec, hi)
         if rows is not None:
             _check_categories(spec, rows)
-        state = _read_state(src, version)
+        state = _read_state(src, version, spec.capacity)
     except InvalidCheckpoint as err:
         raise InvalidCheckpoint(
             f"cannot restore {src}: {err}",
@@ -193,8 +193,9 @@ def _invalid(src: Path, err: Exception, table: str) -> CheckpointError:
     return InvalidCheckpoint(f"cannot restore {src}: {err}", table=table)
 
 
-def _read_state(src: Path, version: int) -> dict[str, Any]:
-    """The table state of a checkpoint: JSON + raw tensors (format 2), or ``weights_only`` (1)."""
+def _read_state(src: Path, version: int, capacity: int) -> dict[str, Any]:
+    """The table state of a checkpoint: JSON + raw tensors (format 2), or ``weights_only``
+    (1), no larger than a table of ``capacity`` keeps (checked before it is read)."""
     if version >= 2:
         if os.path.lexists(src / V1_STATE):
             # Never written beside a format 2 state: planted, or two checkpoints mixed up.
@@ -203,9 +204,16 @@ def _read_state(src: Path, version: int) -> dict[str, Any]:
                 "(a planted or mixed-up file); refused"
             )
         os.close(R.open_inside(src, src / SF.STATE_FILE))  # a regular file inside the checkpoint
-        return SF.load_state(src)
+        return SF.load_state(src, capacity=capacity)
     path = src / V1_STATE
     os.close(R.open_inside(src, path))
+    # torch.save stores tensors' bytes uncompressed: the file's size bounds what it loads
+    limit = 8 * SF.max_state_elements(capacity)[1] + (1 << 20)  # + the pickled structure
+    if path.stat().st_size > limit:
+        raise InvalidCheckpoint(
+            f"{path.name} (format 1) holds {path.stat().st_size} bytes; the state of a table "
+            f"of capacity {capacity} takes at most {limit}"
+        )
     try:
         # weights_only: tensors and plain containers only; anything else is refused unrun.
         state = torch.load(path, map_location="cpu", weights_only=True)
