@@ -38,7 +38,7 @@ from .. import statefile as SF
 from ..backends import allocate, primary_location, sweep
 from ..errors import CheckpointError, InvalidCheckpoint, TDReplayError
 from ..redis_conn import Connections
-from ..spec import NestedKey, TableSpec, join_key
+from ..spec import MaxValueWriterSpec, NestedKey, TableSpec, join_key, split_key
 from ..tensordicts import leaves, nest
 from . import reader as R
 from .folder import (
@@ -92,6 +92,8 @@ def restore(
             table.backend.write(slice(0, hi), {k: v.contiguous() for k, v in rows.items()})
         _check_table_state(table, state, hi)
         table.load_state_dict(state)
+        if rows is not None:
+            _check_ranks(spec, state, rows, hi)
     except Exception as err:
         table.destroy()
         if isinstance(err, TDReplayError):
@@ -239,3 +241,23 @@ def _check_table_state(table: Restorable, state: dict[str, Any], hi: int) -> Non
         SF.integer(state, "episode_base", "<state>")
     if "generator" in state:
         SF.tensor(state, "generator", "<state>", like=table.generator.get_state())
+
+
+def _check_ranks(
+    spec: TableSpec, state: dict[str, Any], rows: dict[NestedKey, torch.Tensor], hi: int
+) -> None:
+    """A max-value table ranks each live item by its key, as the extend that wrote it did
+    (``writer.values``: the key as float64): a NaN there would outrank every value and
+    never leave, another value would keep the wrong items. (``state`` was loaded: its
+    tensors have the table's shapes.)"""
+    if not isinstance(spec.writer, MaxValueWriterSpec):
+        return
+    key = rows[split_key(spec.writer.key)].reshape(hi).to(torch.float64)
+    values, live = state["writer"]["values"][:hi], state["slots"]["live"][:hi]
+    wrong = (live & ~(values == key)).nonzero()
+    if len(wrong):
+        slot = int(wrong[0])
+        raise SF.StateError(
+            f"writer.values: slot {slot} is ranked by {float(values[slot])}, but its "
+            f"{spec.writer.key!r} is {float(key[slot])} (the ranks are the rows' keys)"
+        )

@@ -134,3 +134,29 @@ def test_a_format_1_state_past_the_tables_bounds_is_refused_before_it_is_loaded(
     del state["planted"]
     torch.save(state, path / "state.pt")
     assert len(tables.restore(path, root=tmp_path / "again")) == 12  # one of its size restores
+
+
+@pytest.mark.parametrize("kind", ["memory", "memmap"])
+@pytest.mark.parametrize("planted", [float("nan"), 1e9], ids=["nan", "disagrees"])
+def test_max_value_ranks_that_disagree_with_the_key_column_are_refused(
+    tables, root: Path, tmp_path: Path, kind: str, planted: float
+) -> None:
+    """A max-value table ranks its items by ``writer.values``, which must be their key: a
+    NaN there would outrank every value and never leave; another value would keep the
+    wrong items. Both are refused, naming the slot; a checkpoint as written restores."""
+    spec = make_spec(capacity=4, backend={"kind": kind}, writer={"kind": "max_value", "key": "id"})
+    live = tables.create(spec, root=root)
+    live.extend(rows(0, 4))
+    path = live.checkpoint(tmp_path / "ckpt")
+    state = SF.load_state(path)
+    assert sorted(state["writer"]["values"].tolist()) == [0.0, 1.0, 2.0, 3.0]
+    slot = int(state["writer"]["values"].argmin())  # the item of id 0
+    state["writer"]["values"][slot] = planted  # ranked by `planted`
+    SF.save_state(path, state)
+    with pytest.raises(InvalidCheckpoint, match=rf"writer\.values.*slot {slot}"):
+        tables.restore(path, root=tmp_path / "restored")
+    state["writer"]["values"][slot] = 0.0
+    SF.save_state(path, state)
+    back = tables.restore(path, root=tmp_path / "again")
+    back.extend(rows(10, 1))  # the smallest id goes
+    assert sorted(back.read(back.live_index())["id"].tolist()) == [1, 2, 3, 10]
