@@ -15,7 +15,7 @@ of what the service may use (``tests/test_import_cycles.py`` holds it so):
 * the data root: :func:`lock_root` / :class:`RootLock` (one process per
   root), :func:`stored_specs` (the tables a process left reopenable);
 * checkpoints: :func:`find_checkpoint`, :func:`read_checkpoint_metadata`, :func:`checkpoint_table`,
-  :func:`is_checkpoint`, :func:`is_complete_checkpoint`,
+  :func:`checkpoint_holds_other` (what a checkpoint of a table must not replace), :func:`is_checkpoint`, :func:`is_complete_checkpoint`,
   :func:`is_checkpoint_debris`, :func:`is_reserved_checkpoint_name` and :func:`clean_checkpoints` (what
   interrupted checkpoints leave);
 * Redis: :class:`RedisConnection`, :func:`resolve_redis_connection`;
@@ -32,6 +32,7 @@ from tdreplay.codec.dtypes import TORCH as DTYPES
 from .backends import stored_specs
 from .checkpoint import find as find_checkpoint
 from .checkpoint import held_table as checkpoint_table
+from .checkpoint import holds_other as checkpoint_holds_other
 from .checkpoint import is_checkpoint
 from .checkpoint import read_metadata as read_checkpoint_metadata
 from .debris import clean_checkpoints
@@ -111,6 +112,7 @@ __all__ = [
     "lock_root",
     "read_checkpoint_metadata",
     "checkpoint_table",
+    "checkpoint_holds_other",
     "resolve_redis_connection",
     "stored_specs",
     "table_nbytes",

@@ -5,7 +5,10 @@ chunks, each under the table's data read lock, so inserts and samples go on
 meanwhile; an item overwritten or removed before its chunk is read is left
 out, so every exported row is one whole item as it was inserted. The file is
 written next to its destination under a temporary name and renamed into place:
-a failed export leaves no file behind (and an existing one untouched).
+a failed export leaves no file behind (and an existing one untouched). With
+``replace=False`` the last step is a hard link, which fails if the name exists: a
+file that appears there while the export runs (another export racing for the
+name) is never replaced, whatever the timing.
 
 **Parquet** files use the wire schema of :mod:`tdreplay.codec`: one column
 per field, nested keys joined with ``"."`` (``next.reward``); a scalar field
@@ -86,7 +89,7 @@ from tdreplay.codec import to_record_batch
 from tdreplay.codec.dtypes import ARROW
 
 from .diskspace import insufficient, is_full
-from .errors import BackendError, InvalidRequest
+from .errors import BackendError, InvalidRequest, PathExists
 from .spec import join_key
 
 if TYPE_CHECKING:
@@ -125,17 +128,24 @@ def _chunk_rows(per_row: int, budget: int) -> int:
 
 # ------------------------------------------------------------------ export
 def export(
-    table: Table, path: str | Path, *, format: str | None = None, progress: bool | None = None
+    table: Table,
+    path: str | Path,
+    *,
+    format: str | None = None,
+    progress: bool | None = None,
+    replace: bool = True,
 ) -> Path:
     """Write the live items of ``table``, oldest first, to a Parquet or CSV file.
 
     Args:
         table: the table.
-        path: the file to write (replaced if it exists; its folder is created).
+        path: the file to write (its folder is created).
         format: ``"parquet"`` or ``"csv"``; default: from the suffix of ``path``
             (``.parquet``, ``.pq``, ``.csv``).
         progress: show a progress bar; ``None`` shows one for large tables when
             stderr is a terminal.
+        replace: replace a file at ``path``; ``False``: refuse, at the start and at the
+            final step (a link, atomic), so a file that appears meanwhile is kept too.
 
     Returns:
         The file written (absolute).
@@ -143,6 +153,7 @@ def export(
     Raises:
         InvalidRequest: the format is unknown or cannot be told from the suffix,
             or ``path`` is a folder.
+        PathExists: ``replace`` is ``False`` and a file is at ``path`` (it is kept).
         TableClosed: the table is closed.
         InsufficientStorage: the disk (or quota) ran full; no file is left behind.
         BackendError: the file could not be written or the storage not read;
@@ -157,6 +168,8 @@ def export(
             field="path",
             got=str(path),
         )
+    if not replace and os.path.lexists(path):
+        raise _exists(table, path)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,7 +179,14 @@ def export(
             progress, len(items), table.spec.item_nbytes, f"export {table.name}"
         ) as bar:
             dropped = write(table, tmp, items, bar)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # fails if the name exists: the check and the write are one
+            except FileExistsError:
+                raise _exists(table, path) from None
+            tmp.unlink()
     except BaseException as err:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
@@ -188,6 +208,16 @@ def export(
             path,
         )
     return path
+
+
+def _exists(table: Table, path: Path) -> PathExists:
+    return PathExists(
+        f"table {table.name!r}: {path.name!r} exists; this export does not replace a file "
+        "(choose another path)",
+        table=table.name,
+        field="path",
+        got=path.name,
+    )
 
 
 def _format(table: Table, path: Path, format: str | None) -> str:

@@ -16,9 +16,12 @@ What is refused on load (:class:`StateError`): a file safetensors cannot parse
 (sizes not matching the header, a truncated file, a header that is not JSON),
 a dtype outside :data:`~tdreplay.codec.dtypes.TORCH`, a structure that is not
 a JSON object of the expected kinds, a reference to a missing tensor, or a
-tensor nothing refers to. The components then check what they are given
-(:func:`tensor`, :func:`integer`, :func:`number`): a state of the wrong shape,
-dtype or range is refused there, never copied in by broadcasting.
+tensor nothing refers to. Given the table's capacity, a tensor nothing refers to
+and tensors larger than a table of that capacity keeps (:func:`max_state_elements`)
+are refused from the file's header, before any is read (a state file may declare
+gigabytes). The components then check what they are given (:func:`tensor`,
+:func:`integer`, :func:`number`): a state of the wrong shape, dtype or range is
+refused there, never copied in by broadcasting.
 
     >>> import tempfile, torch
     >>> state = {"slots": {"live": torch.tensor([True, False]), "hi": 1}, "generator": None}
@@ -59,6 +62,18 @@ _HEADER_KEY = "tdreplay.state"
 _MAX_DEPTH = 32
 #: the dtypes a state tensor may have: those of the table schema
 ALLOWED_DTYPES = frozenset(TORCH.values())
+#: state elements a table keeps per slot of its capacity, at most: 8 today (liveness,
+#: ordinal, times sampled, priority, max-value key, an epoch's permutation and its
+#: ordinals, episode id), with room to grow
+ELEMENTS_PER_SLOT = 16
+#: state elements besides, at most (the generator's 5,056 bytes)
+FIXED_ELEMENTS = 1 << 16
+
+
+def max_state_elements(capacity: int) -> tuple[int, int]:
+    """The most elements one state tensor, and all of them together, of a table of
+    ``capacity`` slots may hold (each element 8 bytes at most)."""
+    return capacity + FIXED_ELEMENTS, ELEMENTS_PER_SLOT * capacity + FIXED_ELEMENTS
 
 
 class StateError(ValueError):
@@ -198,12 +213,19 @@ def save_state(folder: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
-def load_state(folder: str | Path) -> dict[str, Any]:
+def load_state(folder: str | Path, *, capacity: int | None = None) -> dict[str, Any]:
     """Read the state :func:`save_state` wrote in ``folder``; nothing in the file can run code.
+
+    Args:
+        folder: the folder holding ``state.safetensors``.
+        capacity: the table's capacity: tensors the state does not refer to, and
+            tensors past :func:`max_state_elements`, are refused from the file's
+            header, before any is read (``None``: no bound, for files of our own).
 
     Raises:
         StateError: the file is missing, is not a safetensors file, or holds a
-            malformed state (see the module docstring); the message names the file.
+            malformed state (see the module docstring); the message names the file
+            (and the tensor at fault).
     """
     from safetensors import SafetensorError, safe_open
 
@@ -212,12 +234,26 @@ def load_state(folder: str | Path) -> dict[str, Any]:
         raise StateError(f"{path} is missing")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            metadata = f.metadata() or {}
-            # copies: the file may be replaced while the state is in use
+            header = _header(path, f.metadata() or {})
             names = f.keys()
+            if capacity is not None:
+                shapes = {name: f.get_slice(name).get_shape() for name in names}
+                _check_bounds(path, header.get("state"), shapes, capacity)
+            # copies: the file may be replaced while the state is in use
             tensors = {name: f.get_tensor(name).clone() for name in names}
     except (SafetensorError, OSError, ValueError, TypeError, RuntimeError) as err:
+        if isinstance(err, StateError):
+            raise
         raise StateError(f"{path} is not a valid state file: {err}") from None
+    try:
+        state = decode(header.get("state"), tensors)
+        return upgrade_v1(state) if header["format"] == 1 else state
+    except StateError as err:
+        raise StateError(f"{path}: {err}") from None
+
+
+def _header(path: Path, metadata: dict[str, str]) -> dict[str, Any]:
+    """Our JSON kept in the file's ``__metadata__``, of a format this reads."""
     try:
         header = json.loads(metadata[_HEADER_KEY])
     except KeyError:
@@ -229,11 +265,37 @@ def load_state(folder: str | Path) -> dict[str, Any]:
         raise StateError(
             f"{path}: state format {got!r:.80} not supported (expected one of {READ_FORMATS})"
         )
-    try:
-        state = decode(header.get("state"), tensors)
-        return upgrade_v1(state) if header["format"] == 1 else state
-    except StateError as err:
-        raise StateError(f"{path}: {err}") from None
+    return header
+
+
+def _check_bounds(path: Path, structure: Any, shapes: dict[str, list[int]], capacity: int) -> None:
+    """Refuse, from the header alone, tensors the state does not refer to and tensors
+    more than a table of ``capacity`` slots keeps (see :func:`max_state_elements`)."""
+    referred: set[str] = set()
+    stack = [structure]
+    while stack:  # no recursion: the structure is untrusted (decode bounds its depth)
+        value = stack.pop()
+        if isinstance(value, dict) and TENSOR in value:
+            referred.add(str(value[TENSOR]))  # decode refuses a malformed one
+        elif isinstance(value, dict | list):
+            stack.extend(value.values() if isinstance(value, dict) else value)
+    one, total = max_state_elements(capacity)
+    held = 0
+    for name, shape in shapes.items():
+        if name not in referred:
+            raise StateError(f"{path}: tensor {name!r:.80} is not part of the state")
+        n = math.prod(shape)
+        if n > one:
+            raise StateError(
+                f"{path}: tensor {name!r:.80} has shape {shape} ({n} elements); a table of "
+                f"capacity {capacity} keeps at most {one} in one state tensor"
+            )
+        held += n
+    if held > total:
+        raise StateError(
+            f"{path}: the state's tensors hold {held} elements; a table of capacity "
+            f"{capacity} keeps at most {total}"
+        )
 
 
 def upgrade_v1(state: dict[str, Any]) -> dict[str, Any]:

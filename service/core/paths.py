@@ -18,7 +18,7 @@ from tdreplay.codec import protocol
 from tdreplay.storage import (
     InvalidRequest,
     PathExists,
-    checkpoint_table,
+    checkpoint_holds_other,
     is_checkpoint,
     is_reserved_checkpoint_name,
 )
@@ -151,7 +151,7 @@ def checkpoint_target(root: Path, name: str, given: str | None) -> Path:
             field="path",
             got=given,
         )
-    if os.path.lexists(target) and (target.is_symlink() or checkpoint_table(target) != name):
+    if checkpoint_holds_other(target, name):
         raise PathExists(
             f"path {relative(root, target)!r} exists and is not a checkpoint of "
             f"table {name!r}; it is left as it is (choose another path)",

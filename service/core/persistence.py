@@ -110,7 +110,9 @@ class PersistenceOps(CorePart):
         fmt = body.format
         began = time.monotonic()
         with handle.use() as table:
-            written = await handle.call(lambda: table.export(target, format=fmt))
+            # export_target refused an existing file; replace=False refuses one that
+            # appeared since (another export racing for the name), at the final step
+            written = await handle.call(lambda: table.export(target, format=fmt, replace=False))
         log.info(
             "table %r exported as %s to %s: %d bytes in %.2f s",
             name,
@@ -330,6 +332,8 @@ class PersistenceOps(CorePart):
 
 def _checkpoint(table: Table, target: Path) -> tuple[Path, int, int]:
     """Checkpoint ``table``; the folder written, its rows and its bytes (for the log)."""
-    written = table.checkpoint(target)
+    # checkpoint_target refused another's path; own_only refuses one another table took
+    # since (a checkpoint racing for the name), at the swap
+    written = table.checkpoint(target, own_only=True)
     nbytes = sum(f.stat().st_size for f in written.rglob("*") if f.is_file())
     return written, table.size, nbytes

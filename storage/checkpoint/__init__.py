@@ -30,6 +30,7 @@ from .folder import (
     READABLE_FORMATS,
     find,
     held_table,
+    holds_other,
     is_checkpoint,
     read_metadata,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "checkpoint",
     "find",
     "held_table",
+    "holds_other",
     "is_checkpoint",
     "read_metadata",
     "restore",

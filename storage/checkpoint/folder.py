@@ -93,6 +93,16 @@ def held_table(path: Path) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def holds_other(path: Path, name: str) -> bool:
+    """Whether something is at ``path`` that a checkpoint of table ``name`` must not replace:
+    anything but a (complete) checkpoint of that table, a link included."""
+    if not os.path.lexists(path):
+        return False
+    if path.is_symlink() or not is_checkpoint(path):
+        return True
+    return held_table(path) != name
+
+
 def overlaps(a: Path, b: Path) -> bool:
     """Whether ``a`` and ``b`` are the same path or one lies inside the other."""
     a, b = a.absolute(), b.absolute()

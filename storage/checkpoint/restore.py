@@ -38,7 +38,7 @@ from .. import statefile as SF
 from ..backends import allocate, primary_location, sweep
 from ..errors import CheckpointError, InvalidCheckpoint, TDReplayError
 from ..redis_conn import Connections
-from ..spec import NestedKey, TableSpec, join_key
+from ..spec import MaxValueWriterSpec, NestedKey, TableSpec, join_key, split_key
 from ..tensordicts import leaves, nest
 from . import reader as R
 from .folder import (
@@ -92,6 +92,8 @@ def restore(
             table.backend.write(slice(0, hi), {k: v.contiguous() for k, v in rows.items()})
         _check_table_state(table, state, hi)
         table.load_state_dict(state)
+        if rows is not None:
+            _check_ranks(spec, state, rows, hi)
     except Exception as err:
         table.destroy()
         if isinstance(err, TDReplayError):
@@ -154,7 +156,7 @@ def _read(
             rows = R.read_rows(src, spec, hi)
         if rows is not None:
             _check_categories(spec, rows)
-        state = _read_state(src, version)
+        state = _read_state(src, version, spec.capacity)
     except InvalidCheckpoint as err:
         raise InvalidCheckpoint(
             f"cannot restore {src}: {err}",
@@ -193,8 +195,9 @@ def _invalid(src: Path, err: Exception, table: str) -> CheckpointError:
     return InvalidCheckpoint(f"cannot restore {src}: {err}", table=table)
 
 
-def _read_state(src: Path, version: int) -> dict[str, Any]:
-    """The table state of a checkpoint: JSON + raw tensors (format 2), or ``weights_only`` (1)."""
+def _read_state(src: Path, version: int, capacity: int) -> dict[str, Any]:
+    """The table state of a checkpoint: JSON + raw tensors (format 2), or ``weights_only``
+    (1), no larger than a table of ``capacity`` keeps (checked before it is read)."""
     if version >= 2:
         if os.path.lexists(src / V1_STATE):
             # Never written beside a format 2 state: planted, or two checkpoints mixed up.
@@ -203,9 +206,16 @@ def _read_state(src: Path, version: int) -> dict[str, Any]:
                 "(a planted or mixed-up file); refused"
             )
         os.close(R.open_inside(src, src / SF.STATE_FILE))  # a regular file inside the checkpoint
-        return SF.load_state(src)
+        return SF.load_state(src, capacity=capacity)
     path = src / V1_STATE
     os.close(R.open_inside(src, path))
+    # torch.save stores tensors' bytes uncompressed: the file's size bounds what it loads
+    limit = 8 * SF.max_state_elements(capacity)[1] + (1 << 20)  # + the pickled structure
+    if path.stat().st_size > limit:
+        raise InvalidCheckpoint(
+            f"{path.name} (format 1) holds {path.stat().st_size} bytes; the state of a table "
+            f"of capacity {capacity} takes at most {limit}"
+        )
     try:
         # weights_only: tensors and plain containers only; anything else is refused unrun.
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -231,3 +241,23 @@ def _check_table_state(table: Restorable, state: dict[str, Any], hi: int) -> Non
         SF.integer(state, "episode_base", "<state>")
     if "generator" in state:
         SF.tensor(state, "generator", "<state>", like=table.generator.get_state())
+
+
+def _check_ranks(
+    spec: TableSpec, state: dict[str, Any], rows: dict[NestedKey, torch.Tensor], hi: int
+) -> None:
+    """A max-value table ranks each live item by its key, as the extend that wrote it did
+    (``writer.values``: the key as float64): a NaN there would outrank every value and
+    never leave, another value would keep the wrong items. (``state`` was loaded: its
+    tensors have the table's shapes.)"""
+    if not isinstance(spec.writer, MaxValueWriterSpec):
+        return
+    key = rows[split_key(spec.writer.key)].reshape(hi).to(torch.float64)
+    values, live = state["writer"]["values"][:hi], state["slots"]["live"][:hi]
+    wrong = (live & ~(values == key)).nonzero()
+    if len(wrong):
+        slot = int(wrong[0])
+        raise SF.StateError(
+            f"writer.values: slot {slot} is ranked by {float(values[slot])}, but its "
+            f"{spec.writer.key!r} is {float(key[slot])} (the ranks are the rows' keys)"
+        )

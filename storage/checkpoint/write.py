@@ -42,11 +42,11 @@ from tensordict import TensorDict
 from .. import statefile as SF
 from ..backends import primary_location
 from ..diskspace import fsync_path, insufficient, is_full
-from ..errors import CheckpointError, InvalidCheckpoint, TDReplayError
+from ..errors import CheckpointError, InvalidCheckpoint, PathExists, TDReplayError
 from ..slot_policy import RoundRobinPolicy
 from ..spec import NestedKey
 from ..tensordicts import leaves, nest, row_bytes
-from .folder import ASIDE, FORMAT_VERSION, METADATA, TMP, overlaps, path_lock
+from .folder import ASIDE, FORMAT_VERSION, METADATA, TMP, holds_other, overlaps, path_lock
 from .reader import flat_layout_fits, load_flat
 from .sinks import RowFiles, RowsInMemory
 
@@ -73,15 +73,30 @@ def _fsync_tree(path: Path) -> None:
         fsync_path(Path(folder))
 
 
-def checkpoint(table: Table, path: Path, *, ted2flat: bool | None = None) -> Path:
+def checkpoint(
+    table: Table, path: Path, *, ted2flat: bool | None = None, own_only: bool = False
+) -> Path:
     """Write ``table`` to ``path`` (see the module docstring). Returns ``path``.
 
     Checkpoints to one path are serialized within the process; once one is in
     place, the debris of earlier interrupted ones (``<path>.tmp-*``,
     ``<path>.old-*``) is deleted, so crashes do not pile up copies on disk.
+
+    With ``own_only``, only a checkpoint of this table is replaced: anything else at
+    ``path`` is refused (:class:`PathExists`), checked under the path's lock, which
+    every checkpoint to it holds until its swap, so one written there meanwhile by
+    another table is seen.
     """
     path = path.absolute()
     with path_lock(path):
+        if own_only and holds_other(path, table.name):
+            raise PathExists(
+                f"table {table.name!r}: {path.name!r} holds something else than a checkpoint "
+                "of this table; it is left as it is (choose another path)",
+                table=table.name,
+                field="path",
+                got=path.name,
+            )
         write(table, path, ted2flat=ted2flat)
         for stale in path.parent.iterdir():
             if stale.name.startswith((f"{path.name}{TMP}", f"{path.name}{ASIDE}")):

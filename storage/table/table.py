@@ -280,7 +280,9 @@ class Table(Inserts, Draws):
         return items
 
     # ------------------------------------------------------------ persistence
-    def checkpoint(self, path: str | Path, *, ted2flat: bool | None = None) -> Path:
+    def checkpoint(
+        self, path: str | Path, *, ted2flat: bool | None = None, own_only: bool = False
+    ) -> Path:
         """Write data and state to ``path`` atomically (aside, then renamed into place).
 
         The checkpoint is one :meth:`snapshot`: extends and samples go on while its rows
@@ -289,16 +291,18 @@ class Table(Inserts, Draws):
         Args:
             path: the checkpoint folder (replaced if it exists).
             ted2flat: store TED data flat with TorchRL's ``TED2Flat`` (default: the spec's setting).
+            own_only: replace only a checkpoint of this table (anything else: ``PathExists``).
 
         Returns:
             The checkpoint folder.
 
         Raises:
             CheckpointError: it could not be written (the previous one is kept).
+            PathExists: ``own_only`` and something else is at ``path`` (it is kept).
         """
         began = time.monotonic()
         try:
-            written = checkpoint(self, Path(path), ted2flat=ted2flat)
+            written = checkpoint(self, Path(path), ted2flat=ted2flat, own_only=own_only)
         except BaseException:
             self.checkpoints["failed"] += 1
             raise
@@ -312,10 +316,16 @@ class Table(Inserts, Draws):
         return written
 
     def export(
-        self, path: str | Path, *, format: str | None = None, progress: bool | None = None
+        self,
+        path: str | Path,
+        *,
+        format: str | None = None,
+        progress: bool | None = None,
+        replace: bool = True,
     ) -> Path:
-        """Write the live items, oldest first, to a Parquet or CSV file (see :mod:`tdreplay.storage.export`)."""
-        return export(self, Path(path), format=format, progress=progress)
+        """Write the live items, oldest first, to a Parquet or CSV file (see
+        :func:`tdreplay.storage.export.export`; ``replace=False`` never replaces a file)."""
+        return export(self, Path(path), format=format, progress=progress, replace=replace)
 
     def import_parquet(
         self,
