@@ -118,7 +118,10 @@ class Calls(PersistencePlans):
         self.shards = ShardHealth(list(settings.urls), retry_every=settings.shard_refresh)
 
     def _wait(self, wait: float | None) -> float:
-        return self.settings.wait if wait is None else wait
+        """A call's ``timeout``, or the client's ``wait``; checked by the contract's rule
+        (the server's) before anything is sent."""
+        checked = params.seconds(wait)
+        return self.settings.wait if checked is None else checked
 
     def _all(self, make: Any) -> Gather:
         return Gather([Call(i, make()) for i in range(self.n)])
