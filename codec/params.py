@@ -62,7 +62,9 @@ Seconds = Annotated[
     ),
 ]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description="Items per batch.")]
-SlotIndex = Annotated[int, Field(ge=0, lt=1 << 63)]
+#: a slot (or a sampled item's key) as a caller names it: an int, never a float, a bool or a
+#: string converted (0.5 or ``true`` would name slot 0 or 1: the wrong item changed)
+SlotIndex = Annotated[int, Field(ge=0, lt=1 << 63, strict=True)]
 SampledKeys = Annotated[
     list[SlotIndex] | None,
     Field(
