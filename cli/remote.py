@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import yaml
 from tqdm import tqdm
 
 from tdreplay import schemas
@@ -28,7 +27,9 @@ from tdreplay.client import (
     Unauthorized,
 )
 from tdreplay.client.environment import configured
+from tdreplay.codec.errors import SchemaError
 from tdreplay.codec.parquet_read import parquet_files
+from tdreplay.codec.schema_file import read_schema
 from tdreplay.service.cli import CommandError, Exit
 
 from .common import describe_file, export_format, show_progress
@@ -114,18 +115,10 @@ def load_schema(name: str, backend: str | None) -> dict[str, Any]:
     """A schema file (or a shipped schema's name) as the mapping ``POST /v1/tables`` takes."""
     path = schemas.resolve(name)
     try:
-        text = path.read_text()
-    except OSError as err:
-        shipped = ", ".join(schemas.names())
-        raise CommandError(
-            f"cannot read schema {name!r}: {err.strerror or err} (shipped schemas: {shipped})"
-        ) from None
-    try:
-        spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as err:
-        raise CommandError(f"schema {str(path)!r} is not valid YAML/JSON: {err}") from None
-    if not isinstance(spec, dict):
-        raise CommandError(f"schema {str(path)!r} holds no mapping")
+        spec = read_schema(path)
+    except SchemaError as err:
+        hint = "" if path.is_file() else f" (shipped schemas: {', '.join(schemas.names())})"
+        raise CommandError(f"{err}{hint}") from None
     if backend:
         spec["backend"] = {"kind": backend}
     return spec

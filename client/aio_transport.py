@@ -30,6 +30,7 @@ from .deprecation import warn_close_deprecated
 from .http1 import MAX_HEAD, chunk_size, has_body, parse_head, request_head
 from .http_values import Sink
 from .transport import Endpoint, head_lines
+from .waits import bounded
 
 _SCRATCH = 64 * 1024
 
@@ -272,7 +273,7 @@ class AsyncTransport:
         try:
             _, proto = await asyncio.wait_for(
                 loop.create_connection(_Protocol, e.host, e.port, ssl=e.tls or None),
-                self.connect_timeout,
+                bounded(self.connect_timeout),
             )
         except TimeoutError:
             raise errors.Timeout(
@@ -336,7 +337,7 @@ class AsyncTransport:
             self.endpoint.prefix + req.target,
             head_lines(req, self.endpoint, self.token),
         )
-        limit = self.timeout + req.wait
+        limit = bounded(self.timeout + req.wait)
         result: Any
         try:
             if req.sink is None:

@@ -369,14 +369,16 @@ class UpdatePriority(Command[int]):
     key: Any = None
 
     def payload(self) -> dict[str, Any]:
-        """The update as JSON values (what either transport sends; the plan checked the
-        lengths)."""
-        index = torch.as_tensor(self.index).reshape(-1).tolist()
-        priority = torch.as_tensor(self.priority).detach().reshape(-1).double().cpu().tolist()
-        key = None if self.key is None else torch.as_tensor(self.key).reshape(-1).tolist()
-        payload: dict[str, Any] = {"index": index, "priority": priority}
-        if key is not None:
-            payload["key"] = key
+        """The update as JSON values (what either transport sends; the plan checked them:
+        lists it gives as they are, a sharded one's tensors as lists)."""
+
+        def listed(values: Any) -> list[Any]:
+            return values if isinstance(values, list) else values.double().tolist()
+
+        index = self.index if isinstance(self.index, list) else self.index.tolist()
+        payload: dict[str, Any] = {"index": index, "priority": listed(self.priority)}
+        if self.key is not None:
+            payload["key"] = self.key if isinstance(self.key, list) else self.key.tolist()
         return payload
 
     def request(self) -> Request:

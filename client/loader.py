@@ -56,6 +56,7 @@ import torch
 from tensordict import TensorDictBase
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..codec.params import seconds
 from . import commands as C
 from . import errors, shm
 from .batches import decode_batch
@@ -157,6 +158,7 @@ class Loader(IterableDataset):
     Raises:
         ValueError: ``prefetch`` or ``batch_size`` below 1; ``stream=True`` on a
             sharded client.
+        InvalidRequest: ``timeout`` negative, infinite or NaN (the contract's rule).
         RuntimeError: ``device`` is a CUDA device this process cannot use (no
             CUDA, or an index past the devices it sees).
     """
@@ -188,7 +190,7 @@ class Loader(IterableDataset):
         self.device = _check_device(device)
         self.as_cls = as_cls
         self.num_batches = num_batches
-        self.timeout = timeout
+        self.timeout = seconds(timeout)  # the contract's rule, here: the stream skips the plans
         self.keep = keep
         self.stream = stream
 

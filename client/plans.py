@@ -37,7 +37,7 @@ from tensordict import TensorDict
 from ..codec import params
 from . import commands as C
 from . import errors
-from .merging import by_shard, merge_infos, split_batch
+from .merging import by_shard, flat_values, merge_infos, split_batch
 from .persistence import PersistencePlans
 from .retry import RetryPolicy
 from .shards import ShardHealth
@@ -118,7 +118,10 @@ class Calls(PersistencePlans):
         self.shards = ShardHealth(list(settings.urls), retry_every=settings.shard_refresh)
 
     def _wait(self, wait: float | None) -> float:
-        return self.settings.wait if wait is None else wait
+        """A call's ``timeout``, or the client's ``wait``; checked by the contract's rule
+        (the server's) before anything is sent."""
+        checked = params.seconds(wait)
+        return self.settings.wait if checked is None else checked
 
     def _all(self, make: Any) -> Gather:
         return Gather([Call(i, make()) for i in range(self.n)])
@@ -321,13 +324,21 @@ class Calls(PersistencePlans):
         return to_tensorclass(td, as_cls) if as_cls is not None else td
 
     def update_priority(self, table: str, index: Any, priority: Any, key: Any = None) -> Plan[int]:
-        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
-        priority = torch.as_tensor(priority).detach().reshape(-1).cpu()
-        key = None if key is None else torch.as_tensor(key).reshape(-1).cpu()
-        params.check_lengths(index, priority=priority, key=key)
+        # the server's rule (the operation's model), before anything is sent
+        u = params.parse(
+            params.PriorityUpdate,
+            {
+                "index": flat_values(index),
+                "priority": flat_values(priority),
+                "key": flat_values(key),
+            },
+        )
         if self.n == 1:
-            updated: int = yield Call(0, C.UpdatePriority(table, index, priority, key))
+            updated: int = yield Call(0, C.UpdatePriority(table, u.index, u.priority, u.key))
             return updated
+        index = torch.tensor(u.index, dtype=torch.int64)
+        priority = torch.tensor(u.priority, dtype=torch.float64)
+        key = None if u.key is None else torch.tensor(u.key, dtype=torch.int64)
         # each server gets its own slots back, with their keys (keys are per server)
         calls = [
             Call(s, C.UpdatePriority(table, mine, p, k))
@@ -338,9 +349,11 @@ class Calls(PersistencePlans):
         return sum(r for r in results if r is not None)
 
     def remove(self, table: str, index: Any, key: Any = None) -> Plan[int]:
-        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
-        key = None if key is None else torch.as_tensor(key, dtype=torch.int64).reshape(-1).cpu()
-        params.check_lengths(index, key=key)
+        r = params.parse(
+            params.RemoveParams, {"index": flat_values(index), "key": flat_values(key)}
+        )
+        index = torch.tensor(r.index, dtype=torch.int64)
+        key = None if r.key is None else torch.tensor(r.key, dtype=torch.int64)
         calls = [
             Call(s, C.Remove(table, mine.tolist(), None if k is None else k.tolist()))
             for s, mine, (k,) in by_shard(index, self.n, key)
@@ -351,10 +364,11 @@ class Calls(PersistencePlans):
     def read(self, table: str, index: Any) -> Plan[TensorDict]:
         """The items in slots ``index`` (as a sample's ``index`` names them: sharded, the
         server is encoded in it), in the order asked."""
-        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1).cpu()
+        slots = params.parse(params.ReadParams, {"index": flat_values(index)}).index
         if self.n == 1:
-            rows: TensorDict = yield Call(0, C.Read(table, index.tolist()))
+            rows: TensorDict = yield Call(0, C.Read(table, slots))
             return rows
+        index = torch.tensor(slots, dtype=torch.int64)
         place = torch.arange(len(index))  # where each row goes back
         split = by_shard(index, self.n, place)
         parts: list[TensorDict] = yield Gather(

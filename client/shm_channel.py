@@ -40,6 +40,7 @@ from ..system import Poller, SharedMap, host_id
 from . import errors
 from .batches import as_batch
 from .commands import Alloc
+from .waits import bounded
 
 #: slot numbers a connection uses at most (the server's bound)
 MAX_SLOTS = 256
@@ -112,7 +113,7 @@ class Channel:
         self._free: list[int] = []
         self._next = 0
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout)
+        self.sock.settimeout(bounded(timeout))
         try:
             self.sock.connect(path)
         except OSError as err:
@@ -143,7 +144,7 @@ class Channel:
     ) -> tuple[dict[str, Any], int]:
         """Send ``message`` (a JSON request, or a binary request's frame), read the reply
         (of at most ``limit`` bytes) and the descriptor it carries (``-1``: none)."""
-        self.sock.settimeout(self.timeout + wait)
+        self.sock.settimeout(bounded(self.timeout + wait))
         try:
             self.sock.sendall(message if isinstance(message, bytes) else frame(message))
             body, fds = self._recv_frame(limit)

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 from . import errors, http1
 from .commands import Request, Response
+from .waits import bounded
 
 USER_AGENT = "tdreplay-client/0.1"
 
@@ -100,7 +101,9 @@ class Transport:
     def _new(self) -> http1.Connection:
         e = self.endpoint
         try:
-            return http1.Connection(e.host, e.port, tls=e.tls, connect_timeout=self.connect_timeout)
+            return http1.Connection(
+                e.host, e.port, tls=e.tls, connect_timeout=bounded(self.connect_timeout)
+            )
         except TimeoutError:
             raise errors.Timeout(
                 f"connecting to {e.url} took over {self.connect_timeout}s", url=e.url
@@ -173,7 +176,7 @@ class Transport:
 
     def _roundtrip(self, conn: http1.Connection, req: Request, *, retry: bool) -> Response:
         url, what = self.endpoint.url, f"{req.method} {req.target}"
-        limit = self.timeout + req.wait
+        limit = bounded(self.timeout + req.wait)
         try:
             status, headers, body, keep = conn.roundtrip(self.head(req), req, limit)
         except TimeoutError:
@@ -222,7 +225,7 @@ class Transport:
         url, what = self.endpoint.url, f"{req.method} {req.target}"
         conn = self._new()
         try:
-            head = conn.start(self.head(req), req, self.timeout + req.wait)
+            head = conn.start(self.head(req), req, bounded(self.timeout + req.wait))
             if head.status >= 400:
                 body = b"".join(conn.chunks()) if head.chunked else bytes(conn.rest(head))
                 raise errors.from_response(head.status, memoryview(body))

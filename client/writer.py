@@ -63,6 +63,7 @@ from .chunking import ChunkBuffer, episode_keys
 from .columns import Lent
 from .errors import ReplayError
 from .shm import background_thread
+from .waits import bounded
 from .writer_base import WriterBase, final_chunks
 
 
@@ -95,6 +96,9 @@ class Writer(WriterBase):
         background: send full chunks from a sender thread (at most one in
             flight) instead of from the ``append`` that fills them; ``None``:
             only over the same-host shm transport (see the module doc).
+
+    Raises:
+        InvalidRequest: ``timeout`` negative, infinite or NaN (the contract's rule).
     """
 
     def __init__(
@@ -228,7 +232,8 @@ class Writer(WriterBase):
         """
         with self._sent:
             done = self._sent.wait_for(
-                lambda: self.sent_rows >= rows or bool(self._errors), timeout
+                lambda: self.sent_rows >= rows or bool(self._errors),
+                None if timeout is None else bounded(timeout),
             )
         self._raise_pending()
         return bool(done)
@@ -363,7 +368,7 @@ def _timer_loop(ref: weakref.ReferenceType[Writer], cond: threading.Condition) -
             left = writer._buffer.due(writer.max_delay)
             if left is None or left > 0:
                 del writer  # wait without keeping the writer alive
-                cond.wait(left)
+                cond.wait(None if left is None else bounded(left))
                 continue
         writer._send_expired()
         del writer

@@ -9,6 +9,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
+from ..codec.params import seconds
 from .chunking import ChunkBuffer
 
 
@@ -39,7 +40,7 @@ class WriterBase:
         self.table = table
         self.chunk = chunk
         self.max_delay = max_delay
-        self.timeout = timeout
+        self.timeout = seconds(timeout)  # the contract's rule, before any chunk is sent
         self._keys = (episode_key, end_key)
         self._buffer: ChunkBuffer | None = None
         #: errors of sends made by another thread (or the timer), each raised once, in order

@@ -62,7 +62,9 @@ Seconds = Annotated[
     ),
 ]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description="Items per batch.")]
-SlotIndex = Annotated[int, Field(ge=0, lt=1 << 63)]
+#: a slot (or a sampled item's key) as a caller names it: an int, never a float, a bool or a
+#: string converted (0.5 or ``true`` would name slot 0 or 1: the wrong item changed)
+SlotIndex = Annotated[int, Field(ge=0, lt=1 << 63, strict=True)]
 SampledKeys = Annotated[
     list[SlotIndex] | None,
     Field(
@@ -312,6 +314,36 @@ def sample_params(batch_size: Any, timeout: Any) -> SampleParams:
 @functools.lru_cache(maxsize=256, typed=True)
 def _remembered_sample_params(batch_size: Any, timeout: Any) -> SampleParams:
     return parse(SampleParams, {"batch_size": batch_size, "timeout": timeout})
+
+
+class _Timeout(Params):
+    timeout: Seconds = None
+
+
+def seconds(timeout: Any) -> float | None:
+    """A call's ``timeout`` by the contract's rule (:data:`Seconds`), as the server checks
+    it: for a client call before anything is sent. A huge one is valid (the server holds
+    the call at most its maximum); remembered as :func:`sample_params`.
+
+        >>> seconds(1e12)
+        1000000000000.0
+        >>> seconds(float("inf"))
+        Traceback (most recent call last):
+        ...
+        tdreplay.codec.errors.InvalidRequest: timeout: Input should be a finite number (got inf)
+
+    Raises:
+        InvalidRequest: negative, infinite, NaN or not a number; names ``timeout``.
+    """
+    try:
+        return _remembered_seconds(timeout)
+    except TypeError:  # unhashable: checked, not remembered
+        return parse(_Timeout, {"timeout": timeout}).timeout
+
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _remembered_seconds(timeout: Any) -> float | None:
+    return parse(_Timeout, {"timeout": timeout}).timeout
 
 
 def broken_rule(problems: list[Any]) -> InvalidRequest | None:

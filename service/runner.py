@@ -2,8 +2,9 @@
 
 ``tdreplay serve`` calls :func:`run`. What stops the app while it starts (its
 lifespan: a data root another server holds, a socket that cannot be listened
-on, ...) is raised from :func:`run` for the command to say in one line, not
-logged by uvicorn as a traceback.
+on, ...; or uvicorn's listening socket: a port in use) is raised from :func:`run`
+for the command to say in one line, not logged by uvicorn as a traceback or a
+line of its own with its exit status 3.
 """
 
 from __future__ import annotations
@@ -49,15 +50,38 @@ def run(app: Any, settings: Settings) -> None:
         Exception: what stopped the app's start (its lifespan): a data root another
             server holds, a socket that cannot be listened on, ... - raised here, for
             the command to say in one line, instead of uvicorn's traceback and exit.
+        OSError: the address cannot be listened on (a port in use, ...).
     """
     raise_fd_limit(settings.max_connections)
     failed: list[Exception] = []
+    server = uvicorn.Server(config(_start_reported(app, failed), settings))
+    unbound = _Unbound(server, failed)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(unbound)
     try:
-        uvicorn.Server(config(_start_reported(app, failed), settings)).run()
+        server.run()
     except SystemExit:
         if failed:
             raise failed[0] from None
         raise
+    finally:
+        uvicorn_log.removeFilter(unbound)
+
+
+class _Unbound(logging.Filter):
+    """Takes the error uvicorn logs when it cannot listen (it logs the ``OSError`` itself,
+    then exits with its status 3) while the server starts: kept in ``failed`` for
+    :func:`run` to raise, not logged."""
+
+    def __init__(self, server: uvicorn.Server, failed: list[Exception]) -> None:
+        super().__init__()
+        self.server, self.failed = server, failed
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, OSError) and not self.server.started:
+            self.failed.append(record.msg)
+            return False
+        return True
 
 
 def _start_reported(app: Any, failed: list[Exception]) -> Any:

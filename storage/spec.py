@@ -37,6 +37,8 @@ import torch
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from tdreplay.codec.schema_file import read_schema
+
 from . import names
 from .component_specs import (
     SELF_DURABLE_BACKENDS,
@@ -299,22 +301,7 @@ class TableSpec(SpecModel):
         Example:
             >>> spec = TableSpec.from_file("schemas/cartpole.yaml")  # doctest: +SKIP
         """
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as err:
-            raise SchemaError(f"{path}: cannot read schema: {err.strerror}") from None
-        try:
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (yaml.YAMLError, json.JSONDecodeError) as err:
-            raise SchemaError(
-                f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}"
-            ) from None
-        if not isinstance(data, dict):
-            raise SchemaError(
-                f"{path}: a table schema must be a mapping, got {type(data).__name__}"
-            )
-        return cls.parse(data, source=str(path))
+        return cls.parse(read_schema(path), source=str(path))
 
     @classmethod
     def from_dir(cls, path: str | Path) -> list[TableSpec]:

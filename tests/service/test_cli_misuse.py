@@ -119,12 +119,14 @@ def test_the_end_of_input_at_a_confirmation_deletes_nothing(
 
 def test_a_server_that_cannot_start_says_why_in_one_line(live_server: Any, tmp_path: Path) -> None:
     """What stops ``tdreplay serve`` while it starts (a data root another server holds, a
-    socket folder others may enter, a root that cannot be made) ends it with one line
-    naming the cause and exit status 1; it was uvicorn's traceback of the lifespan and
-    status 3, which ``tdreplay`` documents as "no server answered at the URL"."""
+    socket folder others may enter, a root that cannot be made, a port in use) ends it with
+    one line naming the cause and exit status 1; it was uvicorn's traceback of the lifespan
+    and status 3, which ``tdreplay`` documents as "no server answered at the URL" (a port in
+    use: uvicorn's log line and status 3, until fixed)."""
     from testkit import REPO, free_port
 
-    held = live_server().root
+    running = live_server()
+    held = running.root
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o1777)
@@ -134,6 +136,7 @@ def test_a_server_that_cannot_start_says_why_in_one_line(live_server: Any, tmp_p
         (["--root", str(held)], "is in use by process"),
         (["--root", str(tmp_path / "d"), "--shm-socket", str(shared / "s.sock")], "(mode 1777)"),
         (["--root", str(blocker / "data")], str(blocker / "data")),
+        (["--root", str(tmp_path / "e"), "--port", str(running.port)], f"{running.port}"),
     ]:
         done = subprocess.run(
             [sys.executable, "-m", "tdreplay.cli", "serve", "--port", str(free_port()), *flags],
@@ -160,3 +163,54 @@ def test_a_bad_timeout_is_named_as_such(
         assert "timeout" in err and "bad server URL" not in err, err
     code, _, err = tdreplay("tables", "--url", "ftp://x", capsys=capsys, monkeypatch=monkeypatch)
     assert code == 2 and "'ftp://x'" in err
+
+
+BAD_SCHEMAS = [
+    (
+        "indented.yaml",
+        "name: t\n  capacity: 8\n",
+        "not valid YAML at line 2, column 11",
+        "not allowed here",
+    ),
+    (
+        "unclosed.yaml",
+        "name: t\nfields:\n  x: {shape: [], dtype: int64\n",
+        "not valid YAML at line 4, column 1",
+        "'}'",
+    ),
+    ("tab.yml", "name: t\n\tcapacity: 8\n", "not valid YAML at line 2, column 1", "'\\t'"),
+    ("comma.json", '{"name": "t",}', "not valid JSON at line 1, column 14", "double quotes"),
+    ("latin1.yaml", b"name: caf\xe9\n", "not UTF-8 text", "byte 9"),  # was a traceback
+]
+
+
+@pytest.mark.parametrize(("file", "text", "where", "said"), BAD_SCHEMAS)
+def test_a_schema_that_does_not_parse_is_one_line_naming_file_line_and_column(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    file: str,
+    text: str | bytes,
+    where: str,
+    said: str,
+) -> None:
+    """``tdreplay create bad.yaml``, ``tdreplay serve --schema bad.yaml`` and the client's
+    ``create_table("bad.yaml")`` read a schema the same way: a file that does not parse is
+    one line naming the file, the line and the column (it was PyYAML's message over five
+    lines, with the offending line and a caret)."""
+    from tdreplay.client import ReplayClient, SchemaError
+
+    path = tmp_path / file
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    for argv in (
+        ["create", str(path), "--url", "http://127.0.0.1:9"],  # read before anything is sent
+        ["serve", "--schema", str(path), "--root", str(tmp_path / "data")],
+    ):
+        code, _, err = tdreplay(*argv, capsys=capsys, monkeypatch=monkeypatch)
+        lines = err.strip().splitlines()
+        assert code == 1 and len(lines) == 1, (argv, err)
+        assert lines[0].startswith(f"tdreplay {argv[0]}: {path}: {where}"), lines[0]
+        assert said in lines[0], lines[0]
+    with pytest.raises(SchemaError) as caught:
+        ReplayClient("http://127.0.0.1:9").create_table(path)
+    assert str(caught.value).startswith(f"{path}: {where}") and "\n" not in str(caught.value)
