@@ -4,17 +4,14 @@ Minari dataset's spaces contain its data; tables on a live server and the CLI.""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 from tensordict import TensorDict
 from testkit import unique
 
-from tdreplay.cli import main
 from tdreplay.client import ReplayClient
 
 FIELDS: dict[str, Any] = {
@@ -94,17 +91,3 @@ def make_table(client: ReplayClient, *, fields: dict | None = None, **extra: Any
 
 def hidden(folder: Path) -> list[str]:
     return [str(p) for p in folder.rglob(".*")]
-
-
-def cli(*argv: str, capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return code, out, err

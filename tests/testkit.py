@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 import yaml
 from tensordict import TensorDict
 
+from tdreplay.cli import main as cli_main
 from tdreplay.storage import TableSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,3 +181,25 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free port in [{base}, {base + span})")
+
+
+def run_cli(*argv: str, capsys: Any, monkeypatch: Any = None, **env: str) -> tuple[int, str, str]:
+    """Run ``tdreplay *argv`` in this process: ``(exit status, stdout, stderr)``; its errors are
+    never a traceback. With ``monkeypatch``, the caller's ``TDREPLAY_URL`` / ``_TOKEN`` /
+    ``_TOKEN_FILE`` are unset and ``env`` is set for the run."""
+    if monkeypatch is not None:
+        for name in ("TDREPLAY_URL", "TDREPLAY_TOKEN", "TDREPLAY_TOKEN_FILE"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    try:
+        cli_main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from datasetkit import FIELDS, cli, contains_every_step, hidden, make_table, transitions
+from datasetkit import FIELDS, contains_every_step, hidden, make_table, transitions
+from testkit import run_cli as cli
 
 from tdreplay.client import InvalidRequest, PathExists, ReplayClient, SchemaError, TableNotFound
 

@@ -12,7 +12,8 @@ import minari
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datasetkit import FIELDS, cli, hidden, make_table, transitions
+from datasetkit import FIELDS, hidden, make_table, transitions
+from testkit import run_cli as cli
 
 from tdreplay.client import (
     AsyncReplayClient,

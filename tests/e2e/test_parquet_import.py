@@ -12,7 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datasetkit import FIELDS, cli, make_table
+from datasetkit import FIELDS, make_table
+from testkit import run_cli as cli
 
 from tdreplay.client import ReplayClient, SchemaError
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from datasetkit import cli
+from testkit import run_cli as cli
 from testkit import unique
 
 from tdreplay.client import ReplayClient

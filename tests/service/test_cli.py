@@ -12,6 +12,7 @@ import torch
 import yaml
 from pydantic import ValidationError
 from service_helpers import spec
+from testkit import run_cli as tdreplay_cli
 
 from tdreplay.cli import build_parser, main
 from tdreplay.service import Settings
@@ -242,27 +243,6 @@ def test_a_repeated_list_flag_adds_to_the_list() -> None:
 
 # ---------------------------------------------------------------- the commands that drive a server
 TOKEN = "cli-test-token-0123456789"
-
-
-def tdreplay_cli(
-    *argv: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, **env: str
-) -> tuple[int, str, str]:
-    """Run ``tdreplay *argv`` in this process: ``(exit status, stdout, stderr)``."""
-    for name in ("TDREPLAY_URL", "TDREPLAY_TOKEN", "TDREPLAY_TOKEN_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    capsys.readouterr()
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return code, out, err
 
 
 def test_the_server_commands(

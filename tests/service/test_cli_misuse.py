@@ -12,28 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-
-from tdreplay.cli import main
-
-
-def tdreplay(
-    *argv: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, **env: str
-) -> tuple[int, str, str]:
-    """Run ``tdreplay *argv`` in this process: ``(exit status, stdout, stderr)``."""
-    for name in ("TDREPLAY_URL", "TDREPLAY_TOKEN", "TDREPLAY_TOKEN_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    capsys.readouterr()
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
-    out, err = capsys.readouterr()
-    return code, out, err
+from testkit import run_cli as tdreplay
 
 
 def test_a_positional_after_options_is_taken(
