@@ -30,6 +30,7 @@ from pydantic import (
     ConfigDict,
     Field,
     Json,
+    Strict,
     StringConstraints,
     ValidationError,
     model_validator,
@@ -99,7 +100,9 @@ class ExtendParams(Params):
     )
 
 
-Priority = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+#: a priority as a number (strict: ``true`` or ``"1"`` is no priority, as for a slot)
+PriorityValue = Annotated[float, Strict()]
+Priority = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 #: a table's name as a parameter names it (as long as a route's ``{name}`` may be)
 TableKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
@@ -157,7 +160,7 @@ class PriorityUpdate(Body):
     index: list[SlotIndex] = Field(
         max_length=MAX_UPDATE, description="Slots, as sampled (`index`)."
     )
-    priority: list[float] = Field(
+    priority: list[PriorityValue] = Field(
         max_length=MAX_UPDATE, description="New priorities, one per slot (>= 0, finite)."
     )
     key: SampledKeys = None

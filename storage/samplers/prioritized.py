@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import statefile as SF
@@ -27,7 +28,17 @@ def priorities(value: Any, where: str) -> torch.Tensor:
     Raises:
         InvalidRequest: a priority is negative or not finite (``where`` names the call).
     """
-    priority = torch.as_tensor(value, dtype=torch.float64).reshape(-1)
+    if isinstance(value, torch.Tensor):
+        kind = "b" if value.dtype == torch.bool else "c" if value.is_complex() else "f"
+        given: Any = value.detach()
+    else:  # numpy reads a Python float as float64 (torch would take float32: 1e39 -> inf)
+        given = np.asarray(value)
+        kind = given.dtype.kind
+    if kind not in "iuf":
+        raise InvalidRequest(
+            f"{where}: priorities must be numbers, got {given.dtype}", field="priority"
+        )
+    priority = torch.as_tensor(given).to(torch.float64).reshape(-1)
     bad = ~torch.isfinite(priority) | (priority < 0)
     if bool(bad.any()):
         raise InvalidRequest(

@@ -12,6 +12,7 @@ from tdreplay.codec.params import check_lengths
 
 from ..backends.tensor import SMALL_BATCH
 from ..errors import InvalidRequest
+from ..samplers.prioritized import priorities
 from ..tensordicts import nest, nest_by
 from ..validation import SampleTarget
 from .base import TableBase, _HeldBack
@@ -260,7 +261,7 @@ class Draws(TableBase):
                 negative or not finite. Nothing is updated.
         """
         index = torch.as_tensor(index).reshape(-1).to(torch.int64)
-        priority = torch.as_tensor(priority, dtype=torch.float64).reshape(-1)  # not float32's range
+        priority = priorities(priority, f"table {self.name!r}")  # the one rule of a priority
         check_lengths(index, priority=priority, table=self.name)
         key = self._keys_of(index, key)
         with self._cond:

@@ -91,6 +91,26 @@ def test_bad_slots_and_keys_are_refused_and_change_nothing(server: Any, transpor
     assert client.update_priority(name, [0], [7.0], key=[10**6]) == 0  # a stale key: skipped
 
 
+@pytest.mark.parametrize("transport", ["http", "shm"])
+def test_a_bool_or_a_string_is_no_priority(server: Any, transport: str) -> None:
+    """A priority is a number: ``True`` (a bool tensor, a bool list) or ``"1"`` is refused,
+    naming ``priority``, by the client before sending and by the server; it was 1.0."""
+    client = ReplayClient(server.url, transport=transport)
+    name = new_table(client)
+    before = priorities(client, name)
+    for bad in ([True], torch.tensor([True]), ["1"]):
+        with pytest.raises(InvalidRequest) as caught:
+            client.update_priority(name, [0], bad)
+        assert (caught.value.field or "").split(".")[0] == "priority", bad
+    for body in ({"index": [0], "priority": [True]}, {"index": [0], "priority": ["1"]}):
+        status, _, answer = server.request(
+            "POST", f"/v1/tables/{name}/update_priority", json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )  # fmt: skip
+        assert status == 400 and json.loads(answer)["field"].startswith("priority"), answer
+    assert priorities(client, name) == before
+
+
 @pytest.mark.parametrize("index", [[True], ["1"], [1.0], [0.5]])
 def test_the_server_refuses_them_too(server: Any, index: list[Any]) -> None:
     name = new_table(ReplayClient(server.url))

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import torch
 from testkit import make_spec, rows
 
 from tdreplay.storage import InvalidRequest, SchemaError, TableSpec
@@ -107,10 +108,13 @@ def test_a_priority_is_checked_alike_on_insert_and_on_update(tables) -> None:
     assert table.sampler.priorities[:2].tolist() == [1e39, 1e39]
     assert table.update_priority([0, 1], [1e39, 2.5]) == 2
     assert table.sampler.priorities[:2].tolist() == [1e39, 2.5]
-    for bad in (float("inf"), float("nan"), -1.0):
-        with pytest.raises(InvalidRequest, match="priorities must be finite and >= 0") as insert:
+    for bad in (float("inf"), float("nan"), -1.0, True):  # a bool is no priority (was 1.0)
+        rule = "priorities must be numbers" if bad is True else "priorities must be finite and >= 0"
+        with pytest.raises(InvalidRequest, match=rule) as insert:
             table.extend(rows(2, 1), priority=bad)
-        with pytest.raises(InvalidRequest, match="priorities must be finite and >= 0") as update:
+        with pytest.raises(InvalidRequest, match=rule) as update:
             table.update_priority([1], [bad])
+        with pytest.raises(InvalidRequest, match=rule):
+            table.update_priority([1], torch.tensor([bad]))
         assert insert.value.field == update.value.field == "priority"
     assert len(table) == 2 and table.sampler.priorities[:2].tolist() == [1e39, 2.5]
