@@ -24,11 +24,26 @@ a token therefore answers only the names no other site can stand for:
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Iterable
 
 #: ``--allow-host`` value that lets every name through (the ``Host`` check off)
 ANY_HOST = "*"
+#: a name ``--allow-host`` takes (a DNS name; IP addresses are always answered)
+_HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*\.?")
+
+
+def check_host_names(names: list[str]) -> list[str]:
+    """``names`` (``--allow-host``), each a host name or ``*``.
+
+    Raises:
+        ValueError: one is not, naming it.
+    """
+    for name in names:
+        if name != ANY_HOST and not _HOST_NAME.fullmatch(name):
+            raise ValueError(f"allow_host {name!r} is not a host name (letters, digits, '.', '-')")
+    return names
 
 
 def is_loopback(host: str) -> bool:

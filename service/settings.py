@@ -16,7 +16,6 @@ refused unless ``insecure`` is set.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -26,15 +25,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from tdreplay.codec.token import check_token, read_secret_file, read_token_file
 from tdreplay.storage import RedisConnection
 
-from .hosts import ANY_HOST, is_loopback
+from .hosts import check_host_names, is_loopback
 
 BackendKind = Literal["memory", "memmap", "shared", "h5", "redis"]
 ALL_BACKENDS: list[BackendKind] = ["memory", "memmap", "shared", "h5", "redis"]
 
 MiB = 1 << 20
 GiB = 1 << 30
-#: a host name --allow-host takes (a DNS name; IP addresses are always answered)
-_HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*\.?")
 
 
 class Settings(BaseSettings):
@@ -149,6 +146,11 @@ class Settings(BaseSettings):
         ge=1,
         description="Largest sum over all tables of what they allocate (rows and bookkeeping); "
         "a create or restore past it answers 507.",
+    )
+    max_fields: int = Field(
+        default=1024,
+        ge=1,
+        description="Most fields one table may declare; a schema with more is refused with 422.",
     )
     max_table_bytes: int = Field(
         default=16 * GiB,
@@ -350,12 +352,7 @@ class Settings(BaseSettings):
     @field_validator("allow_host")
     @classmethod
     def _check_hosts(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if name != ANY_HOST and not _HOST_NAME.fullmatch(name):
-                raise ValueError(
-                    f"allow_host {name!r} is not a host name (letters, digits, '.', '-')"
-                )
-        return value
+        return check_host_names(value)
 
     @property
     def redis_connections(self) -> dict[str, RedisConnection]:

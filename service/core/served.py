@@ -98,7 +98,7 @@ class Served:
 
         Raises:
             Forbidden: the backend is not one this server offers.
-            SchemaError: the table would exceed ``max_table_bytes``, or names a
+            SchemaError: the table would exceed ``max_fields`` or ``max_table_bytes``, or names a
                 Redis connection the operator did not configure.
         """
         s = self.settings
@@ -114,6 +114,15 @@ class Served:
             )
         if kind == "redis":
             resolve_redis_connection(spec.name, spec.backend.connection, self.redis)  # type: ignore[union-attr]
+        if len(spec.fields) > s.max_fields:
+            raise SchemaError(
+                f"table {spec.name!r} declares {len(spec.fields)} fields, more than the "
+                f"server's limit of {s.max_fields} (--max-fields)",
+                table=spec.name,
+                field="fields",
+                expected=f"<= {s.max_fields} fields",
+                got=len(spec.fields),
+            )
         nbytes = table_nbytes(spec)
         if nbytes > s.max_table_bytes:
             raise SchemaError(

@@ -128,3 +128,17 @@ def test_max_total_bytes_is_shared_by_all_tables(server: Any) -> None:
     serves(server, "second")
     status, _, raw = server.request("DELETE", protocol.table_path("second"))
     assert status == 204, raw
+
+
+def test_max_fields_bounds_what_one_schema_declares(live_server: Any) -> None:
+    """``--max-fields``: a schema declaring more fields than the server takes is a 422 naming
+    ``fields`` and creates nothing (100k fields took 6 s and bloated every listing)."""
+    server = live_server(max_fields=3)
+    many = {f"f{i}": {"shape": [], "dtype": "float32"} for i in range(4)}
+    status, body = create(server, spec("wide", 8, many))
+    assert status == 422, body
+    assert body["field"] == "fields" and "--max-fields" in body["detail"], body
+    assert names(server) == set()
+    status, body = create(server, spec("narrow", 8, dict(list(many.items())[:3])))
+    assert status == 201, body
+    assert names(server) == {"narrow"}
