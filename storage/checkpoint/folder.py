@@ -93,6 +93,16 @@ def held_table(path: Path) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def holds_data(path: Path) -> bool:
+    """Whether something is at ``path`` that no checkpoint may replace: anything but a
+    checkpoint or an empty folder (a link, a file, a folder of someone's files)."""
+    if not os.path.lexists(path):
+        return False
+    if path.is_symlink() or not path.is_dir():
+        return True
+    return not is_checkpoint(path) and any(path.iterdir())
+
+
 def holds_other(path: Path, name: str) -> bool:
     """Whether something is at ``path`` that a checkpoint of table ``name`` must not replace:
     anything but a (complete) checkpoint of that table, a link included."""

@@ -46,7 +46,16 @@ from ..errors import CheckpointError, InvalidCheckpoint, PathExists, TDReplayErr
 from ..slot_policy import RoundRobinPolicy
 from ..spec import NestedKey
 from ..tensordicts import leaves, nest, row_bytes
-from .folder import ASIDE, FORMAT_VERSION, METADATA, TMP, holds_other, overlaps, path_lock
+from .folder import (
+    ASIDE,
+    FORMAT_VERSION,
+    METADATA,
+    TMP,
+    holds_data,
+    holds_other,
+    overlaps,
+    path_lock,
+)
 from .reader import flat_layout_fits, load_flat
 from .sinks import RowFiles, RowsInMemory
 
@@ -82,6 +91,8 @@ def checkpoint(
     place, the debris of earlier interrupted ones (``<path>.tmp-*``,
     ``<path>.old-*``) is deleted, so crashes do not pile up copies on disk.
 
+    Only a checkpoint, or an empty folder, is ever replaced: anything else at ``path`` (a
+    file, a link, a folder of other files) is refused (:class:`PathExists`) and kept.
     With ``own_only``, only a checkpoint of this table is replaced: anything else at
     ``path`` is refused (:class:`PathExists`), checked under the path's lock, which
     every checkpoint to it holds until its swap, so one written there meanwhile by
@@ -124,6 +135,14 @@ def write(table: Table, path: Path, *, ted2flat: bool | None, _stall: bool = Fal
                 f"({location})",
                 table=table.name,
             )
+    if holds_data(path):  # the swap would move it aside and delete it
+        raise PathExists(
+            f"table {table.name!r}: {str(path)!r} holds something that is not a checkpoint; "
+            "it is left as it is (choose another path, or delete it)",
+            table=table.name,
+            field="path",
+            got=path.name,
+        )
     if ted2flat is None:
         ted2flat = table.spec.checkpoint.ted2flat
     writer = table.writer

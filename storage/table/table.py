@@ -289,7 +289,8 @@ class Table(Inserts, Draws):
         are copied. An interrupted checkpoint leaves the previous one at ``path`` intact.
 
         Args:
-            path: the checkpoint folder (replaced if it exists).
+            path: the checkpoint folder (a checkpoint there is replaced; anything else but
+                an empty folder is refused and kept).
             ted2flat: store TED data flat with TorchRL's ``TED2Flat`` (default: the spec's setting).
             own_only: replace only a checkpoint of this table (anything else: ``PathExists``).
 
@@ -298,7 +299,8 @@ class Table(Inserts, Draws):
 
         Raises:
             CheckpointError: it could not be written (the previous one is kept).
-            PathExists: ``own_only`` and something else is at ``path`` (it is kept).
+            PathExists: something not a checkpoint is at ``path``, or (``own_only``) a
+                checkpoint of another table; it is kept.
         """
         began = time.monotonic()
         try:
