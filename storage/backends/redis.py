@@ -174,19 +174,8 @@ class RedisBackend(Backend):
 
         try:
             return fn()
-        except redis.TimeoutError as err:
-            raise BackendError(
-                f"table {self.spec.name!r}: Redis {self.conn.name!r} ({self.url}) did not answer "
-                f"within {self.conn.timeout:g}s (--redis-timeout) while {doing}; it is hung, "
-                "overloaded or unreachable",
-                table=self.spec.name,
-            ) from err
         except redis.RedisError as err:
-            raise BackendError(
-                f"table {self.spec.name!r}: Redis {self.conn.name!r} ({self.url}) failed while "
-                f"{doing}: {err}",
-                table=self.spec.name,
-            ) from err
+            raise _failure(self.spec.name, self.conn, doing, err) from err
 
     # -- I/O -----------------------------------------------------------------
     def _pack(self, data: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
@@ -269,6 +258,23 @@ def _delete_keys(client: Any, namespace: str, td_id: str) -> None:
         client.delete(*keys)
 
 
+def _failure(table: str, conn: RedisConnection, doing: str, err: Exception) -> BackendError:
+    """The error of a Redis call of ``table`` that failed (``err``) while ``doing`` something."""
+    import redis
+
+    if isinstance(err, redis.TimeoutError):
+        return BackendError(
+            f"table {table!r}: Redis {conn.name!r} ({conn.describe()}) did not answer within "
+            f"{conn.timeout:g}s (--redis-timeout) while {doing}; it is hung, overloaded or "
+            "unreachable",
+            table=table,
+        )
+    return BackendError(
+        f"table {table!r}: Redis {conn.name!r} ({conn.describe()}) failed while {doing}: {err}",
+        table=table,
+    )
+
+
 def _check_string_sizes(
     spec: TableSpec, flat: Mapping[str, tuple[Any, torch.dtype]], conn: RedisConnection
 ) -> None:
@@ -288,12 +294,7 @@ def _check_string_sizes(
     except (redis.ResponseError, ValueError):  # CONFIG not allowed (a managed Redis): let it try
         return
     except redis.RedisError as err:  # down or silent: fail now, not after a second wait
-        raise BackendError(
-            f"table {spec.name!r}: Redis {conn.name!r} ({conn.describe()}) failed or did not "
-            f"answer within {conn.timeout:g}s (--redis-timeout) while checking its string "
-            f"limit: {err}",
-            table=spec.name,
-        ) from err
+        raise _failure(spec.name, conn, "reading its longest string", err) from err
     finally:
         client.close()
     for key, (shape, dtype) in flat.items():
