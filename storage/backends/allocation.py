@@ -19,6 +19,7 @@ from ..spec import (
     H5BackendSpec,
     MemmapBackendSpec,
     MemoryBackendSpec,
+    NestedKey,
     RedisBackendSpec,
     SharedBackendSpec,
     TableSpec,
@@ -56,6 +57,19 @@ def lazy_zeros(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype)
     pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # kept alive by the tensor
     return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)
+
+
+def lazy_fields(
+    schema: dict[NestedKey, tuple[list[int], torch.dtype]], capacity: list[int]
+) -> dict[NestedKey, torch.Tensor]:
+    """:func:`lazy_zeros` for every field of ``schema``: ``from_schema(storage=None)``'s tensors.
+
+    A ``shared`` table is these, moved to shared memory (``share_memory_()``, as
+    ``from_schema(storage="shared")`` does with ``torch.zeros``): the copy reads
+    zero pages, so the table's bytes are committed once, in shared memory, not
+    twice (measured: 513 MB of peak RSS for a 256 MB table from ``torch.zeros``).
+    """
+    return {k: lazy_zeros([*capacity, *shape], dtype) for k, (shape, dtype) in schema.items()}
 
 
 def allocate(
@@ -116,12 +130,9 @@ def allocate(
         claim = claim_location(primary, replace=exists != "beside")
     try:
         if isinstance(b, MemoryBackendSpec):
-            fields = {k: lazy_zeros([*cap, *shape], dtype) for k, (shape, dtype) in schema.items()}
-            return TensorBackend(spec, TensorDict(fields, batch_size=cap))
-        if isinstance(b, SharedBackendSpec):
-            return TensorBackend(
-                spec, TensorDict.from_schema(schema, batch_size=cap, storage="shared")
-            )
+            return TensorBackend(spec, TensorDict(lazy_fields(schema, cap), batch_size=cap))
+        if isinstance(b, SharedBackendSpec):  # from_schema's own way, from kernel zero pages
+            return TensorBackend(spec, TensorDict(lazy_fields(schema, cap), cap).share_memory_())
         if isinstance(b, RedisBackendSpec):
             conn = resolve(spec.name, b.connection, redis or {})
             return RedisBackend.allocate(spec, conn, prefix=b.prefix or f"tdreplay:{spec.name}")
