@@ -163,7 +163,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.history = History(metrics, lambda: app.state.core.served.handles())
     app.state.core = Core(settings, on_wait=metrics.waited)
-    app.state.bodies = BodyBuffers(per_class=settings.pooled_buffers)
+    app.state.bodies = BodyBuffers(
+        per_class=settings.pooled_buffers, budget=app.state.core.served.buffers
+    )
     app.state.decoder = LayoutDecoder()
     app.state.ready = False
     app.state.lifespans = 0

@@ -23,7 +23,7 @@ from tdreplay.codec.ipc import LayoutDecoder, metadata_len
 from tdreplay.storage import InvalidRequest
 
 from .errors import PayloadTooLarge
-from .wire import Pool
+from .wire import BufferBudget, Pool
 
 #: the decoder of request bodies (the name the service has always imported)
 BodyDecoder = LayoutDecoder
@@ -59,8 +59,10 @@ def _size_class(n: int) -> int:
 class BodyBuffers:
     """Request-body buffers by power-of-two size class, shared by every table."""
 
-    def __init__(self, *, per_class: int = 8) -> None:
-        self.pool: Pool[int, BodyBuffer] = Pool(BodyBuffer.is_free, per_key=per_class, max_keys=64)
+    def __init__(self, *, per_class: int = 8, budget: BufferBudget | None = None) -> None:
+        self.pool: Pool[int, BodyBuffer] = Pool(
+            BodyBuffer.is_free, per_key=per_class, max_keys=64, budget=budget
+        )
 
     def view(self, nbytes: int) -> memoryview:
         """A writable ``nbytes`` view of a free buffer; the buffer is free again once the view is gone.

@@ -244,7 +244,6 @@ class Settings(BaseSettings):
         "server let go of stays readable for its client before it is reclaimed (sooner when "
         "--shm-total-bytes needs the room).",
     )
-
     shm_poll_us: int = Field(
         default=100,
         ge=0,
@@ -255,7 +254,6 @@ class Settings(BaseSettings):
         "for the CPU the polling burns. Polling holds the server's event loop at most "
         "--shm-poll-hold-us at a time and stops while other connections are busy. 0: never poll.",
     )
-
     shm_poll_hold_us: int = Field(
         default=1000, ge=10, le=1_000_000,
         description="Microseconds one socket connection's polling (--shm-poll-us) may hold "
@@ -290,6 +288,11 @@ class Settings(BaseSettings):
         ge=0,
         description="Reused sample and request-body buffers kept per size.",
     )
+    pooled_bytes: int = Field(
+        default=2 * GiB, ge=0,
+        description="Bytes the reused sample and request bodies (and sample layouts) may hold, "
+        "all tables together; past it the least recently used batch sizes are forgotten.",
+    )  # fmt: skip
     stream_chunk_bytes: int = Field(
         default=256 * 1024,
         ge=1,

@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -49,6 +50,7 @@ from tdreplay.storage import SAMPLE_INFO_DTYPES, NestedKey
 __all__ = [
     "EOS",
     "INFO_NBYTES",
+    "BufferBudget",
     "Lease",
     "Pool",
     "SampleBuffer",
@@ -140,25 +142,74 @@ class Lease:
         self.buffer.pack_bools()
 
 
+class BufferBudget:
+    """Bytes the reused buffers of one server may hold, all pools together (``--pooled-bytes``).
+
+    A pool keeps a buffer only if :meth:`charge` admits its array; one it does
+    not keep serves its request and is freed. The bytes return to the budget
+    when the array is freed (the pool forgot it and its last view is gone), so
+    no release call can be forgotten. Thread safe.
+
+    Args:
+        limit: bytes at most; ``None``: no limit.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        #: bytes of the arrays charged and not yet freed
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def charge(self, array: np.ndarray) -> bool:
+        """Count ``array`` until it is freed, if it fits; whether it did."""
+        n = array.nbytes
+        with self._lock:
+            if self.limit is not None and self.held + n > self.limit:
+                return False
+            self.held += n
+        weakref.finalize(array, self._release, n)
+        return True
+
+    def _release(self, n: int) -> None:
+        with self._lock:
+            self.held -= n
+
+
+class Pooled(Protocol):
+    """What a pool keeps: a buffer over one array."""
+
+    array: np.ndarray
+
+
 K = TypeVar("K", bound=Hashable)
-B = TypeVar("B")
+B = TypeVar("B", bound=Pooled)
 
 
 class Pool(Generic[K, B]):
-    """Reusable buffers by key: at most ``per_key`` kept per key, ``max_keys`` keys (LRU).
+    """Reusable buffers by key: at most ``per_key`` kept per key, ``max_keys`` keys (LRU), and
+    what ``budget`` admits (the least recently used keys are forgotten to make room).
 
     Not thread safe: use it from the event loop.
 
     Args:
         is_free: whether a kept buffer may be handed out again.
+        on_forget: told of each key forgotten.
     """
 
     def __init__(
-        self, is_free: Callable[[B], bool], *, per_key: int = 8, max_keys: int = 16
+        self,
+        is_free: Callable[[B], bool],
+        *,
+        per_key: int = 8,
+        max_keys: int = 16,
+        budget: BufferBudget | None = None,
+        on_forget: Callable[[K], object] = lambda key: None,
     ) -> None:
         self._is_free = is_free
         self.per_key = per_key
         self.max_keys = max_keys
+        self.budget = budget or BufferBudget()
+        self._on_forget = on_forget
         self._kept: OrderedDict[K, list[B]] = OrderedDict()
 
     def take(self, key: K) -> B | None:
@@ -172,14 +223,35 @@ class Pool(Generic[K, B]):
                 return buf
         return None
 
-    def keep(self, key: K, buf: B) -> None:
-        """Keep a new buffer for reuse if there is room."""
+    def touch(self, key: K) -> list[B]:
+        """The buffers kept for ``key``, now its most recently used key (one past
+        ``max_keys`` is forgotten)."""
         kept = self._kept.setdefault(key, [])
         self._kept.move_to_end(key)
-        if len(kept) < self.per_key:
-            kept.append(buf)
         while len(self._kept) > self.max_keys:
-            self._kept.popitem(last=False)
+            self.forget(next(iter(self._kept)))
+        return kept
+
+    def keep(self, key: K, buf: B) -> None:
+        """Keep a new buffer for reuse if there is room."""
+        kept = self.touch(key)
+        if len(kept) < self.per_key and self.make_room(buf.array, key):
+            kept.append(buf)
+
+    def make_room(self, array: np.ndarray, key: K) -> bool:
+        """Charge ``array`` to the budget, forgetting the least recently used keys but ``key``
+        until it fits; whether it did."""
+        while not self.budget.charge(array):
+            lru = next((k for k in self._kept if k != key), None)
+            if lru is None:
+                return False
+            self.forget(lru)
+        return True
+
+    def forget(self, key: K) -> None:
+        """Drop the buffers kept for ``key`` (each freed once its last use ends)."""
+        self._kept.pop(key, None)
+        self._on_forget(key)
 
 
 #: bytes of sample info per sampled item (index, priority, weight, times_sampled, key)
@@ -194,37 +266,54 @@ def sample_nbytes(item_nbytes: int, n: int) -> int:
 class SampleBuffers:
     """Sample bodies of one table, by batch size (a layout is built once per size).
 
+    Not thread safe: use it from the event loop.
+
     Args:
         schema: the table's fields; the bodies carry them and the sample info.
+        per_size: bodies kept per batch size.
+        max_sizes: batch sizes whose layout and bodies are kept (least recently used
+            forgotten first).
+        budget: the bytes all pools may hold (layouts count too).
     """
 
-    def __init__(self, schema: Schema, *, per_size: int = 8, max_sizes: int = 16) -> None:
+    def __init__(
+        self,
+        schema: Schema,
+        *,
+        per_size: int = 8,
+        max_sizes: int = 16,
+        budget: BufferBudget | None = None,
+    ) -> None:
         self.schema = sample_schema(schema)
-        self.max_sizes = max_sizes
-        self._layouts: OrderedDict[int, SampleLayout] = OrderedDict()
-        self._lock = threading.Lock()
+        #: the layouts kept, by batch size: the pool's keys (forgotten with them)
+        self._layouts: dict[int, SampleLayout] = {}
         self.pool: Pool[int, SampleBuffer] = Pool(
-            SampleBuffer.is_free, per_key=per_size, max_keys=max_sizes
+            SampleBuffer.is_free,
+            per_key=per_size,
+            max_keys=max_sizes,
+            budget=budget,
+            on_forget=lambda n: self._layouts.pop(n, None),
         )
 
-    def layout(self, n: int) -> SampleLayout:
-        """The layout of ``n``-row batches (thread safe; builds it the first time)."""
-        with self._lock:
-            layout = self._layouts.get(n)
-            if layout is not None:
-                self._layouts.move_to_end(n)
-                return layout
-        layout = SampleLayout(self.schema, n)
-        with self._lock:
-            layout = self._layouts.setdefault(n, layout)
-            while len(self._layouts) > self.max_sizes:
-                self._layouts.popitem(last=False)
-        return layout
+    async def layout(self, n: int) -> SampleLayout:
+        """The layout of ``n``-row batches (built in the threadpool the first time)."""
+        kept = self._layouts.get(n)
+        if kept is None:
+            built: SampleLayout = await run_in_threadpool(SampleLayout, self.schema, n)
+            kept = self._layouts.get(n)  # built meanwhile by another call?
+            if kept is None:
+                if not self.pool.make_room(built.template, n):
+                    return built  # used once
+                kept = self._layouts[n] = built
+        self.pool.touch(n)
+        return kept
 
     async def lease(self, n: int) -> Lease:
         """A body for a sample of ``n`` rows: a free pooled one, or one built in the threadpool."""
         buf = self.pool.take(n)
         if buf is None:
-            buf = await run_in_threadpool(lambda: SampleBuffer(self.layout(n)))
-            self.pool.keep(n, buf)
+            layout = await self.layout(n)
+            buf = await run_in_threadpool(SampleBuffer, layout)
+            if n in self._layouts:  # a body whose layout is not kept is not kept either
+                self.pool.keep(n, buf)
         return buf.lease()

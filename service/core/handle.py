@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
 
 from tdreplay.codec.ipc import Schema
@@ -36,7 +35,7 @@ from tdreplay.storage import (
 from ..errors import PayloadTooLarge
 from ..idempotency import RecentRequests, request_tag
 from ..settings import Settings
-from ..wire import Lease, SampleBuffers, sample_nbytes, sample_schema
+from ..wire import BufferBudget, Lease, SampleBuffers, sample_nbytes, sample_schema
 from .calls import Calls
 from .shape import Place, Shape
 from .waiting import Changes, WaitHook, admitted
@@ -65,9 +64,16 @@ class TableHandle:
         table: the table.
         settings: the server's settings (idempotency memory, buffer pools, limits).
         on_wait: told of every rate-limiter wait (table, operation, seconds, timed out).
+        budget: the bytes the server's reused buffers may hold (``--pooled-bytes``).
     """
 
-    def __init__(self, table: Table, settings: Settings, on_wait: WaitHook | None = None) -> None:
+    def __init__(
+        self,
+        table: Table,
+        settings: Settings,
+        on_wait: WaitHook | None = None,
+        budget: BufferBudget | None = None,
+    ) -> None:
         self.table = table
         self.name = table.name
         #: bytes of one row of the table's fields
@@ -86,7 +92,7 @@ class TableHandle:
         self.schema: Schema = dict(table.spec.torch_schema())
         #: a sample's columns: the fields and the sample info
         self.sample_schema: Schema = sample_schema(self.schema)
-        self.samples = SampleBuffers(self.schema, per_size=settings.pooled_buffers)
+        self.samples = SampleBuffers(self.schema, per_size=settings.pooled_buffers, budget=budget)
         #: the shapes of samples into a door's buffers, by batch size (checked once each)
         self._shapes: dict[int, Shape] = {}
         self.max_body = settings.max_body_bytes
@@ -327,7 +333,7 @@ class TableHandle:
         """
         with self.use() as table:
             self.check_batch_size(n)
-            layout = await run_in_threadpool(self.samples.layout, n)
+            layout = await self.samples.layout(n)
             k = max(1, min(k, table.capacity // n))
 
             def draw() -> memoryview | None:

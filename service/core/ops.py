@@ -213,7 +213,7 @@ class Core(TableOps, PersistenceOps):
         handle = self.table(name)
         n, count, wait = params.batch_size, params.count, self.timeout(params.timeout)
         handle.check_batch_size(n)
-        layout = await run_in_threadpool(handle.samples.layout, n)
+        layout = await handle.samples.layout(n)
         per_run = max(1, self.settings.stream_chunk_bytes // layout.batch_len)
         if not handle.runs_are_exact:
             per_run = 1

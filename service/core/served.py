@@ -33,6 +33,7 @@ from tdreplay.storage import (
 
 from ..errors import Forbidden
 from ..settings import Settings
+from ..wire import BufferBudget
 from .handle import TableHandle, not_found
 from .waiting import WaitHook
 
@@ -51,6 +52,8 @@ class Served:
         self.settings = settings
         self.root = Path(settings.root).absolute()
         self._on_wait = on_wait
+        #: what the reused buffers of every table and door may hold (``--pooled-bytes``)
+        self.buffers = BufferBudget(settings.pooled_bytes)
         self._tables: dict[str, TableHandle] = {}
         self._pending: dict[str, int] = {}  # name -> bytes reserved by a create/restore under way
         #: name -> set when the create/restore of that name under way ended (either way)
@@ -180,7 +183,7 @@ class Served:
         """Serve ``table`` under its name (replacing the handle of that name, if any), with the
         server's ``--fsync`` whatever made it: a create, a reopen, a restore, a clear, a load."""
         table.fsync = self.settings.fsync == "always"
-        handle = TableHandle(table, self.settings, self._on_wait)
+        handle = TableHandle(table, self.settings, self._on_wait, self.buffers)
         self._tables[table.name] = handle
         return handle
 
