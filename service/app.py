@@ -158,11 +158,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,  # served by _offline_docs from bundled assets, not a CDN
     )
     _offline_docs(app)
-    metrics = Metrics(lambda: app.state.core.served.handles(), lambda: app.state.shm)
+    metrics = Metrics(
+        lambda: app.state.core.served.handles(),
+        lambda: app.state.shm,
+        lambda name: name in app.state.core.served,
+    )
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.history = History(metrics, lambda: app.state.core.served.handles())
-    app.state.core = Core(settings, on_wait=metrics.waited)
+    app.state.core = Core(settings, on_wait=metrics.waited, on_drop=metrics.forget)
     app.state.bodies = BodyBuffers(
         per_class=settings.pooled_buffers, budget=app.state.core.served.buffers
     )

@@ -104,7 +104,10 @@ class Metrics:
         self,
         handles: Callable[[], Iterable[TableHandle]],
         polls: Callable[[], Polls | None] = lambda: None,
+        served: Callable[[str], bool] = lambda name: True,
     ) -> None:
+        #: whether a table is served: only a served table's name makes labels
+        self.served = served
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         #: labelled children of the request metrics, by (method, route, status)
@@ -189,6 +192,8 @@ class Metrics:
 
     def waited(self, table: str, op: str, seconds: float, timed_out: bool) -> None:
         """The registry's rate-limiter wait hook."""
+        if not self.served(table):
+            return
         self.waits.labels(table, op).inc()
         self.wait_seconds.labels(table, op).observe(seconds)
         if timed_out:
@@ -204,8 +209,10 @@ class Metrics:
         sent: int,
         ok: bool,
     ) -> None:
-        """One request through ``transport`` (a :data:`RequestHook`); ``table`` must be a
-        served table's name or :data:`NO_TABLE`, ``op`` one of a fixed set."""
+        """One request through ``transport`` (a :data:`RequestHook`); ``table``: the table
+        it named (counted as :data:`NO_TABLE` unless served), ``op`` one of a fixed set."""
+        if table != NO_TABLE and not self.served(table):
+            table = NO_TABLE
         key = (transport, op, table, ok)
         children = self._by_op.get(key)
         if children is None:
@@ -225,7 +232,14 @@ class Metrics:
             sent_bytes.inc(sent)
 
     def forget(self, table: str) -> None:
-        """Drop the request metrics of ``table`` (deleted: its name makes no more labels)."""
+        """Drop every series of ``table`` (no longer served: its name makes no more labels)."""
+        for wait in ("insert", "sample"):
+            for metric in (self.waits, self.timeouts, self.wait_seconds):
+                with contextlib.suppress(KeyError):
+                    metric.remove(table, wait)
+        for outcome in ("ok", "failed"):
+            with contextlib.suppress(KeyError):
+                self.periodic.remove(table, outcome)
         for key in [k for k in self._by_op if k[2] == table]:
             transport, op, _, ok = key
             del self._by_op[key]
@@ -324,14 +338,5 @@ class MetricsMiddleware:
                 sent,
             )
             table = scope.get("path_params", {}).get("name", NO_TABLE)
-            if table != NO_TABLE and table not in _served(scope):
-                table = NO_TABLE
             op = getattr(route, "name", "unmatched")
             self.metrics.request("http", op, table, seconds, received, sent, status < 400)
-
-
-def _served(scope: Scope) -> Any:
-    """The served tables (``name in``) of the app ``scope`` reached."""
-    app = scope.get("app")
-    core = getattr(getattr(app, "state", None), "core", None)
-    return core.served if core is not None else ()

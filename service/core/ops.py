@@ -73,11 +73,17 @@ class Core(TableOps, PersistenceOps):
     Args:
         settings: the server's settings (data root, limits, timeouts, pools).
         on_wait: told of every rate-limiter wait (table, operation, seconds, timed out).
+        on_drop: told of the name of each table no longer served.
     """
 
-    def __init__(self, settings: Settings, on_wait: WaitHook | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        on_wait: WaitHook | None = None,
+        on_drop: Callable[[str], object] = lambda name: None,
+    ) -> None:
         self.settings = settings
-        self.served = Served(settings, on_wait=on_wait)
+        self.served = Served(settings, on_wait=on_wait, on_drop=on_drop)
         self.root = self.served.root
         self.uploads = Uploads(self.root / TRANSFER_SCRATCH, settings)
 

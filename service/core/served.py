@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
@@ -46,12 +46,19 @@ class Served:
     Args:
         settings: the server's settings (data root, seeds, pools).
         on_wait: rate-limiter wait hook passed to every handle (metrics).
+        on_drop: told of the name of each table no longer served (metrics forget it).
     """
 
-    def __init__(self, settings: Settings, on_wait: WaitHook | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        on_wait: WaitHook | None = None,
+        on_drop: Callable[[str], object] = lambda name: None,
+    ) -> None:
         self.settings = settings
         self.root = Path(settings.root).absolute()
         self._on_wait = on_wait
+        self._on_drop = on_drop
         #: what the reused buffers of every table and door may hold (``--pooled-bytes``)
         self.buffers = BufferBudget(settings.pooled_bytes)
         self._tables: dict[str, TableHandle] = {}
@@ -214,6 +221,7 @@ class Served:
         """Stop serving ``handle`` (unless another table was served under its name since)."""
         if self._tables.get(handle.name) is handle:
             del self._tables[handle.name]
+            self._on_drop(handle.name)
 
     def clear(self) -> None:
         """Serve nothing (the core closed every table)."""

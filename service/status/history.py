@@ -163,7 +163,6 @@ class History:
             self.rings.pop(name, None)
             for op in LATENCY_OPS:
                 self._latency.pop((name, op), None)
-            self.metrics.forget(name)
 
     def series(self, name: str) -> dict[str, list[Any]]:
         """Table ``name``'s history as columns (:data:`COLUMNS`), oldest first."""
