@@ -11,7 +11,7 @@ from tensordict import TensorDict
 from testkit import unique
 
 from tdreplay.client import ReplayClient
-from tdreplay.client.errors import SchemaError
+from tdreplay.client.errors import SchemaError, TableNotFound
 from tdreplay.client.writer import Writer
 
 FIELDS = {"x": {"shape": [], "dtype": "int64"}, "next.done": {"shape": [1], "dtype": "bool"}}
@@ -429,3 +429,25 @@ def test_wait_sent_raises_the_time_limits_failed_send_at_once(
         w.wait_sent(1, timeout=15)
     assert time.monotonic() - began < 10
     w.close(discard=True)
+
+
+def test_close_sends_the_rest_after_a_failed_background_chunk(client: ReplayClient) -> None:
+    """A background chunk fails (its table deleted while the rate limiter held it, then
+    made again) with steps buffered after it: close sends them, then raises that chunk's
+    error (it raised first and dropped them; a second close said nothing)."""
+    limited = {"min_size_to_sample": 1, "samples_per_insert": 1.0, "error_buffer": 2.0}
+    name = table(client, rate_limiter=limited)  # 2 rows go in, then inserts wait for samples
+    w = Writer(client, name, chunk=2, max_delay=None, timeout=30, background=True)
+    for i in range(5):  # chunk 1 goes in; chunk 2 is held by the rate limiter; 4 is buffered
+        w.append(step(i))
+    while client.info(name)["waiting"]["insert"] < 1:  # chunk 2 is held now
+        threading.Event().wait(0.01)
+    client.delete_table(name)  # chunk 2 fails
+    client.create_table(
+        {"name": name, "capacity": 512, "backend": {"kind": "memory"}, "fields": FIELDS,
+         "rate_limiter": limited}
+    )  # fmt: skip
+    with pytest.raises(TableNotFound, match="deleted while a call waited"):
+        w.close()
+    assert client.read(name, torch.arange(client.info(name)["size"]))["x"].tolist() == [4]
+    w.close()  # nothing more to tell
