@@ -99,6 +99,8 @@ class Writer(WriterBase):
 
     Raises:
         InvalidRequest: ``timeout`` negative, infinite or NaN (the contract's rule).
+        TypeError, ValueError: ``chunk`` not an int >= 1, or ``max_delay`` not a number
+            >= 0 or ``None`` (:func:`~tdreplay.client.chunking.check_max_delay`).
     """
 
     def __init__(

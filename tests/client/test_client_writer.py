@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 from testkit import unique
 
-from tdreplay.client import ReplayClient
+from tdreplay.client import AsyncReplayClient, ReplayClient
 from tdreplay.client.errors import SchemaError, TableNotFound
 from tdreplay.client.writer import Writer
 
@@ -451,3 +451,25 @@ def test_close_sends_the_rest_after_a_failed_background_chunk(client: ReplayClie
         w.close()
     assert client.read(name, torch.arange(client.info(name)["size"]))["x"].tolist() == [4]
     w.close()  # nothing more to tell
+
+
+@pytest.mark.parametrize(
+    ("setting", "error", "match"),
+    [
+        ({"max_delay": "0.5"}, TypeError, "max_delay must be a number"),
+        ({"max_delay": float("nan")}, ValueError, "max_delay must be >= 0"),
+        ({"max_delay": -1.0}, ValueError, "max_delay must be >= 0"),
+        ({"chunk": 2.5}, TypeError, "chunk must be an int"),
+        ({"chunk": 0}, ValueError, "chunk must be >= 1"),
+    ],
+)
+def test_a_bad_chunk_or_max_delay_is_refused_when_the_writer_is_made(
+    server: Any, setting: dict[str, Any], error: type, match: str
+) -> None:
+    """Both writers refuse it at once, before any call (a string ``max_delay`` ended the
+    timer thread with a traceback and no time limit; NaN sent each step alone; ``chunk=2.5``
+    was torch's error at the first append)."""
+    with pytest.raises(error, match=match):
+        ReplayClient(server.url).writer("no-such-table", **setting)
+    with pytest.raises(error, match=match):
+        AsyncReplayClient(server.url).writer("no-such-table", **setting)
