@@ -10,6 +10,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import torch
+from tensordict import TensorDict
 from testkit import unique
 
 from tdreplay.client import AsyncReplayClient
@@ -95,3 +97,37 @@ def test_a_client_dropped_unclosed_closes_its_idle_connections(server: Any) -> N
         assert connections(server.port) == 0  # an ended loop's too: collected
 
     asyncio.run(main())
+
+
+def test_a_writer_goes_on_under_a_later_loop(server: Any) -> None:
+    """An async writer filled under one ``asyncio.run`` and closed under another sends its
+    steps (``aclose`` raised the first loop's timer task's ``CancelledError``, the steps
+    unsent); its time limit runs under the later loop too."""
+    client = AsyncReplayClient(server.url)
+    name = unique("wloop")
+    asyncio.run(client.create_table(spec(name) | {"capacity": 64}))
+    writer = client.writer(name, chunk=100, max_delay=3600)
+
+    asyncio.run(append_to(writer, range(3)))
+    asyncio.run(writer.aclose())
+    limited = client.writer(name, chunk=100, max_delay=0)  # the time limit sends each step
+
+    async def timed(values: range) -> None:
+        await append_to(limited, values)
+        assert await limited.wait_sent(values.stop - 3, timeout=30)  # its own steps
+
+    asyncio.run(timed(range(3, 5)))
+    asyncio.run(timed(range(5, 7)))
+    asyncio.run(limited.aclose())
+
+    async def stored() -> list[int]:
+        async with client:
+            rows = await client.read(name, torch.arange((await client.info(name))["size"]))
+        return sorted(rows["x"].tolist())
+
+    assert asyncio.run(stored()) == list(range(7))
+
+
+async def append_to(writer: Any, values: range) -> None:
+    for i in values:
+        await writer.append(TensorDict({"x": torch.tensor(i)}, []))
