@@ -16,7 +16,7 @@ body poured into it as it arrives, whatever its framing, a piece of at most
 1 MiB at a time; its timeout bounds each wait for bytes, not the transfer.
 
 One request at a time per connection (no pipelining); connections belong to
-the event loop that opened them.
+the event loop that opened them (:mod:`.aio_pool`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import asyncio
 from typing import Any
 
 from . import errors, http1
+from .aio_pool import LoopPools
 from .commands import Request, Response
 from .deprecation import warn_close_deprecated
 from .http1 import MAX_HEAD, chunk_size, has_body, parse_head, request_head
@@ -264,8 +265,7 @@ class AsyncTransport:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
-        self._idle: list[_Protocol] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle: LoopPools[_Protocol] = LoopPools(max_idle)  # by loop (see .aio_pool)
 
     async def _new(self) -> _Protocol:
         e = self.endpoint
@@ -286,30 +286,12 @@ class AsyncTransport:
         return proto
 
     async def _take(self) -> tuple[_Protocol, bool]:
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # connections of another (maybe closed) loop are useless here
-            self._idle, self._loop = [], loop
-        while self._idle:
-            proto = self._idle.pop()
-            if not proto.closed:
-                return proto, True
-        return await self._new(), False
-
-    def _give(self, proto: _Protocol) -> None:
-        if len(self._idle) < self.max_idle and not proto.closed:
-            self._idle.append(proto)
-        elif proto.transport is not None:
-            proto.transport.close()
+        proto = self._idle.take()
+        return (proto, True) if proto is not None else (await self._new(), False)
 
     async def aclose(self) -> None:
-        """Close every idle connection (another loop's, maybe ended, are dropped, as
-        :meth:`_take` drops them)."""
-        idle, self._idle = self._idle, []
-        if self._loop is not asyncio.get_running_loop():
-            return
-        for proto in idle:
-            if proto.transport is not None:
-                proto.transport.close()
+        """Close every idle connection (see :meth:`LoopPools.close <.aio_pool.LoopPools.close>`)."""
+        self._idle.close()
 
     async def close(self) -> None:
         """Deprecated alias of :meth:`aclose`, removed in the next release."""
@@ -365,7 +347,7 @@ class AsyncTransport:
             raise
         status, headers, body, keep = result
         if keep:
-            self._give(proto)
+            self._idle.give(proto)
         else:
             _close(proto)
         return Response(status, headers, body)

@@ -54,10 +54,38 @@ class AsyncWriter(WriterBase):
             timeout=timeout,
         )
         self.client: AsyncExtendClient = client
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
+
+    def _bind(self) -> None:
+        """Use the running loop: a writer may go on under a later loop (a second
+        ``asyncio.run``) once the one it was used from has stopped; its lock, events and
+        time limit are made anew there (the first loop's timer task was cancelled when
+        that loop ended, and ``aclose`` raised its ``CancelledError``, the buffer unsent).
+
+        Raises:
+            RuntimeError: the loop it was used from is running still (another thread's).
+        """
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        if self._loop is not None and self._loop.is_running():
+            raise RuntimeError(
+                "this writer is in use by another running event loop; use one writer per loop"
+            )
+        self._loop = loop
+        self._lock, self._wake, self._progress = asyncio.Lock(), asyncio.Event(), asyncio.Event()
+        if self._timer is not None:
+            self._timer.cancel()  # done already where its loop ended
+            self._timer = None
+            self._start_timer()
+
+    def _start_timer(self) -> None:
+        if self.max_delay is not None and not self._closed:
+            self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
 
     async def _buf(self) -> ChunkBuffer:
         if self._buffer is None:
@@ -68,8 +96,7 @@ class AsyncWriter(WriterBase):
                 return self._buffer
             ep, end, cap = episode_keys(info, *self._keys)
             self._buffer = ChunkBuffer(self.chunk, episode_key=ep, end_key=end, max_rows=cap)
-            if self.max_delay is not None:
-                self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
+            self._start_timer()
         return self._buffer
 
     async def _send(self, chunks: list[TensorDictBase]) -> None:
@@ -92,6 +119,7 @@ class AsyncWriter(WriterBase):
         Raises:
             The error of a chunk the time limit sent, if one failed meanwhile.
         """
+        self._bind()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while self.sent_rows < rows:
@@ -108,6 +136,7 @@ class AsyncWriter(WriterBase):
         """Buffer one step (batch ``[]``) or several (``[k]``); sends the chunks that are due."""
         if self._closed:
             raise RuntimeError("append() on a closed writer")
+        self._bind()
         self._raise_pending()
         buf = await self._buf()
         async with self._lock:
@@ -122,6 +151,7 @@ class AsyncWriter(WriterBase):
 
     async def flush(self) -> None:
         """Send what is buffered now (trajectory tables: the whole episodes only)."""
+        self._bind()
         self._raise_pending()
         if self._buffer is not None:
             async with self._lock:
@@ -152,6 +182,7 @@ class AsyncWriter(WriterBase):
         """
         if self._closed:
             return
+        self._bind()
         self._closed = True
         self._wake.set()
         if self._timer is not None:

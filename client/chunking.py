@@ -15,6 +15,8 @@ boundaries) is described in :mod:`tdreplay.client.writer`.
 
 from __future__ import annotations
 
+import numbers
+import operator
 import time
 import warnings
 from typing import Any
@@ -22,6 +24,45 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from .columns import ColumnBuffer, Lent
+
+
+def check_chunk(chunk: Any) -> int:
+    """A writer's ``chunk``: steps per chunk, an int >= 1.
+
+    Raises:
+        TypeError: not an int (a bool neither).
+        ValueError: below 1.
+    """
+    try:
+        if isinstance(chunk, bool):
+            raise TypeError
+        n = operator.index(chunk)  # numpy's ints too
+    except TypeError:
+        raise TypeError(f"chunk must be an int (steps per chunk), got {chunk!r}") from None
+    if n < 1:
+        raise ValueError(f"chunk must be >= 1, got {n}")
+    return n
+
+
+def check_max_delay(max_delay: Any) -> float | None:
+    """A writer's ``max_delay``: seconds a step may wait, >= 0 (``None`` or ``inf``: no limit).
+
+    Checked when the writer is made: the time limit reads it in a timer thread or task,
+    where a string ended the timer with a traceback (and the limit with it) and NaN
+    sent every step alone.
+
+    Raises:
+        TypeError: not a number (a bool neither).
+        ValueError: negative or NaN.
+    """
+    if max_delay is None:
+        return None
+    if isinstance(max_delay, bool) or not isinstance(max_delay, numbers.Real):
+        raise TypeError(f"max_delay must be a number of seconds or None, got {max_delay!r}")
+    delay = float(max_delay)
+    if not delay >= 0:  # NaN too
+        raise ValueError(f"max_delay must be >= 0 seconds (None: no time limit), got {max_delay!r}")
+    return delay
 
 
 class ChunkBuffer:
@@ -47,9 +88,7 @@ class ChunkBuffer:
         end_key: str | None = None,
         max_rows: int | None = None,
     ) -> None:
-        if chunk < 1:
-            raise ValueError(f"chunk must be >= 1, got {chunk}")
-        self.chunk = chunk
+        self.chunk = chunk = check_chunk(chunk)
         self.episode_key = tuple(episode_key.split(".")) if episode_key else None
         self.end_key = tuple(end_key.split(".")) if end_key else None
         #: whether chunks end at episode boundaries (an attribute: it is read per step)

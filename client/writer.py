@@ -99,6 +99,8 @@ class Writer(WriterBase):
 
     Raises:
         InvalidRequest: ``timeout`` negative, infinite or NaN (the contract's rule).
+        TypeError, ValueError: ``chunk`` not an int >= 1, or ``max_delay`` not a number
+            >= 0 or ``None`` (:func:`~tdreplay.client.chunking.check_max_delay`).
     """
 
     def __init__(
@@ -246,7 +248,8 @@ class Writer(WriterBase):
                 differ from the first step's (see
                 :class:`~tdreplay.client.chunking.ChunkBuffer`); nothing changed.
             RuntimeError: the writer is closed.
-            The error of an earlier chunk's send (background or time limit).
+            The error of an earlier chunk's send (background or time limit); this
+                step is then not taken (append it again to keep it).
         """
         if self._closed:
             raise RuntimeError("append() on a closed writer")
@@ -300,16 +303,20 @@ class Writer(WriterBase):
     def close(self, *, discard: bool = False) -> None:
         """Send what is left (see the module doc for unfinished episodes) and stop the threads.
 
-        Returns once everything sent is acknowledged by the server.
+        Returns once everything sent is acknowledged by the server. What is left
+        is sent even when an earlier chunk's send failed (in the background or by
+        the time limit); that error is raised afterwards. Should several sends
+        have failed, each further ``close()`` raises the next one's error.
 
         Args:
             discard: drop the buffer instead of sending it (a chunk already
                 in flight is waited for, and an error of its send dropped too).
 
         Raises:
-            The error of the last sends, or of an earlier one (background or time limit).
+            The error of an earlier send (background or time limit), else of the last sends.
         """
         if self._closed:
+            self._raise_pending()
             return
         with self._cond:
             self._closed = True
@@ -327,9 +334,14 @@ class Writer(WriterBase):
                     with self._sent:
                         self._errors.clear()
                     return
-                self._wait_in_flight()
+                # the rest goes out even after an earlier chunk failed (a connection
+                # lost for a while, a table re-created); that chunk's error is raised first
+                try:
+                    self._send_now(buf, final=True)
+                except Exception as err:
+                    with self._sent:
+                        self._keep(err)
                 self._raise_pending()
-                self._send_now(buf, final=True)
         finally:
             if self._sender is not None:
                 self._sender.shutdown()

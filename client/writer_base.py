@@ -10,7 +10,7 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from ..codec.params import seconds
-from .chunking import ChunkBuffer
+from .chunking import ChunkBuffer, check_chunk, check_max_delay
 
 
 def _warn_dropped(n: int, key: str) -> None:
@@ -38,8 +38,8 @@ class WriterBase:
     ) -> None:
         self.client = client
         self.table = table
-        self.chunk = chunk
-        self.max_delay = max_delay
+        self.chunk = check_chunk(chunk)
+        self.max_delay = check_max_delay(max_delay)
         self.timeout = seconds(timeout)  # the contract's rule, before any chunk is sent
         self._keys = (episode_key, end_key)
         self._buffer: ChunkBuffer | None = None

@@ -10,8 +10,8 @@ import torch
 from tensordict import TensorDict
 from testkit import unique
 
-from tdreplay.client import ReplayClient
-from tdreplay.client.errors import SchemaError
+from tdreplay.client import AsyncReplayClient, ReplayClient
+from tdreplay.client.errors import SchemaError, TableNotFound
 from tdreplay.client.writer import Writer
 
 FIELDS = {"x": {"shape": [], "dtype": "int64"}, "next.done": {"shape": [1], "dtype": "bool"}}
@@ -429,3 +429,47 @@ def test_wait_sent_raises_the_time_limits_failed_send_at_once(
         w.wait_sent(1, timeout=15)
     assert time.monotonic() - began < 10
     w.close(discard=True)
+
+
+def test_close_sends_the_rest_after_a_failed_background_chunk(client: ReplayClient) -> None:
+    """A background chunk fails (its table deleted while the rate limiter held it, then
+    made again) with steps buffered after it: close sends them, then raises that chunk's
+    error (it raised first and dropped them; a second close said nothing)."""
+    limited = {"min_size_to_sample": 1, "samples_per_insert": 1.0, "error_buffer": 2.0}
+    name = table(client, rate_limiter=limited)  # 2 rows go in, then inserts wait for samples
+    w = Writer(client, name, chunk=2, max_delay=None, timeout=30, background=True)
+    for i in range(5):  # chunk 1 goes in; chunk 2 is held by the rate limiter; 4 is buffered
+        w.append(step(i))
+    while client.info(name)["waiting"]["insert"] < 1:  # chunk 2 is held now
+        threading.Event().wait(0.01)
+    client.delete_table(name)  # chunk 2 fails
+    client.create_table(
+        {"name": name, "capacity": 512, "backend": {"kind": "memory"}, "fields": FIELDS,
+         "rate_limiter": limited}
+    )  # fmt: skip
+    with pytest.raises(TableNotFound, match="deleted while a call waited"):
+        w.close()
+    assert client.read(name, torch.arange(client.info(name)["size"]))["x"].tolist() == [4]
+    w.close()  # nothing more to tell
+
+
+@pytest.mark.parametrize(
+    ("setting", "error", "match"),
+    [
+        ({"max_delay": "0.5"}, TypeError, "max_delay must be a number"),
+        ({"max_delay": float("nan")}, ValueError, "max_delay must be >= 0"),
+        ({"max_delay": -1.0}, ValueError, "max_delay must be >= 0"),
+        ({"chunk": 2.5}, TypeError, "chunk must be an int"),
+        ({"chunk": 0}, ValueError, "chunk must be >= 1"),
+    ],
+)
+def test_a_bad_chunk_or_max_delay_is_refused_when_the_writer_is_made(
+    server: Any, setting: dict[str, Any], error: type, match: str
+) -> None:
+    """Both writers refuse it at once, before any call (a string ``max_delay`` ended the
+    timer thread with a traceback and no time limit; NaN sent each step alone; ``chunk=2.5``
+    was torch's error at the first append)."""
+    with pytest.raises(error, match=match):
+        ReplayClient(server.url).writer("no-such-table", **setting)
+    with pytest.raises(error, match=match):
+        AsyncReplayClient(server.url).writer("no-such-table", **setting)
