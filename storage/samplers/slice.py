@@ -2,9 +2,19 @@
 
 A slot ``s`` is a *valid start* when the ``slice_len`` slots from ``s`` on
 (ring order) are live, hold consecutive inserts, and belong to one episode.
+A *trajectory* is a maximal run of such linked slots (an episode, or what is
+left of it); the valid starts of one that holds a slice are the first
+``length - slice_len + 1`` of its slots. A sample draws as TorchRL's
+``SliceSampler`` (``strict_length=True``, no ``span``) does: a trajectory
+uniformly among those that hold a slice, then a start uniformly inside it, so a
+short episode is drawn as often as a long one.
+
 Validity is kept up to date on every insert and removal for just the starts
-whose window the change touches (O(items * slice_len)), so a sample never
-rescans the table: it draws starts uniformly among the valid ones.
+whose window the change touches (O(items * slice_len)), and with it the
+*edges* of each trajectory's valid starts (its first, the head, and its last,
+the tail), so a sample never rescans the table: it picks the ``j``-th head
+and its tail by rank in slot order (:class:`~.ranks.CountedMask`), so that
+the draw depends on the table's contents and the generator alone.
 
 A sample of ``batch_size`` items is ``batch_size // slice_len`` slices laid
 end to end, as TorchRL's ``SliceSampler`` returns them:
@@ -19,7 +29,8 @@ import torch
 
 from .. import statefile as SF
 from ..errors import InvalidRequest
-from .base import Sampler, draw_masked
+from .base import Sampler
+from .ranks import CountedMask
 
 
 class SliceSampler(Sampler):
@@ -34,6 +45,9 @@ class SliceSampler(Sampler):
         self.valid = torch.zeros(cap, dtype=torch.bool)
         self.n_valid = 0
         self._offsets = torch.arange(slice_len, dtype=torch.int64)
+        #: each trajectory's first valid start ``s`` (entry ``2s``) and last (``2s + 1``)
+        self.edges = CountedMask(2 * cap)
+        self._wraps = False
 
     def _refresh(self, index: torch.Tensor) -> None:
         """Recompute validity of every start whose window contains a slot of ``index``."""
@@ -52,6 +66,7 @@ class SliceSampler(Sampler):
         )
         self.n_valid += int(ok.sum()) - int(self.valid[starts].sum())
         self.valid[starts] = ok
+        self._edges(starts)
 
     def _refresh_run(self, index: torch.Tensor) -> bool:
         """:meth:`_refresh` for a run of consecutive slots (ring order), as inserts and
@@ -83,7 +98,63 @@ class SliceSampler(Sampler):
         ok = live[:m] & (ordinal[:m] > 0) & (links[length - 1 :] - links[:m] == length - 1)
         self.n_valid += int(ok.sum()) - int(self.valid[starts].sum())
         self.valid[starts] = ok
+        self._edges(starts)
         return True
+
+    def _edges(self, starts: slice | torch.Tensor) -> None:
+        """Recompute the heads and tails a change of ``valid[starts]`` may have moved.
+
+        A valid start continues into the next slot when that one is a valid
+        start too and the two slots are linked (next insert, same episode: for
+        ``slice_len > 1`` both being valid implies it). A head is a valid start
+        no valid start continues into; a tail one that continues into none.
+        Only the starts changed and their two neighbours can change role.
+        """
+        at, head, tail = self._roles(starts)
+        both = torch.stack([head, tail], 1).reshape(-1)
+        if isinstance(at, slice):
+            self.edges.assign(slice(2 * at.start, 2 * at.stop), both)
+        else:
+            self.edges.assign(torch.stack([2 * at, 2 * at + 1], 1).reshape(-1), both)
+        # A trajectory wraps from the last slot to slot 0 when slot 0 is a valid start
+        # but no head. Then its tail is the first edge in slot order and its head the
+        # last; in every other case the edges alternate head, tail, head, ...
+        self._wraps = bool(self.valid[0]) and not bool(self.edges.mask[0])
+
+    def _roles(
+        self, starts: slice | torch.Tensor
+    ) -> tuple[slice | torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The starts ``at`` around ``starts`` and whether each is a head, a tail."""
+        cap, s = self.slots.capacity, self.slots
+        if isinstance(starts, slice) and starts.start >= 2 and starts.stop + 2 <= cap:
+            span = slice(starts.start - 2, starts.stop + 2)
+            valid, ordinal, episode = self.valid[span], s.ordinal[span], self.episode[span]
+            cont = (
+                valid[:-1]
+                & valid[1:]
+                & (ordinal[1:] - ordinal[:-1] == 1)
+                & (episode[1:] == episode[:-1])
+            )
+            at: slice | torch.Tensor = slice(starts.start - 1, starts.stop + 1)
+            head, tail = valid[1:-1] & ~cont[:-1], valid[1:-1] & ~cont[1:]
+        else:
+            if isinstance(starts, slice):
+                starts = torch.arange(starts.start, starts.stop, dtype=torch.int64)
+            pos = torch.unique(torch.cat([starts - 1, starts, starts + 1]) % cap)
+            before, after = (pos - 1) % cap, (pos + 1) % cap
+            valid, ordinal, episode = self.valid[pos], s.ordinal[pos], self.episode[pos]
+            into = (
+                self.valid[before]
+                & (ordinal - s.ordinal[before] == 1)
+                & (episode == self.episode[before])
+            )
+            onto = (
+                self.valid[after]
+                & (s.ordinal[after] - ordinal == 1)
+                & (self.episode[after] == episode)
+            )
+            at, head, tail = pos, valid & ~into, valid & ~onto
+        return at, head, tail
 
     def _is_run(self, index: torch.Tensor) -> bool:
         """Whether ``index`` is consecutive slots in ring order."""
@@ -122,6 +193,7 @@ class SliceSampler(Sampler):
             starts = torch.unique((index[:, None] - self._offsets) % self.slots.capacity)
         self.n_valid -= int(self.valid[starts].sum())
         self.valid[starts] = False
+        self._edges(starts)
 
     def ready(self, n: int) -> bool:
         return self.n_valid > 0
@@ -137,10 +209,14 @@ class SliceSampler(Sampler):
 
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.check_batch_size(n)
-        starts = draw_masked(
-            self.valid, self.n_valid, self.slots.hi, n // self.slice_len, self.generator
-        )
-        idx = (starts[:, None] + self._offsets) % self.slots.capacity
+        cap, m, k = self.slots.capacity, self.edges.count // 2, n // self.slice_len
+        rank = 2 * torch.randint(m, (k,), generator=self.generator) + int(self._wraps)
+        edge = self.edges.select(torch.cat([rank, (rank + 1) % (2 * m)])) // 2
+        head = edge[:k]
+        span = (edge[k:] - head) % cap  # the trajectory's valid starts, less one
+        offset = (torch.rand(k, dtype=torch.float64, generator=self.generator) * (span + 1)).long()
+        starts = head + torch.minimum(offset, span)
+        idx = (starts[:, None] + self._offsets) % cap
         return idx.reshape(-1), None
 
     def state_dict(self) -> dict[str, Any]:
@@ -150,6 +226,8 @@ class SliceSampler(Sampler):
         self.episode.copy_(SF.tensor(state, "episode", "sampler", like=self.episode))
         self.valid.zero_()
         self.n_valid = 0
+        self.edges.clear()
+        self._wraps = False
         written = (self.slots.ordinal > 0).nonzero().squeeze(1)
         if len(written):
             self._refresh(written)
