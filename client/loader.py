@@ -283,18 +283,25 @@ class _Pipeline:
 
     def _stream_fetcher(self, i: int) -> None:
         loader = self.loader
-        command_count = 1024 if loader.num_batches is None else loader.num_batches
         wait = loader.client.settings.wait if loader.timeout is None else loader.timeout
+        received = 0
         try:
             stream = torch.cuda.Stream(self.device) if self.cuda else None
             transport = loader.client._transports[0]
             while not self._stop.is_set():
-                cmd = C.Stream(loader.table, loader.batch_size, command_count, wait)
+                # a stream asks for no more than the pass still takes: the server samples
+                # ahead of the reader, and what it sampled counts (a fifo table's is gone)
+                n = loader.num_batches
+                count = 1024 if n is None else n - received
+                if count <= 0:
+                    return
+                cmd = C.Stream(loader.table, loader.batch_size, count, wait)
                 with transport.open_stream(cmd.request()) as chunks:
                     got = 0
                     try:
                         for body in one_batch_streams(chunks):
                             got += 1
+                            received += 1
                             td = decode_batch(body)  # sliced at the layout's offsets
                             if not self._claim():
                                 return
