@@ -133,3 +133,30 @@ def test_extend_into_a_max_value_table_answers_minus_one_for_dropped_rows(server
     assert torch.equal(batch["sample_info", "priority"][mine], batch["id"][mine] - start + 1.0)
     assert ours.update_priority(slots, 2.0) == 2
     assert ours.extend(ranked([0.0], start + 3)).tolist() == [-1]  # none kept (over shm too)
+
+
+def test_update_priority_of_mismatched_empty_or_dropped_rows(server: Any) -> None:
+    """Lengths that differ are the contract's ``InvalidRequest`` naming them (it was torch's
+    ``shape '[4, -1]' is invalid``), nothing changed; no index is nothing to do, as TorchRL's
+    (it was a reshape error); a -1 (a dropped row) leaves its key out too (it was '1 indices
+    but 2 keys'); a priority per item shaped ``[N, 1]`` is one per item."""
+    ours = ours_for(server, "prioritized")
+    ours.extend(rows(0, 4))
+    ours.update_priority(torch.arange(4), 1.0)
+    with pytest.raises(ValueError, match="4 indices but 3 priorities"):
+        ours.update_priority(torch.arange(4), torch.tensor([2.0, 3.0, 4.0]))
+    with pytest.raises(ValueError, match="2 indices but 3 keys"):
+        ours.update_priority(torch.arange(2), 2.0, key=torch.arange(3))
+    assert ours[torch.arange(4)].batch_size == (4,)
+    assert ours.sample(64)["sample_info", "priority"].eq(1.0).all()  # nothing changed
+    assert ours.update_priority(torch.tensor([], dtype=torch.int64), torch.tensor([])) == 0
+    batch = ours.sample(4)
+    index, key = batch["index"][:2], batch["sample_info", "key"][:2]
+    assert (
+        ours.update_priority(
+            torch.cat([torch.tensor([-1]), index]), 5.0, key=torch.cat([torch.tensor([99]), key])
+        )
+        == 2
+    )
+    assert ours.update_priority(torch.arange(4), torch.full((4, 1), 3.0)) == 4
+    assert ours.sample(64)["sample_info", "priority"].eq(3.0).all()
