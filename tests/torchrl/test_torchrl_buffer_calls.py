@@ -14,6 +14,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, TensorDictMaxValueWriter, TensorDictReplayBuffer
 from torchrl.envs import ExcludeTransform, SelectTransform
 
+from tdreplay.client import InvalidRequest
 from tdreplay.torchrl import TDReplayBuffer
 
 
@@ -160,3 +161,18 @@ def test_update_priority_of_mismatched_empty_or_dropped_rows(server: Any) -> Non
     )
     assert ours.update_priority(torch.arange(4), torch.full((4, 1), 3.0)) == 4
     assert ours.sample(64)["sample_info", "priority"].eq(3.0).all()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_extend_with_a_bad_priority_writes_nothing(server: Any, bad: float) -> None:
+    """A ``td_error`` that is NaN, infinite or negative is the table's ``InvalidRequest``
+    before any row goes (the rows were written, then their priority update refused)."""
+    ours = ours_for(server, "prioritized")
+    ours.extend(rows(0, 4))
+    data = rows(4, 3)
+    data["td_error"] = torch.tensor([1.0, bad, 2.0])
+    with pytest.raises(InvalidRequest, match="priorities must be finite and >= 0"):
+        ours.extend(data)
+    assert len(ours) == 4 and ours.write_count == 4
+    data["td_error"] = torch.tensor([1.0, 3.0, 2.0])
+    assert ours.extend(data).tolist() == [4, 5, 6]
