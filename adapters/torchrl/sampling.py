@@ -22,6 +22,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from tdreplay.client import InvalidRequest, ReplayClient
+from tdreplay.codec.params import sample_params
 
 from .remote import CONSUMING, ServiceSampler
 from .transforms import Compose
@@ -64,7 +65,8 @@ class SamplingMixin:
 
         Raises:
             RuntimeError: no ``batch_size`` here nor at construction.
-            InvalidRequest: more items than the capacity of a queue or stack table.
+            InvalidRequest: a size below 1, past the contract's most (2**31), or not an
+                integer; more items than the capacity of a queue or stack table.
             RateLimitTimeout: the table could not be sampled within ``timeout``.
         """
         n = batch_size if batch_size is not None else self._batch_size
@@ -73,6 +75,7 @@ class SamplingMixin:
                 "TDReplayBuffer.sample needs a batch size: pass sample(batch_size) or "
                 "TDReplayBuffer(..., batch_size=N)"
             )
+        n = sample_params(n, self._timeout).batch_size  # the contract's rule, before any piece
         piece = self._piece(n)
         if piece < n:
             batch = TensorDict.cat([self._draw(min(piece, n - k)) for k in range(0, n, piece)])

@@ -176,3 +176,17 @@ def test_extend_with_a_bad_priority_writes_nothing(server: Any, bad: float) -> N
     assert len(ours) == 4 and ours.write_count == 4
     data["td_error"] = torch.tensor([1.0, 3.0, 2.0])
     assert ours.extend(data).tolist() == [4, 5, 6]
+
+
+@pytest.mark.timeout(20)  # before: one draw of the capacity after another, for ever
+def test_a_sample_past_the_contracts_most_is_refused_before_it_is_split(server: Any) -> None:
+    """``sample(n)`` above the capacity is drawn in pieces; a size no sample may have (the
+    contract's 2**31 items at most) was split too, 10**12 / 64 requests, where the client's
+    own ``sample`` refuses it at once. Now the same ``InvalidRequest``, before any draw."""
+    ours = ours_for(server)
+    ours.extend(rows(0, 4))
+    for n in (10**12, 0, 2.5):
+        with pytest.raises(InvalidRequest, match="batch_size"):
+            ours.sample(n)
+    assert ours.stats()["sample_count"] == 0
+    assert ours.sample(100).batch_size == (100,)  # above the capacity: still drawn in pieces
