@@ -14,7 +14,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, TensorDictMaxValueWriter, TensorDictReplayBuffer
 from torchrl.envs import ExcludeTransform, SelectTransform
 
-from tdreplay.client import InvalidRequest
+from tdreplay.client import InvalidRequest, TableNotFound
 from tdreplay.torchrl import TDReplayBuffer
 
 
@@ -190,3 +190,19 @@ def test_a_sample_past_the_contracts_most_is_refused_before_it_is_split(server: 
             ours.sample(n)
     assert ours.stats()["sample_count"] == 0
     assert ours.sample(100).batch_size == (100,)  # above the capacity: still drawn in pieces
+
+
+def test_empty_before_the_first_write_of_a_create_buffer(server: Any) -> None:
+    """TorchRL's ``empty()`` of a lazy storage not yet written is nothing to do; here it was
+    ``TableNotFound`` (the table is made by the first extend). A buffer without ``create=``
+    still names a missing table."""
+    theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(64))
+    ours = ours_for(server)
+    theirs.empty()
+    ours.empty()
+    assert len(ours) == len(theirs) == 0
+    assert ours.extend(rows(0, 3)).tolist() == theirs.extend(rows(0, 3)).tolist()
+    ours.empty()
+    assert len(ours) == 0
+    with pytest.raises(TableNotFound):
+        TDReplayBuffer(server.url, f"calls_{uuid.uuid4().hex[:8]}").empty()
