@@ -60,7 +60,9 @@ class SamplingMixin:
             A TensorDict ``[batch_size]`` with the table's fields, ``index``,
             ``sample_info`` (``priority``, ``weight``, ``times_sampled``, ``key``)
             and, from a prioritized table, ``priority_weight``; with
-            ``return_info``, ``(batch, {"index": ..., "priority_weight": ...})``.
+            ``return_info``, ``(batch, {"index": ..., "priority_weight": ...})`` (a
+            transform that changed the batch's shape: the info, ``sample_info``
+            with it, only there).
             The batch owns its memory (a shared-memory sample is copied out).
 
         Raises:
@@ -93,14 +95,15 @@ class SamplingMixin:
         if len(self._transform):  # as TorchRL: the rows transformed, then the info set on them
             meta = batch.select("sample_info").update(info)
             batch = self._transform(batch.exclude("sample_info"))
-            try:
-                batch.update(meta)
-            except RuntimeError as err:
+            if batch.batch_size != meta.batch_size:
+                if return_info:  # the info goes apart: the batch keeps the transform's shape
+                    return batch, {**info, "sample_info": meta.get("sample_info", None)}
                 raise RuntimeError(
                     f"TDReplayBuffer.sample: cannot set index and sample info ({meta.batch_size})"
                     f" on the transformed batch ({batch.batch_size}); a transform changed its "
-                    "shape: pass sample(return_info=True) and reshape after sampling"
-                ) from err
+                    "shape: pass sample(return_info=True) to have them apart"
+                )
+            batch.update(meta)
         else:
             batch.update(info)
         return (batch, info) if return_info else batch

@@ -206,3 +206,19 @@ def test_empty_before_the_first_write_of_a_create_buffer(server: Any) -> None:
     assert len(ours) == 0
     with pytest.raises(TableNotFound):
         TDReplayBuffer(server.url, f"calls_{uuid.uuid4().hex[:8]}").empty()
+
+
+def test_return_info_takes_a_batch_whose_shape_a_transform_changed(server: Any) -> None:
+    """A transform that reshapes the batch leaves no room for ``index`` in it: the error says
+    to pass ``sample(return_info=True)``, which raised the same error. Now the info comes
+    apart (``sample_info`` with it) and the batch keeps the transform's shape."""
+    ours = ours_for(server, "prioritized")
+    ours.extend(rows(0, 8))
+    ours.append_transform(lambda td: td.reshape(2, 2))
+    with pytest.raises(RuntimeError, match="return_info=True"):
+        ours.sample(4)
+    batch, info = ours.sample(4, return_info=True)
+    assert batch.batch_size == (2, 2) and "sample_info" not in batch
+    assert torch.equal(batch["id"].reshape(-1), info["index"])  # row i went to slot i
+    assert info["priority_weight"].shape == info["sample_info"]["key"].shape == (4,)
+    assert ours.update_priority(info["index"], 2.0, key=info["sample_info"]["key"]) == 4
