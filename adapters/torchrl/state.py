@@ -112,10 +112,15 @@ class ServiceStateMixin:
             ValueError: not such a state (or of another table).
         """
         archives = state_dict.get("archives") if isinstance(state_dict, dict) else None
-        if not isinstance(archives, list) or state_dict.get("table") != self._table:
+        if not isinstance(archives, list):
             raise ValueError(
                 f"not a state_dict() of table {self._table!r}: expected "
                 "{'table': ..., 'archives': [...]}"
+            )
+        if state_dict.get("table") != self._table:
+            raise ValueError(
+                f"a state_dict() of table {state_dict.get('table')!r:.80}, not of "
+                f"{self._table!r}: a buffer loads its own table's state"
             )
         self._client.load_archives(
             self._table, [torch.as_tensor(a, dtype=torch.uint8).numpy().tobytes() for a in archives]

@@ -222,3 +222,16 @@ def test_return_info_takes_a_batch_whose_shape_a_transform_changed(server: Any) 
     assert torch.equal(batch["id"].reshape(-1), info["index"])  # row i went to slot i
     assert info["priority_weight"].shape == info["sample_info"]["key"].shape == (4,)
     assert ours.update_priority(info["index"], 2.0, key=info["sample_info"]["key"]) == 4
+
+
+def test_load_state_dict_of_another_table_names_both(server: Any) -> None:
+    """Another buffer's state was refused as 'not a state_dict() ... expected {'table': ...,
+    'archives': [...]}', the very layout it had; now both tables are named. Nothing changes."""
+    a, b = ours_for(server), ours_for(server)
+    a.extend(rows(0, 3))
+    b.extend(rows(0, 2))
+    with pytest.raises(ValueError, match=f"of table '{a.table}', not of '{b.table}'"):
+        b.load_state_dict(a.state_dict())
+    with pytest.raises(ValueError, match="expected"):
+        b.load_state_dict({"table": b.table})
+    assert len(b) == 2
