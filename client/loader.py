@@ -44,7 +44,6 @@ memory (the DataLoader pins and moves them itself).
 
 from __future__ import annotations
 
-import atexit
 import queue
 import threading
 import time
@@ -58,7 +57,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..codec.params import seconds
 from . import commands as C
-from . import errors, shm
+from . import errors, exiting, shm
 from .batches import decode_batch
 from .plans import ClientSettings
 from .staging import Credits as _Credits
@@ -89,52 +88,6 @@ class SampleClient(Protocol):
 
 def _identity(batch: Any) -> Any:
     return batch
-
-
-#: the pipelines whose fetcher threads may still run; stopped and joined at interpreter exit
-_PIPELINES: weakref.WeakSet[_Pipeline] = weakref.WeakSet()
-_EXIT_JOIN_S = 5.0
-_exit_hook = threading.Lock()
-_hooked = False
-
-
-def _stop_at_exit() -> None:
-    """Stop every fetcher and wait for it (up to ``_EXIT_JOIN_S`` in all).
-
-    Fetchers are daemon threads so that a learner that never closes its
-    loader can still exit. Left running, one would be inside torch (decoding
-    or copying a batch) while the interpreter tears torch down — a segfault,
-    or a C++ thread unwound mid-call ("terminate called without an active
-    exception"). A fetcher stops at its next batch boundary; one waiting on
-    the server finishes its request first.
-    """
-    pipes = list(_PIPELINES)
-    for pipe in pipes:
-        pipe.close()
-    deadline = time.monotonic() + _EXIT_JOIN_S
-    for pipe in pipes:
-        for t in pipe.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-
-
-def _hook_exit() -> None:
-    """Run :func:`_stop_at_exit` when the interpreter exits, before anything is torn down."""
-    global _hooked
-    with _exit_hook:
-        if _hooked:
-            return
-        _hooked = True
-    # threading's exit hooks run first at shutdown: before the executors' (whose
-    # workers may be waiting on a batch: the async loader), before atexit and
-    # weakref finalizers (torch's among them); concurrent.futures uses it so
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        try:
-            register(_stop_at_exit)
-            return
-        except RuntimeError:  # the interpreter is already shutting down
-            return
-    atexit.register(_stop_at_exit)  # pragma: no cover - Pythons without the hook
 
 
 class Loader(IterableDataset):
@@ -242,8 +195,7 @@ class _Pipeline:
             threading.Thread(target=target, args=(i,), daemon=True, name=f"tdreplay-loader-{i}")
             for i in range(n_threads)
         ]
-        _hook_exit()
-        _PIPELINES.add(self)
+        exiting.track(self)
         for t in self.threads:
             t.start()
 
@@ -283,18 +235,25 @@ class _Pipeline:
 
     def _stream_fetcher(self, i: int) -> None:
         loader = self.loader
-        command_count = 1024 if loader.num_batches is None else loader.num_batches
         wait = loader.client.settings.wait if loader.timeout is None else loader.timeout
+        received = 0
         try:
             stream = torch.cuda.Stream(self.device) if self.cuda else None
             transport = loader.client._transports[0]
             while not self._stop.is_set():
-                cmd = C.Stream(loader.table, loader.batch_size, command_count, wait)
+                # a stream asks for no more than the pass still takes: the server samples
+                # ahead of the reader, and what it sampled counts (a fifo table's is gone)
+                n = loader.num_batches
+                count = 1024 if n is None else n - received
+                if count <= 0:
+                    return
+                cmd = C.Stream(loader.table, loader.batch_size, count, wait)
                 with transport.open_stream(cmd.request()) as chunks:
                     got = 0
                     try:
                         for body in one_batch_streams(chunks):
                             got += 1
+                            received += 1
                             td = decode_batch(body)  # sliced at the layout's offsets
                             if not self._claim():
                                 return

@@ -31,6 +31,7 @@ from tensordict.utils import NestedKey
 from torchrl.data import TensorDictReplayBuffer
 
 from tdreplay.client import ReplayClient, TableExists, TableNotFound
+from tdreplay.codec.priorities import priorities
 
 from . import rows as R
 from .priorities import PrioritiesMixin
@@ -334,6 +335,8 @@ class TDReplayBuffer(
             TypeError: not a TensorDict or tensorclass.
             SchemaError: a key the table declares is missing, or a shape or dtype differs
                 (nothing was written).
+            InvalidRequest: a ``priority_key`` entry is negative or not finite (nothing
+                was written).
             RateLimitTimeout: the table's rate limiter held the insert past ``timeout``.
         """
         given = R.as_tensordict(tensordicts, who="TDReplayBuffer.extend")
@@ -349,12 +352,17 @@ class TDReplayBuffer(
             rows, extra = R.rows_for(data, keys, (*R.SAMPLE_KEYS, self.priority_key))
         if extra:
             R.warn_extra(self._table, extra, self._warned)
+        priority = None
+        has_priority = data.get(self.priority_key, None) is not None
+        if has_priority and update_priority is not False and self._sampler.prioritized:
+            # checked before any row goes: a bad priority writes nothing
+            where = f"table {self._table!r}"
+            priority = priorities(R.priority_vector(data, self.priority_key), where)
         index = self._insert(rows)
         shaped = index.reshape(data.batch_size) if data.batch_dims else index.reshape(())
-        prioritized = update_priority is not False and self._sampler.prioritized
-        if prioritized and data.get(self.priority_key, None) is not None:
+        if priority is not None:
             # its own update_priority: one place skips the rows a max_value table dropped
-            self.update_priority(index, R.priority_vector(data, self.priority_key))
+            self.update_priority(index, priority)
         return shaped
 
     def _insert(self, rows: TensorDictBase) -> torch.Tensor:

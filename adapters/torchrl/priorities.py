@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDictBase
 
 from tdreplay.client import ReplayClient
+from tdreplay.codec.params import check_lengths
 
 from . import rows as R
 from .remote import ServiceSampler
@@ -37,8 +38,8 @@ class PrioritiesMixin:
             How many priorities were applied.
 
         Raises:
-            ValueError: ``index``, ``priority`` (and ``key``) differ in length.
-            InvalidRequest: a bad index or priority (negative, not finite).
+            InvalidRequest: ``index``, ``priority`` (and ``key``) differ in length (a
+                ``ValueError``, naming them), or a bad index or priority (negative, not finite).
         """
         if not self._sampler.prioritized:
             if not self._warned_uniform:
@@ -53,11 +54,18 @@ class PrioritiesMixin:
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)[..., 0]
         index = torch.as_tensor(index).reshape(-1)
-        priority = torch.as_tensor(priority)
+        priority = torch.as_tensor(priority).reshape(-1)
         if priority.numel() == 1:  # as TorchRL: one number for every item
-            priority = priority.reshape(1).expand(len(index))
+            priority = priority.expand(len(index))
+        if key is not None:
+            key = torch.as_tensor(key).reshape(-1)
+        check_lengths(index, priority=priority, key=key, table=self._table)
         kept = index >= 0  # as TorchRL: -1 is a row a max_value writer dropped
-        index, priority = index[kept], priority.reshape(len(kept), -1)[kept]
+        if not bool(kept.all()):
+            index, priority = index[kept], priority[kept]
+            key = None if key is None else key[kept]
+        if not len(index):  # as TorchRL: nothing to update
+            return 0
         return self._client.update_priority(self._table, index, priority, key=key)
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:  # type: ignore[override]

@@ -22,6 +22,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from tdreplay.client import InvalidRequest, ReplayClient
+from tdreplay.codec.params import sample_params
 
 from .remote import CONSUMING, ServiceSampler
 from .transforms import Compose
@@ -59,12 +60,15 @@ class SamplingMixin:
             A TensorDict ``[batch_size]`` with the table's fields, ``index``,
             ``sample_info`` (``priority``, ``weight``, ``times_sampled``, ``key``)
             and, from a prioritized table, ``priority_weight``; with
-            ``return_info``, ``(batch, {"index": ..., "priority_weight": ...})``.
+            ``return_info``, ``(batch, {"index": ..., "priority_weight": ...})`` (a
+            transform that changed the batch's shape: the info, ``sample_info``
+            with it, only there).
             The batch owns its memory (a shared-memory sample is copied out).
 
         Raises:
             RuntimeError: no ``batch_size`` here nor at construction.
-            InvalidRequest: more items than the capacity of a queue or stack table.
+            InvalidRequest: a size below 1, past the contract's most (2**31), or not an
+                integer; more items than the capacity of a queue or stack table.
             RateLimitTimeout: the table could not be sampled within ``timeout``.
         """
         n = batch_size if batch_size is not None else self._batch_size
@@ -73,6 +77,7 @@ class SamplingMixin:
                 "TDReplayBuffer.sample needs a batch size: pass sample(batch_size) or "
                 "TDReplayBuffer(..., batch_size=N)"
             )
+        n = sample_params(n, self._timeout).batch_size  # the contract's rule, before any piece
         piece = self._piece(n)
         if piece < n:
             batch = TensorDict.cat([self._draw(min(piece, n - k)) for k in range(0, n, piece)])
@@ -90,14 +95,15 @@ class SamplingMixin:
         if len(self._transform):  # as TorchRL: the rows transformed, then the info set on them
             meta = batch.select("sample_info").update(info)
             batch = self._transform(batch.exclude("sample_info"))
-            try:
-                batch.update(meta)
-            except RuntimeError as err:
+            if batch.batch_size != meta.batch_size:
+                if return_info:  # the info goes apart: the batch keeps the transform's shape
+                    return batch, {**info, "sample_info": meta.get("sample_info", None)}
                 raise RuntimeError(
                     f"TDReplayBuffer.sample: cannot set index and sample info ({meta.batch_size})"
                     f" on the transformed batch ({batch.batch_size}); a transform changed its "
-                    "shape: pass sample(return_info=True) and reshape after sampling"
-                ) from err
+                    "shape: pass sample(return_info=True) to have them apart"
+                )
+            batch.update(meta)
         else:
             batch.update(info)
         return (batch, info) if return_info else batch

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from tdreplay.client import ReplayClient
+from tdreplay.client import ReplayClient, TableNotFound
 
 
 class ServiceStateMixin:
@@ -36,6 +36,7 @@ class ServiceStateMixin:
     _client: ReplayClient
     _table: str
     _service_shutdown: bool
+    _create: dict[str, Any] | None
     _lock: threading.Lock
     _prefetcher: Iterator[Any] | None
     shared: bool
@@ -111,10 +112,15 @@ class ServiceStateMixin:
             ValueError: not such a state (or of another table).
         """
         archives = state_dict.get("archives") if isinstance(state_dict, dict) else None
-        if not isinstance(archives, list) or state_dict.get("table") != self._table:
+        if not isinstance(archives, list):
             raise ValueError(
                 f"not a state_dict() of table {self._table!r}: expected "
                 "{'table': ..., 'archives': [...]}"
+            )
+        if state_dict.get("table") != self._table:
+            raise ValueError(
+                f"a state_dict() of table {state_dict.get('table')!r:.80}, not of "
+                f"{self._table!r}: a buffer loads its own table's state"
             )
         self._client.load_archives(
             self._table, [torch.as_tensor(a, dtype=torch.uint8).numpy().tobytes() for a in archives]
@@ -197,6 +203,7 @@ class ServiceStateMixin:
     def empty(self, empty_write_count: bool = True) -> None:
         """Empty the table on the server (``ReplayClient.clear``): its rows, priorities and
         counters go, ``write_count`` included, as TorchRL's ``empty()`` does by default.
+        Before the first extend of a ``create=`` buffer there is nothing to empty.
 
         Raises:
             ValueError: ``empty_write_count=False`` (the server's table starts anew).
@@ -206,7 +213,11 @@ class ServiceStateMixin:
                 f"table {self._table!r} lives in the server, whose clear starts every counter "
                 "anew: empty(empty_write_count=False) cannot keep write_count"
             )
-        self._client.clear(self._table)
+        try:
+            self._client.clear(self._table)
+        except TableNotFound:
+            if self._create is None:
+                raise  # before create= made it, the table is empty (TorchRL's lazy storage)
 
     def set_storage(self, *args: Any, **kwargs: Any) -> None:
         raise self._not_here("set_storage()", "the table's schema declares its storage")

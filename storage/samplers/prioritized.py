@@ -4,48 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
+
+from tdreplay.codec.priorities import priorities
 
 from .. import statefile as SF
 from ..errors import InvalidRequest
 from .base import Sampler
 from .sumtree import SumTree
-
-
-def priorities(value: Any, where: str) -> torch.Tensor:
-    """``value`` as priorities, float64 ``[N]`` (the sum-tree's dtype: a priority past
-    float32's range stays the number it was), each finite and >= 0: the one check of a
-    priority, for inserts and updates alike.
-
-        >>> priorities([0.5, 1e39], "update_priority").tolist()
-        [0.5, 1e+39]
-        >>> priorities(-1.0, "table 't'")
-        Traceback (most recent call last):
-        ...
-        tdreplay.codec.errors.InvalidRequest: table 't': priorities must be finite and >= 0, got -1.0 [field 'priority']
-
-    Raises:
-        InvalidRequest: a priority is negative or not finite (``where`` names the call).
-    """
-    if isinstance(value, torch.Tensor):
-        kind = "b" if value.dtype == torch.bool else "c" if value.is_complex() else "f"
-        given: Any = value.detach()
-    else:  # numpy reads a Python float as float64 (torch would take float32: 1e39 -> inf)
-        given = np.asarray(value)
-        kind = given.dtype.kind
-    if kind not in "iuf":
-        raise InvalidRequest(
-            f"{where}: priorities must be numbers, got {given.dtype}", field="priority"
-        )
-    priority = torch.as_tensor(given).to(torch.float64).reshape(-1)
-    bad = ~torch.isfinite(priority) | (priority < 0)
-    if bool(bad.any()):
-        raise InvalidRequest(
-            f"{where}: priorities must be finite and >= 0, got {priority[bad][0].item()}",
-            field="priority",
-        )
-    return priority
 
 
 class PrioritizedSampler(Sampler):

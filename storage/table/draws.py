@@ -9,10 +9,10 @@ import torch
 from tensordict import TensorDictBase, is_tensorclass
 
 from tdreplay.codec.params import check_lengths
+from tdreplay.codec.priorities import priorities
 
 from ..backends.tensor import SMALL_BATCH
 from ..errors import InvalidRequest
-from ..samplers.prioritized import priorities
 from ..tensordicts import nest, nest_by
 from ..validation import SampleTarget
 from .base import TableBase, _HeldBack

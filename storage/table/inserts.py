@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 
+from tdreplay.codec.priorities import priorities
+
 from ..errors import InvalidRequest
-from ..samplers.prioritized import priorities
 from ..spec import NestedKey, join_key
 from .base import TableBase, _HeldBack
 

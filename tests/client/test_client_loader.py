@@ -194,3 +194,28 @@ def test_no_data_in_time_is_a_rate_limit_timeout(client: ReplayClient, stream: b
     it = iter(client.loader(name, 4, prefetch=1, timeout=0.1, stream=stream))
     with pytest.raises(RateLimitTimeout):
         next(it)
+
+
+def test_a_stream_of_num_batches_samples_no_more_than_that(client: ReplayClient) -> None:
+    """``stream=True, num_batches=k`` asks the server for k batches: once they came, it opened
+    another stream whose first batch the server sampled and the loader dropped, 4 items of a
+    fifo table lost (each item goes out once)."""
+    name = unique("fifo_stream")
+    client.create_table(
+        {
+            "name": name,
+            "capacity": 64,
+            "backend": {"kind": "memory"},
+            "fields": {"x": {"shape": [], "dtype": "int64"}},
+            "sampler": {"kind": "fifo"},
+        }
+    )
+    client.extend(name, TensorDict({"x": torch.arange(64)}, [64]))
+    it = iter(client.loader(name, 4, num_batches=2, prefetch=1, stream=True))
+    got = torch.cat([next(it)["x"].clone() for _ in range(2)])
+    (fetcher,) = it._pipe.threads
+    fetcher.join(5)  # its pass is over: it ends (it waited for a credit with a third batch)
+    it.close()
+    fetcher.join(30)
+    assert got.tolist() == list(range(8))
+    assert client.info(name)["size"] == 56

@@ -197,7 +197,7 @@ def test_torchrl_checkpoint_saves_and_resumes_the_buffer(
     rb.extend(frames[:10].clone())
     rb.load_state_dict(torch.load(tmp_path / "rb.pt", weights_only=True))
     assert client.info(table)["inserts"] == 64
-    with pytest.raises(ValueError, match="not a state_dict"):
+    with pytest.raises(ValueError, match="of table 'other', not of"):
         rb.load_state_dict({"table": "other", "archives": state["archives"]})
     other = TDReplayBuffer(server.url, make_table())
     with pytest.raises(InvalidRequest, match="holds table"):
