@@ -39,7 +39,8 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from .episodes import EpisodeLayout, EpisodeSplitter, episode_rows
+from .episode_rows import episode_rows
+from .episodes import EpisodeLayout, EpisodeSplitter
 from .errors import InvalidRequest, PathExists, SchemaError
 from .from_arrow import to_leaves
 from .spaces import categories, check_categories, space_of
