@@ -301,7 +301,9 @@ def read_minari(
         The dataset's total steps, and an iterator of ``{dotted key: array}`` chunks.
 
     Raises:
-        InvalidRequest: no such dataset under ``root`` (the error lists those there).
+        InvalidRequest: no such dataset under ``root`` (the error lists those there), or
+            its files are not a readable Minari dataset (metadata or an episode's data
+            missing or malformed; while iterating too).
         SchemaError: (while iterating) see :func:`~tdreplay.codec.episodes.episode_rows`.
     """
     _minari()
@@ -319,12 +321,27 @@ def read_minari(
             field="dataset_id",
             got=dataset_id,
         )
-    dataset = MinariDataset(folder / "data")
+    try:  # Minari reads what the files hold, checking little: a bad one fails anywhere
+        dataset = MinariDataset(folder / "data")
+        total = int(dataset.total_steps)
+    except Exception as err:
+        raise _unreadable(root, dataset_id, err) from None
+
+    def episodes() -> Iterator[Any]:
+        read = iter(dataset.iterate_episodes())
+        while True:
+            try:
+                episode = next(read, None)
+            except Exception as err:
+                raise _unreadable(root, dataset_id, err) from None
+            if episode is None:
+                return
+            yield episode
 
     def chunks() -> Iterator[dict[str, np.ndarray]]:
         held: list[dict[str, np.ndarray]] = []
         count = 0
-        for episode in dataset.iterate_episodes():
+        for episode in episodes():
             held.append(episode_rows(fields, episode, int(episode.id), trajectory_key))
             count += len(episode.rewards)
             while count >= chunk:
@@ -335,4 +352,13 @@ def read_minari(
         if count:
             yield {k: np.concatenate([h[k] for h in held]) for k in held[0]}
 
-    return int(dataset.total_steps), chunks()
+    return total, chunks()
+
+
+def _unreadable(root: str | Path, dataset_id: str, err: Exception) -> InvalidRequest:
+    return InvalidRequest(
+        f"{dataset_id!r} under {str(root)!r} is not a readable Minari dataset: "
+        f"{type(err).__name__}: {err}",
+        field="dataset_id",
+        got=dataset_id,
+    )

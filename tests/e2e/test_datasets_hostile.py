@@ -14,6 +14,7 @@ import minari
 import numpy as np
 import pytest
 from datasetkit import make_table
+from testkit import run_cli as cli
 
 from tdreplay.client import ReplayClient, SchemaError
 
@@ -130,3 +131,35 @@ def test_values_that_fit_go_in_as_they_are(client: ReplayClient, tmp_path: Path)
         2,
     ]
     assert rows[by_action[0]]["next", "reward"].item() == np.float32(1e30)
+
+
+def broken(root: Path, how: str) -> str:
+    """A Minari dataset broken as a copy cut short or edited by hand leaves it."""
+    import h5py
+
+    dataset_id = f"elsewhere/{how}-v0"
+    write(root, dataset_id, [episode(2)])
+    data = root / dataset_id / "data"
+    if how == "no-metadata-key":
+        (data / "metadata.json").write_text('{"minari_version": "0.5.4"}')
+    elif how == "metadata-not-json":
+        (data / "metadata.json").write_text("{not json")
+    else:
+        with h5py.File(data / "main_data.hdf5", "a") as f:
+            del f["episode_0"]["rewards"]
+    return dataset_id
+
+
+@pytest.mark.parametrize("how", ["no-metadata-key", "metadata-not-json", "episode-lacks-rewards"])
+def test_a_broken_dataset_is_one_line_and_exit_1(
+    server: Any, client: ReplayClient, tmp_path: Path, how: str, capsys: Any, monkeypatch: Any
+) -> None:
+    dataset_id = broken(tmp_path, how)
+    name = make_table(client, fields=FIELDS)
+    code, _, err = cli(
+        "import", name, "--format", "minari", "--dataset-id", dataset_id, str(tmp_path),
+        capsys=capsys, monkeypatch=monkeypatch, TDREPLAY_URL=server.url,
+    )  # fmt: skip
+    assert code == 1 and "Traceback" not in err
+    assert f"{dataset_id!r} under {str(tmp_path)!r} is not a readable Minari dataset" in err
+    assert client.info(name)["size"] == 0
