@@ -140,6 +140,8 @@ class Column:
     #: data must be read to check it: variable-size lists, nulls or (for a rounded
     #: column) values beyond the field's range not ruled out by the file's statistics
     scan: bool
+    #: the index of its Parquet leaf column (for the file's metadata)
+    leaf: int
 
 
 #: what the file's statistics prove of a Parquet leaf column: (null-free, (min, max) or None)
@@ -278,7 +280,8 @@ def _plan_one(
         raise error(f"has {got}, expected shape {shape}", shape, got)
     null_free, bounds = stats(leaf) if stats is not None else (False, None)
     scan = None in levels or not null_free or (cast == "round" and not _fits(bounds, dtype))
-    return Column(name, tuple(name.split(SEP)), column, top, f, shape, dtype, sizes, cast, scan)
+    key = tuple(name.split(SEP))
+    return Column(name, key, column, top, f, shape, dtype, sizes, cast, scan, leaf)
 
 
 def _fits(bounds: tuple[float, float] | None, dtype: torch.dtype) -> bool:
