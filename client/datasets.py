@@ -79,7 +79,19 @@ def export(
 def download(
     calls: Calls, table: str, format: str, dest: Path, progress: bool | None = None
 ) -> Plan[Path]:
-    """Stream ``table``'s export as ``format`` into ``dest``, atomically; returns ``dest``."""
+    """Stream ``table``'s export as ``format`` into ``dest``, atomically; returns ``dest``.
+
+    Raises:
+        InvalidRequest: ``dest`` is a folder (found before the table is exported: the
+            rename at the end would fail after the whole transfer).
+    """
+    if dest.is_dir():
+        raise InvalidRequest(
+            f"table {table!r}: export path {str(dest)!r} is a folder; give a file",
+            table=table,
+            field="dest",
+            got=str(dest),
+        )
     with aside(dest, progress=progress, desc=f"export {table}") as sink:
         yield from calls.export(table, format, sink=sink)
         os.replace(sink.path, dest)

@@ -191,7 +191,8 @@ class Persistence:
             PathExists: the server's ``path``, or the Minari dataset, exists already.
             SchemaError: Minari: the table lacks a key an episode needs, or no episode
                 boundary is found.
-            InvalidRequest: a malformed ``dataset_id`` or ``env_spec``.
+            InvalidRequest: a malformed ``dataset_id`` or ``env_spec``; Parquet, CSV: a
+                ``dest`` that is a folder (before the transfer).
         """
         return self._run(
             datasets.export(self._calls, table, format, path, dest, dataset_id, env_spec, progress)

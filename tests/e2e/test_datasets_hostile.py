@@ -16,7 +16,7 @@ import pytest
 from datasetkit import make_table
 from testkit import run_cli as cli
 
-from tdreplay.client import ReplayClient, SchemaError
+from tdreplay.client import InvalidRequest, ReplayClient, SchemaError
 
 FIELDS = {
     "observation": {"shape": [2], "dtype": "float32"},
@@ -163,3 +163,21 @@ def test_a_broken_dataset_is_one_line_and_exit_1(
     assert code == 1 and "Traceback" not in err
     assert f"{dataset_id!r} under {str(tmp_path)!r} is not a readable Minari dataset" in err
     assert client.info(name)["size"] == 0
+
+
+def test_an_export_into_a_folder_is_refused_before_the_transfer(
+    server: Any, client: ReplayClient, tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    """``-o`` naming a folder: the whole table was streamed into a hidden file beside it and
+    the rename failed at the end, with an IsADirectoryError naming that hidden file."""
+    name = make_table(client, fields=FIELDS)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    with pytest.raises(InvalidRequest, match=rf"export path {str(folder)!r} is a folder"):
+        client.export(name, dest=folder)
+    code, _, err = cli(
+        "export", name, "-o", str(folder), capsys=capsys, monkeypatch=monkeypatch,
+        TDREPLAY_URL=server.url,
+    )  # fmt: skip
+    assert code == 1 and f"export path {str(folder)!r} is a folder" in err
+    assert list(tmp_path.rglob("*")) == [folder]
