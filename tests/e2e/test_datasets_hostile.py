@@ -181,3 +181,30 @@ def test_an_export_into_a_folder_is_refused_before_the_transfer(
     )  # fmt: skip
     assert code == 1 and f"export path {str(folder)!r} is a folder" in err
     assert list(tmp_path.rglob("*")) == [folder]
+
+
+def test_an_import_longer_than_a_small_table_keeps_its_newest_rows(
+    server: Any, client: ReplayClient, tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    """The client read 4096 rows per extend (the default chunk) whatever the table's
+    capacity: any file or dataset longer than a table of fewer rows failed (``extend of 20
+    rows exceeds capacity 8``), where ``Table.import_parquet`` kept the newest rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fields = {"x": {"shape": [2], "dtype": "float32"}}
+    path = tmp_path / "long.parquet"
+    pq.write_table(pa.table({"x": [[float(i), -float(i)] for i in range(20)]}), path)
+    name = make_table(client, fields=fields, capacity=8)
+    assert client.import_parquet(name, path) == 20
+    code, out, _ = cli(
+        "import", name, str(path), capsys=capsys, monkeypatch=monkeypatch, TDREPLAY_URL=server.url
+    )
+    assert code == 0 and "imported 20 rows" in out
+    kept = pq.read_table(pa.BufferReader(client.export(name)))["x"].to_pylist()
+    assert kept == [[float(i), -float(i)] for i in range(12, 20)]
+
+    write(tmp_path, "elsewhere/long-v0", [episode(6), episode(7)])
+    small = make_table(client, fields=FIELDS, capacity=8)
+    assert client.import_dataset(small, "elsewhere/long-v0", root=tmp_path) == 13
+    assert client.info(small)["size"] == 8
