@@ -24,6 +24,7 @@ Minari is an optional dependency: ``pip install "tdreplay[datasets]"``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -189,8 +190,8 @@ def write_minari(
     Raises:
         InvalidRequest: the dataset id or env spec is malformed.
         PathExists: a dataset is there already.
-        SchemaError: the file is not a tdreplay export, the table lacks a key an
-            episode needs, or no episode boundary is found (see
+        SchemaError: the file is not a tdreplay export or holds no rows, the table lacks
+            a key an episode needs, or no episode boundary is found (see
             :class:`~tdreplay.codec.episodes.EpisodeLayout`).
     """
     minari = _minari()
@@ -211,6 +212,13 @@ def write_minari(
         spec = _parquet_spec(pf, parquet)
         layout = EpisodeLayout.of(spec, trajectory_key)
         fields = spec["fields"]
+        if not pf.metadata.num_rows:  # Minari writes an empty HDF5 file it cannot open
+            raise SchemaError(
+                f"table {spec.get('name')!r} holds no rows: a Minari dataset needs an episode",
+                table=spec.get("name"),
+            )
+        # the folders made for it, deepest first: a failed export leaves none behind
+        made = [d for d in (final.parent, *final.parent.parents) if not d.exists()]
         final.parent.mkdir(parents=True, exist_ok=True)
         aside = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
         try:
@@ -269,6 +277,9 @@ def write_minari(
             os.rename(aside, final)
         except BaseException:
             shutil.rmtree(aside, ignore_errors=True)
+            for folder in made:
+                with contextlib.suppress(OSError):  # not empty: another dataset came meanwhile
+                    folder.rmdir()
             raise
     return final
 
