@@ -62,6 +62,8 @@ DATASET_ID_PATTERN = r"^([A-Za-z0-9_][A-Za-z0-9_.-]*/)*[A-Za-z0-9_][A-Za-z0-9_.-
 CHUNK_ROWS = 4096
 #: episodes handed to Minari's writer at a time
 EPISODES_PER_WRITE = 64
+#: datasets an error about a missing one lists at most
+LISTED = 20
 
 
 def _minari() -> Any:
@@ -323,12 +325,12 @@ def read_minari(
     root = default_root() if root is None else root
     folder = dataset_folder(root, dataset_id)
     if not (folder / "data").is_dir():
-        there = sorted(
-            str(p.parent.relative_to(root)) for p in Path(root).rglob("data") if p.is_dir()
-        )
+        there = _datasets_under(Path(root))
+        listed = ", ".join(there[:LISTED]) or "none"
+        if len(there) > LISTED:
+            listed += f", and {len(there) - LISTED} more"
         raise InvalidRequest(
-            f"no Minari dataset {dataset_id!r} under {str(root)!r} (there: "
-            f"{', '.join(there) or 'none'})",
+            f"no Minari dataset {dataset_id!r} under {str(root)!r} (there: {listed})",
             field="dataset_id",
             got=dataset_id,
         )
@@ -364,6 +366,18 @@ def read_minari(
             yield {k: np.concatenate([h[k] for h in held]) for k in held[0]}
 
     return total, chunks()
+
+
+def _datasets_under(root: Path) -> list[str]:
+    """The ids of the datasets under ``root`` (folders holding ``data/metadata.json``), for
+    an error to list: a walk that neither follows links nor enters hidden folders or
+    datasets, and skips what it cannot read (a root of ``/`` raised out of ``/proc``)."""
+    found = []
+    for folder, subfolders, _ in os.walk(root, onerror=lambda err: None):
+        if "data" in subfolders and os.path.isfile(os.path.join(folder, "data", "metadata.json")):
+            found.append(os.path.relpath(folder, root))
+        subfolders[:] = [d for d in subfolders if d != "data" and not d.startswith(".")]
+    return sorted(found)
 
 
 def _unreadable(root: str | Path, dataset_id: str, err: Exception) -> InvalidRequest:

@@ -287,3 +287,20 @@ def test_a_failed_export_leaves_no_folder_and_an_empty_table_none_at_all(tmp_pat
     with pytest.raises(SchemaError, match="table 'empty' holds no rows"):
         write_minari(empty, root, "ns/empty-v0")
     assert not root.exists()
+
+
+def test_a_missing_dataset_lists_a_few_and_the_walk_reads_what_it_can(tmp_path: Path) -> None:
+    """A wrong datasets root (``--dataset-id x/y-v0 /``, a home folder) was walked with
+    ``rglob("data")``: every folder named ``data`` was listed, and a root holding ``/proc``
+    raised a raw OSError (``Invalid argument: '/proc/<pid>/task/<pid>/net'``)."""
+    for i in range(25):
+        (tmp_path / "ns" / f"d{i:02d}-v0" / "data").mkdir(parents=True)
+        (tmp_path / "ns" / f"d{i:02d}-v0" / "data" / "metadata.json").write_text("{}")
+    (tmp_path / "code" / "data").mkdir(parents=True)  # not a dataset
+    (tmp_path / ".cache" / "old-v0" / "data").mkdir(parents=True)
+    (tmp_path / ".cache" / "old-v0" / "data" / "metadata.json").write_text("{}")
+    listed = r"\(there: ns/d00-v0, ns/d01-v0, .*, ns/d19-v0, and 5 more\)"
+    with pytest.raises(InvalidRequest, match=rf"no Minari dataset 'x/y-v0' under .*{listed}"):
+        read_minari(tmp_path, "x/y-v0", FIELDS)
+    with pytest.raises(InvalidRequest, match=r"no Minari dataset 'x/y-v0' under '/proc'"):
+        read_minari("/proc", "x/y-v0", FIELDS)
