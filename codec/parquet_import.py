@@ -241,7 +241,7 @@ def _plan_one(
     stats: Stats | None,
 ) -> Column:
     levels: list[int | None] = []  # None: a variable-size list
-    t = f.type
+    t = _storage(f.type)
     while pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
         levels.append(t.list_size if pa.types.is_fixed_size_list(t) else None)
         t = t.value_type
@@ -282,6 +282,12 @@ def _plan_one(
     scan = None in levels or not null_free or (cast == "round" and not _fits(bounds, dtype))
     key = tuple(name.split(SEP))
     return Column(name, key, column, top, f, shape, dtype, sizes, cast, scan, leaf)
+
+
+def _storage(t: pa.DataType) -> pa.DataType:
+    """An extension type's storage (Hugging Face ``datasets``' ``Array2D`` .. ``Array5D``,
+    lists of lists, while ``datasets`` is imported in the process reading the file)."""
+    return t.storage_type if isinstance(t, pa.ExtensionType) else t
 
 
 def _fits(bounds: tuple[float, float] | None, dtype: torch.dtype) -> bool:

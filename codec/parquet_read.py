@@ -260,7 +260,8 @@ def _check_refused(
 
 
 def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
-    return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return arr.storage if isinstance(arr, pa.ExtensionArray) else arr  # as planned
 
 
 def _to_fixed_lists(

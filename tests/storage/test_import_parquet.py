@@ -353,3 +353,43 @@ def test_a_row_of_a_huge_list_is_refused_before_it_is_read(tmp_path: Path) -> No
         f"holds {n} values in the 1 rows of row group 0 ({n:g} a row), expected 2 a row (shape [2])"
     )
     assert int(out[1].split()[0]) < 64, out
+
+
+def test_hugging_face_tensor_features_import(tables, tmp_path: Path) -> None:
+    """``datasets``' ``Array2D`` .. ``Array5D`` features are Arrow extension types over lists
+    of lists; in a process that has imported ``datasets`` (a notebook that just saved the
+    file) they were refused as ``unsupported Arrow type extension<...>, not numbers``. Read
+    as their storage, under the same policy (a wrong shape is still refused)."""
+    datasets = pytest.importorskip("datasets")
+
+    def save(name: str, shape: tuple[int, int], n: int) -> Path:
+        feats = datasets.Features(
+            {
+                "obs": datasets.Array2D(shape=shape, dtype="float32"),
+                "next": {"px": datasets.Array3D(shape=(2, 2, 2), dtype="uint8")},
+            }
+        )
+        rows = {
+            "obs": [np.arange(6, dtype=np.float32).reshape(shape) + i for i in range(n)],
+            "next": [{"px": np.full((2, 2, 2), i, np.uint8)} for i in range(n)],
+        }
+        datasets.Dataset.from_dict(rows, features=feats).to_parquet(str(tmp_path / name))
+        return tmp_path / name
+
+    fields = {
+        "obs": {"shape": [2, 3], "dtype": "float32"},
+        "next.px": {"shape": [2, 2, 2], "dtype": "uint8"},
+    }
+    spec = {"name": "hf", "capacity": 8, "backend": {"kind": "memory"}, "fields": fields}
+    table = tables.create(TableSpec.model_validate(spec))
+    assert table.import_parquet(save("hf.parquet", (2, 3), 5)) == 5
+    data = next(iter(table.items().chunks(8)))[0]
+    assert data[("obs",)][4].tolist() == [[4.0, 5.0, 6.0], [7.0, 8.0, 9.0]]
+    assert data[("next", "px")].dtype == torch.uint8 and data[("next", "px")][
+        3
+    ].unique().tolist() == [3]
+    with pytest.raises(
+        SchemaError, match=r"column 'obs' of '.*' row 0 holds a list of 3 values, expected 2"
+    ):
+        table.import_parquet(save("wrong.parquet", (3, 2), 1))
+    assert len(table) == 5
