@@ -267,7 +267,12 @@ def add_remote_commands(sub: Any) -> None:
         help="skip the file's columns that no field reads (refused by default)",
     )
     p.add_argument("--dataset-id", metavar="ID", help="minari: the dataset's id")
-    p.add_argument("--chunk", type=int, default=4096, help="rows per extend (default: 4096)")
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=4096,
+        help="rows per extend, at most the table's capacity (default: 4096)",
+    )
     _progress(p)
     _connection(p)
 

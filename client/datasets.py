@@ -39,7 +39,7 @@ from ..codec.episodes import trajectory_key_of
 from ..codec.errors import InvalidRequest, PathExists
 from ..codec.parquet_import import refused_values
 from ..codec.parquet_read import parquet_files, read_parquet
-from ..codec.protocol import rows_written
+from ..codec.protocol import import_rows, rows_written
 from .plans import Calls
 from .sinks import aside
 from .steps import Plan, Work
@@ -79,7 +79,19 @@ def export(
 def download(
     calls: Calls, table: str, format: str, dest: Path, progress: bool | None = None
 ) -> Plan[Path]:
-    """Stream ``table``'s export as ``format`` into ``dest``, atomically; returns ``dest``."""
+    """Stream ``table``'s export as ``format`` into ``dest``, atomically; returns ``dest``.
+
+    Raises:
+        InvalidRequest: ``dest`` is a folder (found before the table is exported: the
+            rename at the end would fail after the whole transfer).
+    """
+    if dest.is_dir():
+        raise InvalidRequest(
+            f"table {table!r}: export path {str(dest)!r} is a folder; give a file",
+            table=table,
+            field="dest",
+            got=str(dest),
+        )
     with aside(dest, progress=progress, desc=f"export {table}") as sink:
         yield from calls.export(table, format, sink=sink)
         os.replace(sink.path, dest)
@@ -166,7 +178,12 @@ def import_dataset(
     fields = info["fields"]
     key = trajectory_key_of(info, trajectory_key)
     read = functools.partial(
-        minari_files.read_minari, root, dataset_id, fields, trajectory_key=key, chunk=chunk
+        minari_files.read_minari,
+        root,
+        dataset_id,
+        fields,
+        trajectory_key=key,
+        chunk=import_rows(chunk, info["capacity"]),
     )
     total, chunks = yield Work(read)
     batches = (_typed(fields, rows) for rows in chunks)
@@ -193,7 +210,8 @@ def import_parquet(
     fields = {k: (v.get("shape") or [], TORCH[v["dtype"]]) for k, v in info["fields"].items()}
     files = yield Work(parquet_files, table, source)
     read = functools.partial(
-        read_parquet, table, fields, files, columns, ignore_extra=ignore_extra, chunk=chunk,
+        read_parquet, table, fields, files, columns, ignore_extra=ignore_extra,
+        chunk=import_rows(chunk, info["capacity"]),
         refused=refused_values(info["fields"], info.get("writer") or {}),
     )  # fmt: skip
     total, batches = yield Work(read)

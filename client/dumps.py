@@ -191,7 +191,8 @@ class Persistence:
             PathExists: the server's ``path``, or the Minari dataset, exists already.
             SchemaError: Minari: the table lacks a key an episode needs, or no episode
                 boundary is found.
-            InvalidRequest: a malformed ``dataset_id`` or ``env_spec``.
+            InvalidRequest: a malformed ``dataset_id`` or ``env_spec``; Parquet, CSV: a
+                ``dest`` that is a folder (before the transfer).
         """
         return self._run(
             datasets.export(self._calls, table, format, path, dest, dataset_id, env_spec, progress)
@@ -208,7 +209,7 @@ class Persistence:
         progress: bool | None = None,
     ) -> int:
         """Extend ``table`` with the rows of a Parquet file, or of a folder of them, ``chunk``
-        rows per extend; returns the number of items written.
+        rows per extend (at most the table's capacity); returns the number of items written.
 
         The file is read here and checked by the same import policy as
         ``Table.import_parquet`` (:mod:`tdreplay.codec.parquet_import`), so a file gets
@@ -260,7 +261,7 @@ class Persistence:
         progress: bool | None = None,
     ) -> int:
         """Extend ``table`` with every step of the Minari dataset ``dataset_id``, ``chunk``
-        rows per extend; returns the number of items written.
+        rows per extend (at most the table's capacity); returns the number of items written.
 
         Each step becomes one row in TorchRL's TED layout: ``observation`` /
         ``next.observation`` (the episode's observations but the last / but the first),

@@ -52,3 +52,45 @@ ARROW: dict[torch.dtype, pa.DataType] = {
 def name_of(dtype: torch.dtype) -> str:
     """The schema name of ``dtype`` (``torch.float32`` -> ``"float32"``), or its torch name."""
     return NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def first_misfit(values: torch.Tensor, dtype: torch.dtype) -> int | None:
+    """The flat index of the first of ``values`` that ``dtype`` cannot take, else ``None``.
+
+    A value fits when ``dtype`` holds it exactly (an integral value within an integer's
+    range, 0 or 1 for bool, an integer a float represents exactly), or, a float into a
+    float field, when rounding keeps it finite: the schema declares the precision the
+    table keeps, as :mod:`tdreplay.codec.parquet_import` rounds a column.
+
+    >>> first_misfit(torch.tensor([1.0, 0.5]), torch.int64), first_misfit(torch.tensor([300]), torch.uint8)
+    (1, 0)
+    >>> first_misfit(torch.tensor([1e39], dtype=torch.float64), torch.float32)
+    0
+    >>> first_misfit(torch.tensor([2, 3]), torch.float16) is None
+    True
+    """
+    flat = values.reshape(-1)
+    if flat.dtype == torch.uint64:  # torch compares it wrongly: its values as Python ints
+        big = next((i for i, v in enumerate(flat.tolist()) if v > 2**63 - 1), None)
+        if big is not None:
+            return big
+        flat = flat.to(torch.int64)
+    if dtype.is_floating_point and flat.dtype.is_floating_point:
+        bad = torch.isinf(flat.to(dtype)) & torch.isfinite(flat)
+    elif dtype.is_floating_point:  # an integer: exact when it comes back the same
+        back = flat.to(dtype).to(torch.float64)
+        inside = back.abs() < 2.0**63
+        bad = ~inside | (torch.where(inside, back, 0).to(torch.int64) != flat.to(torch.int64))
+    else:
+        low, high = (
+            (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
+        )
+        if flat.dtype.is_floating_point:
+            # float bounds exact as powers of two: high + 1 is the first value out of range
+            bad = ~torch.isfinite(flat) | (flat != flat.trunc())
+            bad |= (flat < float(low)) | (flat >= float(high) + 1.0)
+        else:
+            wide = flat.to(torch.int64)
+            bad = (wide < low) | (wide > high)
+    found = torch.nonzero(bad)
+    return int(found[0]) if len(found) else None

@@ -26,9 +26,9 @@ Terminations are ``next.terminated`` (else ``next.done``); truncations are
 ``next.truncated`` (else, with both ``next.done`` and ``next.terminated``,
 done and not terminated; else none).
 
-This module is only arrays: :mod:`tdreplay.codec.minari_files` writes and reads
-Minari datasets with it; the storage, the service, the client and the CLI all
-convert through those two modules.
+This module is only arrays, and :mod:`.episode_rows` the way back (checked):
+:mod:`tdreplay.codec.minari_files` writes and reads Minari datasets with them; the
+storage, the service, the client and the CLI all convert through those modules.
 
     >>> import numpy as np
     >>> spec = {"fields": {"observation": {"shape": [2], "dtype": "float32"},
@@ -61,7 +61,6 @@ __all__ = [
     "Episode",
     "EpisodeLayout",
     "EpisodeSplitter",
-    "episode_rows",
     "nest_dotted",
     "trajectory_key_of",
 ]
@@ -317,68 +316,3 @@ def _episode(layout: EpisodeLayout, rows: dict[str, np.ndarray]) -> Episode:
 
 def _flag_keys(layout: EpisodeLayout) -> set[str]:
     return {k for k in (layout.done, layout.terminated, layout.truncated, layout.end) if k}
-
-
-def _flatten(tree: Any, prefix: str) -> dict[str, np.ndarray]:
-    if not isinstance(tree, Mapping):
-        return {prefix: np.asarray(tree)}
-    out: dict[str, np.ndarray] = {}
-    for k, v in tree.items():
-        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
-def episode_rows(
-    fields: Mapping[str, Any], episode: Any, episode_id: int, trajectory_key: str | None = None
-) -> dict[str, np.ndarray]:
-    """The rows of one episode (Minari's ``EpisodeData``, or anything with its attributes)
-    for a table with ``fields`` (``{dotted key: {"shape", "dtype"}}``): the reverse of
-    the export, in TED's layout.
-
-    Each field is filled from, first, the episode's ``infos`` under its dotted key
-    (what an export put there; the first ``T`` of ``T + 1``), else: ``observation*`` / ``next.observation*`` from the
-    observations' first / last ``T``, ``action*`` from the actions, ``next.reward``,
-    ``next.terminated``, ``next.truncated``, ``next.done`` (either), the root flags
-    ``done`` / ``terminated`` / ``truncated`` (false), and ``trajectory_key`` (the
-    episode's id). Shapes are reshaped to the field's (same number of elements).
-
-    Raises:
-        SchemaError: a field has no source in the episode, or a source holds another
-            number of elements per step than the field; the error names the field.
-    """
-    t = len(episode.rewards)
-    infos = _flatten(episode.infos or {}, "")
-    obs = _flatten(episode.observations, OBS)
-    source: dict[str, np.ndarray] = {}
-    for k, v in obs.items():
-        source[k], source[f"next.{k}"] = v[:t], v[1 : t + 1]
-    source.update(_flatten(episode.actions, ACTION))
-    term = np.asarray(episode.terminations, dtype=bool)
-    trunc = np.asarray(episode.truncations, dtype=bool)
-    source.update({REWARD: np.asarray(episode.rewards), TERMINATED: term, TRUNCATED: trunc})
-    source[DONE] = term | trunc
-    for k in ROOT_FLAGS:
-        source[k] = np.zeros(t, dtype=bool)
-    if trajectory_key is not None:
-        source[trajectory_key] = np.full(t, episode_id, dtype=np.int64)
-    source.update({k: v[:t] for k, v in infos.items() if len(v) in (t, t + 1)})
-    out = {}
-    for key, spec in fields.items():
-        if key not in source:
-            raise SchemaError(
-                f"table field {key!r} has no source in episode {episode_id}: it has "
-                f"{', '.join(sorted(source))}",
-                field=key,
-                got=sorted(source),
-            )
-        value = source[key]
-        if value.size != t * _numel(spec):
-            raise SchemaError(
-                f"table field {key!r} has shape {spec.get('shape')}, but episode "
-                f"{episode_id} holds {value.shape[1:]} per step there",
-                field=key,
-                expected=spec.get("shape"),
-                got=list(value.shape[1:]),
-            )
-        out[key] = value.reshape(t, *(spec.get("shape") or []))
-    return out

@@ -24,6 +24,7 @@ Minari is an optional dependency: ``pip install "tdreplay[datasets]"``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -39,7 +40,8 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from .episodes import EpisodeLayout, EpisodeSplitter, episode_rows
+from .episode_rows import episode_rows
+from .episodes import EpisodeLayout, EpisodeSplitter
 from .errors import InvalidRequest, PathExists, SchemaError
 from .from_arrow import to_leaves
 from .spaces import categories, check_categories, space_of
@@ -60,6 +62,8 @@ DATASET_ID_PATTERN = r"^([A-Za-z0-9_][A-Za-z0-9_.-]*/)*[A-Za-z0-9_][A-Za-z0-9_.-
 CHUNK_ROWS = 4096
 #: episodes handed to Minari's writer at a time
 EPISODES_PER_WRITE = 64
+#: datasets an error about a missing one lists at most
+LISTED = 20
 
 
 def _minari() -> Any:
@@ -188,8 +192,8 @@ def write_minari(
     Raises:
         InvalidRequest: the dataset id or env spec is malformed.
         PathExists: a dataset is there already.
-        SchemaError: the file is not a tdreplay export, the table lacks a key an
-            episode needs, or no episode boundary is found (see
+        SchemaError: the file is not a tdreplay export or holds no rows, the table lacks
+            a key an episode needs, or no episode boundary is found (see
             :class:`~tdreplay.codec.episodes.EpisodeLayout`).
     """
     minari = _minari()
@@ -210,6 +214,13 @@ def write_minari(
         spec = _parquet_spec(pf, parquet)
         layout = EpisodeLayout.of(spec, trajectory_key)
         fields = spec["fields"]
+        if not pf.metadata.num_rows:  # Minari writes an empty HDF5 file it cannot open
+            raise SchemaError(
+                f"table {spec.get('name')!r} holds no rows: a Minari dataset needs an episode",
+                table=spec.get("name"),
+            )
+        # the folders made for it, deepest first: a failed export leaves none behind
+        made = [d for d in (final.parent, *final.parent.parents) if not d.exists()]
         final.parent.mkdir(parents=True, exist_ok=True)
         aside = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
         try:
@@ -268,6 +279,9 @@ def write_minari(
             os.rename(aside, final)
         except BaseException:
             shutil.rmtree(aside, ignore_errors=True)
+            for folder in made:
+                with contextlib.suppress(OSError):  # not empty: another dataset came meanwhile
+                    folder.rmdir()
             raise
     return final
 
@@ -300,7 +314,9 @@ def read_minari(
         The dataset's total steps, and an iterator of ``{dotted key: array}`` chunks.
 
     Raises:
-        InvalidRequest: no such dataset under ``root`` (the error lists those there).
+        InvalidRequest: no such dataset under ``root`` (the error lists those there), or
+            its files are not a readable Minari dataset (metadata or an episode's data
+            missing or malformed; while iterating too).
         SchemaError: (while iterating) see :func:`~tdreplay.codec.episodes.episode_rows`.
     """
     _minari()
@@ -309,21 +325,36 @@ def read_minari(
     root = default_root() if root is None else root
     folder = dataset_folder(root, dataset_id)
     if not (folder / "data").is_dir():
-        there = sorted(
-            str(p.parent.relative_to(root)) for p in Path(root).rglob("data") if p.is_dir()
-        )
+        there = _datasets_under(Path(root))
+        listed = ", ".join(there[:LISTED]) or "none"
+        if len(there) > LISTED:
+            listed += f", and {len(there) - LISTED} more"
         raise InvalidRequest(
-            f"no Minari dataset {dataset_id!r} under {str(root)!r} (there: "
-            f"{', '.join(there) or 'none'})",
+            f"no Minari dataset {dataset_id!r} under {str(root)!r} (there: {listed})",
             field="dataset_id",
             got=dataset_id,
         )
-    dataset = MinariDataset(folder / "data")
+    try:  # Minari reads what the files hold, checking little: a bad one fails anywhere
+        dataset = MinariDataset(folder / "data")
+        total = int(dataset.total_steps)
+    except Exception as err:
+        raise _unreadable(root, dataset_id, err) from None
+
+    def episodes() -> Iterator[Any]:
+        read = iter(dataset.iterate_episodes())
+        while True:
+            try:
+                episode = next(read, None)
+            except Exception as err:
+                raise _unreadable(root, dataset_id, err) from None
+            if episode is None:
+                return
+            yield episode
 
     def chunks() -> Iterator[dict[str, np.ndarray]]:
         held: list[dict[str, np.ndarray]] = []
         count = 0
-        for episode in dataset.iterate_episodes():
+        for episode in episodes():
             held.append(episode_rows(fields, episode, int(episode.id), trajectory_key))
             count += len(episode.rewards)
             while count >= chunk:
@@ -334,4 +365,25 @@ def read_minari(
         if count:
             yield {k: np.concatenate([h[k] for h in held]) for k in held[0]}
 
-    return int(dataset.total_steps), chunks()
+    return total, chunks()
+
+
+def _datasets_under(root: Path) -> list[str]:
+    """The ids of the datasets under ``root`` (folders holding ``data/metadata.json``), for
+    an error to list: a walk that neither follows links nor enters hidden folders or
+    datasets, and skips what it cannot read (a root of ``/`` raised out of ``/proc``)."""
+    found = []
+    for folder, subfolders, _ in os.walk(root, onerror=lambda err: None):
+        if "data" in subfolders and os.path.isfile(os.path.join(folder, "data", "metadata.json")):
+            found.append(os.path.relpath(folder, root))
+        subfolders[:] = [d for d in subfolders if d != "data" and not d.startswith(".")]
+    return sorted(found)
+
+
+def _unreadable(root: str | Path, dataset_id: str, err: Exception) -> InvalidRequest:
+    return InvalidRequest(
+        f"{dataset_id!r} under {str(root)!r} is not a readable Minari dataset: "
+        f"{type(err).__name__}: {err}",
+        field="dataset_id",
+        got=dataset_id,
+    )

@@ -72,6 +72,8 @@ def struct_children(schema: pa.Schema, name: str) -> list[str]:
 
 
 def _n_leaves(t: pa.DataType) -> int:
+    if isinstance(t, pa.ExtensionType):  # stored as its storage, which num_fields ignores
+        t = t.storage_type
     if t.num_fields == 0:
         return 1
     return sum(_n_leaves(t.field(i).type) for i in range(t.num_fields))

@@ -140,6 +140,8 @@ class Column:
     #: data must be read to check it: variable-size lists, nulls or (for a rounded
     #: column) values beyond the field's range not ruled out by the file's statistics
     scan: bool
+    #: the index of its Parquet leaf column (for the file's metadata)
+    leaf: int
 
 
 #: what the file's statistics prove of a Parquet leaf column: (null-free, (min, max) or None)
@@ -239,7 +241,7 @@ def _plan_one(
     stats: Stats | None,
 ) -> Column:
     levels: list[int | None] = []  # None: a variable-size list
-    t = f.type
+    t = _storage(f.type)
     while pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
         levels.append(t.list_size if pa.types.is_fixed_size_list(t) else None)
         t = t.value_type
@@ -278,7 +280,14 @@ def _plan_one(
         raise error(f"has {got}, expected shape {shape}", shape, got)
     null_free, bounds = stats(leaf) if stats is not None else (False, None)
     scan = None in levels or not null_free or (cast == "round" and not _fits(bounds, dtype))
-    return Column(name, tuple(name.split(SEP)), column, top, f, shape, dtype, sizes, cast, scan)
+    key = tuple(name.split(SEP))
+    return Column(name, key, column, top, f, shape, dtype, sizes, cast, scan, leaf)
+
+
+def _storage(t: pa.DataType) -> pa.DataType:
+    """An extension type's storage (Hugging Face ``datasets``' ``Array2D`` .. ``Array5D``,
+    lists of lists, while ``datasets`` is imported in the process reading the file)."""
+    return t.storage_type if isinstance(t, pa.ExtensionType) else t
 
 
 def _fits(bounds: tuple[float, float] | None, dtype: torch.dtype) -> bool:

@@ -134,6 +134,7 @@ def read_parquet(
                 ignore_extra=ignore_extra,
                 stats=functools.partial(_stats, pf),
             )
+            _check_counts(table, f, pf, plan)
             _prescan(table, f, pf, plan, chunk, refused or {})
             total += pf.metadata.num_rows
         plans.append((f, plan))
@@ -177,6 +178,27 @@ def _stats(pf: pq.ParquetFile, leaf: int) -> tuple[bool, tuple[float, float] | N
             return null_free, None
         low, high = min(low, float(s.min)), max(high, float(s.max))
     return null_free, (low, high) if meta.num_row_groups else None
+
+
+def _check_counts(table: str, source: str | Path, pf: pq.ParquetFile, plan: list[Column]) -> None:
+    """Refuse a column whose row group holds more values than its rows can, from the
+    file's metadata, before any is read: a row is read whole, so one row of a list of 10^9
+    values (a few hundred bytes of file: a run of one value compresses to nothing) would
+    take gigabytes to decode before its length could be refused."""
+    meta = pf.metadata
+    for c in plan:
+        per_row = math.prod(c.sizes)  # every dimension is at least 1
+        for i in range(meta.num_row_groups):
+            group = meta.row_group(i)
+            held = group.column(c.leaf).num_values
+            if held > group.num_rows * per_row:
+                raise import_error(
+                    table, source, c.column, c.field,
+                    f"holds {held} values in the {group.num_rows} rows of row group {i} "
+                    f"({held / max(group.num_rows, 1):g} a row), expected {per_row} a row "
+                    f"(shape {c.shape})",
+                    group.num_rows * per_row, held,
+                )  # fmt: skip
 
 
 def _batches(pf: pq.ParquetFile, plan: list[Column], step: int) -> Iterator[pa.Table]:
@@ -238,7 +260,8 @@ def _check_refused(
 
 
 def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
-    return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return arr.storage if isinstance(arr, pa.ExtensionArray) else arr  # as planned
 
 
 def _to_fixed_lists(

@@ -91,6 +91,17 @@ def rows_written(index: Any) -> int:
     return int((index >= 0).sum())
 
 
+def import_rows(chunk: int, capacity: int) -> int:
+    """Rows per extend of an import (Parquet or Minari, either door): ``chunk``, at most the
+    table's capacity, which is the most one extend holds (a larger chunk failed the import
+    of any file longer than a small table, where a table keeps the newest rows).
+
+    >>> import_rows(4096, 100), import_rows(64, 100)
+    (100, 64)
+    """
+    return min(chunk, capacity) if chunk >= 1 else chunk  # below 1: the reader refuses it
+
+
 #: response header on an extend answered from the X-Request-Id memory ("true"): nothing was inserted
 IDEMPOTENT_REPLAY = "X-Idempotent-Replay"
 

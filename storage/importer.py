@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from tdreplay.codec.parquet_import import refused_values
 from tdreplay.codec.parquet_read import parquet_files, read_parquet
-from tdreplay.codec.protocol import rows_written
+from tdreplay.codec.protocol import import_rows, rows_written
 
 from .export import progress_bar
 from .spec import join_key
@@ -78,7 +78,7 @@ def import_parquet(
         parquet_files(table.name, path),
         columns,
         ignore_extra=ignore_extra,
-        chunk=min(chunk, table.capacity),  # an extend holds at most the capacity
+        chunk=import_rows(chunk, table.capacity),
         refused=refused_values(
             {k: f.model_dump() for k, f in table.spec.fields.items()},
             table.spec.writer.model_dump(),

@@ -268,3 +268,39 @@ def test_integer_actions_without_categories_and_multi_discrete(
         write_minari(declared, root, "tdreplay/bad-v0")
     assert err.value.field == "action"
     assert sorted(os.listdir(root / "tdreplay")) == ["ints-v0", "multi-v0"]
+
+
+def test_a_failed_export_leaves_no_folder_and_an_empty_table_none_at_all(tmp_path: Path) -> None:
+    """An export that fails left the datasets root and the id's namespace folders it had
+    made (``ds/ns/deep`` for ``ns/deep/name-v0``); an empty table made a dataset whose
+    HDF5 file was 0 bytes, which Minari itself cannot iterate (``file signature not found``)."""
+    root = tmp_path / "ds"
+    flagless = table(tmp_path, "flagless")
+    rows = transitions([3])
+    rows["next", "done"] = rows["next", "terminated"] = torch.zeros(3, 1, dtype=torch.bool)
+    flagless.extend(rows)
+    parquet = flagless.export(tmp_path / "flagless.parquet")
+    with pytest.raises(SchemaError, match="no episode boundary"):
+        write_minari(parquet, root, "ns/deep/name-v0")
+    assert not root.exists()
+    empty = table(tmp_path, "empty").export(tmp_path / "empty.parquet")
+    with pytest.raises(SchemaError, match="table 'empty' holds no rows"):
+        write_minari(empty, root, "ns/empty-v0")
+    assert not root.exists()
+
+
+def test_a_missing_dataset_lists_a_few_and_the_walk_reads_what_it_can(tmp_path: Path) -> None:
+    """A wrong datasets root (``--dataset-id x/y-v0 /``, a home folder) was walked with
+    ``rglob("data")``: every folder named ``data`` was listed, and a root holding ``/proc``
+    raised a raw OSError (``Invalid argument: '/proc/<pid>/task/<pid>/net'``)."""
+    for i in range(25):
+        (tmp_path / "ns" / f"d{i:02d}-v0" / "data").mkdir(parents=True)
+        (tmp_path / "ns" / f"d{i:02d}-v0" / "data" / "metadata.json").write_text("{}")
+    (tmp_path / "code" / "data").mkdir(parents=True)  # not a dataset
+    (tmp_path / ".cache" / "old-v0" / "data").mkdir(parents=True)
+    (tmp_path / ".cache" / "old-v0" / "data" / "metadata.json").write_text("{}")
+    listed = r"\(there: ns/d00-v0, ns/d01-v0, .*, ns/d19-v0, and 5 more\)"
+    with pytest.raises(InvalidRequest, match=rf"no Minari dataset 'x/y-v0' under .*{listed}"):
+        read_minari(tmp_path, "x/y-v0", FIELDS)
+    with pytest.raises(InvalidRequest, match=r"no Minari dataset 'x/y-v0' under '/proc'"):
+        read_minari("/proc", "x/y-v0", FIELDS)

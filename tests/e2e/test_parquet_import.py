@@ -73,8 +73,8 @@ def test_import_any_parquet_through_a_column_mapping(
         columns={**mapping, "next.reward": "note"},
     )
     refused(
-        r"column 'obs' \(for field 'next.reward'\) of '.*' row 0 holds a list of 3 values, "
-        "expected 1",
+        r"column 'obs' \(for field 'next.reward'\) of '.*' holds 18 values in the 6 rows of "
+        r"row group 0 \(3 a row\), expected 1 a row \(shape \[1\]\)",
         columns={**mapping, "next.reward": "obs"},
     )
     refused(

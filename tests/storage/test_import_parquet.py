@@ -316,3 +316,40 @@ def test_an_import_into_a_max_value_table_counts_the_rows_it_kept(tables, tmp_pa
     table = tables.create(make_spec(capacity=8, writer={"kind": "max_value", "key": "next.reward"}))
     written = table.import_parquet(path, chunk=4)
     assert written == table.info()["inserts"] == len(table) == 8  # the 12 smaller dropped
+
+
+BOMB = """
+import resource, sys
+from tdreplay.storage import SchemaError, Table, TableSpec
+spec = TableSpec.model_validate({"name": "b", "capacity": 8, "backend": {"kind": "memory"},
+    "fields": {"obs": {"shape": [2], "dtype": "float32"}}})
+table = Table.create(spec, root=sys.argv[2])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    table.import_parquet(sys.argv[1])
+except SchemaError as err:
+    print(err)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, "MiB")
+"""
+
+
+def test_a_row_of_a_huge_list_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """A file of a few hundred bytes can hold a row of 30M values (a run of zeros compresses
+    to nothing); a row is read whole, so reading it to find its length took ~350 MiB (a
+    200M-value row: 2.3 GiB, from a 602-byte file). The row group's value count in the file's
+    metadata gives it away first; the peak is measured in a process of its own."""
+    import subprocess
+    import sys
+
+    n = 30_000_000
+    huge = pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), pa.array(np.zeros(n, np.float32)))
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"obs": huge}), path, compression="zstd")
+    del huge
+    assert path.stat().st_size < 4096
+    run = [sys.executable, "-c", BOMB, str(path), str(tmp_path / "data")]
+    out = subprocess.run(run, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0].endswith(
+        f"holds {n} values in the 1 rows of row group 0 ({n:g} a row), expected 2 a row (shape [2])"
+    )
+    assert int(out[1].split()[0]) < 64, out
