@@ -298,6 +298,23 @@ def status_of(exc: BaseException) -> int:
     return exc.status if isinstance(exc, TDReplayError) else 500
 
 
+def json_failure(err: Exception) -> str:
+    """Why a JSON text failed to decode, in words: one wording for every door (the HTTP
+    routes' JSON bodies, the shared-memory socket's control frames).
+
+        >>> try:
+        ...     json.loads("[" * 100_000)
+        ... except RecursionError as err:
+        ...     json_failure(err)
+        'nested too deeply (arrays or objects inside one another past the depth the decoder allows)'
+    """
+    if isinstance(err, RecursionError):
+        return "nested too deeply (arrays or objects inside one another past the depth the decoder allows)"
+    if isinstance(err, UnicodeDecodeError):
+        return f"not UTF-8 ({err.reason} at byte {err.start})"
+    return str(err)[:200]  # a JSONDecodeError's position, a huge integer's digit limit
+
+
 def from_body(status: int, data: dict[str, Any]) -> TDReplayError:
     """The error an error body (``{"type", "detail", ...}``) stands for: its ``type``'s class,
     else the status's (a body without a type), else :class:`TDReplayError` itself."""

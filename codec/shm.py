@@ -67,6 +67,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import dtypes
+from .errors import json_failure
 from .format import SEP, NestedKey
 
 #: the protocol version a client says hello with (2: binary frames for the hot operations)
@@ -110,7 +111,7 @@ def parse_frame(body: bytes) -> dict[str, Any]:
     try:
         message = json.loads(body)
     except (ValueError, RecursionError) as err:  # not UTF-8 or JSON, too deep, a huge integer
-        raise ShmProtocolError(f"a control frame is not JSON: {str(err)[:200]}") from None
+        raise ShmProtocolError(f"a control frame is not JSON: {json_failure(err)}") from None
     if not isinstance(message, dict):
         raise ShmProtocolError(f"a control frame is a JSON {type(message).__name__}, not an object")
     return message

@@ -27,6 +27,7 @@ from tdreplay.codec.errors import (
     TDReplayError,
     Unauthorized,
     UnsupportedMediaType,
+    json_failure,
     status_of,
 )
 from tdreplay.codec.params import broken_rule
@@ -101,6 +102,12 @@ def install(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, (RecursionError, ValueError)):
+            # the framework could not decode a JSON body ("There was an error parsing the
+            # body"): say why
+            err = InvalidRequest(f"invalid JSON body: {json_failure(cause)}", field="body")
+            return error_response(err)
         # no route, or a method the route does not take: the protocol's InvalidRequest, with
         # the status Starlette chose (404, 405)
         if exc.status_code == 404:

@@ -16,7 +16,15 @@ limit (flag)                status  when
 ``--body-timeout``          408     a request's body not complete this many seconds after its
                                     headers (time the server itself is not reading, while
                                     the app is busy, does not count)
+``--max-receiving-bytes``   503     request bodies being received at once, all connections
+                                    together, past it (a Content-Length counts whole from
+                                    the headers on, a chunked body as it arrives); 413 when
+                                    one body alone is larger
 ``--max-connections``       503     a connection beyond this many open ones
+``--send-timeout``          --      an answer its client takes none of for this many
+                                    seconds (it stopped reading): the connection is closed
+                                    and the answer's buffers freed; a client that keeps
+                                    taking bytes, however slowly, is not cut
 ==========================  ======  =====================================================
 
 A refused request gets the protocol's JSON error body (``{"type", "detail",
@@ -26,7 +34,10 @@ read and dropped for at most :data:`LINGER` seconds, so that the client reads
 the answer instead of a reset, and the connection is closed. A request the app
 was already serving sees a disconnect, so whatever it buffered is freed.
 
-The cost on the hot path is a counter per body chunk and a flag test per read.
+The cost on the hot path is a counter per body chunk, a flag test per read, and
+a sum per request with a body. The send timeout costs nothing while answers
+go out: it is armed only when the transport holds more than its high-water
+mark (or anything at all once the connection idles or is closing).
 
 The protocol needs httptools, which ``uvicorn[standard]`` (a dependency of
 tdreplay) installs; uvicorn's h11 protocol is not used, because it offers none
@@ -39,7 +50,7 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass
+import sys
 from typing import Any, ClassVar
 
 import httptools
@@ -48,39 +59,15 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from tdreplay.storage import BackendError, InvalidRequest, TDReplayError
 
-from .bodies import body_too_large
+from .bodies import BodyChunks, body_too_large
 from .errors import status_of
+from .limits import Limits, Receiving
 from .settings import Settings
 
 log = logging.getLogger("tdreplay.service")
 
 #: seconds a refused connection keeps draining what its client sends before it is closed
 LINGER = 1.0
-
-
-def _flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The HTTP-layer limits of one server (see the module docstring)."""
-
-    max_body_bytes: int
-    max_header_bytes: int
-    header_timeout: float
-    body_timeout: float
-    max_connections: int
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Limits:
-        return cls(
-            max_body_bytes=settings.max_body_bytes,
-            max_header_bytes=settings.max_header_bytes,
-            header_timeout=settings.header_timeout,
-            body_timeout=settings.body_timeout,
-            max_connections=settings.max_connections,
-        )
 
 
 def refusal(status: int, error: TDReplayError, default_headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -97,36 +84,6 @@ def refusal(status: int, error: TDReplayError, default_headers: list[tuple[bytes
     return b"".join(head) + body
 
 
-class _BodyChunks:
-    """What uvicorn accumulates a request's body chunks in, without its two copies.
-
-    uvicorn appends each chunk to a ``bytearray`` and hands the app
-    ``bytes(bytearray)``: two copies of every body byte (28 MB for an atari
-    extend of 256 steps), on top of the parser's own. This keeps the chunks as
-    they came and joins them only when the app takes them; a single chunk (the
-    usual case: reading pauses past 64 KiB until the app takes it) is handed
-    over as is. uvicorn puts a fresh ``bytearray`` back after each hand-over,
-    and :meth:`LimitedHttpProtocol.on_body` swaps it for one of these again.
-    """
-
-    __slots__ = ("chunks", "nbytes")
-
-    def __init__(self, first: bytes = b"") -> None:
-        self.chunks = [first] if first else []
-        self.nbytes = len(first)
-
-    def __iadd__(self, chunk: bytes) -> _BodyChunks:
-        self.chunks.append(chunk)
-        self.nbytes += len(chunk)
-        return self
-
-    def __len__(self) -> int:
-        return self.nbytes
-
-    def __bytes__(self) -> bytes:
-        return b"".join(self.chunks)
-
-
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing once a request is refused."""
 
@@ -138,6 +95,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     """
 
     limits: ClassVar[Limits]
+    receiving: ClassVar[Receiving]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -148,6 +106,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._body_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+        self._receiving = 0  # bytes of the body being received counted in ``receiving``
+        self._whole = False  # the body's Content-Length was counted whole at its headers
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._unsent = 0  # bytes the transport held unsent when the send timer last looked
 
     # -- connection ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
@@ -166,6 +128,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        self._received()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -223,11 +189,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if size > limits.max_header_bytes:
             self._refuse(self._headers_too_large(size), status=431)
             raise _Refused
-        if length and int(length) > limits.max_body_bytes:  # the parser checked its digits
-            self._refuse(
-                body_too_large(int(length), limits.max_body_bytes, "its Content-Length says")
-            )
-            raise _Refused
+        if length:
+            n = int(length)  # the parser checked its digits
+            if n > limits.max_body_bytes:
+                self._refuse(body_too_large(n, limits.max_body_bytes, "its Content-Length says"))
+                raise _Refused
+            if n and not self._receive(n):
+                raise _Refused
+        self._whole = bool(length)
         self._in_body = True
         super().on_headers_complete()
 
@@ -238,13 +207,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 body_too_large(self._body_bytes, self.limits.max_body_bytes, "so far"), in_body=True
             )
             raise _Refused
+        if not self._whole and not self._receive(len(body)):  # chunked: counted as it comes
+            raise _Refused
         cycle = self.cycle
-        if cycle is not None and not isinstance(cycle.body, _BodyChunks):
-            cycle.body = _BodyChunks(bytes(cycle.body))  # type: ignore[assignment]
+        if cycle is not None and not isinstance(cycle.body, BodyChunks):
+            cycle.body = BodyChunks(bytes(cycle.body))  # type: ignore[assignment]
         super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._in_body = False
+        if self._receiving:
+            self._received()
         self._header_bytes = 0
         if self._body_timer is not None:
             self._body_timer.cancel()
@@ -296,6 +269,67 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             in_body=True,
         )
 
+    # -- bodies being received -----------------------------------------------
+    def _receive(self, n: int) -> bool:
+        """Count ``n`` more body bytes in the server's budget; else refuse (and ``False``)."""
+        try:
+            self.receiving.take(n, self._receiving)
+        except TDReplayError as err:
+            self._refuse(err, in_body=self._in_body)
+            return False
+        self._receiving += n
+        return True
+
+    def _received(self) -> None:
+        """The body is complete (or abandoned): its bytes leave the server's budget."""
+        self.receiving.held -= self._receiving
+        self._receiving = 0
+
+    # -- sending --------------------------------------------------------------
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._watch_sending()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._unsent = sys.maxsize  # the client took bytes: progress, whatever is written next
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing() and self.transport.get_write_buffer_size():
+            self._watch_sending()  # closing waits for the answer to go out: for how long?
+
+    def timeout_keep_alive_handler(self) -> None:
+        if self.transport.get_write_buffer_size():
+            self._watch_sending()  # an answer still unsent: the close would wait on it
+        super().timeout_keep_alive_handler()
+
+    def _watch_sending(self) -> None:
+        """Close the connection once its client takes none of what the transport holds for
+        ``--send-timeout`` seconds (armed while something waits to be sent)."""
+        if self._send_timer is None:
+            self._unsent = self.transport.get_write_buffer_size()
+            self._send_timer = self.loop.call_later(self.limits.send_timeout, self._send_check)
+
+    def _send_check(self) -> None:
+        self._send_timer = None
+        unsent = self.transport.get_write_buffer_size()
+        if unsent == 0 and not self.flow.write_paused:
+            return  # all taken
+        if unsent < self._unsent:  # the client took some: it may take the rest
+            self._watch_sending()
+            return
+        log.info(
+            "closed the connection of %s: its client took none of %d bytes in %g s "
+            "(--send-timeout)",
+            self.client,
+            unsent,
+            self.limits.send_timeout,
+        )
+        # abort, not close: a close waits for the unsent bytes. The app sees a disconnect
+        # (connection_lost), and the buffers the transport held (leased sample bodies) are freed.
+        self.transport.abort()
+
     # -- refusing -----------------------------------------------------------
     def _headers_too_large(self, size: int) -> InvalidRequest:
         cap = self.limits.max_header_bytes
@@ -319,6 +353,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             return
         self._refused = True
         self._cancel_timers()
+        self._received()
         self._unset_keepalive_if_required()
         write = True
         cycle = self.cycle
@@ -345,7 +380,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
 def protocol_class(limits: Limits) -> type[LimitedHttpProtocol]:
     """A :class:`LimitedHttpProtocol` bound to ``limits`` (uvicorn builds one per connection)."""
-    return type("LimitedHttpProtocol", (LimitedHttpProtocol,), {"limits": limits})
+    members = {"limits": limits, "receiving": Receiving(limits.max_receiving_bytes)}
+    return type("LimitedHttpProtocol", (LimitedHttpProtocol,), members)
 
 
 def config(app: Any, settings: Settings) -> uvicorn.Config:

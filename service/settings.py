@@ -26,16 +26,14 @@ from tdreplay.codec.token import check_token, read_secret_file, read_token_file
 from tdreplay.storage import RedisConnection
 
 from .hosts import check_host_names, is_loopback
+from .limits import GiB, LimitSettings, MiB
 
 BackendKind = Literal["memory", "memmap", "shared", "h5", "redis"]
 ALL_BACKENDS: list[BackendKind] = ["memory", "memmap", "shared", "h5", "redis"]
 
-MiB = 1 << 20
-GiB = 1 << 30
 
-
-class Settings(BaseSettings):
-    """How one tdreplay server runs."""
+class Settings(LimitSettings, BaseSettings):
+    """How one tdreplay server runs (its limits: :class:`~.limits.LimitSettings`)."""
 
     model_config = SettingsConfigDict(
         env_prefix="TDREPLAY_",
@@ -117,89 +115,6 @@ class Settings(BaseSettings):
     allowed_backends: list[BackendKind] = Field(
         default_factory=lambda: list(ALL_BACKENDS),
         description="Backends a client may create tables on with POST /v1/tables.",
-    )
-
-    # -- limits -------------------------------------------------------------
-    max_body_bytes: int = Field(
-        default=256 * MiB, ge=1, description="Largest request or sample body, in bytes (413)."
-    )
-    max_load_bytes: int = Field(
-        default=32 * GiB,
-        ge=1,
-        description="Largest archive a load in parts may send (413 at its begin); each part "
-        "is one request within --max-body-bytes.",
-    )
-    load_timeout: float = Field(
-        default=300.0,
-        gt=0,
-        description="Seconds a load in parts may idle between requests before it is abandoned "
-        "and its staged bytes deleted.",
-    )
-    max_tables: int = Field(
-        default=1024,
-        ge=1,
-        description="Most tables served at once (each costs memory maps, a request-id memory and "
-        "metrics); a create or restore past it answers 507.",
-    )
-    max_total_bytes: int = Field(
-        default=64 * GiB,
-        ge=1,
-        description="Largest sum over all tables of what they allocate (rows and bookkeeping); "
-        "a create or restore past it answers 507.",
-    )
-    max_fields: int = Field(
-        default=1024,
-        ge=1,
-        description="Most fields one table may declare; a schema with more is refused with 422.",
-    )
-    max_table_bytes: int = Field(
-        default=16 * GiB,
-        ge=1,
-        description="Largest table (capacity x (item + per-slot bookkeeping)); a schema "
-        "past it is refused with 422.",
-    )
-    default_timeout: float = Field(
-        default=30.0,
-        ge=0,
-        description="Seconds an extend or sample waits for the rate limiter when the client "
-        "gives no timeout.",
-    )
-    max_timeout: float = Field(
-        default=600.0, ge=0, description="Upper bound on a client's timeout, in seconds."
-    )
-    idempotency_size: int = Field(
-        default=10_000, ge=0, description="X-Request-Id values remembered per table."
-    )
-    idempotency_ttl: float = Field(
-        default=300.0, ge=0, description="Seconds an X-Request-Id is remembered."
-    )
-    idempotency_bytes: int = Field(
-        default=64 * MiB,
-        ge=0,
-        description="Bytes of remembered extend answers (ids, indices) per table; the oldest "
-        "are forgotten first.",
-    )
-    max_header_bytes: int = Field(
-        default=64 * 1024,
-        ge=1,
-        description="Largest request line plus headers, in bytes, counted as they arrive (431).",
-    )
-    header_timeout: float = Field(
-        default=10.0,
-        gt=0,
-        description="Seconds a request's headers may take from its first byte (or from the "
-        "connection's opening) (408, connection closed).",
-    )
-    body_timeout: float = Field(
-        default=60.0,
-        gt=0,
-        description="Seconds a request's whole body may take after its headers; time the "
-        "server is busy and not reading does not count (408, connection closed).",
-    )
-    max_connections: int = Field(
-        default=1000,
-        ge=1,
-        description="Open connections at most; one more is answered 503 and closed.",
     )
 
     # -- same-host shared memory ------------------------------------------------

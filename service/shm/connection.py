@@ -25,13 +25,13 @@ pauses polling when it does not pay). It holds the event loop at most
 served within the window.
 
 A connection is one client thread's: it sends a request and waits for the
-answer. A client that dies, hangs up or sends garbage ends only its
-connection: a call it left waiting is cancelled (and a gather under way
-finishes first), its slots are unmapped, nothing it sent half-way is used.
-The first frame must be a hello carrying the server's token when one is
-configured (constant-time compare); the socket file is also only reachable
-by the server's user (its folder is mode 0700) unless the operator says
-otherwise.
+answer. A client that dies, hangs up, sends garbage or stops taking its answers
+(``--send-timeout``) ends only its connection: a call it left waiting is
+cancelled (and a gather under way finishes first), its slots are unmapped,
+nothing it sent half-way is used. The first frame must be a hello carrying the
+server's token when one is configured (constant-time compare); the socket file
+is also only reachable by the server's user (its folder is mode 0700) unless
+the operator says otherwise.
 """
 
 from __future__ import annotations
@@ -119,6 +119,7 @@ class Connection(Operations, asyncio.Protocol):
         )
         self.limit = settings.max_body_bytes
         self.frame_timeout = settings.body_timeout
+        self.send_timeout = settings.send_timeout
         self.idle_timeout = settings.shm_idle_timeout
         self._poller = Poller(settings.shm_poll_us * 1e-6)
         self._hold = settings.shm_poll_hold_us * 1e-6  # the most one polling holds the loop
@@ -131,16 +132,18 @@ class Connection(Operations, asyncio.Protocol):
         self._out: Direct | None = None
         self._transport: asyncio.Transport | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
-        #: ends the connection when a frame stays incomplete, or nothing comes, too long: at
-        #: ``_deadline`` (loop time; infinite while a request is served). One timer, moved
-        #: on only when it fires, so a request costs no timer of its own.
+        #: ends the connection when a frame stays incomplete, nothing comes or an answer is not
+        #: taken, too long: at ``_deadline`` (loop time; infinite while a request is served).
+        #: One timer, moved when it fires or brought forward: a request costs no timer.
         self._timer: asyncio.TimerHandle | None = None
         self._deadline = math.inf
 
     def _arm(self, seconds: float) -> None:
-        self._deadline = self._loop.time() + seconds
-        if self._timer is None:
-            self._timer = self._loop.call_at(self._deadline, self._expire)
+        self._deadline = deadline = self._loop.time() + seconds
+        if self._timer is None or self._timer.when() > deadline:  # none, or one too late
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(deadline, self._expire)
 
     def _disarm(self) -> None:
         self._deadline = math.inf
@@ -299,7 +302,6 @@ class Connection(Operations, asyncio.Protocol):
             self._end()
             return
         if sent < len(data):
-            self._disarm()
             self.task = self._loop.create_task(self._finish_send(data, sent, done, began, received))
             return
         if slot is not None:
@@ -311,6 +313,7 @@ class Connection(Operations, asyncio.Protocol):
     ) -> None:
         """Send ``data`` from byte ``sent`` on (the reply's descriptor with its first byte)."""
         slot = done.slot
+        self._arm(self.send_timeout)  # a client that stopped reading ends there
         try:
             if self._out is None:
                 raise ConnectionResetError("the connection is closed")

@@ -240,3 +240,46 @@ def test_idempotency_memory_is_bounded_in_bytes(live_server: Any) -> None:
     assert headers.get(protocol.IDEMPOTENT_REPLAY.lower()) == "true"
     _, headers, _ = server.request("POST", EXTEND, body, {**ARROW, "X-Request-Id": "r0"})
     assert protocol.IDEMPOTENT_REPLAY.lower() not in headers
+
+
+def test_bodies_being_received_at_once_are_bounded(live_server: Any) -> None:
+    """Before --max-receiving-bytes, 64 connections each sending 90% of a 64 MiB body held
+    3.6 GB of the server's memory (1000 connections x 256 MiB bodies: 250 GB)."""
+    budget = 600_000
+    server = live_server(
+        "--schema", str(SCHEMA), backend="memory", max_body_bytes=MAX_BODY,
+        max_receiving_bytes=budget,
+    )  # fmt: skip
+    head = (
+        f"POST {EXTEND} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {protocol.ARROW_STREAM}\r\n"
+        "Content-Length: {}\r\n\r\n"
+    )
+    held = connect(server)
+    held.sendall(head.format(500_000).encode() + b"\0" * 1000)  # counted whole, sent slowly
+    try:
+        time.sleep(0.1)  # the server has read its headers
+        sock = connect(server)
+        sock.sendall(head.format(200_000).encode())
+        status, body, closed = answer(sock)
+        sock.close()
+        assert status == 503 and closed and body["type"] == "BackendError"
+        assert "--max-receiving-bytes" in body["detail"] and str(budget) in body["detail"]
+    finally:
+        held.close()
+    sock = connect(server)  # one body larger than all may take together: never
+    sock.sendall(head.format(800_000).encode())
+    status, body, closed = answer(sock)
+    sock.close()
+    assert status == 413 and closed and "--max-receiving-bytes" in body["detail"]
+    still_serves(server)  # the held body's bytes were given back when its connection closed
+
+
+def test_json_nested_too_deeply_is_a_clear_400(server: Any) -> None:
+    json_type = {"Content-Type": "application/json"}
+    for nested in [b"[" * 100_000, b'{"a": ' * 50_000]:
+        status, _, body = server.request("POST", "/v1/tables", nested, json_type)
+        assert status == 400, body
+        error = json.loads(body)
+        assert error["type"] == "InvalidRequest" and error["field"] == "body"
+        assert "JSON body" in error["detail"] and "nested too deeply" in error["detail"]
+    still_serves(server)

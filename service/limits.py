@@ -1,0 +1,189 @@
+"""The limits of one server: the :class:`LimitSettings` part of :class:`~.settings.Settings`.
+
+What a client may make the server hold or wait for: body and header sizes,
+the time a request may take to arrive and its answer to be taken, open
+connections, tables, and the requests remembered for idempotency. Each is a
+field of :class:`~.settings.Settings` like any other (a flag of ``tdreplay
+serve`` and a ``TDREPLAY_*`` variable); the HTTP layer
+(:mod:`tdreplay.service.server`) holds most of them before a request reaches
+the app.
+
+    >>> from tdreplay.service import Settings
+    >>> Settings(max_body_bytes=1024).max_body_bytes
+    1024
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from tdreplay.storage import BackendError
+
+from .errors import PayloadTooLarge
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class LimitSettings(BaseModel):
+    """The limits group of :class:`~.settings.Settings` (not used on its own)."""
+
+    max_body_bytes: int = Field(
+        default=256 * MiB, ge=1, description="Largest request or sample body, in bytes (413)."
+    )
+    max_load_bytes: int = Field(
+        default=32 * GiB,
+        ge=1,
+        description="Largest archive a load in parts may send (413 at its begin); each part "
+        "is one request within --max-body-bytes.",
+    )
+    load_timeout: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds a load in parts may idle between requests before it is abandoned "
+        "and its staged bytes deleted.",
+    )
+    max_tables: int = Field(
+        default=1024,
+        ge=1,
+        description="Most tables served at once (each costs memory maps, a request-id memory and "
+        "metrics); a create or restore past it answers 507.",
+    )
+    max_total_bytes: int = Field(
+        default=64 * GiB,
+        ge=1,
+        description="Largest sum over all tables of what they allocate (rows and bookkeeping); "
+        "a create or restore past it answers 507.",
+    )
+    max_fields: int = Field(
+        default=1024,
+        ge=1,
+        description="Most fields one table may declare; a schema with more is refused with 422.",
+    )
+    max_table_bytes: int = Field(
+        default=16 * GiB,
+        ge=1,
+        description="Largest table (capacity x (item + per-slot bookkeeping)); a schema "
+        "past it is refused with 422.",
+    )
+    default_timeout: float = Field(
+        default=30.0,
+        ge=0,
+        description="Seconds an extend or sample waits for the rate limiter when the client "
+        "gives no timeout.",
+    )
+    max_timeout: float = Field(
+        default=600.0, ge=0, description="Upper bound on a client's timeout, in seconds."
+    )
+    idempotency_size: int = Field(
+        default=10_000, ge=0, description="X-Request-Id values remembered per table."
+    )
+    idempotency_ttl: float = Field(
+        default=300.0, ge=0, description="Seconds an X-Request-Id is remembered."
+    )
+    idempotency_bytes: int = Field(
+        default=64 * MiB,
+        ge=0,
+        description="Bytes of remembered extend answers (ids, indices) per table; the oldest "
+        "are forgotten first.",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1,
+        description="Largest request line plus headers, in bytes, counted as they arrive (431).",
+    )
+    header_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a request's headers may take from its first byte (or from the "
+        "connection's opening) (408, connection closed).",
+    )
+    body_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a request's whole body may take after its headers; time the "
+        "server is busy and not reading does not count (408, connection closed).",
+    )
+    send_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds an answer may go without its client taking any of it (a client "
+        "that stopped reading); the connection is then closed and what the answer held freed. "
+        "A slow reader that keeps taking bytes is not cut.",
+    )
+    max_receiving_bytes: int = Field(
+        default=2 * GiB,
+        ge=1,
+        description="Bytes of request bodies being received at once, all connections together "
+        "(a Content-Length counts whole from the headers on); a request past it answers 503 "
+        "(413 if its body alone is larger).",
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="Open connections at most; one more is answered 503 and closed.",
+    )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the HTTP layer (:mod:`tdreplay.service.server`) holds each connection to."""
+
+    max_body_bytes: int
+    max_header_bytes: int
+    header_timeout: float
+    body_timeout: float
+    max_connections: int
+    send_timeout: float
+    max_receiving_bytes: int
+
+    @classmethod
+    def from_settings(cls, settings: LimitSettings) -> Limits:
+        return cls(
+            max_body_bytes=settings.max_body_bytes,
+            max_header_bytes=settings.max_header_bytes,
+            header_timeout=settings.header_timeout,
+            body_timeout=settings.body_timeout,
+            max_connections=settings.max_connections,
+            send_timeout=settings.send_timeout,
+            max_receiving_bytes=settings.max_receiving_bytes,
+        )
+
+
+class Receiving:
+    """Bytes of request bodies being received, all connections of one server together
+    (``--max-receiving-bytes``); counted on the event loop only."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        #: bytes counted now (a connection gives back what it took when its body is done)
+        self.held = 0
+
+    def take(self, n: int, mine: int = 0) -> None:
+        """Count ``n`` more bytes of a body of which ``mine`` are counted already.
+
+        Raises:
+            PayloadTooLarge: that body alone would pass the limit.
+            BackendError: it would, with the bodies being received now (503: retry later).
+        """
+        cap = self.limit
+        if self.held + n <= cap:
+            self.held += n
+            return
+        if mine + n > cap:
+            raise PayloadTooLarge(
+                f"request body of {mine + n}+ bytes exceeds the {cap} bytes all bodies being "
+                "received may take together (--max-receiving-bytes)",
+                field="body",
+                expected=f"<= {cap} bytes",
+                got=mine + n,
+            )
+        raise BackendError(
+            f"the server is receiving {self.held} bytes of request bodies; {n} more would "
+            f"pass its limit of {cap} (--max-receiving-bytes); retry later",
+            field="body",
+            expected=f"<= {cap - self.held} bytes",
+            got=n,
+        )

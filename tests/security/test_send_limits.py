@@ -1,0 +1,185 @@
+"""``--send-timeout``: a client that stops taking its answer loses its connection, on a real server.
+
+Before the limit, a sample whose answer was never read kept its connection
+and its leased sample body for as long as the client held the socket (uvicorn
+wrote the whole body into the transport, which waits for the client; its
+keep-alive close waits for that too); a stream never read waited forever for
+room to write; so did a shared-memory answer its client stopped reading.
+Only ``--max-connections`` (and ``--shm-max-connections``) bounded them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import struct
+import termios
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from tdreplay.codec import decode, encode, protocol
+from tdreplay.codec.shm import HEADER, VERSION, frame, release_frame
+
+MiB = 1 << 20
+ITEM = 2 * MiB  # bytes of one row
+ROWS = 16  # the table's rows: a sample of all of them is a 32 MiB answer
+SEND_TIMEOUT = 0.5
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of process ``pid``, now."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def wait_until(condition: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def server(live_server: Any) -> Any:
+    # nothing pooled and big arrays mmapped: a body the server lets go of leaves its RSS
+    server = live_server(send_timeout=SEND_TIMEOUT, pooled_bytes=0, malloc_mmap_threshold=MiB)
+    spec = {
+        "name": "big",
+        "capacity": ROWS,
+        "fields": {"x": {"shape": [ITEM], "dtype": "uint8"}},
+        "backend": {"kind": "memory"},
+    }
+    status, _, body = server.request(
+        "POST", "/v1/tables", json.dumps(spec).encode(), {"Content-Type": "application/json"}
+    )
+    assert status == 201, body
+    rows = TensorDict({"x": torch.full((ROWS, ITEM), 7, dtype=torch.uint8)}, batch_size=[ROWS])
+    status, _, body = server.request(
+        "POST",
+        protocol.table_path("big", "extend"),
+        encode(rows).to_pybytes(),
+        {"Content-Type": protocol.ARROW_STREAM},
+    )
+    assert status == 200, body
+    return server
+
+
+def ask(server: Any, request: bytes) -> socket.socket:
+    """A raw connection that sent ``request`` (and reads nothing yet)."""
+    sock = socket.create_connection((server.host, server.port), timeout=10)
+    sock.sendall(request)
+    return sock
+
+
+def sample_request(n: int) -> bytes:
+    path = protocol.table_path("big", "sample")
+    return f"POST {path}?batch_size={n} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n".encode()
+
+
+def drain(sock: socket.socket) -> int:
+    """Bytes the socket yields until the server's close (EOF or reset)."""
+    got = 0
+    while True:
+        try:
+            chunk = sock.recv(MiB)
+        except ConnectionResetError:
+            return got
+        if not chunk:
+            return got
+        got += len(chunk)
+
+
+def still_samples(server: Any, n: int = 2) -> None:
+    path = protocol.table_path("big", "sample") + f"?batch_size={n}"
+    status, _, body = server.request("POST", path)
+    assert status == 200
+    assert int(decode(body)["x"][-1, -1]) == 7
+
+
+def test_answers_never_read_are_cut(server: Any) -> None:
+    answer = ROWS * ITEM
+    still_samples(server, ROWS)  # the first sample's one-time costs are not what is measured
+    base, open_fds = rss(server.proc.pid), fds(server.proc.pid)
+    socks = [ask(server, sample_request(ROWS)) for _ in range(4)]
+    try:
+        # the four answers are held, whole, for clients that read none of them ...
+        wait_until(lambda: rss(server.proc.pid) > base + 3 * answer)
+        # ... until --send-timeout: then the connections are closed
+        wait_until(lambda: fds(server.proc.pid) <= open_fds)
+        for sock in socks:
+            assert drain(sock) < answer  # cut: the client never gets the rest
+    finally:
+        for sock in socks:
+            sock.close()
+    still_samples(server, ROWS)
+
+
+def test_a_slow_reader_that_keeps_reading_is_not_cut(server: Any) -> None:
+    n = 4
+    sock = ask(server, sample_request(n))
+    data = bytearray()
+    began = time.monotonic()
+    with sock:
+        while not data.endswith(b"\xff\xff\xff\xff\x00\x00\x00\x00"):  # Arrow's end of stream
+            time.sleep(SEND_TIMEOUT / 4)  # never taking nothing for --send-timeout
+            chunk = sock.recv(MiB)
+            assert chunk, f"cut after {len(data)} bytes"
+            data += chunk
+    assert time.monotonic() - began > SEND_TIMEOUT  # slower than the timeout as a whole
+    batch = decode(bytes(data.partition(b"\r\n\r\n")[2]))
+    assert batch.batch_size[0] == n and int(batch["x"][-1, -1]) == 7
+
+
+def test_a_stream_never_read_is_cut(server: Any) -> None:
+    base = fds(server.proc.pid)
+    path = protocol.table_path("big", "stream")
+    sock = ask(server, f"GET {path}?batch_size=4 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    with sock:
+        wait_until(lambda: fds(server.proc.pid) > base)
+        wait_until(lambda: fds(server.proc.pid) <= base)  # the server closed it
+        assert drain(sock) > 0  # what the kernel buffers held, then the end
+    still_samples(server)
+
+
+def test_a_shm_client_that_stops_reading_is_ended(server: Any) -> None:
+    if not hasattr(os, "memfd_create"):
+        pytest.skip("needs memfd_create")
+    base = fds(server.proc.pid)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(str(server.root / "run" / "tdreplay.sock"))
+        sock.sendall(frame({"op": "hello", "version": VERSION}))
+        (n,) = HEADER.unpack(sock.recv(HEADER.size))
+        assert json.loads(sock.recv(n))["ok"] is True
+        # requests answered at once, none of the answers read: the server's socket fills up
+        for _ in range(100_000):
+            queued = waiting(sock)
+            sock.sendall(release_frame(0))
+            end = time.monotonic() + 1.0
+            while waiting(sock) == queued and time.monotonic() < end:
+                time.sleep(0.001)
+            if waiting(sock) == queued:  # this answer did not come: the server waits to send it
+                break
+        else:
+            raise AssertionError("the server's socket never filled up")
+        wait_until(lambda: fds(server.proc.pid) <= base)  # ended after --send-timeout
+        assert drain(sock) >= queued  # the answers it had sent, then the end
+    still_samples(server)
+
+
+def waiting(sock: socket.socket) -> int:
+    """Bytes queued on ``sock`` for reading."""
+    return struct.unpack("i", fcntl.ioctl(sock, termios.FIONREAD, b"\0" * 4))[0]
