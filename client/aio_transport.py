@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ..codec.params import bounded
 from . import errors, http1
 from .aio_pool import LoopPools
 from .commands import Request, Response
@@ -31,7 +32,6 @@ from .deprecation import warn_close_deprecated
 from .http1 import MAX_HEAD, chunk_size, has_body, parse_head, request_head
 from .http_values import Sink
 from .transport import Endpoint, head_lines
-from .waits import bounded
 
 _SCRATCH = 64 * 1024
 

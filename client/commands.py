@@ -331,7 +331,7 @@ class Remove(Command[int]):
 
 @dataclass
 class Stream(Command[None]):
-    """``GET .../stream``: ``count`` samples as one chunked Arrow stream (read by the transport)."""
+    """``POST .../stream``: ``count`` samples as one chunked Arrow stream (read by the transport)."""
 
     op = ops.STREAM
 

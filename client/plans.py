@@ -61,7 +61,8 @@ class ClientSettings:
         timeout: seconds to wait for each read of an answer, beyond ``wait``.
         connect_timeout: seconds to wait for a connection.
         wait: default seconds ``extend`` and ``sample`` may wait on the rate
-            limiter (sent to the server as ``?timeout=``); never infinite.
+            limiter (sent to the server as ``?timeout=``); ``inf``: as long as a server
+            holds a call (its ``--max-timeout``), as a call's ``timeout=inf``.
         retry: the retry policy for lost connections.
         max_connections: idle keep-alive connections kept per server.
         shard_refresh: seconds a sharded client trusts its view of the servers' sizes.
@@ -95,10 +96,12 @@ class ClientSettings:
             raise ValueError(f"lease_slots must be in [1, 64], got {self.lease_slots!r}")
         if type(self.shm_poll_us) is not int or not 0 <= self.shm_poll_us <= 100_000:
             raise ValueError(f"shm_poll_us must be an int in [0, 100000], got {self.shm_poll_us!r}")
-        for name in ("timeout", "connect_timeout", "wait"):
+        for name in ("timeout", "connect_timeout"):  # a silent server is given up on
             value = getattr(self, name)
             if not value > 0 or value == float("inf"):
                 raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        if not self.wait > 0:  # the contract's rule (a server caps it), but > 0
+            raise ValueError(f"wait must be seconds > 0 (inf: no limit), got {self.wait!r}")
 
 
 class Calls(PersistencePlans):

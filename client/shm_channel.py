@@ -22,6 +22,7 @@ from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from ..codec import protocol
 from ..codec.arrow import key_tree, nest_by
+from ..codec.params import bounded
 from ..codec.shm import (
     HEADER,
     MAX_FRAME,
@@ -40,7 +41,6 @@ from ..system import Poller, SharedMap, host_id
 from . import errors
 from .batches import as_batch
 from .commands import Alloc
-from .waits import bounded
 
 #: slot numbers a connection uses at most (the server's bound)
 MAX_SLOTS = 256

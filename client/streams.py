@@ -1,6 +1,6 @@
 """Sample streams: the record batches of a chunked Arrow IPC answer, one by one.
 
-``GET /v1/tables/{name}/stream`` answers one Arrow IPC stream: the schema,
+``POST /v1/tables/{name}/stream`` answers one Arrow IPC stream: the schema,
 then record batches (several per HTTP chunk, or one split over chunks), then
 the end-of-stream marker. Every batch of a stream has one row count and one
 layout, so one byte length: it is learnt from the first batch (pyarrow reads

@@ -24,9 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from ..codec.params import bounded
 from . import errors, http1
 from .commands import Request, Response
-from .waits import bounded
 
 USER_AGENT = "tdreplay-client/0.1"
 

@@ -59,11 +59,11 @@ from typing import Any, Protocol
 
 from tensordict import TensorDictBase
 
+from ..codec.params import bounded
 from .chunking import ChunkBuffer, episode_keys
 from .columns import Lent
 from .errors import ReplayError
 from .shm import background_thread
-from .waits import bounded
 from .writer_base import WriterBase, final_chunks
 
 

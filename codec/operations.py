@@ -94,7 +94,10 @@ DELETE_TABLE = _on_table("delete_table", "DELETE")
 CLEAR = _on_table("clear", "POST", "clear", same_host=True)
 EXTEND = _on_table("extend", "POST", "extend", params=ExtendParams, carrier="arrow", same_host=True)
 SAMPLE = _on_table("sample", "POST", "sample", params=SampleParams, carrier="query", same_host=True)
-STREAM = _on_table("stream", "GET", "stream", params=StreamParams, carrier="query")
+#: a POST, as every call that takes items or changes anything: a GET is only ever a read
+#: (what a web page on another site sends with neither ``Origin`` nor ``Sec-Fetch-Site``,
+#: an ``<img src>`` in an older browser, passes the browser guard: it must change nothing)
+STREAM = _on_table("stream", "POST", "stream", params=StreamParams, carrier="query")
 UPDATE_PRIORITY = _on_table(
     "update_priority", "POST", "update_priority", params=PriorityUpdate, carrier="json",
     same_host=True,

@@ -53,13 +53,19 @@ MAX_READ = 1 << 20
 #: most tables one insert may name
 MAX_INSERT_TABLES = 16
 
+#: the longest wait armed (about 31 years): a socket's, a lock's or a timer's timeout
+#: overflows past about 9.2e9 seconds (``OverflowError``); a longer one waits this long
+MAX_WAIT = 1e9
+
+#: how long a call may wait for the rate limiter: seconds >= 0, ``inf`` for no limit of the
+#: caller's (a server holds a call at most its ``--max-timeout``); NaN is refused. The one rule
+#: of every door and of an in-process ``Table`` (where ``None`` is no limit too)
 Seconds = Annotated[
     float | None,
     Field(
         ge=0,
-        allow_inf_nan=False,
-        description="Seconds to wait for the rate limiter before answering 429 "
-        "(default: the server's default timeout; capped by its maximum).",
+        description="Seconds to wait for the rate limiter before answering 429; inf: no limit "
+        "of the caller's (default: the server's default timeout; capped by its maximum).",
     ),
 ]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description="Items per batch.")]
@@ -325,18 +331,19 @@ class _Timeout(Params):
 
 def seconds(timeout: Any) -> float | None:
     """A call's ``timeout`` by the contract's rule (:data:`Seconds`), as the server checks
-    it: for a client call before anything is sent. A huge one is valid (the server holds
-    the call at most its maximum); remembered as :func:`sample_params`.
+    it: for a client call before anything is sent, and for an in-process ``Table`` call.
+    A huge or infinite one is valid (a server holds the call at most its maximum; a wait
+    is armed for at most :func:`bounded` of it); remembered as :func:`sample_params`.
 
-        >>> seconds(1e12)
-        1000000000000.0
-        >>> seconds(float("inf"))
+        >>> seconds(1e12), seconds(float("inf"))
+        (1000000000000.0, inf)
+        >>> seconds(float("nan"))
         Traceback (most recent call last):
         ...
-        tdreplay.codec.errors.InvalidRequest: timeout: Input should be a finite number (got inf)
+        tdreplay.codec.errors.InvalidRequest: timeout: Input should be greater than or equal to 0 (got nan)
 
     Raises:
-        InvalidRequest: negative, infinite, NaN or not a number; names ``timeout``.
+        InvalidRequest: negative, NaN or not a number; names ``timeout``.
     """
     try:
         return _remembered_seconds(timeout)
@@ -347,6 +354,16 @@ def seconds(timeout: Any) -> float | None:
 @functools.lru_cache(maxsize=64, typed=True)
 def _remembered_seconds(timeout: Any) -> float | None:
     return parse(_Timeout, {"timeout": timeout}).timeout
+
+
+def bounded(timeout: float) -> float:
+    """``timeout``, at most :data:`MAX_WAIT`: what a socket, a lock or a timer can be armed
+    for, which is as long as it takes.
+
+    >>> bounded(30.0), bounded(float("inf")) == MAX_WAIT
+    (30.0, True)
+    """
+    return min(timeout, MAX_WAIT)
 
 
 def broken_rule(problems: list[Any]) -> InvalidRequest | None:

@@ -24,7 +24,7 @@ Routes (``{name}``: a table; every data route is named like the storage API)::
                                                   slot (-1: dropped by a max_value table), K written
     POST   /v1/tables/{name}/sample               ?batch_size=N&timeout=SECONDS
                                                   -> Arrow IPC: fields + index + sample_info.*
-    GET    /v1/tables/{name}/stream               ?batch_size=N&count=M&timeout=SECONDS
+    POST   /v1/tables/{name}/stream               ?batch_size=N&count=M&timeout=SECONDS
                                                   -> chunked Arrow IPC stream, one record batch per sample;
                                                   count omitted: until the client hangs up. A stream
                                                   ends early (fewer batches, clean end of stream) when

@@ -113,7 +113,10 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 404:
             detail = f"no route {request.method} {request.url.path}"
         elif exc.status_code == 405:
-            detail = f"{request.method} is not allowed on {request.url.path}"
+            allowed = (exc.headers or {}).get("Allow")
+            detail = f"{request.method} is not allowed on {request.url.path}" + (
+                f" (it takes {allowed})" if allowed else ""
+            )
         else:
             detail = str(exc.detail)
         body = InvalidRequest(detail).to_dict()

@@ -14,7 +14,10 @@ CORS answer to clear a table), or, on a loopback connection, a ``Host`` that
 another site could stand for (a page on a domain re-pointed at 127.0.0.1, DNS
 rebinding, is same-origin with the server it reaches; which names are this
 machine's is :class:`~tdreplay.service.hosts.HostNames`'s to say). Clients other than
-browsers send neither header, and ``Host`` as they were told to reach it.
+browsers send neither header, and ``Host`` as they were told to reach it - and so does a
+browser without ``Sec-Fetch-Site`` (older ones) loading an ``<img>`` or ``<script>`` of
+another site: which is why a GET route only ever reads (the contract's rule,
+:mod:`tdreplay.codec.operations`); whatever takes items or changes anything is a POST.
 """
 
 from __future__ import annotations

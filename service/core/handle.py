@@ -33,7 +33,7 @@ from tdreplay.storage import (
 )
 
 from ..errors import PayloadTooLarge
-from ..idempotency import RecentRequests, request_tag
+from ..idempotency import RecentRequests, RowsFingerprint, request_tag
 from ..settings import Settings
 from ..wire import BufferBudget, Lease, SampleBuffers, sample_nbytes, sample_schema
 from .calls import Calls
@@ -90,6 +90,8 @@ class TableHandle:
         if tagged:
             self.recent.seed({t: slots.numpy().tobytes() for t, slots in tagged.items()})
         self.schema: Schema = dict(table.spec.torch_schema())
+        #: what tells a retry from other rows sent under its request id
+        self.fingerprint = RowsFingerprint(self.schema)
         #: a sample's columns: the fields and the sample info
         self.sample_schema: Schema = sample_schema(self.schema)
         self.samples = SampleBuffers(self.schema, per_size=settings.pooled_buffers, budget=budget)
@@ -198,12 +200,17 @@ class TableHandle:
             such a repeat.
 
         Raises:
-            InvalidRequest: ``request_id`` is a recent id sent with another row count or
-                priority (no retry: nothing is inserted).
+            InvalidRequest: ``request_id`` is a recent id sent with other rows (another
+                count, or other bytes: see :mod:`..idempotency`) or another priority (no
+                retry: nothing is inserted).
         """
         with self.use() as table:
             inline = n * table.spec.item_nbytes <= self._inline_extend
-            tag = request_tag(request_id) if request_id else 0
+            # a repeat with other rows is no retry (refused): the rows and the priority tell
+            what = f"{n} rows" + ("" if priority is None else f" at priority {priority:g}")
+            if request_id:
+                what += f" (CRC-32 {self.fingerprint(columns):08x})"
+            tag = request_tag(request_id, what) if request_id else 0
             initial = None if priority is None else torch.tensor([priority], dtype=torch.float64)
 
             async def insert() -> bytes:
@@ -213,8 +220,6 @@ class TableHandle:
                 )  # fmt: skip
                 return index.numpy().tobytes()  # what the request-id memory keeps: 8 bytes a row
 
-            # a repeat with other rows is no retry (refused): the rows and the priority tell
-            what = f"{n} rows" + ("" if priority is None else f" at priority {priority:g}")
             answer, replayed = await self.recent.run(request_id, insert, what)
             return torch.from_numpy(np.frombuffer(answer, dtype=np.int64).copy()), replayed
 

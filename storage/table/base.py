@@ -10,7 +10,6 @@ puts them together.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from tdreplay.codec.params import MAX_WAIT, seconds
 
 from .. import spec as S
 from ..backends import Backend
@@ -167,21 +168,25 @@ class TableBase:
         it raises :class:`_HeldBack` at once (see :meth:`try_extend`).
 
         Raises:
-            InvalidRequest: ``timeout`` is negative or NaN (``inf`` waits as ``None`` does).
+            InvalidRequest: ``timeout`` breaks the contract's rule (negative, NaN: see
+                :data:`~tdreplay.codec.params.Seconds`); ``inf``, or any wait a
+                Condition cannot be armed for, waits as ``None`` does.
             RateLimitTimeout: still held back after ``timeout`` seconds.
             TableClosed: the table is closed, or was closed while the call waited.
         """
-        if timeout is not None and not 0 <= timeout < math.inf:
-            if not timeout >= 0:
+        if timeout is not None:
+            try:
+                timeout = seconds(timeout)
+            except InvalidRequest as err:
                 raise InvalidRequest(
-                    f"table {self.name!r}: timeout must be seconds >= 0 (None: no limit), "
-                    f"got {timeout!r}",
+                    f"table {self.name!r}: {err} (None: no limit)",
                     table=self.name,
                     field="timeout",
                     expected=">= 0",
                     got=timeout,
-                )
-            timeout = None  # inf: as long as it takes (a Condition wait overflows on it)
+                ) from None
+            if timeout is not None and timeout >= MAX_WAIT:
+                timeout = None  # as long as it takes (a Condition wait overflows on 1e12)
         self._check_open()
         if ready():
             return

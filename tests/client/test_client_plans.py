@@ -212,6 +212,9 @@ def test_settings_refuse_unbounded_timeouts() -> None:
     with pytest.raises(ValueError):
         ClientSettings(urls=("http://x",), wait=0)
     with pytest.raises(ValueError):
+        ClientSettings(urls=("http://x",), wait=float("nan"))
+    assert ClientSettings(urls=("http://x",), wait=float("inf")).wait == float("inf")
+    with pytest.raises(ValueError):
         ClientSettings(urls=())
 
 

@@ -210,7 +210,7 @@ def test_streaming_batch_one(server: Any) -> None:
     conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
     start = time.perf_counter()
     conn.request(
-        "GET", protocol.table_path("cartpole", "stream") + f"?batch_size=1&count={n}", headers=AUTH
+        "POST", protocol.table_path("cartpole", "stream") + f"?batch_size=1&count={n}", headers=AUTH
     )
     resp = conn.getresponse()
     assert resp.status == 200

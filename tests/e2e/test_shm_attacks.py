@@ -198,7 +198,7 @@ def test_malformed_binary_frames_end_only_that_connection(shared: Any) -> None:
     with raw(server) as s:
         for frame_, field in [
             (sample_frame("bin", slot=0, batch_size=2, timeout=-1.0), "timeout"),
-            (sample_frame("bin", slot=0, batch_size=2, timeout=float("inf")), "timeout"),
+            (sample_frame("bin", slot=0, batch_size=2, timeout=float("-inf")), "timeout"),
             (sample_frame("bin", slot=0, batch_size=0, timeout=1), "batch_size"),
             (sample_frame("bin", slot=0, batch_size=(1 << 32) - 1, timeout=1), "batch_size"),
             (sample_frame("bin", slot=65535, batch_size=2, timeout=1), "slot"),

@@ -63,6 +63,29 @@ def test_a_retry_after_kill_9_is_answered_not_inserted(live_server: Any, tmp_pat
         table.close()
 
 
+def test_after_kill_9_an_id_reused_for_other_rows_inserts_them(
+    live_server: Any, tmp_path: Path
+) -> None:
+    """A tag names the id and the rows: after a restart, other rows of the same count under a
+    used id are not taken for its retry (answered with its slots, their own rows dropped);
+    the server no longer knows the id, so they insert as a new request."""
+    spec = {"name": "t", "capacity": 64, "fields": FIELDS}
+    schema = tmp_path / "t.yaml"
+    schema.write_text(yaml.safe_dump(spec))
+    root = tmp_path / "data"
+    server = live_server(schema=schema, root=root)
+    assert _extend(server, 0, 8, "req")[2]["index"] == list(range(8))
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait(10)
+
+    server = live_server(schema=schema, root=root)
+    status, headers, answer = _extend(server, 100, 8, "req")
+    assert status == 200 and protocol.IDEMPOTENT_REPLAY.lower() not in headers
+    assert answer["index"] == list(range(8, 16))
+    assert ReplayClient(server.url).info("t")["size"] == 16
+    server.stop()
+
+
 def test_tags_name_the_live_items_of_recent_inserts(tmp_path: Path) -> None:
     from service_helpers import rows
 

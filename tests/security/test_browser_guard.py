@@ -127,6 +127,61 @@ def test_clients_and_the_servers_own_pages_pass(server: Any, headers: dict[str, 
     assert [t["name"] for t in body["tables"]] == ["t"]
 
 
+#: the GET routes, each only a read: what an ``<img>`` or ``<script>`` of another site sends
+#: from a browser without ``Sec-Fetch-Site`` (Safari before 16.4, Firefox before 90) carries
+#: neither header this guard reads, and must change nothing
+READS = {
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/status",
+    "/v1/info",
+    "/v1/status",
+    protocol.TABLES,
+    protocol.table_path("{name}"),
+}
+#: what an older browser sends for ``<img src>``: a Host naming the server, no Origin
+OLD_BROWSER = {
+    "Accept": "image/webp,image/png,image/*;q=0.8,*/*;q=0.5",
+    "User-Agent": "Mozilla/5.0 (Macintosh) AppleWebKit/605.1.15 Version/15.6 Safari/605.1.15",
+}
+
+
+def gets(server: Any) -> set[str]:
+    """The GET routes the server documents (its OpenAPI document, over HTTP)."""
+    status, _, body = server.request("GET", "/openapi.json")
+    assert status == 200, body
+    return {path for path, ops in json.loads(body)["paths"].items() if "get" in ops}
+
+
+def test_every_get_route_only_reads(server: Any) -> None:
+    """A GET that took items (the stream route did: a cross-site ``<img>`` of it drained a
+    queue) is no longer served; whatever takes or changes anything is a POST, which
+    browsers send with ``Origin``."""
+    assert gets(server) <= READS, gets(server) - READS
+
+
+def test_a_get_without_origin_nor_sec_fetch_changes_nothing(server: Any) -> None:
+    stream = protocol.table_path("t", "stream") + "?batch_size=1&count=8&timeout=0"
+    status, _, raw = server.request("GET", stream, None, OLD_BROWSER)  # Host: 127.0.0.1:port
+    assert size(server) == 8, f"a GET took items ({status})"
+    assert status == 405 and json.loads(raw)["detail"].endswith("(it takes POST)"), raw
+    for path in sorted(gets(server)):
+        path = path.replace("{name}", "t") + "?batch_size=1&count=8&timeout=0"
+        status, _, _ = server.request("GET", path, None, OLD_BROWSER)  # Host: 127.0.0.1:port
+        assert status == 200, (path, status)
+    assert size(server) == 8
+    status, _, _ = server.request("POST", stream)  # a client's stream still takes items
+    assert status == 200 and size(server) == 0
+    status, _, body = server.request(
+        "POST",
+        protocol.table_path("t", "extend"),
+        encode(testkit.rows(0, 8)).to_pybytes(),
+        {"Content-Type": protocol.ARROW_STREAM},
+    )
+    assert status == 200 and size(server) == 8, body
+
+
 def test_allow_host_names_what_a_server_without_a_token_also_answers(live_server: Any) -> None:
     """``--allow-host`` (a proxy on this host forwarding its own ``Host``) adds names; ``*``
     turns the check off (not the Origin one); a value that is no host name is refused."""
@@ -178,7 +233,7 @@ def other_origin() -> Any:
 @pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"), reason="no chromium here")
 def test_a_page_in_chromium_cannot_clear_a_table_nor_read(server: Any, other_origin: str) -> None:
     """A page of another origin on this host posts ``no-cors`` (no preflight, no CORS answer
-    needed) and fetches; the server's own /status page still polls its data."""
+    needed), loads an image and fetches; the server's own /status page still polls its data."""
     with playwright.sync_playwright() as api, host_only_browser(api) as (browser, proxy):
         page = browser.new_page()
         page.goto(other_origin + "/page.html")
@@ -187,6 +242,13 @@ def test_a_page_in_chromium_cannot_clear_a_table_nor_read(server: Any, other_ori
                 await fetch(base + "/v1/tables/t/clear", {method: "POST", mode: "no-cors"});
                 await fetch(base + "/v1/tables/t/sample?batch_size=1&timeout=0",
                             {method: "POST", mode: "no-cors"});
+                await fetch(base + "/v1/tables/t/stream?batch_size=1&count=8&timeout=0",
+                            {method: "POST", mode: "no-cors"});
+                await new Promise((done) => {  // a GET any page sends: an image
+                    const img = new Image();
+                    img.onload = img.onerror = done;
+                    img.src = base + "/v1/tables/t/stream?batch_size=1&count=8&timeout=0";
+                });
                 try { await fetch(base + "/v1/tables"); return "read"; }
                 catch (e) { return "blocked"; }
             }""",

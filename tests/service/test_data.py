@@ -121,7 +121,7 @@ def test_stream_sends_count_batches(service, batch_size: int, count: int) -> Non
     create(client)
     extend(client, 0, 40)
     with client.stream(
-        "GET",
+        "POST",
         protocol.table_path("t", "stream"),
         params={"batch_size": batch_size, "count": count},
     ) as r:
@@ -140,7 +140,7 @@ def test_stream_sends_count_batches(service, batch_size: int, count: int) -> Non
 def test_stream_of_an_empty_table_is_429_before_it_starts(service) -> None:
     client = service()
     create(client)
-    r = client.get(
+    r = client.post(
         protocol.table_path("t", "stream"), params={"batch_size": 2, "count": 3, "timeout": 0}
     )
     assert r.status_code == 429
@@ -151,7 +151,7 @@ def test_stream_ends_early_when_the_queue_runs_dry(service) -> None:
     client = service(stream_chunk_bytes=1)
     create(client, sampler={"kind": "fifo"})
     extend(client, 0, 5)
-    r = client.get(
+    r = client.post(
         protocol.table_path("t", "stream"), params={"batch_size": 2, "count": 10, "timeout": 0}
     )
     assert r.status_code == 200
@@ -209,7 +209,7 @@ def test_update_priority_with_keys_skips_overwritten_slots(service) -> None:
     r = client.post(path, json={"index": index, "priority": [3.0] * 8})
     assert r.status_code == 200 and r.json() == {"updated": 8}
     # the stream route carries the keys too (several batches tiled into one run)
-    r = client.get(protocol.table_path("t", "stream"), params={"batch_size": 4, "count": 3})
+    r = client.post(protocol.table_path("t", "stream"), params={"batch_size": 4, "count": 3})
     from tdreplay.codec import from_record_batch
 
     streamed = [from_record_batch(rb) for rb in read_batches(r.content)]
@@ -262,7 +262,7 @@ def test_stream_waits_for_the_reader(tmp_path) -> None:
                 "type": "http",
                 "asgi": {"version": "3.0", "spec_version": "2.3"},
                 "http_version": "1.1",
-                "method": "GET",
+                "method": "POST",
                 "scheme": "http",
                 "path": protocol.table_path("t", "stream"),
                 "raw_path": protocol.table_path("t", "stream").encode(),
@@ -291,7 +291,7 @@ def test_stream_respects_max_times_sampled(service) -> None:
     client = service(stream_chunk_bytes=1 << 20)
     create(client, max_times_sampled=1)
     extend(client, 0, 40)
-    r = client.get(
+    r = client.post(
         protocol.table_path("t", "stream"), params={"batch_size": 2, "count": 8, "timeout": 0}
     )
     from tdreplay.codec import from_record_batch

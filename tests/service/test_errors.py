@@ -117,7 +117,7 @@ def test_unknown_table_is_404(service) -> None:
     for method, path in [
         ("POST", protocol.table_path("nope", "extend")),
         ("POST", protocol.table_path("nope", "sample") + "?batch_size=1"),
-        ("GET", protocol.table_path("nope", "stream") + "?batch_size=1"),
+        ("POST", protocol.table_path("nope", "stream") + "?batch_size=1"),
         ("GET", protocol.table_path("nope")),
         ("DELETE", protocol.table_path("nope")),
     ]:

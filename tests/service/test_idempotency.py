@@ -60,6 +60,20 @@ def test_an_id_sent_again_with_other_rows_is_refused(service) -> None:
     assert r.headers[protocol.IDEMPOTENT_REPLAY] == "true" and r.json()["rows"] == 3
 
 
+def test_an_id_sent_again_with_other_rows_of_the_same_count_is_refused(service) -> None:
+    """Other rows of the same count under a used id are no retry either: they were answered
+    with the first call's slots, and silently dropped."""
+    client = service()
+    create(client)
+    assert extend(client, 0, 3, **{RID: "reused"}).json()["index"] == [0, 1, 2]
+    r = extend(client, 50, 3, **{RID: "reused"})
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == RID and "CRC-32" in r.json()["detail"], r.json()
+    assert info(client)["size"] == 3 and info(client)["inserts"] == 3
+    r = extend(client, 0, 3, **{RID: "reused"})  # the real retry still replays
+    assert r.headers[protocol.IDEMPOTENT_REPLAY] == "true" and r.json()["index"] == [0, 1, 2]
+
+
 def test_an_insert_id_sent_again_with_other_priorities_is_refused(service) -> None:
     client = service()
     create(client, "p", sampler={"kind": "prioritized"})
@@ -220,4 +234,6 @@ def test_extend_answers_are_kept_compactly(service) -> None:
         assert extend(client, 100 * i, 100, **{RID: f"req-{i}"}).status_code == 200
     # 100 indices as JSON: ~6 bytes a row, not the 36 of a list of ints
     assert recent.nbytes / len(recent) < 1500
-    assert extend(client, 0, 100, **{RID: "req-39"}).headers[protocol.IDEMPOTENT_REPLAY] == "true"
+    assert (
+        extend(client, 3900, 100, **{RID: "req-39"}).headers[protocol.IDEMPOTENT_REPLAY] == "true"
+    )

@@ -1,0 +1,63 @@
+"""A request id names one request's rows over both doors of a real server: reused for other
+rows of the same count it is refused (``InvalidRequest`` naming ``X-Request-Id``) and nothing
+is inserted; resent with the same rows it is the retry it claims to be."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from testkit import FIELDS, rows
+
+from tdreplay.client import ReplayClient, ServerError
+from tdreplay.codec import encode, protocol
+
+RID = protocol.REQUEST_ID
+
+
+def _http(server: Any, name: str) -> Callable[[int], tuple[int, Any]]:
+    def extend(start: int) -> tuple[int, Any]:
+        status, _, body = server.request(
+            "POST",
+            protocol.table_path(name, "extend"),
+            encode(rows(start, 8)).to_pybytes(),
+            {"Content-Type": protocol.ARROW_STREAM, RID: "reused"},
+        )
+        answer = json.loads(body)
+        return status, answer["index"] if status == 200 else answer["field"]
+
+    return extend
+
+
+def _shm(client: ReplayClient, name: str) -> Callable[[int], tuple[int, Any]]:
+    chan = client._link(0).channel()
+
+    def extend(start: int) -> tuple[int, Any]:
+        try:
+            index = chan.extend(name, rows(start, 8), 5, "reused", strict=True)
+        except ServerError as err:
+            return err.status, err.field
+        assert index is not None
+        return 200, index.tolist()
+
+    return extend
+
+
+@pytest.mark.parametrize("door", ["http", "shm"])
+def test_an_id_reused_for_other_rows_is_refused(live_server: Any, door: str) -> None:
+    if door == "shm" and not hasattr(os, "memfd_create"):
+        pytest.skip("needs memfd_create")
+    server = live_server()
+    client = ReplayClient(server.url, transport=door)
+    name = f"ids-{door}"
+    client.create_table({"name": name, "capacity": 64, "fields": FIELDS})
+    extend = _http(server, name) if door == "http" else _shm(client, name)
+    assert extend(0) == (200, list(range(8)))
+    assert extend(100) == (400, RID)  # the same count, other rows: no retry
+    assert client.info(name)["inserts"] == 8
+    assert extend(0) == (200, list(range(8)))  # the retry: answered, not inserted
+    assert client.info(name)["inserts"] == 8
+    client.close()
