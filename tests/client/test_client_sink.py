@@ -155,7 +155,7 @@ def test_a_failing_sink_fails_the_call(twin: str) -> None:
                 try:
                     await transport.execute(Request("GET", "/export", sink=sink))
                 finally:
-                    assert not transport._idle
+                    assert not transport._idle._pool()  # this loop's idle connections
 
             asyncio.run(main())
     assert type(err.value) is OSError and err.value.errno == 28

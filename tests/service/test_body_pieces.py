@@ -144,12 +144,12 @@ def test_the_async_client_sends_large_extends_exactly(server: Any) -> None:
 
 
 def test_chunks_are_kept_as_they_came_and_joined_when_taken() -> None:
-    from tdreplay.service.server import _BodyChunks
+    from tdreplay.service.bodies import BodyChunks
 
-    body = _BodyChunks()
+    body = BodyChunks()
     one = bytes(range(200)) * 400
     body += one
     assert len(body) == len(one) and bytes(body) is one  # one chunk: handed over uncopied
     body += b"tail"
     assert len(body) == len(one) + 4 and bytes(body) == one + b"tail"
-    assert bytes(_BodyChunks(b"left over")) == b"left over"
+    assert bytes(BodyChunks(b"left over")) == b"left over"
