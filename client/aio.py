@@ -4,16 +4,14 @@
     ...     await client.extend("cartpole", rollout)
     ...     batch = await client.sample("cartpole", 256)
 
-Same calls, same plans (:mod:`~tdreplay.client.plans`), same errors; only the
-I/O differs: :class:`~tdreplay.client.aio_transport.AsyncTransport`, HTTP/1.1
-on an asyncio ``BufferedProtocol`` that receives bodies in place (chosen by
-measurement over asyncio streams and ``httpx.AsyncClient``; see that module).
-Connections belong to the event loop that opened them; a client used from a
-new loop opens new ones. What the twins share (settings, pickling) is
-:class:`~tdreplay.client.base.ClientBase`; this module imports
-:class:`~tdreplay.client.ReplayClient` only for :meth:`AsyncReplayClient.loader`,
-whose fetchers are the blocking loader's threads (the sync client never
-imports this module).
+Same calls, same plans (:mod:`~tdreplay.client.plans`), same errors; only the I/O
+differs: :class:`~tdreplay.client.aio_transport.AsyncTransport`, HTTP/1.1 on an asyncio
+``BufferedProtocol`` that receives bodies in place (chosen by measurement over asyncio
+streams and ``httpx.AsyncClient``; see that module). Connections belong to the event loop
+that opened them; a client used from a new loop opens new ones. What the twins share
+(settings, pickling) is :class:`~tdreplay.client.base.ClientBase`; this module imports
+:class:`~tdreplay.client.ReplayClient` only for :meth:`AsyncReplayClient.loader`, whose
+fetchers are the blocking loader's threads (the sync client never imports this module).
 """
 
 from __future__ import annotations
@@ -83,8 +81,7 @@ class AsyncReplayClient(ClientBase):
 
     async def _do(self, step: Any) -> Any:
         if isinstance(step, route.OverShm):
-            # the blocking socket call in a worker thread; batches are copied out of the
-            # slot (they own their memory)
+            # the blocking socket call in a worker thread; batches own their memory
             return await asyncio.to_thread(shm.run, step.link, step.command, strict=step.strict)
         if isinstance(step, route.Link):
             return await self._link(step.shard, step.once)
@@ -182,14 +179,18 @@ class AsyncReplayClient(ClientBase):
 
     # ---------------------------------------------------------------- data
     async def extend(
-        self, table: str | Mapping[str, float | None], data: Any, *, timeout: float | None = None
+        self,
+        table: str | Mapping[str, float | None],
+        data: Any,
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
     ) -> Any:
-        """See :meth:`ReplayClient.extend` (several tables too). The rows are sent from
-        their tensors' own memory: do not change them until this call has completed (a
-        task running it too)."""
+        """See :meth:`ReplayClient.extend` (several tables, ``request_id`` too). The rows are
+        sent from their tensors' memory: keep them as they are until this call completes."""
         if isinstance(table, Mapping):
-            return await self._run(self._calls.insert(dict(table), data, timeout))
-        return await self._run(self._calls.extend(table, data, timeout))
+            return await self._run(self._calls.insert(dict(table), data, timeout, request_id))
+        return await self._run(self._calls.extend(table, data, timeout, request_id))
 
     async def sample(
         self,

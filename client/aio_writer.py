@@ -3,6 +3,10 @@
 >>> async with client.writer("cartpole", chunk=256) as w:   # doctest: +SKIP
 ...     for step in rollout_steps:
 ...         await w.append(step)
+
+A failed send leaves what it did not send kept for the next one, as the blocking writer's
+does (:mod:`.writer_base`); a send cancelled (its task, or the timer task when the loop
+that ran it ends) keeps its chunks as well, sent again under the same request ids.
 """
 
 from __future__ import annotations
@@ -11,11 +15,9 @@ import asyncio
 import contextlib
 from typing import Any, Protocol
 
-from tensordict import TensorDictBase
-
 from .chunking import ChunkBuffer, episode_keys
 from .deprecation import warn_close_deprecated
-from .writer_base import WriterBase, final_chunks
+from .writer_base import Outbox, WriterBase, final_chunks
 
 
 class AsyncExtendClient(Protocol):
@@ -23,7 +25,9 @@ class AsyncExtendClient(Protocol):
 
     async def info(self, table: str) -> dict[str, Any]: ...
 
-    async def extend(self, table: str, data: Any, *, timeout: float | None = None) -> Any: ...
+    async def extend(
+        self, table: str, data: Any, *, timeout: float | None = None, request_id: str | None = None
+    ) -> Any: ...
 
 
 class AsyncWriter(WriterBase):
@@ -99,15 +103,24 @@ class AsyncWriter(WriterBase):
             self._start_timer()
         return self._buffer
 
-    async def _send(self, chunks: list[TensorDictBase]) -> None:
-        for td in chunks:
+    def _raise_pending(self) -> None:
+        if self._errors:
+            self._wake.set()  # the time limit may send again once the error is raised
+            super()._raise_pending()
+
+    async def _send(self, items: Outbox) -> None:
+        """Send ``items`` in order; those not acknowledged stay (:meth:`_failed`)."""
+        for i, (td, request_id) in enumerate(items):
             try:
-                await self.client.extend(self.table, td, timeout=self.timeout)
-            except asyncio.CancelledError:
-                # over shared memory the extend's worker thread goes on copying the chunk's
-                # rows out of the buffer: later steps must not be written over them
-                if self._buffer is not None:
+                await self.client.extend(
+                    self.table, td, timeout=self.timeout, request_id=request_id
+                )
+            except BaseException as err:
+                if isinstance(err, asyncio.CancelledError) and self._buffer is not None:
+                    # over shared memory the extend's worker thread goes on copying the
+                    # chunk's rows out of the buffer: later steps must not be written over them
                     self._buffer.disown()
+                self._failed(items[i:], err)
                 raise
             self.sent_rows += td.batch_size[0]
             self.sent_chunks += 1
@@ -146,8 +159,8 @@ class AsyncWriter(WriterBase):
             due = buf.append(step)
             if waiting and not buf.waiting:
                 self._wake.set()  # the timer has a deadline now
-            if due:
-                await self._send(buf.take(borrow=True))
+            if due and not self._errors:  # none sent while an error waits to be raised
+                await self._send(self._outbox(buf.take(borrow=True)))
 
     async def flush(self) -> None:
         """Send what is buffered now (trajectory tables: the whole episodes only)."""
@@ -155,12 +168,14 @@ class AsyncWriter(WriterBase):
         self._raise_pending()
         if self._buffer is not None:
             async with self._lock:
-                await self._send(self._buffer.take(expired=True, borrow=True))
+                self._raise_pending()  # the time limit's, while this waited for the lock
+                await self._send(self._outbox(self._buffer.take(expired=True, borrow=True)))
 
     async def _timer_loop(self) -> None:
         assert self._buffer is not None
         while not self._closed:
-            left = self._buffer.due(self.max_delay)
+            # nothing is sent while an error waits to be raised (raising it wakes this)
+            left = None if self._errors else self._buffer.due(self.max_delay)
             if left is None or left > 0:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -168,34 +183,37 @@ class AsyncWriter(WriterBase):
                 continue
             try:
                 async with self._lock:
-                    await self._send(self._buffer.take(expired=True, borrow=True))
-            except Exception as err:
+                    await self._send(self._outbox(self._buffer.take(expired=True, borrow=True)))
+            except Exception as err:  # what was not acknowledged is kept for the next send
                 self._keep(err)
-                self._buffer.clear()
                 self._progress.set()  # a wait_sent raises it now
 
     async def aclose(self, *, discard: bool = False) -> None:
-        """Send what is left and stop the timer (see :meth:`Writer.close`).
+        """Send what is left and stop the timer (see :meth:`Writer.close`: what is kept from
+        failed sends goes first; what this could not send is kept for a further ``aclose()``).
 
         Args:
-            discard: drop the buffer instead of sending it.
+            discard: drop the buffer and what is kept instead of sending them.
         """
-        if self._closed:
-            return
         self._bind()
-        self._closed = True
-        self._wake.set()
-        if self._timer is not None:
-            await self._timer  # it sees _closed and returns; a send in progress completes
+        if not self._closed:
+            self._closed = True
+            self._wake.set()
+            if self._timer is not None:
+                await self._timer  # it sees _closed and returns; a send in progress completes
         buf = self._buffer
         if buf is None:
             return
         if discard:
             buf.clear()
+            self._kept, self._errors = [], []
             return
-        self._raise_pending()
         async with self._lock:
-            await self._send(final_chunks(buf))
+            try:
+                await self._send(self._outbox(final_chunks(buf)))
+            except Exception as err:
+                self._keep(err)  # raised after an earlier send's error
+        self._raise_pending()
 
     async def __aenter__(self) -> AsyncWriter:
         return self

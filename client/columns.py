@@ -46,6 +46,21 @@ _DTYPE, _SHAPE = attrgetter("dtype"), attrgetter("shape")
 Lent = tuple[list[torch.Tensor], list[list[torch.Tensor] | None]]
 
 
+def unusable(key: Key, v: Any) -> Exception | None:
+    """The error for a leaf no column can take a copy of (``None``: it can): not a tensor, a
+    meta tensor (no data) or a sparse one (a column is dense)."""
+    if not isinstance(v, torch.Tensor):
+        return TypeError(f"step key {dotted(key)!r} holds {type(v).__name__}, not a tensor")
+    if v.is_meta:
+        return TypeError(f"step key {dotted(key)!r} holds a meta tensor, which has no data to copy")
+    if v.layout is not torch.strided:
+        return TypeError(
+            f"step key {dotted(key)!r} holds a {v.layout} tensor; steps hold dense tensors "
+            "(call .to_dense())"
+        )
+    return None
+
+
 class ColumnBuffer:
     """Rows of steps, one tensor per leaf key, allocated once and grown only when needed.
 
@@ -82,8 +97,8 @@ class ColumnBuffer:
         if not keys:
             raise ValueError("a step must hold at least one tensor")
         for key, v in zip(keys, values, strict=True):
-            if not isinstance(v, torch.Tensor):
-                raise TypeError(f"step key {dotted(key)!r} holds {type(v).__name__}, not a tensor")
+            if (err := unusable(key, v)) is not None:
+                raise err
         self.keys = keys
         self._tree = step_tree(keys)
         self._shapes = [v.shape[1:] if rows else v.shape for v in values]
@@ -189,9 +204,20 @@ class ColumnBuffer:
         torch._C._set_grad_enabled(False)
         try:
             torch._foreach_copy_(views, values)
+        except Exception:
+            self._refuse(values)  # a leaf that cannot be copied: the error names its key
+            raise
         finally:
             torch._C._set_grad_enabled(grad)
         self.n += 1
+
+    def _refuse(self, values: Any) -> None:
+        """Raise the error naming a leaf of ``values`` (in column order) that cannot be
+        copied (:func:`unusable`), if one is why a copy failed."""
+        assert self.keys is not None
+        for key, v in zip(self.keys, values, strict=True):
+            if (err := unusable(key, v)) is not None:
+                raise err from None
 
     def append(self, data: Any) -> int:
         """Copy a step (batch ``[]``) or rows (batch ``[k]``, a tensorclass, a mapping) in.
@@ -213,7 +239,23 @@ class ColumnBuffer:
         return self._append_any(data)
 
     def _append_any(self, data: Any) -> int:
-        """:meth:`append` the general way: any step or rows, checked, with errors naming what differs."""
+        """:meth:`append` the general way: any step or rows, checked, with errors naming what
+        differs. A first step refused leaves no layout: the next one sets it."""
+        if self.keys is not None:
+            return self._append_checked(data)
+        try:
+            return self._append_checked(data)
+        except BaseException:
+            self._unset()
+            raise
+
+    def _unset(self) -> None:
+        """Forget the layout (a first step refused): as made."""
+        self.keys, self._tree, self._shapes, self._dtypes = None, None, [], []
+        self._cols, self._row_views, self._numpy, self._spare = [], [], {}, None
+        self.start = self.n = self._capacity = 0
+
+    def _append_checked(self, data: Any) -> int:
         if is_tensorclass(data):
             data = data._tensordict  # type: ignore[union-attr]
         if isinstance(data, TensorDictBase) and data.batch_dims == 0:
@@ -235,9 +277,13 @@ class ColumnBuffer:
         values = self._ordered(keys, values, rows=True)
         self._reserve(k)
         pos = self.start + self.n
-        with torch.no_grad():
-            for col, v in zip(self._cols, values, strict=True):
-                col[pos : pos + k].copy_(v)
+        try:
+            with torch.no_grad():
+                for col, v in zip(self._cols, values, strict=True):
+                    col[pos : pos + k].copy_(v)
+        except Exception:
+            self._refuse(values)
+            raise
         self.n += k
         return k
 

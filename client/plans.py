@@ -209,11 +209,19 @@ class Calls(PersistencePlans):
         return list(cached[1]), cached[2], list(cached[3])
 
     # ---------------------------------------------------------------- data
-    def extend(self, table: str, data: Any, wait: float | None = None) -> Plan[torch.Tensor]:
-        return (yield from self._write(C.Extend(table, data, wait=self._wait(wait))))
+    def extend(
+        self, table: str, data: Any, wait: float | None = None, request_id: str | None = None
+    ) -> Plan[torch.Tensor]:
+        command = C.Extend(table, data, wait=self._wait(wait))
+        command.request_id = request_id or command.request_id
+        return (yield from self._write(command))
 
     def insert(
-        self, into: dict[str, float | None], data: Any, wait: float | None = None
+        self,
+        into: dict[str, float | None],
+        data: Any,
+        wait: float | None = None,
+        request_id: str | None = None,
     ) -> Plan[dict[str, torch.Tensor]]:
         """The same rows into several tables of one server (the next in turn, as an extend
         goes), each with its own initial priority; the slots by table.
@@ -223,7 +231,9 @@ class Calls(PersistencePlans):
                 contract's model, before anything is sent).
         """
         params.parse(params.InsertParams, {"into": json.dumps(into)})
-        return (yield from self._write(C.Insert(dict(into), data, wait=self._wait(wait))))
+        command = C.Insert(dict(into), data, wait=self._wait(wait))
+        command.request_id = request_id or command.request_id
+        return (yield from self._write(command))
 
     def _write(self, command: C.Extend | C.Insert) -> Plan[Any]:
         """Send a write to the next server in turn; on a failure, to the next, or (if it may

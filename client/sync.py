@@ -8,9 +8,8 @@ Every call is a plan from :mod:`~tdreplay.client.plans` (its wire steps from
 :mod:`~tdreplay.client.route`) driven with blocking I/O over
 :class:`~tdreplay.client.transport.Transport` (``http.client``,
 pooled keep-alive connections); settings and pickling come from
-:class:`~tdreplay.client.base.ClientBase`. Thread safe. A client pickles as
-its URLs and settings, so a copy in a DataLoader worker or a subprocess opens
-its own connections.
+:class:`~tdreplay.client.base.ClientBase`. Thread safe. A client pickles as its URLs and
+settings, so a copy in a DataLoader worker or a subprocess opens its own connections.
 """
 
 from __future__ import annotations
@@ -226,7 +225,12 @@ class ReplayClient(Persistence, ClientBase):
 
     # ---------------------------------------------------------------- data
     def extend(
-        self, table: str | Mapping[str, float | None], data: Any, *, timeout: float | None = None
+        self,
+        table: str | Mapping[str, float | None],
+        data: Any,
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
     ) -> Any:
         """Insert rows: a TensorDict of batch ``[N]`` (``[]`` and ``[B, T]`` are reshaped), or a tensorclass.
 
@@ -246,6 +250,7 @@ class ReplayClient(Persistence, ClientBase):
             table: the table.
             data: the rows; exactly the table's keys, shapes and dtypes.
             timeout: seconds the rate limiter may hold the insert (default: the client's ``wait``).
+            request_id: the ``X-Request-Id`` (default: a new one); an earlier call's makes this its retry.
 
         Returns:
             The slot of each row, int64 ``[N]`` (sharded: ``slot * n_servers + server``),
@@ -258,8 +263,8 @@ class ReplayClient(Persistence, ClientBase):
             TableNotFound, InvalidRequest, TransportError: as their names say.
         """
         if isinstance(table, Mapping):
-            return self._run(self._calls.insert(dict(table), data, timeout))
-        return self._run(self._calls.extend(table, data, timeout))
+            return self._run(self._calls.insert(dict(table), data, timeout, request_id))
+        return self._run(self._calls.extend(table, data, timeout, request_id))
 
     def sample(
         self,

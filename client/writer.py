@@ -4,48 +4,47 @@
     ...     for step in rollout_steps:                    # TensorDict, batch [] or [k]
     ...         w.append(step)
 
-A chunk is sent (one ``extend``) when ``chunk`` steps are buffered, when the
-oldest buffered step is ``max_delay`` seconds old, and when the writer
-closes. Leaving a ``with`` block normally sends what is left; leaving it on
-an exception discards the buffer (nothing half-written is sent).
+A chunk is sent (one ``extend``) when ``chunk`` steps are buffered, when the oldest
+buffered step is ``max_delay`` seconds old, and when the writer closes. Leaving a
+``with`` block normally sends what is left; leaving it on an exception discards the
+buffer (nothing half-written is sent).
 
-**Sending in the background.** As Reverb's writers can, :class:`Writer`
-may send a full chunk from a sender thread while the collector appends the
-next steps into a second set of columns: ``append`` then does not wait for
-the server unless the chunk before is still in flight (at most one is, so
-the memory held stays at two chunks and chunks arrive in order). Either way
-``flush()`` and ``close()`` return once every step appended so far is
-acknowledged by the server; an error of a background send is raised by the
+**Sending in the background.** As Reverb's writers can, :class:`Writer` may send a full
+chunk from a sender thread while the collector appends the next steps into a second set
+of columns: ``append`` then does not wait for the server unless the chunk before is
+still in flight (at most one is, so the memory held stays at two chunks and chunks
+arrive in order). Either way ``flush()`` and ``close()`` return once every step appended
+so far is acknowledged by the server; an error of a background send is raised by the
 next ``append``, ``flush``, ``close`` or ``wait_sent``.
 
-By default (``background=None``) a writer sends in the background over the
-same-host shm transport and from the appending thread over HTTP. Measured
-on a 2-core host with the server on it (256-step chunks, steps/s): over
-shm a send costs the client little, and the overlap paid (atari 27k -> 41k,
-cartpole 53k -> 56k); over HTTP each socket call of the sender hands the
-GIL back and forth with the appending thread while the server wants the
-same cores, and the overlap did not (atari 17.6k -> 17.2k, cartpole 47k ->
-39k). Over a network (a server on another host, round trips of a
-millisecond or more) ``background=True`` is likely the better choice (not
-measured here); ``Writer(client, table, background=True)`` asks for it.
+**When a send fails**, nothing leaves the writer unacknowledged: the next send sends the
+failed chunks again first, under their request ids (rules in :mod:`.writer_base`); a
+failed time limit's send leaves the unfinished episode buffered as it was.
 
-**The trajectory rule.** On a table whose sampler is ``slice`` (sequences
-inside episodes) a chunk always ends at an episode boundary, so an episode
-never straddles two inserts (another collector's insert could land between
-them, and the sampler would lose or — with end flags — glue the pieces):
+By default (``background=None``) a writer sends in the background over the same-host shm
+transport and from the appending thread over HTTP. Measured on a 2-core host with the
+server on it (256-step chunks, steps/s): over shm the overlap paid (atari 27k -> 41k,
+cartpole 53k -> 56k); over HTTP the sender and the appending thread traded the GIL while
+the server wanted the same cores (atari 17.6k -> 17.2k, cartpole 47k -> 39k). Over a
+network (round trips of a millisecond or more) ``background=True`` is likely better.
 
-* a boundary is after a step whose end flag (the sampler's ``end_key``,
-  e.g. ``next.done``) is set, or before a step whose trajectory id (the
-  sampler's ``traj_key``, e.g. ``episode``) differs from the previous step's;
-* ``chunk`` is then a target, not a cap: the writer sends all the whole
-  episodes it holds once they add up to ``chunk`` steps or more; the time
-  limit sends the whole episodes held so far; the unfinished episode waits;
-* an episode longer than the table's capacity cannot be sent whole: it is
-  split at the capacity, with a warning;
-* on close, an unfinished episode is sent if episodes are told apart by
-  ``traj_key`` (its id keeps it apart); with ``end_key`` it is dropped with a
-  warning, as Reverb drops data no item covers — sending it would join it to
-  the next insert's first episode. End it (set its end flag) to keep it.
+**The trajectory rule.** On a table whose sampler is ``slice`` (sequences inside
+episodes) a chunk always ends at an episode boundary, so an episode never straddles two
+inserts (another collector's insert could land between them, and the sampler would lose
+or — with end flags — glue the pieces):
+
+* a boundary is after a step whose end flag (the sampler's ``end_key``, e.g.
+  ``next.done``) is set, or before a step whose trajectory id (the sampler's
+  ``traj_key``, e.g. ``episode``) differs from the previous step's;
+* ``chunk`` is then a target, not a cap: the writer sends all the whole episodes it
+  holds once they add up to ``chunk`` steps or more; the time limit sends the whole
+  episodes held so far; the unfinished episode waits;
+* an episode longer than the table's capacity cannot be sent whole: it is split at the
+  capacity, with a warning;
+* on close, an unfinished episode is sent if episodes are told apart by ``traj_key``
+  (its id keeps it apart); with ``end_key`` it is dropped with a warning, as Reverb
+  drops data no item covers — sending it would join it to the next insert's first
+  episode. End it (set its end flag) to keep it.
 
 The key comes from the table's info, or from ``episode_key=`` / ``end_key=``.
 """
@@ -57,14 +56,12 @@ import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from tensordict import TensorDictBase
-
 from ..codec.params import bounded
 from .chunking import ChunkBuffer, episode_keys
 from .columns import Lent
 from .errors import ReplayError
 from .shm import background_thread
-from .writer_base import WriterBase, final_chunks
+from .writer_base import Outbox, WriterBase, final_chunks
 
 
 # What the writers need of their client, so that this module imports neither
@@ -74,16 +71,17 @@ class ExtendClient(Protocol):
 
     def info(self, table: str) -> dict[str, Any]: ...
 
-    def extend(self, table: str, data: Any, *, timeout: float | None = None) -> Any: ...
+    def extend(
+        self, table: str, data: Any, *, timeout: float | None = None, request_id: str | None = None
+    ) -> Any: ...
 
 
 class Writer(WriterBase):
     """Buffers steps for ``table`` and extends it chunk by chunk (see the module doc).
 
-    Thread safe; chunks are sent in order: a full one from a sender thread
-    (``background=True``) or from the appending thread, and for the time
-    limit from a timer thread. An error from a chunk sent by either thread
-    is raised by the next ``append``/``flush``/``close``/``wait_sent``.
+    Thread safe; chunks are sent in order: a full one from a sender thread (``background=True``)
+    or from the appending thread, and for the time limit from a timer thread. An error from a
+    chunk sent by either thread is raised by the next ``append``/``flush``/``close``/``wait_sent``.
 
     Args:
         client: a :class:`~tdreplay.client.ReplayClient`.
@@ -126,11 +124,10 @@ class Writer(WriterBase):
         )
         self.client: ExtendClient = client
         self.background = background
-        # Three locks, so that no thread waits on another's per-step work: _send_lock
-        # orders the changes to the buffer and the sends; _cond guards what the timer
-        # thread reads of the buffer (taken only by an append that changes it: the first
-        # of a chunk, or of a trajectory table's first whole episode); _sent
-        # guards the counts and the pending error, which the sending threads update.
+        # Three locks, so that no thread waits on another's per-step work: _send_lock orders
+        # the changes to the buffer and the sends; _cond guards what the timer reads of the
+        # buffer (taken only by an append that changes it: the first of a chunk, or of a trajectory
+        # table's first whole episode); _sent guards the counts and errors the senders update.
         self._send_lock = threading.Lock()
         self._cond = threading.Condition()
         self._sent = threading.Condition()
@@ -169,20 +166,26 @@ class Writer(WriterBase):
             with self._sent:
                 err = self._errors.pop(0) if self._errors else None
             if err is not None:
+                _notify(self._cond)  # the time limit may send again
                 raise err
 
-    def _send(self, chunks: list[TensorDictBase]) -> None:
-        for td in chunks:
-            self.client.extend(self.table, td, timeout=self.timeout)
+    def _send(self, items: Outbox) -> None:
+        """Send ``items`` in order; those not acknowledged stay (:meth:`_failed`)."""
+        for i, (td, request_id) in enumerate(items):
+            try:
+                self.client.extend(self.table, td, timeout=self.timeout, request_id=request_id)
+            except BaseException as err:
+                self._failed(items[i:], err)
+                raise
             with self._sent:
                 self.sent_rows += td.batch_size[0]
                 self.sent_chunks += 1
                 self._sent.notify_all()
 
-    def _send_in_background(self, chunks: list[TensorDictBase]) -> None:
+    def _send_in_background(self, items: Outbox) -> None:
         """The sender thread's job: its error is kept for the next call to raise."""
         try:
-            self._send(chunks)
+            self._send(items)
         except BaseException as err:
             with self._sent:
                 self._keep(err)
@@ -200,28 +203,36 @@ class Writer(WriterBase):
         self._lent = None
 
     def _send_due(self, buf: ChunkBuffer) -> None:
-        """Send the full chunks (``_send_lock`` held): to the sender thread, or from here."""
+        """Send the full chunks (``_send_lock`` held), unless an error waits to be raised."""
         if not self.background:
+            if self._errors:
+                return
             with self._cond:
                 chunks = buf.take(borrow=True)
-            self._send(chunks)
+            self._send(self._outbox(chunks))
             return
         self._wait_in_flight()
+        if self._errors:
+            return
         with self._cond:
             chunks, self._lent = buf.take_lent()
-        if chunks:
+        items = self._outbox(chunks)
+        if items:
             if self._sender is None:
                 self._sender = ThreadPoolExecutor(
                     1, thread_name_prefix="tdreplay-writer-send", initializer=background_thread
                 )
-            self._in_flight = self._sender.submit(self._send_in_background, chunks)
+            self._in_flight = self._sender.submit(self._send_in_background, items)
 
     def _send_now(self, buf: ChunkBuffer, *, final: bool = False) -> None:
-        """Send what may be sent now, after the chunks in flight, from this thread (``_send_lock`` held)."""
+        """Send what may be sent now, after the chunks in flight, from this thread
+        (``_send_lock`` held); unless ``final``, none while an error waits to be raised."""
         self._wait_in_flight()
+        if self._errors and not final:
+            return
         with self._cond:
             chunks = final_chunks(buf) if final else buf.take(expired=True, borrow=True)
-        self._send(chunks)
+        self._send(self._outbox(chunks))
 
     def wait_sent(self, rows: int, timeout: float | None = None) -> bool:
         """Block until ``rows`` steps in all have been sent (e.g. by the time limit).
@@ -244,9 +255,9 @@ class Writer(WriterBase):
         """Buffer one step (batch ``[]``) or several (``[k]``); sends the chunks that are due.
 
         Raises:
-            KeyError, ValueError, TypeError: the step's keys, shapes or dtypes
-                differ from the first step's (see
-                :class:`~tdreplay.client.chunking.ChunkBuffer`); nothing changed.
+            KeyError, ValueError, TypeError: the step's keys, shapes or dtypes differ from
+                the first step's (see :class:`~tdreplay.client.chunking.ChunkBuffer`).
+            The error of the send this append made; what it did not send stays (module doc).
             RuntimeError: the writer is closed.
             The error of an earlier chunk's send (background or time limit); this
                 step is then not taken (append it again to keep it).
@@ -288,7 +299,8 @@ class Writer(WriterBase):
         self._raise_pending()
 
     def _send_expired(self) -> None:
-        """The timer's send: what the time limit releases (errors kept for the next call)."""
+        """The timer's send: what the time limit releases (an error kept for the next call;
+        what was not acknowledged kept for the next send, the unfinished episode buffered)."""
         assert self._buffer is not None
         with self._send_lock:
             try:
@@ -297,32 +309,32 @@ class Writer(WriterBase):
                 with self._sent:
                     self._keep(err)
                     self._sent.notify_all()  # a wait_sent raises it now
-                with self._cond:
-                    self._buffer.clear()
 
     def close(self, *, discard: bool = False) -> None:
         """Send what is left (see the module doc for unfinished episodes) and stop the threads.
 
         Returns once everything sent is acknowledged by the server. What is left
         is sent even when an earlier chunk's send failed (in the background or by
-        the time limit); that error is raised afterwards. Should several sends
-        have failed, each further ``close()`` raises the next one's error.
+        the time limit), after the chunks that failed (kept, under their request
+        ids); that error is raised afterwards. What this close could not send is
+        kept: a further ``close()`` sends it again, ``close(discard=True)`` drops it.
+        Should several sends have failed, each further ``close()`` raises the next
+        one's error.
 
         Args:
-            discard: drop the buffer instead of sending it (a chunk already
-                in flight is waited for, and an error of its send dropped too).
+            discard: drop the buffer and the chunks kept from failed sends instead of
+                sending them (a chunk already in flight is waited for, and an error of
+                its send dropped too).
 
         Raises:
             The error of an earlier send (background or time limit), else of the last sends.
         """
-        if self._closed:
-            self._raise_pending()
-            return
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if self._timer is not None:
-            self._timer.join()
+        if not self._closed:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            if self._timer is not None:
+                self._timer.join()
         buf = self._buffer
         if buf is None:
             return
@@ -331,11 +343,12 @@ class Writer(WriterBase):
                 if discard:
                     self._wait_in_flight()
                     buf.clear()
+                    self._kept = []
                     with self._sent:
                         self._errors.clear()
                     return
-                # the rest goes out even after an earlier chunk failed (a connection
-                # lost for a while, a table re-created); that chunk's error is raised first
+                # what is kept and the rest go out even after an earlier chunk failed (a
+                # connection lost for a while, a table re-created); its error is raised first
                 try:
                     self._send_now(buf, final=True)
                 except Exception as err:
@@ -377,7 +390,8 @@ def _timer_loop(ref: weakref.ReferenceType[Writer], cond: threading.Condition) -
             if writer._closed:
                 return
             assert writer._buffer is not None
-            left = writer._buffer.due(writer.max_delay)
+            # nothing is sent while an error waits to be raised (raising it wakes this)
+            left = None if writer._errors else writer._buffer.due(writer.max_delay)
             if left is None or left > 0:
                 del writer  # wait without keeping the writer alive
                 cond.wait(None if left is None else bounded(left))

@@ -1,9 +1,28 @@
 """What both writers (:class:`~.writer.Writer`, :class:`~.aio_writer.AsyncWriter`) share:
 the target and chunking settings, the buffer, the counts, the errors of sends made
-elsewhere (each raised once, in order), and the chunks a close sends."""
+elsewhere (each raised once, in order), the chunks a close sends, and what a failed send
+leaves.
+
+**When a send fails.** Rows leave a writer only once the server has acknowledged them,
+as a production queue's records do (and Reverb's items, until confirmed): the chunk whose
+``extend`` failed, and the chunks after it that the same send had not sent yet, stay in
+the writer, in order, ahead of the steps appended since. The next send (a chunk due at
+``append``, the time limit, ``flush``, ``close``) sends them first, each under the
+request id (``X-Request-Id``) it was first sent with, so that a chunk that reached the
+server before its answer was lost is not stored twice (within the server's memory of
+ids, ``idempotency_ttl``). The error carries a note with the rows acknowledged so far and
+the rows kept. On a sharded client a chunk whose send may have reached its server is not
+sent again (the next send could go to another server, which would store it twice): it
+leaves the writer, and the note says so and how many rows it held. An error of a send made
+elsewhere (the sender thread, the time limit) is raised by the next call; until then
+nothing more is sent. ``close`` sends what is kept, then raises; what it could not send is
+kept still: ``close()`` again sends it, ``close(discard=True)`` drops it. A writer dropped
+with steps it never sent warns (``RuntimeWarning``, naming the table and the steps).
+"""
 
 from __future__ import annotations
 
+import uuid
 import warnings
 from typing import Any
 
@@ -11,6 +30,10 @@ from tensordict import TensorDictBase
 
 from ..codec.params import seconds
 from .chunking import ChunkBuffer, check_chunk, check_max_delay
+from .errors import ServerError, TransportError, may_have_arrived
+
+#: chunks to send, in order, each with its request id
+Outbox = list[tuple[TensorDictBase, str]]
 
 
 def _warn_dropped(n: int, key: str) -> None:
@@ -45,9 +68,16 @@ class WriterBase:
         self._buffer: ChunkBuffer | None = None
         #: errors of sends made by another thread (or the timer), each raised once, in order
         self._errors: list[BaseException] = []
+        #: chunks sent and not acknowledged (copies), sent again first by the next send
+        self._kept: Outbox = []
         self._closed = False
         self.sent_rows = 0
         self.sent_chunks = 0
+
+    @property
+    def kept_rows(self) -> int:
+        """Rows of failed sends kept for the next send (see the module doc)."""
+        return sum(td.batch_size[0] for td, _ in self._kept)
 
     def _keep(self, err: BaseException) -> None:
         """Keep the error of a send made elsewhere for the next call to raise (after those
@@ -57,6 +87,58 @@ class WriterBase:
     def _raise_pending(self) -> None:
         if self._errors:
             raise self._errors.pop(0)
+
+    def _outbox(self, chunks: list[TensorDictBase]) -> Outbox:
+        """What a send sends: the chunks kept from a failed send first, then ``chunks``,
+        each with its request id (a kept chunk's is the one it was sent with)."""
+        out = self._kept + [(td, uuid.uuid4().hex) for td in chunks]
+        self._kept = []
+        return out
+
+    def _failed(self, rest: Outbox, err: BaseException) -> None:
+        """Keep the chunks of a send not acknowledged (``rest``, the failed one first) as
+        copies (they may view the buffer, which later steps write over); tell it in ``err``."""
+        rows = rest[0][0].batch_size[0]
+        gone = len(getattr(self.client, "urls", ())) > 1 and _maybe_stored(err)
+        self._kept = [(td.clone(), rid) for td, rid in (rest[1:] if gone else rest)]
+        told = (
+            f"a chunk of {rows} row(s) may have been stored by its server (no answer came "
+            "back); on a sharded client it is not sent again (another server would store it "
+            "twice) and has left the writer; "
+            if gone
+            else ""
+        )
+        err.add_note(
+            f"writer of table {self.table!r}: {self.sent_rows} row(s) acknowledged so far; "
+            f"{told}{self.kept_rows} row(s) not acknowledged are kept and sent again first, "
+            "under the same request ids, by the next send (flush() or close() too)"
+        )
+
+    def _lost(self) -> int:
+        """Steps a writer dropped now would lose: buffered or kept, never acknowledged."""
+        buf = getattr(self, "_buffer", None)
+        return (buf.n if buf is not None else 0) + sum(
+            td.batch_size[0] for td, _ in getattr(self, "_kept", ())
+        )
+
+    def __del__(self) -> None:
+        lost = self._lost()
+        if lost:
+            warnings.warn(
+                f"writer of table {self.table!r} dropped with {lost} step(s) never sent "
+                "(it was not closed, or its close failed): they are lost; close it, or use "
+                "it as a context manager",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+def _maybe_stored(err: BaseException) -> bool:
+    """Whether the failed try of a send may have stored its rows: not a server's refusal
+    (an insert is atomic), nor a connection that failed before the request was out."""
+    if isinstance(err, ServerError):
+        return False
+    return not isinstance(err, TransportError) or may_have_arrived(err)
 
 
 def final_chunks(buf: ChunkBuffer) -> list[TensorDictBase]:
