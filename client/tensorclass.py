@@ -98,6 +98,17 @@ def _inner(hint: Any) -> type | None:
     return None
 
 
+def check_tensorclass(cls: Any) -> type:
+    """``cls``, if it is a ``@tensorclass`` class (what ``as_cls`` takes).
+
+    Raises:
+        TypeError: it is not; names ``as_cls``.
+    """
+    if not (isinstance(cls, type) and is_tensorclass(cls)):
+        raise TypeError(f"as_cls must be a @tensorclass, got {cls!r}")
+    return cls
+
+
 def to_tensorclass(td: TensorDictBase, cls: type) -> Any:
     """``td`` as an instance of the tensorclass ``cls`` (nested tensorclasses filled in too).
 
@@ -105,8 +116,7 @@ def to_tensorclass(td: TensorDictBase, cls: type) -> Any:
         TypeError: ``cls`` is not a tensorclass.
         ValueError: ``td`` lacks a field ``cls`` needs (and has no default).
     """
-    if not (isinstance(cls, type) and is_tensorclass(cls)):
-        raise TypeError(f"as_cls must be a @tensorclass, got {cls!r}")
+    check_tensorclass(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     keys = set(td.keys())  # (``key in td`` is not a TensorDict operation)
     hints = _hints(cls)
