@@ -61,6 +61,9 @@ class AsyncReplayClient(ClientBase):
         ]
         self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
         self._link_lock: tuple[Any, asyncio.Lock] = (None, asyncio.Lock())  # (its loop, lock)
+        # what every loader's fetcher threads call (no connection until one runs);
+        # closed with this client
+        self._blocking = ReplayClient._from_settings(settings)
 
     async def _run(self, plan: Plan[T] | Generator[Any, Any, T]) -> T:
         """Drive a plan (:mod:`.core`, :mod:`.route`): perform each step it yields, awaited."""
@@ -136,7 +139,8 @@ class AsyncReplayClient(ClientBase):
             return err
 
     async def aclose(self) -> None:
-        """Close idle connections; the client stays usable."""
+        """Close idle connections (its loaders' too); the client stays usable."""
+        self._blocking.close()
         for t in self._transports:
             await t.aclose()
         for link in self._links:
@@ -329,11 +333,12 @@ class AsyncReplayClient(ClientBase):
 
         The fetchers are the sync loader's threads (its buffer pool and CUDA
         staging too); the event loop only awaits the hand-over of each batch.
+        All of this client's loaders share one blocking client, whose connections
+        :meth:`aclose` closes.
         """
-        sync = ReplayClient._from_settings(self.settings)
         return AsyncLoader(
             Loader(
-                sync,
+                self._blocking,
                 table,
                 batch_size,
                 prefetch=prefetch,
