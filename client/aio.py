@@ -19,7 +19,7 @@ imports this module).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,11 +27,12 @@ import torch
 
 from ..codec.archive import Packed
 from . import datasets, dumps, errors, route, shm
+from .aio_loader import AsyncLoader
 from .aio_transport import AsyncTransport
 from .aio_writer import AsyncWriter
 from .base import ClientBase
 from .deprecation import warn_close_deprecated
-from .loader import Loader, LoaderIterator
+from .loader import Loader
 from .plans import ClientSettings
 from .schema import load_spec
 from .stats import flatten
@@ -321,7 +322,7 @@ class AsyncReplayClient(ClientBase):
         table: str,
         batch_size: int,
         *,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         device: str | torch.device | None = None,
         as_cls: type | None = None,
         num_batches: int | None = None,
@@ -371,34 +372,6 @@ class AsyncReplayClient(ClientBase):
             end_key=end_key,
             timeout=timeout,
         )
-
-
-_DONE = object()
-
-
-def _next(it: LoaderIterator) -> Any:
-    try:
-        return next(it)
-    except StopIteration:
-        return _DONE
-
-
-class AsyncLoader:
-    """An async iterator over a :class:`Loader`'s batches."""
-
-    def __init__(self, loader: Loader) -> None:
-        self.loader = loader
-
-    async def __aiter__(self) -> AsyncIterator[Any]:
-        it = iter(self.loader)
-        try:
-            while True:
-                batch = await asyncio.to_thread(_next, it)
-                if batch is _DONE:
-                    return
-                yield batch
-        finally:
-            it.close()
 
 
 __all__ = ["AsyncLoader", "AsyncReplayClient", "AsyncTransport"]

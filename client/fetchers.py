@@ -36,6 +36,8 @@ class SampleClient(Protocol):
     @property
     def urls(self) -> tuple[str, ...]: ...
 
+    def info(self, table: str) -> dict[str, Any]: ...
+
     def _sample_into(
         self, table: str, batch_size: int, timeout: float | None, alloc: C.Alloc
     ) -> TensorDictBase: ...
@@ -47,7 +49,6 @@ class LoaderLike(Protocol):
     client: SampleClient
     table: str
     batch_size: int
-    prefetch: int
     timeout: float | None
     stream: bool
 
@@ -61,25 +62,32 @@ class Pipeline:
     """
 
     def __init__(
-        self, loader: LoaderLike, *, device: torch.device | None, keep: bool, count: int | None
+        self,
+        loader: LoaderLike,
+        *,
+        device: torch.device | None,
+        keep: bool,
+        count: int | None,
+        prefetch: int,
     ) -> None:
         self.loader = loader
         self.count = count
+        self.prefetch = prefetch  # 0: a request only when the learner asks (see get())
         self.device = device
         self.cuda = device is not None and device.type == "cuda"
         self.keep = keep and not self.cuda
         self._ready: queue.Queue[tuple[Any, Any]] = queue.Queue()
         self._free: queue.Queue[StagingBuffer] = queue.Queue()
-        wake = max(1, loader.prefetch // 2) if loader.stream else 1
-        self._credits = _Credits(loader.prefetch, wake=wake)
+        wake = max(1, prefetch // 2) if loader.stream else 1
+        self._credits = _Credits(prefetch, wake=wake)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._issued = 0
         self.closed = False
         if not self.keep and not loader.stream:
-            for _ in range(loader.prefetch + 1):
+            for _ in range(prefetch + 1):
                 self._free.put(StagingBuffer(pinned=self.cuda))
-        n_threads = 1 if loader.stream else loader.prefetch
+        n_threads = 1 if loader.stream else max(1, prefetch)
         target = self._stream_fetcher if loader.stream else self._fetcher
         self.threads = [
             threading.Thread(target=target, args=(i,), daemon=True, name=f"tdreplay-loader-{i}")
@@ -104,7 +112,8 @@ class Pipeline:
 
     def _fetcher(self, i: int) -> None:
         loader = self.loader
-        shm.background_thread()  # prefetching: no one waits on its calls
+        if self.prefetch:
+            shm.background_thread()  # prefetching: no one waits on its calls
         try:
             # in the try: whatever fails here reaches the learner, who would wait forever else
             stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -181,9 +190,14 @@ class Pipeline:
 
     # ---------------------------------------------------------------- hand-over
     def get(self) -> tuple[Any, Any]:
-        """The next ``(batch, slot | event)``, or ``(exception, None)``; frees a credit."""
+        """The next ``(batch, slot | event)``, or ``(exception, None)``; frees a credit:
+        after the hand-over (the fetchers keep ``prefetch`` ahead), or, with
+        ``prefetch=0``, before it (the one request this batch needs)."""
+        if self.prefetch == 0:
+            self._credits.release()
         item = self._ready.get()
-        self._credits.release()
+        if self.prefetch:
+            self._credits.release()
         return item
 
     def give_back(self, slot: StagingBuffer) -> None:

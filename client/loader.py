@@ -8,6 +8,15 @@ How it keeps the learner from waiting:
 
 * ``prefetch`` fetcher threads keep up to ``prefetch`` sample requests in
   flight or ready (a credit per batch: taking a batch frees one).
+
+On a fifo or lifo table a sample takes its items out of the queue, so a
+batch fetched ahead and never taken (the learner leaves the pass early) is
+lost. There ``prefetch`` defaults to 0: no request ahead of the learner, each
+``next()`` sends one, and a pass left early has taken exactly the batches the
+learner got. An explicit ``prefetch=k`` takes up to ``k`` batches more than
+the learner got (``k * batch_size`` items); ``stream=True`` up to the
+stream's count: the server samples ahead of the reader, ``num_batches`` (what
+is left of it) or, without it, 1024 batches at a time.
 * Each answer is received (``readinto``) into one of a small pool of reused
   buffers and decoded in place — the tensors are views on the buffer, no
   fresh allocation per batch. Over shm a buffer keeps its column views
@@ -54,6 +63,8 @@ from pydantic import Field
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..codec.params import BatchSize, Count, Params, Seconds, parse
+from ..codec.protocol import CONSUMING
+from . import errors
 from .fetchers import Pipeline, SampleClient
 from .staging import StagingBuffer
 from .staging import check_device as _check_device
@@ -64,6 +75,10 @@ def _identity(batch: Any) -> Any:
     return batch
 
 
+#: ``prefetch`` where the loader may sample ahead (``None`` on a table that is no queue)
+DEFAULT_PREFETCH = 4
+
+
 class LoaderParams(Params):
     """A loader's numbers, checked once when it is made: ``batch_size``, ``timeout`` and
     ``num_batches`` by the contract's rules (a sample's size and wait, a stream's count)."""
@@ -71,7 +86,7 @@ class LoaderParams(Params):
     batch_size: BatchSize
     timeout: Seconds = None
     num_batches: Count | None = None
-    prefetch: int = Field(ge=1, strict=True)  # a thread each: 2.5 or "4" is a mistake
+    prefetch: int | None = Field(ge=0, strict=True)  # threads: 2.5 or "4" is a mistake
 
 
 class Loader(IterableDataset):
@@ -81,7 +96,9 @@ class Loader(IterableDataset):
         client: a :class:`~tdreplay.client.ReplayClient`.
         table: the table to sample.
         batch_size: items per batch.
-        prefetch: batches requested ahead (in flight or ready), >= 1.
+        prefetch: batches requested ahead (in flight or ready); 0: none, a request
+            per ``next()``; ``None``: 4, or 0 on a fifo or lifo table (one ``info``
+            call a pass tells which; see the module's text on what an early exit takes).
         device: where batches go (``"cuda"``: pinned staging and side-stream copies).
         as_cls: a tensorclass to return batches as.
         num_batches: stop after this many batches (``None``: never stop).
@@ -100,8 +117,8 @@ class Loader(IterableDataset):
         InvalidRequest: an argument breaks its rule, named in the message and in
             ``field``: ``batch_size`` (1 to 2**31, the contract's), ``timeout``
             (negative, infinite or NaN), ``num_batches`` (below 1, not a whole
-            number), ``prefetch`` (below 1, not an int).
-        ValueError: ``stream=True`` on a sharded client.
+            number), ``prefetch`` (negative, not an int).
+        ValueError: ``stream=True`` on a sharded client, or with ``prefetch=0``.
         TypeError: ``as_cls`` is not a ``@tensorclass``.
         RuntimeError: ``device`` is a CUDA device this process cannot use (no
             CUDA, or an index past the devices it sees).
@@ -113,7 +130,7 @@ class Loader(IterableDataset):
         table: str,
         batch_size: int,
         *,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         device: str | torch.device | None = None,
         as_cls: type | None = None,
         num_batches: int | None = None,
@@ -132,6 +149,8 @@ class Loader(IterableDataset):
         )  # the contract's rules, here: the stream skips the plans that check them
         if stream and len(client.urls) > 1:
             raise ValueError("stream=True reads one server; not available on a sharded client")
+        if stream and args.prefetch == 0:
+            raise ValueError("stream=True samples ahead of the reader: not with prefetch=0")
         self.client = client
         self.table = table
         self.batch_size = args.batch_size
@@ -155,6 +174,19 @@ class Loader(IterableDataset):
 
     def __bool__(self) -> bool:
         return True  # not len(): an endless loader is no empty one
+
+    def pass_prefetch(self) -> int:
+        """This pass's ``prefetch``: as given, or 0 on a fifo or lifo table, else 4.
+
+        Raises:
+            ReplayError: what the table's ``info`` raises (``TableNotFound``, ...).
+        """
+        if self.prefetch is not None:
+            return self.prefetch
+        if self.stream:
+            return DEFAULT_PREFETCH  # a stream samples ahead whatever the table
+        kind = self.client.info(self.table)["sampler"]["kind"]
+        return 0 if kind in CONSUMING else DEFAULT_PREFETCH
 
     def __iter__(self) -> LoaderIterator:
         worker = get_worker_info()
@@ -198,7 +230,12 @@ class LoaderIterator(Iterator[Any]):
         self.batches = 0
         self.wait_s = 0.0
         self._held: StagingBuffer | None = None
-        self._pipe = Pipeline(loader, device=device, keep=keep, count=count)
+        self._failed: errors.ReplayError | None = None
+        try:
+            prefetch = loader.pass_prefetch()
+        except errors.ReplayError as err:  # the first next() raises it, as a sample's
+            prefetch, self._failed = 0, err  # (no request ahead: none is sent)
+        self._pipe = Pipeline(loader, device=device, keep=keep, count=count, prefetch=prefetch)
         self._finalizer = weakref.finalize(self, self._pipe.close)
 
     def __next__(self) -> Any:
@@ -210,6 +247,10 @@ class LoaderIterator(Iterator[Any]):
         if pipe.closed or (n is not None and self.batches >= n):
             self.close()
             raise StopIteration
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            self.close()
+            raise failed
         t0 = time.perf_counter()
         batch, extra = pipe.get()
         self.wait_s += time.perf_counter() - t0

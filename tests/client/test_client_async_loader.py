@@ -60,6 +60,7 @@ def test_eighty_loaders_leave_no_connections_behind(server: Any, transport: str)
         return during - before, sockets(pid) - before
 
     during, after = asyncio.run(run())
-    # one blocking client for all: its few connections (prefetch 2), not 80 clients' 80-160
-    assert during <= 4, f"{during} more server sockets after 80 loaders"
+    # one blocking client for all: its few connections (prefetch 2; over shm a fetcher
+    # thread's channel may outlive it a while), not 80 clients' 80-160
+    assert during <= 16, f"{during} more server sockets after 80 loaders"
     assert after <= -1  # aclose() closed the loaders' connections and the client's own
