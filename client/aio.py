@@ -17,7 +17,7 @@ fetchers are the blocking loader's threads (the sync client never imports this m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,11 +25,12 @@ import torch
 
 from ..codec.archive import Packed
 from . import datasets, dumps, errors, route, shm
+from .aio_loader import AsyncLoader
 from .aio_transport import AsyncTransport
 from .aio_writer import AsyncWriter
 from .base import ClientBase
 from .deprecation import warn_close_deprecated
-from .loader import Loader, LoaderIterator
+from .loader import Loader
 from .plans import ClientSettings
 from .schema import load_spec
 from .stats import flatten
@@ -59,6 +60,9 @@ class AsyncReplayClient(ClientBase):
         ]
         self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
         self._link_lock: tuple[Any, asyncio.Lock] = (None, asyncio.Lock())  # (its loop, lock)
+        # what every loader's fetcher threads call (no connection until one runs);
+        # closed with this client
+        self._blocking = ReplayClient._from_settings(settings)
 
     async def _run(self, plan: Plan[T] | Generator[Any, Any, T]) -> T:
         """Drive a plan (:mod:`.core`, :mod:`.route`): perform each step it yields, awaited."""
@@ -133,7 +137,8 @@ class AsyncReplayClient(ClientBase):
             return err
 
     async def aclose(self) -> None:
-        """Close idle connections; the client stays usable."""
+        """Close idle connections (its loaders' too); the client stays usable."""
+        self._blocking.close()
         for t in self._transports:
             await t.aclose()
         for link in self._links:
@@ -318,7 +323,7 @@ class AsyncReplayClient(ClientBase):
         table: str,
         batch_size: int,
         *,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         device: str | torch.device | None = None,
         as_cls: type | None = None,
         num_batches: int | None = None,
@@ -330,11 +335,12 @@ class AsyncReplayClient(ClientBase):
 
         The fetchers are the sync loader's threads (its buffer pool and CUDA
         staging too); the event loop only awaits the hand-over of each batch.
+        All of this client's loaders share one blocking client, whose connections
+        :meth:`aclose` closes.
         """
-        sync = ReplayClient._from_settings(self.settings)
         return AsyncLoader(
             Loader(
-                sync,
+                self._blocking,
                 table,
                 batch_size,
                 prefetch=prefetch,
@@ -367,34 +373,6 @@ class AsyncReplayClient(ClientBase):
             end_key=end_key,
             timeout=timeout,
         )
-
-
-_DONE = object()
-
-
-def _next(it: LoaderIterator) -> Any:
-    try:
-        return next(it)
-    except StopIteration:
-        return _DONE
-
-
-class AsyncLoader:
-    """An async iterator over a :class:`Loader`'s batches."""
-
-    def __init__(self, loader: Loader) -> None:
-        self.loader = loader
-
-    async def __aiter__(self) -> AsyncIterator[Any]:
-        it = iter(self.loader)
-        try:
-            while True:
-                batch = await asyncio.to_thread(_next, it)
-                if batch is _DONE:
-                    return
-                yield batch
-        finally:
-            it.close()
 
 
 __all__ = ["AsyncLoader", "AsyncReplayClient", "AsyncTransport"]

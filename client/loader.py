@@ -8,6 +8,15 @@ How it keeps the learner from waiting:
 
 * ``prefetch`` fetcher threads keep up to ``prefetch`` sample requests in
   flight or ready (a credit per batch: taking a batch frees one).
+
+On a fifo or lifo table a sample takes its items out of the queue, so a
+batch fetched ahead and never taken (the learner leaves the pass early) is
+lost. There ``prefetch`` defaults to 0: no request ahead of the learner, each
+``next()`` sends one, and a pass left early has taken exactly the batches the
+learner got. An explicit ``prefetch=k`` takes up to ``k`` batches more than
+the learner got (``k * batch_size`` items); ``stream=True`` up to the
+stream's count: the server samples ahead of the reader, ``num_batches`` (what
+is left of it) or, without it, 1024 batches at a time.
 * Each answer is received (``readinto``) into one of a small pool of reused
   buffers and decoded in place — the tensors are views on the buffer, no
   fresh allocation per batch. Over shm a buffer keeps its column views
@@ -44,50 +53,40 @@ memory (the DataLoader pins and moves them itself).
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import weakref
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from pydantic import Field
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..codec.params import seconds
-from . import commands as C
-from . import errors, exiting, shm
-from .batches import decode_batch
-from .plans import ClientSettings
-from .staging import Credits as _Credits
+from ..codec.params import BatchSize, Count, Params, Seconds, parse
+from ..codec.protocol import CONSUMING
+from . import errors
+from .fetchers import Pipeline, SampleClient
 from .staging import StagingBuffer
 from .staging import check_device as _check_device
-from .streams import one_batch_streams
-from .tensorclass import to_tensorclass
-from .transport import Transport
-
-
-class SampleClient(Protocol):
-    """What a :class:`Loader` needs of its client: :class:`~tdreplay.client.ReplayClient`.
-
-    Named here so that this module imports neither twin (each builds its
-    loader here); a blocking client, since the fetchers are threads.
-    """
-
-    settings: ClientSettings
-    _transports: list[Transport]
-
-    @property
-    def urls(self) -> tuple[str, ...]: ...
-
-    def _sample_into(
-        self, table: str, batch_size: int, timeout: float | None, alloc: C.Alloc
-    ) -> TensorDictBase: ...
+from .tensorclass import check_tensorclass, to_tensorclass
 
 
 def _identity(batch: Any) -> Any:
     return batch
+
+
+#: ``prefetch`` where the loader may sample ahead (``None`` on a table that is no queue)
+DEFAULT_PREFETCH = 4
+
+
+class LoaderParams(Params):
+    """A loader's numbers, checked once when it is made: ``batch_size``, ``timeout`` and
+    ``num_batches`` by the contract's rules (a sample's size and wait, a stream's count)."""
+
+    batch_size: BatchSize
+    timeout: Seconds = None
+    num_batches: Count | None = None
+    prefetch: int | None = Field(ge=0, strict=True)  # threads: 2.5 or "4" is a mistake
 
 
 class Loader(IterableDataset):
@@ -97,7 +96,9 @@ class Loader(IterableDataset):
         client: a :class:`~tdreplay.client.ReplayClient`.
         table: the table to sample.
         batch_size: items per batch.
-        prefetch: batches requested ahead (in flight or ready), >= 1.
+        prefetch: batches requested ahead (in flight or ready); 0: none, a request
+            per ``next()``; ``None``: 4, or 0 on a fifo or lifo table (one ``info``
+            call a pass tells which; see the module's text on what an early exit takes).
         device: where batches go (``"cuda"``: pinned staging and side-stream copies).
         as_cls: a tensorclass to return batches as.
         num_batches: stop after this many batches (``None``: never stop).
@@ -108,10 +109,17 @@ class Loader(IterableDataset):
     Iterating raises what the client's ``sample`` raises (``RateLimitTimeout``
     when no data comes within ``timeout``, ...); the loader then stops.
 
+    With ``num_batches``, ``len(loader)`` is that number; in the workers of a
+    DataLoader each runs its share, so the DataLoader yields ``len(loader)`` batches
+    in all (torch trusts an ``IterableDataset``'s ``len`` so).
+
     Raises:
-        ValueError: ``prefetch`` or ``batch_size`` below 1; ``stream=True`` on a
-            sharded client.
-        InvalidRequest: ``timeout`` negative, infinite or NaN (the contract's rule).
+        InvalidRequest: an argument breaks its rule, named in the message and in
+            ``field``: ``batch_size`` (1 to 2**31, the contract's), ``timeout``
+            (negative, infinite or NaN), ``num_batches`` (below 1, not a whole
+            number), ``prefetch`` (negative, not an int).
+        ValueError: ``stream=True`` on a sharded client, or with ``prefetch=0``.
+        TypeError: ``as_cls`` is not a ``@tensorclass``.
         RuntimeError: ``device`` is a CUDA device this process cannot use (no
             CUDA, or an index past the devices it sees).
     """
@@ -122,7 +130,7 @@ class Loader(IterableDataset):
         table: str,
         batch_size: int,
         *,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         device: str | torch.device | None = None,
         as_cls: type | None = None,
         num_batches: int | None = None,
@@ -130,27 +138,67 @@ class Loader(IterableDataset):
         keep: bool = False,
         stream: bool = False,
     ) -> None:
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        args = parse(
+            LoaderParams,
+            {
+                "batch_size": batch_size,
+                "timeout": timeout,
+                "num_batches": num_batches,
+                "prefetch": prefetch,
+            },
+        )  # the contract's rules, here: the stream skips the plans that check them
         if stream and len(client.urls) > 1:
             raise ValueError("stream=True reads one server; not available on a sharded client")
+        if stream and args.prefetch == 0:
+            raise ValueError("stream=True samples ahead of the reader: not with prefetch=0")
         self.client = client
         self.table = table
-        self.batch_size = batch_size
-        self.prefetch = prefetch
+        self.batch_size = args.batch_size
+        self.prefetch = args.prefetch
         self.device = _check_device(device)
-        self.as_cls = as_cls
-        self.num_batches = num_batches
-        self.timeout = seconds(timeout)  # the contract's rule, here: the stream skips the plans
+        self.as_cls = None if as_cls is None else check_tensorclass(as_cls)
+        self.num_batches = args.num_batches
+        self.timeout = args.timeout
         self.keep = keep
         self.stream = stream
 
+    def __len__(self) -> int:
+        """``num_batches``: what a pass yields.
+
+        Raises:
+            TypeError: the loader is endless (``num_batches=None``).
+        """
+        if self.num_batches is None:
+            raise TypeError("an endless loader has no len(): pass num_batches for one")
+        return self.num_batches
+
+    def __bool__(self) -> bool:
+        return True  # not len(): an endless loader is no empty one
+
+    def pass_prefetch(self) -> int:
+        """This pass's ``prefetch``: as given, or 0 on a fifo or lifo table, else 4.
+
+        Raises:
+            ReplayError: what the table's ``info`` raises (``TableNotFound``, ...).
+        """
+        if self.prefetch is not None:
+            return self.prefetch
+        if self.stream:
+            return DEFAULT_PREFETCH  # a stream samples ahead whatever the table
+        kind = self.client.info(self.table)["sampler"]["kind"]
+        return 0 if kind in CONSUMING else DEFAULT_PREFETCH
+
     def __iter__(self) -> LoaderIterator:
-        in_worker = get_worker_info() is not None
+        worker = get_worker_info()
+        count = self.num_batches
+        if worker is not None and count is not None:  # this worker's share of the batches
+            count = count // worker.num_workers + (worker.id < count % worker.num_workers)
+        in_worker = worker is not None
         return LoaderIterator(
-            self, device=None if in_worker else self.device, keep=self.keep or in_worker
+            self,
+            device=None if in_worker else self.device,
+            keep=self.keep or in_worker,
+            count=count,
         )
 
     def dataloader(self, num_workers: int = 1, **kwargs: Any) -> DataLoader[Any]:
@@ -158,156 +206,12 @@ class Loader(IterableDataset):
 
         Batches pass through unchanged (``batch_size=None``, identity collate:
         torch's default collate would take a TensorDict apart as a mapping).
-        Each worker yields ``num_batches`` batches (all: endless). ``pin_memory``
-        and the other keywords go to the DataLoader.
+        The workers share ``num_batches`` between them (each endless without it),
+        so ``len()`` of the DataLoader is ``num_batches``. ``pin_memory`` and the
+        other keywords go to the DataLoader.
         """
         kwargs.setdefault("collate_fn", _identity)
         return DataLoader(self, batch_size=None, num_workers=num_workers, **kwargs)
-
-
-class _Pipeline:
-    """The fetching side of one pass: fetcher threads, the buffer pool, the queues.
-
-    Kept apart from :class:`LoaderIterator` so that the threads hold no
-    reference to the iterator: a learner that drops it (``break`` out of a
-    ``for`` loop) gets it collected, and its finalizer stops the threads.
-    """
-
-    def __init__(self, loader: Loader, *, device: torch.device | None, keep: bool) -> None:
-        self.loader = loader
-        self.device = device
-        self.cuda = device is not None and device.type == "cuda"
-        self.keep = keep and not self.cuda
-        self._ready: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        self._free: queue.Queue[StagingBuffer] = queue.Queue()
-        wake = max(1, loader.prefetch // 2) if loader.stream else 1
-        self._credits = _Credits(loader.prefetch, wake=wake)
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._issued = 0
-        self.closed = False
-        if not self.keep and not loader.stream:
-            for _ in range(loader.prefetch + 1):
-                self._free.put(StagingBuffer(pinned=self.cuda))
-        n_threads = 1 if loader.stream else loader.prefetch
-        target = self._stream_fetcher if loader.stream else self._fetcher
-        self.threads = [
-            threading.Thread(target=target, args=(i,), daemon=True, name=f"tdreplay-loader-{i}")
-            for i in range(n_threads)
-        ]
-        exiting.track(self)
-        for t in self.threads:
-            t.start()
-
-    # ---------------------------------------------------------------- fetchers
-    def _claim(self) -> bool:
-        """Take a credit and count one more batch; False when the pass is over."""
-        self._credits.acquire()
-        if self._stop.is_set():
-            return False
-        with self._lock:
-            n = self.loader.num_batches
-            if n is not None and self._issued >= n:
-                return False
-            self._issued += 1
-        return True
-
-    def _fetcher(self, i: int) -> None:
-        loader = self.loader
-        shm.background_thread()  # prefetching: no one waits on its calls
-        try:
-            # in the try: whatever fails here reaches the learner, who would wait forever else
-            stream = torch.cuda.Stream(self.device) if self.cuda else None
-            while self._claim():
-                slot: StagingBuffer | None = None
-                alloc = C.fresh
-                if not self.keep:
-                    slot = self._free.get()
-                    slot.reset()
-                    alloc = slot  # an Alloc that keeps what is built on its pieces
-                td = loader.client._sample_into(
-                    loader.table, loader.batch_size, loader.timeout, alloc
-                )
-                self._ready.put(self._stage(td, slot, stream))
-        except BaseException as err:
-            self._ready.put((err, None))
-            self._stop.set()
-
-    def _stream_fetcher(self, i: int) -> None:
-        loader = self.loader
-        wait = loader.client.settings.wait if loader.timeout is None else loader.timeout
-        received = 0
-        try:
-            stream = torch.cuda.Stream(self.device) if self.cuda else None
-            transport = loader.client._transports[0]
-            while not self._stop.is_set():
-                # a stream asks for no more than the pass still takes: the server samples
-                # ahead of the reader, and what it sampled counts (a fifo table's is gone)
-                n = loader.num_batches
-                count = 1024 if n is None else n - received
-                if count <= 0:
-                    return
-                cmd = C.Stream(loader.table, loader.batch_size, count, wait)
-                with transport.open_stream(cmd.request()) as chunks:
-                    got = 0
-                    try:
-                        for body in one_batch_streams(chunks):
-                            got += 1
-                            received += 1
-                            td = decode_batch(body)  # sliced at the layout's offsets
-                            if not self._claim():
-                                return
-                            self._ready.put(self._stage(td, None, stream))
-                    except ValueError as err:
-                        raise errors.ProtocolError(f"bad sample stream: {err}") from None
-                if got == 0:  # the server ends a stream early when a sample times out
-                    raise errors.RateLimitTimeout(
-                        f"table {loader.table!r}: no batch within {wait:g}s on the stream",
-                        status=429,
-                        table=loader.table,
-                    )
-        except BaseException as err:
-            self._ready.put((err, None))
-            self._stop.set()
-
-    def _stage(
-        self, td: TensorDictBase, slot: StagingBuffer | None, stream: Any
-    ) -> tuple[Any, Any]:
-        """Move ``td`` toward the learner's device; returns the queue item ``(batch, slot|event)``."""
-        if self.cuda:
-            with torch.cuda.stream(stream):
-                out = td.to(self.device, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(stream)
-            if slot is not None:
-                slot.event = event  # reset() waits on it before the buffer is refilled
-                self._free.put(slot)
-            return out, event
-        if self.device is not None and self.device.type != "cpu":
-            if slot is not None:
-                self._free.put(slot)
-            return td.to(self.device), None
-        return td, slot
-
-    # ---------------------------------------------------------------- hand-over
-    def get(self) -> tuple[Any, Any]:
-        """The next ``(batch, slot | event)``, or ``(exception, None)``; frees a credit."""
-        item = self._ready.get()
-        self._credits.release()
-        return item
-
-    def give_back(self, slot: StagingBuffer) -> None:
-        self._free.put(slot)
-
-    def close(self) -> None:
-        """Stop the fetchers (a request in flight finishes within its timeout); ``get()`` ends."""
-        if self.closed:
-            return
-        self.closed = True
-        self._stop.set()
-        self._credits.open()
-        # wakes a learner blocked in get() (an iterator closed from another thread, or at exit)
-        self._ready.put((StopIteration(), None))
 
 
 class LoaderIterator(Iterator[Any]):
@@ -318,12 +222,20 @@ class LoaderIterator(Iterator[Any]):
         wait_s: total seconds the learner spent waiting in ``next()``.
     """
 
-    def __init__(self, loader: Loader, *, device: torch.device | None, keep: bool) -> None:
+    def __init__(
+        self, loader: Loader, *, device: torch.device | None, keep: bool, count: int | None
+    ) -> None:
         self.loader = loader
+        self.count = count
         self.batches = 0
         self.wait_s = 0.0
         self._held: StagingBuffer | None = None
-        self._pipe = _Pipeline(loader, device=device, keep=keep)
+        self._failed: errors.ReplayError | None = None
+        try:
+            prefetch = loader.pass_prefetch()
+        except errors.ReplayError as err:  # the first next() raises it, as a sample's
+            prefetch, self._failed = 0, err  # (no request ahead: none is sent)
+        self._pipe = Pipeline(loader, device=device, keep=keep, count=count, prefetch=prefetch)
         self._finalizer = weakref.finalize(self, self._pipe.close)
 
     def __next__(self) -> Any:
@@ -331,10 +243,14 @@ class LoaderIterator(Iterator[Any]):
         if self._held is not None:  # the learner is done with the previous batch
             pipe.give_back(self._held)
             self._held = None
-        n = self.loader.num_batches
+        n = self.count
         if pipe.closed or (n is not None and self.batches >= n):
             self.close()
             raise StopIteration
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            self.close()
+            raise failed
         t0 = time.perf_counter()
         batch, extra = pipe.get()
         self.wait_s += time.perf_counter() - t0

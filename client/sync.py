@@ -340,7 +340,7 @@ class ReplayClient(Persistence, ClientBase):
         table: str,
         batch_size: int,
         *,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         device: str | torch.device | None = None,
         as_cls: type | None = None,
         num_batches: int | None = None,

@@ -9,6 +9,14 @@ caller's own included. It is a view: keys the class does not declare are left
 out (a learner may declare only what it reads), fields the batch lacks are an
 error unless the class gives them a default.
 
+A field named like an attribute of TensorDict or of tensorclasses
+(``shape``, ``keys``, ``get``...) shadows it (tensordict's ``shadow=True``:
+``batch.shape`` is the field; ``batch.batch_size`` is the batch's shape) when
+the class still works so; a name it cannot take (its constructor's
+``batch_size``, ``device`` or ``self``, a method it calls on itself: ``to``,
+``clone``...) is refused, naming the field: read such a table's batches as
+TensorDicts.
+
     >>> import torch
     >>> from tensordict import TensorDict
     >>> Step = from_fields("demo", {"obs": {"shape": [2], "dtype": "float32"},
@@ -22,13 +30,14 @@ error unless the class gives them a default.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import keyword
 import typing
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase, is_tensorclass, tensorclass
+from tensordict import TensorDict, TensorDictBase, is_tensorclass, tensorclass
 
 #: keys a sampled batch carries besides the schema's fields
 SAMPLE_KEYS = ("index", "sample_info")
@@ -45,10 +54,41 @@ def _ident(name: str) -> str:
     return name
 
 
-def _build(cls_name: str, tree: Mapping[str, Any], optional: tuple[str, ...] = ()) -> type:
+#: names a field takes only by shadowing an attribute (``self``: the constructor's own)
+_ATTRIBUTES = frozenset(dir(TensorDict)) | {"self"}
+
+
+@functools.cache
+def _shadows_well(name: str) -> bool:
+    """Whether a ``@tensorclass(shadow=True)`` with a field ``name`` still works: made
+    from a batch, read, sliced, cloned, moved. Tried once per name (tensordict decides)."""
+    try:
+        cls = tensorclass(dataclasses.make_dataclass("Probe", [(name, torch.Tensor)]), shadow=True)
+        obj = to_tensorclass(TensorDict({name: torch.arange(2)}, [2]), cls)
+        part = obj[1:].clone().to("cpu")
+        return type(part) is cls and bool(getattr(part, name).tolist() == [1])
+    except Exception:  # whatever breaks in tensordict: the name is refused
+        return False
+
+
+def _build(
+    cls_name: str, tree: Mapping[str, Any], optional: tuple[str, ...] = (), where: str = ""
+) -> type:
+    shadowed = [key for key in tree if key in _ATTRIBUTES]
+    for key in shadowed:
+        if not _shadows_well(key):
+            path = (*where.split(".")[:-1], key)
+            raise ValueError(
+                f"field {where + key!r}: a tensorclass cannot have a field named {key!r} (it "
+                f"needs that name itself); read this table's batches as TensorDicts: sample() "
+                f"or loader() without as_cls, batch[{path if len(path) > 1 else key!r}]"
+            )
     spec: list[Any] = []
     for key, sub in tree.items():
-        ftype: Any = _build(cls_name + _camel(key), sub) if isinstance(sub, dict) else torch.Tensor
+        nested = isinstance(sub, dict)
+        ftype: Any = (
+            _build(cls_name + _camel(key), sub, where=f"{where}{key}.") if nested else torch.Tensor
+        )
         if key in optional:
             spec.append((_ident(key), ftype | None, dataclasses.field(default=None)))
         else:
@@ -56,7 +96,7 @@ def _build(cls_name: str, tree: Mapping[str, Any], optional: tuple[str, ...] = (
     spec.sort(key=lambda s: len(s) == 3)  # dataclass: defaults last
     cls = dataclasses.make_dataclass(cls_name, spec)
     cls.__module__ = __name__
-    return tensorclass(cls)
+    return tensorclass(cls, shadow=bool(shadowed))
 
 
 def from_fields(table: str, fields: Mapping[str, Any]) -> type:
@@ -67,6 +107,10 @@ def from_fields(table: str, fields: Mapping[str, Any]) -> type:
     ``index`` (int64 ``[B]``) and ``sample_info`` fields for sampled batches.
     Generated classes cannot be pickled by reference (they are not module
     attributes); send their ``._tensordict`` across processes instead.
+
+    Raises:
+        ValueError: a field's name (a segment of it) is no Python identifier, or is
+            one a tensorclass cannot take (see above); names the field.
     """
     tree: dict[str, Any] = {}
     for dotted in fields:
@@ -98,6 +142,17 @@ def _inner(hint: Any) -> type | None:
     return None
 
 
+def check_tensorclass(cls: Any) -> type:
+    """``cls``, if it is a ``@tensorclass`` class (what ``as_cls`` takes).
+
+    Raises:
+        TypeError: it is not; names ``as_cls``.
+    """
+    if not (isinstance(cls, type) and is_tensorclass(cls)):
+        raise TypeError(f"as_cls must be a @tensorclass, got {cls!r}")
+    return cls
+
+
 def to_tensorclass(td: TensorDictBase, cls: type) -> Any:
     """``td`` as an instance of the tensorclass ``cls`` (nested tensorclasses filled in too).
 
@@ -105,8 +160,7 @@ def to_tensorclass(td: TensorDictBase, cls: type) -> Any:
         TypeError: ``cls`` is not a tensorclass.
         ValueError: ``td`` lacks a field ``cls`` needs (and has no default).
     """
-    if not (isinstance(cls, type) and is_tensorclass(cls)):
-        raise TypeError(f"as_cls must be a @tensorclass, got {cls!r}")
+    check_tensorclass(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     keys = set(td.keys())  # (``key in td`` is not a TensorDict operation)
     hints = _hints(cls)

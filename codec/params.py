@@ -69,6 +69,8 @@ Seconds = Annotated[
     ),
 ]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description="Items per batch.")]
+#: how many batches: a stream's ``count``, a client loader's ``num_batches``
+Count = Annotated[int, Field(ge=1)]
 #: a slot (or a sampled item's key) as a caller names it: an int, never a float, a bool or a
 #: string converted (0.5 or ``true`` would name slot 0 or 1: the wrong item changed)
 SlotIndex = Annotated[int, Field(ge=0, lt=1 << 63, strict=True)]
@@ -152,8 +154,8 @@ class SampleParams(Params):
 
 class StreamParams(Params):
     batch_size: BatchSize
-    count: int | None = Field(
-        default=None, ge=1, description="Batches to send; omitted: until the client leaves."
+    count: Count | None = Field(
+        default=None, description="Batches to send; omitted: until the client leaves."
     )
     timeout: Seconds = None
 

@@ -65,6 +65,8 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
 PARQUET = "application/vnd.apache.parquet"
 CSV = "text/csv"
+#: samplers that hand out each item once (a table of one is a queue: a sample takes items)
+CONSUMING = frozenset({"fifo", "lifo"})
 #: export format -> media type of the streamed file
 EXPORT_MEDIA = {"parquet": PARQUET, "csv": CSV}
 #: a table's checkpoint as one archive (dump / load; :mod:`tdreplay.codec.archive`)

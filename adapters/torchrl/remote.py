@@ -23,8 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-#: the server's samplers that hand out each item once (TorchRL's consuming samplers)
-CONSUMING = frozenset({"fifo", "lifo"})
+from tdreplay.codec.protocol import CONSUMING
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ def test_errors_stop_the_loader(client: ReplayClient) -> None:
 
 def test_loader_needs_sane_arguments(client: ReplayClient, table: str) -> None:
     with pytest.raises(ValueError):
-        client.loader(table, 8, prefetch=0)
+        client.loader(table, 8, prefetch=-1)
     with pytest.raises(ValueError):
         Loader(ReplayClient([client.urls[0], client.urls[0]]), table, 8, stream=True)
 
