@@ -207,21 +207,24 @@ def export(client: ReplayClient, args: dict[str, Any]) -> None:
     if not table:
         raise CommandError("which table? (export TABLE, or --checkpoint DIR offline)", Exit.USAGE)
     output, on_server = args.get("output"), args.get("on_server")
-    fmt = export_format(args.get("format"), output or on_server)
-    if fmt == "minari":
+    if args.get("format") == "minari":
         export_minari(client, table, args)
         return
     if bool(output) == bool(on_server):
         raise CommandError("give one of -o FILE (here) or --on-server PATH", Exit.USAGE)
     if on_server:
+        chosen = export_format(args.get("format"), on_server)
         print(
-            f"exported table {table!r} to {client.export(table, fmt, path=on_server)} "
+            f"exported table {table!r} to {client.export(table, chosen, path=on_server)} "
             "(under the server's data root)"
         )
         return
     dest = Path(str(output))
+    # a folder names no format: the client refuses it, saying so, before any transfer
+    given = args.get("format")
+    fmt = given if dest.is_dir() else export_format(given, str(dest))
     client.export(table, fmt, dest=dest, progress=show_progress(args))
-    print(f"exported table {table!r} to {dest} ({describe_file(dest, fmt)})")
+    print(f"exported table {table!r} to {dest} ({describe_file(dest, str(fmt))})")
 
 
 def minari_id(args: dict[str, Any]) -> str:

@@ -152,14 +152,14 @@ class Export(Command["str | bytes | Path"]):
     op = ops.EXPORT
 
     table: str
-    format: str = "parquet"
+    format: str | None = None  # None: the server tells it from path (Parquet streamed back)
     path: str | None = None
     dataset_id: str | None = None
     env_spec: str | None = None
     sink: FileSink | None = None
 
     def request(self) -> Request:
-        payload: dict[str, Any] = {"format": self.format}
+        payload: dict[str, Any] = {} if self.format is None else {"format": self.format}
         if self.path is not None:
             payload["path"] = self.path
         if self.dataset_id is not None:
@@ -262,7 +262,7 @@ class PersistencePlans:
     def export(
         self,
         table: str,
-        format: str = "parquet",
+        format: str | None = None,
         path: str | None = None,
         *,
         dataset_id: str | None = None,

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from tdreplay.codec import protocol
 from tdreplay.codec.archive import Packed
 from tdreplay.codec.archive import unpack as archive_unpack
+from tdreplay.codec.exports import export_format
 from tdreplay.codec.minari_files import write_minari
 from tdreplay.codec.params import (
     ExportBody,
@@ -96,7 +97,9 @@ class PersistenceOps(CorePart):
             and then delete (no ``path`` given), or a file under ``exports/``.
 
         Raises:
-            InvalidRequest, PathExists: see :func:`.paths.export_target`.
+            InvalidRequest, PathExists: see :func:`.paths.export_target`; InvalidRequest
+                too for a format the path's suffix does not name
+                (:func:`tdreplay.codec.exports.export_format`).
             InsufficientStorage: the disk is full (nothing is left behind).
         """
         handle = self.table(name)
@@ -104,10 +107,11 @@ class PersistenceOps(CorePart):
             return await self._export_minari(handle, name, body), False
         if body.path is not None:
             target, scratch = export_target(self.root, name, body.path), False
-        else:
-            target = self.root / EXPORT_SCRATCH / f"{name}-{uuid.uuid4().hex}.{body.format}"
+        else:  # named for its format, which the route sends it as
+            suffix = body.format or "parquet"
+            target = self.root / EXPORT_SCRATCH / f"{name}-{uuid.uuid4().hex}.{suffix}"
             scratch = True
-        fmt = body.format
+        fmt = export_format(target, body.format, name)
         began = time.monotonic()
         with handle.use() as table:
             # export_target refused an existing file; replace=False refuses one that

@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import protocol
 from tdreplay.codec.archive import CHUNK as ARCHIVE_CHUNK
+from tdreplay.codec.exports import export_format
 from tdreplay.codec.operations import (
     CHECKPOINT,
     DUMP,
@@ -116,10 +117,11 @@ async def export(
         with contextlib.suppress(OSError):
             path.unlink()
 
+    fmt = export_format(path)  # the core named the scratch file for its format
     return FileResponse(
         path,
-        media_type=protocol.EXPORT_MEDIA[body.format],
-        filename=f"{name}.{body.format}",
+        media_type=protocol.EXPORT_MEDIA[fmt],
+        filename=f"{name}.{fmt}",
         background=BackgroundTask(cleanup),
     )
 
