@@ -20,7 +20,7 @@ all decide with :func:`export_format`, so a name gets the same answer everywhere
 
 from __future__ import annotations
 
-from pathlib import PurePath
+from pathlib import PosixPath, PurePath
 
 from .errors import InvalidRequest
 
@@ -80,3 +80,32 @@ def export_format(path: str | PurePath, format: str | None = None, table: str | 
             got=fmt,
         )
     return fmt
+
+
+class ExportedPath(PosixPath):
+    """A path an export wrote, a :class:`~pathlib.Path` that also says what went into it.
+
+    ``rows``: the rows written; ``skipped``: rows live when the export began but
+    overwritten or removed before they were read (left out); ``splits``: Minari, where an
+    episode was split because rows were missing inside it
+    (:class:`tdreplay.codec.episodes.EpisodeSplitter`). ``None`` where not known (a path
+    made from this one).
+    """
+
+    rows: int | None = None
+    skipped: int | None = None
+    splits: int | None = None
+
+    @classmethod
+    def of(
+        cls,
+        path: str | PurePath,
+        *,
+        rows: int | None = None,
+        skipped: int | None = None,
+        splits: int | None = None,
+    ) -> ExportedPath:
+        """``path`` with what the export wrote to it."""
+        out = cls(path)
+        out.rows, out.skipped, out.splits = rows, skipped, splits
+        return out
