@@ -45,6 +45,20 @@ def describe_file(path: Path, fmt: str) -> str:
     return shown
 
 
+def describe_counts(written: Any) -> str:
+    """``"; 90 rows written, 10 left out (overwritten or removed during the export)"`` from
+    an export's counts (:class:`tdreplay.codec.exports.ExportedPath`), else ``""``."""
+    rows, skipped, splits = (getattr(written, k, None) for k in ("rows", "skipped", "splits"))
+    if rows is None:
+        return ""
+    out = (
+        f"; {rows} rows written, {skipped or 0} left out (overwritten or removed during the export)"
+    )
+    if splits:
+        out += f"; {splits} episode splits (rows missing inside an episode)"
+    return out
+
+
 def show_progress(args: dict[str, Any]) -> bool:
     """``--progress`` / ``--no-progress``, else whether stderr is a terminal."""
     chosen = args.get("progress")

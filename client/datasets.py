@@ -37,7 +37,7 @@ from ..codec import minari_files
 from ..codec.dtypes import TORCH
 from ..codec.episodes import trajectory_key_of
 from ..codec.errors import InvalidRequest, PathExists
-from ..codec.exports import export_format
+from ..codec.exports import ExportedPath, counted, export_format
 from ..codec.parquet_import import refused_values
 from ..codec.parquet_read import parquet_files, read_parquet
 from ..codec.protocol import import_rows, rows_written
@@ -97,9 +97,9 @@ def download(
         )
     fmt = export_format(dest, format, table)
     with aside(dest, progress=progress, desc=f"export {table}") as sink:
-        yield from calls.export(table, fmt, sink=sink)
+        got = yield from calls.export(table, fmt, sink=sink)
         os.replace(sink.path, dest)
-    return dest
+    return counted(ExportedPath.of(dest), {k: getattr(got, k, None) for k in ("rows", "skipped")})
 
 
 def export_minari(
@@ -145,7 +145,7 @@ def export_minari(
             got=dataset_id,
         )
     with aside(root / f"{table}.parquet", progress=progress, desc=f"export {table}") as sink:
-        yield from calls.export(table, "parquet", sink=sink)
+        got = yield from calls.export(table, "parquet", sink=sink)
         write = functools.partial(
             minari_files.write_minari,
             sink.path,
@@ -154,7 +154,8 @@ def export_minari(
             env_spec=spec_json,
             progress=progress,
         )
-        return (yield Work(write))
+        written = yield Work(write)
+        return counted(written, {"skipped": getattr(got, "skipped", None)})
 
 
 def import_dataset(

@@ -167,7 +167,10 @@ class Persistence:
         Parquet and CSV: written on the server with ``path``; streamed into the
         file ``dest`` here (written beside it and renamed at the end, so ``dest`` is
         never half a file; the client holds one read buffer, not the file); with
-        neither, returned as bytes.
+        neither, returned as bytes. The path returned (a ``str`` for ``path``, a
+        ``Path`` for ``dest``) carries ``rows`` (written) and ``skipped`` (rows
+        overwritten or removed while a live export ran, left out); Minari adds
+        ``splits`` (episodes split where rows were missing inside them).
 
         Minari (``format="minari"``, ``dataset_id="namespace/name-v0"``): the
         dataset ``minari.load_dataset(dataset_id)`` opens with ``MINARI_DATASETS_PATH``

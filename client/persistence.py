@@ -17,6 +17,7 @@ from ..codec import operations as ops
 from ..codec import protocol
 from ..codec.archive import Packed
 from ..codec.errors import ReplayError
+from ..codec.exports import ExportedName, ExportedPath, counted
 from .commands import Command, Request, Response, json_body, op_request, op_target
 from .errors import ProtocolError
 from .merging import merge_infos
@@ -175,12 +176,21 @@ class Export(Command["str | bytes | Path"]):
 
     def parse(self, response: Response) -> str | bytes | Path:
         response.check()
-        if self.path is not None:
+        if self.path is not None:  # an ExportedName: the path, with rows and skipped
             data = response.json()
-            return str(data.get("path", self.path)) if isinstance(data, dict) else self.path
-        if self.sink is not None:
+            if not isinstance(data, dict):
+                return self.path
+            return counted(ExportedName(data.get("path", self.path)), data)
+        if self.sink is not None:  # an ExportedPath, the counts from the headers
             self.sink.close()
-            return self.sink.path
+            head = response.headers
+            return counted(
+                ExportedPath.of(self.sink.path),
+                {
+                    "rows": head.get(protocol.EXPORT_ROWS.lower()),
+                    "skipped": head.get(protocol.EXPORT_SKIPPED.lower()),
+                },
+            )
         return bytes(response.body)
 
 

@@ -20,7 +20,9 @@ all decide with :func:`export_format`, so a name gets the same answer everywhere
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import PosixPath, PurePath
+from typing import Any
 
 from .errors import InvalidRequest
 
@@ -80,6 +82,25 @@ def export_format(path: str | PurePath, format: str | None = None, table: str | 
             got=fmt,
         )
     return fmt
+
+
+class ExportedName(str):
+    """The server's path (relative to its data root) an export wrote, with the same
+    ``rows``, ``skipped`` and ``splits`` as :class:`ExportedPath` (``None``: not answered)."""
+
+    rows: int | None = None
+    skipped: int | None = None
+    splits: int | None = None
+
+
+def counted(value: Any, answer: Mapping[str, Any]) -> Any:
+    """``value`` (an :class:`ExportedPath` or :class:`ExportedName`) with the counts of an
+    export's answer (``rows``, ``skipped``, ``splits``; headers' strings too) set on it."""
+    for key in ("rows", "skipped", "splits"):
+        got = answer.get(key)
+        if isinstance(got, int | str) and str(got).isdigit():
+            setattr(value, key, int(got))
+    return value
 
 
 class ExportedPath(PosixPath):

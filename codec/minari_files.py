@@ -173,7 +173,7 @@ def write_minari(
     data_format: str = "hdf5",
     description: str | None = None,
     progress: bool | None = False,
-) -> Path:
+) -> ExportedPath:
     """Write the rows of a tdreplay Parquet export as the Minari dataset ``dataset_id``.
 
     Args:

@@ -87,7 +87,7 @@ from tqdm import tqdm
 
 from tdreplay.codec import to_record_batch
 from tdreplay.codec.dtypes import ARROW
-from tdreplay.codec.exports import export_format
+from tdreplay.codec.exports import ExportedPath, export_format
 
 from .diskspace import insufficient, is_full
 from .errors import BackendError, InvalidRequest, PathExists
@@ -149,7 +149,9 @@ def export(
             final step (a link, atomic), so a file that appears meanwhile is kept too.
 
     Returns:
-        The file written (absolute).
+        The file written (absolute), an :class:`~tdreplay.codec.exports.ExportedPath`:
+        its ``rows`` were written, its ``skipped`` rows were live when the export began
+        but overwritten or removed before their chunk was read (left out; also logged).
 
     Raises:
         InvalidRequest: the format is unknown, cannot be told from the suffix or
@@ -208,7 +210,7 @@ def export(
             len(items),
             path,
         )
-    return path
+    return ExportedPath.of(path, rows=len(items) - dropped, skipped=dropped)
 
 
 def _exists(table: Table, path: Path) -> PathExists:
