@@ -212,7 +212,8 @@ def add_remote_commands(sub: Any) -> None:
     p.add_argument(
         "--format",
         choices=["parquet", "csv", "minari"],
-        help="default: from the suffix of FILE, else parquet; minari: a Minari dataset "
+        help="default: from the suffix of FILE or PATH (.parquet, .pq, .csv; another is "
+        "refused); a suffix of the other format is refused; minari: a Minari dataset "
         "(episodes from the table's trajectory key, else its done flags)",
     )
     p.add_argument("--dataset-id", metavar="ID", help="minari: the dataset's id, NAMESPACE/NAME-v0")

@@ -2,8 +2,8 @@
 (:mod:`tdreplay.service.cli`): the export file helpers. The commands' modules
 (:mod:`.offline`, :mod:`.remote`) import it; it imports none of them.
 
-    >>> export_format(None, "out.CSV"), export_format(None, None)
-    ('csv', 'parquet')
+    >>> export_format(None, "out.CSV"), export_format("csv", "out.txt")
+    ('csv', 'csv')
 """
 
 from __future__ import annotations
@@ -12,12 +12,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tdreplay.codec import exports
+from tdreplay.codec.errors import InvalidRequest
+from tdreplay.service.cli import CommandError, Exit
 
-def export_format(given: str | None, path: str | None) -> str:
-    """The export format: as given, else from the file's suffix, else Parquet."""
-    if given:
-        return given
-    return "csv" if Path(path or "").suffix.lower() == ".csv" else "parquet"
+
+def export_format(given: str | None, path: str) -> str:
+    """The format an export to ``path`` writes (``--format`` or ``path``'s suffix), by the
+    rule every door follows (:func:`tdreplay.codec.exports.export_format`).
+
+    Raises:
+        CommandError: (usage) no format given and the suffix names none, or a format
+            the suffix contradicts.
+    """
+    try:
+        return exports.export_format(path, given)
+    except InvalidRequest as err:
+        flag = str(err).replace("give the format", "give --format")
+        raise CommandError(flag, Exit.USAGE) from None
 
 
 def describe_file(path: Path, fmt: str) -> str:
@@ -31,6 +43,20 @@ def describe_file(path: Path, fmt: str) -> str:
     if fmt == "parquet":
         return f"{pq.ParquetFile(path).metadata.num_rows} rows, {shown}"
     return shown
+
+
+def describe_counts(written: Any) -> str:
+    """``"; 90 rows written, 10 left out (overwritten or removed during the export)"`` from
+    an export's counts (:class:`tdreplay.codec.exports.ExportedPath`), else ``""``."""
+    rows, skipped, splits = (getattr(written, k, None) for k in ("rows", "skipped", "splits"))
+    if rows is None:
+        return ""
+    out = (
+        f"; {rows} rows written, {skipped or 0} left out (overwritten or removed during the export)"
+    )
+    if splits:
+        out += f"; {splits} episode splits (rows missing inside an episode)"
+    return out
 
 
 def show_progress(args: dict[str, Any]) -> bool:

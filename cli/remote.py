@@ -32,7 +32,7 @@ from tdreplay.codec.parquet_read import parquet_files
 from tdreplay.codec.schema_file import read_schema
 from tdreplay.service.cli import CommandError, Exit
 
-from .common import describe_file, export_format, show_progress
+from .common import describe_counts, describe_file, export_format, show_progress
 
 
 def run(command: str, args: dict[str, Any]) -> None:
@@ -207,21 +207,26 @@ def export(client: ReplayClient, args: dict[str, Any]) -> None:
     if not table:
         raise CommandError("which table? (export TABLE, or --checkpoint DIR offline)", Exit.USAGE)
     output, on_server = args.get("output"), args.get("on_server")
-    fmt = export_format(args.get("format"), output or on_server)
-    if fmt == "minari":
+    if args.get("format") == "minari":
         export_minari(client, table, args)
         return
     if bool(output) == bool(on_server):
         raise CommandError("give one of -o FILE (here) or --on-server PATH", Exit.USAGE)
     if on_server:
+        chosen = export_format(args.get("format"), on_server)
+        written = client.export(table, chosen, path=on_server)
         print(
-            f"exported table {table!r} to {client.export(table, fmt, path=on_server)} "
-            "(under the server's data root)"
+            f"exported table {table!r} to {written} (under the server's data root)"
+            f"{describe_counts(written)}"
         )
         return
     dest = Path(str(output))
-    client.export(table, fmt, dest=dest, progress=show_progress(args))
-    print(f"exported table {table!r} to {dest} ({describe_file(dest, fmt)})")
+    # a folder names no format: the client refuses it, saying so, before any transfer
+    given = args.get("format")
+    fmt = given if dest.is_dir() else export_format(given, str(dest))
+    written = client.export(table, fmt, dest=dest, progress=show_progress(args))
+    shown = describe_file(dest, str(fmt))
+    print(f"exported table {table!r} to {dest} ({shown}){describe_counts(written)}")
 
 
 def minari_id(args: dict[str, Any]) -> str:
@@ -245,7 +250,10 @@ def export_minari(client: ReplayClient, table: str, args: dict[str, Any]) -> Non
         progress=show_progress(args),
     )
     shown = f"{where} (under the server's data root)" if on_server else str(where)
-    print(f"exported table {table!r} as the Minari dataset {dataset_id!r} to {shown}")
+    print(
+        f"exported table {table!r} as the Minari dataset {dataset_id!r} to {shown}"
+        f"{describe_counts(where)}"
+    )
 
 
 @contextmanager

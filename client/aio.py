@@ -249,7 +249,7 @@ class AsyncReplayClient(ClientBase):
     async def export(
         self,
         table: str,
-        format: str = "parquet",
+        format: str | None = None,
         *,
         path: str | None = None,
         dest: str | Path | None = None,

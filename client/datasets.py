@@ -37,6 +37,7 @@ from ..codec import minari_files
 from ..codec.dtypes import TORCH
 from ..codec.episodes import trajectory_key_of
 from ..codec.errors import InvalidRequest, PathExists
+from ..codec.exports import ExportedPath, counted, export_format
 from ..codec.parquet_import import refused_values
 from ..codec.parquet_read import parquet_files, read_parquet
 from ..codec.protocol import import_rows, rows_written
@@ -50,7 +51,7 @@ MINARI = "minari"
 def export(
     calls: Calls,
     table: str,
-    format: str = "parquet",
+    format: str | None = None,
     path: str | None = None,
     dest: str | Path | None = None,
     dataset_id: str | None = None,
@@ -77,13 +78,15 @@ def export(
 
 
 def download(
-    calls: Calls, table: str, format: str, dest: Path, progress: bool | None = None
+    calls: Calls, table: str, format: str | None, dest: Path, progress: bool | None = None
 ) -> Plan[Path]:
-    """Stream ``table``'s export as ``format`` into ``dest``, atomically; returns ``dest``.
+    """Stream ``table``'s export as ``format`` (default: from ``dest``'s suffix) into
+    ``dest``, atomically; returns ``dest``.
 
     Raises:
-        InvalidRequest: ``dest`` is a folder (found before the table is exported: the
-            rename at the end would fail after the whole transfer).
+        InvalidRequest: ``dest`` is a folder, or ``format`` is not one its suffix names
+            (:func:`~tdreplay.codec.exports.export_format`), found before the table is
+            exported: the rename at the end would fail after the whole transfer.
     """
     if dest.is_dir():
         raise InvalidRequest(
@@ -92,10 +95,11 @@ def download(
             field="dest",
             got=str(dest),
         )
+    fmt = export_format(dest, format, table)
     with aside(dest, progress=progress, desc=f"export {table}") as sink:
-        yield from calls.export(table, format, sink=sink)
+        got = yield from calls.export(table, fmt, sink=sink)
         os.replace(sink.path, dest)
-    return dest
+    return counted(ExportedPath.of(dest), {k: getattr(got, k, None) for k in ("rows", "skipped")})
 
 
 def export_minari(
@@ -141,7 +145,7 @@ def export_minari(
             got=dataset_id,
         )
     with aside(root / f"{table}.parquet", progress=progress, desc=f"export {table}") as sink:
-        yield from calls.export(table, "parquet", sink=sink)
+        got = yield from calls.export(table, "parquet", sink=sink)
         write = functools.partial(
             minari_files.write_minari,
             sink.path,
@@ -150,7 +154,8 @@ def export_minari(
             env_spec=spec_json,
             progress=progress,
         )
-        return (yield Work(write))
+        written = yield Work(write)
+        return counted(written, {"skipped": getattr(got, "skipped", None)})
 
 
 def import_dataset(

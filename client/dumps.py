@@ -154,7 +154,7 @@ class Persistence:
     def export(
         self,
         table: str,
-        format: str = "parquet",
+        format: str | None = None,
         *,
         path: str | None = None,
         dest: str | Path | None = None,
@@ -167,7 +167,10 @@ class Persistence:
         Parquet and CSV: written on the server with ``path``; streamed into the
         file ``dest`` here (written beside it and renamed at the end, so ``dest`` is
         never half a file; the client holds one read buffer, not the file); with
-        neither, returned as bytes.
+        neither, returned as bytes. The path returned (a ``str`` for ``path``, a
+        ``Path`` for ``dest``) carries ``rows`` (written) and ``skipped`` (rows
+        overwritten or removed while a live export ran, left out); Minari adds
+        ``splits`` (episodes split where rows were missing inside them).
 
         Minari (``format="minari"``, ``dataset_id="namespace/name-v0"``): the
         dataset ``minari.load_dataset(dataset_id)`` opens with ``MINARI_DATASETS_PATH``
@@ -178,7 +181,10 @@ class Persistence:
         done flags (:mod:`tdreplay.codec.episodes`).
 
         Args:
-            format: ``"parquet"``, ``"csv"`` or ``"minari"``.
+            format: ``"parquet"``, ``"csv"`` or ``"minari"``; default: from the suffix
+                of ``dest`` or ``path`` (``.parquet``, ``.pq``, ``.csv``), Parquet for bytes.
+                A format the file's suffix contradicts is refused (one rule for every
+                door: :func:`tdreplay.codec.exports.export_format`).
             path: write it on the server, under its data root (returns that path).
             dest: without ``path``: the file (Parquet, CSV) or datasets root (Minari)
                 here; returns the file or the dataset's folder.
@@ -192,7 +198,8 @@ class Persistence:
             SchemaError: Minari: the table lacks a key an episode needs, or no episode
                 boundary is found.
             InvalidRequest: a malformed ``dataset_id`` or ``env_spec``; Parquet, CSV: a
-                ``dest`` that is a folder (before the transfer).
+                ``dest`` that is a folder, or a format its suffix does not name (before
+                the transfer).
         """
         return self._run(
             datasets.export(self._calls, table, format, path, dest, dataset_id, env_spec, progress)

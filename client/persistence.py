@@ -17,6 +17,7 @@ from ..codec import operations as ops
 from ..codec import protocol
 from ..codec.archive import Packed
 from ..codec.errors import ReplayError
+from ..codec.exports import ExportedName, ExportedPath, counted
 from .commands import Command, Request, Response, json_body, op_request, op_target
 from .errors import ProtocolError
 from .merging import merge_infos
@@ -152,14 +153,14 @@ class Export(Command["str | bytes | Path"]):
     op = ops.EXPORT
 
     table: str
-    format: str = "parquet"
+    format: str | None = None  # None: the server tells it from path (Parquet streamed back)
     path: str | None = None
     dataset_id: str | None = None
     env_spec: str | None = None
     sink: FileSink | None = None
 
     def request(self) -> Request:
-        payload: dict[str, Any] = {"format": self.format}
+        payload: dict[str, Any] = {} if self.format is None else {"format": self.format}
         if self.path is not None:
             payload["path"] = self.path
         if self.dataset_id is not None:
@@ -175,12 +176,21 @@ class Export(Command["str | bytes | Path"]):
 
     def parse(self, response: Response) -> str | bytes | Path:
         response.check()
-        if self.path is not None:
+        if self.path is not None:  # an ExportedName: the path, with rows and skipped
             data = response.json()
-            return str(data.get("path", self.path)) if isinstance(data, dict) else self.path
-        if self.sink is not None:
+            if not isinstance(data, dict):
+                return self.path
+            return counted(ExportedName(data.get("path", self.path)), data)
+        if self.sink is not None:  # an ExportedPath, the counts from the headers
             self.sink.close()
-            return self.sink.path
+            head = response.headers
+            return counted(
+                ExportedPath.of(self.sink.path),
+                {
+                    "rows": head.get(protocol.EXPORT_ROWS.lower()),
+                    "skipped": head.get(protocol.EXPORT_SKIPPED.lower()),
+                },
+            )
         return bytes(response.body)
 
 
@@ -262,7 +272,7 @@ class PersistencePlans:
     def export(
         self,
         table: str,
-        format: str = "parquet",
+        format: str | None = None,
         path: str | None = None,
         *,
         dataset_id: str | None = None,

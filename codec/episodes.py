@@ -22,6 +22,15 @@ them. Without one, by the done flags: an episode ends at a row whose
 is set. Rows after the last flag (an episode still running when the table was
 read) make a last episode whose final step is neither terminated nor truncated.
 
+Rows may be missing inside an episode: removed after ``max_times_sampled``
+samples, consumed from a queue, overwritten by the ring. A row follows the one
+before it in its episode only if its ``observation`` is the other's
+``next.observation`` (bit for bit, every leaf: TED's own invariant); where one
+does not, the episode is split there, so no transition is joined to one it did not
+follow: each piece is an episode of its own, every piece but the last ending
+truncated (an episode cut short, as a time limit cuts it). :attr:`EpisodeSplitter.splits`
+counts the splits.
+
 Terminations are ``next.terminated`` (else ``next.done``); truncations are
 ``next.truncated`` (else, with both ``next.done`` and ``next.terminated``,
 done and not terminated; else none).
@@ -236,6 +245,8 @@ class EpisodeSplitter:
         self.layout = layout
         self.rows = 0
         self.episodes = 0
+        #: where an episode was split because rows were missing inside it
+        self.splits = 0
         self._open: dict[Any, list[dict[str, np.ndarray]]] = {}
 
     def feed(self, rows: Mapping[str, np.ndarray]) -> list[Episode]:
@@ -244,13 +255,18 @@ class EpisodeSplitter:
         ends = self.layout.ends(rows, n)
         if self.layout.trajectory is not None:
             ids = rows[self.layout.trajectory].reshape(n)
-            cuts = np.flatnonzero((ids[1:] != ids[:-1]) | ends[:-1]) + 1
         else:
             ids = np.zeros(n, dtype=np.int64)
-            cuts = np.flatnonzero(ends[:-1]) + 1
+        gaps = ~self._follows(rows, slice(0, n - 1), rows, slice(1, n))
+        cuts = np.flatnonzero((ids[1:] != ids[:-1]) | ends[:-1] | gaps) + 1
         done = []
         for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), n], strict=True):
             key = ids[lo].item()
+            held = self._open.get(key)
+            last = slice(-1, None)
+            if held is not None and not self._follows(held[-1], last, rows, slice(lo, lo + 1))[0]:
+                self.splits += 1
+                done.append(self._close(key, split=True))
             self._open.setdefault(key, []).append({k: v[lo:hi] for k, v in rows.items()})
             if ends[hi - 1]:
                 done.append(self._close(key))
@@ -263,7 +279,8 @@ class EpisodeSplitter:
             SchemaError: without a trajectory key, no row ended an episode (the
                 done flags are all false): no episode boundary was found.
         """
-        if self.layout.trajectory is None and self.episodes == 0 and self.rows:
+        ended = self.episodes - self.splits  # a split is no boundary: rows were missing
+        if self.layout.trajectory is None and ended == 0 and self.rows:
             flags = [
                 k
                 for k in (self.layout.done, self.layout.terminated, self.layout.truncated)
@@ -277,11 +294,30 @@ class EpisodeSplitter:
             )
         return [self._close(key) for key in list(self._open)]
 
-    def _close(self, key: Any) -> Episode:
+    def _follows(
+        self, before: Mapping[str, np.ndarray], b: slice, after: Mapping[str, np.ndarray], a: slice
+    ) -> np.ndarray:
+        """Whether each row of ``after[a]`` observes what the row of ``before[b]`` at its
+        place ended in (bit for bit, every observation leaf)."""
+        same: np.ndarray | None = None
+        for key in self.layout.observation:
+            x, y = before[f"next.{key}"][b], after[key][a]
+            width = int(np.prod(x.shape[1:], dtype=np.int64))
+            x = np.ascontiguousarray(x).reshape(len(x), width).view(np.uint8)
+            y = np.ascontiguousarray(y).reshape(len(y), width).view(np.uint8)
+            eq = (x == y).all(axis=1)
+            same = eq if same is None else same & eq
+        return same if same is not None else np.ones(0, bool)
+
+    def _close(self, key: Any, split: bool = False) -> Episode:
         parts = self._open.pop(key)
         rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         self.episodes += 1
-        return _episode(self.layout, rows)
+        episode = _episode(self.layout, rows)
+        if split:  # cut short where rows are missing: truncated, as a time limit cuts one
+            episode.truncations = episode.truncations.copy()
+            episode.truncations[-1] = True
+        return episode
 
 
 def _episode(layout: EpisodeLayout, rows: dict[str, np.ndarray]) -> Episode:

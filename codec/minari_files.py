@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -43,8 +44,11 @@ from tqdm import tqdm
 from .episode_rows import episode_rows
 from .episodes import EpisodeLayout, EpisodeSplitter
 from .errors import InvalidRequest, PathExists, SchemaError
+from .exports import ExportedPath
 from .from_arrow import to_leaves
 from .spaces import categories, check_categories, space_of
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DATASET_ID_PATTERN",
@@ -169,7 +173,7 @@ def write_minari(
     data_format: str = "hdf5",
     description: str | None = None,
     progress: bool | None = False,
-) -> Path:
+) -> ExportedPath:
     """Write the rows of a tdreplay Parquet export as the Minari dataset ``dataset_id``.
 
     Args:
@@ -187,7 +191,8 @@ def write_minari(
         progress: a progress bar over the rows (``None``: when stderr is a terminal).
 
     Returns:
-        The dataset's folder.
+        The dataset's folder, with its ``rows`` and ``splits`` (episodes split where rows
+        were missing inside them, each piece an episode; also logged).
 
     Raises:
         InvalidRequest: the dataset id or env spec is malformed.
@@ -277,13 +282,16 @@ def write_minari(
             if pending:
                 storage.update_episodes(pending)
             os.rename(aside, final)
+            if splitter.splits:
+                why = "rows missing inside them (removed, consumed, overwritten)"
+                log.warning("Minari %r: %d episode splits: %s", dataset_id, splitter.splits, why)
         except BaseException:
             shutil.rmtree(aside, ignore_errors=True)
             for folder in made:
                 with contextlib.suppress(OSError):  # not empty: another dataset came meanwhile
                     folder.rmdir()
             raise
-    return final
+    return ExportedPath.of(final, rows=splitter.rows, splits=splitter.splits)
 
 
 def _tty() -> bool:

@@ -207,7 +207,12 @@ class PathBody(Body):
 
 
 class ExportBody(Body):
-    format: Literal["parquet", "csv", "minari"] = "parquet"
+    format: Literal["parquet", "csv", "minari"] | None = Field(
+        default=None,
+        description="Omitted: told from the path's suffix (.parquet, .pq, .csv; another is "
+        "refused), Parquet when streamed back. A format the path's suffix contradicts "
+        "(csv into run.parquet) is refused (tdreplay.codec.exports).",
+    )
     path: str | None = Field(
         default=None,
         max_length=MAX_PATH,

@@ -69,6 +69,11 @@ CSV = "text/csv"
 CONSUMING = frozenset({"fifo", "lifo"})
 #: export format -> media type of the streamed file
 EXPORT_MEDIA = {"parquet": PARQUET, "csv": CSV}
+#: response headers of a streamed export (a written one answers them as JSON fields
+#: ``rows`` / ``skipped``): the rows in the file, and the rows live when it began but
+#: overwritten or removed before they were read (left out)
+EXPORT_ROWS = "X-Export-Rows"
+EXPORT_SKIPPED = "X-Export-Skipped"
 #: a table's checkpoint as one archive (dump / load; :mod:`tdreplay.codec.archive`)
 TAR = "application/x-tar"
 

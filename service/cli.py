@@ -9,7 +9,8 @@ mapping of failures to both (:func:`run_command`).
 Every ``serve`` flag is a field of :class:`~tdreplay.service.settings.Settings`
 with an environment twin, ``TDREPLAY_<FLAG>`` (``--max-body-bytes`` ->
 ``TDREPLAY_MAX_BODY_BYTES``); a flag wins over its variable. ``--schema``
-takes a file, a folder, or the name of a shipped schema (``cartpole``).
+takes files, folders, or the names of shipped schemas (``cartpole``); a list
+flag given again adds to its list (``--schema a.yaml --schema b.yaml``).
 There is no ``--token`` flag: ``ps`` shows a command line to every user of
 the host.
 
@@ -151,19 +152,17 @@ def settings_from_args(values: dict[str, Any]) -> Settings:
 
 
 def with_shipped_schemas(settings: Settings) -> Settings:
-    """``settings`` with a ``schema_path`` that does not exist resolved to a shipped schema.
+    """``settings`` with each ``schema_path`` that does not exist resolved to a shipped schema.
 
     ``--schema cartpole`` (or ``schemas/cartpole.yaml``, ``schemas/`` run from
     outside a checkout) serves the schema installed with tdreplay.
     """
     from tdreplay import schemas
 
-    if settings.schema_path is None or settings.schema_path.exists():
+    paths = [p if p.exists() else schemas.resolve(p) for p in settings.schema_path]
+    if paths == settings.schema_path:
         return settings
-    found = schemas.resolve(settings.schema_path)
-    if found == settings.schema_path:
-        return settings
-    return settings.model_copy(update={"schema_path": found})
+    return settings.model_copy(update={"schema_path": paths})
 
 
 def serve(settings: Settings) -> None:

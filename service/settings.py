@@ -44,10 +44,10 @@ class Settings(LimitSettings, BaseSettings):
     )
 
     # -- what to serve ------------------------------------------------------
-    schema_path: Path | None = Field(
-        default=None,
+    schema_path: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
         validation_alias="TDREPLAY_SCHEMA",
-        description="A schema file, or a folder of them; each becomes a table on start.",
+        description="Schema files or folders, each schema a table on start; env: comma-separated.",
     )
     root: Path = Field(
         default=Path("./tdreplay-data"),
@@ -260,12 +260,12 @@ class Settings(LimitSettings, BaseSettings):
     _redis_password: SecretStr | None = PrivateAttr(default=None)
     access_log: bool = Field(default=False, description="Log every request (costs throughput).")
 
-    @field_validator("redis", "allow_host", mode="before")
+    @field_validator("redis", "allow_host", "schema_path", mode="before")
     @classmethod
     def _split_list(cls, value: object) -> object:
         if isinstance(value, str):  # from the environment: comma-separated
             return [v.strip() for v in value.split(",") if v.strip()]
-        return value
+        return [value] if isinstance(value, Path) else value  # one path, from code
 
     @field_validator("allow_host")
     @classmethod

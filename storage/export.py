@@ -87,6 +87,7 @@ from tqdm import tqdm
 
 from tdreplay.codec import to_record_batch
 from tdreplay.codec.dtypes import ARROW
+from tdreplay.codec.exports import ExportedPath, export_format
 
 from .diskspace import insufficient, is_full
 from .errors import BackendError, InvalidRequest, PathExists
@@ -98,7 +99,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 #: bytes of item data per chunk (one Parquet row group), within the row bounds below; an
 #: export's memory peaks near 9x this (copies, Arrow arrays, the writer's pages): at 64 MB
 #: it grew by ~300 MB, at 16 MB by ~140 MB (issue 20 asks at most 256 MB)
@@ -141,18 +141,21 @@ def export(
         table: the table.
         path: the file to write (its folder is created).
         format: ``"parquet"`` or ``"csv"``; default: from the suffix of ``path``
-            (``.parquet``, ``.pq``, ``.csv``).
+            (``.parquet``, ``.pq``, ``.csv``); one that a suffix of the other format
+            contradicts is refused (:func:`tdreplay.codec.exports.export_format`).
         progress: show a progress bar; ``None`` shows one for large tables when
             stderr is a terminal.
         replace: replace a file at ``path``; ``False``: refuse, at the start and at the
             final step (a link, atomic), so a file that appears meanwhile is kept too.
 
     Returns:
-        The file written (absolute).
+        The file written (absolute), an :class:`~tdreplay.codec.exports.ExportedPath`:
+        its ``rows`` were written, its ``skipped`` rows were live when the export began
+        but overwritten or removed before their chunk was read (left out; also logged).
 
     Raises:
-        InvalidRequest: the format is unknown or cannot be told from the suffix,
-            or ``path`` is a folder.
+        InvalidRequest: the format is unknown, cannot be told from the suffix or
+            contradicts it, or ``path`` is a folder.
         PathExists: ``replace`` is ``False`` and a file is at ``path`` (it is kept).
         TableClosed: the table is closed.
         InsufficientStorage: the disk (or quota) ran full; no file is left behind.
@@ -160,7 +163,7 @@ def export(
             no file is left behind.
     """
     path = Path(path).absolute()
-    fmt = _format(table, path, format)
+    fmt = export_format(path, format, table.name)
     if path.is_dir():
         raise InvalidRequest(
             f"table {table.name!r}: export path {str(path)!r} is a folder",
@@ -207,7 +210,7 @@ def export(
             len(items),
             path,
         )
-    return path
+    return ExportedPath.of(path, rows=len(items) - dropped, skipped=dropped)
 
 
 def _exists(table: Table, path: Path) -> PathExists:
@@ -218,31 +221,6 @@ def _exists(table: Table, path: Path) -> PathExists:
         field="path",
         got=path.name,
     )
-
-
-def _format(table: Table, path: Path, format: str | None) -> str:
-    if format is None:
-        fmt = FORMATS.get(path.suffix.lower())
-        if fmt is None:
-            raise InvalidRequest(
-                f"table {table.name!r}: cannot tell the export format from {path.name!r}; "
-                f"use a suffix in {sorted(FORMATS)} or pass format",
-                table=table.name,
-                field="path",
-                expected=sorted(FORMATS),
-                got=path.suffix,
-            )
-        return fmt
-    fmt = format.lower()
-    if fmt not in ("parquet", "csv"):
-        raise InvalidRequest(
-            f"table {table.name!r}: unknown export format {format!r}",
-            table=table.name,
-            field="format",
-            expected=["parquet", "csv"],
-            got=format,
-        )
-    return fmt
 
 
 def _parquet_schema(table: Table) -> pa.Schema:

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from tdreplay.codec import protocol
 from tdreplay.codec.archive import Packed
 from tdreplay.codec.archive import unpack as archive_unpack
+from tdreplay.codec.exports import ExportedPath, export_format
 from tdreplay.codec.minari_files import write_minari
 from tdreplay.codec.params import (
     ExportBody,
@@ -88,15 +89,18 @@ class PersistenceOps(CorePart):
         handle = await self.restore_from(name, source)
         return await handle.info()
 
-    async def export(self, name: str, body: ExportBody) -> tuple[Path, bool]:
+    async def export(self, name: str, body: ExportBody) -> tuple[ExportedPath, bool]:
         """Export the live items, oldest first, as Parquet or CSV.
 
         Returns:
-            The file, and whether it is scratch: written for the caller to send
-            and then delete (no ``path`` given), or a file under ``exports/``.
+            The file (with its ``rows`` and ``skipped``; Minari: ``splits`` too), and
+            whether it is scratch: written for the caller to send and then delete (no
+            ``path`` given), or a file under ``exports/``.
 
         Raises:
-            InvalidRequest, PathExists: see :func:`.paths.export_target`.
+            InvalidRequest, PathExists: see :func:`.paths.export_target`; InvalidRequest
+                too for a format the path's suffix does not name
+                (:func:`tdreplay.codec.exports.export_format`).
             InsufficientStorage: the disk is full (nothing is left behind).
         """
         handle = self.table(name)
@@ -104,26 +108,31 @@ class PersistenceOps(CorePart):
             return await self._export_minari(handle, name, body), False
         if body.path is not None:
             target, scratch = export_target(self.root, name, body.path), False
-        else:
-            target = self.root / EXPORT_SCRATCH / f"{name}-{uuid.uuid4().hex}.{body.format}"
+        else:  # named for its format, which the route sends it as
+            suffix = body.format or "parquet"
+            target = self.root / EXPORT_SCRATCH / f"{name}-{uuid.uuid4().hex}.{suffix}"
             scratch = True
-        fmt = body.format
+        fmt = export_format(target, body.format, name)
         began = time.monotonic()
         with handle.use() as table:
             # export_target refused an existing file; replace=False refuses one that
             # appeared since (another export racing for the name), at the final step
             written = await handle.call(lambda: table.export(target, format=fmt, replace=False))
         log.info(
-            "table %r exported as %s to %s: %d bytes in %.2f s",
+            "table %r exported as %s to %s: %d rows (%d skipped), %d bytes in %.2f s",
             name,
             fmt,
             "the client" if scratch else relative(self.root, written),
+            written.rows,
+            written.skipped,
             written.stat().st_size,
             time.monotonic() - began,
         )
         return written, scratch
 
-    async def _export_minari(self, handle: TableHandle, name: str, body: ExportBody) -> Path:
+    async def _export_minari(
+        self, handle: TableHandle, name: str, body: ExportBody
+    ) -> ExportedPath:
         """The table as a Minari dataset under the datasets root ``body.path`` (inside
         ``exports/``): a Parquet export in scratch, converted (:mod:`tdreplay.codec.minari_files`).
 
@@ -153,7 +162,7 @@ class PersistenceOps(CorePart):
         began = time.monotonic()
         try:
             with handle.use() as table:
-                await handle.call(lambda: table.export(scratch, format="parquet"))
+                rows = await handle.call(lambda: table.export(scratch, format="parquet"))
             written = await run_in_threadpool(
                 write_minari, scratch, root, body.dataset_id, env_spec=body.env_spec
             )
@@ -166,13 +175,15 @@ class PersistenceOps(CorePart):
         finally:
             scratch.unlink(missing_ok=True)
         log.info(
-            "table %r exported as the Minari dataset %r to %s in %.2f s",
+            "table %r exported as the Minari dataset %r to %s: %d rows (%d skipped) in %.2f s",
             name,
             body.dataset_id,
             relative(self.root, written),
+            rows.rows,
+            rows.skipped,
             time.monotonic() - began,
         )
-        return written
+        return ExportedPath.of(written, rows=rows.rows, skipped=rows.skipped, splits=written.splits)
 
     async def dump(self, name: str) -> Packed:
         """A fresh checkpoint of a table, as the archive its folder makes (read a part at a

@@ -37,25 +37,31 @@ log = logging.getLogger("tdreplay.service")
 
 
 def load_specs(settings: Settings) -> list[TableSpec]:
-    """The schemas under ``settings.schema_path``, with the settings' backend override applied.
+    """The schemas under every ``settings.schema_path``, with the settings' backend override
+    applied.
 
     Raises:
-        SchemaError: a schema is invalid, or the path does not exist.
+        SchemaError: a schema is invalid, a path does not exist, or two schemas declare
+            one table.
     """
-    path = settings.schema_path
-    if path is None:
-        return []
-    path = Path(path)
-    if path.is_dir():
-        specs = TableSpec.from_dir(path)
-    elif path.exists():
-        specs = [TableSpec.from_file(path)]
-    else:
-        raise SchemaError(f"{path}: no such schema file or folder")
-    names = [s.name for s in specs]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise SchemaError(f"{path}: several schemas declare table {dupes[0]!r}", field="name")
+    specs: list[TableSpec] = []
+    seen: dict[str, Path] = {}
+    for given in settings.schema_path:
+        path = Path(given)
+        if path.is_dir():
+            found = TableSpec.from_dir(path)
+        elif path.exists():
+            found = [TableSpec.from_file(path)]
+        else:
+            raise SchemaError(f"{path}: no such schema file or folder")
+        for spec in found:
+            if spec.name in seen:
+                where = path if seen[spec.name] == path else f"{seen[spec.name]} and {path}"
+                raise SchemaError(
+                    f"{where}: several schemas declare table {spec.name!r}", field="name"
+                )
+            seen[spec.name] = path
+        specs += found
     return [_override_backend(s, settings) for s in specs]
 
 
@@ -173,7 +179,7 @@ async def load_tables(core: Core, settings: Settings) -> None:
         if schema is not None and schema != stored:
             why = (
                 f"its data under {core.root / 'tables'} was written under another schema than "
-                f"{settings.schema_path}'s (capacity {stored.capacity} vs {schema.capacity}, "
+                f"{', '.join(map(str, settings.schema_path))}'s (capacity {stored.capacity} vs {schema.capacity}, "
                 f"backend {stored.backend.kind} vs {schema.backend.kind}); it is kept: serve the "
                 "old schema, or move the folder away"
             )

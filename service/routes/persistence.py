@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from tdreplay.codec import protocol
 from tdreplay.codec.archive import CHUNK as ARCHIVE_CHUNK
+from tdreplay.codec.exports import export_format
 from tdreplay.codec.operations import (
     CHECKPOINT,
     DUMP,
@@ -62,6 +63,18 @@ class PathResult(BaseModel):
     path: str = Field(description="Relative to the data root.")
 
 
+class ExportResult(PathResult):
+    rows: int = Field(description="The rows written.")
+    skipped: int = Field(
+        description="Rows live when the export began but overwritten or removed before "
+        "they were read: left out (a table filling fast)."
+    )
+    splits: int | None = Field(
+        default=None,
+        description="Minari: where an episode was split because rows were missing inside it.",
+    )
+
+
 @declare(
     router,
     CHECKPOINT,
@@ -91,10 +104,11 @@ async def restore(name: TableName, core: CoreDep, body: PathBody | None = None) 
     response_model=None,
     responses={
         200: {
-            "description": "With a path: {'path': ...} (Minari: the dataset's folder). "
-            "Without: the file.",
+            "description": "With a path: {'path', 'rows', 'skipped'} (Minari: the dataset's "
+            "folder, and 'splits'). Without: the file, its rows and skipped rows in the "
+            f"{protocol.EXPORT_ROWS} and {protocol.EXPORT_SKIPPED} headers.",
             "content": {
-                protocol.JSON: {"schema": PathResult.model_json_schema()},
+                protocol.JSON: {"schema": ExportResult.model_json_schema()},
                 protocol.PARQUET: {"schema": {"type": "string", "format": "binary"}},
                 protocol.CSV: {"schema": {"type": "string"}},
             },
@@ -109,17 +123,21 @@ async def export(
     or as a Minari dataset (format minari, dataset_id), written under the datasets root path."""
     body = body or ExportBody()
     path, scratch = await core.export(name, body)
+    counts = {"rows": path.rows, "skipped": path.skipped}
     if not scratch:
-        return JSONResponse({"path": core.relative(path)})
+        splits = {} if path.splits is None else {"splits": path.splits}
+        return JSONResponse({"path": core.relative(path), **counts, **splits})
 
     def cleanup() -> None:
         with contextlib.suppress(OSError):
             path.unlink()
 
+    fmt = export_format(path)  # the core named the scratch file for its format
     return FileResponse(
         path,
-        media_type=protocol.EXPORT_MEDIA[body.format],
-        filename=f"{name}.{body.format}",
+        media_type=protocol.EXPORT_MEDIA[fmt],
+        filename=f"{name}.{fmt}",
+        headers={protocol.EXPORT_ROWS: str(path.rows), protocol.EXPORT_SKIPPED: str(path.skipped)},
         background=BackgroundTask(cleanup),
     )
 

@@ -38,7 +38,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         8000,
         Path("tdreplay-data"),
         None,
-        None,
+        [],
     )
     assert s.default_timeout == 30.0 and s.torch_threads == 1 and not s.restore
 
@@ -56,7 +56,7 @@ def test_every_flag_has_an_environment_twin(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("TDREPLAY_RESTORE", "true")
     monkeypatch.setenv("TDREPLAY_ALLOWED_BACKENDS", '["memory"]')
     s = parse()
-    assert s.port == 9123 and s.schema_path == Path("schemas/") and s.restore
+    assert s.port == 9123 and s.schema_path == [Path("schemas/")] and s.restore
     assert s.token is not None and s.token.get_secret_value() == "tok"
     assert s.allowed_backends == ["memory"]
     s = parse("--port", "9200", "--no-restore", "--allowed-backends", "memory", "memmap")
@@ -416,11 +416,27 @@ def test_version_usage_and_shipped_schemas(tmp_path: Path) -> None:
     assert done.returncode == 2 and "invalid choice: 'tables'" in done.stderr
     assert int(Exit.UNREACHABLE) == 3 and int(Exit.UNAUTHORIZED) == 4
     assert schemas.names() == ["atari", "cartpole", "robot"]
-    assert with_shipped_schemas(Settings(schema_path="cartpole", root=tmp_path)).schema_path == (
+    assert with_shipped_schemas(Settings(schema_path="cartpole", root=tmp_path)).schema_path == [
         schemas.find("cartpole")
-    )
+    ]
     assert with_shipped_schemas(
         Settings(schema_path=tmp_path / "schemas", root=tmp_path)
-    ).schema_path == (schemas.FOLDER)
+    ).schema_path == [schemas.FOLDER]
     kept = Settings(schema_path=tmp_path / "mine.yaml", root=tmp_path)
     assert with_shipped_schemas(kept) is kept  # a missing path of the user's stays an error
+
+
+def test_several_schemas_are_all_served(live_server: Any, tmp_path: Path) -> None:
+    """``--schema a.yaml --schema b.yaml`` (and ``TDREPLAY_SCHEMA=a.yaml,b.yaml``) serves
+    both tables: argparse kept only the last flag, so only b was served."""
+    for name in ("a", "b", "c"):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(spec(name)))
+    a, b, c = (str(tmp_path / f"{n}.yaml") for n in "abc")
+    server = live_server("--schema", a, "--schema", b, c, backend="memory")
+    code, _, body = server.request("GET", "/v1/tables")
+    assert code == 200 and sorted(t["name"] for t in json.loads(body)["tables"]) == ["a", "b", "c"]
+    server = live_server(backend="memory", env={"TDREPLAY_SCHEMA": f"{a},{b}"})
+    listed = json.loads(server.request("GET", "/v1/tables")[2])
+    assert sorted(t["name"] for t in listed["tables"]) == ["a", "b"]
+    with pytest.raises(SchemaError, match=r"b\.yaml.*several schemas declare table 'b'"):
+        load_specs(Settings(schema_path=[a, b, b], root=tmp_path))

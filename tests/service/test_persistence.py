@@ -104,7 +104,8 @@ def test_export_streamed_back_and_to_a_path(service, tmp_path: Path) -> None:
         protocol.table_path("t", "export"),
         json={"format": "parquet", "path": "exports/out/t.parquet"},
     )
-    assert r.status_code == 200 and r.json() == {"path": "exports/out/t.parquet"}
+    assert r.status_code == 200
+    assert r.json() == {"path": "exports/out/t.parquet", "rows": 12, "skipped": 0}
     written = tmp_path / "data" / "exports" / "out" / "t.parquet"
     assert pq.read_table(written).num_rows == 12
     before = written.read_bytes()

@@ -329,6 +329,7 @@ def test_items_overwritten_during_an_export_are_left_out(
     with caplog.at_level(logging.WARNING, logger="tdreplay.storage.export"):
         path = table.export(tmp_path / "x.parquet")
     assert "5 of 40 items were overwritten or removed" in caplog.text
+    assert (path.rows, path.skipped) == (35, 5)  # the caller is told, not only the log
     got = from_record_batch(pq.read_table(path))
     assert_bitwise_equal(expected[5:], got)  # items 20..54: whole, oldest first
 

@@ -1,0 +1,132 @@
+"""What every door asks of an export file's name: the one rule that decides its format.
+
+``Table.export``, the server's export route (a ``path`` under ``exports/``), the
+client writing a streamed export into ``dest`` and the ``tdreplay export`` command
+all decide with :func:`export_format`, so a name gets the same answer everywhere:
+
+* no format given: the suffix tells it (``.parquet``, ``.pq``, ``.csv``, any case);
+  another suffix, or none, is refused;
+* a format given: used, unless the suffix is the other format's (``--format csv``
+  into ``run.parquet`` is refused: the file would lie about what it holds); a name
+  with another suffix (``run.txt``) takes the format given.
+
+    >>> export_format("out.CSV"), export_format("out.bin", "parquet")
+    ('csv', 'parquet')
+    >>> export_format("out.txt")
+    Traceback (most recent call last):
+    ...
+    tdreplay.codec.errors.InvalidRequest: cannot tell the export format from 'out.txt'; ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import PosixPath, PurePath
+from typing import Any
+
+from .errors import InvalidRequest
+
+#: the formats a table exports to as one file
+FILE_FORMATS = ("parquet", "csv")
+#: the suffixes (lower case) an export's format is told from
+SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+
+
+def export_format(path: str | PurePath, format: str | None = None, table: str | None = None) -> str:
+    """The format an export to ``path`` writes: ``format``, else the one its suffix names.
+
+    Args:
+        path: the file's name (only its suffix is read).
+        format: ``"parquet"`` or ``"csv"`` (any case), or ``None``: from the suffix.
+        table: the table exported, named in the error.
+
+    Returns:
+        ``"parquet"`` or ``"csv"``.
+
+    Raises:
+        InvalidRequest: ``format`` is unknown; or it is ``None`` and the suffix names no
+            format; or the suffix names the other format.
+    """
+    name = PurePath(path).name
+    told = SUFFIXES.get(PurePath(path).suffix.lower())
+    where = f"table {table!r}: " if table else ""
+    suffixes = ", ".join(sorted(SUFFIXES))
+    if format is None:
+        if told is None:
+            raise InvalidRequest(
+                f"{where}cannot tell the export format from {name!r}; name the file "
+                f"{', '.join(sorted(SUFFIXES)[:-1])} or {sorted(SUFFIXES)[-1]}, or give the "
+                f"format ({', '.join(FILE_FORMATS)})",
+                table=table,
+                field="path",
+                expected=sorted(SUFFIXES),
+                got=name,
+            )
+        return told
+    fmt = format.lower()
+    if fmt not in FILE_FORMATS:
+        raise InvalidRequest(
+            f"{where}unknown export format {format!r} (expected one of {', '.join(FILE_FORMATS)})",
+            table=table,
+            field="format",
+            expected=list(FILE_FORMATS),
+            got=format,
+        )
+    if told is not None and told != fmt:
+        raise InvalidRequest(
+            f"{where}export format {fmt!r} does not match {name!r}, a {told} name "
+            f"({suffixes}); name the file for {fmt}, or leave the format out",
+            table=table,
+            field="format",
+            expected=told,
+            got=fmt,
+        )
+    return fmt
+
+
+class ExportedName(str):
+    """The server's path (relative to its data root) an export wrote, with the same
+    ``rows``, ``skipped`` and ``splits`` as :class:`ExportedPath` (``None``: not answered)."""
+
+    rows: int | None = None
+    skipped: int | None = None
+    splits: int | None = None
+
+
+def counted(value: Any, answer: Mapping[str, Any]) -> Any:
+    """``value`` (an :class:`ExportedPath` or :class:`ExportedName`) with the counts of an
+    export's answer (``rows``, ``skipped``, ``splits``; headers' strings too) set on it."""
+    for key in ("rows", "skipped", "splits"):
+        got = answer.get(key)
+        if isinstance(got, int | str) and str(got).isdigit():
+            setattr(value, key, int(got))
+    return value
+
+
+class ExportedPath(PosixPath):
+    """A path an export wrote, a :class:`~pathlib.Path` that also says what went into it.
+
+    ``rows``: the rows written; ``skipped``: rows live when the export began but
+    overwritten or removed before they were read (left out); ``splits``: Minari, where an
+    episode was split because rows were missing inside it
+    (:class:`tdreplay.codec.episodes.EpisodeSplitter`). ``None`` where not known (a path
+    made from this one).
+    """
+
+    rows: int | None = None
+    skipped: int | None = None
+    splits: int | None = None
+
+    @classmethod
+    def of(
+        cls,
+        path: str | PurePath,
+        *,
+        rows: int | None = None,
+        skipped: int | None = None,
+        splits: int | None = None,
+    ) -> ExportedPath:
+        """``path`` with what the export wrote to it."""
+        out = cls(path)
+        out.rows, out.skipped, out.splits = rows, skipped, splits
+        return out
