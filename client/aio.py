@@ -17,7 +17,7 @@ fetchers are the blocking loader's threads (the sync client never imports this m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,7 +29,7 @@ from .aio_transport import AsyncTransport
 from .aio_writer import AsyncWriter
 from .base import ClientBase
 from .deprecation import warn_close_deprecated
-from .loader import Loader, LoaderIterator
+from .loader import AsyncLoader, Loader
 from .plans import ClientSettings
 from .schema import load_spec
 from .stats import flatten
@@ -356,6 +356,7 @@ class AsyncReplayClient(ClientBase):
         episode_key: str | None = None,
         end_key: str | None = None,
         timeout: float | None = None,
+        max_pending: int = 8,
     ) -> AsyncWriter:
         """``async with client.writer(table) as w: await w.append(step)`` (see :class:`Writer`)."""
         return AsyncWriter(
@@ -366,35 +367,8 @@ class AsyncReplayClient(ClientBase):
             episode_key=episode_key,
             end_key=end_key,
             timeout=timeout,
+            max_pending=max_pending,
         )
-
-
-_DONE = object()
-
-
-def _next(it: LoaderIterator) -> Any:
-    try:
-        return next(it)
-    except StopIteration:
-        return _DONE
-
-
-class AsyncLoader:
-    """An async iterator over a :class:`Loader`'s batches."""
-
-    def __init__(self, loader: Loader) -> None:
-        self.loader = loader
-
-    async def __aiter__(self) -> AsyncIterator[Any]:
-        it = iter(self.loader)
-        try:
-            while True:
-                batch = await asyncio.to_thread(_next, it)
-                if batch is _DONE:
-                    return
-                yield batch
-        finally:
-            it.close()
 
 
 __all__ = ["AsyncLoader", "AsyncReplayClient", "AsyncTransport"]

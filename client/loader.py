@@ -44,11 +44,12 @@ memory (the DataLoader pins and moves them itself).
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -355,3 +356,31 @@ class LoaderIterator(Iterator[Any]):
     def close(self) -> None:
         """Stop the fetchers; also done when the iterator is garbage collected."""
         self._finalizer()
+
+
+_DONE = object()
+
+
+def _next(it: LoaderIterator) -> Any:
+    try:
+        return next(it)
+    except StopIteration:
+        return _DONE
+
+
+class AsyncLoader:
+    """An async iterator over a :class:`Loader`'s batches."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        it = iter(self.loader)
+        try:
+            while True:
+                batch = await asyncio.to_thread(_next, it)
+                if batch is _DONE:
+                    return
+                yield batch
+        finally:
+            it.close()
