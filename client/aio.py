@@ -362,6 +362,7 @@ class AsyncReplayClient(ClientBase):
         episode_key: str | None = None,
         end_key: str | None = None,
         timeout: float | None = None,
+        max_pending: int = 8,
     ) -> AsyncWriter:
         """``async with client.writer(table) as w: await w.append(step)`` (see :class:`Writer`)."""
         return AsyncWriter(
@@ -372,6 +373,7 @@ class AsyncReplayClient(ClientBase):
             episode_key=episode_key,
             end_key=end_key,
             timeout=timeout,
+            max_pending=max_pending,
         )
 
 

@@ -4,8 +4,9 @@
 ...     for step in rollout_steps:
 ...         await w.append(step)
 
-A failed send leaves what it did not send kept for the next one, as the blocking writer's
-does (:mod:`.writer_base`); a send cancelled (its task, or the timer task when the loop
+A failed send leaves what it did not send kept for the next one (but a chunk refused for
+good), and a full writer's ``append`` sends what is kept first or raises, as the blocking
+writer's does (:mod:`.writer_base`); a send cancelled (its task, or the timer task when the loop
 that ran it ends) keeps its chunks as well, sent again under the same request ids.
 """
 
@@ -33,8 +34,8 @@ class AsyncExtendClient(Protocol):
 class AsyncWriter(WriterBase):
     """The :class:`Writer` of :class:`~tdreplay.client.AsyncReplayClient`: ``await w.append(step)``.
 
-    Same chunking and trajectory rule; the time limit runs as an asyncio task.
-    Use ``async with client.writer(...) as w``.
+    Same chunking and trajectory rule, same ``max_pending``; the time limit runs as an
+    asyncio task. Use ``async with client.writer(...) as w``.
     """
 
     def __init__(
@@ -47,6 +48,7 @@ class AsyncWriter(WriterBase):
         episode_key: str | None = None,
         end_key: str | None = None,
         timeout: float | None = None,
+        max_pending: int = 8,
     ) -> None:
         super().__init__(
             client,
@@ -56,6 +58,7 @@ class AsyncWriter(WriterBase):
             episode_key=episode_key,
             end_key=end_key,
             timeout=timeout,
+            max_pending=max_pending,
         )
         self.client: AsyncExtendClient = client
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -146,7 +149,12 @@ class AsyncWriter(WriterBase):
         return True
 
     async def append(self, step: Any) -> None:
-        """Buffer one step (batch ``[]``) or several (``[k]``); sends the chunks that are due."""
+        """Buffer one step (batch ``[]``) or several (``[k]``); sends the chunks that are due.
+
+        Raises:
+            As :meth:`Writer.append`: an error of the time limit's send, or of the send of
+                what is kept by a full writer (``max_pending``), leaves the step not taken.
+        """
         if self._closed:
             raise RuntimeError("append() on a closed writer")
         self._bind()
@@ -155,6 +163,13 @@ class AsyncWriter(WriterBase):
         async with self._lock:
             if self._closed:  # closed while this waited for the lock: its last send is past
                 raise RuntimeError("append() on a closed writer")
+            if self._full():  # what is kept goes first, or the step is not taken
+                self._raise_pending()  # the time limit's, while this waited for the lock
+                try:
+                    await self._send(self._outbox([]))
+                except Exception as err:
+                    self._tell_full(err)
+                    raise
             waiting = buf.waiting
             due = buf.append(step)
             if waiting and not buf.waiting:

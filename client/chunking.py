@@ -1,8 +1,27 @@
 """The writer's chunking rule, without I/O: when a buffer of steps becomes a chunk.
 
-Shared by :class:`~tdreplay.client.writer.Writer` and its async twin; the rule
-itself (plain tables: exact chunks; slice tables: chunks end at episode
-boundaries) is described in :mod:`tdreplay.client.writer`.
+Shared by :class:`~tdreplay.client.writer.Writer` and its async twin: on a plain
+table a chunk is ``chunk`` steps exactly; on a slice table the trajectory rule holds.
+
+**The trajectory rule.** On a table whose sampler is ``slice`` (sequences inside
+episodes) a chunk always ends at an episode boundary, so an episode never straddles two
+inserts (another collector's insert could land between them, and the sampler would lose
+or — with end flags — glue the pieces):
+
+* a boundary is after a step whose end flag (the sampler's ``end_key``, e.g.
+  ``next.done``) is set, or before a step whose trajectory id (the sampler's
+  ``traj_key``, e.g. ``episode``) differs from the previous step's;
+* ``chunk`` is then a target, not a cap: the writer sends all the whole episodes it
+  holds once they add up to ``chunk`` steps or more; the time limit sends the whole
+  episodes held so far; the unfinished episode waits;
+* an episode longer than the table's capacity cannot be sent whole: it is split at the
+  capacity, with a warning;
+* on close, an unfinished episode is sent if episodes are told apart by ``traj_key``
+  (its id keeps it apart); with ``end_key`` it is dropped with a warning, as Reverb
+  drops data no item covers — sending it would join it to the next insert's first
+  episode. End it (set its end flag) to keep it.
+
+The key comes from the table's info, or from ``episode_key=`` / ``end_key=``.
 
     >>> import torch
     >>> from tensordict import TensorDict
@@ -26,8 +45,8 @@ from tensordict import TensorDictBase
 from .columns import ColumnBuffer, Lent
 
 
-def check_chunk(chunk: Any) -> int:
-    """A writer's ``chunk``: steps per chunk, an int >= 1.
+def check_chunk(chunk: Any, name: str = "chunk", unit: str = "steps per chunk") -> int:
+    """A writer's ``chunk`` (steps per chunk), or another count named ``name``: an int >= 1.
 
     Raises:
         TypeError: not an int (a bool neither).
@@ -38,9 +57,9 @@ def check_chunk(chunk: Any) -> int:
             raise TypeError
         n = operator.index(chunk)  # numpy's ints too
     except TypeError:
-        raise TypeError(f"chunk must be an int (steps per chunk), got {chunk!r}") from None
+        raise TypeError(f"{name} must be an int ({unit}), got {chunk!r}") from None
     if n < 1:
-        raise ValueError(f"chunk must be >= 1, got {n}")
+        raise ValueError(f"{name} must be >= 1, got {n}")
     return n
 
 

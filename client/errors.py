@@ -36,7 +36,9 @@ an answer raises a :class:`TransportError`. The tree::
 An error ``type`` the client does not know (a newer server) comes back as a
 plain :class:`ServerError` with that ``type``. Retries (see
 :class:`~tdreplay.client.retry.RetryPolicy`) apply to :class:`ConnectionFailed`
-only; every other error is raised at once.
+only; every other error is raised at once. Of the errors a call raises, those of
+:func:`refused_for_good` (400, 413, 415, 422) refuse the request for what it holds: a
+writer drops such a chunk, and keeps any other failed one to send it again.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from ..codec.errors import (
     Unauthorized,
     UnsupportedMediaType,
     from_body,
+    refused_for_good,
 )
 
 __all__ = [
@@ -102,6 +105,7 @@ __all__ = [
     "from_response",
     "in_doubt",
     "may_have_arrived",
+    "refused_for_good",
 ]
 
 #: server error ``type`` -> class: the classes the storage raises and the server answers with

@@ -375,13 +375,11 @@ class ReplayClient(Persistence, ClientBase):
         end_key: str | None = None,
         timeout: float | None = None,
         background: bool | None = None,
+        max_pending: int = 8,
     ) -> Writer:
-        """A buffer for collectors: append steps, chunks are sent when full, late, or closed.
-
-        See :class:`~tdreplay.client.writer.Writer` for the trajectory rule and
-        ``background`` (full chunks sent by a sender thread; default: over the
-        same-host transport only).
-        """
+        """A buffer for collectors: append steps, chunks are sent when full, late, or closed
+        (:class:`~tdreplay.client.writer.Writer`: the trajectory rule; ``background``, full
+        chunks sent by a sender thread; ``max_pending``, what a failed send may leave)."""
         return Writer(
             self,
             table,
@@ -391,6 +389,7 @@ class ReplayClient(Persistence, ClientBase):
             end_key=end_key,
             timeout=timeout,
             background=background,
+            max_pending=max_pending,
         )
 
     # used by the loader: sample into caller-provided buffers

@@ -17,9 +17,10 @@ arrive in order). Either way ``flush()`` and ``close()`` return once every step 
 so far is acknowledged by the server; an error of a background send is raised by the
 next ``append``, ``flush``, ``close`` or ``wait_sent``.
 
-**When a send fails**, nothing leaves the writer unacknowledged: the next send sends the
-failed chunks again first, under their request ids (rules in :mod:`.writer_base`); a
-failed time limit's send leaves the unfinished episode buffered as it was.
+**When a send fails**, what it did not send is sent again first by the next send, under
+its request ids, but a chunk refused for good; past ``max_pending`` chunks kept, ``append``
+sends them first or raises (rules in :mod:`.writer_base`). A failed time limit's send leaves
+the unfinished episode buffered as it was.
 
 By default (``background=None``) a writer sends in the background over the same-host shm
 transport and from the appending thread over HTTP. Measured on a 2-core host with the
@@ -28,25 +29,8 @@ cartpole 53k -> 56k); over HTTP the sender and the appending thread traded the G
 the server wanted the same cores (atari 17.6k -> 17.2k, cartpole 47k -> 39k). Over a
 network (round trips of a millisecond or more) ``background=True`` is likely better.
 
-**The trajectory rule.** On a table whose sampler is ``slice`` (sequences inside
-episodes) a chunk always ends at an episode boundary, so an episode never straddles two
-inserts (another collector's insert could land between them, and the sampler would lose
-or — with end flags — glue the pieces):
-
-* a boundary is after a step whose end flag (the sampler's ``end_key``, e.g.
-  ``next.done``) is set, or before a step whose trajectory id (the sampler's
-  ``traj_key``, e.g. ``episode``) differs from the previous step's;
-* ``chunk`` is then a target, not a cap: the writer sends all the whole episodes it
-  holds once they add up to ``chunk`` steps or more; the time limit sends the whole
-  episodes held so far; the unfinished episode waits;
-* an episode longer than the table's capacity cannot be sent whole: it is split at the
-  capacity, with a warning;
-* on close, an unfinished episode is sent if episodes are told apart by ``traj_key``
-  (its id keeps it apart); with ``end_key`` it is dropped with a warning, as Reverb
-  drops data no item covers — sending it would join it to the next insert's first
-  episode. End it (set its end flag) to keep it.
-
-The key comes from the table's info, or from ``episode_key=`` / ``end_key=``.
+**The trajectory rule** (on a ``slice`` table a chunk ends at an episode boundary) is
+:mod:`.chunking`'s.
 """
 
 from __future__ import annotations
@@ -94,11 +78,12 @@ class Writer(WriterBase):
         background: send full chunks from a sender thread (at most one in
             flight) instead of from the ``append`` that fills them; ``None``:
             only over the same-host shm transport (see the module doc).
+        max_pending: most chunks' worth of rows held unacknowledged (:mod:`.writer_base`).
 
     Raises:
         InvalidRequest: ``timeout`` negative, infinite or NaN (the contract's rule).
-        TypeError, ValueError: ``chunk`` not an int >= 1, or ``max_delay`` not a number
-            >= 0 or ``None`` (:func:`~tdreplay.client.chunking.check_max_delay`).
+        TypeError, ValueError: ``chunk`` or ``max_pending`` not an int >= 1, or ``max_delay``
+            not a number >= 0 or ``None`` (:func:`~tdreplay.client.chunking.check_max_delay`).
     """
 
     def __init__(
@@ -112,6 +97,7 @@ class Writer(WriterBase):
         end_key: str | None = None,
         timeout: float | None = None,
         background: bool | None = None,
+        max_pending: int = 8,
     ) -> None:
         super().__init__(
             client,
@@ -121,6 +107,7 @@ class Writer(WriterBase):
             episode_key=episode_key,
             end_key=end_key,
             timeout=timeout,
+            max_pending=max_pending,
         )
         self.client: ExtendClient = client
         self.background = background
@@ -224,6 +211,16 @@ class Writer(WriterBase):
                 )
             self._in_flight = self._sender.submit(self._send_in_background, items)
 
+    def _send_kept(self) -> None:
+        """A full writer's send of what is kept (``_send_lock`` held; :mod:`.writer_base`)."""
+        self._wait_in_flight()
+        self._raise_pending()
+        try:
+            self._send(self._outbox([]))
+        except Exception as err:
+            self._tell_full(err)
+            raise
+
     def _send_now(self, buf: ChunkBuffer, *, final: bool = False) -> None:
         """Send what may be sent now, after the chunks in flight, from this thread
         (``_send_lock`` held); unless ``final``, none while an error waits to be raised."""
@@ -259,8 +256,9 @@ class Writer(WriterBase):
                 the first step's (see :class:`~tdreplay.client.chunking.ChunkBuffer`).
             The error of the send this append made; what it did not send stays (module doc).
             RuntimeError: the writer is closed.
-            The error of an earlier chunk's send (background or time limit); this
-                step is then not taken (append it again to keep it).
+            The error of an earlier chunk's send (background or time limit), or of the
+                send of what is kept by a full writer (``max_pending``); this step is then
+                not taken (append it again to keep it).
         """
         if self._closed:
             raise RuntimeError("append() on a closed writer")
@@ -270,6 +268,8 @@ class Writer(WriterBase):
         with self._send_lock:
             if self._closed:  # closed by another thread since the check above: its last
                 raise RuntimeError("append() on a closed writer")  # send is past
+            if self._full():
+                self._send_kept()
             if self._timer is not None and buf.waiting:
                 # the timer reads what this append changes (see ChunkBuffer.waiting);
                 # any other append changes nothing it reads, and takes no second lock

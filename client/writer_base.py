@@ -18,6 +18,25 @@ elsewhere (the sender thread, the time limit) is raised by the next call; until 
 nothing more is sent. ``close`` sends what is kept, then raises; what it could not send is
 kept still: ``close()`` again sends it, ``close(discard=True)`` drops it. A writer dropped
 with steps it never sent warns (``RuntimeWarning``, naming the table and the steps).
+
+**A chunk refused for good** (:func:`~.errors.refused_for_good`: a 400, 413, 415 or 422 —
+data the table's schema does not take, a value outside a field's categories, a body over the
+server's limit) would be refused by every later send, and the collector's writer with it: it
+leaves the writer when its send fails, and the note says how many rows were dropped and why
+(:attr:`WriterBase.dropped_rows` counts them). A chunk that failed otherwise is kept: a lost
+connection, a timeout, a 503, a 429, a 404 or 409 (the table re-created), and a 507 too —
+a full disk or an over-limit server is the server's state, not the chunk's, and the operator
+may free room; the cap below bounds what waiting costs.
+
+**The cap on what is kept** (``max_pending``, in chunks, 8 by default): once a failed send
+has left rows kept and the writer holds ``max_pending * chunk`` rows not acknowledged (kept
+and buffered), ``append`` first sends what is kept, from the calling thread (as a production
+queue's producer blocks when its buffer is full, Kafka's ``max.block.ms``, and Reverb's
+writer waits on its ``max_in_flight_items``; here the client's retry policy bounds the
+wait). Should that send fail, its error is raised, with a note that the writer is full, and
+the step is not taken: memory stays bounded while the server is down, the collector learns
+of it at once, and once the server answers again the next ``append`` delivers what was kept
+(under its request ids: once) and goes on.
 """
 
 from __future__ import annotations
@@ -30,7 +49,7 @@ from tensordict import TensorDictBase
 
 from ..codec.params import seconds
 from .chunking import ChunkBuffer, check_chunk, check_max_delay
-from .errors import ServerError, TransportError, may_have_arrived
+from .errors import ServerError, TransportError, may_have_arrived, refused_for_good
 
 #: chunks to send, in order, each with its request id
 Outbox = list[tuple[TensorDictBase, str]]
@@ -58,10 +77,12 @@ class WriterBase:
         episode_key: str | None = None,
         end_key: str | None = None,
         timeout: float | None = None,
+        max_pending: int = 8,
     ) -> None:
         self.client = client
         self.table = table
         self.chunk = check_chunk(chunk)
+        self.max_pending = check_chunk(max_pending, "max_pending", "chunks kept at most")
         self.max_delay = check_max_delay(max_delay)
         self.timeout = seconds(timeout)  # the contract's rule, before any chunk is sent
         self._keys = (episode_key, end_key)
@@ -73,6 +94,8 @@ class WriterBase:
         self._closed = False
         self.sent_rows = 0
         self.sent_chunks = 0
+        #: rows of chunks the server refused for good, dropped (see the module doc)
+        self.dropped_rows = 0
 
     @property
     def kept_rows(self) -> int:
@@ -97,21 +120,43 @@ class WriterBase:
 
     def _failed(self, rest: Outbox, err: BaseException) -> None:
         """Keep the chunks of a send not acknowledged (``rest``, the failed one first) as
-        copies (they may view the buffer, which later steps write over); tell it in ``err``."""
+        copies (they may view the buffer, which later steps write over), but the failed one
+        if it was refused for good or, sharded, may be stored; tell it in ``err``."""
         rows = rest[0][0].batch_size[0]
-        gone = len(getattr(self.client, "urls", ())) > 1 and _maybe_stored(err)
-        self._kept = [(td.clone(), rid) for td, rid in (rest[1:] if gone else rest)]
-        told = (
-            f"a chunk of {rows} row(s) may have been stored by its server (no answer came "
-            "back); on a sharded client it is not sent again (another server would store it "
-            "twice) and has left the writer; "
-            if gone
-            else ""
-        )
+        refused = refused_for_good(err)
+        gone = not refused and len(getattr(self.client, "urls", ())) > 1 and _maybe_stored(err)
+        self._kept = [(td.clone(), rid) for td, rid in (rest[1:] if refused or gone else rest)]
+        told = ""
+        if refused:
+            self.dropped_rows += rows
+            told = (
+                f"the server refused a chunk of {rows} row(s) for good (HTTP "
+                f"{getattr(err, 'status', '?')}: sent again it would be refused again); it has "
+                f"left the writer, {self.dropped_rows} row(s) dropped so far; "
+            )
+        elif gone:
+            told = (
+                f"a chunk of {rows} row(s) may have been stored by its server (no answer came "
+                "back); on a sharded client it is not sent again (another server would store "
+                "it twice) and has left the writer; "
+            )
         err.add_note(
             f"writer of table {self.table!r}: {self.sent_rows} row(s) acknowledged so far; "
             f"{told}{self.kept_rows} row(s) not acknowledged are kept and sent again first, "
             "under the same request ids, by the next send (flush() or close() too)"
+        )
+
+    def _full(self) -> bool:
+        """Whether an append must first send what is kept: a failed send left rows kept,
+        and the writer holds ``max_pending`` chunks' worth not acknowledged (module doc)."""
+        return bool(self._kept) and self._lost() >= self.max_pending * self.chunk
+
+    def _tell_full(self, err: BaseException) -> None:
+        err.add_note(
+            f"writer of table {self.table!r} is full: it holds {self._lost()} row(s) not "
+            f"acknowledged (max_pending={self.max_pending} chunks of {self.chunk}); this "
+            "append did not take its step: append it again (it sends what is kept first), "
+            "or close(discard=True)"
         )
 
     def _lost(self) -> int:

@@ -293,6 +293,25 @@ BY_STATUS: dict[int, type[TDReplayError]] = {
 }
 
 
+#: the statuses that refuse a request for what it holds (its body or its arguments: malformed,
+#: not the table's schema, over a size limit, not the route's media type): the same request
+#: sent again is refused again, whatever becomes of the server. Every other error may pass
+#: later: 404 and 409 (a table re-created or restored), 429, 503 and 507 (a server busy,
+#: failing or full), 401 and 403 (a token), 500, and a request that got no answer.
+REFUSED_FOR_GOOD = frozenset({400, 413, 415, 422})
+
+
+def refused_for_good(exc: BaseException) -> bool:
+    """Whether ``exc`` refuses its request for good (its status is in :data:`REFUSED_FOR_GOOD`;
+    an error type this side does not know counts by its status): a collector's writer drops such
+    a chunk, and keeps one that failed otherwise to send it again.
+
+        >>> refused_for_good(SchemaError("x")), refused_for_good(BackendError("x"))
+        (True, False)
+    """
+    return isinstance(exc, TDReplayError) and exc.status in REFUSED_FOR_GOOD
+
+
 def status_of(exc: BaseException) -> int:
     """The HTTP status an error is answered with (500 for anything not tdreplay's)."""
     return exc.status if isinstance(exc, TDReplayError) else 500
