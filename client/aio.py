@@ -60,9 +60,9 @@ class AsyncReplayClient(ClientBase):
         ]
         self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
         self._link_lock: tuple[Any, asyncio.Lock] = (None, asyncio.Lock())  # (its loop, lock)
-        # what every loader's fetcher threads call (no connection until one runs);
-        # closed with this client
-        self._blocking = ReplayClient._from_settings(settings)
+        # what every loader's fetcher threads call, made by the first loader (the
+        # client's own calls never use it); closed with this client
+        self._blocking: ReplayClient | None = None
 
     async def _run(self, plan: Plan[T] | Generator[Any, Any, T]) -> T:
         """Drive a plan (:mod:`.core`, :mod:`.route`): perform each step it yields, awaited."""
@@ -138,7 +138,8 @@ class AsyncReplayClient(ClientBase):
 
     async def aclose(self) -> None:
         """Close idle connections (its loaders' too); the client stays usable."""
-        self._blocking.close()
+        if self._blocking is not None:
+            self._blocking.close()
         for t in self._transports:
             await t.aclose()
         for link in self._links:
@@ -338,6 +339,8 @@ class AsyncReplayClient(ClientBase):
         All of this client's loaders share one blocking client, whose connections
         :meth:`aclose` closes.
         """
+        if self._blocking is None:
+            self._blocking = ReplayClient._from_settings(self.settings)
         return AsyncLoader(
             Loader(
                 self._blocking,
