@@ -27,6 +27,7 @@ from tdreplay.client import (
     Unauthorized,
 )
 from tdreplay.client.environment import configured
+from tdreplay.client.transport import shown_url
 from tdreplay.codec.errors import SchemaError
 from tdreplay.codec.parquet_read import parquet_files
 from tdreplay.codec.schema_file import read_schema
@@ -56,7 +57,7 @@ def configured_from(args: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
 def connect(args: dict[str, Any]) -> Iterator[ReplayClient]:
     """A client of the server(s) of ``args``; its errors become :class:`CommandError`."""
     urls, token = configured_from(args)
-    where = ", ".join(urls)
+    where = ", ".join(shown_url(u) for u in urls)  # a user:password@ in one is never shown
     timeout = args.get("timeout", 600.0)
     try:
         client = ReplayClient(urls, token, timeout=timeout)
