@@ -28,7 +28,7 @@ from tdreplay.client import (
 )
 from tdreplay.client.environment import configured
 from tdreplay.client.transport import shown_url
-from tdreplay.codec.errors import SchemaError
+from tdreplay.codec.errors import SchemaError, printable
 from tdreplay.codec.parquet_read import parquet_files
 from tdreplay.codec.schema_file import read_schema
 from tdreplay.service.cli import CommandError, Exit
@@ -89,14 +89,17 @@ def tables(client: ReplayClient, args: dict[str, Any]) -> None:
         print("no tables")
         return
     rows = [("TABLE", "BACKEND", "SIZE", "CAPACITY", "SAMPLER")]
-    for info in listed:
+    for info in listed:  # what the server sent, shown with its control characters escaped
         rows.append(
-            (
-                str(info.get("name")),
-                str(_kind(info.get("backend"))),
-                str(info.get("size")),
-                str(info.get("capacity")),
-                str(_kind(info.get("sampler"))),
+            tuple(
+                printable(str(cell))
+                for cell in (
+                    info.get("name"),
+                    _kind(info.get("backend")),
+                    info.get("size"),
+                    info.get("capacity"),
+                    _kind(info.get("sampler")),
+                )
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -179,7 +182,9 @@ def checkpoint(client: ReplayClient, args: dict[str, Any]) -> None:
     table = args["table"]
     written = client.checkpoint(table, args.get("path") or f"checkpoints/{table}")
     for path in [written] if isinstance(written, str) else written:
-        print(f"checkpointed table {table!r} to {path} (under the server's data root)")
+        print(
+            f"checkpointed table {table!r} to {printable(str(path))} (under the server's data root)"
+        )
 
 
 def restore(client: ReplayClient, args: dict[str, Any]) -> None:
@@ -216,7 +221,8 @@ def export(client: ReplayClient, args: dict[str, Any]) -> None:
         raise CommandError("give one of -o FILE (here) or --on-server PATH", Exit.USAGE)
     if on_server:
         print(
-            f"exported table {table!r} to {client.export(table, fmt, path=on_server)} "
+            f"exported table {table!r} to "
+            f"{printable(str(client.export(table, fmt, path=on_server)))} "
             "(under the server's data root)"
         )
         return

@@ -70,6 +70,7 @@ from ..codec.errors import (
     Unauthorized,
     UnsupportedMediaType,
     from_body,
+    printable,
 )
 
 __all__ = [
@@ -118,7 +119,7 @@ def from_response(status: int, body: bytes | bytearray | memoryview) -> ServerEr
     with contextlib.suppress(ValueError):
         data = json.loads(bytes(body) or b"null")
     if not isinstance(data, dict):
-        text = bytes(body[:500]).decode("utf-8", "replace") if body else ""
+        text = printable(bytes(body[:500]).decode("utf-8", "replace")) if body else ""
         cls = BY_STATUS.get(status, ServerError)
         return cls(f"HTTP {status}: {text}".rstrip(": "), status=status, body={})
     return from_body(status, data)
