@@ -27,7 +27,8 @@ from tdreplay.client import (
     Unauthorized,
 )
 from tdreplay.client.environment import configured
-from tdreplay.codec.errors import SchemaError
+from tdreplay.client.transport import shown_url
+from tdreplay.codec.errors import SchemaError, printable
 from tdreplay.codec.parquet_read import parquet_files
 from tdreplay.codec.schema_file import read_schema
 from tdreplay.service.cli import CommandError, Exit
@@ -56,7 +57,7 @@ def configured_from(args: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
 def connect(args: dict[str, Any]) -> Iterator[ReplayClient]:
     """A client of the server(s) of ``args``; its errors become :class:`CommandError`."""
     urls, token = configured_from(args)
-    where = ", ".join(urls)
+    where = ", ".join(shown_url(u) for u in urls)  # a user:password@ in one is never shown
     timeout = args.get("timeout", 600.0)
     try:
         client = ReplayClient(urls, token, timeout=timeout)
@@ -88,14 +89,17 @@ def tables(client: ReplayClient, args: dict[str, Any]) -> None:
         print("no tables")
         return
     rows = [("TABLE", "BACKEND", "SIZE", "CAPACITY", "SAMPLER")]
-    for info in listed:
+    for info in listed:  # what the server sent, shown with its control characters escaped
         rows.append(
-            (
-                str(info.get("name")),
-                str(_kind(info.get("backend"))),
-                str(info.get("size")),
-                str(info.get("capacity")),
-                str(_kind(info.get("sampler"))),
+            tuple(
+                printable(str(cell))
+                for cell in (
+                    info.get("name"),
+                    _kind(info.get("backend")),
+                    info.get("size"),
+                    info.get("capacity"),
+                    _kind(info.get("sampler")),
+                )
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -178,7 +182,9 @@ def checkpoint(client: ReplayClient, args: dict[str, Any]) -> None:
     table = args["table"]
     written = client.checkpoint(table, args.get("path") or f"checkpoints/{table}")
     for path in [written] if isinstance(written, str) else written:
-        print(f"checkpointed table {table!r} to {path} (under the server's data root)")
+        print(
+            f"checkpointed table {table!r} to {printable(str(path))} (under the server's data root)"
+        )
 
 
 def restore(client: ReplayClient, args: dict[str, Any]) -> None:
@@ -216,8 +222,8 @@ def export(client: ReplayClient, args: dict[str, Any]) -> None:
         chosen = export_format(args.get("format"), on_server)
         written = client.export(table, chosen, path=on_server)
         print(
-            f"exported table {table!r} to {written} (under the server's data root)"
-            f"{describe_counts(written)}"
+            f"exported table {table!r} to {printable(str(written))} "
+            f"(under the server's data root){describe_counts(written)}"
         )
         return
     dest = Path(str(output))

@@ -72,6 +72,7 @@ from ..codec.errors import (
     Unauthorized,
     UnsupportedMediaType,
     from_body,
+    printable,
     refused_for_good,
 )
 
@@ -122,7 +123,7 @@ def from_response(status: int, body: bytes | bytearray | memoryview) -> ServerEr
     with contextlib.suppress(ValueError):
         data = json.loads(bytes(body) or b"null")
     if not isinstance(data, dict):
-        text = bytes(body[:500]).decode("utf-8", "replace") if body else ""
+        text = printable(bytes(body[:500]).decode("utf-8", "replace")) if body else ""
         cls = BY_STATUS.get(status, ServerError)
         return cls(f"HTTP {status}: {text}".rstrip(": "), status=status, body={})
     return from_body(status, data)

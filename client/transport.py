@@ -17,6 +17,7 @@ connection (or opens one), and puts it back when the answer was read whole.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -29,6 +30,17 @@ from . import errors, http1
 from .commands import Request, Response
 
 USER_AGENT = "tdreplay-client/0.1"
+#: a URL's ``user:password@`` (up to the authority's last ``@``)
+_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.\-]*:)?//)?[^/?#]*@")
+
+
+def shown_url(url: str) -> str:
+    """``url`` as a message may show it: any ``user:password@`` in it replaced by ``***@``.
+
+    >>> shown_url("http://alice:s3cret@127.0.0.1:8000/x")
+    'http://***@127.0.0.1:8000/x'
+    """
+    return _USERINFO.sub(lambda m: f"{m.group(1) or ''}***@", url, count=1)
 
 
 @dataclass(frozen=True)
@@ -43,9 +55,22 @@ class Endpoint:
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
+        """The endpoint of ``url`` (``http://host:port[/prefix]``; ``http://`` if omitted).
+
+        Raises:
+            ValueError: not an http(s) URL with a host, or one carrying ``user:password@``
+                (never sent: a server takes a bearer token); the message shows the URL
+                without its credentials.
+        """
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {url!r}")
+            raise ValueError(f"not an http(s) URL: {shown_url(url)!r}")
+        if "@" in parts.netloc:
+            raise ValueError(
+                f"URL {shown_url(url)!r} carries a user and password, which a tdreplay client "
+                "never sends: give the server's bearer token instead (TDREPLAY_TOKEN, "
+                "TDREPLAY_TOKEN_FILE, or --token-file) and the URL without them"
+            )
         tls = parts.scheme == "https"
         port = parts.port or (443 if tls else 80)
         base = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"

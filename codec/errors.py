@@ -44,6 +44,7 @@ where they apply, and quotes them in its message.
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Any
 
 
@@ -334,6 +335,19 @@ def json_failure(err: Exception) -> str:
     return str(err)[:200]  # a JSONDecodeError's position, a huge integer's digit limit
 
 
+def printable(text: str) -> str:
+    r"""``text`` with each control character written as its escape (``\x1b``, ``\n``): what a
+    server sent, safe to show on a terminal or in a log (an escape sequence there could
+    retitle the window, recolour or erase lines, or forge a line).
+
+        >>> printable("no table \x1b]0;owned\x07 'x'")
+        "no table \\x1b]0;owned\\x07 'x'"
+    """
+    if text.isprintable():
+        return text
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) == "Cc" else c for c in text)
+
+
 def from_body(status: int, data: dict[str, Any]) -> TDReplayError:
     """The error an error body (``{"type", "detail", ...}``) stands for: its ``type``'s class,
     else the status's (a body without a type), else :class:`TDReplayError` itself."""
@@ -341,6 +355,7 @@ def from_body(status: int, data: dict[str, Any]) -> TDReplayError:
     detail = data.get("detail")
     if not isinstance(detail, str):  # a framework's {"detail": [...]}: quoted as it came
         detail = json.dumps(detail) if detail is not None else f"HTTP {status}"
+    detail = printable(detail)
     known = ANSWERS.get(type_name) if isinstance(type_name, str) else None
     if known is not None:
         cls = known

@@ -12,6 +12,7 @@ export never replaces a file (409).
 from __future__ import annotations
 
 import os
+import unicodedata
 from pathlib import Path
 
 from tdreplay.codec import protocol
@@ -74,8 +75,10 @@ def confine(root: Path, given: str, *, field: str = "path") -> Path:
     none may be a checkpoint (a path inside a checkpoint would corrupt it).
 
     Raises:
-        InvalidRequest: ``given`` is empty, too long, holds a NUL byte, resolves to
-            the root itself or outside it, or runs through a file or a checkpoint.
+        InvalidRequest: ``given`` is empty, too long, holds a NUL byte or another control
+            character (a newline or an escape would forge lines of the server log and of
+            every listing of the folder), resolves to the root itself or outside it, or
+            runs through a file or a checkpoint.
     """
     try:
         encoded = given.encode()
@@ -83,6 +86,13 @@ def confine(root: Path, given: str, *, field: str = "path") -> Path:
         encoded = b""
     if not encoded or b"\x00" in encoded or len(encoded) > MAX_PATH:
         raise InvalidRequest(f"{field} {given[:80]!r} is not a usable path", field=field)
+    if any(unicodedata.category(c) == "Cc" for c in given):
+        raise InvalidRequest(
+            f"{field} {given[:80]!r} holds a control character (a newline, a tab, an escape); "
+            "give a path of printable characters",
+            field=field,
+            got=given[:80],
+        )
     if Path(given).is_absolute():
         raise InvalidRequest(
             f"{field} {given[:80]!r} is absolute; give a path relative to the data root",
