@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import statefile as SF
@@ -45,6 +46,7 @@ class SliceSampler(Sampler):
         self.valid = torch.zeros(cap, dtype=torch.bool)
         self.n_valid = 0
         self._offsets = torch.arange(slice_len, dtype=torch.int64)
+        self._np_offsets = self._offsets.numpy()
         #: each trajectory's first valid start ``s`` (entry ``2s``) and last (``2s + 1``)
         self.edges = CountedMask(2 * cap)
         self._wraps = False
@@ -210,14 +212,15 @@ class SliceSampler(Sampler):
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.check_batch_size(n)
         cap, m, k = self.slots.capacity, self.edges.count // 2, n // self.slice_len
-        rank = 2 * torch.randint(m, (k,), generator=self.generator) + int(self._wraps)
-        edge = self.edges.select(torch.cat([rank, (rank + 1) % (2 * m)])) // 2
+        g = self.generator
+        rank = 2 * torch.randint(m, (k,), generator=g).numpy() + int(self._wraps)
+        u = torch.rand(k, dtype=torch.float64, generator=g).numpy()
+        edge = self.edges.select(np.concatenate([rank, (rank + 1) % (2 * m)])) // 2
         head = edge[:k]
         span = (edge[k:] - head) % cap  # the trajectory's valid starts, less one
-        offset = (torch.rand(k, dtype=torch.float64, generator=self.generator) * (span + 1)).long()
-        starts = head + torch.minimum(offset, span)
-        idx = (starts[:, None] + self._offsets) % cap
-        return idx.reshape(-1), None
+        starts = head + np.minimum((u * (span + 1)).astype(np.int64), span)
+        idx = (starts[:, None] + self._np_offsets) % cap
+        return torch.from_numpy(idx.reshape(-1)), None
 
     def state_dict(self) -> dict[str, Any]:
         return {"episode": self.episode.clone()}

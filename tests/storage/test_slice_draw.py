@@ -4,11 +4,14 @@ incrementally match a full scan of the table."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 from testkit import make_spec, rows
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import SliceSampler
+
+from tdreplay.storage.samplers.ranks import CountedMask
 
 EPISODE = {"ep": {"shape": [], "dtype": "int64"}}
 
@@ -148,3 +151,17 @@ def test_trajectory_edges_kept_incrementally_match_a_full_scan(tables) -> None:
             edges = table.sampler.edges.mask.view(-1, 2)
             assert edges[:, 0].tolist() == heads and edges[:, 1].tolist() == tails, trial
             assert table.sampler.edges.count == sum(heads) + sum(tails)
+
+
+def test_counted_mask_selects_by_rank_as_a_scan_does() -> None:
+    """Ranks picked through two levels of block counts (and after unsetting some) are the
+    positions a full scan of the mask lists."""
+    g = torch.Generator().manual_seed(1)
+    mask = CountedMask(300_001)  # 4,688 blocks of 64: two levels of counts
+    for _ in range(3):
+        index = torch.randperm(300_001, generator=g)[:20_000]
+        mask.assign(index, torch.rand(20_000, generator=g) < 0.7)
+        scan = mask.mask.nonzero().squeeze(1).numpy()
+        assert mask.count == len(scan)
+        ranks = np.concatenate([[0, len(scan) - 1], np.arange(0, len(scan), 97)])
+        assert (mask.select(ranks) == scan[ranks]).all()
