@@ -214,3 +214,21 @@ def test_after_a_hang_the_table_serves_again(
     extend(server, 32, 8, name="rt")
     info = json.loads(server.request("GET", protocol.table_path("rt"))[2])
     assert (info["state"], info["size"]) == ("ok", 40)
+
+
+def test_a_path_with_a_trailing_newline_reaches_no_route_and_forges_no_log_line(
+    live_server: Callable[..., Any], redis_proc: RedisProcess
+) -> None:
+    """A route's pattern ended in ``$``, which also matches before a final newline: ``POST
+    .../extend%0A`` reached the extend route, and its failure (a 5xx, logged with the path)
+    put a line break of the client's into the server's log."""
+    server = serve(live_server, redis_proc)
+    redis_proc.kill()  # the table's calls now fail with a 5xx, which the server logs
+    extend_path = protocol.table_path("rt", "extend")
+    status, err, _ = error(server, "POST", extend_path + "%0A", body=body(32, 8), headers=ARROW)
+    assert (status, err["type"]) == (404, "InvalidRequest"), err
+    status, err, _ = error(server, "POST", extend_path, body=body(32, 8), headers=ARROW)
+    assert (status, err["type"]) == (503, "BackendError"), err
+    lines = server.output().splitlines()
+    assert any(line.endswith(f"POST {extend_path} failed: {err['detail']}") for line in lines)
+    assert not [line for line in lines if line.startswith(" failed")], lines[-20:]
