@@ -232,3 +232,35 @@ def test_a_path_with_a_trailing_newline_reaches_no_route_and_forges_no_log_line(
     lines = server.output().splitlines()
     assert any(line.endswith(f"POST {extend_path} failed: {err['detail']}") for line in lines)
     assert not [line for line in lines if line.startswith(" failed")], lines[-20:]
+
+
+def ready_until(server: Any, status: int) -> dict[str, Any]:
+    """``/readyz``'s body once it answers ``status`` (each Redis table's marker is probed at
+    most once a second, a hung one's probe ends in the ``--redis-timeout``)."""
+    deadline = time.monotonic() + 15
+    while True:
+        got, _, raw = server.request("GET", "/readyz")
+        if got == status or time.monotonic() > deadline:
+            assert got == status, raw
+            return dict(json.loads(raw))
+        time.sleep(0.1)
+
+
+def test_a_server_whose_redis_is_unreachable_is_not_ready_until_it_answers(
+    live_server: Callable[..., Any], redis_proc: RedisProcess
+) -> None:
+    """A table whose Redis does not answer cannot serve: ``/readyz`` says 503 ``unreachable``
+    (it said 200 ``ready``), liveness stays 200, and once Redis answers it is ready again."""
+    server = serve(live_server, redis_proc)
+    create(server, "mt")
+    assert ready_until(server, 200)["status"] == "ready"
+    redis_proc.signal(signal.SIGSTOP)
+    try:
+        body = ready_until(server, 503)
+        assert server.request("GET", "/healthz")[0] == 200
+    finally:
+        redis_proc.signal(signal.SIGCONT)
+    assert body == {"status": "unreachable", "tables": 2, "lost": 0, "unreachable": 1, "failed": 0}
+    assert ready_until(server, 200)["unreachable"] == 0
+    redis_proc.kill()  # down: refused at once
+    assert ready_until(server, 503)["status"] == "unreachable"
