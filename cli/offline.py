@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tdreplay.codec.errors import InvalidRequest
+from tdreplay.codec.exports import ExportedPath
 from tdreplay.codec.minari_files import dataset_folder, default_root, env_spec_json, write_minari
 from tdreplay.service.cli import CommandError, Exit
 from tdreplay.storage import (
@@ -28,7 +29,7 @@ from tdreplay.storage import (
     stored_specs,
 )
 
-from .common import describe_file, export_format, show_progress
+from .common import describe_counts, describe_file, export_format, show_progress
 
 
 def export(args: dict[str, Any]) -> None:
@@ -45,15 +46,14 @@ def export(args: dict[str, Any]) -> None:
     progress = show_progress(args)
     if args.get("checkpoint"):
         source = Path(args["checkpoint"])
-        name = from_checkpoint(source, args.get("table"), output, fmt, progress)
+        name, written = from_checkpoint(source, args.get("table"), output, fmt, progress)
     else:
         if not args.get("table"):
             raise CommandError("which table? tdreplay export TABLE --root DIR", Exit.USAGE)
-        name, source = (
-            args["table"],
-            from_root(Path(args["root"]), args["table"], output, fmt, progress),
-        )
-    print(f"exported table {name!r} from {source} to {output} ({describe_file(output, fmt)})")
+        name = args["table"]
+        source, written = from_root(Path(args["root"]), name, output, fmt, progress)
+    shown = describe_file(output, fmt)
+    print(f"exported table {name!r} from {source} to {output} ({shown}){describe_counts(written)}")
 
 
 def export_minari(args: dict[str, Any]) -> None:
@@ -78,18 +78,28 @@ def export_minari(args: dict[str, Any]) -> None:
         rows = Path(scratch) / "rows.parquet"
         if args.get("checkpoint"):
             source = Path(args["checkpoint"])
-            name = from_checkpoint(source, args.get("table"), rows, "parquet", progress)
+            name, written = from_checkpoint(source, args.get("table"), rows, "parquet", progress)
         else:
             if not args.get("table"):
                 raise CommandError("which table? tdreplay export TABLE --root DIR", Exit.USAGE)
             name = args["table"]
-            source = from_root(Path(args["root"]), name, rows, "parquet", progress)
+            source, written = from_root(Path(args["root"]), name, rows, "parquet", progress)
         folder = write_minari(rows, datasets, dataset_id, env_spec=env_spec, progress=progress)
-    print(f"exported table {name!r} from {source} as the Minari dataset {dataset_id!r} to {folder}")
+    # the rows the table's export wrote and left out, the splits of the dataset made of them
+    counts = ExportedPath.of(
+        folder, rows=written.rows, skipped=written.skipped, splits=folder.splits
+    )
+    print(
+        f"exported table {name!r} from {source} as the Minari dataset {dataset_id!r} to {folder}"
+        f"{describe_counts(counts)}"
+    )
 
 
-def from_root(root: Path, table: str, output: Path, fmt: str, progress: bool) -> Path:
-    """Export ``table`` of the data root ``root``; returns what it was read from."""
+def from_root(
+    root: Path, table: str, output: Path, fmt: str, progress: bool
+) -> tuple[Path, ExportedPath]:
+    """Export ``table`` of the data root ``root``; returns what it was read from and what
+    the export wrote."""
     if not root.is_dir():
         raise CommandError(f"no data root at {str(root)!r}")
     try:
@@ -107,10 +117,10 @@ def from_root(root: Path, table: str, output: Path, fmt: str, progress: bool) ->
         if table in specs:
             opened = Table.open(specs[table], root)
             try:
-                opened.export(output, format=fmt, progress=progress)
+                written = opened.export(output, format=fmt, progress=progress)
             finally:
                 opened.close()
-            return root / "tables" / table
+            return root / "tables" / table, written
         checkpoint = root / "checkpoints" / table
         try:
             find_checkpoint(checkpoint)
@@ -119,12 +129,14 @@ def from_root(root: Path, table: str, output: Path, fmt: str, progress: bool) ->
                 f"no table {table!r} under {str(root)!r}: neither its files "
                 f"(tables: {sorted(specs) or 'none'}) nor a checkpoint checkpoints/{table}"
             ) from None
-        from_checkpoint(checkpoint, table, output, fmt, progress)
-        return checkpoint
+        return checkpoint, from_checkpoint(checkpoint, table, output, fmt, progress)[1]
 
 
-def from_checkpoint(path: Path, table: str | None, output: Path, fmt: str, progress: bool) -> str:
-    """Export the table the checkpoint at ``path`` holds; returns its name."""
+def from_checkpoint(
+    path: Path, table: str | None, output: Path, fmt: str, progress: bool
+) -> tuple[str, ExportedPath]:
+    """Export the table the checkpoint at ``path`` holds; returns its name and what the
+    export wrote."""
     meta = read_checkpoint_metadata(path)
     spec = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
     held = spec.get("name")
@@ -140,7 +152,7 @@ def from_checkpoint(path: Path, table: str | None, output: Path, fmt: str, progr
     with tempfile.TemporaryDirectory(dir=output.parent, prefix=".tdreplay-export-") as scratch:
         restored = Table.restore(path, root=scratch)
         try:
-            restored.export(output, format=fmt, progress=progress)
+            written = restored.export(output, format=fmt, progress=progress)
         finally:
             restored.destroy()
-    return str(held)
+    return str(held), written

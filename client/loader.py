@@ -77,6 +77,8 @@ def _identity(batch: Any) -> Any:
 
 #: ``prefetch`` where the loader may sample ahead (``None`` on a table that is no queue)
 DEFAULT_PREFETCH = 4
+#: batches a loader may request ahead at most: each is a thread and a batch held in memory
+MAX_PREFETCH = 64
 
 
 class LoaderParams(Params):
@@ -86,7 +88,8 @@ class LoaderParams(Params):
     batch_size: BatchSize
     timeout: Seconds = None
     num_batches: Count | None = None
-    prefetch: int | None = Field(ge=0, strict=True)  # threads: 2.5 or "4" is a mistake
+    # threads: 2.5 or "4" is a mistake
+    prefetch: int | None = Field(ge=0, le=MAX_PREFETCH, strict=True)
 
 
 class Loader(IterableDataset):
@@ -117,7 +120,7 @@ class Loader(IterableDataset):
         InvalidRequest: an argument breaks its rule, named in the message and in
             ``field``: ``batch_size`` (1 to 2**31, the contract's), ``timeout``
             (negative, infinite or NaN), ``num_batches`` (below 1, not a whole
-            number), ``prefetch`` (negative, not an int).
+            number), ``prefetch`` (negative, above :data:`MAX_PREFETCH`, not an int).
         ValueError: ``stream=True`` on a sharded client, or with ``prefetch=0``.
         TypeError: ``as_cls`` is not a ``@tensorclass``.
         RuntimeError: ``device`` is a CUDA device this process cannot use (no

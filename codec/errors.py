@@ -335,17 +335,31 @@ def json_failure(err: Exception) -> str:
     return str(err)[:200]  # a JSONDecodeError's position, a huge integer's digit limit
 
 
+#: Unicode categories a terminal or a log does not show as themselves: control characters
+#: (Cc: a newline, an escape) and format characters (Cf: a bidi override such as U+202E, which
+#: reorders what follows it; a zero-width space or joiner, which hides)
+HIDDEN_CATEGORIES = frozenset({"Cc", "Cf"})
+
+
+def is_hidden(char: str) -> bool:
+    """Whether ``char`` is a control or format character (:data:`HIDDEN_CATEGORIES`)."""
+    return unicodedata.category(char) in HIDDEN_CATEGORIES
+
+
 def printable(text: str) -> str:
-    r"""``text`` with each control character written as its escape (``\x1b``, ``\n``): what a
-    server sent, safe to show on a terminal or in a log (an escape sequence there could
-    retitle the window, recolour or erase lines, or forge a line).
+    r"""``text`` with each control or format character written as its escape (``\x1b``,
+    ``\n``, ``\u202e``): what a server sent, safe to show on a terminal or in a log (an escape
+    sequence there could retitle the window, recolour or erase lines, or forge a line; a bidi
+    override could make ``gnp.exe`` read ``exe.png``). Letters outside ASCII stay as they are.
 
         >>> printable("no table \x1b]0;owned\x07 'x'")
         "no table \\x1b]0;owned\\x07 'x'"
+        >>> printable("café \u202egnp.exe")
+        'café \\u202egnp.exe'
     """
     if text.isprintable():
         return text
-    return "".join(repr(c)[1:-1] if unicodedata.category(c) == "Cc" else c for c in text)
+    return "".join(repr(c)[1:-1] if is_hidden(c) else c for c in text)
 
 
 def from_body(status: int, data: dict[str, Any]) -> TDReplayError:

@@ -28,6 +28,7 @@ from tdreplay.codec.errors import (
     Unauthorized,
     UnsupportedMediaType,
     json_failure,
+    printable,
     status_of,
 )
 from tdreplay.codec.params import broken_rule
@@ -92,7 +93,9 @@ def install(app: FastAPI) -> None:
     async def on_tdreplay(request: Request, exc: Exception) -> JSONResponse:
         status = status_of(exc)
         if status >= 500:
-            log.error("%s %s failed: %s", request.method, request.url.path, exc)
+            # the path is the client's text: escaped, it cannot forge or recolour log lines
+            where = printable(request.url.path)
+            log.error("%s %s failed: %s", request.method, where, printable(str(exc)))
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
         return error_response(exc, headers)
 
@@ -123,7 +126,7 @@ def install(app: FastAPI) -> None:
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+        log.exception("%s %s failed", request.method, printable(request.url.path), exc_info=exc)
         return error_response(InternalError("internal server error"))
 
     app.add_exception_handler(TDReplayError, on_tdreplay)

@@ -22,7 +22,7 @@ from .served import CorePart
 
 log = logging.getLogger("tdreplay.service")
 
-#: seconds ``lost_tables`` waits for the Redis tables' marker probes
+#: seconds ``unready_tables`` waits for the Redis tables' marker probes
 PROBE_WAIT = 0.5
 
 
@@ -140,12 +140,14 @@ class TableOps(CorePart):
         """Size, capacity, backend, sampler, writer, counters, rate-limiter state, waiting calls."""
         return await self.table(name).info()
 
-    async def lost_tables(self) -> list[str]:
-        """Tables whose backend lost its data (a Redis that restarted empty).
+    async def unready_tables(self) -> dict[str, list[str]]:
+        """The tables that cannot serve, by their backend's state: ``"lost"`` (a Redis that
+        restarted empty) and ``"unreachable"`` (a Redis down, hung or refusing).
 
         Redis tables' markers are probed in worker threads (each at most once a
         second, one probe at a time), waited for up to :data:`PROBE_WAIT`
-        seconds: a hung Redis does not hold the answer.
+        seconds: a hung Redis does not hold the answer (its table is unreachable
+        once its probe has timed out).
         """
         handles = self.served.handles()
         probes = [
@@ -155,7 +157,12 @@ class TableOps(CorePart):
         ]
         if probes:
             await asyncio.wait(probes, timeout=PROBE_WAIT)
-        return [h.name for h in handles if getattr(h.table.backend, "state", None) == "lost"]
+        unready: dict[str, list[str]] = {"lost": [], "unreachable": []}
+        for h in handles:
+            state = getattr(h.table.backend, "state", None)
+            if state in unready:
+                unready[state].append(h.name)
+        return unready
 
     async def close(self, *, checkpoint: bool = False) -> None:
         """Stop serving every table (checkpointing first, when asked, each that needs it; see

@@ -12,10 +12,10 @@ export never replaces a file (409).
 from __future__ import annotations
 
 import os
-import unicodedata
 from pathlib import Path
 
 from tdreplay.codec import protocol
+from tdreplay.codec.errors import is_hidden
 from tdreplay.storage import (
     InvalidRequest,
     PathExists,
@@ -76,8 +76,8 @@ def confine(root: Path, given: str, *, field: str = "path") -> Path:
 
     Raises:
         InvalidRequest: ``given`` is empty, too long, holds a NUL byte or another control
-            character (a newline or an escape would forge lines of the server log and of
-            every listing of the folder), resolves to the root itself or outside it, or
+            or format character (a newline or an escape would forge lines of the server log
+            and of every listing of the folder, a bidi override reorder them), resolves to the root itself or outside it, or
             runs through a file or a checkpoint.
     """
     try:
@@ -86,9 +86,10 @@ def confine(root: Path, given: str, *, field: str = "path") -> Path:
         encoded = b""
     if not encoded or b"\x00" in encoded or len(encoded) > MAX_PATH:
         raise InvalidRequest(f"{field} {given[:80]!r} is not a usable path", field=field)
-    if any(unicodedata.category(c) == "Cc" for c in given):
+    if any(is_hidden(c) for c in given):
         raise InvalidRequest(
-            f"{field} {given[:80]!r} holds a control character (a newline, a tab, an escape); "
+            f"{field} {given[:80]!r} holds a control character (a newline, a tab, an escape, "
+            "a bidi override or another invisible format character); "
             "give a path of printable characters",
             field=field,
             got=given[:80],

@@ -24,22 +24,33 @@ async def healthz() -> dict[str, str]:
     "/readyz",
     name="readyz",
     responses={
-        503: {"description": "Still loading tables, shutting down, or a table's data was lost."}
+        503: {
+            "description": "Still loading tables, shutting down, or a table cannot serve: its "
+            "data was lost, or its Redis is unreachable."
+        }
     },
 )
 async def readyz(request: Request, core: CoreDep) -> JSONResponse:
-    """Readiness: the tables of the schemas (and checkpoints) are loaded, and no table's
-    backend lost its data (a Redis that restarted empty: answered 503). Never needs the
-    token, so it gives counts, not names (``GET /v1/tables`` names them, with the token):
-    ``tables`` served, ``lost`` of them, ``failed`` found on start but not served (their
-    data kept, the reason in the log)."""
+    """Readiness: the tables of the schemas (and checkpoints) are loaded, and every table
+    served can serve: no backend lost its data (a Redis that restarted empty: ``lost``) or
+    cannot be reached (a Redis down, hung or refusing: ``unreachable``, ready again once it
+    answers). Either answers 503, so a load balancer sends the table's clients elsewhere;
+    liveness (``/healthz``) stays 200, so the server is not restarted for its Redis. Never
+    needs the token, so it gives counts, not names (``GET /v1/tables`` names them, with the
+    token): ``tables`` served, ``lost`` and ``unreachable`` of them, ``failed`` found on
+    start but not served (their data kept, the reason in the log)."""
     if not request.app.state.ready:
         return JSONResponse({"status": "starting"}, status_code=503)
-    lost = await core.lost_tables()
+    unready = await core.unready_tables()
     served = core.served
-    body = {"tables": len(served), "lost": len(lost), "failed": len(served.failed)}
-    if lost:
-        return JSONResponse({"status": "lost", **body}, status_code=503)
+    body = {
+        "tables": len(served),
+        **{state: len(names) for state, names in unready.items()},
+        "failed": len(served.failed),
+    }
+    for state in ("lost", "unreachable"):
+        if unready[state]:
+            return JSONResponse({"status": state, **body}, status_code=503)
     return JSONResponse({"status": "ready", **body})
 
 

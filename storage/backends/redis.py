@@ -55,7 +55,8 @@ class RedisBackend(Backend):
     command is not retried: redis-py's default policy retries three times and
     each reconnect retries on its own (15 s for a 1 s timeout, measured), so a
     hung Redis fails a call in about the timeout, with :class:`BackendError`.
-    A dropped connection is retried once (a restarted Redis).
+    A dropped connection is retried once (a restarted Redis). While the last
+    marker check failed so, :attr:`state` is ``"unreachable"``.
     """
 
     kind = "redis"
@@ -70,6 +71,7 @@ class RedisBackend(Backend):
         self.marker_key: str = storage._redis_key(REDIS_MARKER)  # type: ignore[attr-defined]
         self._marker = b""
         self._lost = False
+        self._unreachable = False  # the last marker check failed
         self._checked = 0.0
         self._probing = threading.Lock()
 
@@ -125,8 +127,12 @@ class RedisBackend(Backend):
 
     @property
     def state(self) -> str:
-        """``"ok"``, or ``"lost"`` once the marker was found missing (never back to ``"ok"``)."""
-        return "lost" if self._lost else "ok"
+        """``"ok"``; ``"unreachable"`` while the last marker check failed (Redis down, hung
+        or refusing: back to ``"ok"`` once a check succeeds); ``"lost"`` once the marker was
+        found missing (never back to ``"ok"``)."""
+        if self._lost:
+            return "lost"
+        return "unreachable" if self._unreachable else "ok"
 
     def check(self, *, force: bool = False) -> None:
         """Check the marker (unless checked less than :data:`MARKER_INTERVAL` ago and not ``force``).
@@ -139,7 +145,14 @@ class RedisBackend(Backend):
             raise self._lost_error()
         if not force and time.monotonic() - self._checked < MARKER_INTERVAL:
             return
-        got = self._redis("checking the table's marker", lambda: self.client.get(self.marker_key))
+        try:
+            got = self._redis(
+                "checking the table's marker", lambda: self.client.get(self.marker_key)
+            )
+        except BackendError:
+            self._unreachable = True
+            raise
+        self._unreachable = False
         if got != self._marker:
             self._lost = True
             log.error("%s", self._lost_error().message)
@@ -152,7 +165,7 @@ class RedisBackend(Backend):
             try:
                 self.check()
             except TDReplayError:
-                pass  # lost: in the state; unreachable: the next call says so
+                pass  # lost or unreachable: in the state
             finally:
                 self._probing.release()
         return self.state

@@ -36,6 +36,7 @@ BAD = [
     ({"prefetch": "4"}, "prefetch"),
     ({"prefetch": True}, "prefetch"),
     ({"prefetch": -1}, "prefetch"),
+    ({"prefetch": 65}, "prefetch"),  # each a thread: at most 64
     ({"num_batches": -1}, "num_batches"),
     ({"num_batches": 0}, "num_batches"),
     ({"num_batches": 2.5}, "num_batches"),
@@ -58,6 +59,13 @@ def test_a_bad_argument_is_refused_when_the_loader_is_made(
 
     with pytest.raises(InvalidRequest, match=f"^{name}: "):
         asyncio.run(make())
+
+
+def test_prefetch_above_its_maximum_is_refused_naming_it(client: ReplayClient, table: str) -> None:
+    with pytest.raises(InvalidRequest, match=r"^prefetch: .*64") as err:
+        client.loader(table, 8, prefetch=10_000)
+    assert err.value.field == "prefetch"
+    client.loader(table, 8, prefetch=64)  # the maximum itself is taken
 
 
 @pytest.mark.parametrize("batch_size", [0, -3, 2.5, "many", 1 << 40])

@@ -6,6 +6,7 @@ value, the CLI's line. Before, only the server's log said that rows were left ou
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,36 @@ def test_every_door_reports_rows_written_and_skipped(
         capsys=capsys, monkeypatch=monkeypatch, TDREPLAY_URL=server.url,
     )  # fmt: skip
     assert code == 0 and "7 rows written, 0 left out" in out
+
+
+def test_the_offline_export_prints_the_counts_as_the_remote_one_does(
+    client: ReplayClient,
+    server: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``tdreplay export --checkpoint`` / ``--root`` (no server) printed the file's size only,
+    though ``Table.export`` returns the rows written and left out."""
+    name = make_table(client)
+    client.extend(name, transitions([3, 4]))
+    client.checkpoint(name, f"checkpoints/{name}")
+    checkpoint = server.root / "checkpoints" / name
+    root = tmp_path / "root"  # a data root no server holds, the table as its checkpoint
+    shutil.copytree(checkpoint, root / "checkpoints" / name)
+    counts = "; 7 rows written, 0 left out (overwritten or removed during the export)"
+    for source in (["--checkpoint", str(checkpoint)], ["--root", str(root), name]):
+        out = tmp_path / f"{source[0].strip('-')}.parquet"
+        code, printed, err = run_cli(
+            "export", *source, "-o", str(out), capsys=capsys, monkeypatch=monkeypatch
+        )
+        assert code == 0 and printed.rstrip().endswith(counts), (printed, err)
+    code, printed, err = run_cli(
+        "export", "--checkpoint", str(checkpoint), "--format", "minari",
+        "--dataset-id", "counts/offline-v0", "-o", str(tmp_path / "ds"),
+        capsys=capsys, monkeypatch=monkeypatch,
+    )  # fmt: skip
+    assert code == 0 and counts in printed, (printed, err)
 
 
 def test_a_live_export_counts_what_it_left_out(

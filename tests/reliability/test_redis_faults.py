@@ -214,3 +214,53 @@ def test_after_a_hang_the_table_serves_again(
     extend(server, 32, 8, name="rt")
     info = json.loads(server.request("GET", protocol.table_path("rt"))[2])
     assert (info["state"], info["size"]) == ("ok", 40)
+
+
+def test_a_path_with_a_trailing_newline_reaches_no_route_and_forges_no_log_line(
+    live_server: Callable[..., Any], redis_proc: RedisProcess
+) -> None:
+    """A route's pattern ended in ``$``, which also matches before a final newline: ``POST
+    .../extend%0A`` reached the extend route, and its failure (a 5xx, logged with the path)
+    put a line break of the client's into the server's log."""
+    server = serve(live_server, redis_proc)
+    redis_proc.kill()  # the table's calls now fail with a 5xx, which the server logs
+    extend_path = protocol.table_path("rt", "extend")
+    status, err, _ = error(server, "POST", extend_path + "%0A", body=body(32, 8), headers=ARROW)
+    assert (status, err["type"]) == (404, "InvalidRequest"), err
+    status, err, _ = error(server, "POST", extend_path, body=body(32, 8), headers=ARROW)
+    assert (status, err["type"]) == (503, "BackendError"), err
+    lines = server.output().splitlines()
+    assert any(line.endswith(f"POST {extend_path} failed: {err['detail']}") for line in lines)
+    assert not [line for line in lines if line.startswith(" failed")], lines[-20:]
+
+
+def ready_until(server: Any, status: int) -> dict[str, Any]:
+    """``/readyz``'s body once it answers ``status`` (each Redis table's marker is probed at
+    most once a second, a hung one's probe ends in the ``--redis-timeout``)."""
+    deadline = time.monotonic() + 15
+    while True:
+        got, _, raw = server.request("GET", "/readyz")
+        if got == status or time.monotonic() > deadline:
+            assert got == status, raw
+            return dict(json.loads(raw))
+        time.sleep(0.1)
+
+
+def test_a_server_whose_redis_is_unreachable_is_not_ready_until_it_answers(
+    live_server: Callable[..., Any], redis_proc: RedisProcess
+) -> None:
+    """A table whose Redis does not answer cannot serve: ``/readyz`` says 503 ``unreachable``
+    (it said 200 ``ready``), liveness stays 200, and once Redis answers it is ready again."""
+    server = serve(live_server, redis_proc)
+    create(server, "mt")
+    assert ready_until(server, 200)["status"] == "ready"
+    redis_proc.signal(signal.SIGSTOP)
+    try:
+        body = ready_until(server, 503)
+        assert server.request("GET", "/healthz")[0] == 200
+    finally:
+        redis_proc.signal(signal.SIGCONT)
+    assert body == {"status": "unreachable", "tables": 2, "lost": 0, "unreachable": 1, "failed": 0}
+    assert ready_until(server, 200)["unreachable"] == 0
+    redis_proc.kill()  # down: refused at once
+    assert ready_until(server, 503)["status"] == "unreachable"

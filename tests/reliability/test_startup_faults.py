@@ -63,6 +63,7 @@ def test_damaged_and_foreign_checkpoints_do_not_stop_the_start(
         "status": "ready",
         "tables": 1,
         "lost": 0,
+        "unreachable": 0,
         "failed": 1,
     }
     again.stop()  # its shutdown checkpoint of a may not touch b's

@@ -30,6 +30,11 @@ ANSWERS = {
         "application/json",
         json.dumps({"type": "TableExists", "detail": f"taken{ESCAPE}\nFORGED line"}),
     ),
+    "/v1/tables/bidi": (
+        409,
+        "application/json",
+        json.dumps({"type": "TableExists", "detail": "café \u202egnp.exe\u200b ü 日本"}),
+    ),
     "/v1/tables": (
         200,
         "application/json",
@@ -84,3 +89,17 @@ def test_table_names_from_the_server_are_listed_with_their_escapes_shown(
     code, out, err = tdreplay("tables", "--url", url, capsys=capsys, monkeypatch=monkeypatch)
     assert code == 0, err
     assert "\x1b" not in out and "t\\x1b]0;owned\\x07" in out, repr(out)
+
+
+def test_format_characters_are_escaped_and_letters_kept(
+    url: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bidi override (U+202E, category Cf) reorders what a terminal or log shows after it
+    ("gnp.exe" reads "exe.png"); a zero-width space hides; both are shown as escapes, while
+    letters outside ASCII stay as they are."""
+    code, _, err = tdreplay("info", "bidi", "--url", url, capsys=capsys, monkeypatch=monkeypatch)
+    assert code == 1 and "\u202e" not in err and "\u200b" not in err, repr(err)
+    assert "café \\u202egnp.exe\\u200b ü 日本" in err, repr(err)
+    with ReplayClient(url) as client, pytest.raises(ServerError) as caught:
+        client.info("bidi")
+    assert str(caught.value).count("\\u202e") == 1 and "\u202e" not in str(caught.value)

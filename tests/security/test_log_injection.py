@@ -10,12 +10,14 @@ refused (400) before anything is written.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
 import pytest
 
 from tdreplay.codec import protocol
+from tdreplay.codec.errors import BackendError
 
 JSON = {"Content-Type": protocol.JSON}
 FORGED = "\nCRITICAL tdreplay.service: FORGED \x1b[31mline\x1b[0m"
@@ -46,6 +48,7 @@ def files_under(root: Any) -> set[str]:
         ("restore", {"path": f"checkpoints/a{FORGED}/t"}),
         ("export", {"path": f"exports/b{FORGED}.parquet", "format": "parquet"}),
         ("checkpoint", {"path": "checkpoints/tab\there/t"}),
+        ("export", {"path": "exports/c\u202eteuqrap.csv", "format": "csv"}),
     ],
 )
 def test_a_path_with_control_characters_is_refused_and_logs_nothing_forged(
@@ -61,11 +64,27 @@ def test_a_path_with_control_characters_is_refused_and_logs_nothing_forged(
     assert "control character" in err["detail"], err
     assert files_under(server.root) == before
     log = server.output()
-    assert "FORGED" not in log and "\x1b" not in log, log[-2000:]
+    assert "FORGED" not in log and "\x1b" not in log and "\u202e" not in log, log[-2000:]
     # the same request with a printable path works, and its log line is one line
-    fine = {**body, "path": body["path"].replace(FORGED, "-forged").replace("\t", "-")}
+    fine = {**body, "path": body["path"].replace(FORGED, "-forged")}
+    fine["path"] = fine["path"].replace("\t", "-").replace("\u202e", "-")
     if action != "restore":
         status, _, raw = server.request(
             "POST", protocol.table_path("t", action), json.dumps(fine).encode(), JSON
         )
         assert status == 200, raw
+
+
+def test_the_path_of_a_failed_request_is_logged_escaped(service: Any, caplog: Any) -> None:
+    """A request that fails with a 5xx is logged with its path: each control or format
+    character of it escaped (a route that takes any path stands in for one that fails)."""
+    client = service(raise_server_exceptions=False)
+
+    async def fails(rest: str) -> None:
+        raise BackendError("the backend failed")
+
+    client.app.add_api_route("/fails/{rest}", fails, methods=["GET"])
+    with caplog.at_level(logging.ERROR, "tdreplay.service"):
+        assert client.get("/fails/CRITICAL%20FORGED%1B%5B31m%07").status_code == 503
+    (line,) = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert line == "GET /fails/CRITICAL FORGED\\x1b[31m\\x07 failed: the backend failed", line

@@ -13,7 +13,9 @@ from tdreplay.codec import protocol
 def test_probes_and_empty_list(service) -> None:
     client = service()
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "tables": 0, "lost": 0, "failed": 0}
+    assert client.get("/readyz").json() == {
+        "status": "ready", "tables": 0, "lost": 0, "unreachable": 0, "failed": 0,
+    }  # fmt: skip
     assert client.get(protocol.TABLES).json() == {"tables": [], "unavailable": {}}
 
 
