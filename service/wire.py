@@ -39,6 +39,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
+import pyarrow as pa
 import torch
 from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
@@ -263,6 +264,19 @@ def sample_nbytes(item_nbytes: int, n: int) -> int:
     return n * (item_nbytes + INFO_NBYTES)
 
 
+def new_layout(schema: Schema, n: int) -> SampleLayout:
+    """A :class:`~tdreplay.codec.ipc.SampleLayout`, with the memory its encode used given back.
+
+    The encode's scratch, as big as the layout, comes from Arrow's allocator, which
+    keeps freed pages for reuse by the thread that freed them: a worker thread that
+    then idles held them (measured: 100 MiB of RSS after four unpooled 32 MiB samples,
+    each with its own layout, until that thread allocated again).
+    """
+    layout = SampleLayout(schema, n)
+    pa.default_memory_pool().release_unused()
+    return layout
+
+
 class SampleBuffers:
     """Sample bodies of one table, by batch size (a layout is built once per size).
 
@@ -299,7 +313,7 @@ class SampleBuffers:
         """The layout of ``n``-row batches (built in the threadpool the first time)."""
         kept = self._layouts.get(n)
         if kept is None:
-            built: SampleLayout = await run_in_threadpool(SampleLayout, self.schema, n)
+            built: SampleLayout = await run_in_threadpool(new_layout, self.schema, n)
             kept = self._layouts.get(n)  # built meanwhile by another call?
             if kept is None:
                 if not self.pool.make_room(built.template, n):

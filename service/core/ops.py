@@ -210,8 +210,9 @@ class Core(TableOps, PersistenceOps):
         """Samples one after the other: the Arrow stream's header, and its record batches.
 
         The first sample is drawn before this returns, so a table that cannot
-        be sampled fails here as :meth:`sample` does (its wait ends once ``left()``
-        returns: the caller is gone). Batches are drawn
+        be sampled fails here as :meth:`sample` does. A wait for the rate limiter,
+        the first's or a later one's, ends once ``left()`` returns (the caller is
+        gone: the iterator ends). Batches are drawn
         several at a time where the sampler allows (``TableHandle.sample_run``).
         A later sample that times out, or the table's deletion, ends the
         iterator early: the caller sees fewer than ``count`` batches.
@@ -239,7 +240,7 @@ class Core(TableOps, PersistenceOps):
             nonlocal sent
             yield first
             while count is None or sent < count:
-                chunk, k = await draw(None if count is None else count - sent)
+                chunk, k = await draw(None if count is None else count - sent, left)
                 sent += k
                 yield chunk
 

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from tdreplay.codec import CodecError, protocol
@@ -64,6 +63,7 @@ from ..deps import (
     require_media_type,
 )
 from ..errors import PayloadTooLarge, UnsupportedMediaType
+from ..streaming import ClosingStream
 from ..wire import EOS
 
 log = logging.getLogger("tdreplay.service")
@@ -293,7 +293,7 @@ async def read(name: TableName, params: ReadParams, core: CoreDep) -> Response:
 @declare(
     router,
     STREAM,
-    response_class=StreamingResponse,
+    response_class=ClosingStream,
     responses={
         **arrow_response("A chunked Arrow IPC stream: one record batch per sample, as /sample's."),
         **error_responses(TableNotFound, RateLimitTimeout, PayloadTooLarge),
@@ -301,7 +301,7 @@ async def read(name: TableName, params: ReadParams, core: CoreDep) -> Response:
 )
 async def stream(
     name: TableName, params: Annotated[StreamParams, Query()], core: CoreDep, request: Request
-) -> StreamingResponse:
+) -> ClosingStream:
     """Keep sampled batches coming as one Arrow IPC stream, as fast as the client reads them.
 
     The first sample is drawn before the answer starts, so a table that cannot
@@ -324,7 +324,7 @@ async def stream(
             log.warning("stream of table %r ends after %d chunks: %s", name, sent, err)
         yield EOS
 
-    return StreamingResponse(body(), media_type=protocol.ARROW_STREAM)
+    return ClosingStream(body(), media_type=protocol.ARROW_STREAM)
 
 
 # ------------------------------------------------------------------ priorities

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
@@ -55,6 +55,7 @@ from tdreplay.storage import (
 from ..bodies import read_body
 from ..deps import CoreDep, TableName, declare, error_responses, require_media_type
 from ..errors import PayloadTooLarge, UnsupportedMediaType
+from ..streaming import ClosingStream
 
 router = APIRouter(tags=["persistence"])
 
@@ -145,7 +146,7 @@ async def export(
 @declare(
     router,
     DUMP,
-    response_class=StreamingResponse,
+    response_class=ClosingStream,
     responses={
         200: {
             "description": "A fresh checkpoint of the table as a tar archive.",
@@ -154,7 +155,7 @@ async def export(
         **error_responses(TableNotFound, CheckpointError, InsufficientStorage),
     },
 )
-async def dump(name: TableName, core: CoreDep) -> StreamingResponse:
+async def dump(name: TableName, core: CoreDep) -> ClosingStream:
     """The table's data and state (a fresh checkpoint) as one archive, for ``load`` to restore."""
     packed = await core.dump(name)
 
@@ -173,7 +174,7 @@ async def dump(name: TableName, core: CoreDep) -> StreamingResponse:
             asyncio.get_running_loop().run_in_executor(None, cleanup)
             raise
 
-    return StreamingResponse(
+    return ClosingStream(
         parts(),
         media_type=protocol.TAR,
         headers={

@@ -252,7 +252,9 @@ def test_stream_waits_for_the_reader(tmp_path) -> None:
                 sent.append(message)
                 if len([m for m in sent if m.get("body")]) == 4:
                     reader_stalls.set()
-                    await asyncio.Event().wait()  # the client stops reading: send never returns
+                    # the client stops reading: send returns only once the client is gone
+                    # (as uvicorn's does: it resumes a blocked send when the connection is lost)
+                    await hang_up.wait()
 
             async def receive() -> dict:
                 await hang_up.wait()
