@@ -165,7 +165,9 @@ class Items:
 
     An item is in it if it was live at that instant: it is live now with an ordinal
     at most ``newest`` (every item inserted since has a higher one, and a slot
-    overwritten since holds such an item). A table whose writer fills slots in ring
+    overwritten since holds such an item), in a slot no insert was writing then (an
+    insert takes its ordinals before it writes: a live export counted 90 items and
+    wrote 100). A table whose writer fills slots in ring
     order (round robin: ``ring``, the oldest item's slot) keeps its items in slot order
     from there, so they are read in that order and nothing per item is held; its
     ordinals are checked to rise along the ring first (a restored state need not
@@ -187,6 +189,9 @@ class Items:
     hi: int
     ring: int | None = None
     order: torch.Tensor | None = None
+    #: the slots an insert was writing then (its ordinals were taken, at most ``newest``,
+    #: but its items were not live): ``None`` when there were none
+    busy: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.count
@@ -210,7 +215,8 @@ class Items:
         """Which of ``slots`` hold an item of the instant: live, with an ordinal at most
         :attr:`newest` (the table's lock held)."""
         s = self.table.slots
-        return s.live[slots] & (s.ordinal[slots] <= self.newest)
+        ok = s.live[slots] & (s.ordinal[slots] <= self.newest)
+        return ok if self.busy is None else ok & ~self.busy[slots]
 
     def _slots(self, rows: int) -> Iterator[torch.Tensor]:
         """The slots to read, oldest first, ``rows`` at a time (the last chunk fewer)."""

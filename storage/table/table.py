@@ -274,7 +274,8 @@ class Table(Inserts, Draws):
         with self._cond:
             self._check_open()
             s = self.slots
-            items = Items(self, s.n_live, s.inserted, s.hi, self.writer.ring_start())
+            busy = s.busy.clone() if bool(s.busy.any()) else None
+            items = Items(self, s.n_live, s.inserted, s.hi, self.writer.ring_start(), busy=busy)
         if items.ring is None:
             items.order = items.sorted()
         return items
