@@ -77,9 +77,14 @@ def server(live_server: Any) -> Any:
     return server
 
 
-def ask(server: Any, request: bytes) -> socket.socket:
-    """A raw connection that sent ``request`` (and reads nothing yet)."""
-    sock = socket.create_connection((server.host, server.port), timeout=10)
+def ask(server: Any, request: bytes, *, window: int | None = None) -> socket.socket:
+    """A raw connection that sent ``request`` (and reads nothing yet); ``window``: its
+    receive buffer, fixed (else the kernel grows it: loopback can take a whole answer)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if window is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, window)
+    sock.settimeout(10)
+    sock.connect((server.host, server.port))
     sock.sendall(request)
     return sock
 
@@ -113,7 +118,7 @@ def test_answers_never_read_are_cut(server: Any) -> None:
     answer = ROWS * ITEM
     still_samples(server, ROWS)  # the first sample's one-time costs are not what is measured
     base, open_fds = rss(server.proc.pid), fds(server.proc.pid)
-    socks = [ask(server, sample_request(ROWS)) for _ in range(4)]
+    socks = [ask(server, sample_request(ROWS), window=64 << 10) for _ in range(4)]
     try:
         # the answers are held, whole, for clients that read none of them (at least two at
         # once: on a loaded machine the first may be cut before the last is built) ...
