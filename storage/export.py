@@ -56,14 +56,16 @@ Import (:mod:`tdreplay.storage.importer`) reads these files back.
     >>> from tdreplay.storage import Table, TableSpec
     >>> spec = TableSpec.model_validate({"name": "demo", "capacity": 8, "backend": {"kind": "memory"},
     ...     "fields": {"obs": {"shape": [2], "dtype": "float32"}, "next.done": {"shape": [1], "dtype": "bool"}}})
-    >>> table = Table.create(spec, root=tempfile.mkdtemp())
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> out = Path(tmp.name)
+    >>> table = Table.create(spec, root=out / "a")
     >>> _ = table.extend(TensorDict({"obs": torch.ones(3, 2), "next": {"done": torch.zeros(3, 1, dtype=torch.bool)}}, [3]))
-    >>> out = Path(tempfile.mkdtemp())
     >>> table.export(out / "demo.csv").read_text().splitlines()[:2]
     ['"obs[0]","obs[1]","next.done[0]"', '1.0,1.0,false']
-    >>> copy = Table.create(spec.model_copy(update={"name": "copy"}), root=tempfile.mkdtemp())
+    >>> copy = Table.create(spec.model_copy(update={"name": "copy"}), root=out / "b")
     >>> copy.import_parquet(table.export(out / "demo.parquet"))
     3
+    >>> table.destroy(); copy.destroy(); tmp.cleanup()
 """
 
 from __future__ import annotations
