@@ -28,9 +28,22 @@ def flat_values(values: Any) -> list[Any] | None:
         return list(values) if isinstance(values, list | tuple) else [values]
 
 
-def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
-    """One info for a table sharded over servers: sizes and counters summed, ``shards`` listed."""
-    if len(infos) == 1:
+def merge_infos(
+    infos: list[dict[str, Any]], down: dict[int, dict[str, str]] | None = None
+) -> dict[str, Any]:
+    """One info for a table sharded over servers: sizes and counters summed, ``shards`` listed.
+
+    ``down`` (an ``info`` that went on without servers that did not answer): those servers
+    by shard number, each ``{"url", "error"}``; the sums are of the servers that answered
+    (what can be sampled now), and ``down`` lists the rest.
+
+        >>> merged = merge_infos([{"size": 3}, {"size": 4}])
+        >>> merged["size"], len(merged["shards"])
+        (7, 2)
+        >>> merge_infos([{"size": 3}], down={1: {"url": "http://b", "error": "timed out"}})["down"]
+        [{'shard': 1, 'url': 'http://b', 'error': 'timed out'}]
+    """
+    if len(infos) == 1 and not down:
         return infos[0]
     out = dict(infos[0])
     for key in ("size", "capacity", "inserts", "samples", "bytes_in", "bytes_out"):
@@ -40,6 +53,8 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
         if all(key in i for i in infos):
             out[key] = any(bool(i[key]) for i in infos)
     out["shards"] = infos
+    if down:
+        out["down"] = [{"shard": k, **v} for k, v in sorted(down.items())]
     return out
 
 

@@ -158,9 +158,20 @@ class Calls(PersistencePlans):
             self._sizes.pop(table, None)
 
     def info(self, table: str) -> Plan[dict[str, Any]]:
-        results = yield self._all(lambda: C.Info(table))
-        self._remember(table, results)
-        return merge_infos(results)
+        """The table's info; sharded, of the servers that answer (``down`` names the rest, as
+        sampling goes on without them; none answering raises the first one's error)."""
+        if self.n == 1:
+            return (yield Call(0, C.Info(table)))  # type: ignore[no-any-return]
+        calls = [Call(i, C.Info(table)) for i in range(self.n)]
+        results = yield Gather(calls, partial=True)
+        infos = self._answers(calls, results)
+        self._remember(table, infos)
+        down = {
+            i: {"url": self.settings.urls[i], "error": str(r)}
+            for i, (info, r) in enumerate(zip(infos, results, strict=True))
+            if info is None
+        }
+        return merge_infos([i for i in infos if i is not None], down)
 
     def _remember(self, table: str, infos: list[dict[str, Any] | None]) -> None:
         """Cache the servers' sizes of ``table`` (``None``: a server that did not answer)."""
