@@ -44,8 +44,8 @@ from .errors import (
 )
 from .loader import Loader, LoaderIterator
 from .merging import split_batch
-from .plans import ClientSettings
 from .retry import NO_RETRY, RetryPolicy
+from .settings import ClientSettings
 from .sync import ReplayClient
 from .tensorclass import from_fields, to_tensorclass
 from .writer import ChunkBuffer, Writer

@@ -31,8 +31,8 @@ from .aio_writer import AsyncWriter
 from .base import ClientBase
 from .deprecation import warn_close_deprecated
 from .loader import Loader
-from .plans import ClientSettings
 from .schema import load_spec
+from .settings import ClientSettings
 from .stats import flatten
 from .steps import Call, Gather, Pause, Plan, Work
 from .sync import ReplayClient

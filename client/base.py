@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .environment import configured
-from .plans import Calls, ClientSettings
+from .plans import Calls
 from .retry import RetryPolicy
+from .settings import ClientSettings
 from .tensorclass import from_fields
 
 B = TypeVar("B", bound="ClientBase")

@@ -16,7 +16,7 @@ from tensordict import TensorDictBase
 from . import commands as C
 from . import errors, exiting, shm
 from .batches import decode_batch
-from .plans import ClientSettings
+from .settings import ClientSettings
 from .staging import Credits as _Credits
 from .staging import StagingBuffer
 from .streams import one_batch_streams

@@ -11,7 +11,7 @@ and the drivers (:class:`~tdreplay.client.ReplayClient`,
 await, sleep or ``asyncio.sleep``. The retry loop, the fallback and what a
 failed call may have done (:func:`~tdreplay.client.errors.in_doubt`) exist once.
 
-    >>> from tdreplay.client.plans import ClientSettings
+    >>> from tdreplay.client.settings import ClientSettings
     >>> from tdreplay.client import commands as C
     >>> settings = ClientSettings(urls=("http://127.0.0.1:1",), transport="http")
     >>> plan = transmit(Call(0, C.Health()), settings, [None])
@@ -29,7 +29,7 @@ from typing import Any
 
 from . import commands as C
 from . import errors, shm
-from .plans import ClientSettings
+from .settings import ClientSettings
 from .steps import Call, Pause
 
 

@@ -30,8 +30,8 @@ from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
 from .dumps import Persistence
 from .loader import Loader
-from .plans import ClientSettings
 from .schema import load_spec
+from .settings import ClientSettings
 from .stats import flatten
 from .steps import Call, Gather, Pause, Plan, Work
 from .transport import Transport

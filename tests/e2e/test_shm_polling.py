@@ -22,7 +22,7 @@ from test_shm_attacks import _recv_reply, raw, read
 from testkit import rows
 
 from tdreplay.client import ReplayClient
-from tdreplay.client.plans import ClientSettings
+from tdreplay.client.settings import ClientSettings
 from tdreplay.client.shm import background_thread
 from tdreplay.codec.shm import HEADER, sample_frame
 from tdreplay.system import Poller, cpu_to_spare, poll
