@@ -34,7 +34,7 @@ from .loader import Loader
 from .schema import load_spec
 from .settings import ClientSettings
 from .stats import flatten
-from .steps import Call, Gather, Pause, Plan, Work
+from .steps import Call, Gather, Pause, Plan, Probe, Work, probing
 from .sync import ReplayClient
 
 T = TypeVar("T")
@@ -63,6 +63,7 @@ class AsyncReplayClient(ClientBase):
         # what every loader's fetcher threads call, made by the first loader (the
         # client's own calls never use it); closed with this client
         self._blocking: ReplayClient | None = None
+        self._probing: set[asyncio.Task[None]] = set()  # tries of servers that are down
 
     async def _run(self, plan: Plan[T] | Generator[Any, Any, T]) -> T:
         """Drive a plan (:mod:`.core`, :mod:`.route`): perform each step it yields, awaited."""
@@ -95,6 +96,11 @@ class AsyncReplayClient(ClientBase):
             return await self._transports[step.shard].execute(step.request)
         if isinstance(step, Pause):
             await asyncio.sleep(step.seconds)
+            return None
+        if isinstance(step, Probe):
+            task = asyncio.get_running_loop().create_task(self._run(probing(step)))
+            self._probing.add(task)  # a task only the loop holds may be collected midway
+            task.add_done_callback(self._probing.discard)
             return None
         if isinstance(step, Work):
             return await asyncio.to_thread(step.run)

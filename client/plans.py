@@ -24,6 +24,7 @@ server's slots, unchanged.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import threading
@@ -40,7 +41,7 @@ from .merging import by_shard, flat_values, merge_infos, split_batch
 from .persistence import PersistencePlans
 from .settings import ClientSettings
 from .shards import ShardHealth
-from .steps import Call, Gather, Pause, Plan
+from .steps import Call, Gather, Pause, Plan, Probe
 from .tensorclass import to_tensorclass
 
 T = TypeVar("T")
@@ -104,16 +105,40 @@ class Calls(PersistencePlans):
         sampling goes on without them; none answering raises the first one's error)."""
         if self.n == 1:
             return (yield Call(0, C.Info(table)))  # type: ignore[no-any-return]
-        calls = [Call(i, C.Info(table)) for i in range(self.n)]
-        results = yield Gather(calls, partial=True)
-        infos = self._answers(calls, results)
-        self._remember(table, infos)
+        infos, errs = yield from self._infos(table)
         down = {
-            i: {"url": self.settings.urls[i], "error": str(r)}
-            for i, (info, r) in enumerate(zip(infos, results, strict=True))
+            i: {"url": self.settings.urls[i], "error": errs[i]}
+            for i, info in enumerate(infos)
             if info is None
         }
         return merge_infos([i for i in infos if i is not None], down)
+
+    def _infos(self, table: str) -> Plan[tuple[list[dict[str, Any] | None], list[str]]]:
+        """Sharded: the table's info from each server thought up (from all when none is),
+        remembered; ``None`` and the error, for a server that did not answer, or is down
+        (and tried in the background).
+
+        Raises:
+            TransportError: no server answered.
+        """
+        yield from self._probes()
+        ask = self.shards.up() or list(range(self.n))
+        calls = [Call(i, C.Info(table)) for i in ask]
+        results = yield Gather(calls, partial=True)
+        infos: list[dict[str, Any] | None] = [None] * self.n
+        for call, info in zip(calls, self._answers(calls, results), strict=True):
+            infos[call.shard] = info
+        self._remember(table, infos)
+        errs = [str(s["last_error"]) for s in self.shards.status()]
+        return infos, errs
+
+    def _probes(self) -> Plan[None]:
+        """Try each server that is down and due (every ``shard_refresh`` seconds) with a
+        health call in the background: no caller waits on a server that hangs."""
+        for shard in range(self.n):
+            if self.shards.due(shard):
+                done = functools.partial(self.shards.probed, shard)
+                yield Probe(Call(shard, C.Health(), once=True), done)
 
     def _remember(self, table: str, infos: list[dict[str, Any] | None]) -> None:
         """Cache the servers' sizes of ``table`` (``None``: a server that did not answer)."""
@@ -154,9 +179,7 @@ class Calls(PersistencePlans):
         with self._lock:
             cached = self._sizes.get(table)
         if cached is None or time.monotonic() - cached[0] > self.settings.shard_refresh:
-            calls = [Call(i, C.Info(table)) for i in range(self.n)]
-            results = yield Gather(calls, partial=True)
-            self._remember(table, self._answers(calls, results))
+            yield from self._infos(table)
             with self._lock:
                 cached = self._sizes[table]
         return list(cached[1]), cached[2], list(cached[3])
@@ -193,8 +216,9 @@ class Calls(PersistencePlans):
         have been stored) to the same one again; its slots encode the server."""
         first = next(self._cursor) % self.n
         turn = [(first + k) % self.n for k in range(self.n)]
-        # servers thought down are a last resort, but for one due for a try in its turn
-        up = [s for s in turn if self.shards.usable(s)]
+        # servers thought down are tried in the background, and are a last resort here
+        yield from self._probes()
+        up = [s for s in turn if self.shards.is_up(s)]
         order = up + [s for s in turn if s not in up]
         for k, shard in enumerate(order):
             try:

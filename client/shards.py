@@ -3,13 +3,13 @@
 A server that cannot be reached is marked *down*: samples are drawn from the
 others (its share of a batch goes to them, in proportion to their sizes),
 extends go to the others, and a warning is logged once. A down server is
-tried again every ``shard_refresh`` seconds, whatever the client does: a
-sampling client asks each server for its table's size that often (it does
-anyway, to split samples), and a writing client sends one extend in that
-many seconds to it in its turn (:meth:`ShardHealth.usable`; if it still
-does not answer, the extend goes on to the next server). A down server that
-answers is *up* again, an info line says so, and it takes its share again
-with the data it kept (durable tables). :meth:`ShardHealth.status` reports
+tried again every ``shard_refresh`` seconds, whatever the client does, in the
+background (:meth:`ShardHealth.due`, :meth:`ShardHealth.probed`): a health call
+no caller waits on, so a server that hangs (takes connections, never answers)
+costs the first call that meets it its timeout, and no call after. A down
+server that answers is *up* again, an info line says so, and it takes its
+share again with the data it kept (durable tables). When no server is up, a
+call tries them in turn and waits on each. :meth:`ShardHealth.status` reports
 each server's state and how often it went down.
 """
 
@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import TransportError
+
 log = logging.getLogger("tdreplay.client")
 
 
@@ -31,7 +33,8 @@ class _Shard:
     since: float = 0.0
     failovers: int = 0
     last_error: str | None = None
-    tried: float = 0.0  # when a call last went to it while down
+    tried: float = 0.0  # when it was last tried while down
+    probing: bool = False  # a try is out
 
 
 class ShardHealth:
@@ -50,18 +53,29 @@ class ShardHealth:
     def is_up(self, shard: int) -> bool:
         return self._shards[shard].up
 
-    def usable(self, shard: int) -> bool:
-        """Whether a call may go to ``shard`` now: it is up, or it is down and due for a
-        try (one caller at a time gets ``True``, once every ``retry_every`` seconds)."""
+    def due(self, shard: int) -> bool:
+        """Whether ``shard`` is down and due for a try: none out, and ``retry_every`` seconds
+        since it went down or was last tried (one caller at a time gets ``True``; it must
+        report the try's outcome to :meth:`probed`)."""
         s = self._shards[shard]
-        if s.up:
-            return True
+        if s.up or s.probing:
+            return False
         now = time.monotonic()
         with self._lock:
-            if now - max(s.since, s.tried) < self.retry_every:
+            if s.up or s.probing or now - max(s.since, s.tried) < self.retry_every:
                 return False
-            s.tried = now
+            s.tried, s.probing = now, True
             return True
+
+    def probed(self, shard: int, outcome: Any) -> None:
+        """The try :meth:`due` allowed ended: answered (up again), or ``outcome`` is the
+        error of a server that still does not answer (a server's error is an answer)."""
+        from_server = not isinstance(outcome, TransportError)
+        if from_server:
+            self.answered(shard)
+        else:
+            self.down(shard, outcome)
+        self._shards[shard].probing = False
 
     def up(self) -> list[int]:
         """The shards thought up, in order."""

@@ -1,7 +1,8 @@
 """The steps a plan yields (:mod:`.plans`): what each client twin performs, its own way.
 
 A plan is a generator of steps: :class:`Call` (one command to one server),
-:class:`Gather` (several at once), :class:`Pause` and :class:`Work` (blocking
+:class:`Gather` (several at once), :class:`Probe` (one not waited on), :class:`Pause`
+and :class:`Work` (blocking
 work on the caller's side: files, decoding); it receives each step's result
 and returns the call's. The blocking twin performs them with blocking I/O and
 ``time.sleep``, the asyncio twin awaits them (and runs :class:`Work` in a worker
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import commands as C
+from .errors import ReplayError
 from .retry import NO_RETRY, RetryPolicy
 
 T = TypeVar("T")
@@ -54,6 +56,26 @@ class Pause:
     seconds: float
 
 
+@dataclass
+class Probe:
+    """Start ``call`` and go on at once (the plan receives ``None``): ``done`` gets its
+    answer, or the :class:`~tdreplay.client.errors.ReplayError` it failed with, when that
+    comes. The blocking twin runs it on a thread of its own, the asyncio twin as a task."""
+
+    call: Call
+    done: Callable[[Any], None]
+
+
+def probing(probe: Probe) -> Generator[Call, Any, None]:
+    """The plan that runs a :class:`Probe`'s call and hands its outcome to ``done``
+    (a twin runs it without waiting on it)."""
+    try:
+        outcome = yield probe.call
+    except ReplayError as err:
+        outcome = err
+    probe.done(outcome)
+
+
 class Work:
     """Run ``fn(*args)`` on the caller's side: blocking work a plan needs between its calls
     (reading a Parquet file, writing a dataset). The blocking twin runs it in place, the
@@ -67,5 +89,5 @@ class Work:
         return self.fn(*self.args)
 
 
-Step = Call | Gather | Pause | Work
+Step = Call | Gather | Pause | Probe | Work
 Plan = Generator[Step, Any, T]

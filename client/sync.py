@@ -5,9 +5,8 @@
     >>> batch = client.sample("cartpole", 256)                        # doctest: +SKIP
 
 Every call is a plan from :mod:`~tdreplay.client.plans` (its wire steps from
-:mod:`~tdreplay.client.route`) driven with blocking I/O over
-:class:`~tdreplay.client.transport.Transport` (``http.client``,
-pooled keep-alive connections); settings and pickling come from
+:mod:`~tdreplay.client.route`) driven with blocking I/O over :class:`~.transport.Transport`
+(``http.client``, pooled keep-alive connections); settings and pickling come from
 :class:`~tdreplay.client.base.ClientBase`. Thread safe. A client pickles as its URLs and
 settings, so a copy in a DataLoader worker or a subprocess opens its own connections.
 """
@@ -33,7 +32,7 @@ from .loader import Loader
 from .schema import load_spec
 from .settings import ClientSettings
 from .stats import flatten
-from .steps import Call, Gather, Pause, Plan, Work
+from .steps import Call, Gather, Pause, Plan, Probe, Work, probing
 from .transport import Transport
 from .writer import Writer
 
@@ -133,6 +132,8 @@ class ReplayClient(Persistence, ClientBase):
         if isinstance(step, Pause):
             time.sleep(step.seconds)
             return None
+        if isinstance(step, Probe):  # not waited on: its plan runs on a thread of its own
+            return threading.Thread(target=self._run, args=(probing(step),), daemon=True).start()
         if isinstance(step, Work):
             return step.run()
         if isinstance(step, route.OpenLink):
@@ -213,9 +214,8 @@ class ReplayClient(Persistence, ClientBase):
 
     def info(self, table: str) -> dict[str, Any]:
         """Size, capacity, fields, sampler, writer, rate limiter and counters of ``table``.
-
-        Sharded: sizes and counters are summed, and ``info["shards"]`` lists each server's.
-        """
+        Sharded: sizes and counters summed over the servers that answer (``info["down"]``
+        names the others, with their errors), and ``info["shards"]`` lists each server's."""
         return self._run(self._calls.info(table))
 
     def stats(self, table: str, prefix: str = "buffer/") -> dict[str, float]:

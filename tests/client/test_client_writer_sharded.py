@@ -8,7 +8,10 @@ been stored). Resumed, it stores what it was sent, under one request id: once.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ import torch
 import yaml
 from tensordict import TensorDict
 
-from tdreplay.client import ReplayClient, RetryPolicy, Timeout
+from tdreplay.client import AsyncReplayClient, ReplayClient, RetryPolicy, Timeout
 
 FIELDS = {"x": {"shape": [], "dtype": "int64"}}
 
@@ -67,8 +70,11 @@ def test_info_goes_on_without_a_silent_shard_and_names_it(two: list[Any]) -> Non
         assert stored(other.url) == [1, 2, 3, 4, 5]
     finally:
         paused.proc.send_signal(signal.SIGCONT)
-    info = client.info("t")
-    assert "down" not in info and [i["size"] for i in info["shards"]] == [0, 5]
+    deadline = time.monotonic() + 5
+    while "down" in (info := client.info("t")):  # tried in the background: up once it answers
+        assert time.monotonic() < deadline, "the server that woke is still thought down"
+        time.sleep(0.05)
+    assert [i["size"] for i in info["shards"]] == [0, 5]
 
 
 def test_a_chunk_in_doubt_on_a_silent_shard_leaves_the_writer_and_is_stored_there_once(
@@ -104,3 +110,76 @@ def test_a_chunk_in_doubt_on_a_silent_shard_leaves_the_writer_and_is_stored_ther
     assert not set(on_paused) & set(on_other)  # nothing stored twice
     assert sorted(on_paused + on_other) == list(range(first))  # nothing lost either
     assert len(on_paused) in (4, 8)  # the chunk in doubt once, though sent more than once
+
+
+def test_a_hung_shard_costs_its_timeout_once_not_at_every_refresh(two: list[Any]) -> None:
+    """A server that takes connections but never answers (paused: hung, not dead) costs
+    the first call that meets it its timeout; after that, samples and extends go on at
+    their own pace while it is tried again in the background every ``shard_refresh``,
+    and once it answers it takes its share again. Before, every size refresh and every
+    extend in its turn waited the whole timeout on it (3 s here, 30 s by default): for a
+    client sampling in a loop, one stall a refresh."""
+    hung, _ = two
+    for s in two:
+        ReplayClient(s.url).extend("t", steps(1, 2, 3, 4))
+    client = ReplayClient(
+        [s.url for s in two], transport="http", timeout=3.0, wait=0.1, shard_refresh=0.3
+    )
+    client.sample("t", 4)
+    hung.proc.send_signal(signal.SIGSTOP)
+    try:
+        with contextlib.suppress(Timeout):  # the call that finds it hung: up to its timeout
+            client.sample("t", 8)
+            client.extend("t", steps(5))
+            client.extend("t", steps(5))
+        assert not client.shard_status()[0]["up"]
+        slowest, until = 0.0, time.monotonic() + 2.5  # over 8 refreshes
+        while time.monotonic() < until:
+            for call in (lambda: client.sample("t", 8), lambda: client.extend("t", steps(6))):
+                start = time.monotonic()
+                call()
+                slowest = max(slowest, time.monotonic() - start)
+        assert slowest < 1.5, f"a call waited {slowest:.1f}s on the hung server"
+    finally:
+        hung.proc.send_signal(signal.SIGCONT)
+    deadline, sampled, written = time.monotonic() + 5, set(), set()
+    while sampled != {0, 1} or written != {0, 1}:  # tried in the background, it is found up
+        assert time.monotonic() < deadline, f"after it woke: samples {sampled}, extends {written}"
+        sampled |= {int(i) % 2 for i in client.sample("t", 8)["index"]}
+        written |= {int(i) % 2 for i in client.extend("t", steps(7))}
+        time.sleep(0.02)
+
+
+def test_the_async_client_tries_a_hung_shard_in_the_background_too(two: list[Any]) -> None:
+    """The asyncio twin runs the same plans; its background tries are tasks."""
+    hung, _ = two
+    for s in two:
+        ReplayClient(s.url).extend("t", steps(1, 2, 3, 4))
+
+    async def run() -> tuple[float, set[int]]:
+        client = AsyncReplayClient(
+            [s.url for s in two], transport="http", timeout=3.0, wait=0.1, shard_refresh=0.3
+        )
+        await client.sample("t", 4)
+        hung.proc.send_signal(signal.SIGSTOP)
+        try:
+            await client.sample("t", 8)  # finds it hung: marked down
+            slowest, until = 0.0, time.monotonic() + 2.0
+            while time.monotonic() < until:
+                start = time.monotonic()
+                await client.sample("t", 8)
+                await client.extend("t", steps(6))
+                slowest = max(slowest, time.monotonic() - start)
+        finally:
+            hung.proc.send_signal(signal.SIGCONT)
+        sampled: set[int] = set()
+        deadline = time.monotonic() + 5
+        while sampled != {0, 1} and time.monotonic() < deadline:
+            sampled |= {int(i) % 2 for i in (await client.sample("t", 8))["index"]}
+            await asyncio.sleep(0.02)
+        await client.aclose()
+        return slowest, sampled
+
+    slowest, sampled = asyncio.run(run())
+    assert slowest < 1.5, f"a call waited {slowest:.1f}s on the hung server"
+    assert sampled == {0, 1}  # found up again in the background, it takes its share
