@@ -80,6 +80,9 @@ TAR = "application/x-tar"
 
 API = "/v1"
 TABLES = f"{API}/tables"
+#: characters of a table's name at most: a spec's name, a route's ``{name}``, a parameter
+#: naming a table (the storage's name rule, :mod:`tdreplay.storage.names`, is built on it)
+MAX_TABLE_NAME = 64
 
 
 def table_path(name: str, action: str = "") -> str:
