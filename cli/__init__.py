@@ -44,6 +44,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from tdreplay.codec.protocol import IMPORT_CHUNK
 from tdreplay.service.cli import (
     add_serve_command,
     new_parser,
@@ -271,8 +272,8 @@ def add_remote_commands(sub: Any) -> None:
     p.add_argument(
         "--chunk",
         type=int,
-        default=4096,
-        help="rows per extend, at most the table's capacity (default: 4096)",
+        default=IMPORT_CHUNK,
+        help=f"rows per extend, at most the table's capacity (default: {IMPORT_CHUNK})",
     )
     _progress(p)
     _connection(p)

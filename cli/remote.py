@@ -28,8 +28,9 @@ from tdreplay.client import (
 )
 from tdreplay.client.environment import configured
 from tdreplay.client.transport import shown_url
-from tdreplay.codec.errors import SchemaError, printable
+from tdreplay.codec.errors import InvalidRequest, SchemaError, printable
 from tdreplay.codec.parquet_read import parquet_files
+from tdreplay.codec.protocol import import_chunk
 from tdreplay.codec.schema_file import read_schema
 from tdreplay.service.cli import CommandError, Exit
 
@@ -275,9 +276,11 @@ def spinner(args: dict[str, Any], desc: str) -> Iterator[None]:
 
 
 def import_(client: ReplayClient, args: dict[str, Any]) -> None:
-    table, chunk = args["table"], args["chunk"]
-    if chunk < 1:
-        raise CommandError(f"--chunk must be >= 1, got {chunk}", Exit.USAGE)
+    table = args["table"]
+    try:
+        chunk = import_chunk(args["chunk"])  # the rule of every door; a bad flag is usage
+    except InvalidRequest as err:
+        raise CommandError(f"--{err}", Exit.USAGE) from None
     if args.get("format") == "minari":
         dataset_id = minari_id(args)
         written = client.import_dataset(

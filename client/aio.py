@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..codec.archive import Packed
+from ..codec.protocol import IMPORT_CHUNK
 from . import datasets, dumps, errors, route, shm
 from .aio_loader import AsyncLoader
 from .aio_transport import AsyncTransport
@@ -278,7 +279,7 @@ class AsyncReplayClient(ClientBase):
         *,
         columns: dict[str, str] | None = None,
         ignore_extra: bool = False,
-        chunk: int = 4096,
+        chunk: int = IMPORT_CHUNK,
         progress: bool | None = None,
     ) -> int:
         """See :meth:`ReplayClient.import_parquet`: files read in a worker thread, rows
@@ -301,7 +302,7 @@ class AsyncReplayClient(ClientBase):
         *,
         format: str = "minari",
         root: str | Path | None = None,
-        chunk: int = 4096,
+        chunk: int = IMPORT_CHUNK,
         trajectory_key: str | None = None,
         progress: bool | None = None,
     ) -> int:

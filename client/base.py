@@ -38,9 +38,9 @@ def make_settings(
     retry: RetryPolicy | None,
     max_connections: int,
     shard_refresh: float,
-    transport: str = "auto",
-    lease_slots: int = 2,
-    shm_poll_us: int = 200,
+    transport: str,
+    lease_slots: int,
+    shm_poll_us: int,
 ) -> ClientSettings:
     """The :class:`ClientSettings` of a client built with these constructor arguments (a
     URL or token not given comes from the environment: :mod:`.environment`)."""
@@ -73,16 +73,16 @@ class ClientBase:
         self,
         url: str | Sequence[str] | None = None,
         token: str | None = None,
-        *,
-        timeout: float = 30.0,
-        connect_timeout: float = 5.0,
-        wait: float = 30.0,
+        *,  # the defaults are the settings' own (one place: ClientSettings)
+        timeout: float = ClientSettings.timeout,
+        connect_timeout: float = ClientSettings.connect_timeout,
+        wait: float = ClientSettings.wait,
         retry: RetryPolicy | None = None,
-        max_connections: int = 16,
-        shard_refresh: float = 1.0,
-        transport: str = "auto",
-        lease_slots: int = 2,
-        shm_poll_us: int = 200,
+        max_connections: int = ClientSettings.max_connections,
+        shard_refresh: float = ClientSettings.shard_refresh,
+        transport: str = ClientSettings.transport,
+        lease_slots: int = ClientSettings.lease_slots,
+        shm_poll_us: int = ClientSettings.shm_poll_us,
     ) -> None:
         self._setup(
             make_settings(

@@ -40,7 +40,7 @@ from ..codec.errors import InvalidRequest, PathExists
 from ..codec.exports import ExportedPath, counted, export_format
 from ..codec.parquet_import import refused_values
 from ..codec.parquet_read import parquet_files, read_parquet
-from ..codec.protocol import import_rows, rows_written
+from ..codec.protocol import IMPORT_CHUNK, import_chunk, import_rows, rows_written
 from .plans import Calls
 from .sinks import aside
 from .steps import Plan, Work
@@ -165,7 +165,7 @@ def import_dataset(
     *,
     format: str = MINARI,
     root: str | Path | None = None,
-    chunk: int = 4096,
+    chunk: int = IMPORT_CHUNK,
     trajectory_key: str | None = None,
     progress: bool | None = None,
 ) -> Plan[int]:
@@ -173,12 +173,12 @@ def import_dataset(
     number of items written. See :meth:`~tdreplay.client.ReplayClient.import_dataset`.
 
     Raises:
-        ValueError: ``format`` is not ``"minari"``, or ``chunk`` < 1.
+        ValueError: ``format`` is not ``"minari"``.
+        InvalidRequest: ``chunk`` is not an integer >= 1 (before anything is sent).
     """
     if format != MINARI:
         raise ValueError(f"import_dataset reads Minari datasets, not {format!r}")
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    import_chunk(chunk, table)
     info = yield from calls.info(table)
     fields = info["fields"]
     key = trajectory_key_of(info, trajectory_key)
@@ -188,7 +188,7 @@ def import_dataset(
         dataset_id,
         fields,
         trajectory_key=key,
-        chunk=import_rows(chunk, info["capacity"]),
+        chunk=import_rows(chunk, info["capacity"], table),
     )
     total, chunks = yield Work(read)
     batches = (_typed(fields, rows) for rows in chunks)
@@ -202,7 +202,7 @@ def import_parquet(
     *,
     columns: dict[str, str] | None = None,
     ignore_extra: bool = False,
-    chunk: int = 4096,
+    chunk: int = IMPORT_CHUNK,
     progress: bool | None = None,
 ) -> Plan[int]:
     """Extend ``table`` with the rows of Parquet files; returns the number of items
@@ -210,13 +210,18 @@ def import_parquet(
 
     Every file is checked (:mod:`tdreplay.codec.parquet_read`, by the import policy of
     :mod:`tdreplay.codec.parquet_import`, which ``Table.import_parquet`` follows too)
-    before the first extend is sent."""
+    before the first extend is sent.
+
+    Raises:
+        InvalidRequest: ``chunk`` is not an integer >= 1 (before anything is sent).
+    """
+    import_chunk(chunk, table)
     info = yield from calls.info(table)
     fields = {k: (v.get("shape") or [], TORCH[v["dtype"]]) for k, v in info["fields"].items()}
     files = yield Work(parquet_files, table, source)
     read = functools.partial(
         read_parquet, table, fields, files, columns, ignore_extra=ignore_extra,
-        chunk=import_rows(chunk, info["capacity"]),
+        chunk=import_rows(chunk, info["capacity"], table),
         refused=refused_values(info["fields"], info.get("writer") or {}),
     )  # fmt: skip
     total, batches = yield Work(read)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..codec.archive import Packed, unpack
+from ..codec.protocol import IMPORT_CHUNK
 from . import datasets
 from .plans import Calls
 from .sinks import UnpackSink, byte_bar
@@ -212,7 +213,7 @@ class Persistence:
         *,
         columns: dict[str, str] | None = None,
         ignore_extra: bool = False,
-        chunk: int = 4096,
+        chunk: int = IMPORT_CHUNK,
         progress: bool | None = None,
     ) -> int:
         """Extend ``table`` with the rows of a Parquet file, or of a folder of them, ``chunk``
@@ -263,7 +264,7 @@ class Persistence:
         *,
         format: str = "minari",
         root: str | Path | None = None,
-        chunk: int = 4096,
+        chunk: int = IMPORT_CHUNK,
         trajectory_key: str | None = None,
         progress: bool | None = None,
     ) -> int:

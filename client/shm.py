@@ -68,7 +68,7 @@ class ShmLink:
         path: str,
         token: str | None,
         timeout: float,
-        lease_slots: int = 2,
+        lease_slots: int,
         instance: str | None = None,
         poll_us: int = 0,
     ) -> None:

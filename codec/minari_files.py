@@ -46,6 +46,7 @@ from .episodes import EpisodeLayout, EpisodeSplitter
 from .errors import InvalidRequest, PathExists, SchemaError
 from .exports import ExportedPath
 from .from_arrow import to_leaves
+from .protocol import IMPORT_CHUNK, import_chunk
 from .spaces import categories, check_categories, space_of
 
 log = logging.getLogger(__name__)
@@ -306,7 +307,7 @@ def read_minari(
     fields: Mapping[str, Any],
     *,
     trajectory_key: str | None = None,
-    chunk: int = CHUNK_ROWS,
+    chunk: int = IMPORT_CHUNK,
 ) -> tuple[int, Iterator[dict[str, np.ndarray]]]:
     """The rows of the Minari dataset ``dataset_id`` for a table with ``fields``.
 
@@ -322,11 +323,12 @@ def read_minari(
         The dataset's total steps, and an iterator of ``{dotted key: array}`` chunks.
 
     Raises:
-        InvalidRequest: no such dataset under ``root`` (the error lists those there), or
-            its files are not a readable Minari dataset (metadata or an episode's data
-            missing or malformed; while iterating too).
+        InvalidRequest: ``chunk`` is not an integer >= 1; no such dataset under ``root``
+            (the error lists those there), or its files are not a readable Minari dataset
+            (metadata or an episode's data missing or malformed; while iterating too).
         SchemaError: (while iterating) see :func:`~tdreplay.codec.episodes.episode_rows`.
     """
+    chunk = import_chunk(chunk)
     _minari()
     from minari import MinariDataset
 

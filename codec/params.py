@@ -112,7 +112,7 @@ class ExtendParams(Params):
 PriorityValue = Annotated[float, Strict()]
 Priority = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 #: a table's name as a parameter names it (as long as a route's ``{name}`` may be)
-TableKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+TableKey = Annotated[str, StringConstraints(min_length=1, max_length=protocol.MAX_TABLE_NAME)]
 
 
 class InsertParams(Params):

@@ -39,6 +39,7 @@ from .errors import CodecError, InvalidRequest
 from .format import META_DTYPE, META_SHAPE
 from .parquet_columns import flatten_structs
 from .parquet_import import Column, Fields, import_error, plan_columns
+from .protocol import IMPORT_CHUNK, import_chunk
 from .spaces import outside_categories
 
 __all__ = ["parquet_files", "read_parquet"]
@@ -89,7 +90,7 @@ def read_parquet(
     columns: Mapping[str, str] | None = None,
     *,
     ignore_extra: bool = False,
-    chunk: int = 4096,
+    chunk: int = IMPORT_CHUNK,
     refused: Mapping[str, int | None] | None = None,
 ) -> tuple[int, Iterator[TensorDict]]:
     """Every file checked (its schema, then the values that need it), then its rows.
@@ -114,14 +115,7 @@ def read_parquet(
             names. Raised here, before any row is yielded.
         InvalidRequest: ``chunk`` < 1, or a file is not readable Parquet.
     """
-    if chunk < 1:
-        raise InvalidRequest(
-            f"table {table!r}: chunk must be >= 1, got {chunk}",
-            table=table,
-            field="chunk",
-            expected=">= 1",
-            got=chunk,
-        )
+    chunk = import_chunk(chunk, table)
     plans, total = [], 0
     for f in files:  # one open file at a time: folders can be large
         with _open(table, f) as pf:

@@ -57,9 +57,10 @@ bodies are relative to the server's data root and may not leave it (400).
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
-from .errors import ANSWERS
+from .errors import ANSWERS, InvalidRequest
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
@@ -79,6 +80,9 @@ TAR = "application/x-tar"
 
 API = "/v1"
 TABLES = f"{API}/tables"
+#: characters of a table's name at most: a spec's name, a route's ``{name}``, a parameter
+#: naming a table (the storage's name rule, :mod:`tdreplay.storage.names`, is built on it)
+MAX_TABLE_NAME = 64
 
 
 def table_path(name: str, action: str = "") -> str:
@@ -98,15 +102,59 @@ def rows_written(index: Any) -> int:
     return int((index >= 0).sum())
 
 
-def import_rows(chunk: int, capacity: int) -> int:
-    """Rows per extend of an import (Parquet or Minari, either door): ``chunk``, at most the
-    table's capacity, which is the most one extend holds (a larger chunk failed the import
-    of any file longer than a small table, where a table keeps the newest rows).
+#: rows per extend of an import (Parquet or Minari, every door) unless the caller gives another
+IMPORT_CHUNK = 4096
+
+
+def import_chunk(chunk: Any, table: str | None = None) -> int:
+    """``chunk`` (rows per extend of an import) if it is an integer >= 1: the one check of
+    every door (``Table.import_parquet``, the clients' imports, ``tdreplay import --chunk``).
+
+        >>> import_chunk(64)
+        64
+        >>> import_chunk(0, "t")
+        Traceback (most recent call last):
+        ...
+        tdreplay.codec.errors.InvalidRequest: table 't': chunk must be an integer >= 1, got 0
+
+    Raises:
+        InvalidRequest: ``chunk`` is not an integer (a bool neither), or is below 1.
+    """
+    n = _index(chunk)
+    if n is None or n < 1:
+        raise InvalidRequest(
+            f"{f'table {table!r}: ' if table else ''}chunk must be an integer >= 1, "
+            f"got {chunk!r:.40}",
+            table=table,
+            field="chunk",
+            expected=">= 1",
+            got=chunk,
+        )
+    return n
+
+
+def _index(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # numpy's ints too
+    except TypeError:
+        return None
+
+
+def import_rows(chunk: Any, capacity: int, table: str | None = None) -> int:
+    """Rows per extend of an import (Parquet or Minari, either door): ``chunk``
+    (:func:`import_chunk`), at most the table's capacity, which is the most one extend
+    holds (a larger chunk failed the import of any file longer than a small table, where a
+    table keeps the newest rows).
 
     >>> import_rows(4096, 100), import_rows(64, 100)
     (100, 64)
+
+    Raises:
+        InvalidRequest: ``chunk`` is not an integer >= 1.
     """
-    return min(chunk, capacity) if chunk >= 1 else chunk  # below 1: the reader refuses it
+    return min(import_chunk(chunk, table), capacity)
 
 
 #: response header on an extend answered from the X-Request-Id memory ("true"): nothing was inserted

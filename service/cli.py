@@ -35,8 +35,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tdreplay import schemas
 from tdreplay.storage import TDReplayError
 
+from . import runner, tuning
+from .app import VERSION, create_app
+from .core import load_specs
 from .settings import Settings
 
 log = logging.getLogger("tdreplay.service")
@@ -71,8 +75,6 @@ def version() -> str:
     try:
         return metadata.version("tdreplay")
     except metadata.PackageNotFoundError:  # run from a source tree that is not installed
-        from .app import VERSION
-
         return VERSION
 
 
@@ -157,8 +159,6 @@ def with_shipped_schemas(settings: Settings) -> Settings:
     ``--schema cartpole`` (or ``schemas/cartpole.yaml``, ``schemas/`` run from
     outside a checkout) serves the schema installed with tdreplay.
     """
-    from tdreplay import schemas
-
     paths = [p if p.exists() else schemas.resolve(p) for p in settings.schema_path]
     if paths == settings.schema_path:
         return settings
@@ -167,10 +167,6 @@ def with_shipped_schemas(settings: Settings) -> Settings:
 
 def serve(settings: Settings) -> None:
     """Run the server until interrupted (uvicorn with the limits of :mod:`.server`)."""
-    from . import runner, tuning
-    from .app import create_app
-    from .core import load_specs
-
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

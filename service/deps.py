@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tdreplay.codec.operations import Operation
 from tdreplay.codec.protocol import ARROW_STREAM, ERROR_STATUS
-from tdreplay.storage import TDReplayError
+from tdreplay.storage import MAX_TABLE_NAME, TDReplayError
 
 from .core import Core
 from .errors import UnsupportedMediaType
@@ -22,7 +22,7 @@ def get_core(request: Request) -> Core:
 
 CoreDep = Annotated[Core, Depends(get_core)]
 TableName = Annotated[
-    str, Path(description="The table's name.", max_length=64, examples=["cartpole"])
+    str, Path(description="The table's name.", max_length=MAX_TABLE_NAME, examples=["cartpole"])
 ]
 
 

@@ -88,7 +88,7 @@ class Table(Protocol):
     sampler: Sampler
     writer: SlotPolicy
     rate_limiter: RateLimiter
-    _episode_base: int
+    episode_base: int
 
     @property
     def backend(self) -> _Backend: ...
@@ -287,7 +287,7 @@ class DurableState:
             rl.samples,
             rl.insert_waits,
             rl.sample_waits,
-            t._episode_base,
+            t.episode_base,
             t.slots.inserted,
             float(getattr(smp, "max_priority", 0.0)),
         )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from tdreplay.codec.parquet_import import refused_values
 from tdreplay.codec.parquet_read import parquet_files, read_parquet
-from tdreplay.codec.protocol import import_rows, rows_written
+from tdreplay.codec.protocol import IMPORT_CHUNK, import_rows, rows_written
 
 from .export import progress_bar
 from .spec import join_key
@@ -31,7 +31,7 @@ def import_parquet(
     *,
     columns: Mapping[str, str] | None = None,
     ignore_extra: bool = False,
-    chunk: int = 4096,
+    chunk: int = IMPORT_CHUNK,
     progress: bool | None = None,
 ) -> int:
     """Extend ``table`` with the rows of a Parquet file, or of a folder of Parquet files.
@@ -78,7 +78,7 @@ def import_parquet(
         parquet_files(table.name, path),
         columns,
         ignore_extra=ignore_extra,
-        chunk=import_rows(chunk, table.capacity),
+        chunk=import_rows(chunk, table.capacity, table.name),
         refused=refused_values(
             {k: f.model_dump() for k, f in table.spec.fields.items()},
             table.spec.writer.model_dump(),

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import re
 
-#: characters of a table's name at most
-TABLE_MAX = 64
+from tdreplay.codec.protocol import MAX_TABLE_NAME as TABLE_MAX
+
 #: a table's name (a folder, a Redis key prefix, a metrics label, a URL segment)
 TABLE = rf"[A-Za-z0-9_][A-Za-z0-9_\-]{{0,{TABLE_MAX - 1}}}"
 #: one segment of a field's nested key (a file name, with ``.memmap`` after it)

@@ -69,6 +69,7 @@ class Import:
     target: str
     line: int
     runtime: bool  # module level and not under TYPE_CHECKING: runs when ``source`` is imported
+    deferred: bool = False  # in a function's body: runs when the function is called
 
 
 def module_files(root: Path = REPO) -> dict[str, Path]:
@@ -91,22 +92,23 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _statements(
-    body: list[ast.stmt], runtime: bool = True
-) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """The import statements of ``body`` and whether each runs at import time."""
+    body: list[ast.stmt], runtime: bool = True, deferred: bool = False
+) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+    """The import statements of ``body``, whether each runs at import time, and whether it
+    stands in a function's body."""
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node, runtime
+            yield node, runtime, deferred
         elif isinstance(node, ast.If) and _is_type_checking(node.test):
-            yield from _statements(node.body, False)
-            yield from _statements(node.orelse, runtime)
+            yield from _statements(node.body, False, deferred)
+            yield from _statements(node.orelse, runtime, deferred)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield from _statements(node.body, False)
+            yield from _statements(node.body, False, True)
         else:  # class bodies, try/with/if/for blocks: they run where they stand
             for field in ("body", "orelse", "finalbody", "handlers", "cases"):
                 for child in getattr(node, field, None) or []:
                     yield from _statements(
-                        [child] if isinstance(child, ast.stmt) else child.body, runtime
+                        [child] if isinstance(child, ast.stmt) else child.body, runtime, deferred
                     )
 
 
@@ -115,7 +117,7 @@ def imports(modules: dict[str, Path]) -> list[Import]:
     edges = []
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
-        for node, runtime in _statements(ast.parse(path.read_text(), str(path)).body):
+        for node, runtime, deferred in _statements(ast.parse(path.read_text(), str(path)).body):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -135,7 +137,7 @@ def imports(modules: dict[str, Path]) -> list[Import]:
                 while target not in modules and "." in target:
                     target = target.rsplit(".", 1)[0]
                 if target in modules and target != name:
-                    edges.append(Import(name, target, node.lineno, runtime))
+                    edges.append(Import(name, target, node.lineno, runtime, deferred))
     return edges
 
 
@@ -228,18 +230,18 @@ def test_the_walker_reads_each_kind_of_import(tmp_path: Path) -> None:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     got = {
-        (e.target.removeprefix("tdreplay."), e.runtime)
+        (e.target.removeprefix("tdreplay."), e.runtime, e.deferred)
         for e in imports(module_files(tmp_path))
         if e.source == "tdreplay.client.a"
     }
     assert got == {
-        ("client.b", True),
-        ("client", True),
-        ("codec.c", True),
-        ("client.d", False),
-        ("client.e", True),
-        ("client.f", True),
-        ("storage.s", False),
+        ("client.b", True, False),
+        ("client", True, False),
+        ("codec.c", True, False),
+        ("client.d", False, False),
+        ("client.e", True, False),
+        ("client.f", True, False),
+        ("storage.s", False, True),
     }
 
 
@@ -286,6 +288,20 @@ def test_no_import_cycles_at_import_time() -> None:
     graph = runtime_graph(imports(modules), modules)
     cycles = [" -> ".join(a_cycle(graph, c)) for c in components(graph)]
     assert not cycles, cycles
+
+
+def test_no_deferred_imports() -> None:
+    """No tdreplay module is imported in a function's body: a deferred import hides a
+    dependency from whoever reads the module's head (and, where it dodges a cycle, keeps
+    the knot). Third-party optional dependencies (redis, minari) are not counted."""
+    deferred = [
+        f"{e.source} (line {e.line}) imports {e.target} in a function"
+        for e in imports(module_files())
+        if e.deferred
+    ]
+    assert not deferred, "deferred imports (import at the module's head):\n  " + "\n  ".join(
+        deferred
+    )
 
 
 def test_client_has_no_cycles_even_through_type_checking_imports() -> None:

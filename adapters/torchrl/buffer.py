@@ -31,6 +31,7 @@ from tensordict.utils import NestedKey
 from torchrl.data import TensorDictReplayBuffer
 
 from tdreplay.client import ReplayClient, TableExists, TableNotFound
+from tdreplay.codec.params import sample_params
 from tdreplay.codec.priorities import priorities
 
 from . import rows as R
@@ -88,6 +89,8 @@ class TDReplayBuffer(
 
     Raises:
         TypeError: ``url`` is a client and ``client_options`` were given too.
+        InvalidRequest: ``batch_size`` is not an integer in ``[1, 2**31]`` (the contract's
+            rule of every sample's size).
 
     Example:
         >>> from tdreplay.torchrl import TDReplayBuffer
@@ -131,8 +134,8 @@ class TDReplayBuffer(
             client = url
         else:
             client = ReplayClient(url, **client_options)
-        if batch_size is not None and batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive number of items, got {batch_size!r}")
+        if batch_size is not None:  # the contract's rule, as every sample's: refused here
+            batch_size = sample_params(batch_size, None).batch_size
         if prefetch and batch_size is None:
             raise ValueError("prefetch needs a batch_size: the samples in flight have that size")
         if create is not None and "capacity" not in create:

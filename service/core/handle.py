@@ -231,12 +231,23 @@ class TableHandle:
             PayloadTooLarge: the sample would exceed the server's body limit.
         """
         self.table.check_batch_size(n)
-        if sample_nbytes(self.table.spec.item_nbytes, n) > self.max_body:
+        self.check_answer(n, "batch_size")
+
+    def check_answer(self, n: int, field: str) -> None:
+        """Refuse an answer of ``n`` items (a sample's, a read's) that would exceed the
+        server's body limit (``--max-body-bytes``): the one check of every operation that
+        answers with items, before anything is read.
+
+        Raises:
+            PayloadTooLarge: it would; ``field`` names the parameter that asked for them.
+        """
+        if sample_nbytes(self.item_nbytes, n) > self.max_body:
             raise PayloadTooLarge(
-                f"table {self.name!r}: a sample of {n} items exceeds the server's body limit "
-                f"of {self.max_body} bytes",
+                f"table {self.name!r}: {n} items exceed the server's body limit of "
+                f"{self.max_body} bytes (--max-body-bytes); ask for fewer at a time",
                 table=self.name,
-                field="batch_size",
+                field=field,
+                expected=f"<= {self.max_body} bytes",
                 got=n,
             )
 

@@ -49,9 +49,8 @@ from tdreplay.codec.params import (
 )
 from tdreplay.storage import InvalidRequest, NestedKey
 
-from ..errors import PayloadTooLarge
 from ..settings import Settings
-from ..wire import Lease, sample_nbytes
+from ..wire import Lease
 from .handle import TableHandle
 from .lifecycle import TableOps
 from .paths import TRANSFER_SCRATCH
@@ -277,15 +276,7 @@ class Core(TableOps, PersistenceOps):
             TableNotFound: no such table.
         """
         handle = self.table(name)
-        n = len(params.index)
-        if sample_nbytes(handle.item_nbytes, n) > self.settings.max_body_bytes:
-            raise PayloadTooLarge(
-                f"table {name!r}: {n} items exceed the server's body limit of "
-                f"{self.settings.max_body_bytes} bytes; read fewer at a time",
-                table=name,
-                field="index",
-                got=n,
-            )
+        handle.check_answer(len(params.index), "index")
         index = torch.tensor(params.index, dtype=torch.int64)
         with handle.use() as table:
             rows = await handle.call(lambda: table.read_items(index))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tdreplay.codec import protocol
 from tdreplay.codec.errors import is_hidden
+from tdreplay.codec.params import MAX_PATH
 from tdreplay.storage import (
     InvalidRequest,
     PathExists,
@@ -39,8 +40,8 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
+#: bytes of one name in a client's path at most (a file system's limit)
 MAX_NAME = 255
-MAX_PATH = 1024
 
 
 def confine_area(root: Path, area: str, given: str, *, field: str = "path") -> Path:

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InvalidRequest
 from ..slots import Slots
 
 
@@ -70,8 +71,6 @@ class Sampler:
 
         Returns the number of priorities applied.
         """
-        from ..errors import InvalidRequest
-
         raise InvalidRequest(
             f"the {self.kind!r} sampler has no priorities; use the 'prioritized' sampler"
         )

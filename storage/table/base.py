@@ -82,7 +82,8 @@ class TableBase:
         self._listeners: list[Callable[[], None]] = []
         #: called with the rows about to be overwritten, under the data write lock
         self._before_write: list[Callable[[slice | torch.Tensor], None]] = []
-        self._episode_base = 0
+        #: episodes begun so far (the next episode's id); the durable record saves it
+        self.episode_base = 0
         self._traj_key = self._end_key = None
         if isinstance(spec.sampler, S.SliceSamplerSpec):
             if spec.sampler.traj_key:
@@ -354,7 +355,7 @@ class TableBase:
             "sampler": self.sampler.state_dict(),
             "writer": self.writer.state_dict(),
             "rate_limiter": self.rate_limiter.state_dict(),
-            "episode_base": self._episode_base,
+            "episode_base": self.episode_base,
             "generator": self.generator.get_state(),
         }
 
@@ -367,7 +368,7 @@ class TableBase:
             self.writer.load_state_dict(state["writer"])
             self.sampler.load_state_dict(state["sampler"])
             self.rate_limiter.load_state_dict(state["rate_limiter"])
-            self._episode_base = base
+            self.episode_base = base
             if "generator" in state:
                 self.generator.set_state(state["generator"])
             if self._durable is not None:  # a restore: the state is whole now

@@ -223,8 +223,8 @@ class Inserts(TableBase):
             return data[self._traj_key].reshape(n).to(torch.int64)
         assert self._end_key is not None
         ends = data[self._end_key].reshape(n).to(torch.int64)
-        base = self._episode_base
-        self._episode_base += int(ends.sum())
+        base = self.episode_base
+        self.episode_base += int(ends.sum())
         return base + torch.cumsum(ends, 0) - ends
 
 

@@ -36,6 +36,8 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from tdreplay.codec.protocol import IMPORT_CHUNK
+
 from ..backends import allocate, reopen, sweep
 from ..checkpoint import checkpoint, restore
 from ..export import export
@@ -336,7 +338,7 @@ class Table(Inserts, Draws):
         *,
         columns: Mapping[str, str] | None = None,
         ignore_extra: bool = False,
-        chunk: int = 4096,
+        chunk: int = IMPORT_CHUNK,
         progress: bool | None = None,
     ) -> int:
         """Extend the table with the rows of a Parquet dataset (see

@@ -13,6 +13,7 @@ from testkit import rows
 
 from tdreplay.client import AsyncReplayClient, ReplayClient, Unauthorized
 from tdreplay.client.environment import configured
+from tdreplay.client.plans import ClientSettings
 
 TOKEN = "env-t0ken-for-tests"
 
@@ -100,3 +101,23 @@ def test_the_torchrl_buffer_reads_the_environment_too(
     assert len(rb) == 3
     with pytest.raises(TypeError, match="table's name"):
         TDReplayBuffer()
+
+
+def test_the_twins_defaults_are_the_settings_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client's defaults (timeout, wait, lease slots, ...) are written once, on
+    :class:`ClientSettings`: both twins built with none of them get exactly its defaults
+    (the constructor and its helper wrote them out again, kept in step by hand)."""
+    for var in ("TDREPLAY_URL", "TDREPLAY_TOKEN", "TDREPLAY_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    url = "http://127.0.0.1:1"  # nothing is sent: building a client connects nowhere
+    expected = ClientSettings(urls=(url,))
+    assert ReplayClient(url).settings == expected
+
+    async def built() -> ClientSettings:
+        client = AsyncReplayClient(url)
+        try:
+            return client.settings
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(built()) == expected

@@ -169,6 +169,27 @@ def test_sample_over_body_limit_is_413(service) -> None:
     assert r.status_code == 413 and r.json()["type"] == "PayloadTooLarge"
 
 
+def test_every_answer_of_items_has_one_body_limit_check(service) -> None:
+    """A sample and a read past ``--max-body-bytes`` are refused by one check (the handle's
+    ``check_answer``): the same 413 naming the flag and each its own parameter, nothing
+    sampled. The two were written apart, and neither named the flag."""
+    client = service(max_body_bytes=2000)
+    create(client, capacity=64)
+    extend(client, 0, 64)
+    before = info(client)["samples"]
+    sampled = client.post(SAMPLE, params={"batch_size": 64})
+    read = client.post(protocol.table_path("t", "read"), json={"index": list(range(64))})
+    for r, field in ((sampled, "batch_size"), (read, "index")):
+        assert r.status_code == 413, r.text
+        err = r.json()
+        assert err["type"] == "PayloadTooLarge" and err["field"] == field and err["got"] == "64"
+        assert err["detail"] == (
+            "table 't': 64 items exceed the server's body limit of 2000 bytes "
+            "(--max-body-bytes); ask for fewer at a time"
+        )
+    assert info(client)["samples"] == before
+
+
 def test_rate_limit_timeout_is_429(service) -> None:
     client = service()
     create(client, rate_limiter={"min_size_to_sample": 10})

@@ -13,6 +13,9 @@ from typing import Any
 from service_helpers import ARROW, body, spec
 
 from tdreplay.codec import protocol
+from tdreplay.codec.params import MAX_PATH, TableKey
+from tdreplay.service.core import paths
+from tdreplay.storage import MAX_TABLE_NAME, TableSpec
 
 TABLE = "t"
 
@@ -115,3 +118,30 @@ def test_a_bad_value_is_named_as_the_document_names_it(service) -> None:
     r = client.post(protocol.table_path(TABLE, "sample"))
     assert r.status_code == 400 and r.json()["field"] == "batch_size"
     assert "required" in r.json()["detail"].lower()
+
+
+def test_one_limit_of_a_table_name_for_every_door(service) -> None:
+    """A table's name has one limit (``codec.protocol.MAX_TABLE_NAME``): the route's ``{name}``
+    (in the OpenAPI document), the parameter naming a table (an insert's tables), the
+    spec's name rule and the server's own paths are held to it; it was written out in three."""
+    limit = protocol.MAX_TABLE_NAME
+    assert limit == MAX_TABLE_NAME
+    assert paths.MAX_PATH is MAX_PATH  # a client path's limit: the contract's
+    doc = service().get("/openapi.json").json()
+    named = [
+        p["schema"]
+        for ops in doc["paths"].values()
+        for op in ops.values()
+        for p in op.get("parameters", [])
+        if p["in"] == "path" and p["name"] == "name"
+    ]
+    assert named and all(s.get("maxLength") == limit for s in named)
+    assert [m.max_length for m in TableKey.__metadata__] == [limit]
+    fields = {"x": {"shape": [], "dtype": "int64"}}
+    TableSpec.model_validate({"name": "a" * limit, "capacity": 1, "fields": fields})
+    try:
+        TableSpec.model_validate({"name": "a" * (limit + 1), "capacity": 1, "fields": fields})
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"a name of {limit + 1} characters passed the spec's rule")

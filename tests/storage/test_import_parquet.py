@@ -353,3 +353,16 @@ def test_a_row_of_a_huge_list_is_refused_before_it_is_read(tmp_path: Path) -> No
         f"holds {n} values in the 1 rows of row group 0 ({n:g} a row), expected 2 a row (shape [2])"
     )
     assert int(out[1].split()[0]) < 64, out
+
+
+@pytest.mark.parametrize("chunk", [2.5, True, "8"])
+def test_import_refuses_a_chunk_that_is_no_integer(tables, tmp_path: Path, chunk: object) -> None:
+    """One rule for an import's ``chunk`` (:func:`tdreplay.codec.protocol.import_chunk`): 2.5
+    went on into the reader (a float slice count), ``True`` read as 1 row per extend."""
+    table, _ = filled(tables)
+    path = table.export(tmp_path / "x.parquet")
+    fresh = tables.create(full_spec("y"))
+    with pytest.raises(InvalidRequest, match="chunk must be an integer >= 1") as err:
+        fresh.import_parquet(path, chunk=chunk)  # type: ignore[arg-type]
+    assert err.value.field == "chunk"
+    assert len(fresh) == 0

@@ -247,6 +247,12 @@ def test_clear_errors(server: Any, make_table: Callable[..., str]) -> None:
         rb.empty(empty_write_count=False)
     with pytest.raises(ValueError, match="prefetch needs a batch_size"):
         TDReplayBuffer(server.url, "t", prefetch=2)
+    # the contract's batch size rule (as each sample's), not one of its own: 2.5
+    # and 2**40 were taken here and refused only at the first sample
+    for bad in (0, 2.5, 1 << 40):
+        with pytest.raises(InvalidRequest, match="batch_size") as err:
+            TDReplayBuffer(server.url, "t", batch_size=bad)
+        assert err.value.field == "batch_size"
     with pytest.raises(ValueError, match="capacity"):
         TDReplayBuffer(server.url, "t", create={"sampler": "uniform"})
     with pytest.warns(UserWarning, match="keeps no priorities"):
