@@ -108,9 +108,15 @@ class MemoryBackendSpec(SpecModel):
 
 
 class SharedBackendSpec(SpecModel):
-    """CPU shared-memory tensors: other processes on the host can attach."""
+    """CPU shared-memory tensors (in ``/dev/shm``): other processes on the host can attach."""
 
     kind: Literal["shared"] = "shared"
+    preallocate: bool = Field(
+        default=False,
+        description="Reserve shared memory (/dev/shm) for the whole capacity when the table is "
+        "created (a /dev/shm that cannot hold it fails the create) instead of in extents as "
+        "rows arrive, as for memmap.",
+    )
 
 
 class MemmapBackendSpec(SpecModel):

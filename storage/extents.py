@@ -1,12 +1,13 @@
-"""Disk for a file backend's rows (and a memmap table's per-slot state files), reserved in
-extents ahead of the write position.
+"""Disk for a file backend's rows (and a memmap table's per-slot state files), and shared
+memory for a ``shared`` table's, reserved in extents ahead of the write position.
 
 A memory-mapped write into a hole of a sparse file on a full disk ends the
 process with SIGBUS. A file backend's row files are sparse (``from_schema``
-sizes them, writes nothing), so before rows land the blocks under them are
-reserved with ``posix_fallocate``: a full disk is then an
-:class:`~tdreplay.storage.InsufficientStorage` (507) before any row is
-written, and the table keeps serving what it holds.
+sizes them, writes nothing), and so are a shared table's segments in ``/dev/shm``
+(a tmpfs: measured, a write into a page it has no room for is a SIGBUS too), so
+before rows land the blocks under them are reserved with ``posix_fallocate``: a
+full disk (or ``/dev/shm``) is then an :class:`~tdreplay.storage.InsufficientStorage`
+(507) before any row is written, and the table keeps serving what it holds.
 
 Rows are reserved from the first one up, an *extent* at a time: when an
 insert would reach past the reserved rows, the reservation grows to cover
@@ -28,8 +29,10 @@ create rather than later).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,11 +53,56 @@ def extent_rows(reserved: int, row_bytes: int, capacity: int) -> int:
 
 @dataclass(frozen=True)
 class Span:
-    """Where one field's rows live: ``file``, from byte ``base``, ``row_bytes`` each."""
+    """Where one field's rows live: ``file``, from byte ``base``, ``row_bytes`` each.
 
-    file: Path
+    ``file`` is a path, or the descriptor of a file its backend holds open for as long as
+    the :class:`Extents` lives (a shared table's segment: unlinked, it has no path).
+    """
+
+    file: Path | int
     base: int
     row_bytes: int
+
+
+@dataclass(frozen=True)
+class Room:
+    """Where reserved rows take room, as a full one is reported: its free bytes are
+    measured at ``path``; ``where`` and ``remedy`` go into the message."""
+
+    path: Path
+    where: str
+    remedy: str
+
+    @classmethod
+    def disk(cls, path: Path) -> Room:
+        """The disk under ``path`` (a file backend's folder)."""
+        return cls(path, f"at {path}", "Free disk space or move the data root to a larger volume")
+
+    def full(self, table: str, needed: str, why: str) -> InsufficientStorage:
+        """The error for ``needed`` (what did not fit, e.g. ``"more rows: 640 more bytes
+        needed"``); ``why`` says what was held and what the system said."""
+        free = free_bytes(self.path)
+        return InsufficientStorage(
+            f"table {table!r}: no room for {needed} {self.where} ({free} free; {why}). "
+            f"{self.remedy}",
+            table=table,
+            field="rows",
+            expected=f"<= {free} bytes",
+            got=needed,
+        )
+
+
+@contextlib.contextmanager
+def _opened(file: Path | int, flags: int) -> Iterator[int]:
+    """A descriptor of ``file``: opened (and closed) here if it is a path."""
+    if isinstance(file, int):
+        yield file
+        return
+    fd = os.open(file, flags)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 class Extents:
@@ -65,15 +113,28 @@ class Extents:
         capacity: rows in all.
         table: the table's name (for errors).
         preallocate: reserve the whole capacity now.
+        room: where the rows take room (default: the disk under the first span's file).
 
     Raises:
         InsufficientStorage: (``preallocate``) the capacity does not fit.
     """
 
-    def __init__(self, spans: list[Span], capacity: int, table: str, preallocate: bool = False):
+    def __init__(
+        self,
+        spans: list[Span],
+        capacity: int,
+        table: str,
+        preallocate: bool = False,
+        *,
+        room: Room | None = None,
+    ):
         self.spans = spans
         self.capacity = capacity
         self.table = table
+        if room is None:
+            assert not isinstance(spans[0].file, int), "a descriptor names no disk: pass room"
+            room = Room.disk(spans[0].file.parent)
+        self.room = room
         self.row_bytes = sum(s.row_bytes for s in spans)
         self.reserved = min((_backed_rows(s, capacity) for s in spans), default=capacity)
         if preallocate:
@@ -128,37 +189,27 @@ class Extents:
         spans = self.spans if spans is None else spans
         needed = (stop - start) * sum(s.row_bytes for s in spans)
         for span in spans:
-            fd = os.open(span.file, os.O_RDWR)
-            try:
-                os.posix_fallocate(
-                    fd, span.base + start * span.row_bytes, (stop - start) * span.row_bytes
-                )
-            except OSError as err:
-                if err.errno in FALLOCATE_UNSUPPORTED:
-                    log.warning(
-                        "table %r: %s cannot reserve disk blocks (%s); a full disk may end in "
-                        "SIGBUS there", self.table, span.file, err,
-                    )  # fmt: skip
-                    self.reserved = self.capacity
-                    return
-                if is_full(err):
-                    raise self._full(needed, err) from None
-                raise
-            finally:
-                os.close(fd)
-
-    def _full(self, needed: int, err: OSError) -> InsufficientStorage:
-        where = self.spans[0].file.parent
-        return InsufficientStorage(
-            f"table {self.table!r}: no room for more rows: {needed} more bytes needed at {where} "
-            f"({free_bytes(where)} free; {self.reserved} of {self.capacity} rows reserved, "
-            f"{err.strerror}); the table keeps serving what it holds. Free disk space or move "
-            "the data root to a larger volume",
-            table=self.table,
-            field="rows",
-            expected=f"<= {free_bytes(where)} bytes",
-            got=f"{needed} bytes",
-        )
+            with _opened(span.file, os.O_RDWR) as fd:
+                try:
+                    os.posix_fallocate(
+                        fd, span.base + start * span.row_bytes, (stop - start) * span.row_bytes
+                    )
+                except OSError as err:
+                    if err.errno in FALLOCATE_UNSUPPORTED:
+                        log.warning(
+                            "table %r: %s cannot reserve blocks (%s); running out of room %s "
+                            "may end in SIGBUS", self.table, span.file, err, self.room.where,
+                        )  # fmt: skip
+                        self.reserved = self.capacity
+                        return
+                    if is_full(err):
+                        raise self.room.full(
+                            self.table,
+                            f"more rows: {needed} more bytes needed",
+                            f"{self.reserved} of {self.capacity} rows reserved, {err.strerror}; "
+                            "the table keeps serving what it holds",
+                        ) from None
+                    raise
 
 
 def _backed_rows(span: Span, capacity: int) -> int:
@@ -167,17 +218,12 @@ def _backed_rows(span: Span, capacity: int) -> int:
     a hole (ext4), and are then reserved again, which costs nothing."""
     end = span.base + capacity * span.row_bytes
     try:
-        fd = os.open(span.file, os.O_RDONLY)
-    except OSError:
+        with _opened(span.file, os.O_RDONLY) as fd:
+            hole = os.lseek(fd, span.base, os.SEEK_HOLE)
+            # a file system without holes says "data to the end": no more than its blocks hold
+            hole = min(hole, span.base + os.fstat(fd).st_blocks * 512)
+    except OSError:  # gone, or no SEEK_HOLE here: reserve again from the start (idempotent)
         return 0
-    try:
-        hole = os.lseek(fd, span.base, os.SEEK_HOLE)
-        # a file system without holes says "data to the end": no more than its blocks hold
-        hole = min(hole, span.base + os.fstat(fd).st_blocks * 512)
-    except OSError:  # no SEEK_HOLE here: reserve again from the start (idempotent)
-        return 0
-    finally:
-        os.close(fd)
     if not span.row_bytes:
         return capacity
     return max(0, min(hole, end) - span.base) // span.row_bytes

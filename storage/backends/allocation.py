@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from tensordict import TensorDict
 
-from ..diskspace import free_bytes, insufficient, is_full
+from ..diskspace import insufficient, is_full
 from ..errors import BackendError, InsufficientStorage, SchemaError, TableExists
 from ..redis_conn import Connections, resolve
 from ..spec import (
@@ -37,12 +37,10 @@ from .locations import (
     unheld_data,
 )
 from .redis import RedisBackend
+from .shared import SHARED_MEMORY, shared_fields
 from .tensor import TensorBackend
 
 Exists = Literal["error", "replace", "beside"]
-
-#: where torch keeps the segments of a ``shared`` table (``shm_open``)
-SHM_DIR = "/dev/shm"
 
 
 def lazy_zeros(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
@@ -62,13 +60,7 @@ def lazy_zeros(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
 def lazy_fields(
     schema: dict[NestedKey, tuple[list[int], torch.dtype]], capacity: list[int]
 ) -> dict[NestedKey, torch.Tensor]:
-    """:func:`lazy_zeros` for every field of ``schema``: ``from_schema(storage=None)``'s tensors.
-
-    A ``shared`` table is these, moved to shared memory (``share_memory_()``, as
-    ``from_schema(storage="shared")`` does with ``torch.zeros``): the copy reads
-    zero pages, so the table's bytes are committed once, in shared memory, not
-    twice (measured: 513 MB of peak RSS for a 256 MB table from ``torch.zeros``).
-    """
+    """:func:`lazy_zeros` for every field of ``schema``: ``from_schema(storage=None)``'s tensors."""
     return {k: lazy_zeros([*capacity, *shape], dtype) for k, (shape, dtype) in schema.items()}
 
 
@@ -97,16 +89,16 @@ def allocate(
             leaves it and allocates a fresh sibling (a restore, which must
             leave everything as it was should it fail).
         redis: the operator's Redis connections, by name (redis backend only).
-        preallocate: reserve a memmap table's whole capacity on disk now (as does the
-            spec's ``backend.preallocate``); else its disk is reserved in extents as rows
-            arrive (:mod:`~tdreplay.storage.extents`).
+        preallocate: reserve a memmap, h5 or shared table's whole capacity on disk (in
+            ``/dev/shm``) now (as does the spec's ``backend.preallocate``); else it is
+            reserved in extents as rows arrive (:mod:`~tdreplay.storage.extents`).
 
     Raises:
         TableExists: the table's folder is not its own, or (``exists="error"``)
             holds data of an earlier table of that name.
         SchemaError: the spec names a Redis connection that is not configured.
-        InsufficientStorage: the disk has no room for what must be reserved now (a shared
-            table: ``/dev/shm`` has no room for its capacity).
+        InsufficientStorage: the disk (a shared table: ``/dev/shm``) has no room for what
+            must be reserved now.
         BackendError: the backend could not be allocated (Redis down, ...); what it had
             written is deleted.
     """
@@ -128,11 +120,13 @@ def allocate(
                     got=str(left[0]),
                 )
         claim = claim_location(primary, replace=exists != "beside")
+    whole = preallocated(spec, preallocate)
     try:
         if isinstance(b, MemoryBackendSpec):
             return TensorBackend(spec, TensorDict(lazy_fields(schema, cap), batch_size=cap))
-        if isinstance(b, SharedBackendSpec):  # from_schema's own way, from kernel zero pages
-            return TensorBackend(spec, TensorDict(lazy_fields(schema, cap), cap).share_memory_())
+        if isinstance(b, SharedBackendSpec):  # shared already: locked as share_memory_() does
+            td = TensorDict(shared_fields(schema, cap), batch_size=cap).lock_()
+            return TensorBackend(spec, td, preallocate=whole)
         if isinstance(b, RedisBackendSpec):
             conn = resolve(spec.name, b.connection, redis or {})
             return RedisBackend.allocate(spec, conn, prefix=b.prefix or f"tdreplay:{spec.name}")
@@ -140,7 +134,6 @@ def allocate(
         path = claim.path
         if os.path.lexists(path):  # dead data (``replace``): a held location is never claimed
             delete_location(path)
-        whole = preallocated(spec, preallocate)
         if isinstance(b, MemmapBackendSpec):
             td = TensorDict.from_schema(schema, batch_size=cap, storage="memmap", prefix=str(path))
             backend: Backend = TensorBackend(spec, td, claim, preallocate=whole)
@@ -156,16 +149,8 @@ def allocate(
             release_table_dir(spec, root)
         if isinstance(err, BackendError | TableExists | SchemaError | InsufficientStorage):
             raise
-        if is_full(err) and isinstance(b, SharedBackendSpec):  # torch's segments: /dev/shm
-            raise InsufficientStorage(
-                f"table {spec.name!r}: no room for its {spec.capacity * spec.item_nbytes} bytes "
-                f"of shared memory in {SHM_DIR} ({free_bytes(SHM_DIR)} bytes free): {err}; give "
-                "the server more shared memory (docker run --shm-size, a larger /dev/shm), or "
-                "use another backend (memory, memmap)",
-                table=spec.name,
-                field="backend.kind",
-                got=b.kind,
-            ) from err
+        if is_full(err) and isinstance(b, SharedBackendSpec):  # /dev/shm's inodes, say
+            raise SHARED_MEMORY.full(spec.name, "its segments", str(err)) from err
         if is_full(err):
             raise insufficient(
                 f"table {spec.name!r}: allocating its storage", root, err, table=spec.name

@@ -27,6 +27,7 @@ from ..spec import NestedKey, TableSpec
 from ..tensordicts import byte_view
 from .base import Backend, Rows
 from .locations import LocationClaim, delete_location, release_folder
+from .shared import SHARED_MEMORY, segment_spans
 
 #: batches of at most this many rows are gathered with memmove (see the module docstring)
 SMALL_BATCH = 8
@@ -37,11 +38,13 @@ class TensorBackend(Backend):
 
     A memmap backend holds a :class:`~.locations.LocationClaim` on its folder
     (``claim``); memory and shared backends have none. A memmap backend's row
-    files are sparse: their disk is reserved in extents (:attr:`extents`), or
-    all at once with ``preallocate``.
+    files are sparse, and so are a shared backend's segments
+    (:func:`~.shared.shared_fields`): their disk, or shared memory, is reserved in
+    extents (:attr:`extents`), or all at once with ``preallocate``.
 
     Raises:
-        InsufficientStorage: (``preallocate``) the disk has no room for the capacity.
+        InsufficientStorage: (``preallocate``) the disk, or ``/dev/shm``, has no room for
+            the capacity.
     """
 
     def __init__(
@@ -56,14 +59,19 @@ class TensorBackend(Backend):
         self.kind = spec.backend.kind
         self.claim = claim
         self.path = claim.path if claim is not None else None
+        self.tensors: dict[NestedKey, torch.Tensor] = {k: storage.get(k) for k in self.keys}
         if self.path is not None:
             spans = [
                 Span(self.path.joinpath(*k[:-1], f"{k[-1]}.memmap"), 0, nbytes)  # from_schema's
                 for k, nbytes in zip(self.keys, self._row_nbytes, strict=True)
             ]
             self.extents = Extents(spans, self.capacity, spec.name, preallocate=preallocate)
+        elif self.kind == "shared":  # the segments live as long as self.storage
+            spans = segment_spans(list(self.tensors.values()), self._row_nbytes)
+            self.extents = Extents(
+                spans, self.capacity, spec.name, preallocate=preallocate, room=SHARED_MEMORY
+            )
         self._row_files: list[Path] | None = None
-        self.tensors: dict[NestedKey, torch.Tensor] = {k: storage.get(k) for k in self.keys}
         # The hot paths use plain-Tensor views of the same memory: slicing a
         # MemoryMappedTensor goes through its Python __getitem__ (9 us against
         # 2 us per field for a slice copy).

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-import pytest
 import torch
 from tensordict import TensorDict
 
@@ -64,49 +63,6 @@ def test_a_memory_table_takes_ram_as_rows_come(tmp_path: Path) -> None:
         table.destroy()
 
 
-SHARED_TOO_BIG = """
-import json
-from tdreplay.storage import InsufficientStorage, Table, TableSpec
-spec = TableSpec.model_validate({"name": "s", "capacity": 256, "backend": {"kind": "shared"},
-    "fields": {"x": {"shape": [16384], "dtype": "float32"}}})  # 16 MiB
-try:
-    Table.create(spec, ROOT)
-except InsufficientStorage as err:
-    print(json.dumps({"type": "InsufficientStorage", "detail": err.message, "field": err.field}))
-"""
-
-
-def test_a_shared_table_larger_than_the_shared_memory_names_it(tmp_path: Path) -> None:
-    """A shared table that ``/dev/shm`` cannot hold (Docker gives 64 MB) was refused with
-    "no space left at <data root> (70 GB free) ... free disk space (old checkpoints,
-    exports) or use a larger volume": the wrong place and the wrong remedy. Run in a
-    mount namespace of its own with a 4 MiB ``/dev/shm`` (needs root or CAP_SYS_ADMIN:
-    skipped with the reason where it is refused)."""
-    import json
-    import shutil
-    import subprocess
-    import sys
-
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        pytest.skip("no unshare(1) here")
-    script = SHARED_TOO_BIG.replace("ROOT", repr(str(tmp_path / "data")))
-    done = subprocess.run(
-        [unshare, "-m", "sh", "-c",
-         'mount --make-rprivate / && mount -t tmpfs -o size=4m tmpfs /dev/shm && exec "$0" -c "$1"',
-         sys.executable, script],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    if done.returncode != 0 and "mount" in done.stderr and "Traceback" not in done.stderr:
-        pytest.skip(f"cannot mount a tmpfs on /dev/shm here: {done.stderr.strip()}")
-    assert done.returncode == 0, done.stderr[-2000:]
-    err = json.loads(done.stdout)
-    assert err["type"] == "InsufficientStorage"
-    assert "shared memory" in err["detail"] and "/dev/shm" in err["detail"], err["detail"]
-    assert "--shm-size" in err["detail"], err["detail"]
-    assert str(tmp_path) not in err["detail"], err["detail"]
-
-
 SHARED_PEAK = """
 import json, resource
 from tdreplay.storage import Table, TableSpec
@@ -124,8 +80,8 @@ table.destroy()
 def test_a_shared_table_is_not_built_twice_at_create(tmp_path: Path) -> None:
     """``from_schema(storage="shared")`` fills a ``torch.zeros`` copy of the table and then
     copies it into shared memory: a 256 MiB shared table's create peaked at 513 MiB of
-    RSS. Built from kernel zero pages, its bytes are committed once (in shared memory,
-    which the backend still reserves whole: see the README's footprint table)."""
+    RSS. Its segments are made sparse (none of it committed at create: see
+    ``test_shared_footprint.py``), and nothing is built beside them."""
     import json
     import subprocess
     import sys
