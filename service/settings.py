@@ -238,8 +238,10 @@ class Settings(LimitSettings, BaseSettings):
         default=False,
         description="Reserve disk for every memmap and h5 table's whole capacity when it is created "
         "(a full disk fails the create) instead of in extents as rows arrive (disk follows the "
-        "data; a full disk fails the extend that needs more, with 507). A schema can ask the "
-        "same for its own table (backend: {kind: memmap, preallocate: true}).",
+        "data; a full disk fails the extend that needs more, with 507), and Redis memory for "
+        "every redis table's (its strings sized whole at create instead of growing with the "
+        "rows). A schema can ask the same for its own table (backend: {kind: memmap, "
+        "preallocate: true}).",
     )
     checkpoint_every: float | None = Field(
         default=None,

@@ -97,16 +97,18 @@ def allocate(
             leaves it and allocates a fresh sibling (a restore, which must
             leave everything as it was should it fail).
         redis: the operator's Redis connections, by name (redis backend only).
-        preallocate: reserve a memmap table's whole capacity on disk now (as does the
-            spec's ``backend.preallocate``); else its disk is reserved in extents as rows
-            arrive (:mod:`~tdreplay.storage.extents`).
+        preallocate: reserve a memmap or h5 table's whole capacity on disk now (as does
+            the spec's ``backend.preallocate``); else its disk is reserved in extents as rows
+            arrive (:mod:`~tdreplay.storage.extents`). A redis table's strings are then
+            sized to the capacity in Redis now; else they grow as rows are written.
 
     Raises:
         TableExists: the table's folder is not its own, or (``exists="error"``)
             holds data of an earlier table of that name.
         SchemaError: the spec names a Redis connection that is not configured.
         InsufficientStorage: the disk has no room for what must be reserved now (a shared
-            table: ``/dev/shm`` has no room for its capacity).
+            table: ``/dev/shm`` has no room for its capacity; a redis table: the Redis is
+            out of memory, or a field is longer than its longest string).
         BackendError: the backend could not be allocated (Redis down, ...); what it had
             written is deleted.
     """
@@ -135,7 +137,10 @@ def allocate(
             return TensorBackend(spec, TensorDict(lazy_fields(schema, cap), cap).share_memory_())
         if isinstance(b, RedisBackendSpec):
             conn = resolve(spec.name, b.connection, redis or {})
-            return RedisBackend.allocate(spec, conn, prefix=b.prefix or f"tdreplay:{spec.name}")
+            prefix = b.prefix or f"tdreplay:{spec.name}"
+            return RedisBackend.allocate(
+                spec, conn, prefix=prefix, preallocate=preallocated(spec, preallocate)
+            )
         assert claim is not None
         path = claim.path
         if os.path.lexists(path):  # dead data (``replace``): a held location is never claimed
