@@ -236,11 +236,11 @@ class Settings(LimitSettings, BaseSettings):
     )
     preallocate: bool = Field(
         default=False,
-        description="Reserve disk for every memmap and h5 table's whole capacity, and /dev/shm for "
-        "every shared table's, when it is created (a full disk fails the create) instead of in "
-        "extents as rows arrive (disk and shared memory follow the data; a full one fails the "
-        "extend that needs more, with 507). A schema can ask the same for its own table "
-        "(backend: {kind: memmap, preallocate: true}).",
+        description="Reserve every memmap and h5 table's whole capacity on disk, every shared "
+        "table's in /dev/shm and every redis table's in Redis memory when it is created (no room "
+        "fails the create) instead of as rows arrive (disk and memory follow the data; a full "
+        "one fails the extend that needs more, with 507). A schema can ask the same for its own "
+        "table (backend: {kind: memmap, preallocate: true}).",
     )
     checkpoint_every: float | None = Field(
         default=None,

@@ -167,6 +167,13 @@ class RedisBackendSpec(SpecModel):
         pattern=names.PREFIX_PATTERN,
         description="Key namespace; defaults to 'tdreplay:<table>'.",
     )
+    preallocate: bool = Field(
+        default=False,
+        description="Size every field's Redis string to the whole capacity when the table is "
+        "created (Redis memory held from the start; a Redis without room fails the create) "
+        "instead of growing it as rows arrive (a Redis out of memory fails the extend that "
+        "needs more, with 507); the server's --preallocate does it for every redis table.",
+    )
 
 
 BackendSpec = Annotated[

@@ -12,6 +12,8 @@ needs on top and keeps each backend's I/O apart, one module each:
   ``PersistentTensorDict``.
 * :mod:`.redis`: :class:`RedisBackend` (``redis``), tensordict's
   ``TensorDictStore``, checked against a lost or flushed Redis.
+* :mod:`.redis_keys`: a redis table's keys, laid out with no row (Redis memory
+  grows with the rows), read, checked against the Redis's limits, deleted.
 * :mod:`.locations`: where file backends keep their data (the table's own,
   marked folder) and the :class:`LocationClaim` an open backend holds on it;
   :func:`sweep` deletes dead data.

@@ -91,14 +91,17 @@ def allocate(
         redis: the operator's Redis connections, by name (redis backend only).
         preallocate: reserve a memmap, h5 or shared table's whole capacity on disk (in
             ``/dev/shm``) now (as does the spec's ``backend.preallocate``); else it is
-            reserved in extents as rows arrive (:mod:`~tdreplay.storage.extents`).
+            reserved in extents as rows arrive (:mod:`~tdreplay.storage.extents`). A redis
+            table's strings are then sized to the capacity in Redis now; else they grow as
+            rows are written.
 
     Raises:
         TableExists: the table's folder is not its own, or (``exists="error"``)
             holds data of an earlier table of that name.
         SchemaError: the spec names a Redis connection that is not configured.
         InsufficientStorage: the disk (a shared table: ``/dev/shm``) has no room for what
-            must be reserved now.
+            must be reserved now (a redis table: the Redis is out of memory, or a field is
+            longer than its longest string).
         BackendError: the backend could not be allocated (Redis down, ...); what it had
             written is deleted.
     """
@@ -129,7 +132,8 @@ def allocate(
             return TensorBackend(spec, td, preallocate=whole)
         if isinstance(b, RedisBackendSpec):
             conn = resolve(spec.name, b.connection, redis or {})
-            return RedisBackend.allocate(spec, conn, prefix=b.prefix or f"tdreplay:{spec.name}")
+            prefix = b.prefix or f"tdreplay:{spec.name}"
+            return RedisBackend.allocate(spec, conn, prefix=prefix, preallocate=whole)
         assert claim is not None
         path = claim.path
         if os.path.lexists(path):  # dead data (``replace``): a held location is never claimed

@@ -20,8 +20,9 @@ _ALIGN = 64
 
 
 def preallocated(spec: TableSpec, asked: bool) -> bool:
-    """Whether a file backend reserves its whole capacity at once: asked by the caller
-    (the server's ``--preallocate``) or by the spec's ``backend.preallocate``."""
+    """Whether a backend that grows with its rows (memmap, h5: disk; redis: Redis memory)
+    reserves its whole capacity at once: asked by the caller (the server's
+    ``--preallocate``) or by the spec's ``backend.preallocate``."""
     return asked or bool(getattr(spec.backend, "preallocate", False))
 
 

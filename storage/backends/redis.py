@@ -4,7 +4,9 @@ Nested keys are stored flat (``next:reward``) because ``from_schema`` rejects
 tuple keys on this backend; Redis has no bfloat16, so such a field is stored
 as int16 with the same bits and viewed back on read. Every allocation gets
 keys of its own (a fresh ``TensorDictStore`` id under the prefix), on a
-connection the operator configured by name (:mod:`tdreplay.storage.redis_conn`).
+connection the operator configured by name (:mod:`tdreplay.storage.redis_conn`),
+laid out with no row: Redis memory grows as rows are written
+(:mod:`~tdreplay.storage.backends.redis_keys`).
 """
 
 from __future__ import annotations
@@ -12,20 +14,28 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, TensorDictStore
 
-from ..errors import BackendError, InsufficientStorage, TableLost, TDReplayError
+from ..errors import BackendError, TableLost, TDReplayError
 from ..redis_conn import RedisConnection
 from ..spec import NestedKey, TableSpec
 from .base import Backend, Rows, carrier
+from .redis_keys import (
+    check_string_sizes,
+    delete_keys,
+    failure,
+    get_rows,
+    lay_out,
+    redis_client,
+    retry_policy,
+)
 
 #: nested keys are joined with this in Redis (``next:reward``)
 REDIS_SEP = ":"
@@ -40,6 +50,20 @@ log = logging.getLogger("tdreplay.storage")
 
 class RedisBackend(Backend):
     """``redis``: tensordict's ``TensorDictStore``, nested keys stored flat.
+
+    **Rows.** Each field is one Redis string, rows one after the other, made empty
+    at create (:func:`~.redis_keys.lay_out`): a write past its end grows it (Redis
+    zero-fills a gap), so Redis holds the rows up to the last one written, not the
+    capacity, unless the table was preallocated. Rows ``[0, held)`` are in every
+    field's string (:attr:`held`, moved by each write that succeeded); a read of
+    rows past it, which hold no item, gives zeros without asking Redis (its
+    ``GETRANGE`` past a string's end answers fewer bytes). A Redis out of memory
+    (``maxmemory``, noeviction) refuses a write with :class:`InsufficientStorage`
+    (507): the rows are not written, the table serves what it holds (reads are
+    not sent in a transaction, which such a Redis refuses whole). Redis grows a
+    string by ``realloc``, which moves it only when it outgrows its allocator's size
+    class (a quarter apart): amortized, no quadratic cost, but Redis spends ~5x
+    the CPU of a preallocated fill (``bench/redis_bench.py``).
 
     **Identity.** At allocation a marker key, ``<prefix>:{<td_id>}:__tdreplay__``,
     is written with the table's name and a random epoch. A Redis that restarts
@@ -61,12 +85,22 @@ class RedisBackend(Backend):
 
     kind = "redis"
 
-    def __init__(self, spec: TableSpec, storage: TensorDictBase, conn: RedisConnection) -> None:
+    def __init__(
+        self, spec: TableSpec, storage: TensorDictBase, conn: RedisConnection, *, held: int = 0
+    ) -> None:
         super().__init__(spec, storage)
         self.conn = conn
         self.url = conn.describe()
         self.flat = {k: REDIS_SEP.join(k) for k in self.keys}
-        self.client = _redis_client(conn)
+        self.client = redis_client(conn)
+        self._item_nbytes = sum(self._row_nbytes)
+        #: (data string, row bytes) of every field, in :attr:`keys` order
+        self._strings: list[tuple[str, int]] = [
+            (storage._data_key(self.flat[k]), nbytes)  # type: ignore[attr-defined]
+            for k, nbytes in zip(self.keys, self._row_nbytes, strict=True)
+        ]
+        #: rows ``[0, held)`` are in every field's string (see the class docstring)
+        self.held = held
         #: the marker key (see the class docstring) and what it holds
         self.marker_key: str = storage._redis_key(REDIS_MARKER)  # type: ignore[attr-defined]
         self._marker = b""
@@ -76,37 +110,51 @@ class RedisBackend(Backend):
         self._probing = threading.Lock()
 
     @classmethod
-    def allocate(cls, spec: TableSpec, conn: RedisConnection, *, prefix: str) -> RedisBackend:
-        """A fresh ``TensorDictStore`` for ``spec`` under ``prefix``, marked as this table's.
+    def allocate(
+        cls, spec: TableSpec, conn: RedisConnection, *, prefix: str, preallocate: bool = False
+    ) -> RedisBackend:
+        """A fresh ``TensorDictStore`` for ``spec`` under ``prefix``, marked as this table's:
+        its fields laid out as ``from_schema`` does, with no row (see :mod:`.redis_keys`),
+        or, with ``preallocate``, each field's string sized to the capacity now.
 
         Raises:
+            InsufficientStorage: a field is longer than the Redis's longest string, or the
+                Redis is out of memory (nothing is left there).
             BackendError: Redis failed or did not answer in time (nothing is left there).
         """
+        import redis
         from redis.asyncio.retry import Retry
 
         schema = spec.torch_schema()
         flat = {REDIS_SEP.join(k): (s, carrier(d)) for k, (s, d) in schema.items()}
-        _check_string_sizes(spec, flat, conn)
+        check_string_sizes(spec, flat, conn)
         td_id = str(uuid.uuid4())  # ours, so that what a failed allocation wrote can be found
+        td = None
         try:
-            td = TensorDict.from_schema(
-                flat,
+            td = TensorDictStore(
                 batch_size=[spec.capacity],
-                storage="redis",
                 prefix=prefix,
                 td_id=td_id,
-                retry=Retry(*_retry_policy()),  # type: ignore[arg-type]
+                retry=Retry(*retry_policy()),  # type: ignore[arg-type]
                 **conn.kwargs(),
             )
-        except BaseException:  # Redis applies a pipeline's commands up to the one that failed
+            lay_out(td, flat, whole=preallocate)
+        except (
+            BaseException
+        ) as err:  # Redis applies a pipeline's commands up to the one that failed
             with contextlib.suppress(Exception):
-                client = _redis_client(conn)
+                client = redis_client(conn)
                 try:
-                    _delete_keys(client, prefix, td_id)
+                    delete_keys(client, prefix, td_id)
                 finally:
                     client.close()
+            if td is not None:
+                with contextlib.suppress(Exception):
+                    td.close()
+            if isinstance(err, redis.RedisError):
+                raise failure(spec.name, conn, "allocating the table's keys", err) from err
             raise
-        backend = cls(spec, td, conn)
+        backend = cls(spec, td, conn, held=spec.capacity if preallocate else 0)
         try:
             backend.mark()
         except BaseException:
@@ -188,7 +236,7 @@ class RedisBackend(Backend):
         try:
             return fn()
         except redis.RedisError as err:
-            raise _failure(self.spec.name, self.conn, doing, err) from err
+            raise failure(self.spec.name, self.conn, doing, err) from err
 
     # -- I/O -----------------------------------------------------------------
     def _pack(self, data: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
@@ -201,6 +249,14 @@ class RedisBackend(Backend):
         )
 
     def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:
+        """Write ``rows``: each field's string grows to the last of them as needed.
+
+        Raises:
+            TableLost: the Redis lost the table.
+            InsufficientStorage: the Redis is out of memory; nothing of ``rows`` counts as
+                written (the table marks them empty).
+            BackendError: Redis failed or did not answer in time.
+        """
         self.check(force=True)  # a write into a Redis that lost the table recreates it zero-filled
         n = next(iter(data.values())).shape[0]
         packed = self._pack(data, n)
@@ -210,29 +266,63 @@ class RedisBackend(Backend):
 
         try:
             self._redis("writing rows", put)
-        except BackendError:
+        except TDReplayError:
             raise
         except Exception as err:
             raise BackendError(
                 f"redis write failed at {self.url}: {err}", table=self.spec.name
             ) from err
+        top = rows.stop if isinstance(rows, slice) else int(rows.max()) + 1 if len(rows) else 0
+        self.held = max(self.held, top or 0)
 
     def gather(self, index: torch.Tensor, out: Mapping[NestedKey, torch.Tensor]) -> None:
+        """Copy rows ``index`` into ``out`` (see the class docstring for rows past
+        :attr:`held`), read with :func:`~.redis_keys.get_rows`: a Redis past its
+        ``maxmemory`` still serves them.
+
+        Raises:
+            TableLost: the Redis lost the table.
+            BackendError: Redis failed or did not answer in time, or a string is shorter
+                than the rows written.
+        """
         self.check()
-        try:
-            got = self._redis("reading rows", lambda: self.storage[index])
-        except BackendError:
-            raise
-        except Exception as err:  # missing keys read as b"": a lost table, most likely
-            self.check(force=True)
-            raise BackendError(
-                f"redis read failed at {self.url}: {err}", table=self.spec.name
-            ) from err
-        for key in self.keys:
-            value = got.get(self.flat[key])
+        if not len(index):
+            return
+        if self.held < self.capacity and int(index.max()) >= self.held:
+            self._gather_past_end(index, out)
+            return
+        got = self._redis("reading rows", lambda: get_rows(self.client, self._strings, index))
+        for key, data in zip(self.keys, got, strict=True):
+            target = out[key]
+            if len(data) != target.numel() * target.element_size():
+                self.check(force=True)  # a missing string reads as b"": a lost table, most likely
+                raise BackendError(
+                    f"table {self.spec.name!r}: Redis {self.conn.name!r} ({self.url}) answered "
+                    f"{len(data)} bytes for {len(index)} rows of field {self.flat[key]!r}",
+                    table=self.spec.name,
+                )
+            raw = torch.frombuffer(bytearray(data), dtype=carrier(self.dtypes[key]))
             if self.dtypes[key] == torch.bfloat16:
-                value = value.view(torch.bfloat16)
-            out[key].copy_(value)
+                raw = raw.view(torch.bfloat16)
+            target.copy_(raw.view(target.shape))
+
+    def _gather_past_end(self, index: torch.Tensor, out: Mapping[NestedKey, torch.Tensor]) -> None:
+        """:meth:`gather` of rows some of which are past :attr:`held`: the strings end before
+        them (``GETRANGE`` would answer fewer bytes), and they read as zeros, as a row
+        never written does on every backend (no live item is ever there)."""
+        inside = index < self.held
+        for value in out.values():
+            value.zero_()
+        if bool(inside.any()):
+            part = self.read(index[inside])
+            for key, value in out.items():
+                value[inside] = part[key]
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of rows Redis holds: every field's string up to the last row written (the
+        capacity when preallocated)."""
+        return self.held * self._item_nbytes
 
     def close(self) -> None:
         """:meth:`destroy`: nothing ever reattaches a redis table's keys (a process
@@ -252,7 +342,7 @@ class RedisBackend(Backend):
     def destroy(self) -> None:
         try:
             td_id = self.storage._td_id  # type: ignore[attr-defined]
-            _delete_keys(self.client, self.storage._namespace, td_id)  # type: ignore[attr-defined]
+            delete_keys(self.client, self.storage._namespace, td_id)  # type: ignore[attr-defined]
         finally:
             with contextlib.suppress(Exception):
                 self.storage.close()  # type: ignore[attr-defined]
@@ -262,77 +352,3 @@ class RedisBackend(Backend):
     @property
     def location(self) -> str | None:
         return self.url
-
-
-def _delete_keys(client: Any, namespace: str, td_id: str) -> None:
-    """Delete every key of the ``TensorDictStore`` ``td_id`` under ``namespace``."""
-    keys = list(client.scan_iter(match=f"{namespace}:{{{td_id}}}:*", count=1000))
-    if keys:
-        client.delete(*keys)
-
-
-def _failure(table: str, conn: RedisConnection, doing: str, err: Exception) -> BackendError:
-    """The error of a Redis call of ``table`` that failed (``err``) while ``doing`` something."""
-    import redis
-
-    if isinstance(err, redis.TimeoutError):
-        return BackendError(
-            f"table {table!r}: Redis {conn.name!r} ({conn.describe()}) did not answer within "
-            f"{conn.timeout:g}s (--redis-timeout) while {doing}; it is hung, overloaded or "
-            "unreachable",
-            table=table,
-        )
-    return BackendError(
-        f"table {table!r}: Redis {conn.name!r} ({conn.describe()}) failed while {doing}: {err}",
-        table=table,
-    )
-
-
-def _check_string_sizes(
-    spec: TableSpec, flat: Mapping[str, tuple[Any, torch.dtype]], conn: RedisConnection
-) -> None:
-    """Refuse a table with a field longer than the Redis's longest string before writing
-    anything: each field is one string of capacity x row bytes, and a Redis refuses one
-    past ``proto-max-bulk-len`` (512 MiB by default) - for good, whatever a retry does.
-
-    Raises:
-        InsufficientStorage: a field is longer than that (507, naming it and the limit).
-        BackendError: the Redis failed or did not answer in time (the one wait for it).
-    """
-    import redis
-
-    client = _redis_client(conn)
-    try:
-        limit = int(client.config_get("proto-max-bulk-len").get("proto-max-bulk-len", 0))
-    except (redis.ResponseError, ValueError):  # CONFIG not allowed (a managed Redis): let it try
-        return
-    except redis.RedisError as err:  # down or silent: fail now, not after a second wait
-        raise _failure(spec.name, conn, "reading its longest string", err) from err
-    finally:
-        client.close()
-    for key, (shape, dtype) in flat.items():
-        nbytes = spec.capacity * math.prod(shape) * dtype.itemsize
-        if limit and nbytes > limit:
-            raise InsufficientStorage(
-                f"table {spec.name!r}: field {key!r} takes {nbytes} bytes at capacity "
-                f"{spec.capacity}, one Redis string, and Redis {conn.name!r} holds strings of "
-                f"at most {limit} bytes (proto-max-bulk-len); lower the capacity, raise that "
-                "limit, or use another backend",
-                table=spec.name,
-                field=key,
-            )
-
-
-def _retry_policy() -> tuple[Any, int, tuple[type[Exception], ...]]:
-    from redis.backoff import NoBackoff
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
-    return (NoBackoff(), 1, (RedisConnectionError,))
-
-
-def _redis_client(conn: RedisConnection) -> Any:
-    """A sync client with ``conn``'s timeouts and the retry policy of :class:`RedisBackend`."""
-    import redis
-    from redis.retry import Retry
-
-    return redis.Redis(**conn.kwargs(), retry=Retry(*_retry_policy()))

@@ -88,16 +88,17 @@ class Table(Inserts, Draws):
                 (without it, such data is an error: restore it or replace it).
             redis: Redis connections by name (``{"default": "redis://host:6379/0"}``);
                 a redis table's spec names one (``backend.connection``).
-            preallocate: reserve a memmap table's whole capacity on disk now (as
-                the spec's ``backend.preallocate`` does); by default disk is reserved
-                in extents as rows arrive and follows the data.
+            preallocate: reserve a memmap or h5 table's whole capacity on disk now, a
+                redis table's in Redis (as the spec's ``backend.preallocate`` does); by
+                default disk and Redis memory are reserved as rows arrive and follow the data.
 
         Raises:
             SchemaError: the schema file is invalid, or names a Redis connection
                 not in ``redis``.
             TableExists: ``<root>/tables/<name>`` is not this table's folder, or
                 holds an earlier table's data and ``replace`` is not set.
-            InsufficientStorage: the disk has no room for what must be reserved now.
+            InsufficientStorage: the disk (a redis table: the Redis's memory) has no room
+                for what must be reserved now.
             BackendError: the storage could not be allocated.
         """
         if not isinstance(spec, TableSpec):

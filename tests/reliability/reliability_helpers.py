@@ -1,14 +1,22 @@
-"""HTTP helpers on a :class:`LiveServer` (tests/conftest.py): a table, its rows, its size."""
+"""HTTP helpers on a :class:`LiveServer` (tests/conftest.py): a table, its rows, its size;
+and a ``redis-server`` of a test's own (:class:`RedisProcess`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
+import pytest
+import redis as redis_lib
 from service_helpers import ARROW, assert_rows_match, body, spec
+from testkit import free_port
 
 from tdreplay.codec import decode, protocol
 
@@ -61,3 +69,51 @@ def python(*args: str) -> subprocess.Popen:
         text=True,
         env=env(),
     )
+
+
+class RedisProcess:
+    """A redis-server on a fixed port that can be killed, restarted empty, stopped and continued."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client = redis_lib.Redis(port=self.port, socket_timeout=5)
+
+    def start(self, *extra: str) -> None:
+        """Start it (again), with ``extra`` arguments (``--maxmemory 8mb``)."""
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.fail("redis-server is not installed (make redis installs it)")
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.workdir), *extra]
+        self.proc = subprocess.Popen(
+            [exe, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client.ping()
+                return
+            except redis_lib.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    pytest.fail("redis-server did not start")
+                time.sleep(0.02)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)

@@ -8,10 +8,7 @@ without persistence does after a crash; SIGSTOP makes it hang.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,61 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis as redis_lib
-from reliability_helpers import create, extend
+from reliability_helpers import RedisProcess, create, extend
 from service_helpers import ARROW, body
-from testkit import free_port
 
 from tdreplay.codec import decode, protocol
 
 TIMEOUT = 1.0  # --redis-timeout of the servers here
-
-
-class RedisProcess:
-    """A redis-server on a fixed port that can be killed, restarted empty, stopped and continued."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.workdir = workdir
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.client = redis_lib.Redis(port=self.port, socket_timeout=5)
-
-    def start(self) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            pytest.fail("redis-server is not installed (make redis installs it)")
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "no", "--dir", str(self.workdir)]
-        self.proc = subprocess.Popen(
-            [exe, *args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.client.ping()
-                return
-            except redis_lib.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    pytest.fail("redis-server did not start")
-                time.sleep(0.02)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, sig)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 @pytest.fixture

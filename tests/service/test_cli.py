@@ -98,6 +98,7 @@ def test_load_specs(tmp_path: Path) -> None:
         "kind": "redis",
         "connection": "default",
         "prefix": None,
+        "preallocate": False,
     }
     assert settings.redis_connections["default"].describe() == "redis://cache:6390/2"
     mm = load_specs(Settings(schema_path=folder, root=tmp_path, backend="memmap"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tdreplay.storage import BackendError, InsufficientStorage, Table, TableSpec
+from tdreplay.storage import InsufficientStorage, Table, TableSpec
 
 MiB = 1 << 20
 
@@ -49,8 +49,9 @@ def test_a_table_redis_cannot_hold_leaves_no_keys(small_strings: dict, tmp_path:
 
 
 def test_a_failed_allocation_leaves_no_keys(small_strings: dict, tmp_path: Path) -> None:
-    """What Redis refuses midway (here past ``maxmemory``) is cleaned up too: Redis applies
-    a pipeline's commands up to the failing one."""
+    """What Redis refuses midway (here past ``maxmemory``, a preallocated table) is cleaned
+    up too: Redis applies a pipeline's commands up to the failing one. Out of memory is no
+    room (507), not a Redis failure to retry (503)."""
     client = small_strings["client"]
     before = client.config_get("maxmemory")["maxmemory"]
     used = int(client.info("memory")["used_memory"])
@@ -67,8 +68,9 @@ def test_a_failed_allocation_leaves_no_keys(small_strings: dict, tmp_path: Path)
                 },
             }
         )
-        with pytest.raises(BackendError):
-            Table.create(spec, tmp_path, redis={"default": small_strings["url"]})
+        with pytest.raises(InsufficientStorage) as err:
+            Table.create(spec, tmp_path, redis={"default": small_strings["url"]}, preallocate=True)
+        assert "out of memory" in str(err.value) and "maxmemory" in str(err.value)
     finally:
         client.config_set("maxmemory", before)
     assert list(client.scan_iter(match="tdreplay:oom:*")) == []

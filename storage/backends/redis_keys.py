@@ -1,0 +1,173 @@
+"""A redis table's keys: laid out at create, checked against the Redis's limits, deleted; and
+what a Redis call that failed is raised as.
+
+A table's keys are tensordict's ``TensorDictStore`` keys, written in its format, so that
+``TensorDictStore.from_store`` and its reads work on them: per field a meta hash
+(``<prefix>:{<td_id>}:m:<field>``: the full shape, the dtype), an entry in the keys
+registry (``...:__keys__``) and a data string (``...:d:<field>``: the rows, one after the
+other). ``from_schema(storage="redis")`` sizes each data string to the capacity at
+create (``SETRANGE`` of its last byte: Redis zero-fills the rest), so Redis holds
+capacity x item bytes before a row; :func:`lay_out` writes the meta hashes and the
+registry only, and the strings grow as rows are written past their end (Redis pads a gap
+with zeros), unless the operator asks for the whole capacity now (``preallocate``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from tensordict.store._utils import _LUA_GETRANGES, _dtype_to_str
+
+from ..errors import BackendError, InsufficientStorage
+from ..redis_conn import RedisConnection
+from ..spec import TableSpec
+
+Layout = Mapping[str, tuple[list[int], torch.dtype]]
+"""Fields by flat key: the shape of one row, the dtype stored."""
+
+
+def lay_out(store: Any, fields: Layout, *, whole: bool) -> None:
+    """Register ``fields`` in the fresh ``TensorDictStore`` ``store`` as ``from_schema``
+    does (meta hashes with the full shape and dtype, keys registry; its metadata cache
+    filled), writing no row: with ``whole``, each data string is sized to the capacity
+    (zero-filled by Redis), as ``from_schema`` does; else it is made by the first write.
+
+    Raises:
+        redis.RedisError: Redis refused (past ``maxmemory``, ...) or did not answer; what
+            it applied before stays (the caller deletes the store's keys).
+    """
+    rows = list(store.batch_size)
+    layout = {
+        store._full_key_path(key): ([*rows, *shape], dtype)
+        for key, (shape, dtype) in fields.items()
+    }
+
+    async def write() -> None:
+        pipe = store._client.pipeline()
+        for path, (shape, dtype) in layout.items():
+            nbytes = math.prod(shape) * dtype.itemsize
+            if whole and nbytes:
+                pipe.setrange(store._data_key(path), nbytes - 1, b"\x00")
+            meta = {"shape": json.dumps(shape), "dtype": _dtype_to_str(dtype)}
+            pipe.hset(store._meta_key(path), mapping=meta)
+            pipe.sadd(store._keys_registry_key, path)
+        await pipe.execute()
+
+    store._run_sync(write())
+    if store._meta_cache is not None:
+        store._meta_cache.update(layout)
+    store._keys_cache[0] = None  # read back from the registry when next needed
+
+
+def get_rows(client: Any, strings: list[tuple[str, int]], index: torch.Tensor) -> list[bytes]:
+    """Rows ``index`` of each data string of ``strings`` (``(key, row bytes)``), their bytes
+    one after the other: one ``GETRANGE`` a string for a run of rows, else tensordict's
+    ``GETRANGES`` script (reads only), in one pipeline.
+
+    Not in a transaction, as tensordict's reads are: Redis refuses every command of a
+    ``MULTI`` while it is past ``maxmemory``, reads too, and a table whose rows filled its
+    Redis would serve nothing.
+
+    Raises:
+        redis.RedisError: Redis failed or did not answer.
+    """
+    n = len(index)
+    first = int(index[0])
+    run = bool(int(index[-1]) - first == n - 1 and (n == 1 or bool((index.diff() == 1).all())))
+    starts = None if run else index.tolist()
+    pipe = client.pipeline(transaction=False)
+    for key, size in strings:
+        if starts is None:
+            pipe.getrange(key, first * size, (first + n) * size - 1)
+        else:
+            argv = [v for start in starts for v in (start * size, size)]
+            pipe.eval(_LUA_GETRANGES, 1, key, *argv)
+    return list(pipe.execute())
+
+
+def delete_keys(client: Any, namespace: str, td_id: str) -> None:
+    """Delete every key of the ``TensorDictStore`` ``td_id`` under ``namespace``."""
+    keys = list(client.scan_iter(match=f"{namespace}:{{{td_id}}}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+def failure(
+    table: str, conn: RedisConnection, doing: str, err: Exception
+) -> BackendError | InsufficientStorage:
+    """The error of a Redis call of ``table`` that failed (``err``) while ``doing`` something:
+    :class:`InsufficientStorage` (507) when Redis is out of memory, else :class:`BackendError`."""
+    import redis
+
+    where = f"Redis {conn.name!r} ({conn.describe()})"
+    if isinstance(err, redis.OutOfMemoryError):
+        return InsufficientStorage(
+            f"table {table!r}: {where} is out of memory (used memory over its maxmemory, "
+            f"with the noeviction policy) and refused {doing}; nothing of this call was "
+            "stored, and the table keeps serving what it holds. Raise that Redis's "
+            "maxmemory, free memory there (delete tables or keys), or lower the table's "
+            "capacity or move it to a Redis with room (with --preallocate, or the spec's "
+            "backend.preallocate, a redis table reserves its whole capacity at create)",
+            table=table,
+        )
+    if isinstance(err, redis.TimeoutError):
+        return BackendError(
+            f"table {table!r}: {where} did not answer within {conn.timeout:g}s "
+            f"(--redis-timeout) while {doing}; it is hung, overloaded or unreachable",
+            table=table,
+        )
+    return BackendError(f"table {table!r}: {where} failed while {doing}: {err}", table=table)
+
+
+def check_string_sizes(spec: TableSpec, fields: Layout, conn: RedisConnection) -> None:
+    """Refuse a table with a field longer than the Redis's longest string before writing
+    anything: each field is one string of capacity x row bytes once full, and a Redis
+    refuses one past ``proto-max-bulk-len`` (512 MiB by default) - for good, whatever a
+    retry does.
+
+    Raises:
+        InsufficientStorage: a field is longer than that (507, naming it and the limit).
+        BackendError: the Redis failed or did not answer in time (the one wait for it).
+    """
+    import redis
+
+    client = redis_client(conn)
+    try:
+        limit = int(client.config_get("proto-max-bulk-len").get("proto-max-bulk-len", 0))
+    except (redis.ResponseError, ValueError):  # CONFIG not allowed (a managed Redis): let it try
+        return
+    except redis.RedisError as err:  # down or silent: fail now, not after a second wait
+        raise failure(spec.name, conn, "reading its longest string", err) from err
+    finally:
+        client.close()
+    for key, (shape, dtype) in fields.items():
+        nbytes = spec.capacity * math.prod(shape) * dtype.itemsize
+        if limit and nbytes > limit:
+            raise InsufficientStorage(
+                f"table {spec.name!r}: field {key!r} takes {nbytes} bytes at capacity "
+                f"{spec.capacity}, one Redis string, and Redis {conn.name!r} holds strings of "
+                f"at most {limit} bytes (proto-max-bulk-len); lower the capacity, raise that "
+                "limit, or use another backend",
+                table=spec.name,
+                field=key,
+            )
+
+
+def retry_policy() -> tuple[Any, int, tuple[type[Exception], ...]]:
+    """``Retry(*retry_policy())``: a dropped connection retried once, at once; nothing else."""
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    return (NoBackoff(), 1, (RedisConnectionError,))
+
+
+def redis_client(conn: RedisConnection) -> Any:
+    """A sync client with ``conn``'s timeouts and :func:`retry_policy`."""
+    import redis
+    from redis.retry import Retry
+
+    return redis.Redis(**conn.kwargs(), retry=Retry(*retry_policy()))
