@@ -16,10 +16,10 @@ limit (flag)                status  when
 ``--body-timeout``          408     a request's body not complete this many seconds after its
                                     headers (time the server itself is not reading, while
                                     the app is busy, does not count)
-``--max-receiving-bytes``   503     request bodies being received at once, all connections
-                                    together, past it (a Content-Length counts whole from
-                                    the headers on, a chunked body as it arrives); 413 when
-                                    one body alone is larger
+``--max-receiving-bytes``   503     request bodies held at once past it, all connections:
+                                    being received (a Content-Length counts whole from the
+                                    headers on, a chunked one as it comes) or kept by a call
+                                    the rate limiter holds back; 413: one body is larger
 ``--max-connections``       503     a connection beyond this many open ones
 ``--send-timeout``          --      an answer its client takes none of for this many
                                     seconds (it stopped reading): the connection is closed
@@ -282,7 +282,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def _received(self) -> None:
         """The body is complete (or abandoned): its bytes leave the server's budget."""
-        self.receiving.held -= self._receiving
+        self.receiving.give(self._receiving)
         self._receiving = 0
 
     # -- sending --------------------------------------------------------------
@@ -378,19 +378,20 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.loop.call_later(LINGER, transport.close)
 
 
-def protocol_class(limits: Limits) -> type[LimitedHttpProtocol]:
-    """A :class:`LimitedHttpProtocol` bound to ``limits`` (uvicorn builds one per connection)."""
-    members = {"limits": limits, "receiving": Receiving(limits.max_receiving_bytes)}
+def protocol_class(limits: Limits, receiving: Receiving) -> type[LimitedHttpProtocol]:
+    """A :class:`LimitedHttpProtocol` bound to ``limits`` and ``receiving`` (one per connection)."""
+    members = {"limits": limits, "receiving": receiving}
     return type("LimitedHttpProtocol", (LimitedHttpProtocol,), members)
 
 
-def config(app: Any, settings: Settings) -> uvicorn.Config:
-    """The uvicorn configuration that serves ``app`` with ``settings``' address and limits."""
+def config(app: Any, settings: Settings, receiving: Receiving) -> uvicorn.Config:
+    """The uvicorn configuration that serves ``app`` with ``settings``' address and limits
+    (``receiving``: the app core's count of request bodies held)."""
     return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
-        http=protocol_class(Limits.from_settings(settings)),
+        http=protocol_class(Limits.from_settings(settings), receiving),
         ws="none",  # no WebSocket routes: no upgrade path around the limits
         log_level=settings.log_level,
         access_log=settings.access_log,

@@ -34,6 +34,7 @@ from tdreplay.storage import (
 
 from ..errors import PayloadTooLarge
 from ..idempotency import RecentRequests, RowsFingerprint, request_tag
+from ..limits import Hold
 from ..settings import Settings
 from ..wire import BufferBudget, Lease, SampleBuffers, sample_nbytes, sample_schema
 from .calls import Calls
@@ -163,6 +164,7 @@ class TableHandle:
         *,
         inline: bool,
         left: Callable[[], Awaitable[object]] | None = None,
+        hold: Hold | None = None,
     ) -> T:
         async def run() -> T | None:
             return await self.call(attempt, inline=inline)
@@ -177,6 +179,7 @@ class TableHandle:
             gone=self.gone,
             on_wait=self._on_wait,
             left=left,
+            hold=hold,
         )
 
     # -- data ---------------------------------------------------------------
@@ -187,9 +190,10 @@ class TableHandle:
         timeout: float,
         request_id: str | None = None,
         priority: float | None = None,
+        hold: Hold | None = None,
     ) -> tuple[torch.Tensor, bool]:
         """``Table.extend`` of flat columns (``n`` rows), waiting asynchronously up to
-        ``timeout`` seconds for the rate limiter.
+        ``timeout`` seconds for the rate limiter (counted in ``hold`` while it waits).
 
         With ``request_id``, a repeat of a recent id inserts nothing and gets the
         first call's slots back (a retry after a lost answer). ``priority``: the new
@@ -216,7 +220,7 @@ class TableHandle:
             async def insert() -> bytes:
                 index = await self._admitted(
                     lambda: table.try_extend(columns, tag=tag, priority=initial),
-                    "insert", n, timeout, inline=inline,
+                    "insert", n, timeout, inline=inline, hold=hold,
                 )  # fmt: skip
                 return index.numpy().tobytes()  # what the request-id memory keeps: 8 bytes a row
 
