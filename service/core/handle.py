@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
 
 from tdreplay.codec.ipc import Schema
@@ -43,6 +44,8 @@ from .waiting import Changes, WaitHook, admitted
 
 #: sample shapes a handle keeps, by batch size (a client cycling through more starts anew)
 SHAPES = 64
+#: seconds :meth:`TableHandle.state` waits for a Redis table's marker probe
+PROBE_WAIT = 0.5
 T = TypeVar("T")
 
 
@@ -368,12 +371,30 @@ class TableHandle:
             return await self.call(lambda: table.update_priority(index, priority, key=key))
 
     async def info(self) -> dict[str, Any]:
-        """``Table.info`` plus the calls waiting now and the table's state (``ok`` or ``lost``)."""
+        """``Table.info`` plus the calls waiting now and the table's :meth:`state`."""
         with self.use() as table:
             info = await self.call(table.info)
         info["waiting"] = dict(table.rate_limiter.waiting)
-        if getattr(table.backend, "state", None) == "lost":  # Table.info does not say yet
-            info["state"] = "lost"
-        else:
-            info.setdefault("state", "ok")
+        info["state"] = await self.state()
         return info
+
+    @property
+    def last_state(self) -> str:
+        """The table's state as last found (see :meth:`state`), without asking its Redis."""
+        return getattr(self.table.backend, "state", "ok")
+
+    async def state(self) -> str:
+        """Whether the table can serve: ``"ok"``; ``"lost"`` (its Redis restarted empty:
+        never ``"ok"`` again) or ``"unreachable"`` (its Redis down, hung or refusing: ``"ok"``
+        again once it answers). What ``info`` and ``/readyz`` say.
+
+        A Redis table's marker is probed first, in a worker thread (at most once a second,
+        one probe at a time), waited for up to :data:`PROBE_WAIT` seconds: a hung Redis does
+        not hold the answer (its table is unreachable once its probe has timed out).
+        """
+        probe = getattr(self.table.backend, "probe", None)
+        if probe is not None:
+            await asyncio.wait(
+                [asyncio.ensure_future(run_in_threadpool(probe))], timeout=PROBE_WAIT
+            )
+        return self.last_state
