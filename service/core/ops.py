@@ -57,10 +57,9 @@ from .handle import TableHandle
 from .lifecycle import TableOps
 from .paths import TRANSFER_SCRATCH
 from .persistence import PersistenceOps
-from .served import Served
+from .served import Served, TableEvents
 from .shape import Place, Shape
 from .uploads import Uploads
-from .waiting import WaitHook
 
 log = logging.getLogger("tdreplay.service")
 
@@ -73,21 +72,20 @@ class Core(TableOps, PersistenceOps):
 
     Args:
         settings: the server's settings (data root, limits, timeouts, pools).
-        on_wait: told of every rate-limiter wait (table, operation, seconds, timed out).
-        on_drop: told of the name of each table no longer served.
+        events: told of every table's rate-limiter waits and of each table no longer
+            served (the metrics).
     """
 
     def __init__(
         self,
         settings: Settings,
-        on_wait: WaitHook | None = None,
-        on_drop: Callable[[str], object] = lambda name: None,
+        events: TableEvents | None = None,
     ) -> None:
         self.settings = settings
         #: request bodies held, received or waiting (``--max-receiving-bytes``): the HTTP
         #: server counts those it receives, the rate-limited calls those they keep
         self.receiving = Receiving(settings.max_receiving_bytes)
-        self.served = Served(settings, on_wait=on_wait, on_drop=on_drop)
+        self.served = Served(settings, events)
         self.root = self.served.root
         self.uploads = Uploads(self.root / TRANSFER_SCRATCH, settings)
 
