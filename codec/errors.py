@@ -339,6 +339,10 @@ def json_failure(err: Exception) -> str:
 #: (Cc: a newline, an escape) and format characters (Cf: a bidi override such as U+202E, which
 #: reorders what follows it; a zero-width space or joiner, which hides)
 HIDDEN_CATEGORIES = frozenset({"Cc", "Cf"})
+#: what :func:`printable` escapes: those, and lone surrogates (Cs: a ``str`` may hold one,
+#: e.g. from JSON's ``"\ud800"``, but no UTF-8 does: writing one to a terminal, a log or a
+#: file fails with ``UnicodeEncodeError``)
+ESCAPED_CATEGORIES = HIDDEN_CATEGORIES | {"Cs"}
 
 
 def is_hidden(char: str) -> bool:
@@ -347,19 +351,24 @@ def is_hidden(char: str) -> bool:
 
 
 def printable(text: str) -> str:
-    r"""``text`` with each control or format character written as its escape (``\x1b``,
-    ``\n``, ``\u202e``): what a server sent, safe to show on a terminal or in a log (an escape
-    sequence there could retitle the window, recolour or erase lines, or forge a line; a bidi
-    override could make ``gnp.exe`` read ``exe.png``). Letters outside ASCII stay as they are.
+    r"""``text`` with each control or format character, and each lone surrogate, written as
+    its escape (``\x1b``, ``\n``, ``\u202e``, ``\ud800``): what a server sent, safe to show on
+    a terminal or in a log (an escape sequence there could retitle the window, recolour or
+    erase lines, or forge a line; a bidi override could make ``gnp.exe`` read ``exe.png``; a
+    lone surrogate fails to encode). Letters outside ASCII stay as they are.
 
         >>> printable("no table \x1b]0;owned\x07 'x'")
         "no table \\x1b]0;owned\\x07 'x'"
         >>> printable("café \u202egnp.exe")
         'café \\u202egnp.exe'
+        >>> printable("a\ud800b")
+        'a\\ud800b'
     """
     if text.isprintable():
         return text
-    return "".join(repr(c)[1:-1] if is_hidden(c) else c for c in text)
+    return "".join(
+        repr(c)[1:-1] if unicodedata.category(c) in ESCAPED_CATEGORIES else c for c in text
+    )
 
 
 def from_body(status: int, data: dict[str, Any]) -> TDReplayError:

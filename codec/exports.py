@@ -30,6 +30,8 @@ from .errors import InvalidRequest
 FILE_FORMATS = ("parquet", "csv")
 #: the suffixes (lower case) an export's format is told from
 SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+#: those suffixes, in the order the errors name them
+SUFFIX_NAMES = tuple(sorted(SUFFIXES))
 
 
 def export_format(path: str | PurePath, format: str | None = None, table: str | None = None) -> str:
@@ -50,16 +52,15 @@ def export_format(path: str | PurePath, format: str | None = None, table: str | 
     name = PurePath(path).name
     told = SUFFIXES.get(PurePath(path).suffix.lower())
     where = f"table {table!r}: " if table else ""
-    suffixes = ", ".join(sorted(SUFFIXES))
     if format is None:
         if told is None:
             raise InvalidRequest(
                 f"{where}cannot tell the export format from {name!r}; name the file "
-                f"{', '.join(sorted(SUFFIXES)[:-1])} or {sorted(SUFFIXES)[-1]}, or give the "
+                f"{', '.join(SUFFIX_NAMES[:-1])} or {SUFFIX_NAMES[-1]}, or give the "
                 f"format ({', '.join(FILE_FORMATS)})",
                 table=table,
                 field="path",
-                expected=sorted(SUFFIXES),
+                expected=list(SUFFIX_NAMES),
                 got=name,
             )
         return told
@@ -75,7 +76,7 @@ def export_format(path: str | PurePath, format: str | None = None, table: str | 
     if told is not None and told != fmt:
         raise InvalidRequest(
             f"{where}export format {fmt!r} does not match {name!r}, a {told} name "
-            f"({suffixes}); name the file for {fmt}, or leave the format out",
+            f"({', '.join(SUFFIX_NAMES)}); name the file for {fmt}, or leave the format out",
             table=table,
             field="format",
             expected=told,

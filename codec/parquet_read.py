@@ -36,6 +36,7 @@ from tensordict import TensorDict
 from .arrow import from_column, nest
 from .dtypes import NAMES
 from .errors import CodecError, InvalidRequest
+from .exports import SUFFIXES as EXPORT_SUFFIXES
 from .format import META_DTYPE, META_SHAPE
 from .parquet_columns import flatten_structs
 from .parquet_import import Column, Fields, import_error, plan_columns
@@ -44,8 +45,8 @@ from .spaces import outside_categories
 
 __all__ = ["parquet_files", "read_parquet"]
 
-#: the suffixes of the files a folder's import reads
-SUFFIXES = (".parquet", ".pq")
+#: the suffixes of the files a folder's import reads: those an export names Parquet
+SUFFIXES = tuple(suffix for suffix, told in EXPORT_SUFFIXES.items() if told == "parquet")
 
 
 def parquet_files(table: str, source: str | Path) -> list[Path]:

@@ -60,7 +60,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from .errors import ANSWERS, InvalidRequest
+from .errors import ANSWERS, InvalidRequest, TableNotFound
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
@@ -166,3 +166,15 @@ CHECKPOINTS = "checkpoints"
 #: error ``type`` -> HTTP status; the service answers with these, the client maps back
 #: (each class of :mod:`tdreplay.codec.errors` carries its own: this is a view of them)
 ERROR_STATUS: dict[str, int] = {name: cls.status for name, cls in ANSWERS.items()}
+
+
+def not_found(name: str) -> TableNotFound:
+    """The error for ``name``; one longer than any table's name is quoted cut short, once
+    (a same-host frame may name a table in megabytes)."""
+    if len(name) > MAX_TABLE_NAME:
+        return TableNotFound(
+            f"no table {name[:MAX_TABLE_NAME]!r}... ({len(name)} characters; a table's name has "
+            f"at most {MAX_TABLE_NAME})",
+            field="name",
+        )
+    return TableNotFound(f"no table {name!r}", table=name, field="name", got=name)

@@ -166,7 +166,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.history = History(metrics, lambda: app.state.core.served.handles())
-    app.state.core = Core(settings, on_wait=metrics.waited, on_drop=metrics.forget)
+    app.state.core = Core(settings, events=metrics)
     app.state.bodies = BodyBuffers(
         per_class=settings.pooled_buffers, budget=app.state.core.served.buffers
     )

@@ -116,9 +116,10 @@ class LimitSettings(BaseModel):
     max_receiving_bytes: int = Field(
         default=2 * GiB,
         ge=1,
-        description="Bytes of request bodies being received at once, all connections together "
-        "(a Content-Length counts whole from the headers on); a request past it answers 503 "
-        "(413 if its body alone is larger).",
+        description="Bytes of request bodies held at once, all connections together: being "
+        "received (a Content-Length counts whole from the headers on), or kept by an extend or "
+        "insert the rate limiter holds back; a request past it answers 503 (413 if its body "
+        "alone is larger).",
     )
     max_connections: int = Field(
         default=1000,
@@ -153,12 +154,22 @@ class Limits:
 
 
 class Receiving:
-    """Bytes of request bodies being received, all connections of one server together
-    (``--max-receiving-bytes``); counted on the event loop only."""
+    """Bytes of request bodies the server holds, all connections of one server together
+    (``--max-receiving-bytes``): the bodies being received, and the rows of the calls a
+    rate limiter holds back (:class:`Hold`), which keep their bodies while they wait.
+    Counted on the event loop only.
+
+        >>> receiving = Receiving(100)
+        >>> with receiving.hold(60):
+        ...     receiving.held
+        60
+        >>> receiving.held
+        0
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        #: bytes counted now (a connection gives back what it took when its body is done)
+        #: bytes counted now (each body or waiting call gives back what it took when done)
         self.held = 0
 
     def take(self, n: int, mine: int = 0) -> None:
@@ -166,7 +177,7 @@ class Receiving:
 
         Raises:
             PayloadTooLarge: that body alone would pass the limit.
-            BackendError: it would, with the bodies being received now (503: retry later).
+            BackendError: it would, with the bodies held now (503: retry later).
         """
         cap = self.limit
         if self.held + n <= cap:
@@ -174,16 +185,52 @@ class Receiving:
             return
         if mine + n > cap:
             raise PayloadTooLarge(
-                f"request body of {mine + n}+ bytes exceeds the {cap} bytes all bodies being "
-                "received may take together (--max-receiving-bytes)",
+                f"request body of {mine + n}+ bytes exceeds the {cap} bytes all bodies the "
+                "server holds may take together (--max-receiving-bytes)",
                 field="body",
                 expected=f"<= {cap} bytes",
                 got=mine + n,
             )
         raise BackendError(
-            f"the server is receiving {self.held} bytes of request bodies; {n} more would "
-            f"pass its limit of {cap} (--max-receiving-bytes); retry later",
+            f"the server holds {self.held} bytes of request bodies (being received, or waiting "
+            f"for a rate limiter); {n} more would pass its limit of {cap} "
+            "(--max-receiving-bytes); retry later",
             field="body",
             expected=f"<= {cap - self.held} bytes",
             got=n,
         )
+
+    def give(self, n: int) -> None:
+        """Give back ``n`` bytes taken by :meth:`take` (the body is done with)."""
+        self.held -= n
+
+    def hold(self, nbytes: int) -> Hold:
+        """The count of one call's ``nbytes`` of rows, for each of its waits to enter."""
+        return Hold(self, nbytes)
+
+
+class Hold:
+    """One call's rows, counted in :class:`Receiving` while the call waits for a rate limiter.
+
+    Each wait enters it; the rows count from the first wait's start to the last one's end,
+    once: an insert that waits in several tables at once holds one body.
+
+    Raises:
+        PayloadTooLarge, BackendError: on entering, as :meth:`Receiving.take` (the call
+            does not wait).
+    """
+
+    def __init__(self, receiving: Receiving, nbytes: int) -> None:
+        self.receiving = receiving
+        self.nbytes = nbytes
+        self._waits = 0
+
+    def __enter__(self) -> None:
+        if not self._waits:
+            self.receiving.take(self.nbytes)
+        self._waits += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._waits -= 1
+        if not self._waits:
+            self.receiving.give(self.nbytes)

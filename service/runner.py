@@ -14,6 +14,7 @@ import resource
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from .server import config
 from .settings import Settings
@@ -43,8 +44,8 @@ def raise_fd_limit(connections: int, spare: int = 256) -> None:
         )
 
 
-def run(app: Any, settings: Settings) -> None:
-    """Serve ``app`` until interrupted.
+def run(app: FastAPI, settings: Settings) -> None:
+    """Serve ``app`` (:func:`~.app.create_app`'s) until interrupted.
 
     Raises:
         Exception: what stopped the app's start (its lifespan): a data root another
@@ -54,7 +55,8 @@ def run(app: Any, settings: Settings) -> None:
     """
     raise_fd_limit(settings.max_connections)
     failed: list[Exception] = []
-    server = uvicorn.Server(config(_start_reported(app, failed), settings))
+    receiving = app.state.core.receiving  # the bodies its core holds count with those received
+    server = uvicorn.Server(config(_start_reported(app, failed), settings, receiving))
     unbound = _Unbound(server, failed)
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addFilter(unbound)

@@ -16,10 +16,10 @@ limit (flag)                status  when
 ``--body-timeout``          408     a request's body not complete this many seconds after its
                                     headers (time the server itself is not reading, while
                                     the app is busy, does not count)
-``--max-receiving-bytes``   503     request bodies being received at once, all connections
-                                    together, past it (a Content-Length counts whole from
-                                    the headers on, a chunked body as it arrives); 413 when
-                                    one body alone is larger
+``--max-receiving-bytes``   503     request bodies held at once past it, all connections:
+                                    being received (a Content-Length counts whole from the
+                                    headers on, a chunked one as it comes) or kept by a call
+                                    the rate limiter holds back; 413: one body is larger
 ``--max-connections``       503     a connection beyond this many open ones
 ``--send-timeout``          --      an answer its client takes none of for this many
                                     seconds (it stopped reading): the connection is closed
@@ -35,9 +35,9 @@ the answer instead of a reset, and the connection is closed. A request the app
 was already serving sees a disconnect, so whatever it buffered is freed.
 
 The cost on the hot path is a counter per body chunk, a flag test per read, and
-a sum per request with a body. The send timeout costs nothing while answers
-go out: it is armed only when the transport holds more than its high-water
-mark (or anything at all once the connection idles or is closing).
+a sum per request with a body. The send timeout is the base class's,
+:class:`~.sending.SendTimeoutProtocol` (what goes out, where these limits hold
+what comes in).
 
 The protocol needs httptools, which ``uvicorn[standard]`` (a dependency of
 tdreplay) installs; uvicorn's h11 protocol is not used, because it offers none
@@ -50,18 +50,18 @@ import asyncio
 import json
 import logging
 import math
-import sys
 from typing import Any, ClassVar
 
 import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from tdreplay.storage import BackendError, InvalidRequest, TDReplayError
 
 from .bodies import BodyChunks, body_too_large
 from .errors import status_of
 from .limits import Limits, Receiving
+from .sending import SendTimeoutProtocol
 from .settings import Settings
 
 log = logging.getLogger("tdreplay.service")
@@ -88,13 +88,12 @@ class _Refused(Exception):
     """Raised from a parser callback to stop parsing once a request is refused."""
 
 
-class LimitedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with :class:`Limits` (see the module docstring).
+class LimitedHttpProtocol(SendTimeoutProtocol):
+    """uvicorn's httptools protocol with :class:`~.limits.Limits` (see the module docstring).
 
-    A subclass made by :func:`protocol_class` sets :attr:`limits`.
+    A subclass made by :func:`protocol_class` sets :attr:`limits` and :attr:`receiving`.
     """
 
-    limits: ClassVar[Limits]
     receiving: ClassVar[Receiving]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -108,8 +107,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._receiving = 0  # bytes of the body being received counted in ``receiving``
         self._whole = False  # the body's Content-Length was counted whole at its headers
-        self._send_timer: asyncio.TimerHandle | None = None
-        self._unsent = 0  # bytes the transport held unsent when the send timer last looked
 
     # -- connection ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
@@ -129,9 +126,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         self._received()
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -282,53 +276,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def _received(self) -> None:
         """The body is complete (or abandoned): its bytes leave the server's budget."""
-        self.receiving.held -= self._receiving
+        self.receiving.give(self._receiving)
         self._receiving = 0
-
-    # -- sending --------------------------------------------------------------
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        self._watch_sending()
-
-    def resume_writing(self) -> None:
-        super().resume_writing()
-        self._unsent = sys.maxsize  # the client took bytes: progress, whatever is written next
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.transport.is_closing() and self.transport.get_write_buffer_size():
-            self._watch_sending()  # closing waits for the answer to go out: for how long?
-
-    def timeout_keep_alive_handler(self) -> None:
-        if self.transport.get_write_buffer_size():
-            self._watch_sending()  # an answer still unsent: the close would wait on it
-        super().timeout_keep_alive_handler()
-
-    def _watch_sending(self) -> None:
-        """Close the connection once its client takes none of what the transport holds for
-        ``--send-timeout`` seconds (armed while something waits to be sent)."""
-        if self._send_timer is None:
-            self._unsent = self.transport.get_write_buffer_size()
-            self._send_timer = self.loop.call_later(self.limits.send_timeout, self._send_check)
-
-    def _send_check(self) -> None:
-        self._send_timer = None
-        unsent = self.transport.get_write_buffer_size()
-        if unsent == 0 and not self.flow.write_paused:
-            return  # all taken
-        if unsent < self._unsent:  # the client took some: it may take the rest
-            self._watch_sending()
-            return
-        log.info(
-            "closed the connection of %s: its client took none of %d bytes in %g s "
-            "(--send-timeout)",
-            self.client,
-            unsent,
-            self.limits.send_timeout,
-        )
-        # abort, not close: a close waits for the unsent bytes. The app sees a disconnect
-        # (connection_lost), and the buffers the transport held (leased sample bodies) are freed.
-        self.transport.abort()
 
     # -- refusing -----------------------------------------------------------
     def _headers_too_large(self, size: int) -> InvalidRequest:
@@ -378,19 +327,20 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.loop.call_later(LINGER, transport.close)
 
 
-def protocol_class(limits: Limits) -> type[LimitedHttpProtocol]:
-    """A :class:`LimitedHttpProtocol` bound to ``limits`` (uvicorn builds one per connection)."""
-    members = {"limits": limits, "receiving": Receiving(limits.max_receiving_bytes)}
+def protocol_class(limits: Limits, receiving: Receiving) -> type[LimitedHttpProtocol]:
+    """A :class:`LimitedHttpProtocol` bound to ``limits`` and ``receiving`` (one per connection)."""
+    members = {"limits": limits, "receiving": receiving}
     return type("LimitedHttpProtocol", (LimitedHttpProtocol,), members)
 
 
-def config(app: Any, settings: Settings) -> uvicorn.Config:
-    """The uvicorn configuration that serves ``app`` with ``settings``' address and limits."""
+def config(app: Any, settings: Settings, receiving: Receiving) -> uvicorn.Config:
+    """The uvicorn configuration that serves ``app`` with ``settings``' address and limits
+    (``receiving``: the app core's count of request bodies held)."""
     return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
-        http=protocol_class(Limits.from_settings(settings)),
+        http=protocol_class(Limits.from_settings(settings), receiving),
         ws="none",  # no WebSocket routes: no upgrade path around the limits
         log_level=settings.log_level,
         access_log=settings.access_log,

@@ -225,10 +225,13 @@ class Pool(Generic[K, B]):
         return None
 
     def touch(self, key: K) -> list[B]:
-        """The buffers kept for ``key``, now its most recently used key (one past
-        ``max_keys`` is forgotten)."""
-        kept = self._kept.setdefault(key, [])
-        self._kept.move_to_end(key)
+        """The buffers kept for ``key``, now its most recently used key (a new key one past
+        ``max_keys`` forgets the least recently used)."""
+        kept = self._kept.get(key)
+        if kept is not None:  # the usual case (a layout reused): no list made, nothing to forget
+            self._kept.move_to_end(key)
+            return kept
+        kept = self._kept[key] = []  # a new key comes last: the most recent
         while len(self._kept) > self.max_keys:
             self.forget(next(iter(self._kept)))
         return kept
@@ -319,6 +322,8 @@ class SampleBuffers:
                 if not self.pool.make_room(built.template, n):
                     return built  # used once
                 kept = self._layouts[n] = built
+        # on every use, not only when kept: a stream's runs use the layout without a pooled
+        # body (no ``take``), and this keeps their size the most recent
         self.pool.touch(n)
         return kept
 

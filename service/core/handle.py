@@ -18,11 +18,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
 
 from tdreplay.codec.ipc import Schema
+from tdreplay.codec.protocol import not_found
 from tdreplay.storage import (
-    MAX_TABLE_NAME,
     InvalidRequest,
     NestedKey,
     SampleTarget,
@@ -34,6 +35,7 @@ from tdreplay.storage import (
 
 from ..errors import PayloadTooLarge
 from ..idempotency import RecentRequests, RowsFingerprint, request_tag
+from ..limits import Hold
 from ..settings import Settings
 from ..wire import BufferBudget, Lease, SampleBuffers, sample_nbytes, sample_schema
 from .calls import Calls
@@ -42,19 +44,9 @@ from .waiting import Changes, WaitHook, admitted
 
 #: sample shapes a handle keeps, by batch size (a client cycling through more starts anew)
 SHAPES = 64
+#: seconds :meth:`TableHandle.state` waits for a Redis table's marker probe
+PROBE_WAIT = 0.5
 T = TypeVar("T")
-
-
-def not_found(name: str) -> TableNotFound:
-    """The error for ``name``; one longer than any table's name is quoted cut short, once
-    (a same-host frame may name a table in megabytes)."""
-    if len(name) > MAX_TABLE_NAME:
-        return TableNotFound(
-            f"no table {name[:MAX_TABLE_NAME]!r}... ({len(name)} characters; a table's name has "
-            f"at most {MAX_TABLE_NAME})",
-            field="name",
-        )
-    return TableNotFound(f"no table {name!r}", table=name, field="name", got=name)
 
 
 class TableHandle:
@@ -163,6 +155,7 @@ class TableHandle:
         *,
         inline: bool,
         left: Callable[[], Awaitable[object]] | None = None,
+        hold: Hold | None = None,
     ) -> T:
         async def run() -> T | None:
             return await self.call(attempt, inline=inline)
@@ -177,6 +170,7 @@ class TableHandle:
             gone=self.gone,
             on_wait=self._on_wait,
             left=left,
+            hold=hold,
         )
 
     # -- data ---------------------------------------------------------------
@@ -187,9 +181,10 @@ class TableHandle:
         timeout: float,
         request_id: str | None = None,
         priority: float | None = None,
+        hold: Hold | None = None,
     ) -> tuple[torch.Tensor, bool]:
         """``Table.extend`` of flat columns (``n`` rows), waiting asynchronously up to
-        ``timeout`` seconds for the rate limiter.
+        ``timeout`` seconds for the rate limiter (counted in ``hold`` while it waits).
 
         With ``request_id``, a repeat of a recent id inserts nothing and gets the
         first call's slots back (a retry after a lost answer). ``priority``: the new
@@ -216,7 +211,7 @@ class TableHandle:
             async def insert() -> bytes:
                 index = await self._admitted(
                     lambda: table.try_extend(columns, tag=tag, priority=initial),
-                    "insert", n, timeout, inline=inline,
+                    "insert", n, timeout, inline=inline, hold=hold,
                 )  # fmt: skip
                 return index.numpy().tobytes()  # what the request-id memory keeps: 8 bytes a row
 
@@ -375,12 +370,30 @@ class TableHandle:
             return await self.call(lambda: table.update_priority(index, priority, key=key))
 
     async def info(self) -> dict[str, Any]:
-        """``Table.info`` plus the calls waiting now and the table's state (``ok`` or ``lost``)."""
+        """``Table.info`` plus the calls waiting now and the table's :meth:`state`."""
         with self.use() as table:
             info = await self.call(table.info)
         info["waiting"] = dict(table.rate_limiter.waiting)
-        if getattr(table.backend, "state", None) == "lost":  # Table.info does not say yet
-            info["state"] = "lost"
-        else:
-            info.setdefault("state", "ok")
+        info["state"] = await self.state()
         return info
+
+    @property
+    def last_state(self) -> str:
+        """The table's state as last found (see :meth:`state`), without asking its Redis."""
+        return getattr(self.table.backend, "state", "ok")
+
+    async def state(self) -> str:
+        """Whether the table can serve: ``"ok"``; ``"lost"`` (its Redis restarted empty:
+        never ``"ok"`` again) or ``"unreachable"`` (its Redis down, hung or refusing: ``"ok"``
+        again once it answers). What ``info`` and ``/readyz`` say.
+
+        A Redis table's marker is probed first, in a worker thread (at most once a second,
+        one probe at a time), waited for up to :data:`PROBE_WAIT` seconds: a hung Redis does
+        not hold the answer (its table is unreachable once its probe has timed out).
+        """
+        probe = getattr(self.table.backend, "probe", None)
+        if probe is not None:
+            await asyncio.wait(
+                [asyncio.ensure_future(run_in_threadpool(probe))], timeout=PROBE_WAIT
+            )
+        return self.last_state

@@ -8,7 +8,6 @@ blocking work runs in the threadpool.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,9 +20,6 @@ from .handle import TableHandle
 from .served import CorePart
 
 log = logging.getLogger("tdreplay.service")
-
-#: seconds ``unready_tables`` waits for the Redis tables' marker probes
-PROBE_WAIT = 0.5
 
 
 class TableOps(CorePart):
@@ -129,37 +125,35 @@ class TableOps(CorePart):
         return await handle.info()
 
     async def tables(self) -> dict[str, Any]:
-        """Every table's info, and ``unavailable``: tables found on start but not served, and why."""
-        infos = []
-        for handle in self.served.handles():
-            with contextlib.suppress(TableNotFound):  # deleted meanwhile
-                infos.append(await handle.info())
-        return {"tables": infos, "unavailable": dict(self.served.failed)}
+        """Every table's info, and ``unavailable``: tables found on start but not served, and why.
+
+        The infos are taken side by side: each Redis table's state is probed (see
+        :meth:`TableHandle.state`); a hung Redis holds them :data:`~.handle.PROBE_WAIT` seconds.
+        """
+
+        async def info(handle: TableHandle) -> dict[str, Any] | None:
+            try:
+                return await handle.info()
+            except TableNotFound:  # deleted meanwhile
+                return None
+
+        infos = await asyncio.gather(*(info(h) for h in self.served.handles()))
+        listed = [i for i in infos if i is not None]
+        return {"tables": listed, "unavailable": dict(self.served.failed)}
 
     async def info(self, name: str) -> dict[str, Any]:
         """Size, capacity, backend, sampler, writer, counters, rate-limiter state, waiting calls."""
         return await self.table(name).info()
 
     async def unready_tables(self) -> dict[str, list[str]]:
-        """The tables that cannot serve, by their backend's state: ``"lost"`` (a Redis that
-        restarted empty) and ``"unreachable"`` (a Redis down, hung or refusing).
-
-        Redis tables' markers are probed in worker threads (each at most once a
-        second, one probe at a time), waited for up to :data:`PROBE_WAIT`
-        seconds: a hung Redis does not hold the answer (its table is unreachable
-        once its probe has timed out).
-        """
+        """The tables that cannot serve, by their :meth:`TableHandle.state`: ``"lost"`` (a
+        Redis that restarted empty) and ``"unreachable"`` (a Redis down, hung or refusing).
+        The states are probed side by side: a hung Redis holds the answer for
+        :data:`~.handle.PROBE_WAIT` seconds at most."""
         handles = self.served.handles()
-        probes = [
-            asyncio.ensure_future(run_in_threadpool(h.table.backend.probe))
-            for h in handles
-            if hasattr(h.table.backend, "probe")
-        ]
-        if probes:
-            await asyncio.wait(probes, timeout=PROBE_WAIT)
+        states = await asyncio.gather(*(h.state() for h in handles))
         unready: dict[str, list[str]] = {"lost": [], "unreachable": []}
-        for h in handles:
-            state = getattr(h.table.backend, "state", None)
+        for h, state in zip(handles, states, strict=True):
             if state in unready:
                 unready[state].append(h.name)
         return unready

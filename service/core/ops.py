@@ -49,16 +49,16 @@ from tdreplay.codec.params import (
 )
 from tdreplay.storage import InvalidRequest, NestedKey
 
+from ..limits import Hold, Receiving
 from ..settings import Settings
 from ..wire import Lease
 from .handle import TableHandle
 from .lifecycle import TableOps
 from .paths import TRANSFER_SCRATCH
 from .persistence import PersistenceOps
-from .served import Served
+from .served import Served, TableEvents
 from .shape import Place, Shape
 from .uploads import Uploads
-from .waiting import WaitHook
 
 log = logging.getLogger("tdreplay.service")
 
@@ -71,18 +71,20 @@ class Core(TableOps, PersistenceOps):
 
     Args:
         settings: the server's settings (data root, limits, timeouts, pools).
-        on_wait: told of every rate-limiter wait (table, operation, seconds, timed out).
-        on_drop: told of the name of each table no longer served.
+        events: told of every table's rate-limiter waits and of each table no longer
+            served (the metrics).
     """
 
     def __init__(
         self,
         settings: Settings,
-        on_wait: WaitHook | None = None,
-        on_drop: Callable[[str], object] = lambda name: None,
+        events: TableEvents | None = None,
     ) -> None:
         self.settings = settings
-        self.served = Served(settings, on_wait=on_wait, on_drop=on_drop)
+        #: request bodies held, received or waiting (``--max-receiving-bytes``): the HTTP
+        #: server counts those it receives, the rate-limited calls those they keep
+        self.receiving = Receiving(settings.max_receiving_bytes)
+        self.served = Served(settings, events)
         self.root = self.served.root
         self.uploads = Uploads(self.root / TRANSFER_SCRATCH, settings)
 
@@ -93,6 +95,10 @@ class Core(TableOps, PersistenceOps):
         await super().close(checkpoint=checkpoint)
 
     # -- rules shared by the operations ----------------------------------------
+    def _hold(self, columns: Columns) -> Hold:
+        """The count of the rows one call keeps while it waits for a rate limiter."""
+        return self.receiving.hold(sum(c.nbytes for c in columns.values()))
+
     def timeout(self, given: float | None) -> float:
         """The caller's timeout, or the server's default, capped by the server's maximum."""
         s = self.settings
@@ -104,8 +110,14 @@ class Core(TableOps, PersistenceOps):
         name: str | TableHandle,
         columns: Mapping[NestedKey, torch.Tensor],
         params: ExtendParams,
+        *,
+        holds: bool = True,
     ) -> tuple[torch.Tensor, bool]:
         """Insert rows given as flat columns ``{nested key: tensor [N, *shape]}``.
+
+        ``holds``: the call keeps its rows in the server's memory (a request body, not a
+        same-host slot, which its connection keeps anyway); while the rate limiter holds
+        it back, their bytes count with the bodies being received (``--max-receiving-bytes``).
 
         Returns:
             The slot of each row (-1: dropped by a max-value writer), and whether the call repeated a recent
@@ -115,11 +127,14 @@ class Core(TableOps, PersistenceOps):
             SchemaError: a column is missing, extra, or of the wrong shape or dtype.
             InvalidRequest: no rows, more than the capacity, or never insertable.
             RateLimitTimeout: held back longer than the timeout.
+            BackendError: held back, and its rows would pass ``--max-receiving-bytes`` (503).
             TableNotFound: no such table, or it was deleted while the call waited.
         """
         handle = self.table(name)
         n = _rows(columns)
-        return await handle.extend(columns, n, self.timeout(params.timeout), params.request_id)
+        hold = self._hold(columns) if holds else None
+        wait = self.timeout(params.timeout)
+        return await handle.extend(columns, n, wait, params.request_id, hold=hold)
 
     async def insert(
         self, params: InsertParams, rows: Columns | Callable[[], Awaitable[Columns]]
@@ -144,6 +159,8 @@ class Core(TableOps, PersistenceOps):
             TableNotFound, SchemaError, InvalidRequest: nothing was written.
             RateLimitTimeout: a table held its insert back past the timeout (the others'
                 went in; a retry with the same request id completes the call).
+            BackendError: a table held it back, and its rows would pass
+                ``--max-receiving-bytes`` (503; the rows count once however many tables wait).
         """
         handles = {name: self.table(name) for name in params.into}
         columns = await rows() if callable(rows) else rows
@@ -152,11 +169,16 @@ class Core(TableOps, PersistenceOps):
             with handle.use() as table:
                 check = functools.partial(table.check_insert, priority=params.into[name])
                 await run_in_threadpool(check, columns)
-        wait, rid = self.timeout(params.timeout), params.request_id
+        wait, rid, hold = self.timeout(params.timeout), params.request_id, self._hold(columns)
         done = await asyncio.gather(
             *(
                 handle.extend(
-                    columns, n, wait, None if rid is None else f"{rid}/{name}", params.into[name]
+                    columns,
+                    n,
+                    wait,
+                    None if rid is None else f"{rid}/{name}",
+                    params.into[name],
+                    hold=hold,
                 )
                 for name, handle in handles.items()
             )

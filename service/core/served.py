@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 from starlette.concurrency import run_in_threadpool
 
@@ -34,10 +35,19 @@ from tdreplay.storage import (
 from ..errors import Forbidden
 from ..settings import Settings
 from ..wire import BufferBudget
-from .handle import TableHandle, not_found
-from .waiting import WaitHook
+from .handle import TableHandle
 
 log = logging.getLogger("tdreplay.service")
+
+
+class TableEvents(Protocol):
+    """What is told of the served tables' events (the server's metrics)."""
+
+    def waited(self, table: str, op: str, seconds: float, timed_out: bool) -> None:
+        """A rate-limiter wait ended: its table, operation, seconds, and whether it timed out."""
+
+    def forget(self, table: str) -> None:
+        """``table`` is no longer served."""
 
 
 class Served:
@@ -45,20 +55,14 @@ class Served:
 
     Args:
         settings: the server's settings (data root, seeds, pools).
-        on_wait: rate-limiter wait hook passed to every handle (metrics).
-        on_drop: told of the name of each table no longer served (metrics forget it).
+        events: told of every table's rate-limiter waits and of each table no longer
+            served (the metrics).
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        on_wait: WaitHook | None = None,
-        on_drop: Callable[[str], object] = lambda name: None,
-    ) -> None:
+    def __init__(self, settings: Settings, events: TableEvents | None = None) -> None:
         self.settings = settings
         self.root = Path(settings.root).absolute()
-        self._on_wait = on_wait
-        self._on_drop = on_drop
+        self._events = events
         #: what the reused buffers of every table and door may hold (``--pooled-bytes``)
         self.buffers = BufferBudget(settings.pooled_bytes)
         self._tables: dict[str, TableHandle] = {}
@@ -89,7 +93,7 @@ class Served:
         """
         handle = self._tables.get(name)
         if handle is None or not handle.is_open:
-            raise not_found(name)
+            raise protocol.not_found(name)
         return handle
 
     def find(self, name: str) -> TableHandle | None:
@@ -190,7 +194,8 @@ class Served:
         """Serve ``table`` under its name (replacing the handle of that name, if any), with the
         server's ``--fsync`` whatever made it: a create, a reopen, a restore, a clear, a load."""
         table.fsync = self.settings.fsync == "always"
-        handle = TableHandle(table, self.settings, self._on_wait, self.buffers)
+        on_wait = None if self._events is None else self._events.waited
+        handle = TableHandle(table, self.settings, on_wait, self.buffers)
         self._tables[table.name] = handle
         return handle
 
@@ -221,7 +226,8 @@ class Served:
         """Stop serving ``handle`` (unless another table was served under its name since)."""
         if self._tables.get(handle.name) is handle:
             del self._tables[handle.name]
-            self._on_drop(handle.name)
+            if self._events is not None:
+                self._events.forget(handle.name)
 
     def clear(self) -> None:
         """Serve nothing (the core closed every table)."""

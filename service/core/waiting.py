@@ -30,6 +30,8 @@ import anyio
 
 from tdreplay.storage import RateLimitTimeout, Table, TDReplayError
 
+from ..limits import Hold
+
 T = TypeVar("T")
 #: what a wait is reported to (metrics): table, operation, seconds waited, timed out
 WaitHook = Callable[[str, str, float, bool], None]
@@ -77,6 +79,7 @@ async def admitted(
     gone: Callable[[], TDReplayError | None],
     on_wait: WaitHook | None = None,
     left: Callable[[], Awaitable[object]] | None = None,
+    hold: Hold | None = None,
 ) -> T:
     """``attempt()``'s result once the rate limiter lets it through.
 
@@ -93,8 +96,12 @@ async def admitted(
         on_wait: told of the wait once it ends.
         left: returns once the caller is gone (e.g. its connection closed); watched
             only while the call waits, so a call that goes through at once costs nothing.
+        hold: the rows the call keeps in memory (its request body), entered while it waits:
+            they count with the bodies being received (``--max-receiving-bytes``).
 
     Raises:
+        BackendError, PayloadTooLarge: held back, and its rows would pass
+            ``--max-receiving-bytes`` (see :class:`~..limits.Hold`): it does not wait.
         RateLimitTimeout: still held back after ``timeout`` seconds (HTTP 429), or the
             caller left while it was held back (nobody reads that answer).
         TableNotFound: the table was deleted while the call waited.
@@ -103,6 +110,22 @@ async def admitted(
     result = await attempt()
     if result is not None:
         return result
+    with hold if hold is not None else contextlib.nullcontext():
+        return await _held_back(attempt, table, op, n, timeout, changes, gone, on_wait, left)
+
+
+async def _held_back(
+    attempt: Callable[[], Awaitable[T | None]],
+    table: Table,
+    op: str,
+    n: int,
+    timeout: float,
+    changes: Changes,
+    gone: Callable[[], TDReplayError | None],
+    on_wait: WaitHook | None,
+    left: Callable[[], Awaitable[object]] | None,
+) -> T:
+    """:func:`admitted`'s wait, once its first try was held back."""
     began = table.begin_wait(op)  # type: ignore[arg-type]
     deadline = time.monotonic() + timeout
     changes.waiters += 1

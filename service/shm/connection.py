@@ -63,6 +63,7 @@ from ..errors import Unauthorized
 from ..metrics import RequestHook
 from ..settings import Settings
 from .buffers import Budget, SlotBuffers
+from .deadline import Deadline
 from .direct import Direct
 from .operations import Operations
 from .requests import HOT_OPS, Done, bad, error_frame, op_of, too_many
@@ -132,30 +133,9 @@ class Connection(Operations, asyncio.Protocol):
         self._out: Direct | None = None
         self._transport: asyncio.Transport | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
-        #: ends the connection when a frame stays incomplete, nothing comes or an answer is not
-        #: taken, too long: at ``_deadline`` (loop time; infinite while a request is served).
-        #: One timer, moved when it fires or brought forward: a request costs no timer.
-        self._timer: asyncio.TimerHandle | None = None
-        self._deadline = math.inf
-
-    def _arm(self, seconds: float) -> None:
-        self._deadline = deadline = self._loop.time() + seconds
-        if self._timer is None or self._timer.when() > deadline:  # none, or one too late
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self._loop.call_at(deadline, self._expire)
-
-    def _disarm(self) -> None:
-        self._deadline = math.inf
-
-    def _expire(self) -> None:
-        self._timer = None
-        if self._deadline == math.inf:
-            return  # a request is being served; the answer arms the timer again
-        if self._loop.time() >= self._deadline:
-            self._end()
-        else:
-            self._timer = self._loop.call_at(self._deadline, self._expire)
+        #: ends the connection when a frame stays incomplete, nothing comes or an answer is
+        #: not taken, too long (none while a request is served)
+        self._deadline = Deadline(self._loop, self._end)
 
     # -- the protocol ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -230,7 +210,7 @@ class Connection(Operations, asyncio.Protocol):
                     self._hello(parse_frame(body))
                     limit = self.limit
                 elif body[0] == JSON_FRAME:
-                    self._disarm()
+                    self._deadline.disarm()
                     message = parse_frame(body)
                     self.task = self._loop.create_task(self._serve(message, received))
                 else:
@@ -240,7 +220,7 @@ class Connection(Operations, asyncio.Protocol):
             self._end()
             return
         if self.authed and (self._buf or self._need):  # a frame under way: it must complete
-            self._arm(self.frame_timeout)
+            self._deadline.arm(self.frame_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.task is not None and not self.task.done():
@@ -262,7 +242,7 @@ class Connection(Operations, asyncio.Protocol):
         if pending is None:
             self._answer_now(done, began, received)
         else:
-            self._disarm()
+            self._deadline.disarm()
             self.task = self._loop.create_task(self._finish(pending, done, began, received))
 
     async def _serve(self, message: dict[str, Any], received: int) -> None:
@@ -313,7 +293,7 @@ class Connection(Operations, asyncio.Protocol):
     ) -> None:
         """Send ``data`` from byte ``sent`` on (the reply's descriptor with its first byte)."""
         slot = done.slot
-        self._arm(self.send_timeout)  # a client that stopped reading ends there
+        self._deadline.arm(self.send_timeout)  # a client that stopped reading ends there
         try:
             if self._out is None:
                 raise ConnectionResetError("the connection is closed")
@@ -329,7 +309,7 @@ class Connection(Operations, asyncio.Protocol):
 
     def _answered(self, done: Done, began: float, received: int, sent: int) -> None:
         self._answered_at = time.perf_counter()
-        self._arm(self.idle_timeout)
+        self._deadline.arm(self.idle_timeout)
         if self.server.on_request is not None:
             done.report(self.server.on_request, time.perf_counter() - began, received, sent)
 
@@ -363,7 +343,7 @@ class Connection(Operations, asyncio.Protocol):
                 "max_slots": self.slots.max_slots,
             }
             self._send_now(frame(reply))
-            self._arm(self.idle_timeout)
+            self._deadline.arm(self.idle_timeout)
 
     # -- writing ----------------------------------------------------------------
     def _send_now(self, data: bytes) -> None:
@@ -381,10 +361,9 @@ class Connection(Operations, asyncio.Protocol):
             self._transport.close()
 
     def _release(self) -> None:
-        for timer in (self._hello_timer, self._timer):
-            if timer is not None:
-                timer.cancel()
-        self._timer = None
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        self._deadline.cancel()
         self.slots.close()
         if self._out is not None:
             self._out.close()

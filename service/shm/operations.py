@@ -188,6 +188,7 @@ class Operations:
             key: view[:rows].clone() if key in copied else view[:rows]
             for key, view in slot.views().items()
         }
-        index, replayed = await self.core.extend(handle, columns, params)
+        # the rows are the slot's, which the connection keeps: no body held while waiting
+        index, replayed = await self.core.extend(handle, columns, params, holds=False)
         done.table, done.rows, done.item_nbytes = name, len(index), handle.item_nbytes
         done.reply = extended_frame(index.numpy().astype("<i8", copy=False).tobytes(), replayed)

@@ -212,3 +212,36 @@ def test_a_server_whose_redis_is_unreachable_is_not_ready_until_it_answers(
     assert ready_until(server, 200)["unreachable"] == 0
     redis_proc.kill()  # down: refused at once
     assert ready_until(server, 503)["status"] == "unreachable"
+
+
+def state_until(server: Any, state: str, name: str = "rt") -> dict[str, Any]:
+    """The table's info once its ``state`` is ``state`` (within 15 s)."""
+    deadline = time.monotonic() + 15
+    while True:
+        status, _, raw = server.request("GET", protocol.table_path(name))
+        info = json.loads(raw)
+        if (status, info.get("state")) == (200, state) or time.monotonic() > deadline:
+            assert (status, info.get("state")) == (200, state), raw[:300]
+            return dict(info)
+        time.sleep(0.1)
+
+
+def test_a_tables_info_says_unreachable_as_readyz_does(
+    live_server: Callable[..., Any], redis_proc: RedisProcess
+) -> None:
+    """A table's info said ``ok`` while its Redis was down (``/readyz``: 503 ``unreachable``):
+    its state came from a test of its own, which knew only ``lost``. Both now ask the table
+    one way, probing its Redis the same way."""
+    server = serve(live_server, redis_proc)
+    redis_proc.signal(signal.SIGSTOP)
+    try:
+        state_until(server, "unreachable")  # info alone finds it: no /readyz asked first
+        assert ready_until(server, 503)["status"] == "unreachable"
+        listed = json.loads(server.request("GET", protocol.TABLES)[2])["tables"]
+        assert [t["state"] for t in listed if t["name"] == "rt"] == ["unreachable"]
+    finally:
+        redis_proc.signal(signal.SIGCONT)
+    assert state_until(server, "ok")["size"] == 32
+    redis_proc.kill()  # down: refused at once
+    state_until(server, "unreachable")
+    assert ready_until(server, 503)["status"] == "unreachable"

@@ -35,6 +35,11 @@ ANSWERS = {
         "application/json",
         json.dumps({"type": "TableExists", "detail": "café \u202egnp.exe\u200b ü 日本"}),
     ),
+    "/v1/tables/surrogate": (  # JSON's "\ud800" decodes to a lone surrogate
+        409,
+        "application/json",
+        json.dumps({"type": "TableExists", "detail": "taken \ud800 by \udfff"}),
+    ),
     "/v1/tables": (
         200,
         "application/json",
@@ -103,3 +108,19 @@ def test_format_characters_are_escaped_and_letters_kept(
     with ReplayClient(url) as client, pytest.raises(ServerError) as caught:
         client.info("bidi")
     assert str(caught.value).count("\\u202e") == 1 and "\u202e" not in str(caught.value)
+
+
+def test_lone_surrogates_are_escaped(
+    url: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone surrogate (category Cs: JSON's ``"\\ud800"`` decodes to one) has no UTF-8: kept,
+    it failed the command's own error message (``UnicodeEncodeError`` writing it to the
+    terminal) and any log line quoting it; it is shown as its escape."""
+    code, _, err = tdreplay(
+        "info", "surrogate", "--url", url, capsys=capsys, monkeypatch=monkeypatch
+    )
+    assert code == 1 and "taken \\ud800 by \\udfff" in err, repr(err)
+    with ReplayClient(url) as client, pytest.raises(ServerError) as caught:
+        client.info("surrogate")
+    message = str(caught.value)
+    assert "\\ud800" in message and message.encode("utf-8")  # encodes: nothing lone is left

@@ -13,6 +13,7 @@ from tdreplay.codec import decode
 from tdreplay.codec.params import (
     ExportBody,
     ExtendParams,
+    InsertParams,
     PathBody,
     PriorityUpdate,
     SampleParams,
@@ -22,6 +23,7 @@ from tdreplay.codec.params import (
 from tdreplay.service import Settings
 from tdreplay.service.core import Core
 from tdreplay.storage import (
+    BackendError,
     InvalidRequest,
     PathExists,
     RateLimitTimeout,
@@ -138,6 +140,52 @@ def test_every_served_table_gets_the_servers_fsync(tmp_path: Path) -> None:
             assert core.table("t").table.fsync
             await core.restore("t", PathBody())
             assert core.table("t").table.size == 4 and core.table("t").table.fsync
+        finally:
+            await core.close()
+
+    run(main())
+
+
+def test_extends_the_rate_limiter_holds_back_count_with_the_bodies_received(
+    tmp_path: Path,
+) -> None:
+    """A held-back extend keeps its rows while it waits: they count in ``--max-receiving-bytes``
+    (before, they counted nowhere: any number of waiting extends grew the server), once per
+    call however many tables an insert waits in, and are given back when the wait ends."""
+    four = sum(c.nbytes for c in columns(0, 4).values())
+    limiter = {"min_size_to_sample": 1, "samples_per_insert": 1.0, "error_buffer": 8}
+
+    async def main() -> None:
+        settings = Settings(root=tmp_path, torch_threads=0, max_receiving_bytes=four * 5 // 2)
+        core = Core(settings)
+        try:
+            for name in ("t", "u", "v"):
+                await core.create(TableSpec.model_validate(spec(name, rate_limiter=limiter)))
+                await core.extend(name, columns(0, 9), ExtendParams())  # inserts now held back
+            table = core.table("t").table
+            waits = [
+                asyncio.create_task(core.extend("t", columns(9 + 4 * i, 4), ExtendParams()))
+                for i in range(2)
+            ]
+            while table.rate_limiter.waiting["insert"] < 2:
+                await asyncio.sleep(0.01)
+            assert core.receiving.held == 2 * four
+            with pytest.raises(BackendError, match=r"--max-receiving-bytes") as refused:
+                await core.extend("t", columns(20, 4), ExtendParams(timeout=30))
+            assert f"limit of {four * 5 // 2}" in str(refused.value)
+            assert table.rate_limiter.waiting["insert"] == 2 and table.size == 9
+            await core.sample("t", SampleParams(batch_size=8))  # lets both in
+            await asyncio.gather(*waits)
+            assert core.receiving.held == 0 and table.size == 17
+
+            both = parse(InsertParams, {"into": '{"u": null, "v": null}', "timeout": 0.3})
+            insert = asyncio.create_task(core.insert(both, columns(9, 4)))
+            while core.table("v").table.rate_limiter.waiting["insert"] < 1:
+                await asyncio.sleep(0.01)
+            assert core.receiving.held == four  # one body, however many tables it waits in
+            with pytest.raises(RateLimitTimeout):
+                await insert
+            assert core.receiving.held == 0  # given back when the waits timed out
         finally:
             await core.close()
 
