@@ -231,7 +231,9 @@ def write_minari(
         try:
             aside.mkdir()
             storage = MinariStorage.new(
-                aside / "data",
+                # absolute: Minari joins a relative folder to itself when it writes episodes
+                # ('datasets/x/data/datasets/x/data/main_data.hdf5': no such file)
+                aside.absolute() / "data",
                 observation_space=space_of(fields, layout.observation, "observation"),
                 action_space=space_of(fields, layout.action, "action"),
                 env_spec=env,
