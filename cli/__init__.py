@@ -4,6 +4,7 @@
     tdreplay tables                    list a running server's tables
     tdreplay info TABLE                a table's info, as JSON
     tdreplay create SCHEMA...          create tables from schema files (or shipped names: cartpole)
+    tdreplay create SCHEMA --name T    the same schema's table under another name
     tdreplay drop TABLE --yes          delete a table and its data
     tdreplay clear TABLE --yes         empty a table (its schema stays)
     tdreplay checkpoint TABLE [PATH]   checkpoint on the server (default checkpoints/TABLE)
@@ -146,6 +147,11 @@ def add_remote_commands(sub: Any) -> None:
         "--backend",
         choices=["memory", "memmap", "shared", "h5", "redis"],
         help="put the tables on this backend instead of the schema's",
+    )
+    p.add_argument(
+        "--name",
+        help="name the table NAME instead of the schema's name (one SCHEMA): a second table "
+        "of a schema's fields, e.g. to import into",
     )
     _connection(p)
 

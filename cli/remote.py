@@ -23,6 +23,7 @@ from tdreplay.client import (
     Forbidden,
     ReplayClient,
     ServerError,
+    TableNotFound,
     TransportError,
     Unauthorized,
 )
@@ -69,15 +70,24 @@ def connect(args: dict[str, Any]) -> Iterator[ReplayClient]:
             yield client
     except (Unauthorized, Forbidden) as err:
         hint = "" if token else " (no token given: set TDREPLAY_TOKEN or --token-file)"
-        raise CommandError(f"{where} refused: {err}{hint}", Exit.UNAUTHORIZED) from None
+        raise CommandError(
+            f"{where} refused: {err}{hint}{_noted(err)}", Exit.UNAUTHORIZED
+        ) from None
     except ServerError as err:
-        raise CommandError(f"{err} ({err.type}, HTTP {err.status})") from None
+        raise CommandError(f"{err} ({err.type}, HTTP {err.status}){_noted(err)}") from None
     except TransportError as err:
         raise CommandError(
             f"no answer from {where}: {err}. Is the server running there? "
-            "(--url URL or TDREPLAY_URL)",
+            f"(--url URL or TDREPLAY_URL){_noted(err)}",
             Exit.UNREACHABLE,
         ) from None
+
+
+def _noted(err: BaseException) -> str:
+    """What an import wrote before ``err`` (its note, :func:`tdreplay.client.datasets`'s),
+    for the one line the command prints; ``""`` for an error without that note."""
+    notes = [n for n in getattr(err, "__notes__", []) if "rows were written" in n]
+    return f"; {notes[-1]}" if notes else ""
 
 
 # ---------------------------------------------------------------- commands
@@ -130,8 +140,14 @@ def load_schema(name: str, backend: str | None) -> dict[str, Any]:
 
 
 def create(client: ReplayClient, args: dict[str, Any]) -> None:
+    rename = args.get("name")
+    if rename is not None and len(args["schemas"]) != 1:
+        raise CommandError("--name names one table: give one SCHEMA with it", Exit.USAGE)
     for name in args["schemas"]:
-        made = client.create_table(load_schema(name, args.get("backend")))
+        spec = load_schema(name, args.get("backend"))
+        if rename is not None:  # the server checks the name, as every table name
+            spec["name"] = rename
+        made = client.create_table(spec)
         print(
             f"created table {made.get('name')!r}: capacity {made.get('capacity')}, "
             f"backend {_kind(made.get('backend'))}"
@@ -281,41 +297,55 @@ def import_(client: ReplayClient, args: dict[str, Any]) -> None:
         chunk = import_chunk(args["chunk"])  # the rule of every door; a bad flag is usage
     except InvalidRequest as err:
         raise CommandError(f"--{err}", Exit.USAGE) from None
+    try:
+        print(_import(client, table, chunk, args))
+    except (Unauthorized, Forbidden, TransportError):
+        raise  # connect()'s: a refused token (exit 4), no server (3), with the rows written
+    except ServerError as err:
+        missing = (
+            f": an import extends a table that exists; create it first (tdreplay create "
+            f"SCHEMA --name {table})"
+            if isinstance(err, TableNotFound)
+            else ""
+        )
+        raise CommandError(
+            f"{err} ({err.type}, HTTP {err.status}){missing}; {_written(err)}"
+        ) from None
+    except (OSError, pa.ArrowException) as err:  # a file that fails to read past its checks
+        # (after the client's own errors: a lost connection or a refused token is an
+        # OSError too, and is no file's fault)
+        source = "the Minari dataset" if args.get("format") == "minari" else "Parquet"
+        raise CommandError(f"cannot read {source}: {err}; {_written(err)}") from None
+
+
+def _import(client: ReplayClient, table: str, chunk: int, args: dict[str, Any]) -> str:
+    """Run the import ``args`` ask for; returns the line that says what it wrote."""
     if args.get("format") == "minari":
         dataset_id = minari_id(args)
         written = client.import_dataset(
             table, dataset_id, root=args.get("source"), chunk=chunk, progress=show_progress(args)
         )
-        print(
+        return (
             f"imported {written} rows into table {table!r} from the Minari dataset {dataset_id!r}"
         )
-        return
     if not args.get("source"):
         raise CommandError("which Parquet file or folder? tdreplay import TABLE SOURCE", Exit.USAGE)
     columns = column_map(args.get("map") or [])
     files = parquet_files(table, args["source"])
-    try:
-        written = client.import_parquet(
-            table,
-            args["source"],
-            columns=columns,
-            ignore_extra=args.get("ignore_extra", False),
-            chunk=chunk,
-            progress=show_progress(args),
-        )
-    except (OSError, pa.ArrowException) as err:  # a file that fails to read past its checks
-        raise CommandError(f"cannot read Parquet: {err}; {_written(err)}") from None
-    except ServerError as err:
-        if isinstance(err, Unauthorized | Forbidden):
-            raise
-        raise CommandError(f"{err} ({err.type}, HTTP {err.status}); {_written(err)}") from None
-    print(f"imported {written} rows into table {table!r} from {len(files)} file(s)")
+    written = client.import_parquet(
+        table,
+        args["source"],
+        columns=columns,
+        ignore_extra=args.get("ignore_extra", False),
+        chunk=chunk,
+        progress=show_progress(args),
+    )
+    return f"imported {written} rows into table {table!r} from {len(files)} file(s)"
 
 
 def _written(err: BaseException) -> str:
     """How many rows an import wrote before ``err`` (its note, else none)."""
-    notes = [n for n in getattr(err, "__notes__", []) if "rows were written" in n]
-    return notes[-1] if notes else "0 rows were written"
+    return _noted(err)[2:] or "0 rows were written"
 
 
 def column_map(pairs: list[str]) -> dict[str, str]:

@@ -46,6 +46,7 @@ from .loader import Loader, LoaderIterator
 from .merging import split_batch
 from .retry import NO_RETRY, RetryPolicy
 from .settings import ClientSettings
+from .shm_channel import ShmUnavailable
 from .sync import ReplayClient
 from .tensorclass import from_fields, to_tensorclass
 from .writer import ChunkBuffer, Writer
@@ -77,6 +78,7 @@ __all__ = [
     "RetryPolicy",
     "SchemaError",
     "ServerError",
+    "ShmUnavailable",
     "ClientSettings",
     "TableClosed",
     "TableExists",

@@ -232,7 +232,7 @@ def write_minari(
         try:
             aside.mkdir()
             storage = MinariStorage.new(
-                aside / "data",
+                aside.absolute() / "data",  # Minari joins a relative folder to itself
                 observation_space=space_of(fields, layout.observation, "observation"),
                 action_space=space_of(fields, layout.action, "action"),
                 env_spec=env,

@@ -37,3 +37,21 @@ def test_public_names() -> None:
     ):
         assert callable(getattr(c.ReplayClient, method))
         assert callable(getattr(c.AsyncReplayClient, method))
+
+
+def test_every_error_of_the_tree_is_a_public_name() -> None:
+    """Each class the client's error tree draws (``tdreplay.client.errors``' docstring, the
+    README's client **Errors**) is importable from ``tdreplay.client`` and is the same class
+    as there; ``ShmUnavailable``, what ``transport="shm"`` raises, was only in
+    ``tdreplay.client.shm``."""
+    import re
+
+    import tdreplay.client as c
+    from tdreplay.client import errors, shm
+
+    drawn = re.findall(r"[│├└─ ]+ ([A-Z]\w+)", errors.__doc__ or "")
+    assert {"ReplayError", "ServerError", "TransportError", "ShmUnavailable"} <= set(drawn)
+    for name in drawn:
+        home = errors if hasattr(errors, name) else shm  # ShmUnavailable: the socket's own
+        assert name in c.__all__ and getattr(c, name, None) is getattr(home, name), name
+    assert issubclass(c.ShmUnavailable, c.ConnectionFailed)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from testkit import free_port
 from testkit import run_cli as tdreplay
 
 
@@ -193,3 +194,52 @@ def test_a_schema_that_does_not_parse_is_one_line_naming_file_line_and_column(
     with pytest.raises(SchemaError) as caught:
         ReplayClient("http://127.0.0.1:9").create_table(path)
     assert str(caught.value).startswith(f"{path}: {where}") and "\n" not in str(caught.value)
+
+
+def test_an_import_says_what_is_wrong_and_exits_with_its_status(
+    live_server: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``tdreplay import`` answers a refused token with exit 4 and no server with exit 3, as
+    every command does (both are OSErrors, which it took for a file it could not read: exit 1,
+    "cannot read Parquet: missing bearer token"); into a missing table it names the command
+    that makes one (``tdreplay create SCHEMA --name TABLE``), which then lets it through."""
+    from tdreplay.client import ReplayClient
+
+    token = "cli-import-token-0123456789"
+    server = live_server(token=token)
+    schema = tmp_path / "t.yaml"
+    schema.write_text(
+        "name: t\ncapacity: 64\nbackend: {kind: memory}\nfields:\n  x: {shape: [2], dtype: int64}\n"
+    )
+    parquet = tmp_path / "t.parquet"
+    with ReplayClient(server.url, token) as client:
+        client.create_table(schema)
+        client.extend("t", {"x": torch.arange(16).reshape(8, 2)})
+        client.export("t", dest=parquet)
+
+    def run(*argv: str, **env: str) -> tuple[int, str, str]:
+        return tdreplay(*argv, capsys=capsys, monkeypatch=monkeypatch, **env)
+
+    code, _, err = run("import", "t2", str(parquet), TDREPLAY_URL=server.url)
+    assert code == 4 and "refused: missing bearer token" in err, err
+    assert "cannot read Parquet" not in err
+    code, _, err = run("import", "t2", str(parquet), TDREPLAY_URL=server.url, TDREPLAY_TOKEN="no")
+    assert code == 4 and "refused: wrong bearer token" in err, err
+    nobody = f"http://127.0.0.1:{free_port()}"
+    code, _, err = run("import", "t2", str(parquet), TDREPLAY_URL=nobody)
+    assert code == 3 and f"no answer from {nobody}" in err, err
+
+    auth = {"TDREPLAY_URL": server.url, "TDREPLAY_TOKEN": token}
+    code, _, err = run("import", "t2", str(parquet), **auth)
+    assert code == 1 and "no table 't2'" in err and "tdreplay create SCHEMA --name t2" in err
+    code, _, err = run("create", str(schema), str(schema), "--name", "t2", **auth)
+    assert code == 2 and "--name names one table" in err
+    code, out, err = run("create", str(schema), "--name", "t2", **auth)
+    assert code == 0 and "created table 't2': capacity 64, backend memory" in out, err
+    code, out, err = run("import", "t2", str(parquet), **auth)
+    assert code == 0 and "imported 8 rows into table 't2'" in out, err
+    with ReplayClient(server.url, token) as client:
+        assert torch.equal(client.read("t2", torch.arange(8))["x"], torch.arange(16).reshape(8, 2))
