@@ -46,7 +46,7 @@ def test_a_deleted_or_cleared_memmap_table_unmaps_its_files(
 
 
 def shared_segments(server: Any) -> set[str]:
-    """The shared-memory segments (torch's, deleted from ``/dev/shm`` once opened) the server holds."""
+    """The shared-memory segments (files of ``/dev/shm``, deleted once opened) the server holds."""
     fds = Path(f"/proc/{server.proc.pid}/fd")
     held = set()
     for fd in fds.iterdir():
@@ -54,7 +54,7 @@ def shared_segments(server: Any) -> set[str]:
             target = os.readlink(fd)
         except FileNotFoundError:  # closed meanwhile
             continue
-        if "/torch_" in target:
+        if target.startswith("/dev/shm/"):
             held.add(target)
     return held
 

@@ -55,7 +55,8 @@ def test_a_memory_table_takes_ram_as_rows_come(tmp_path: Path) -> None:
         del rows
         gc.collect()
         grown = anon() - before
-        assert n * ITEM <= grown < n * ITEM + 48 * MiB, grown / MiB  # the rows written, no more
+        # the rows written, no more (less a little the process freed meanwhile: 40 KiB seen)
+        assert n * ITEM - MiB <= grown < n * ITEM + 48 * MiB, grown / MiB
         batch = table.sample(64)
         assert bool((batch["pad"] == 1).all()) and int(batch["x"].max()) < n
         assert table.read(torch.tensor([CAPACITY - 1]))["pad"].sum() == 0  # never written: zeros
