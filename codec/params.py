@@ -254,11 +254,11 @@ UploadId = Annotated[
 ]
 
 
-class LoadBegin(Body):
+class LoadBeginParams(Body):
     size: int = Field(ge=1, lt=1 << 63, strict=True, description="The archive's size in bytes.")
 
 
-class LoadPart(Params):
+class LoadPartParams(Params):
     upload: UploadId
     offset: int = Field(
         ge=0, lt=1 << 63, description="Where the part starts: the bytes received so far."
