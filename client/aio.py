@@ -49,16 +49,7 @@ class AsyncReplayClient(ClientBase):
 
     def _setup(self, settings: ClientSettings) -> None:
         super()._setup(settings)
-        self._transports = [
-            AsyncTransport(
-                u,
-                token=settings.token,
-                timeout=settings.timeout,
-                connect_timeout=settings.connect_timeout,
-                max_idle=settings.max_connections,
-            )
-            for u in settings.urls
-        ]
+        self._transports = [AsyncTransport(u, settings) for u in settings.urls]
         self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
         self._link_lock: tuple[Any, asyncio.Lock] = (None, asyncio.Lock())  # (its loop, lock)
         # what every loader's fetcher threads call, made by the first loader (the

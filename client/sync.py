@@ -67,16 +67,7 @@ class ReplayClient(Persistence, ClientBase):
 
     def _setup(self, settings: ClientSettings) -> None:
         super()._setup(settings)
-        self._transports = [
-            Transport(
-                u,
-                token=settings.token,
-                timeout=settings.timeout,
-                connect_timeout=settings.connect_timeout,
-                max_idle=settings.max_connections,
-            )
-            for u in settings.urls
-        ]
+        self._transports = [Transport(u, settings) for u in settings.urls]
         self._pool: ThreadPoolExecutor | None = None
         self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
         self._link_lock = threading.Lock()
