@@ -379,7 +379,7 @@ class TableHandle:
         with self.use() as table:
             info = await self.call(table.info)
         info["waiting"] = dict(table.rate_limiter.waiting)
-        if getattr(table.backend, "state", None) == "lost":  # Table.info does not say yet
+        if table.backend.state == "lost":  # Table.info does not say yet
             info["state"] = "lost"
         else:
             info.setdefault("state", "ok")

@@ -153,13 +153,13 @@ class TableOps(CorePart):
         probes = [
             asyncio.ensure_future(run_in_threadpool(h.table.backend.probe))
             for h in handles
-            if hasattr(h.table.backend, "probe")
+            if h.table.backend.connection is not None  # rows in a server: it is asked
         ]
         if probes:
             await asyncio.wait(probes, timeout=PROBE_WAIT)
         unready: dict[str, list[str]] = {"lost": [], "unreachable": []}
         for h in handles:
-            state = getattr(h.table.backend, "state", None)
+            state = h.table.backend.state
             if state in unready:
                 unready[state].append(h.name)
         return unready

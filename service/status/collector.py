@@ -169,7 +169,7 @@ class TableCollector(Collector):
         fams: dict[str, Any] = {}
         for handle in list(self._handles()):
             table = handle.table
-            lost = getattr(table.backend, "state", None) == "lost"
+            lost = table.backend.state == "lost"
             for name, labels, *value in table_samples(
                 handle.name, table.stats(wait=self.wait), lost
             ):

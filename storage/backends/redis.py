@@ -25,7 +25,7 @@ from tensordict import TensorDict, TensorDictBase
 from ..errors import BackendError, InsufficientStorage, TableLost, TDReplayError
 from ..redis_conn import RedisConnection
 from ..spec import NestedKey, TableSpec
-from .base import Backend, Rows, carrier
+from .base import Backend, BackendState, Rows, carrier
 
 #: nested keys are joined with this in Redis (``next:reward``)
 REDIS_SEP = ":"
@@ -63,7 +63,7 @@ class RedisBackend(Backend):
 
     def __init__(self, spec: TableSpec, storage: TensorDictBase, conn: RedisConnection) -> None:
         super().__init__(spec, storage)
-        self.conn = conn
+        self.connection: RedisConnection = conn
         self.url = conn.describe()
         self.flat = {k: REDIS_SEP.join(k) for k in self.keys}
         self.client = _redis_client(conn)
@@ -126,7 +126,7 @@ class RedisBackend(Backend):
         self._checked = time.monotonic()
 
     @property
-    def state(self) -> str:
+    def state(self) -> BackendState:
         """``"ok"``; ``"unreachable"`` while the last marker check failed (Redis down, hung
         or refusing: back to ``"ok"`` once a check succeeds); ``"lost"`` once the marker was
         found missing (never back to ``"ok"``)."""
@@ -159,7 +159,7 @@ class RedisBackend(Backend):
             raise self._lost_error()
         self._checked = time.monotonic()
 
-    def probe(self) -> str:
+    def probe(self) -> BackendState:
         """:meth:`check` without raising, one probe at a time; returns :attr:`state`."""
         if not self._lost and self._probing.acquire(blocking=False):
             try:
@@ -172,7 +172,7 @@ class RedisBackend(Backend):
 
     def _lost_error(self) -> TableLost:
         return TableLost(
-            f"table {self.spec.name!r}: its data in Redis {self.conn.name!r} ({self.url}) is gone: "
+            f"table {self.spec.name!r}: its data in Redis {self.connection.name!r} ({self.url}) is gone: "
             f"the marker key {self.marker_key!r} written when the table was created is missing, "
             "so that Redis restarted without persistence, or was flushed, or evicted the keys. "
             "The table serves nothing rather than zeros: restore it from a checkpoint, or delete "
@@ -188,7 +188,7 @@ class RedisBackend(Backend):
         try:
             return fn()
         except redis.RedisError as err:
-            raise _failure(self.spec.name, self.conn, doing, err) from err
+            raise _failure(self.spec.name, self.connection, doing, err) from err
 
     # -- I/O -----------------------------------------------------------------
     def _pack(self, data: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
@@ -245,7 +245,7 @@ class RedisBackend(Backend):
             log.warning(
                 "table %r: its keys in Redis %r were not deleted: %s",
                 self.spec.name,
-                self.conn.name,
+                self.connection.name,
                 err,
             )
 
