@@ -1,35 +1,39 @@
 """What the ``tdreplay`` commands share beyond the exit statuses and the one-line error
-(:mod:`tdreplay.service.cli`): the export file helpers. The commands' modules
-(:mod:`.offline`, :mod:`.remote`) import it; it imports none of them.
+(:mod:`tdreplay.service.cli`): how a flag's value the contract refuses is reported, and the
+export file helpers. The commands' modules (:mod:`.offline`, :mod:`.remote`) import it; it
+imports none of them.
 
-    >>> export_format(None, "out.CSV"), export_format("csv", "out.txt")
-    ('csv', 'csv')
+    >>>     >>> with flag_values():
+    ...     export_format("out.txt")
+    Traceback (most recent call last):
+    ...
+    tdreplay.service.cli.CommandError: cannot tell the export format from 'out.txt'; name the file .csv, .parquet or .pq, or give --format (parquet, csv)
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tdreplay.codec import exports
 from tdreplay.codec.errors import InvalidRequest
 from tdreplay.service.cli import CommandError, Exit
 
 
-def export_format(given: str | None, path: str) -> str:
-    """The format an export to ``path`` writes (``--format`` or ``path``'s suffix), by the
-    rule every door follows (:func:`tdreplay.codec.exports.export_format`).
-
-    Raises:
-        CommandError: (usage) no format given and the suffix names none, or a format
-            the suffix contradicts.
+@contextlib.contextmanager
+def flag_values() -> Iterator[None]:
+    """Checks of command-line values by the contract's rules (such as
+    :func:`tdreplay.codec.exports.export_format`): an ``InvalidRequest`` inside is a usage
+    error (:class:`CommandError`, exit 2), its message naming the flag (``--format``).
     """
     try:
-        return exports.export_format(path, given)
+        yield
     except InvalidRequest as err:
-        flag = str(err).replace("give the format", "give --format")
-        raise CommandError(flag, Exit.USAGE) from None
+        raise CommandError(
+            str(err).replace("give the format", "give --format"), Exit.USAGE
+        ) from None
 
 
 def describe_file(path: Path, fmt: str) -> str:

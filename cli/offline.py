@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tdreplay.codec.errors import InvalidRequest
-from tdreplay.codec.exports import ExportedPath
+from tdreplay.codec.exports import ExportedPath, export_format
 from tdreplay.codec.minari_files import dataset_folder, default_root, env_spec_json, write_minari
 from tdreplay.service.cli import CommandError, Exit
 from tdreplay.storage import (
@@ -29,7 +29,7 @@ from tdreplay.storage import (
     stored_specs,
 )
 
-from .common import describe_counts, describe_file, export_format, show_progress
+from .common import describe_counts, describe_file, flag_values, show_progress
 
 
 def export(args: dict[str, Any]) -> None:
@@ -42,7 +42,8 @@ def export(args: dict[str, Any]) -> None:
     if args.get("on_server"):
         raise CommandError("--on-server needs a server, not --root/--checkpoint", Exit.USAGE)
     output = Path(args["output"])
-    fmt = export_format(args.get("format"), args["output"])
+    with flag_values():
+        fmt = export_format(output, args.get("format"))
     progress = show_progress(args)
     if args.get("checkpoint"):
         source = Path(args["checkpoint"])

@@ -30,12 +30,13 @@ from tdreplay.client import (
 from tdreplay.client.environment import configured
 from tdreplay.client.transport import shown_url
 from tdreplay.codec.errors import InvalidRequest, SchemaError, printable
+from tdreplay.codec.exports import export_format
 from tdreplay.codec.parquet_read import parquet_files
 from tdreplay.codec.protocol import import_chunk
 from tdreplay.codec.schema_file import read_schema
 from tdreplay.service.cli import CommandError, Exit
 
-from .common import describe_counts, describe_file, export_format, show_progress
+from .common import describe_counts, describe_file, flag_values, show_progress
 
 
 def run(command: str, args: dict[str, Any]) -> None:
@@ -236,7 +237,8 @@ def export(client: ReplayClient, args: dict[str, Any]) -> None:
     if bool(output) == bool(on_server):
         raise CommandError("give one of -o FILE (here) or --on-server PATH", Exit.USAGE)
     if on_server:
-        chosen = export_format(args.get("format"), on_server)
+        with flag_values():
+            chosen = export_format(on_server, args.get("format"))
         written = client.export(table, chosen, path=on_server)
         print(
             f"exported table {table!r} to {printable(str(written))} "
@@ -246,7 +248,8 @@ def export(client: ReplayClient, args: dict[str, Any]) -> None:
     dest = Path(str(output))
     # a folder names no format: the client refuses it, saying so, before any transfer
     given = args.get("format")
-    fmt = given if dest.is_dir() else export_format(given, str(dest))
+    with flag_values():
+        fmt = given if dest.is_dir() else export_format(dest, given)
     written = client.export(table, fmt, dest=dest, progress=show_progress(args))
     shown = describe_file(dest, str(fmt))
     print(f"exported table {table!r} to {dest} ({shown}){describe_counts(written)}")

@@ -49,16 +49,7 @@ class AsyncReplayClient(ClientBase):
 
     def _setup(self, settings: ClientSettings) -> None:
         super()._setup(settings)
-        self._transports = [
-            AsyncTransport(
-                u,
-                token=settings.token,
-                timeout=settings.timeout,
-                connect_timeout=settings.connect_timeout,
-                max_idle=settings.max_connections,
-            )
-            for u in settings.urls
-        ]
+        self._transports = [AsyncTransport(u, settings) for u in settings.urls]
         self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
         self._link_lock: tuple[Any, asyncio.Lock] = (None, asyncio.Lock())  # (its loop, lock)
         # what every loader's fetcher threads call, made by the first loader (the
@@ -166,25 +157,25 @@ class AsyncReplayClient(ClientBase):
 
     # ---------------------------------------------------------------- control
     async def health(self) -> dict[str, Any]:
-        return await self._run(self._calls.health())
+        return await self._run(self._plans.health())
 
     async def tables(self) -> list[dict[str, Any]]:
-        return await self._run(self._calls.tables())
+        return await self._run(self._plans.tables())
 
     async def create_table(
         self, spec: dict[str, Any] | str | Path, *, if_absent: bool = False
     ) -> dict[str, Any]:
-        return await self._run(self._calls.create_table(load_spec(spec), if_absent))
+        return await self._run(self._plans.create_table(load_spec(spec), if_absent))
 
     async def clear(self, table: str) -> dict[str, Any]:
         """See :meth:`ReplayClient.clear`."""
-        return await self._run(self._calls.clear(table))
+        return await self._run(self._plans.clear(table))
 
     async def delete_table(self, table: str) -> None:
-        await self._run(self._calls.delete_table(table))
+        await self._run(self._plans.delete_table(table))
 
     async def info(self, table: str) -> dict[str, Any]:
-        return await self._run(self._calls.info(table))
+        return await self._run(self._plans.info(table))
 
     async def stats(self, table: str, prefix: str = "buffer/") -> dict[str, float]:
         """See :meth:`ReplayClient.stats`."""
@@ -202,8 +193,8 @@ class AsyncReplayClient(ClientBase):
         """See :meth:`ReplayClient.extend` (several tables, ``request_id`` too). The rows are
         sent from their tensors' memory: keep them as they are until this call completes."""
         if isinstance(table, Mapping):
-            return await self._run(self._calls.insert(dict(table), data, timeout, request_id))
-        return await self._run(self._calls.extend(table, data, timeout, request_id))
+            return await self._run(self._plans.insert(dict(table), data, timeout, request_id))
+        return await self._run(self._plans.extend(table, data, timeout, request_id))
 
     async def sample(
         self,
@@ -215,44 +206,44 @@ class AsyncReplayClient(ClientBase):
     ) -> Any:
         """See :meth:`ReplayClient.sample`; the batch always owns its memory here (the
         shared-memory slot is copied into it once)."""
-        return await self._run(self._calls.sample(table, batch_size, timeout, as_cls))
+        return await self._run(self._plans.sample(table, batch_size, timeout, as_cls))
 
     async def remove(self, table: str, index: Any, key: Any = None) -> int:
         """See :meth:`ReplayClient.remove`."""
-        return await self._run(self._calls.remove(table, index, key))
+        return await self._run(self._plans.remove(table, index, key))
 
     async def read(self, table: str, index: Any) -> Any:
         """See :meth:`ReplayClient.read`."""
-        return await self._run(self._calls.read(table, index))
+        return await self._run(self._plans.read(table, index))
 
     async def update_priority(self, table: str, index: Any, priority: Any, key: Any = None) -> int:
         """See :meth:`ReplayClient.update_priority`."""
-        return await self._run(self._calls.update_priority(table, index, priority, key))
+        return await self._run(self._plans.update_priority(table, index, priority, key))
 
     async def checkpoint(self, table: str, path: str) -> str | list[str]:
-        return await self._run(self._calls.checkpoint(table, path))
+        return await self._run(self._plans.checkpoint(table, path))
 
     async def restore(self, table: str, path: str) -> dict[str, Any]:
-        return await self._run(self._calls.restore(table, path))
+        return await self._run(self._plans.restore(table, path))
 
     async def dump(self, table: str, path: str | Path, *, progress: bool | None = None) -> Path:
         """See :meth:`ReplayClient.dump`."""
-        return await self._run(dumps.dump_into(self._calls, table, path, progress))
+        return await self._run(dumps.dump_into(self._plans, table, path, progress))
 
     async def load(
         self, table: str, path: str | Path, *, progress: bool | None = None
     ) -> dict[str, Any]:
         """See :meth:`ReplayClient.load`."""
         archives = await asyncio.to_thread(dumps.read, path, len(self.urls))
-        return await self._run(self._calls.load(table, archives, progress))
+        return await self._run(self._plans.load(table, archives, progress))
 
     async def dump_archives(self, table: str) -> list[bytes]:
         """See :meth:`ReplayClient.dump_archives`."""
-        return await self._run(self._calls.dump(table))
+        return await self._run(self._plans.dump(table))
 
     async def load_archives(self, table: str, archives: Sequence[bytes | Packed]) -> dict[str, Any]:
         """See :meth:`ReplayClient.load_archives`."""
-        return await self._run(self._calls.load(table, archives))
+        return await self._run(self._plans.load(table, archives))
 
     async def export(
         self,
@@ -269,7 +260,7 @@ class AsyncReplayClient(ClientBase):
         streamed into place as the body arrives; a Minari dataset converted in a
         worker thread)."""
         return await self._run(
-            datasets.export(self._calls, table, format, path, dest, dataset_id, env_spec, progress)
+            datasets.export(self._plans, table, format, path, dest, dataset_id, env_spec, progress)
         )
 
     async def import_parquet(
@@ -285,7 +276,7 @@ class AsyncReplayClient(ClientBase):
         """See :meth:`ReplayClient.import_parquet`: files read in a worker thread, rows
         sent over this client's own transport."""
         plan = datasets.import_parquet(
-            self._calls,
+            self._plans,
             table,
             source,
             columns=columns,
@@ -308,7 +299,7 @@ class AsyncReplayClient(ClientBase):
     ) -> int:
         """See :meth:`ReplayClient.import_dataset` (read as :meth:`import_parquet` is)."""
         plan = datasets.import_dataset(
-            self._calls,
+            self._plans,
             table,
             dataset_id,
             format=format,

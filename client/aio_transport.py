@@ -31,6 +31,7 @@ from .commands import Request, Response
 from .deprecation import warn_close_deprecated
 from .http1 import MAX_HEAD, chunk_size, has_body, parse_head, request_head
 from .http_values import Sink
+from .settings import ClientSettings
 from .transport import Endpoint, head_lines
 
 _SCRATCH = 64 * 1024
@@ -251,21 +252,15 @@ class AsyncTransport:
     Args: as :class:`~tdreplay.client.transport.Transport`.
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        token: str | None = None,
-        timeout: float = 30.0,
-        connect_timeout: float = 5.0,
-        max_idle: int = 16,
-    ) -> None:
+    def __init__(self, url: str, settings: ClientSettings | None = None) -> None:
         self.endpoint = Endpoint.parse(url)
-        self.token = token
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.max_idle = max_idle
-        self._idle: LoopPools[_Protocol] = LoopPools(max_idle)  # by loop (see .aio_pool)
+        settings = settings or ClientSettings((url,))
+        self.token = settings.token
+        self.timeout = settings.timeout
+        self.connect_timeout = settings.connect_timeout
+        self._idle: LoopPools[_Protocol] = LoopPools(
+            settings.max_connections
+        )  # by loop (see .aio_pool)
 
     async def _new(self) -> _Protocol:
         e = self.endpoint

@@ -1,7 +1,7 @@
 """What the blocking and the asyncio clients share, apart from their I/O.
 
 :class:`ClientBase` holds a client's :class:`~tdreplay.client.plans.ClientSettings`,
-its plans (:class:`~tdreplay.client.plans.Calls`), its cache of generated
+its plans (:class:`~tdreplay.client.plans.Plans`), its cache of generated
 tensorclasses and its pickling (a client pickles as its settings, so a copy in
 a DataLoader worker or a subprocess opens its own connections).
 :class:`~tdreplay.client.ReplayClient` (``sync.py``) and
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .environment import configured
-from .plans import Calls
+from .plans import Plans
 from .retry import RetryPolicy
 from .settings import ClientSettings
 from .tensorclass import from_fields
@@ -109,7 +109,7 @@ class ClientBase:
 
     def _setup(self, settings: ClientSettings) -> None:
         self.settings = settings
-        self._calls = Calls(settings)
+        self._plans = Plans(settings)
         self._classes: dict[str, type] = {}
 
     @property
@@ -174,7 +174,7 @@ class ClientBase:
         """Per server, as this client sees it (no request is made): ``url``, ``up``,
         ``seconds`` in that state, ``failovers`` (times it went down) and
         ``last_error``. See :mod:`tdreplay.client.shards`."""
-        return self._calls.shards.status()
+        return self._plans.shards.status()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore, (type(self), self.settings))

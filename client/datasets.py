@@ -41,7 +41,7 @@ from ..codec.exports import ExportedPath, counted, export_format
 from ..codec.parquet_import import refused_values
 from ..codec.parquet_read import parquet_files, read_parquet
 from ..codec.protocol import IMPORT_CHUNK, import_chunk, import_rows, rows_written
-from .plans import Calls
+from .plans import Plans
 from .sinks import aside
 from .steps import Plan, Work
 
@@ -49,7 +49,7 @@ MINARI = "minari"
 
 
 def export(
-    calls: Calls,
+    plans: Plans,
     table: str,
     format: str | None = None,
     path: str | None = None,
@@ -63,7 +63,7 @@ def export(
     if format == MINARI:
         return (
             yield from export_minari(
-                calls,
+                plans,
                 table,
                 dataset_id=dataset_id,
                 path=path,
@@ -73,12 +73,12 @@ def export(
             )
         )
     if path is None and dest is not None:
-        return (yield from download(calls, table, format, Path(dest), progress))
-    return (yield from calls.export(table, format, path))
+        return (yield from download(plans, table, format, Path(dest), progress))
+    return (yield from plans.export(table, format, path))
 
 
 def download(
-    calls: Calls, table: str, format: str | None, dest: Path, progress: bool | None = None
+    plans: Plans, table: str, format: str | None, dest: Path, progress: bool | None = None
 ) -> Plan[Path]:
     """Stream ``table``'s export as ``format`` (default: from ``dest``'s suffix) into
     ``dest``, atomically; returns ``dest``.
@@ -97,13 +97,13 @@ def download(
         )
     fmt = export_format(dest, format, table)
     with aside(dest, progress=progress, desc=f"export {table}") as sink:
-        got = yield from calls.export(table, fmt, sink=sink)
+        got = yield from plans.export(table, fmt, sink=sink)
         os.replace(sink.path, dest)
     return counted(ExportedPath.of(dest), {k: getattr(got, k, None) for k in ("rows", "skipped")})
 
 
 def export_minari(
-    calls: Calls,
+    plans: Plans,
     table: str,
     *,
     dataset_id: str | None,
@@ -133,7 +133,7 @@ def export_minari(
     spec_json = yield Work(minari_files.env_spec_json, env_spec)  # may import gymnasium
     if path is not None:
         return (
-            yield from calls.export(table, MINARI, path, dataset_id=dataset_id, env_spec=spec_json)
+            yield from plans.export(table, MINARI, path, dataset_id=dataset_id, env_spec=spec_json)
         )
     root = Path(dest) if dest is not None else (yield Work(minari_files.default_root))
     folder = minari_files.dataset_folder(root, dataset_id)
@@ -145,7 +145,7 @@ def export_minari(
             got=dataset_id,
         )
     with aside(root / f"{table}.parquet", progress=progress, desc=f"export {table}") as sink:
-        got = yield from calls.export(table, "parquet", sink=sink)
+        got = yield from plans.export(table, "parquet", sink=sink)
         write = functools.partial(
             minari_files.write_minari,
             sink.path,
@@ -159,7 +159,7 @@ def export_minari(
 
 
 def import_dataset(
-    calls: Calls,
+    plans: Plans,
     table: str,
     dataset_id: str,
     *,
@@ -179,7 +179,7 @@ def import_dataset(
     if format != MINARI:
         raise ValueError(f"import_dataset reads Minari datasets, not {format!r}")
     import_chunk(chunk, table)
-    info = yield from calls.info(table)
+    info = yield from plans.info(table)
     fields = info["fields"]
     key = trajectory_key_of(info, trajectory_key)
     read = functools.partial(
@@ -192,11 +192,11 @@ def import_dataset(
     )
     total, chunks = yield Work(read)
     batches = (_typed(fields, rows) for rows in chunks)
-    return (yield from _extend_all(calls, table, total, batches, progress))
+    return (yield from _extend_all(plans, table, total, batches, progress))
 
 
 def import_parquet(
-    calls: Calls,
+    plans: Plans,
     table: str,
     source: str | Path,
     *,
@@ -216,7 +216,7 @@ def import_parquet(
         InvalidRequest: ``chunk`` is not an integer >= 1 (before anything is sent).
     """
     import_chunk(chunk, table)
-    info = yield from calls.info(table)
+    info = yield from plans.info(table)
     fields = {k: (v.get("shape") or [], TORCH[v["dtype"]]) for k, v in info["fields"].items()}
     files = yield Work(parquet_files, table, source)
     read = functools.partial(
@@ -225,7 +225,7 @@ def import_parquet(
         refused=refused_values(info["fields"], info.get("writer") or {}),
     )  # fmt: skip
     total, batches = yield Work(read)
-    return (yield from _extend_all(calls, table, total, batches, progress))
+    return (yield from _extend_all(plans, table, total, batches, progress))
 
 
 def _typed(fields: Mapping[str, Any], rows: Mapping[str, np.ndarray]) -> TensorDict:
@@ -238,7 +238,7 @@ def _typed(fields: Mapping[str, Any], rows: Mapping[str, np.ndarray]) -> TensorD
 
 
 def _extend_all(
-    calls: Calls,
+    plans: Plans,
     table: str,
     total: int,
     batches: Iterator[TensorDict],
@@ -252,7 +252,7 @@ def _extend_all(
     try:
         with tqdm(total=total, desc=f"import {table}", unit="rows", disable=disable) as bar:
             while (batch := (yield Work(next, batches, None))) is not None:
-                written += rows_written((yield from calls.extend(table, batch)))
+                written += rows_written((yield from plans.extend(table, batch)))
                 bar.update(len(batch))
     except Exception as err:
         err.add_note(f"{written} rows were written into table {table!r} before it")

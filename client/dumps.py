@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from ..codec.archive import Packed, unpack
 from ..codec.protocol import IMPORT_CHUNK
 from . import datasets
-from .plans import Calls
+from .plans import Plans
 from .sinks import UnpackSink, byte_bar
 from .steps import Plan, Work
 
@@ -34,7 +34,7 @@ def folders(path: Path, n: int) -> list[Path]:
 
 
 def dump_into(
-    calls: Calls, table: str, path: str | Path, progress: bool | None = None
+    plans: Plans, table: str, path: str | Path, progress: bool | None = None
 ) -> Plan[Path]:
     """A dump of ``table`` into the folder ``path``, as :func:`write` lays it out: each
     server's archive unpacked as it arrives (one read buffer in memory, the files once on
@@ -42,11 +42,11 @@ def dump_into(
     place when whole (a dump cut off leaves the hidden folder, which the next one deletes);
     ``progress``: a bar of the bytes received (``None``: when stderr is a terminal)."""
     path = Path(path)
-    aside = yield Work(_aside, path, calls.n)
+    aside = yield Work(_aside, path, plans.n)
     with byte_bar(progress, f"dump {table}") as bar:
-        sinks = [UnpackSink(f, MAX_DUMP_BYTES, bar) for f in folders(aside, calls.n)]
+        sinks = [UnpackSink(f, MAX_DUMP_BYTES, bar) for f in folders(aside, plans.n)]
         try:
-            yield from calls.dump(table, sinks)
+            yield from plans.dump(table, sinks)
             return (yield Work(_into_place, aside, path))
         finally:
             for sink in sinks:
@@ -127,7 +127,7 @@ class Persistence:
     checkpoint and restore on the server, dump and load through the caller, export."""
 
     urls: tuple[str, ...]
-    _calls: Calls
+    _plans: Plans
 
     def _run(self, plan: Plan[T]) -> T:
         raise NotImplementedError  # the client's
@@ -137,20 +137,20 @@ class Persistence:
 
         Sharded: each server writes ``{path}-shard{i}``; returns the list.
         """
-        return self._run(self._calls.checkpoint(table, path))
+        return self._run(self._plans.checkpoint(table, path))
 
     def restore(self, table: str, path: str) -> dict[str, Any]:
         """Restore ``table`` from a checkpoint written by :meth:`checkpoint`; returns its info."""
-        return self._run(self._calls.restore(table, path))
+        return self._run(self._plans.restore(table, path))
 
     def dump_archives(self, table: str) -> list[bytes]:
         """:meth:`dump` held in memory: each server's archive of ``table``
         (:mod:`tdreplay.codec.archive`), in shard order."""
-        return self._run(self._calls.dump(table))
+        return self._run(self._plans.dump(table))
 
     def load_archives(self, table: str, archives: Sequence[bytes | Packed]) -> dict[str, Any]:
         """:meth:`load` from archives :meth:`dump_archives` returned; returns the table's info."""
-        return self._run(self._calls.load(table, archives))
+        return self._run(self._plans.load(table, archives))
 
     def export(
         self,
@@ -203,7 +203,7 @@ class Persistence:
                 the transfer).
         """
         return self._run(
-            datasets.export(self._calls, table, format, path, dest, dataset_id, env_spec, progress)
+            datasets.export(self._plans, table, format, path, dest, dataset_id, env_spec, progress)
         )
 
     def import_parquet(
@@ -247,7 +247,7 @@ class Persistence:
         """
         return self._run(
             datasets.import_parquet(
-                self._calls,
+                self._plans,
                 table,
                 source,
                 columns=columns,
@@ -291,7 +291,7 @@ class Persistence:
         """
         return self._run(
             datasets.import_dataset(
-                self._calls,
+                self._plans,
                 table,
                 dataset_id,
                 format=format,
@@ -320,7 +320,7 @@ class Persistence:
             FileExistsError: ``path`` holds files already.
             TableNotFound: no such table.
         """
-        return self._run(dump_into(self._calls, table, path, progress))
+        return self._run(dump_into(self._plans, table, path, progress))
 
     def load(self, table: str, path: str | Path, *, progress: bool | None = None) -> dict[str, Any]:
         """Replace (or create) ``table`` from a local dump :meth:`dump` wrote; returns its info.
@@ -340,4 +340,4 @@ class Persistence:
             InvalidRequest: the dump is of another table.
             CodecError: the dump is not a whole archive (the member at fault is named).
         """
-        return self._run(self._calls.load(table, read(path, len(self.urls)), progress))
+        return self._run(self._plans.load(table, read(path, len(self.urls)), progress))

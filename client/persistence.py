@@ -1,6 +1,6 @@
 """The persistence commands: checkpoint and restore on the server, dump and load through the
 caller, export. Like every command (:mod:`.commands`), each builds one request and reads
-its answer; their plans (:class:`PersistencePlans`, part of :class:`~.plans.Calls`) run
+its answer; their plans (:class:`PersistencePlans`, part of :class:`~.plans.Plans`) run
 them on every server of a sharded client.
 """
 
@@ -195,7 +195,7 @@ class Export(Command["str | bytes | Path"]):
 
 
 class PersistencePlans:
-    """The persistence plans of :class:`~.plans.Calls` (its servers, lock and size cache)."""
+    """The persistence plans of :class:`~.plans.Plans` (its servers, lock and size cache)."""
 
     n: int
     _lock: threading.Lock

@@ -18,7 +18,7 @@ reached a server before the connection broke is sent to that same server again
 (same request id) until it answers, within the retry policy's ``deadline``:
 sending it elsewhere could store it twice. The
 ``index`` of a sharded sample encodes its server: ``slot * n_servers + server``,
-which :meth:`Calls.update_priority` decodes. With one server indices are the
+which :meth:`Plans.update_priority` decodes. With one server indices are the
 server's slots, unchanged.
 """
 
@@ -47,7 +47,7 @@ from .tensorclass import to_tensorclass
 T = TypeVar("T")
 
 
-class Calls(PersistencePlans):
+class Plans(PersistencePlans):
     """The plans of every client call, over ``settings.urls`` (shared by both twins).
 
     Holds the little state sharding needs: the round-robin cursor and a

@@ -278,8 +278,9 @@ class Channel:
         self, table: str, data: Any, wait: float, request_id: str, *, strict: bool = False
     ) -> torch.Tensor | None:
         """Insert ``data``; ``None`` when it does not fit the table's slot layout exactly
-        (the caller sends it over HTTP, whose answer names what is wrong), or a slot that
-        big would exceed the connection's shared memory (HTTP carries it)."""
+        (the caller sends it over HTTP, whose answer names what is wrong), a request id no
+        binary frame carries (HTTP's answer is the contract's), or a slot that big would
+        exceed the connection's shared memory (HTTP carries it)."""
         td = as_batch(data._tensordict if is_tensorclass(data) else data)
         n = td.batch_size[0] if td.batch_dims == 1 else 0
         if n == 0:
@@ -299,7 +300,12 @@ class Channel:
                 mapped = self._map(reply, fd, number)
             if mapped.layout.rows < n or not _fill(mapped, td, n):
                 return None  # more rows than the table holds, or keys that do not fit: HTTP says
-            message = extend_frame(table, slot=number, rows=n, timeout=wait, request_id=request_id)
+            try:
+                message = extend_frame(
+                    table, slot=number, rows=n, timeout=wait, request_id=request_id
+                )
+            except ValueError:  # an id no frame carries: HTTP, whose answer is the contract's
+                return None
             try:  # the answer names each row's slot: past MAX_FRAME for 8 Mi rows
                 reply, _ = self.call(message, wait=wait, limit=max(MAX_FRAME, extended_length(n)))
             except errors.InvalidRequest as err:

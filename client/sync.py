@@ -67,16 +67,7 @@ class ReplayClient(Persistence, ClientBase):
 
     def _setup(self, settings: ClientSettings) -> None:
         super()._setup(settings)
-        self._transports = [
-            Transport(
-                u,
-                token=settings.token,
-                timeout=settings.timeout,
-                connect_timeout=settings.connect_timeout,
-                max_idle=settings.max_connections,
-            )
-            for u in settings.urls
-        ]
+        self._transports = [Transport(u, settings) for u in settings.urls]
         self._pool: ThreadPoolExecutor | None = None
         self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
         self._link_lock = threading.Lock()
@@ -180,11 +171,11 @@ class ReplayClient(Persistence, ClientBase):
     # ---------------------------------------------------------------- control
     def health(self) -> dict[str, Any]:
         """``GET /healthz`` (every server's, when sharded)."""
-        return self._run(self._calls.health())
+        return self._run(self._plans.health())
 
     def tables(self) -> list[dict[str, Any]]:
         """The info of every table."""
-        return self._run(self._calls.tables())
+        return self._run(self._plans.tables())
 
     def create_table(
         self, spec: dict[str, Any] | str | Path, *, if_absent: bool = False
@@ -200,23 +191,23 @@ class ReplayClient(Persistence, ClientBase):
                 spec; the message names the first difference).
             SchemaError: the spec is invalid (the message names the field).
         """
-        return self._run(self._calls.create_table(load_spec(spec), if_absent))
+        return self._run(self._plans.create_table(load_spec(spec), if_absent))
 
     def clear(self, table: str) -> dict[str, Any]:
         """Empty ``table`` on every server, atomically and durably; returns its info. Its schema
-        stays; rows, priorities, counters and rate-limiter state start anew. Calls waiting
+        stays; rows, priorities, counters and rate-limiter state start anew. Plans waiting
         on it end with ``TableClosed``."""
-        return self._run(self._calls.clear(table))
+        return self._run(self._plans.clear(table))
 
     def delete_table(self, table: str) -> None:
         """Delete a table and its data. Raises TableNotFound."""
-        self._run(self._calls.delete_table(table))
+        self._run(self._plans.delete_table(table))
 
     def info(self, table: str) -> dict[str, Any]:
         """Size, capacity, fields, sampler, writer, rate limiter and counters of ``table``.
         Sharded: sizes and counters summed over the servers that answer (``info["down"]``
         names the others, with their errors), and ``info["shards"]`` lists each server's."""
-        return self._run(self._calls.info(table))
+        return self._run(self._plans.info(table))
 
     def stats(self, table: str, prefix: str = "buffer/") -> dict[str, float]:
         """``table``'s figures as ``{"buffer/size": ..., "buffer/samples_per_insert": ...}``
@@ -263,8 +254,8 @@ class ReplayClient(Persistence, ClientBase):
             TableNotFound, InvalidRequest, TransportError: as their names say.
         """
         if isinstance(table, Mapping):
-            return self._run(self._calls.insert(dict(table), data, timeout, request_id))
-        return self._run(self._calls.extend(table, data, timeout, request_id))
+            return self._run(self._plans.insert(dict(table), data, timeout, request_id))
+        return self._run(self._plans.extend(table, data, timeout, request_id))
 
     def sample(
         self,
@@ -294,17 +285,17 @@ class ReplayClient(Persistence, ClientBase):
             InvalidRequest: a bad batch size (e.g. not a multiple of ``slice_len``).
             TableNotFound, TransportError: as their names say.
         """
-        return self._run(self._calls.sample(table, batch_size, timeout, as_cls, lease=not owned))
+        return self._run(self._plans.sample(table, batch_size, timeout, as_cls, lease=not owned))
 
     def remove(self, table: str, index: Any, key: Any = None) -> int:
         """Remove sampled items (``batch["index"]``; with ``key=batch["sample_info", "key"]``
         only those not overwritten since); returns how many went (Reverb's deletes)."""
-        return self._run(self._calls.remove(table, index, key))
+        return self._run(self._plans.remove(table, index, key))
 
     def read(self, table: str, index: Any) -> TensorDict:
         """The items in slots ``index`` (a sample's ``index`` values), as stored (nothing is
         counted as sampled); InvalidRequest names a slot that holds no item."""
-        return self._run(self._calls.read(table, index))
+        return self._run(self._plans.read(table, index))
 
     def update_priority(self, table: str, index: Any, priority: Any, key: Any = None) -> int:
         """Set the priorities of the items ``index`` (from ``batch["index"]``).
@@ -326,7 +317,7 @@ class ReplayClient(Persistence, ClientBase):
             InvalidRequest: the table has no priorities, or a bad index or priority.
             TableNotFound, TransportError: as their names say.
         """
-        return self._run(self._calls.update_priority(table, index, priority, key))
+        return self._run(self._plans.update_priority(table, index, priority, key))
 
     # ---------------------------------------------------------------- views and helpers
     def tensorclass(self, table: str) -> type:
@@ -396,4 +387,4 @@ class ReplayClient(Persistence, ClientBase):
     def _sample_into(
         self, table: str, batch_size: int, timeout: float | None, alloc: C.Alloc
     ) -> TensorDict:
-        return self._run(self._calls.sample(table, batch_size, timeout, None, alloc))
+        return self._run(self._plans.sample(table, batch_size, timeout, None, alloc))

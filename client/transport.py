@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from ..codec.params import bounded
 from . import errors, http1
 from .commands import Request, Response
+from .settings import ClientSettings
 
 USER_AGENT = "tdreplay-client/0.1"
 #: a URL's ``user:password@`` (up to the authority's last ``@``)
@@ -97,27 +98,19 @@ class Transport:
 
     Args:
         url: the server's base URL (``http://host:port``).
-        token: bearer token sent with every request, if any.
-        timeout: seconds to wait for each read of an answer, on top of the
-            request's own ``wait`` (the time the server may hold it).
-        connect_timeout: seconds to wait for a connection.
-        max_idle: idle connections kept for reuse.
+        settings: the client's (default: a client's of this server alone): its ``token`` (sent with every request, if any),
+            ``timeout`` (seconds to wait for each read of an answer, on top of the
+            request's own ``wait``: the time the server may hold it), ``connect_timeout``
+            and ``max_connections`` (idle connections kept for reuse).
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        token: str | None = None,
-        timeout: float = 30.0,
-        connect_timeout: float = 5.0,
-        max_idle: int = 16,
-    ) -> None:
+    def __init__(self, url: str, settings: ClientSettings | None = None) -> None:
         self.endpoint = Endpoint.parse(url)
-        self.token = token
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.max_idle = max_idle
+        settings = settings or ClientSettings((url,))
+        self.token = settings.token
+        self.timeout = settings.timeout
+        self.connect_timeout = settings.connect_timeout
+        self.max_idle = settings.max_connections
         self._idle: deque[http1.Connection] = deque()
         self._lock = threading.Lock()
         self._closed = False

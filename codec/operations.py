@@ -24,8 +24,8 @@ from .params import (
     ExportBody,
     ExtendParams,
     InsertParams,
-    LoadBegin,
-    LoadPart,
+    LoadBeginParams,
+    LoadPartParams,
     LoadUpload,
     Params,
     PathBody,
@@ -112,9 +112,9 @@ LOAD = _on_table("load", "POST", "load", carrier="tar")
 #: a load in parts (an archive over the body limit): begin (names the upload and the part
 #: size; a repeat would stage another), parts in order, commit (restores it) or abort
 LOAD_BEGIN = _on_table(
-    "load_begin", "POST", "load/begin", params=LoadBegin, carrier="json", idempotent=False
+    "load_begin", "POST", "load/begin", params=LoadBeginParams, carrier="json", idempotent=False
 )  # fmt: skip
-LOAD_PART = _on_table("load_part", "POST", "load/part", params=LoadPart, carrier="tar")
+LOAD_PART = _on_table("load_part", "POST", "load/part", params=LoadPartParams, carrier="tar")
 LOAD_COMMIT = _on_table(
     "load_commit", "POST", "load/commit", params=LoadUpload, carrier="json", idempotent=False
 )  # fmt: skip

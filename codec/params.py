@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Json,
@@ -35,6 +36,7 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from . import protocol
 from .errors import InvalidRequest
@@ -68,7 +70,18 @@ Seconds = Annotated[
         "of the caller's (default: the server's default timeout; capped by its maximum).",
     ),
 ]
-BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description="Items per batch.")]
+
+
+def _not_a_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # an int to Python: True would be a batch of 1
+        raise PydanticCustomError("int_type", "a batch size is a number of items, not a boolean")
+    return value
+
+
+#: a batch size: an int, or its digits (an HTTP query's), never a bool (as a slot)
+BatchSize = Annotated[
+    int, BeforeValidator(_not_a_bool), Field(ge=1, le=MAX_BATCH, description="Items per batch.")
+]
 #: how many batches: a stream's ``count``, a client loader's ``num_batches``
 Count = Annotated[int, Field(ge=1)]
 #: a slot (or a sampled item's key) as a caller names it: an int, never a float, a bool or a
@@ -241,11 +254,11 @@ UploadId = Annotated[
 ]
 
 
-class LoadBegin(Body):
+class LoadBeginParams(Body):
     size: int = Field(ge=1, lt=1 << 63, strict=True, description="The archive's size in bytes.")
 
 
-class LoadPart(Params):
+class LoadPartParams(Params):
     upload: UploadId
     offset: int = Field(
         ge=0, lt=1 << 63, description="Where the part starts: the bytes received so far."

@@ -73,7 +73,7 @@ from .errors import SchemaError
 from .format import META_DTYPE, META_SHAPE, SEP
 from .parquet_columns import leaf_columns, struct_children
 
-__all__ = ["Cast", "Column", "Fields", "cast_of", "import_error", "plan_columns"]
+__all__ = ["Cast", "ColumnPlan", "Fields", "cast_of", "import_error", "plan_columns"]
 
 #: a table's fields by dotted name: ``{"next.reward": ([1], torch.float32)}``
 Fields = Mapping[str, tuple[Sequence[int], torch.dtype]]
@@ -120,7 +120,7 @@ def cast_of(src: str, want: str) -> Cast | None:
 
 
 @dataclass(frozen=True)
-class Column:
+class ColumnPlan:
     """How one Parquet column becomes one field of the table."""
 
     #: the field's dotted name
@@ -173,7 +173,7 @@ def plan_columns(
     *,
     ignore_extra: bool = False,
     stats: Stats | None = None,
-) -> list[Column]:
+) -> list[ColumnPlan]:
     """Check a file's schema against a table's fields (see the module's docstring); say
     how each field is read.
 
@@ -239,7 +239,7 @@ def _plan_one(
     shape: list[int],
     dtype: torch.dtype,
     stats: Stats | None,
-) -> Column:
+) -> ColumnPlan:
     levels: list[int | None] = []  # None: a variable-size list
     t = _storage(f.type)
     while pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
@@ -281,7 +281,7 @@ def _plan_one(
     null_free, bounds = stats(leaf) if stats is not None else (False, None)
     scan = None in levels or not null_free or (cast == "round" and not _fits(bounds, dtype))
     key = tuple(name.split(SEP))
-    return Column(name, key, column, top, f, shape, dtype, sizes, cast, scan, leaf)
+    return ColumnPlan(name, key, column, top, f, shape, dtype, sizes, cast, scan, leaf)
 
 
 def _storage(t: pa.DataType) -> pa.DataType:

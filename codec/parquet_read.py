@@ -39,7 +39,7 @@ from .errors import CodecError, InvalidRequest
 from .exports import SUFFIXES as EXPORT_SUFFIXES
 from .format import META_DTYPE, META_SHAPE
 from .parquet_columns import flatten_structs
-from .parquet_import import Column, Fields, import_error, plan_columns
+from .parquet_import import ColumnPlan, Fields, import_error, plan_columns
 from .protocol import IMPORT_CHUNK, import_chunk
 from .spaces import outside_categories
 
@@ -175,7 +175,9 @@ def _stats(pf: pq.ParquetFile, leaf: int) -> tuple[bool, tuple[float, float] | N
     return null_free, (low, high) if meta.num_row_groups else None
 
 
-def _check_counts(table: str, source: str | Path, pf: pq.ParquetFile, plan: list[Column]) -> None:
+def _check_counts(
+    table: str, source: str | Path, pf: pq.ParquetFile, plan: list[ColumnPlan]
+) -> None:
     """Refuse a column whose row group holds more values than its rows can, from the
     file's metadata, before any is read: a row is read whole, so one row of a list of 10^9
     values (a few hundred bytes of file: a run of one value compresses to nothing) would
@@ -196,7 +198,7 @@ def _check_counts(table: str, source: str | Path, pf: pq.ParquetFile, plan: list
                 )  # fmt: skip
 
 
-def _batches(pf: pq.ParquetFile, plan: list[Column], step: int) -> Iterator[pa.Table]:
+def _batches(pf: pq.ParquetFile, plan: list[ColumnPlan], step: int) -> Iterator[pa.Table]:
     """Batches of the planned columns, struct columns flattened to dotted names.
 
     Selecting a dotted top-level name may also select a struct's child of the same
@@ -213,12 +215,12 @@ def _prescan(
     table: str,
     source: str | Path,
     pf: pq.ParquetFile,
-    plan: list[Column],
+    plan: list[ColumnPlan],
     step: int,
     refused: Mapping[str, int | None],
 ) -> None:
     """Read the columns that need it through once, checking every value: those that may
-    hold nulls or lists of another length, or overflow a rounding (:attr:`Column.scan`),
+    hold nulls or lists of another length, or overflow a rounding (:attr:`ColumnPlan.scan`),
     and those whose values an extend refuses (``refused``)."""
     check = [c for c in plan if c.scan or c.field in refused]
     if not check:
@@ -237,7 +239,7 @@ def _prescan(
 
 
 def _check_refused(
-    table: str, source: str | Path, c: Column, n: int | None, values: torch.Tensor, first: int
+    table: str, source: str | Path, c: ColumnPlan, n: int | None, values: torch.Tensor, first: int
 ) -> None:
     """Refuse rows ``first...`` of column ``c`` holding a value an extend refuses: one
     outside the field's ``n`` categories, or (``n`` is ``None``) NaN."""
@@ -260,7 +262,7 @@ def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
 
 
 def _to_fixed_lists(
-    table: str, source: str | Path, c: Column, arr: pa.Array, first: int = 0
+    table: str, source: str | Path, c: ColumnPlan, arr: pa.Array, first: int = 0
 ) -> pa.Array:
     """``arr`` (rows ``first...`` of the file) as nested fixed-size lists of ``c.sizes``.
 
@@ -294,7 +296,7 @@ def _to_fixed_lists(
     return fix(arr, c.sizes, 1)
 
 
-def _check_range(table: str, source: str | Path, c: Column, arr: pa.Array, first: int) -> None:
+def _check_range(table: str, source: str | Path, c: ColumnPlan, arr: pa.Array, first: int) -> None:
     """Refuse a finite value that rounding into ``c.dtype`` would make infinite."""
     values = arr
     while pa.types.is_fixed_size_list(values.type):
@@ -312,7 +314,7 @@ def _check_range(table: str, source: str | Path, c: Column, arr: pa.Array, first
         )  # fmt: skip
 
 
-def _float_values(c: Column, values: pa.Array) -> torch.Tensor:
+def _float_values(c: ColumnPlan, values: pa.Array) -> torch.Tensor:
     """A rounded column's flat values as a tensor of their own float dtype (bfloat16 from
     the bits it travels as)."""
     data = np.array(values.to_numpy(zero_copy_only=False))  # writable, as torch wants
@@ -321,12 +323,12 @@ def _float_values(c: Column, values: pa.Array) -> torch.Tensor:
     return torch.from_numpy(data)
 
 
-def _decode(table: str, source: str | Path, c: Column, col: pa.ChunkedArray) -> torch.Tensor:
+def _decode(table: str, source: str | Path, c: ColumnPlan, col: pa.ChunkedArray) -> torch.Tensor:
     return _tensor(table, source, c, _to_fixed_lists(table, source, c, _one_chunk(col)))
 
 
-def _tensor(table: str, source: str | Path, c: Column, arr: pa.Array) -> torch.Tensor:
-    """Column ``c``'s fixed-size lists (:func:`_to_fixed_lists`) as the field's tensor."""
+def _tensor(table: str, source: str | Path, c: ColumnPlan, arr: pa.Array) -> torch.Tensor:
+    """ColumnPlan ``c``'s fixed-size lists (:func:`_to_fixed_lists`) as the field's tensor."""
     meta = {k: v for k, v in (c.arrow.metadata or {}).items() if k in (META_DTYPE, META_SHAPE)}
     try:
         t = from_column(pa.field(c.column, arr.type, metadata=meta or None), arr)

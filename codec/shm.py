@@ -125,7 +125,9 @@ SAMPLE, EXTEND, RELEASE = 1, 2, 3
 SAMPLED, EXTENDED, RELEASED = 0x81, 0x82, 0x83
 #: op, slot, batch size, timeout (NaN: the server's default); the table's name follows
 _SAMPLE = struct.Struct("<BxHId")
-#: op, request id length, slot, rows, timeout; the request id, then the table's name follow
+#: op, request id length, slot, rows, timeout; the request id (latin-1, as an HTTP header
+#: carries it: one byte a character, so the field holds the contract's longest id,
+#: ``params.MAX_REQUEST_ID``), then the table's name follow
 _EXTEND = struct.Struct("<BBHId")
 #: op, slot
 _RELEASE = struct.Struct("<BxH")
@@ -135,8 +137,6 @@ _SAMPLED = struct.Struct("<BxHQ")
 _EXTENDED = struct.Struct("<BBxxI")
 #: op
 _RELEASED = struct.Struct("<B")
-#: longest request id a binary extend carries
-MAX_REQUEST_ID = 255
 
 
 class Request(NamedTuple):
@@ -171,10 +171,18 @@ def sample_frame(table: str, *, slot: int, batch_size: int, timeout: float | Non
 def extend_frame(
     table: str, *, slot: int, rows: int, timeout: float | None, request_id: str | None
 ) -> bytes:
-    """An EXTEND request's frame (``request_id`` of at most :data:`MAX_REQUEST_ID` bytes)."""
-    rid = (request_id or "").encode()
-    if len(rid) > MAX_REQUEST_ID:
-        raise ValueError(f"a request id of {len(rid)} bytes exceeds {MAX_REQUEST_ID}")
+    """An EXTEND request's frame.
+
+    The request id is not checked here: the server checks it as every door's (its
+    parameter model). The frame carries any id the contract accepts, and more.
+
+    Raises:
+        ValueError: a request id that is not latin-1 or longer than 255 characters (the
+            field's width): one the contract refuses, or HTTP cannot carry either.
+    """
+    rid = (request_id or "").encode("latin-1")
+    if len(rid) > 255:
+        raise ValueError(f"a request id of {len(rid)} characters does not fit a binary frame")
     head = _EXTEND.pack(EXTEND, len(rid), slot, rows, _seconds(timeout))
     return _framed(head + rid + table.encode())
 
@@ -201,7 +209,7 @@ def read_request(body: bytes) -> Request:
             rest = body[_EXTEND.size :]
             if len(rest) < k:
                 raise ShmProtocolError("an extend frame shorter than its request id")
-            rid, table = rest[:k].decode() or None, rest[k:].decode()
+            rid, table = rest[:k].decode("latin-1") or None, rest[k:].decode()
         elif op == RELEASE:
             if len(body) != _RELEASE.size:
                 raise ShmProtocolError(f"a release frame is {_RELEASE.size} bytes")
@@ -212,7 +220,7 @@ def read_request(body: bytes) -> Request:
     except struct.error:
         raise ShmProtocolError(f"a binary frame of operation {op} is too short") from None
     except UnicodeDecodeError:
-        raise ShmProtocolError("a table name or request id that is not UTF-8") from None
+        raise ShmProtocolError("a table name that is not UTF-8") from None
     return Request(op, slot, rows, None if math.isnan(timeout) else timeout, table, rid)
 
 

@@ -30,11 +30,8 @@ class Calls:
         self._threads = 0
         # A hung Redis holds each call for its timeout: a few at a time, so that one
         # table cannot take every worker thread from the others.
-        self._gate: asyncio.Semaphore | None = None
-        self._gate_timeout = 0.0
-        if table.spec.backend.kind == "redis":
-            self._gate = asyncio.Semaphore(REDIS_CALLS)
-            self._gate_timeout = table.backend.conn.timeout  # type: ignore[attr-defined]
+        self._connection = table.backend.connection  # the Redis its rows live in, if any
+        self._gate = None if self._connection is None else asyncio.Semaphore(REDIS_CALLS)
 
     @property
     def idle(self) -> bool:
@@ -64,14 +61,14 @@ class Calls:
         """A redis table's call: at most :data:`REDIS_CALLS` in threads at once; a call
         that waits longer than the Redis timeout for its turn fails (the ones ahead are
         stuck on a Redis that does not answer)."""
-        assert self._gate is not None
+        conn = self._connection
+        assert self._gate is not None and conn is not None
         try:
-            await asyncio.wait_for(self._gate.acquire(), self._gate_timeout)
+            await asyncio.wait_for(self._gate.acquire(), conn.timeout)
         except TimeoutError:
-            conn = self.table.backend.conn  # type: ignore[attr-defined]
             raise BackendError(
                 f"table {self.table.name!r}: {REDIS_CALLS} calls have been waiting on Redis "
-                f"{conn.name!r} ({conn.describe()}) for over {self._gate_timeout:g}s "
+                f"{conn.name!r} ({conn.describe()}) for over {conn.timeout:g}s "
                 "(--redis-timeout); it is hung, overloaded or unreachable",
                 table=self.table.name,
             ) from None

@@ -380,7 +380,7 @@ class TableHandle:
     @property
     def last_state(self) -> str:
         """The table's state as last found (see :meth:`state`), without asking its Redis."""
-        return getattr(self.table.backend, "state", "ok")
+        return self.table.backend.state
 
     async def state(self) -> str:
         """Whether the table can serve: ``"ok"``; ``"lost"`` (its Redis restarted empty:
@@ -391,9 +391,9 @@ class TableHandle:
         one probe at a time), waited for up to :data:`PROBE_WAIT` seconds: a hung Redis does
         not hold the answer (its table is unreachable once its probe has timed out).
         """
-        probe = getattr(self.table.backend, "probe", None)
-        if probe is not None:
+        backend = self.table.backend
+        if backend.connection is not None:  # rows in a server: it is asked
             await asyncio.wait(
-                [asyncio.ensure_future(run_in_threadpool(probe))], timeout=PROBE_WAIT
+                [asyncio.ensure_future(run_in_threadpool(backend.probe))], timeout=PROBE_WAIT
             )
         return self.last_state

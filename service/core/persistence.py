@@ -23,8 +23,8 @@ from tdreplay.codec.exports import ExportedPath, export_format
 from tdreplay.codec.minari_files import write_minari
 from tdreplay.codec.params import (
     ExportBody,
-    LoadBegin,
-    LoadPart,
+    LoadBeginParams,
+    LoadPartParams,
     LoadUpload,
     PathBody,
 )
@@ -224,7 +224,7 @@ class PersistenceOps(CorePart):
             await run_in_threadpool(shutil.rmtree, folder, True)
         return await handle.info()
 
-    async def load_begin(self, name: str, params: LoadBegin) -> Upload:
+    async def load_begin(self, name: str, params: LoadBeginParams) -> Upload:
         """Begin a load in parts of an archive of ``params.size`` bytes (:mod:`.uploads`).
 
         Raises:
@@ -236,7 +236,7 @@ class PersistenceOps(CorePart):
         return upload
 
     async def load_part(
-        self, name: str, params: LoadPart, read: Callable[[], Awaitable[memoryview]]
+        self, name: str, params: LoadPartParams, read: Callable[[], Awaitable[memoryview]]
     ) -> Upload:
         """Add the part ``read()`` gives to a load in parts (see :meth:`.uploads.Uploads.part`)."""
         return await self.uploads.part(name, params.upload, params.offset, read)

@@ -36,8 +36,8 @@ from tdreplay.codec.operations import (
 )
 from tdreplay.codec.params import (
     ExportBody,
-    LoadBegin,
-    LoadPart,
+    LoadBeginParams,
+    LoadPartParams,
     LoadUpload,
     PathBody,
 )
@@ -240,7 +240,7 @@ def _upload(core: Any, upload: Any) -> dict[str, Any]:
     response_model=UploadAnswer,
     responses=error_responses(PayloadTooLarge, InsufficientStorage),
 )
-async def load_begin(name: TableName, core: CoreDep, body: LoadBegin) -> dict[str, Any]:
+async def load_begin(name: TableName, core: CoreDep, body: LoadBeginParams) -> dict[str, Any]:
     """Begin a load of an archive of ``size`` bytes (at most ``--max-load-bytes``) in parts:
     answers the upload's id and the part size; send the parts (``load/part``), then
     ``load/commit``. An upload idle over ``--load-timeout`` is dropped."""
@@ -257,7 +257,7 @@ async def load_begin(name: TableName, core: CoreDep, body: LoadBegin) -> dict[st
     openapi_extra=TAR_REQUEST,
 )
 async def load_part(
-    request: Request, name: TableName, core: CoreDep, params: Annotated[LoadPart, Query()]
+    request: Request, name: TableName, core: CoreDep, params: Annotated[LoadPartParams, Query()]
 ) -> dict[str, Any]:
     """The archive's bytes from ``offset`` (where those received end; a retry may repeat
     received bytes, the same ones), at most the part size. Answers the bytes received."""

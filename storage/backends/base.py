@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Literal
 
 import torch
 from tensordict import TensorDictBase
 
 from ..extents import Extents
+from ..redis_conn import RedisConnection
 from ..spec import NestedKey, TableSpec
+
+#: whether a backend's rows are there to serve (see :attr:`Backend.state`)
+BackendState = Literal["ok", "unreachable", "lost"]
 
 Rows = slice | torch.Tensor
 """Rows to write: a ``slice`` for a contiguous run (the fast path) or an int64 index tensor."""
@@ -42,6 +47,9 @@ class Backend:
     kind: str = ""
     #: a file backend's reserved rows (``None``: the backend holds its rows in memory)
     extents: Extents | None = None
+    #: the server the rows live in (a Redis table's connection: every call waits on it, each
+    #: command up to its ``timeout``); ``None``: in this process's memory or files
+    connection: RedisConnection | None = None
 
     def __init__(self, spec: TableSpec, storage: TensorDictBase) -> None:
         self.spec = spec
@@ -56,6 +64,19 @@ class Backend:
         #: the TensorDict that ``from_schema`` returned
         self.storage = storage
         self._row_nbytes = [math.prod(self.shapes[k]) * self.dtypes[k].itemsize for k in self.keys]
+
+    # -- state -------------------------------------------------------------
+    @property
+    def state(self) -> BackendState:
+        """``"ok"``: the rows are there to serve. Rows in a server (:attr:`connection`) may
+        be ``"unreachable"`` (it does not answer) or ``"lost"`` (it lost them)."""
+        return "ok"
+
+    def probe(self) -> BackendState:
+        """Look whether the rows are still there, without raising; returns :attr:`state`.
+        Rows in a server: it is asked (a blocking call of up to the connection's timeout;
+        one probe at a time). Rows here: nothing to ask."""
+        return self.state
 
     # -- I/O ---------------------------------------------------------------
     def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:

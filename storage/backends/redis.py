@@ -26,7 +26,7 @@ from tensordict import TensorDict, TensorDictBase, TensorDictStore
 from ..errors import BackendError, TableLost, TDReplayError
 from ..redis_conn import RedisConnection
 from ..spec import NestedKey, TableSpec
-from .base import Backend, Rows, carrier
+from .base import Backend, BackendState, Rows, carrier
 from .redis_keys import (
     check_string_sizes,
     delete_keys,
@@ -89,7 +89,7 @@ class RedisBackend(Backend):
         self, spec: TableSpec, storage: TensorDictBase, conn: RedisConnection, *, held: int = 0
     ) -> None:
         super().__init__(spec, storage)
-        self.conn = conn
+        self.connection: RedisConnection = conn
         self.url = conn.describe()
         self.flat = {k: REDIS_SEP.join(k) for k in self.keys}
         self.client = redis_client(conn)
@@ -174,7 +174,7 @@ class RedisBackend(Backend):
         self._checked = time.monotonic()
 
     @property
-    def state(self) -> str:
+    def state(self) -> BackendState:
         """``"ok"``; ``"unreachable"`` while the last marker check failed (Redis down, hung
         or refusing: back to ``"ok"`` once a check succeeds); ``"lost"`` once the marker was
         found missing (never back to ``"ok"``)."""
@@ -207,7 +207,7 @@ class RedisBackend(Backend):
             raise self._lost_error()
         self._checked = time.monotonic()
 
-    def probe(self) -> str:
+    def probe(self) -> BackendState:
         """:meth:`check` without raising, one probe at a time; returns :attr:`state`."""
         if not self._lost and self._probing.acquire(blocking=False):
             try:
@@ -220,7 +220,7 @@ class RedisBackend(Backend):
 
     def _lost_error(self) -> TableLost:
         return TableLost(
-            f"table {self.spec.name!r}: its data in Redis {self.conn.name!r} ({self.url}) is gone: "
+            f"table {self.spec.name!r}: its data in Redis {self.connection.name!r} ({self.url}) is gone: "
             f"the marker key {self.marker_key!r} written when the table was created is missing, "
             "so that Redis restarted without persistence, or was flushed, or evicted the keys. "
             "The table serves nothing rather than zeros: restore it from a checkpoint, or delete "
@@ -236,7 +236,7 @@ class RedisBackend(Backend):
         try:
             return fn()
         except redis.RedisError as err:
-            raise failure(self.spec.name, self.conn, doing, err) from err
+            raise failure(self.spec.name, self.connection, doing, err) from err
 
     # -- I/O -----------------------------------------------------------------
     def _pack(self, data: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
@@ -297,7 +297,7 @@ class RedisBackend(Backend):
             if len(data) != target.numel() * target.element_size():
                 self.check(force=True)  # a missing string reads as b"": a lost table, most likely
                 raise BackendError(
-                    f"table {self.spec.name!r}: Redis {self.conn.name!r} ({self.url}) answered "
+                    f"table {self.spec.name!r}: Redis {self.connection.name!r} ({self.url}) answered "
                     f"{len(data)} bytes for {len(index)} rows of field {self.flat[key]!r}",
                     table=self.spec.name,
                 )
@@ -335,7 +335,7 @@ class RedisBackend(Backend):
             log.warning(
                 "table %r: its keys in Redis %r were not deleted: %s",
                 self.spec.name,
-                self.conn.name,
+                self.connection.name,
                 err,
             )
 

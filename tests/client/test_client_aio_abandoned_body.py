@@ -22,6 +22,7 @@ import torch
 from tdreplay.client import errors
 from tdreplay.client.aio_transport import AsyncTransport
 from tdreplay.client.commands import Extend
+from tdreplay.client.settings import ClientSettings
 
 BODY = 64 << 20  # far more than the kernel's socket buffers hold
 
@@ -51,7 +52,8 @@ def test_a_timed_out_request_stops_sending_its_body() -> None:
     req = Extend("t", {"obs": torch.zeros(BODY // 4096, 4096, dtype=torch.uint8)}).request()
 
     async def main() -> None:
-        transport = AsyncTransport(f"http://127.0.0.1:{port}", timeout=0.5)
+        url = f"http://127.0.0.1:{port}"
+        transport = AsyncTransport(url, ClientSettings((url,), timeout=0.5))
         with pytest.raises(errors.Timeout):
             await transport.execute(req)
         timed_out.set()

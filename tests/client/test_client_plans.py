@@ -10,7 +10,7 @@ from tensordict import TensorDict
 
 from tdreplay.client import ClientSettings, ConnectionFailed, ProtocolError, route, split_batch
 from tdreplay.client import commands as C
-from tdreplay.client.plans import Calls
+from tdreplay.client.plans import Plans
 from tdreplay.client.steps import Call, Gather, Pause
 from tdreplay.codec import encode
 
@@ -46,8 +46,8 @@ def _partial(answer: Any, call: Call) -> Any:
         return err
 
 
-def calls(n: int) -> Calls:
-    return Calls(ClientSettings(urls=tuple(f"http://s{i}" for i in range(n))))
+def calls(n: int) -> Plans:
+    return Plans(ClientSettings(urls=tuple(f"http://s{i}" for i in range(n))))
 
 
 def rows(n: int) -> TensorDict:

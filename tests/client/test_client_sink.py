@@ -17,6 +17,7 @@ import pytest
 from tdreplay.client.aio_transport import AsyncTransport
 from tdreplay.client.commands import Request, Response
 from tdreplay.client.errors import Timeout
+from tdreplay.client.settings import ClientSettings
 from tdreplay.client.transport import Transport
 
 BODY = bytes(range(256)) * (3 * 4096 + 7)  # ~3 MiB: several pieces of 1 MiB
@@ -79,10 +80,10 @@ class Collect:
 def execute(twin: str, port: int, req: Request, timeout: float = 5.0) -> Response:
     url = f"http://127.0.0.1:{port}"
     if twin == "sync":
-        return Transport(url, timeout=timeout).execute(req)
+        return Transport(url, ClientSettings((url,), timeout=timeout)).execute(req)
 
     async def main() -> Response:
-        transport = AsyncTransport(url, timeout=timeout)
+        transport = AsyncTransport(url, ClientSettings((url,), timeout=timeout))
         try:
             return await transport.execute(req)
         finally:
@@ -143,7 +144,7 @@ def test_a_failing_sink_fails_the_call(twin: str) -> None:
     sink = Collect(fail_after=1 << 20)
     with srv, pytest.raises(OSError, match="No space left") as err:
         if twin == "sync":
-            transport: Any = Transport(url, timeout=5)
+            transport: Any = Transport(url, ClientSettings((url,), timeout=5))
             try:
                 transport.execute(Request("GET", "/export", sink=sink))
             finally:
@@ -151,7 +152,7 @@ def test_a_failing_sink_fails_the_call(twin: str) -> None:
         else:
 
             async def main() -> None:
-                transport = AsyncTransport(url, timeout=5)
+                transport = AsyncTransport(url, ClientSettings((url,), timeout=5))
                 try:
                     await transport.execute(Request("GET", "/export", sink=sink))
                 finally:

@@ -14,6 +14,7 @@ import pytest
 from tdreplay.client import ConnectionFailed, ProtocolError, Timeout
 from tdreplay.client.aio_transport import AsyncTransport
 from tdreplay.client.commands import Request
+from tdreplay.client.settings import ClientSettings
 from tdreplay.client.transport import Transport
 
 BIG = bytes(range(256)) * 4096  # 1 MiB
@@ -94,7 +95,7 @@ def closed_port() -> int:
 
 def test_keep_alive_pool_reuses_one_connection(server: tuple[str, type[Handler]]) -> None:
     url, handler = server
-    t = Transport(url, token="sekrit")
+    t = Transport(url, ClientSettings((url,), token="sekrit"))
     for _ in range(5):
         r = t.execute(Request("GET", "/echo-headers"))
         assert r.status == 200
@@ -135,7 +136,8 @@ def test_bodiless_answers_free_the_connection(server: tuple[str, type[Handler]])
 
 
 def test_refused_connection_is_connection_failed() -> None:
-    t = Transport(f"http://127.0.0.1:{closed_port()}", connect_timeout=2)
+    url = f"http://127.0.0.1:{closed_port()}"
+    t = Transport(url, ClientSettings((url,), connect_timeout=2))
     with pytest.raises(ConnectionFailed) as info:
         t.execute(Request("GET", "/"))
     assert info.value.sent is False
@@ -143,7 +145,7 @@ def test_refused_connection_is_connection_failed() -> None:
 
 def test_read_timeout(server: tuple[str, type[Handler]]) -> None:
     url, _ = server
-    t = Transport(url, timeout=0.2)
+    t = Transport(url, ClientSettings((url,), timeout=0.2))
     with pytest.raises(Timeout):
         t.execute(Request("GET", "/slow"))
 
@@ -168,7 +170,7 @@ def test_async_transport(server: tuple[str, type[Handler]]) -> None:
     url, handler = server
 
     async def main() -> None:
-        t = AsyncTransport(url, token="tok", timeout=0.3)
+        t = AsyncTransport(url, ClientSettings((url,), token="tok", timeout=0.3))
         r = await t.execute(Request("GET", "/echo-headers"))
         assert r.json()["Authorization"] == "Bearer tok"
         assert bytes((await t.execute(Request("GET", "/big"))).body) == BIG
@@ -255,7 +257,8 @@ def test_answers_the_parser_must_read(answer: bytes, status: int, body: bytes) -
 def test_malformed_answers_are_protocol_errors(answer: bytes) -> None:
     srv, port = scripted_server(answer, close=False)
     with srv, pytest.raises(ProtocolError):
-        Transport(f"http://127.0.0.1:{port}", timeout=5).execute(Request("GET", "/"))
+        url = f"http://127.0.0.1:{port}"
+        Transport(url, ClientSettings((url,), timeout=5)).execute(Request("GET", "/"))
 
 
 def test_an_answer_cut_short_is_connection_failed() -> None:
@@ -304,7 +307,8 @@ def test_a_pooled_connection_that_dies_mid_call_may_have_sent_it() -> None:
     it may have reached the server (``sent``): a sharded extend that took "refused" for
     "never sent" went to another server and was stored twice."""
     srv, port, _ = resetting_server(dies=True)
-    t = Transport(f"http://127.0.0.1:{port}", connect_timeout=2)
+    url = f"http://127.0.0.1:{port}"
+    t = Transport(url, ClientSettings((url,), connect_timeout=2))
     assert t.execute(Request("GET", "/")).status == 200
     with pytest.raises(ConnectionFailed) as info:
         t.execute(Request("POST", "/v1/extend", body=memoryview(b"rows")))
@@ -314,7 +318,8 @@ def test_a_pooled_connection_that_dies_mid_call_may_have_sent_it() -> None:
     srv, port, _ = resetting_server(dies=True)
 
     async def twin() -> None:
-        t = AsyncTransport(f"http://127.0.0.1:{port}", connect_timeout=2)
+        url = f"http://127.0.0.1:{port}"
+        t = AsyncTransport(url, ClientSettings((url,), connect_timeout=2))
         assert (await t.execute(Request("GET", "/"))).status == 200
         with pytest.raises(ConnectionFailed) as info:
             await t.execute(Request("POST", "/v1/extend", body=memoryview(b"rows")))
@@ -331,7 +336,8 @@ def test_a_call_that_must_not_be_repeated_is_sent_once(idempotent: bool) -> None
     twice - the server may have acted on it - and says it may have been sent."""
     srv, port, seen = resetting_server()
     with srv:
-        t = Transport(f"http://127.0.0.1:{port}", connect_timeout=2)
+        url = f"http://127.0.0.1:{port}"
+        t = Transport(url, ClientSettings((url,), connect_timeout=2))
         assert t.execute(Request("GET", "/first")).status == 200
         second = Request("POST", "/v1/tables", body=b"{}", idempotent=idempotent)
         if idempotent:
@@ -367,7 +373,8 @@ def test_the_async_transport_sends_a_call_that_must_not_be_repeated_once(
     srv, port, seen = resetting_server()
 
     async def main() -> None:
-        t = AsyncTransport(f"http://127.0.0.1:{port}", connect_timeout=2)
+        url = f"http://127.0.0.1:{port}"
+        t = AsyncTransport(url, ClientSettings((url,), connect_timeout=2))
         assert (await t.execute(Request("GET", "/first"))).status == 200
         second = Request("POST", "/v1/tables", body=b"{}", idempotent=idempotent)
         if idempotent:

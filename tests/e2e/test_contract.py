@@ -4,8 +4,11 @@ rule of the contract gives the same error on either side."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +18,12 @@ from fastapi.routing import APIRoute
 from test_shm import spec
 from testkit import rows
 
-from tdreplay.client import InvalidRequest, ReplayClient
+from tdreplay.client import AsyncReplayClient, InvalidRequest, ReplayClient
 from tdreplay.client import commands as C
 from tdreplay.client import persistence as P
 from tdreplay.codec import operations as ops
 from tdreplay.service import Settings, create_app
+from tdreplay.torchrl import TDReplayBuffer
 
 
 def _routes() -> dict[str, APIRoute]:
@@ -181,3 +185,38 @@ def test_a_batch_size_out_of_range_is_the_servers_error_over_either_transport(
             "batch_size",
         )
     assert ReplayClient(server.url).info("sizes")["sampler"]["kind"] == "uniform"
+
+
+@pytest.mark.parametrize("bad", [True, False])
+def test_a_boolean_batch_size_is_refused_through_every_door(live_server: Any, bad: bool) -> None:
+    """A batch size is a number of items: ``True`` is refused as a slot is (it was a batch of
+    one through the client, its loader and the TorchRL buffer, over either transport)."""
+    server = live_server()
+    ReplayClient(server.url).create_table(spec("bools", {"kind": "uniform"}, capacity=8))
+    ReplayClient(server.url).extend("bools", rows(0, 4))
+    status, _, body = server.request("POST", f"/v1/tables/bools/sample?batch_size={bad}")
+    assert status == 400 and json.loads(body)["field"] == "batch_size"
+    for transport in ("http", "shm"):
+        with ReplayClient(server.url, transport=transport) as client:
+            with _refused():
+                client.sample("bools", bad)
+            with _refused():
+                next(iter(client.loader("bools", batch_size=bad, num_batches=1)))
+        with _refused():
+            asyncio.run(_async_sample(server.url, transport, bad))
+        with _refused():
+            TDReplayBuffer(server.url, "bools", batch_size=bad, transport=transport)
+    assert ReplayClient(server.url).info("bools")["samples"] == 0
+
+
+@contextlib.contextmanager
+def _refused() -> Iterator[None]:
+    rule = "a batch size is a number of items, not a boolean"
+    with pytest.raises(InvalidRequest, match=rule) as refused:
+        yield
+    assert refused.value.field == "batch_size"
+
+
+async def _async_sample(url: str, transport: str, batch_size: bool) -> None:
+    async with AsyncReplayClient(url, transport=transport) as client:
+        await client.sample("bools", batch_size)

@@ -14,6 +14,8 @@ from testkit import FIELDS, rows
 
 from tdreplay.client import ReplayClient, ServerError
 from tdreplay.codec import encode, protocol
+from tdreplay.codec.params import MAX_REQUEST_ID
+from tdreplay.codec.shm import HEADER, extend_frame, read_request
 
 RID = protocol.REQUEST_ID
 
@@ -61,3 +63,33 @@ def test_an_id_reused_for_other_rows_is_refused(live_server: Any, door: str) -> 
     assert extend(0) == (200, list(range(8)))  # the retry: answered, not inserted
     assert client.info(name)["inserts"] == 8
     client.close()
+
+
+@pytest.mark.parametrize(
+    "request_id",
+    ["a" * MAX_REQUEST_ID, "a" * (MAX_REQUEST_ID + 1), "a" * 256, "é" * MAX_REQUEST_ID],
+    ids=["longest", "one-over", "past-the-frame", "latin-1"],
+)
+def test_both_doors_give_a_request_id_the_same_answer(live_server: Any, request_id: str) -> None:
+    if not hasattr(os, "memfd_create"):
+        pytest.skip("needs memfd_create")
+    server = live_server()
+    answers = []
+    for door in ["http", "shm"]:
+        with ReplayClient(server.url, transport=door) as client:
+            name = f"id-{door}"
+            client.create_table({"name": name, "capacity": 64, "fields": FIELDS})
+            try:
+                answers.append(client.extend(name, rows(0, 2), request_id=request_id).tolist())
+            except Exception as err:  # the answer compared, whatever it is
+                answers.append((type(err).__name__, getattr(err, "field", None)))
+            answers.append(client.info(name)["inserts"])
+    fits = len(request_id) <= MAX_REQUEST_ID
+    expected = [[0, 1], 2] if fits else [("InvalidRequest", RID), 0]
+    assert answers == expected * 2
+
+
+def test_a_binary_extend_frame_carries_the_contracts_longest_id() -> None:
+    longest = "ÿ" * MAX_REQUEST_ID  # latin-1's widest character, as an HTTP header carries it
+    frame = extend_frame("t", slot=0, rows=1, timeout=None, request_id=longest)
+    assert read_request(frame[HEADER.size :]).request_id == longest

@@ -297,3 +297,15 @@ def test_small_and_large_gathers_read_the_same_rows(backend: dict, tables) -> No
             table.backend.gather_rows([0, -1], target.bufs, target.row_bytes)
         assert all(torch.equal(out[k], before[k]) for k in out)
         assert all(torch.equal(target.bufs[k], before[k]) for k in out)
+
+
+def test_every_backend_says_whether_its_rows_are_there(backend: dict, tables) -> None:
+    """What the service asks of any backend (typed on the base, no duck typing): its state,
+    a probe, and the server its rows live in (a Redis table's, whose timeout gates calls)."""
+    table = tables.create(make_spec(capacity=8, backend=backend))
+    store = table.backend
+    assert store.probe() == store.state == "ok"
+    connection = store.connection
+    assert (connection is not None) == (backend["kind"] == "redis")
+    if connection is not None:
+        assert connection.name == "default" and connection.timeout > 0
