@@ -136,6 +136,8 @@ class Draws(TableBase):
             InvalidRequest: ``batch_size`` < 1, above capacity, not a multiple of
                 ``slice_len``, or ``out`` does not fit.
             RateLimitTimeout: the sample waited ``timeout`` seconds.
+            EmptyTableError: the same, and the table held no item when ``timeout`` ran
+                out (a :class:`RateLimitTimeout` too).
             TableClosed: the table is closed, or was closed while the sample waited.
         """
         return self._sample(batch_size, timeout, out)
