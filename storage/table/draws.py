@@ -13,6 +13,7 @@ from tdreplay.codec.priorities import priorities
 
 from ..backends.tensor import SMALL_BATCH
 from ..errors import InvalidRequest
+from ..samplers import no_priorities
 from ..tensordicts import nest, nest_by
 from ..validation import SampleTarget
 from .base import TableBase, _HeldBack
@@ -83,7 +84,7 @@ class Draws(TableBase):
                 expected=f"[1, {self.capacity}]",
                 got=batch_size,
             )
-        self.sampler.check_batch_size(n)
+        self.sampler.check_batch_size(n, self.name)
         return n
 
     def target(self, out: TensorDictBase, batch_size: int) -> SampleTarget:
@@ -260,10 +261,13 @@ class Draws(TableBase):
         Raises:
             InvalidRequest: the sampler has no priorities, the lengths differ, an
                 index is out of range, a key is not an integer, or a priority is
-                negative or not finite. Nothing is updated.
+                negative or not finite. Nothing is updated; the error names the table.
         """
-        index = torch.as_tensor(index).reshape(-1).to(torch.int64)
-        priority = priorities(priority, f"table {self.name!r}")  # the one rule of a priority
+        if not self.sampler.has_priorities:
+            raise no_priorities(self.name, self.sampler.kind)
+        index = self._slots_of(index)
+        # the one rule of a priority
+        priority = priorities(priority, f"table {self.name!r}", table=self.name)
         check_lengths(index, priority=priority, table=self.name)
         key = self._keys_of(index, key)
         with self._cond:

@@ -10,6 +10,7 @@ import torch
 from tdreplay.codec.priorities import priorities
 
 from ..errors import InvalidRequest
+from ..samplers import no_priorities
 from ..spec import NestedKey, join_key
 from .base import TableBase, _HeldBack
 
@@ -96,13 +97,9 @@ class Inserts(TableBase):
         the max-value writer's values."""
         data, n = self._check.rows(td)
         if priority is not None:
-            if self.sampler.kind != "prioritized":
-                raise InvalidRequest(
-                    f"table {self.name!r}: priorities given but the sampler is {self.sampler.kind!r}",
-                    table=self.name,
-                    field="priority",
-                )
-            priority = priorities(priority, f"table {self.name!r}")
+            if not self.sampler.has_priorities:
+                raise no_priorities(self.name, self.sampler.kind)
+            priority = priorities(priority, f"table {self.name!r}", table=self.name)
             if len(priority) == 1 and n != 1:
                 priority = priority.expand(n)
             if len(priority) != n:
