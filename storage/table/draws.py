@@ -119,11 +119,18 @@ class Draws(TableBase):
         """Draw ``batch_size`` items.
 
         Waits while the rate limiter holds samples back (too few items, or
-        too few inserts for ``samples_per_insert``).
+        too few inserts for ``samples_per_insert``). By default (``timeout=None``)
+        it waits for good: in-process only another thread's :meth:`extend` (or a
+        :meth:`close`) releases it, so a single-threaded script that samples a table
+        holding fewer than ``min_size_to_sample`` items never returns. Give
+        ``timeout`` there (``0``: raise at once), or ask :meth:`try_sample` (``None``
+        when held back) or :meth:`can_sample`. The server and the client wait 30 s
+        by default (``--default-timeout``, ``ReplayClient(wait=)``).
 
         Args:
             batch_size: number of items; for the slice sampler a multiple of ``slice_len``.
-            timeout: seconds to wait for the rate limiter; ``None`` waits as long as it takes.
+            timeout: seconds to wait for the rate limiter; ``None`` (the default) waits as
+                long as it takes, for good if nothing else inserts.
             out: a TensorDict of batch ``[batch_size]`` with the schema's keys (and
                 optionally the sample-info keys) to gather into instead of
                 allocating; e.g. a previous batch. Or a :meth:`target` made of one,

@@ -55,11 +55,14 @@ class Inserts(TableBase):
         flat columns ``{nested key: tensor [N, *shape]}`` (no nesting needed: a server
         hands over decoded columns as they are).
 
-        Waits while the rate limiter (or a full queue/stack) holds inserts back.
+        Waits while the rate limiter (or a full queue/stack) holds inserts back; by
+        default (``timeout=None``) for good, until another thread samples (see
+        :meth:`sample`).
 
         Args:
             td: the items; exactly the schema's keys, shapes and dtypes.
-            timeout: seconds to wait for the rate limiter; ``None`` waits as long as it takes.
+            timeout: seconds to wait for the rate limiter; ``None`` (the default) waits as
+                long as it takes.
             priority: initial priorities (prioritized sampler only; default: its initial priority).
             tag: a nonzero int64 naming this insert (e.g. a hash of the client's request
                 id), kept with each item, durably for memmap tables: ``tagged()``

@@ -118,6 +118,18 @@ def test_a_sample_held_back_by_an_empty_table_is_empty_table_error(tables) -> No
         fifo.sample(1, timeout=0)
 
 
+def test_by_default_a_sample_waits_until_another_thread_inserts(tables) -> None:
+    """The in-process default the README and ``Table.sample`` state: ``timeout=None`` waits
+    for good (only another thread's extend releases it); ``try_sample`` and ``timeout=0``
+    are the answers for a single-threaded script."""
+    table = limited(tables)
+    assert table.try_sample(1) is None and not table.can_sample(1)
+    call = Call(lambda: table.sample(1))
+    assert call.blocked(0.3)
+    table.extend(rows(0, 1))
+    assert call.join()["id"].tolist() == [0]
+
+
 def spi_table(tables, **extra):
     # min_diff = 2*1 - 4 = -2, max_diff = 2*1 + 4 = 6
     return limited(tables, min_size_to_sample=1, samples_per_insert=2.0, error_buffer=4.0, **extra)
