@@ -4,11 +4,13 @@
 
 Each table sits between ``<!-- NAME -->`` and ``<!-- /NAME -->`` in README.md
 and is rendered from one file in ``bench/results/`` (see ``TABLES``); a
-missing file leaves its table as it is.
+missing file leaves its table as it is. A README without a table's markers is
+an error, and then nothing is written.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -256,8 +258,25 @@ TABLES = {
 }
 
 
-def main() -> int:
-    readme = REPO / "README.md"
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        epilog=f"The tables: {', '.join(TABLES)}.",
+    )
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        default=REPO / "README.md",
+        help="the file whose tables to rewrite (default: the repository's README.md)",
+    )
+    args = parser.parse_args(argv)
+    if not args.readme.is_file():
+        parser.error(f"--readme {args.readme}: no such file")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    readme = parse_args(argv).readme
     text = readme.read_text()
     for name, (render, source) in TABLES.items():
         if not (RESULTS / source).exists():
@@ -265,7 +284,7 @@ def main() -> int:
             continue
         pattern = re.compile(rf"(<!-- {name} -->\n).*?(<!-- /{name} -->)", re.S)
         if not pattern.search(text):
-            print(f"README.md has no <!-- {name} --> markers", file=sys.stderr)
+            print(f"{readme} has no <!-- {name} --> markers: nothing written", file=sys.stderr)
             return 1
         body = render()
         text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)

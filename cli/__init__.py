@@ -136,7 +136,7 @@ def add_remote_commands(sub: Any) -> None:
     _connection(p)
 
     p = sub.add_parser("info", help="a table's info, as JSON")
-    p.add_argument("table")
+    p.add_argument("table", help="the name of the table to describe")
     _connection(p)
 
     p = sub.add_parser("create", help="create tables from schema files")
@@ -156,24 +156,24 @@ def add_remote_commands(sub: Any) -> None:
     _connection(p)
 
     p = sub.add_parser("drop", help="delete a table and its data")
-    p.add_argument("table")
+    p.add_argument("table", help="the name of the table to delete")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     _connection(p)
 
     p = sub.add_parser("clear", help="empty a table: its rows go, its schema stays")
-    p.add_argument("table")
+    p.add_argument("table", help="the name of the table to empty")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     _connection(p)
 
     p = sub.add_parser("checkpoint", help="checkpoint a table on the server")
-    p.add_argument("table")
+    p.add_argument("table", help="the name of the table to checkpoint")
     p.add_argument(
         "path", nargs="?", help="under the server's data root (default: checkpoints/TABLE)"
     )
     _connection(p)
 
     p = sub.add_parser("restore", help="restore a table from a checkpoint on the server")
-    p.add_argument("table")
+    p.add_argument("table", help="the name of the table to restore (replaced if it exists)")
     p.add_argument(
         "path", nargs="?", help="under the server's data root (default: checkpoints/TABLE)"
     )
@@ -185,8 +185,8 @@ def add_remote_commands(sub: Any) -> None:
         description="Stream a fresh checkpoint of TABLE (rows, sampler and priorities, writer "
         "position, rate-limiter counters) into DIR, a new or empty folder here.",
     )
-    p.add_argument("table")
-    p.add_argument("folder", metavar="DIR")
+    p.add_argument("table", help="the name of the table to save")
+    p.add_argument("folder", metavar="DIR", help="a new or empty local folder to save it into")
     _progress(p)
     _connection(p)
 
@@ -196,8 +196,8 @@ def add_remote_commands(sub: Any) -> None:
         description="Replace (or create) TABLE on the server from DIR, sent in parts within "
         "the server's --max-body-bytes (at most its --max-load-bytes in all).",
     )
-    p.add_argument("table")
-    p.add_argument("folder", metavar="DIR")
+    p.add_argument("table", help="the name of the table to replace or create")
+    p.add_argument("folder", metavar="DIR", help="a local folder that `tdreplay dump` wrote")
     _progress(p)
     _connection(p)
 
@@ -253,14 +253,19 @@ def add_remote_commands(sub: Any) -> None:
         "field (as `tdreplay export` writes them, or through --map), or the Minari dataset "
         "--dataset-id (--format minari), and extend TABLE with its rows, CHUNK at a time.",
     )
-    p.add_argument("table")
+    p.add_argument("table", help="the name of the table to extend")
     p.add_argument(
         "source",
         nargs="?",
         help="a .parquet file or a folder of them (minari: the datasets root; default: "
         "Minari's, MINARI_DATASETS_PATH or ~/.minari/datasets)",
     )
-    p.add_argument("--format", choices=["parquet", "minari"], default="parquet")
+    p.add_argument(
+        "--format",
+        choices=["parquet", "minari"],
+        default="parquet",
+        help="what SOURCE holds: Parquet files, or a Minari dataset (default: parquet)",
+    )
     p.add_argument(
         "--map",
         action="append",

@@ -17,6 +17,7 @@ from typing import Any
 
 from tdreplay.codec.errors import InvalidRequest
 from tdreplay.codec.exports import ExportedPath, export_format
+from tdreplay.codec.folders import made_for
 from tdreplay.codec.minari_files import dataset_folder, default_root, env_spec_json, write_minari
 from tdreplay.service.cli import CommandError, Exit
 from tdreplay.storage import (
@@ -74,8 +75,10 @@ def export_minari(args: dict[str, Any]) -> None:
     except (ImportError, InvalidRequest) as err:
         raise CommandError(str(err), Exit.USAGE) from None
     progress = show_progress(args)
-    datasets.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=datasets, prefix=".tdreplay-export-") as scratch:
+    with (
+        made_for(datasets),  # gone again, with its parents made here, if the export fails
+        tempfile.TemporaryDirectory(dir=datasets, prefix=".tdreplay-export-") as scratch,
+    ):
         rows = Path(scratch) / "rows.parquet"
         if args.get("checkpoint"):
             source = Path(args["checkpoint"])

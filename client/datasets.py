@@ -38,6 +38,7 @@ from ..codec.dtypes import TORCH
 from ..codec.episodes import trajectory_key_of
 from ..codec.errors import InvalidRequest, PathExists
 from ..codec.exports import ExportedPath, counted, export_format
+from ..codec.folders import made_for
 from ..codec.parquet_import import refused_values
 from ..codec.parquet_read import parquet_files, read_parquet
 from ..codec.protocol import IMPORT_CHUNK, import_chunk, import_rows, rows_written
@@ -144,7 +145,11 @@ def export_minari(
             field="dataset_id",
             got=dataset_id,
         )
-    with aside(root / f"{table}.parquet", progress=progress, desc=f"export {table}") as sink:
+    # a root (and parents) made here go again if the export fails: it leaves nothing it made
+    with (
+        made_for(root),
+        aside(root / f"{table}.parquet", progress=progress, desc=f"export {table}") as sink,
+    ):
         got = yield from plans.export(table, "parquet", sink=sink)
         write = functools.partial(
             minari_files.write_minari,

@@ -16,7 +16,7 @@ an answer raises a :class:`TransportError`. The tree::
     │   ├── TableClosed          the table was closed (deleted, replaced, ...) 409
     │   ├── PathExists           a checkpoint/export path is taken             409
     │   ├── RateLimitTimeout     the rate limiter held the call past timeout   429  (TimeoutError)
-    │   ├── EmptyTableError      nothing to sample                             409
+    │   │   └── EmptyTableError  ... a sample, and the table held no item      429
     │   ├── CheckpointError      a checkpoint could not be written or read     500
     │   │   └── InvalidCheckpoint  damaged, unsupported or unsafe checkpoint   422
     │   ├── InsufficientStorage  disk full, or over the server's byte limits   507

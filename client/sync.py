@@ -281,7 +281,8 @@ class ReplayClient(Persistence, ClientBase):
         owns its memory.
 
         Raises:
-            RateLimitTimeout: the table could not be sampled within ``timeout``.
+            RateLimitTimeout: the table could not be sampled within ``timeout``;
+                EmptyTableError (a subclass) when it held no item then.
             InvalidRequest: a bad batch size (e.g. not a multiple of ``slice_len``).
             TableNotFound, TransportError: as their names say.
         """

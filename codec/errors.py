@@ -18,7 +18,7 @@ the same root::
     │   ├── TableClosed                the table closed under the call          409
     │   ├── PathExists                 a path tdreplay will not overwrite       409
     │   ├── RateLimitTimeout           the rate limiter held the call too long  429  (TimeoutError)
-    │   ├── EmptyTableError            nothing to sample                        409
+    │   │   └── EmptyTableError        ... a sample, and the table held no item 429
     │   ├── CheckpointError            a checkpoint failed or is unreadable     500
     │   │   └── InvalidCheckpoint      damaged, unsupported or unsafe           422
     │   ├── InsufficientStorage        disk full, or over a byte limit          507
@@ -185,10 +185,12 @@ class RateLimitTimeout(TDReplayError, TimeoutError):
     status = 429
 
 
-class EmptyTableError(TDReplayError):
-    """The table holds no item a sampler may return."""
-
-    status = 409
+class EmptyTableError(RateLimitTimeout):
+    """A sample waited past its timeout and the table held no item when it ran out (a
+    ``timeout=0`` sample of an empty table raises it at once): nothing to sample, rather than
+    too few items or too few inserts for ``samples_per_insert``. A :class:`RateLimitTimeout`
+    answered with the same 429, so ``except RateLimitTimeout`` catches it too: the same wait
+    may pass once a collector inserts."""
 
 
 class CheckpointError(TDReplayError):

@@ -24,7 +24,6 @@ Minari is an optional dependency: ``pip install "tdreplay[datasets]"``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ from .episode_rows import episode_rows
 from .episodes import EpisodeLayout, EpisodeSplitter
 from .errors import InvalidRequest, PathExists, SchemaError
 from .exports import ExportedPath
+from .folders import made_for
 from .from_arrow import to_leaves
 from .protocol import IMPORT_CHUNK, import_chunk
 from .spaces import categories, check_categories, space_of
@@ -225,73 +225,71 @@ def write_minari(
                 f"table {spec.get('name')!r} holds no rows: a Minari dataset needs an episode",
                 table=spec.get("name"),
             )
-        # the folders made for it, deepest first: a failed export leaves none behind
-        made = [d for d in (final.parent, *final.parent.parents) if not d.exists()]
-        final.parent.mkdir(parents=True, exist_ok=True)
-        aside = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-        try:
-            aside.mkdir()
-            storage = MinariStorage.new(
-                aside.absolute() / "data",  # Minari joins a relative folder to itself
-                observation_space=space_of(fields, layout.observation, "observation"),
-                action_space=space_of(fields, layout.action, "action"),
-                env_spec=env,
-                data_format=data_format,
-                jpeg_encoding=False,
-            )
-            storage.update_metadata(
-                {
-                    "dataset_id": dataset_id,
-                    "minari_version": minari.__version__,
-                    "tdreplay_version": _version(),
-                    "tdreplay_table": str(spec.get("name", "")),
-                    "tdreplay_schema": json.dumps(spec),
-                    **({"description": description} if description else {}),
-                }
-            )
-            splitter = EpisodeSplitter(layout)
-            declared = categories(fields, [*layout.observation, *layout.action])
-            declared |= {f"next.{k}": n for k, n in declared.items() if k in layout.observation}
-            pending: list[Any] = []
-
-            def flush(episodes: list[Any]) -> None:
-                pending.extend(
-                    EpisodeBuffer(
-                        observations=e.observations,
-                        actions=e.actions,
-                        rewards=e.rewards,
-                        terminations=e.terminations,
-                        truncations=e.truncations,
-                        infos=e.infos,
-                    )
-                    for e in episodes
+        # the folders made for it go again if it fails: a failed export leaves none behind
+        with made_for(final.parent):
+            aside = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+            try:
+                aside.mkdir()
+                storage = MinariStorage.new(
+                    aside.absolute() / "data",  # Minari joins a relative folder to itself
+                    observation_space=space_of(fields, layout.observation, "observation"),
+                    action_space=space_of(fields, layout.action, "action"),
+                    env_spec=env,
+                    data_format=data_format,
+                    jpeg_encoding=False,
                 )
-                if len(pending) >= EPISODES_PER_WRITE:
-                    storage.update_episodes(pending)
-                    pending.clear()
+                storage.update_metadata(
+                    {
+                        "dataset_id": dataset_id,
+                        "minari_version": minari.__version__,
+                        "tdreplay_version": _version(),
+                        "tdreplay_table": str(spec.get("name", "")),
+                        "tdreplay_schema": json.dumps(spec),
+                        **({"description": description} if description else {}),
+                    }
+                )
+                splitter = EpisodeSplitter(layout)
+                declared = categories(fields, [*layout.observation, *layout.action])
+                declared |= {f"next.{k}": n for k, n in declared.items() if k in layout.observation}
+                pending: list[Any] = []
 
-            total = pf.metadata.num_rows
-            show = progress if progress is not None else _tty()
-            with tqdm(
-                total=total, desc=f"minari {dataset_id}", unit="rows", disable=not show
-            ) as bar:
-                for rows in _rows(pf, CHUNK_ROWS):
-                    check_categories(declared, rows, first=splitter.rows)
-                    flush(splitter.feed(rows))
-                    bar.update(len(next(iter(rows.values()))))
-                flush(splitter.finish())
-            if pending:
-                storage.update_episodes(pending)
-            os.rename(aside, final)
-            if splitter.splits:
-                why = "rows missing inside them (removed, consumed, overwritten)"
-                log.warning("Minari %r: %d episode splits: %s", dataset_id, splitter.splits, why)
-        except BaseException:
-            shutil.rmtree(aside, ignore_errors=True)
-            for folder in made:
-                with contextlib.suppress(OSError):  # not empty: another dataset came meanwhile
-                    folder.rmdir()
-            raise
+                def flush(episodes: list[Any]) -> None:
+                    pending.extend(
+                        EpisodeBuffer(
+                            observations=e.observations,
+                            actions=e.actions,
+                            rewards=e.rewards,
+                            terminations=e.terminations,
+                            truncations=e.truncations,
+                            infos=e.infos,
+                        )
+                        for e in episodes
+                    )
+                    if len(pending) >= EPISODES_PER_WRITE:
+                        storage.update_episodes(pending)
+                        pending.clear()
+
+                total = pf.metadata.num_rows
+                show = progress if progress is not None else _tty()
+                with tqdm(
+                    total=total, desc=f"minari {dataset_id}", unit="rows", disable=not show
+                ) as bar:
+                    for rows in _rows(pf, CHUNK_ROWS):
+                        check_categories(declared, rows, first=splitter.rows)
+                        flush(splitter.feed(rows))
+                        bar.update(len(next(iter(rows.values()))))
+                    flush(splitter.finish())
+                if pending:
+                    storage.update_episodes(pending)
+                os.rename(aside, final)
+                if splitter.splits:
+                    why = "rows missing inside them (removed, consumed, overwritten)"
+                    log.warning(
+                        "Minari %r: %d episode splits: %s", dataset_id, splitter.splits, why
+                    )
+            except BaseException:
+                shutil.rmtree(aside, ignore_errors=True)
+                raise
     return ExportedPath.of(final, rows=splitter.rows, splits=splitter.splits)
 
 

@@ -20,13 +20,13 @@ import torch
 from .errors import InvalidRequest
 
 
-def priorities(value: Any, where: str) -> torch.Tensor:
+def priorities(value: Any, where: str, *, table: str | None = None) -> torch.Tensor:
     """``value`` as priorities, float64 ``[N]`` (the sum-tree's dtype: a priority past
     float32's range stays the number it was), each finite and >= 0.
 
     Raises:
         InvalidRequest: a priority is not a number, negative or not finite (``where``
-            names the call).
+            names the call; ``table``, the table's name, is carried by the error).
     """
     if isinstance(value, torch.Tensor):
         kind = "b" if value.dtype == torch.bool else "c" if value.is_complex() else "f"
@@ -36,7 +36,7 @@ def priorities(value: Any, where: str) -> torch.Tensor:
         kind = given.dtype.kind
     if kind not in "iuf":
         raise InvalidRequest(
-            f"{where}: priorities must be numbers, got {given.dtype}", field="priority"
+            f"{where}: priorities must be numbers, got {given.dtype}", field="priority", table=table
         )
     priority = torch.as_tensor(given).to(torch.float64).reshape(-1)
     bad = ~torch.isfinite(priority) | (priority < 0)
@@ -44,5 +44,6 @@ def priorities(value: Any, where: str) -> torch.Tensor:
         raise InvalidRequest(
             f"{where}: priorities must be finite and >= 0, got {priority[bad][0].item()}",
             field="priority",
+            table=table,
         )
     return priority

@@ -107,7 +107,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + _flag(name).replace("_", "-")
         default = field.get_default(call_default_factory=True)
         shown = "unset" if default is None else default
-        help_text = f"{field.description or name} [env {env_var(name)}; default: {shown}]"
+        help_text = f"{field.description} [env {env_var(name)}; default: {shown}]"
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         annotation = field.annotation
         if annotation is bool:
@@ -119,8 +119,9 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
                 annotation = typing.get_args(annotation)[0]
             choices = _choices(annotation)
             if choices:
-                kwargs["choices"] = choices
-            kwargs["metavar"] = _flag(name).upper()
+                kwargs["choices"] = choices  # shown as {a,b,...}: the help need not list them
+            else:
+                kwargs["metavar"] = _flag(name).upper()
         parser.add_argument(flag, **kwargs)
     refuse_token_flag(parser)
 

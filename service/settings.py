@@ -89,7 +89,7 @@ class Settings(LimitSettings, BaseSettings):
         description="Interface to bind (loopback by default; any other address needs a token "
         "or --insecure).",
     )
-    port: int = Field(default=8000, ge=0, le=65535, description="TCP port.")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
     token: SecretStr | None = Field(
         default=None,
         description="Bearer token every route but /healthz and /readyz then requires. From "
@@ -257,7 +257,10 @@ class Settings(LimitSettings, BaseSettings):
         description="On shutdown, seconds to let running requests (streams, waits) finish "
         "before they are cancelled and the tables closed.",
     )
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        default="info",
+        description="The least severe messages the server logs, its own and uvicorn's.",
+    )
     _redis_password: SecretStr | None = PrivateAttr(default=None)
     access_log: bool = Field(default=False, description="Log every request (costs throughput).")
 

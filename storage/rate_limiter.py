@@ -28,6 +28,7 @@ import time
 from typing import Any, Literal
 
 from . import statefile as SF
+from .errors import EmptyTableError, RateLimitTimeout
 from .spec import RateLimiterSpec
 
 #: the two sides a rate limiter holds back
@@ -105,6 +106,25 @@ class RateLimiter:
             return False
         # inserts stop at max_diff, and the sample must leave at least min_diff
         return n > self.max_diff - self.min_diff
+
+    def held_back(self, table: str, op: Op, n: int, waited: float, size: int) -> RateLimitTimeout:
+        """The error of a call on ``table`` (holding ``size`` items) held back ``waited`` seconds:
+        :class:`EmptyTableError` for a sample of a table that holds no item, else
+        :class:`RateLimitTimeout`; either quotes the counts that held it back.
+
+            >>> RateLimiter().held_back("t", "sample", 2, 0.0, size=0)
+            EmptyTableError("table 't' holds no item: sample timed out after 0s: 2 items held back by the rate limiter (size 0, inserts 0, samples 0, min_size_to_sample 1, samples_per_insert None, error_buffer None)")
+        """
+        empty = op == "sample" and size == 0
+        cls = EmptyTableError if empty else RateLimitTimeout
+        return cls(
+            f"table {table!r}{' holds no item:' if empty else ':'} {op} timed out after "
+            f"{waited:g}s: {n} items held back by the rate limiter (size {size}, inserts "
+            f"{self.inserts}, samples {self.samples}, min_size_to_sample "
+            f"{self.min_size_to_sample}, samples_per_insert {self.samples_per_insert}, "
+            f"error_buffer {self.error_buffer})",
+            table=table,
+        )
 
     def begin_wait(self, op: Op) -> float:
         """Count a call held back by the limiter; returns when it began (for :meth:`end_wait`).

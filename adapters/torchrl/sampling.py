@@ -69,7 +69,8 @@ class SamplingMixin:
             RuntimeError: no ``batch_size`` here nor at construction.
             InvalidRequest: a size below 1, past the contract's most (2**31), or not an
                 integer; more items than the capacity of a queue or stack table.
-            RateLimitTimeout: the table could not be sampled within ``timeout``.
+            RateLimitTimeout: the table could not be sampled within ``timeout``;
+                EmptyTableError (a subclass) when it held no item then.
         """
         n = batch_size if batch_size is not None else self._batch_size
         if n is None:

@@ -195,7 +195,8 @@ class Core(TableOps, PersistenceOps):
         Raises:
             InvalidRequest: the batch size does not fit the table.
             PayloadTooLarge: the sample would exceed the body limit.
-            RateLimitTimeout: held back longer than the timeout.
+            RateLimitTimeout: held back longer than the timeout (EmptyTableError, a
+                subclass: and the table held no item then).
             TableNotFound: no such table, or it was deleted while the call waited.
         """
         handle = self.table(name)

@@ -6,7 +6,7 @@ import torch
 
 from .. import spec as S
 from ..slots import Slots
-from .base import Sampler
+from .base import Sampler, no_priorities
 from .prioritized import PrioritizedSampler
 from .queue import FifoSampler, LifoSampler
 from .slice import SliceSampler
@@ -23,6 +23,7 @@ __all__ = [
     "UniformSampler",
     "WithoutReplacementSampler",
     "make_sampler",
+    "no_priorities",
 ]
 
 

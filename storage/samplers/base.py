@@ -21,11 +21,14 @@ class Sampler:
     Attributes:
         consumes: items are removed once returned (queues and stacks).
         needs_episodes: :meth:`on_insert` wants an episode id per item.
+        has_priorities: the sampler keeps a priority per item (:meth:`update_priority`);
+            the table refuses priorities to one that does not (:func:`no_priorities`).
     """
 
     kind = ""
     consumes = False
     needs_episodes = False
+    has_priorities = False
 
     def __init__(self, slots: Slots, generator: torch.Generator | None = None) -> None:
         self.slots = slots
@@ -53,8 +56,9 @@ class Sampler:
     def on_remove(self, index: torch.Tensor) -> None:
         """``index`` stops holding live items."""
 
-    def check_batch_size(self, n: int) -> None:
-        """Raise :class:`~tdreplay.storage.InvalidRequest` if no sample of ``n`` slots is possible."""
+    def check_batch_size(self, n: int, table: str) -> None:
+        """Raise :class:`~tdreplay.storage.InvalidRequest` naming ``table`` if no sample of
+        ``n`` slots is possible (the table checks every batch size before :meth:`sample`)."""
 
     def ready(self, n: int) -> bool:
         """Whether :meth:`sample` can return ``n`` slots now."""
@@ -69,11 +73,11 @@ class Sampler:
     ) -> int:
         """Set the priorities of the live slots ``index`` whose ``ordinal`` is ``key`` (if given).
 
-        Returns the number of priorities applied.
+        Only a sampler that :attr:`has_priorities` is called: the table checks ``index``
+        (slots in range), ``priority`` and ``key`` first. Returns the number of priorities
+        applied.
         """
-        raise InvalidRequest(
-            f"the {self.kind!r} sampler has no priorities; use the 'prioritized' sampler"
-        )
+        raise NotImplementedError(f"the {self.kind!r} sampler keeps no priorities")
 
     def priority(self, index: torch.Tensor) -> torch.Tensor | None:
         """Priorities of ``index`` (``None`` when the sampler has none)."""
@@ -87,6 +91,19 @@ class Sampler:
 
     def info(self) -> dict[str, Any]:
         return {"kind": self.kind}
+
+
+def no_priorities(table: str, kind: str) -> InvalidRequest:
+    """The error for priorities given to ``table``, whose ``kind`` of sampler keeps none
+    (an extend's or an ``update_priority``'s)."""
+    return InvalidRequest(
+        f"table {table!r}: the {kind!r} sampler keeps no priorities; a table that takes "
+        "them declares sampler 'prioritized'",
+        table=table,
+        field="priority",
+        expected="a 'prioritized' sampler",
+        got=kind,
+    )
 
 
 def draw_live(slots: Slots, n: int, generator: torch.Generator | None) -> torch.Tensor:

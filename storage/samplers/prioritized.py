@@ -6,10 +6,7 @@ from typing import Any
 
 import torch
 
-from tdreplay.codec.priorities import priorities
-
 from .. import statefile as SF
-from ..errors import InvalidRequest
 from .base import Sampler
 from .sumtree import SumTree
 
@@ -31,6 +28,7 @@ class PrioritizedSampler(Sampler):
     """
 
     kind = "prioritized"
+    has_priorities = True
 
     def __init__(
         self,
@@ -91,16 +89,10 @@ class PrioritizedSampler(Sampler):
     def update_priority(
         self, index: torch.Tensor, priority: torch.Tensor, key: torch.Tensor | None = None
     ) -> int:
-        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
-        priority = priorities(priority, "update_priority")
-        # one priority (and key) per slot: checked by the table (codec.params.check_lengths)
+        # Checked by the table, naming it: slots in range, one finite priority >= 0 (float64)
+        # and one key per slot (Table.update_priority; an extend's priorities alike).
         if len(index) == 0:
             return 0
-        if (index < 0).any() or (index >= self.slots.capacity).any():
-            bad = index[(index < 0) | (index >= self.slots.capacity)][0].item()
-            raise InvalidRequest(
-                f"update_priority: index {bad} outside [0, {self.slots.capacity})", field="index"
-            )
         # Only live slots are updated: removed items are skipped. Without keys
         # an item overwritten since it was sampled cannot be told from its
         # successor; with them, the successor (a new ordinal) is skipped.

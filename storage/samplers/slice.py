@@ -200,17 +200,18 @@ class SliceSampler(Sampler):
     def ready(self, n: int) -> bool:
         return self.n_valid > 0
 
-    def check_batch_size(self, n: int) -> None:
+    def check_batch_size(self, n: int, table: str) -> None:
         if n % self.slice_len:
             raise InvalidRequest(
-                f"batch size {n} is not a multiple of slice_len {self.slice_len}",
+                f"table {table!r}: batch size {n} is not a multiple of slice_len {self.slice_len}",
+                table=table,
                 field="batch_size",
                 expected=f"a multiple of {self.slice_len}",
                 got=n,
             )
 
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        self.check_batch_size(n)
+        # n is a multiple of slice_len: the table checked it (check_batch_size)
         cap, m, k = self.slots.capacity, self.edges.count // 2, n // self.slice_len
         g = self.generator
         rank = 2 * torch.randint(m, (k,), generator=g).numpy() + int(self._wraps)

@@ -172,7 +172,8 @@ class TableBase:
             InvalidRequest: ``timeout`` breaks the contract's rule (negative, NaN: see
                 :data:`~tdreplay.codec.params.Seconds`); ``inf``, or any wait a
                 Condition cannot be armed for, waits as ``None`` does.
-            RateLimitTimeout: still held back after ``timeout`` seconds.
+            RateLimitTimeout: still held back after ``timeout`` seconds; its subclass
+                EmptyTableError when a sample's table holds no item then.
             TableClosed: the table is closed, or was closed while the call waited.
         """
         if timeout is not None:
@@ -222,15 +223,9 @@ class TableBase:
         return int((self.max_times_sampled - s.times_sampled[s.live]).sum()) >= n
 
     def held_back(self, op: Op, n: int, waited: float) -> RateLimitTimeout:
-        """The error of a call the rate limiter held back for ``waited`` seconds."""
-        rl = self.rate_limiter
-        return RateLimitTimeout(
-            f"table {self.name!r}: {op} timed out after {waited:g}s: {n} items held back by the "
-            f"rate limiter (size {self.slots.n_live}, inserts {rl.inserts}, samples {rl.samples}, "
-            f"min_size_to_sample {rl.min_size_to_sample}, samples_per_insert "
-            f"{rl.samples_per_insert}, error_buffer {rl.error_buffer})",
-            table=self.name,
-        )
+        """The error of a call the rate limiter held back for ``waited`` seconds
+        (:class:`EmptyTableError` for a sample of an empty table: ``RateLimiter.held_back``)."""
+        return self.rate_limiter.held_back(self.name, op, n, waited, self.slots.n_live)
 
     def begin_wait(self, op: Op) -> float:
         """Count a call held back that its caller waits for (see ``RateLimiter.begin_wait``)."""

@@ -13,6 +13,7 @@ from tdreplay.codec.priorities import priorities
 
 from ..backends.tensor import SMALL_BATCH
 from ..errors import InvalidRequest
+from ..samplers import no_priorities
 from ..tensordicts import nest, nest_by
 from ..validation import SampleTarget
 from .base import TableBase, _HeldBack
@@ -83,7 +84,7 @@ class Draws(TableBase):
                 expected=f"[1, {self.capacity}]",
                 got=batch_size,
             )
-        self.sampler.check_batch_size(n)
+        self.sampler.check_batch_size(n, self.name)
         return n
 
     def target(self, out: TensorDictBase, batch_size: int) -> SampleTarget:
@@ -118,11 +119,18 @@ class Draws(TableBase):
         """Draw ``batch_size`` items.
 
         Waits while the rate limiter holds samples back (too few items, or
-        too few inserts for ``samples_per_insert``).
+        too few inserts for ``samples_per_insert``). By default (``timeout=None``)
+        it waits for good: in-process only another thread's :meth:`extend` (or a
+        :meth:`close`) releases it, so a single-threaded script that samples a table
+        holding fewer than ``min_size_to_sample`` items never returns. Give
+        ``timeout`` there (``0``: raise at once), or ask :meth:`try_sample` (``None``
+        when held back) or :meth:`can_sample`. The server and the client wait 30 s
+        by default (``--default-timeout``, ``ReplayClient(wait=)``).
 
         Args:
             batch_size: number of items; for the slice sampler a multiple of ``slice_len``.
-            timeout: seconds to wait for the rate limiter; ``None`` waits as long as it takes.
+            timeout: seconds to wait for the rate limiter; ``None`` (the default) waits as
+                long as it takes, for good if nothing else inserts.
             out: a TensorDict of batch ``[batch_size]`` with the schema's keys (and
                 optionally the sample-info keys) to gather into instead of
                 allocating; e.g. a previous batch. Or a :meth:`target` made of one,
@@ -136,6 +144,8 @@ class Draws(TableBase):
             InvalidRequest: ``batch_size`` < 1, above capacity, not a multiple of
                 ``slice_len``, or ``out`` does not fit.
             RateLimitTimeout: the sample waited ``timeout`` seconds.
+            EmptyTableError: the same, and the table held no item when ``timeout`` ran
+                out (a :class:`RateLimitTimeout` too).
             TableClosed: the table is closed, or was closed while the sample waited.
         """
         return self._sample(batch_size, timeout, out)
@@ -258,10 +268,13 @@ class Draws(TableBase):
         Raises:
             InvalidRequest: the sampler has no priorities, the lengths differ, an
                 index is out of range, a key is not an integer, or a priority is
-                negative or not finite. Nothing is updated.
+                negative or not finite. Nothing is updated; the error names the table.
         """
-        index = torch.as_tensor(index).reshape(-1).to(torch.int64)
-        priority = priorities(priority, f"table {self.name!r}")  # the one rule of a priority
+        if not self.sampler.has_priorities:
+            raise no_priorities(self.name, self.sampler.kind)
+        index = self._slots_of(index)
+        # the one rule of a priority
+        priority = priorities(priority, f"table {self.name!r}", table=self.name)
         check_lengths(index, priority=priority, table=self.name)
         key = self._keys_of(index, key)
         with self._cond:

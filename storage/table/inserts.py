@@ -10,6 +10,7 @@ import torch
 from tdreplay.codec.priorities import priorities
 
 from ..errors import InvalidRequest
+from ..samplers import no_priorities
 from ..spec import NestedKey, join_key
 from .base import TableBase, _HeldBack
 
@@ -54,11 +55,14 @@ class Inserts(TableBase):
         flat columns ``{nested key: tensor [N, *shape]}`` (no nesting needed: a server
         hands over decoded columns as they are).
 
-        Waits while the rate limiter (or a full queue/stack) holds inserts back.
+        Waits while the rate limiter (or a full queue/stack) holds inserts back; by
+        default (``timeout=None``) for good, until another thread samples (see
+        :meth:`sample`).
 
         Args:
             td: the items; exactly the schema's keys, shapes and dtypes.
-            timeout: seconds to wait for the rate limiter; ``None`` waits as long as it takes.
+            timeout: seconds to wait for the rate limiter; ``None`` (the default) waits as
+                long as it takes.
             priority: initial priorities (prioritized sampler only; default: its initial priority).
             tag: a nonzero int64 naming this insert (e.g. a hash of the client's request
                 id), kept with each item, durably for memmap tables: ``tagged()``
@@ -96,13 +100,9 @@ class Inserts(TableBase):
         the max-value writer's values."""
         data, n = self._check.rows(td)
         if priority is not None:
-            if self.sampler.kind != "prioritized":
-                raise InvalidRequest(
-                    f"table {self.name!r}: priorities given but the sampler is {self.sampler.kind!r}",
-                    table=self.name,
-                    field="priority",
-                )
-            priority = priorities(priority, f"table {self.name!r}")
+            if not self.sampler.has_priorities:
+                raise no_priorities(self.name, self.sampler.kind)
+            priority = priorities(priority, f"table {self.name!r}", table=self.name)
             if len(priority) == 1 and n != 1:
                 priority = priority.expand(n)
             if len(priority) != n:

@@ -73,7 +73,7 @@ def test_failed_samples_and_many_slots_cost_no_descriptors(shared: Any) -> None:
         for number in range(64):  # every one fails: nothing to sample
             s.sendall(sample_frame("empty", slot=number, batch_size=1, timeout=0))
             reply = read(s)
-            assert reply["ok"] is False and reply["error"]["type"] == "RateLimitTimeout"
+            assert reply["ok"] is False and reply["error"]["type"] == "EmptyTableError"
         for number in range(64):  # every one made and handed over
             s.sendall(sample_frame("full", slot=number, batch_size=2, timeout=1))
             reply, fds = _recv_reply(s)

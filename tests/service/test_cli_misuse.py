@@ -243,3 +243,26 @@ def test_an_import_says_what_is_wrong_and_exits_with_its_status(
     assert code == 0 and "imported 8 rows into table 't2'" in out, err
     with ReplayClient(server.url, token) as client:
         assert torch.equal(client.read("t2", torch.arange(8))["x"], torch.arange(16).reshape(8, 2))
+
+
+def test_every_flag_and_argument_of_every_command_says_what_it_is() -> None:
+    """``tdreplay COMMAND --help`` explains every flag and positional: a help text of a few
+    words that is not just its own name (``--log-level``'s was "log_level"), for ``serve``'s
+    flags (from the settings model's descriptions) and every other command's."""
+    import argparse
+
+    from tdreplay.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    bare: list[str] = []
+    for command, parser in commands.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue  # -h, and --token (refused with a message of its own)
+            name = action.option_strings[-1] if action.option_strings else action.dest
+            text = (action.help or "").split(" [env ")[0].strip()
+            words = text.replace("_", " ").replace("-", " ").lower().split()
+            own = name.strip("-").replace("_", " ").replace("-", " ").lower().split()
+            if len(words) < 3 or words == own:
+                bare.append(f"{command} {name}: {action.help!r}")
+    assert not bare, "\n".join(bare)

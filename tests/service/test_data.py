@@ -144,7 +144,7 @@ def test_stream_of_an_empty_table_is_429_before_it_starts(service) -> None:
         protocol.table_path("t", "stream"), params={"batch_size": 2, "count": 3, "timeout": 0}
     )
     assert r.status_code == 429
-    assert r.json()["type"] == "RateLimitTimeout"
+    assert r.json()["type"] == "EmptyTableError"  # a RateLimitTimeout: the table holds no item
 
 
 def test_stream_ends_early_when_the_queue_runs_dry(service) -> None:

@@ -12,6 +12,7 @@ import torch
 from testkit import assert_consistent, make_spec, rows
 
 from tdreplay.storage import (
+    EmptyTableError,
     InvalidRequest,
     RateLimiter,
     RateLimitTimeout,
@@ -89,6 +90,44 @@ def test_zero_timeout_fails_at_once(tables) -> None:
     with pytest.raises(RateLimitTimeout):
         table.sample(1, timeout=0)
     assert time.monotonic() - t0 < 0.1
+
+
+def test_a_sample_held_back_by_an_empty_table_is_empty_table_error(tables) -> None:
+    """A sample whose timeout runs out while the table holds no item at all raises
+    EmptyTableError, a RateLimitTimeout (429) too: ``except RateLimitTimeout`` still catches
+    it. Held back with items in the table (too few), it is a plain RateLimitTimeout."""
+    table = limited(tables, min_size_to_sample=2)
+    for timeout in (0, 0.05):
+        with pytest.raises(EmptyTableError, match=r"table 't' holds no item") as info:
+            table.sample(1, timeout=timeout)
+        assert isinstance(info.value, RateLimitTimeout) and info.value.status == 429
+        assert info.value.table == "t"
+    table.extend(rows(0, 1))
+    with pytest.raises(RateLimitTimeout) as held:
+        table.sample(1, timeout=0)
+    assert type(held.value) is RateLimitTimeout
+    full = tables.create(make_spec(name="q", capacity=2, sampler={"kind": "fifo"}))
+    full.extend(rows(0, 2))
+    with pytest.raises(RateLimitTimeout) as insert:
+        full.extend(rows(2, 1), timeout=0)  # a full queue holds inserts back
+    assert type(insert.value) is RateLimitTimeout
+    fifo = tables.create(make_spec(name="f", sampler={"kind": "fifo"}))
+    fifo.extend(rows(0, 2))
+    fifo.sample(2)  # a queue's samples take its items: empty again
+    with pytest.raises(EmptyTableError, match="'f'"):
+        fifo.sample(1, timeout=0)
+
+
+def test_by_default_a_sample_waits_until_another_thread_inserts(tables) -> None:
+    """The in-process default the README and ``Table.sample`` state: ``timeout=None`` waits
+    for good (only another thread's extend releases it); ``try_sample`` and ``timeout=0``
+    are the answers for a single-threaded script."""
+    table = limited(tables)
+    assert table.try_sample(1) is None and not table.can_sample(1)
+    call = Call(lambda: table.sample(1))
+    assert call.blocked(0.3)
+    table.extend(rows(0, 1))
+    assert call.join()["id"].tolist() == [0]
 
 
 def spi_table(tables, **extra):

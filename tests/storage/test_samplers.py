@@ -165,15 +165,26 @@ def test_bad_priority_updates_are_rejected_and_change_nothing(
     with pytest.raises(InvalidRequest) as info:
         table.update_priority(torch.tensor(index), torch.tensor(priority))
     assert words in str(info.value)
+    assert str(info.value).startswith("table 't': ") and info.value.table == "t"
     assert torch.equal(table.sampler.priorities, before[0])
     assert torch.equal(table.sampler.tree.sums, before[1])
 
 
-def test_update_priority_needs_a_prioritized_sampler(tables) -> None:
-    table = tables.create(make_spec(capacity=8))
+@pytest.mark.parametrize("kind", ["uniform", "fifo", "lifo", "without_replacement", "slice"])
+def test_update_priority_needs_a_prioritized_sampler(tables, kind: str) -> None:
+    """Refused naming the table, its sampler and the field, with nothing changed; priorities
+    given to an extend of such a table are refused the same way."""
+    sampler = {"kind": kind, **({"slice_len": 2} if kind == "slice" else {})}
+    table = tables.create(make_spec(name="plain", capacity=8, sampler=sampler))
     table.extend(rows(0, 4))
-    with pytest.raises(InvalidRequest, match="no priorities"):
+    words = f"table 'plain': the {kind!r} sampler keeps no priorities"
+    with pytest.raises(InvalidRequest, match=words) as info:
         table.update_priority(torch.tensor([0]), torch.tensor([1.0]))
+    assert (info.value.table, info.value.field) == ("plain", "priority")
+    with pytest.raises(InvalidRequest, match=words) as info:
+        table.extend(rows(4, 1), priority=[1.0])
+    assert (info.value.table, info.value.field) == ("plain", "priority")
+    assert len(table) == 4 and table.rate_limiter.inserts == 4
 
 
 def test_update_priority_skips_removed_slots(tables) -> None:
@@ -355,8 +366,10 @@ def test_slices_never_cross_the_ring_write_cursor(tables) -> None:
 
 def test_slice_batch_must_be_a_multiple_of_slice_len(tables) -> None:
     table = tables.create(slice_spec(32, 4, traj_key="ep", end_key=None))
-    with pytest.raises(InvalidRequest, match="multiple of slice_len 4"):
+    words = r"^table 't': batch size 6 is not a multiple of slice_len 4"
+    with pytest.raises(InvalidRequest, match=words) as info:
         table.sample(6, timeout=0.2)  # refused at once, even with nothing to sample
+    assert (info.value.table, info.value.field) == ("t", "batch_size")
     table.extend(with_episodes(0, [0] * 8))
     with pytest.raises(InvalidRequest, match="multiple of slice_len 4"):
         table.sample(6)
