@@ -284,11 +284,63 @@ def from_record_batch(rb: pa.RecordBatch | pa.Table) -> TensorDict:
 def _open(
     data: bytes | bytearray | memoryview | pa.Buffer,
 ) -> tuple[pa.ipc.RecordBatchStreamReader, pa.BufferReader]:
-    source = pa.BufferReader(data if isinstance(data, pa.Buffer) else pa.py_buffer(data))
+    buffer = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    source = pa.BufferReader(buffer)
     try:
+        _refuse_compression(buffer)
         return pa.ipc.open_stream(source), source
+    except CodecError:
+        raise
     except ARROW_ERRORS as err:
         raise CodecError(f"malformed Arrow IPC stream: {err}") from None
+
+
+def _refuse_compression(buffer: pa.Buffer) -> None:
+    """Refuse a stream whose batches have compressed buffers, before pyarrow decompresses
+    them into memory sized by what the body declares (16 KiB of ZSTD zeros: 512 MiB of
+    rows), past every limit on the bytes a client sends. tdreplay never compresses.
+
+    Raises:
+        CodecError: a record batch or dictionary batch names a body compression.
+    """
+    messages = pa.ipc.MessageReader.open_stream(buffer)
+    while True:
+        try:
+            message = messages.read_next_message()
+        except StopIteration:
+            return
+        batch = message.type in ("record batch", "dictionary batch")
+        if batch and _names_compression(memoryview(message.metadata), message.type):
+            raise CodecError(
+                "Arrow IPC stream with compressed buffers (LZ4 or ZSTD): send the "
+                "buffers uncompressed (IpcWriteOptions(compression=None))",
+                field="body",
+            )
+
+
+def _names_compression(fb: memoryview, kind: str) -> bool:
+    """Whether the ``Message`` flatbuffer ``fb`` (checked by pyarrow) of a ``kind`` message
+    has a ``compression`` in its ``RecordBatch`` (a dictionary batch's ``data``)."""
+
+    def u32(at: int) -> int:
+        return int.from_bytes(fb[at : at + 4], "little")
+
+    def field(table: int, i: int) -> int:  # a table's i-th field, absolute (0: absent)
+        vtable = table - int.from_bytes(fb[table : table + 4], "little", signed=True)
+        at = 4 + 2 * i
+        if at >= int.from_bytes(fb[vtable : vtable + 2], "little"):
+            return 0
+        off = int.from_bytes(fb[vtable + at : vtable + at + 2], "little")
+        return table + off if off else 0
+
+    def child(table: int, i: int) -> int:  # the table a table's i-th field points to
+        at = field(table, i)
+        return at + u32(at) if at else 0
+
+    batch = child(u32(0), 2)  # Message.header
+    if batch and kind == "dictionary batch":
+        batch = child(batch, 1)  # DictionaryBatch.data
+    return bool(batch) and bool(field(batch, 3))  # RecordBatch.compression
 
 
 def read_batches(data: bytes | bytearray | memoryview | pa.Buffer) -> list[pa.RecordBatch]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -163,9 +164,9 @@ class Extents:
             self.reserved = min(self.reserved, *(_backed_rows(s, self.capacity) for s in spans))
 
     def reserve(self, end: int, *, exact: bool = False) -> None:
-        """Make sure rows ``[0, end)`` are backed by disk. Grows by an extent, or, when the
-        disk has no room for one (or ``exact``), to ``end`` only. A no-op (one comparison)
-        when they are backed.
+        """Make sure rows ``[0, end)`` are backed by disk: those first, then (unless
+        ``exact``) an extent ahead if the disk's free bytes hold it. A no-op (one
+        comparison) when they are backed.
 
         Raises:
             InsufficientStorage: the disk (or quota) has no room for them; nothing
@@ -175,15 +176,19 @@ class Extents:
             return
         end = min(end, self.capacity)
         start = self.reserved
-        stop = end if exact else max(end, start + extent_rows(start, self.row_bytes, self.capacity))
-        try:
-            self._fallocate(start, stop)
-        except InsufficientStorage:
-            if stop == end:
-                raise
-            self._fallocate(start, end)  # what this insert needs, if the disk has that much
-            stop = end
-        self.reserved = max(self.reserved, stop)
+        # Field by field: a field's share of an extent that did not fit stayed reserved
+        # when the next field's was refused (uncounted, taking the room the rows needed).
+        # So the rows needed first, then the extent ahead if the room holds it now.
+        self._fallocate(start, end)
+        self.reserved = max(self.reserved, end)
+        stop = start + extent_rows(start, self.row_bytes, self.capacity)
+        if exact or stop <= self.reserved:
+            return
+        margin = len(self.spans) * mmap.PAGESIZE  # each field's range may end in a new page
+        if (stop - end) * self.row_bytes + margin <= free_bytes(self.room.path):
+            with contextlib.suppress(InsufficientStorage):  # the room shrank meanwhile
+                self._fallocate(end, stop)
+                self.reserved = max(self.reserved, stop)
 
     def _fallocate(self, start: int, stop: int, spans: list[Span] | None = None) -> None:
         spans = self.spans if spans is None else spans

@@ -200,3 +200,45 @@ def test_a_full_dev_shm_is_insufficient_storage_before_rows_land(tmp_path: Path)
     assert got["ids"] < 32 and got["x"] == 1.0, got
     assert got["size_after"] == 40, got
     assert "shared memory" in got["preallocate"] and "--shm-size" in got["preallocate"], got
+
+
+SPLIT = """
+KiB = 1 << 10
+fields = {"a": {"shape": [62 * KiB], "dtype": "uint8"}, "b": {"shape": [8 * KiB], "dtype": "uint8"}}
+table = Table.create(TableSpec.model_validate({"name": "two", "capacity": 128,
+    "backend": {"kind": "shared"}, "fields": fields}), ROOT)
+
+def batch(n):
+    return TensorDict({"a": torch.ones(n, 62 * KiB, dtype=torch.uint8),
+                       "b": torch.ones(n, 8 * KiB, dtype=torch.uint8)}, [n])
+
+out = {"errors": []}
+for n in (64, 32, 16, 8, 4, 2, 1):
+    while True:
+        try:
+            table.extend(batch(n))
+        except InsufficientStorage as err:
+            out["errors"].append(err.message)
+            break
+    out.setdefault("first", table.size)
+out["size"] = table.size
+out["rows"] = committed()
+out["reserved"] = table.info()["stats"]["reserved_bytes"]
+print(json.dumps(out))
+"""
+
+
+def test_a_reservation_that_does_not_fit_leaves_no_field_holding_pages(tmp_path: Path) -> None:
+    """An extent is reserved field by field. The first field's share of one that does not
+    fit was reserved and kept when the next field's was refused: with a 62 KiB and an
+    8 KiB field under an 8 MiB ``/dev/shm``, the first insert of 64 rows (4.4 MiB) into an
+    empty table was a 507, and 7.75 MiB of ``/dev/shm`` stayed taken with
+    ``reserved_bytes`` 0. The rows an insert needs are reserved first, an extent ahead only
+    as far as the room holds: the table fills ``/dev/shm``, and what it holds is what
+    ``reserved_bytes`` says."""
+    got = run(SPLIT, tmp_path / "data", shm_mib=8)
+    assert got["first"] >= 64, got  # the first insert fits
+    row = 70 << 10
+    assert got["size"] >= (8 * MiB - 2 * PAGES) // row, got  # /dev/shm filled with rows
+    assert all("shared memory" in e for e in got["errors"]), got["errors"]
+    assert 0 <= got["rows"] - got["reserved"] < PAGES, got  # nothing taken beyond it
