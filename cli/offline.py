@@ -18,7 +18,6 @@ from typing import Any
 from tdreplay.codec.errors import InvalidRequest
 from tdreplay.codec.exports import ExportedPath, export_format
 from tdreplay.codec.minari_files import dataset_folder, default_root, env_spec_json, write_minari
-from tdreplay.service.cli import CommandError, Exit
 from tdreplay.storage import (
     CheckpointError,
     RootLocked,
@@ -30,6 +29,7 @@ from tdreplay.storage import (
 )
 
 from .common import describe_counts, describe_file, flag_values, show_progress
+from .exits import CommandError, Exit
 
 
 def export(args: dict[str, Any]) -> None:

@@ -33,7 +33,7 @@ MiB = 1 << 20
 #: ``tdreplay serve`` with automatic garbage collection off: what a ``clear`` gives back
 #: comes back at once, not whenever the collector next runs (a 507's traceback had kept
 #: the old table's segments until then, so room came back or not by the collector's timing)
-SERVE = "import gc, sys; gc.disable(); from tdreplay.service.cli import main; main(sys.argv[1:])"
+SERVE = "import gc, sys; gc.disable(); from tdreplay.cli.serve import main; main(sys.argv[1:])"
 
 
 class Server:
