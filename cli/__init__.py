@@ -25,13 +25,13 @@ token from ``TDREPLAY_TOKEN`` or ``--token-file`` (``TDREPLAY_TOKEN_FILE``).
 As for ``serve``, there is no ``--token`` flag: ``ps`` shows a command line to
 every user of the host.
 
-``serve`` and what every command shares (the exit statuses, the one-line
-error) are :mod:`tdreplay.service.cli`'s; this package, above the service and
-the client, adds the commands that drive a server (:mod:`.remote`, through the
-public client as a user's script would) and read a data root without one
-(:mod:`.offline`).
+This package sits above the service and the client: ``serve`` (:mod:`.serve`:
+its flags, then :func:`tdreplay.service.runner.run`), the commands that drive a
+server (:mod:`.remote`, through the public client as a user's script would) and
+read a data root without one (:mod:`.offline`); what every command shares, the
+exit statuses and the one-line error, is :mod:`.exits`.
 
-Exit status (:class:`~tdreplay.service.cli.Exit`): 0 done; 1 the operation failed (the message
+Exit status (:class:`~.exits.Exit`): 0 done; 1 the operation failed (the message
 says why: the server's or the storage's error); 2 bad usage; 3 no server
 answered at the URL; 4 the server refused the token; 130 interrupted.
 
@@ -46,15 +46,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from tdreplay.codec.protocol import IMPORT_CHUNK
-from tdreplay.service.cli import (
-    add_serve_command,
-    new_parser,
-    refuse_token_flag,
-    run_command,
-    run_serve,
-)
 
 from . import offline, remote
+from .common import new_parser, refuse_token_flag
+from .exits import run_command
+from .serve import add_serve_command, run_serve
 
 __all__ = ["REMOTE", "add_remote_commands", "build_parser", "main", "run"]
 
@@ -291,7 +287,7 @@ def add_remote_commands(sub: Any) -> None:
 
 
 def run(command: str, args: dict[str, Any]) -> None:
-    """Run one parsed command; failures raise :class:`~tdreplay.service.cli.CommandError`."""
+    """Run one parsed command; failures raise :class:`~.exits.CommandError`."""
     if command == "serve":
         run_serve(args)
     elif command == "export" and (args.get("root") or args.get("checkpoint")):

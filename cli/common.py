@@ -1,25 +1,72 @@
 """What the ``tdreplay`` commands share beyond the exit statuses and the one-line error
-(:mod:`tdreplay.service.cli`): how a flag's value the contract refuses is reported, and the
-export file helpers. The commands' modules (:mod:`.offline`, :mod:`.remote`) import it; it
-imports none of them.
+(:mod:`.exits`): the top parser with ``--version``, the refused ``--token`` flag, how a
+flag's value the contract refuses is reported, and the export file helpers. The commands'
+modules (:mod:`.serve`, :mod:`.offline`, :mod:`.remote`) import it; it imports none of them.
 
-    >>>     >>> with flag_values():
+    >>> from tdreplay.codec.exports import export_format
+    >>> with flag_values():
     ...     export_format("out.txt")
     Traceback (most recent call last):
     ...
-    tdreplay.service.cli.CommandError: cannot tell the export format from 'out.txt'; name the file .csv, .parquet or .pq, or give --format (parquet, csv)
+    tdreplay.cli.exits.CommandError: cannot tell the export format from 'out.txt'; name the file .csv, .parquet or .pq, or give --format (parquet, csv) [field 'path']
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from tdreplay.codec.errors import InvalidRequest
-from tdreplay.service.cli import CommandError, Exit
+from tdreplay.service.app import VERSION
+
+from .exits import CommandError, Exit
+
+
+def version() -> str:
+    try:
+        return metadata.version("tdreplay")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return VERSION
+
+
+def new_parser() -> argparse.ArgumentParser:
+    """The ``tdreplay`` parser with ``--version`` and no command yet."""
+    parser = argparse.ArgumentParser(
+        prog="tdreplay",
+        description="tdreplay: a replay-buffer service for PyTorch RL.",
+        epilog="Exit status: 0 done, 1 the operation failed, 2 bad usage, 3 no server "
+        "answered, 4 the token was refused.",
+    )
+    parser.add_argument("--version", action="version", version=f"tdreplay {version()}")
+    return parser
+
+
+def refuse_token_flag(parser: argparse.ArgumentParser) -> None:
+    """``--token`` answers with where a token goes instead (never echoing its value)."""
+    parser.add_argument(
+        "--token",
+        nargs="?",
+        action=_RefuseToken,
+        dest="refused_token",
+        default=argparse.SUPPRESS,  # absent, it must not set a token=None over TDREPLAY_TOKEN
+        help=argparse.SUPPRESS,
+    )
+
+
+class _RefuseToken(argparse.Action):
+    """``--token``: refused, without echoing its value (it would otherwise be in ``ps``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        parser.error(
+            "--token is not accepted: a token on the command line is visible to every user "
+            "of the host (ps, /proc/PID/cmdline). Set TDREPLAY_TOKEN in the environment, or "
+            "put the token in a file and pass --token-file PATH (TDREPLAY_TOKEN_FILE)"
+        )
 
 
 @contextlib.contextmanager

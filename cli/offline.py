@@ -19,7 +19,6 @@ from tdreplay.codec.errors import InvalidRequest
 from tdreplay.codec.exports import ExportedPath, export_format
 from tdreplay.codec.folders import made_for
 from tdreplay.codec.minari_files import dataset_folder, default_root, env_spec_json, write_minari
-from tdreplay.service.cli import CommandError, Exit
 from tdreplay.storage import (
     CheckpointError,
     RootLocked,
@@ -31,6 +30,7 @@ from tdreplay.storage import (
 )
 
 from .common import describe_counts, describe_file, flag_values, show_progress
+from .exits import CommandError, Exit
 
 
 def export(args: dict[str, Any]) -> None:

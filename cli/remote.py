@@ -1,8 +1,7 @@
 """The ``tdreplay`` commands that drive a running server, through the public client.
 
 A program, not library code: it uses :class:`tdreplay.client.ReplayClient` as
-a user's script would, and nothing in the service imports it (the command
-line loads it for these commands only). The arguments are those of
+a user's script would, and nothing in the service imports it. The arguments are those of
 :func:`tdreplay.cli.add_remote_commands`.
 """
 
@@ -34,9 +33,9 @@ from tdreplay.codec.exports import export_format
 from tdreplay.codec.parquet_read import parquet_files
 from tdreplay.codec.protocol import import_chunk
 from tdreplay.codec.schema_file import read_schema
-from tdreplay.service.cli import CommandError, Exit
 
 from .common import describe_counts, describe_file, flag_values, show_progress
+from .exits import CommandError, Exit
 
 
 def run(command: str, args: dict[str, Any]) -> None:

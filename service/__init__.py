@@ -7,6 +7,8 @@ or, in Python::
     >>> from tdreplay.service import Settings, create_app
     >>> app = create_app(Settings(schema_path="schemas/cartpole.yaml"))
 
+or served until interrupted, what stops it raised (:func:`tdreplay.service.runner.run`).
+
 The routes, media types and error statuses are those of
 :mod:`tdreplay.codec.protocol`.
 """

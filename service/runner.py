@@ -1,10 +1,18 @@
-"""Running the app: uvicorn with the limits of :mod:`.server`, until interrupted.
+"""Running the server from :class:`~.settings.Settings` until interrupted: :func:`run`.
 
-``tdreplay serve`` calls :func:`run`. What stops the app while it starts (its
-lifespan: a data root another server holds, a socket that cannot be listened
-on, ...; or uvicorn's listening socket: a port in use) is raised from :func:`run`
-for the command to say in one line, not logged by uvicorn as a traceback or a
-line of its own with its exit status 3.
+:func:`run` loads the schemas (a bad one stops it before anything listens),
+tunes the process, builds the app (:func:`~.app.create_app`) and serves it
+with uvicorn and the limits of :mod:`.server`. It raises what stops the server
+and prints nothing: how a failure is reported (one line, an exit status) is
+the command line's (``tdreplay serve``, :mod:`tdreplay.cli`), as is how logs
+are written. What stops the app while it starts (its lifespan: a data root
+another server holds, a socket that cannot be listened on, ...; or uvicorn's
+listening socket: a port in use) is raised from :func:`run`, not logged by
+uvicorn as a traceback or a line of its own with its exit status 3.
+
+    >>> from tdreplay.service import Settings
+    >>> from tdreplay.service.runner import run
+    >>> run(Settings(schema_path="cartpole", root="./data"))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -16,10 +24,48 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from tdreplay import schemas
+
+from . import tuning
+from .app import create_app
+from .core import load_specs
 from .server import config
 from .settings import Settings
 
 log = logging.getLogger("tdreplay.service")
+
+
+def run(settings: Settings) -> None:
+    """Serve the tables of ``settings`` until interrupted.
+
+    A ``schema_path`` that does not exist names a shipped schema
+    (:func:`with_shipped_schemas`).
+
+    Raises:
+        SchemaError: a schema is invalid, a path does not exist, or two schemas declare
+            one table (:func:`~.core.load_specs`) - before the server starts.
+        Exception: what stopped the app's start (its lifespan): a data root another
+            server holds, a socket that cannot be listened on, ...
+        OSError: the address cannot be listened on (a port in use, ...).
+    """
+    shipped = with_shipped_schemas(settings)
+    if shipped is not settings:
+        log.info("serving the shipped schema(s) %s", shipped.schema_path)
+    load_specs(shipped)  # a bad schema stops here, with its message, before the server starts
+    tuning.pin_malloc(shipped.malloc_mmap_threshold, shipped.malloc_trim_threshold)
+    serve_app(create_app(shipped), shipped)
+
+
+def with_shipped_schemas(settings: Settings) -> Settings:
+    """``settings`` with each ``schema_path`` that does not exist resolved to a shipped schema.
+
+    ``--schema cartpole`` (or ``schemas/cartpole.yaml``, ``schemas/`` run from
+    outside a checkout) serves the schema installed with tdreplay.
+    """
+    paths = [p if p.exists() else schemas.resolve(p) for p in settings.schema_path]
+    if paths == settings.schema_path:
+        return settings
+    return settings.model_copy(update={"schema_path": paths})
 
 
 def raise_fd_limit(connections: int, spare: int = 256) -> None:
@@ -44,7 +90,7 @@ def raise_fd_limit(connections: int, spare: int = 256) -> None:
         )
 
 
-def run(app: FastAPI, settings: Settings) -> None:
+def serve_app(app: FastAPI, settings: Settings) -> None:
     """Serve ``app`` (:func:`~.app.create_app`'s) until interrupted.
 
     Raises:
@@ -73,7 +119,7 @@ def run(app: FastAPI, settings: Settings) -> None:
 class _Unbound(logging.Filter):
     """Takes the error uvicorn logs when it cannot listen (it logs the ``OSError`` itself,
     then exits with its status 3) while the server starts: kept in ``failed`` for
-    :func:`run` to raise, not logged."""
+    :func:`serve_app` to raise, not logged."""
 
     def __init__(self, server: uvicorn.Server, failed: list[Exception]) -> None:
         super().__init__()

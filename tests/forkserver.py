@@ -5,7 +5,7 @@ tensordict, and the suite starts about a hundred of them. :class:`ForkServer`
 is a helper process (one per pytest process) that imports the server's code
 once and forks a child per server: the child takes the request's working
 folder, environment, log file and arguments and runs the very entry point
-``python -m tdreplay.service`` runs (``tdreplay.service.cli.main``), then exits
+``python -m tdreplay.service`` runs (``tdreplay.cli.serve.main``), then exits
 through the interpreter's normal shutdown. The helper is single-threaded and
 has run no torch operation when it forks (multiprocessing's ``forkserver``
 does the same). :class:`Forked` is the ``subprocess.Popen`` face of a child
@@ -28,7 +28,7 @@ from typing import Any
 
 _HELPER = r"""
 import json, os, sys
-import tdreplay.service.cli as cli  # what every server imports, once
+import tdreplay.cli.serve as serve_cli  # what every server imports, once
 
 def serve():
     for line in sys.stdin:
@@ -61,7 +61,7 @@ os.chdir(req["cwd"])
 os.environ.clear()
 os.environ.update(req["env"])
 sys.argv = ["tdreplay", *req["argv"]]
-cli.main(req["argv"])
+serve_cli.main(req["argv"])
 """
 
 

@@ -17,6 +17,7 @@ PACKAGES = [
     "tdreplay.storage",
     "tdreplay.service.core",
     "tdreplay.client",
+    "tdreplay.cli",
 ]
 
 

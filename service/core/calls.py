@@ -9,6 +9,7 @@ call run on the loop: while no worker thread uses the table, nothing can hold it
 from __future__ import annotations
 
 import asyncio
+import traceback
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -53,7 +54,7 @@ class Calls:
             return await self._gated(fn)
         self._threads += 1
         try:
-            return await run_in_threadpool(fn)
+            return await _in_thread(fn)
         finally:
             self._threads -= 1
 
@@ -74,7 +75,24 @@ class Calls:
             ) from None
         self._threads += 1
         try:
-            return await run_in_threadpool(fn)
+            return await _in_thread(fn)
         finally:
             self._threads -= 1
             self._gate.release()
+
+
+async def _in_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` in a worker thread; a failure's finished frames are cleared of their locals.
+
+    The worker's future holds the error, whose traceback holds the frame awaiting that
+    future: a reference cycle, and through the traceback the table's own frames with
+    ``self`` and views of its rows. Until the garbage collector ran, a table replaced or
+    deleted after a failed call kept its memory (a ``shared`` table's ``/dev/shm``
+    segments: a ``clear`` after a 507 gave nothing back). The traceback still names every
+    frame and line.
+    """
+    try:
+        return await run_in_threadpool(fn)
+    except BaseException as err:
+        traceback.clear_frames(err.__traceback__)
+        raise

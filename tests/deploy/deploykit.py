@@ -11,8 +11,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from tdreplay.cli.serve import ENV_ONLY, build_parser, env_var
 from tdreplay.service import Settings
-from tdreplay.service.cli import ENV_ONLY, build_parser, env_var
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -37,7 +37,7 @@ ROWS = 16
 BATCH = 8  # a batch of 16 MiB
 
 #: ``tdreplay serve`` with automatic garbage collection off
-SERVE = "import gc, sys; gc.disable(); from tdreplay.service.cli import main; main(sys.argv[1:])"
+SERVE = "import gc, sys; gc.disable(); from tdreplay.cli.serve import main; main(sys.argv[1:])"
 
 
 def rss(pid: int) -> int:

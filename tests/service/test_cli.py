@@ -15,8 +15,8 @@ from service_helpers import spec
 from testkit import run_cli as tdreplay_cli
 
 from tdreplay.cli import build_parser, main
+from tdreplay.cli.serve import env_var, settings_from_args
 from tdreplay.service import Settings
-from tdreplay.service.cli import env_var, settings_from_args
 from tdreplay.service.core import load_specs
 from tdreplay.service.hosts import is_loopback
 from tdreplay.service.tuning import apply, pin_malloc
@@ -404,7 +404,8 @@ def test_version_usage_and_shipped_schemas(tmp_path: Path) -> None:
     import subprocess
 
     from tdreplay import schemas
-    from tdreplay.service.cli import Exit, with_shipped_schemas
+    from tdreplay.cli.exits import Exit
+    from tdreplay.service.runner import with_shipped_schemas
 
     for module in ("tdreplay.cli", "tdreplay.service"):
         done = subprocess.run(
