@@ -5,7 +5,8 @@
     ...     batch = await client.sample("cartpole", 256)
 
 Same calls, same plans (:mod:`~tdreplay.client.plans`), same errors; only the I/O
-differs: :class:`~tdreplay.client.aio_transport.AsyncTransport`, HTTP/1.1 on an asyncio
+differs: plans are driven by :class:`~tdreplay.client.driving.AsyncDriver` (awaited)
+over :class:`~tdreplay.client.aio_transport.AsyncTransport`, HTTP/1.1 on an asyncio
 ``BufferedProtocol`` that receives bodies in place (chosen by measurement over asyncio
 streams and ``httpx.AsyncClient``; see that module). Connections belong to the event loop
 that opened them; a client used from a new loop opens new ones. What the twins share
@@ -17,7 +18,7 @@ fetchers are the blocking loader's threads (the sync client never imports this m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Coroutine, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,17 +26,18 @@ import torch
 
 from ..codec.archive import Packed
 from ..codec.protocol import IMPORT_CHUNK
-from . import datasets, dumps, errors, route, shm
+from . import datasets, dumps
 from .aio_loader import AsyncLoader
 from .aio_transport import AsyncTransport
 from .aio_writer import AsyncWriter
 from .base import ClientBase
 from .deprecation import warn_close_deprecated
+from .driving import AsyncDriver
 from .loader import Loader
 from .schema import load_spec
 from .settings import ClientSettings
 from .stats import flatten
-from .steps import Call, Gather, Pause, Plan, Probe, Work, probing
+from .steps import Plan
 from .sync import ReplayClient
 
 T = TypeVar("T")
@@ -49,100 +51,25 @@ class AsyncReplayClient(ClientBase):
 
     def _setup(self, settings: ClientSettings) -> None:
         super()._setup(settings)
-        self._transports = [AsyncTransport(u, settings) for u in settings.urls]
-        self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
-        self._link_lock: tuple[Any, asyncio.Lock] = (None, asyncio.Lock())  # (its loop, lock)
+        self._driver = AsyncDriver(settings)
         # what every loader's fetcher threads call, made by the first loader (the
         # client's own calls never use it); closed with this client
         self._blocking: ReplayClient | None = None
-        self._probing: set[asyncio.Task[None]] = set()  # tries of servers that are down
 
-    async def _run(self, plan: Plan[T] | Generator[Any, Any, T]) -> T:
-        """Drive a plan (:mod:`.core`, :mod:`.route`): perform each step it yields, awaited."""
-        result: Any = None
-        exc: BaseException | None = None
-        while True:
-            try:
-                step = plan.send(result) if exc is None else plan.throw(exc)
-            except StopIteration as stop:
-                return stop.value
-            result, exc = None, None
-            try:
-                result = await self._do(step)
-            except errors.ReplayError as err:
-                exc = err
-            except Exception as err:
-                if not isinstance(step, Work):
-                    raise
-                exc = err  # the plan's own work: the plan sees it where it happened
+    def _run(self, plan: Plan[T] | Generator[Any, Any, T]) -> Coroutine[Any, Any, T]:
+        """Drive a plan (:mod:`.plans`, :mod:`.route`): each step performed, awaited."""
+        return self._driver.run(plan)
 
-    async def _do(self, step: Any) -> Any:
-        if isinstance(step, route.OverShm):
-            # the blocking socket call in a worker thread; batches own their memory
-            return await asyncio.to_thread(shm.run, step.link, step.command, strict=step.strict)
-        if isinstance(step, route.Link):
-            return await self._link(step.shard, step.once)
-        if isinstance(step, Call):
-            return await self._call(step)
-        if isinstance(step, route.OverHttp):
-            return await self._transports[step.shard].execute(step.request)
-        if isinstance(step, Pause):
-            await asyncio.sleep(step.seconds)
-            return None
-        if isinstance(step, Probe):
-            task = asyncio.get_running_loop().create_task(self._run(probing(step)))
-            self._probing.add(task)  # a task only the loop holds may be collected midway
-            task.add_done_callback(self._probing.discard)
-            return None
-        if isinstance(step, Work):
-            return await asyncio.to_thread(step.run)
-        if isinstance(step, route.OpenLink):
-            return await asyncio.to_thread(
-                shm.open_link, self.settings, step.shard, step.info, step.why
-            )
-        return await self._gather(step)
-
-    # ---------------------------------------------------------------- same host
     async def transport(self) -> str:
         """``"shm"`` or ``"http"``: how this client reaches its (first) server (see
         :attr:`ReplayClient.transport <tdreplay.client.ReplayClient.transport>`)."""
-        return "shm" if await self._link(0) is not None else "http"
-
-    async def _link(self, shard: int, once: bool = False) -> shm.ShmLink | None:
-        link = self._links[shard]
-        if link is shm.UNRESOLVED:
-            loop = asyncio.get_running_loop()
-            if self._link_lock[0] is not loop:  # an asyncio lock waits on one loop only
-                self._link_lock = (loop, asyncio.Lock())
-            async with self._link_lock[1]:
-                if self._links[shard] is shm.UNRESOLVED:
-                    plan = route.resolve(shard, once, self.settings)
-                    self._links[shard] = await self._run(plan)
-                link = self._links[shard]
-        return link
-
-    async def _call(self, call: Call) -> Any:
-        return await self._run(route.transmit(call, self.settings, self._links))
-
-    async def _gather(self, gather: Gather) -> list[Any]:
-        call = self._call_partial if gather.partial else self._call
-        return list(await asyncio.gather(*(call(c) for c in gather.calls)))
-
-    async def _call_partial(self, call: Call) -> Any:
-        try:
-            return await self._call(call)
-        except errors.TransportError as err:
-            return err
+        return "shm" if await self._driver.link(0) is not None else "http"
 
     async def aclose(self) -> None:
         """Close idle connections (its loaders' too); the client stays usable."""
         if self._blocking is not None:
             self._blocking.close()
-        for t in self._transports:
-            await t.aclose()
-        for link in self._links:
-            if isinstance(link, shm.ShmLink):
-                link.close()
+        await self._driver.aclose()
 
     async def close(self) -> None:
         """Deprecated alias of :meth:`aclose`, removed in the next release."""

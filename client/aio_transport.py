@@ -258,9 +258,8 @@ class AsyncTransport:
         self.token = settings.token
         self.timeout = settings.timeout
         self.connect_timeout = settings.connect_timeout
-        self._idle: LoopPools[_Protocol] = LoopPools(
-            settings.max_connections
-        )  # by loop (see .aio_pool)
+        self.max_idle = settings.max_connections
+        self._idle: LoopPools[_Protocol] = LoopPools(self.max_idle)  # by loop (see .aio_pool)
 
     async def _new(self) -> _Protocol:
         e = self.endpoint

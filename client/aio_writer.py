@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from .chunking import ChunkBuffer, episode_keys
 from .deprecation import warn_close_deprecated
+from .time_limit import timer_task
 from .writer_base import Outbox, WriterBase, final_chunks
 
 
@@ -34,8 +35,8 @@ class AsyncExtendClient(Protocol):
 class AsyncWriter(WriterBase):
     """The :class:`Writer` of :class:`~tdreplay.client.AsyncReplayClient`: ``await w.append(step)``.
 
-    Same chunking and trajectory rule, same ``max_pending``; the time limit runs as an
-    asyncio task. Use ``async with client.writer(...) as w``.
+    Same chunking and trajectory rule, same ``max_pending``; the time limit
+    (:mod:`.time_limit`) runs as an asyncio task. Use ``async with client.writer(...) as w``.
     """
 
     def __init__(
@@ -92,7 +93,7 @@ class AsyncWriter(WriterBase):
 
     def _start_timer(self) -> None:
         if self.max_delay is not None and not self._closed:
-            self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
+            self._timer = timer_task(self, self._wake)
 
     async def _buf(self) -> ChunkBuffer:
         if self._buffer is None:
@@ -186,22 +187,15 @@ class AsyncWriter(WriterBase):
                 self._raise_pending()  # the time limit's, while this waited for the lock
                 await self._send(self._outbox(self._buffer.take(expired=True, borrow=True)))
 
-    async def _timer_loop(self) -> None:
+    async def _send_expired(self) -> None:
+        """The time limit's send, from its timer task (see :meth:`WriterBase._send_expired`)."""
         assert self._buffer is not None
-        while not self._closed:
-            # nothing is sent while an error waits to be raised (raising it wakes this)
-            left = None if self._errors else self._buffer.due(self.max_delay)
-            if left is None or left > 0:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), left)
-                continue
-            try:
-                async with self._lock:
-                    await self._send(self._outbox(self._buffer.take(expired=True, borrow=True)))
-            except Exception as err:  # what was not acknowledged is kept for the next send
-                self._keep(err)
-                self._progress.set()  # a wait_sent raises it now
+        try:
+            async with self._lock:
+                await self._send(self._outbox(self._buffer.take(expired=True, borrow=True)))
+        except Exception as err:  # what was not acknowledged is kept for the next send
+            self._keep(err)
+            self._progress.set()  # a wait_sent raises it now
 
     async def aclose(self, *, discard: bool = False) -> None:
         """Send what is left and stop the timer (see :meth:`Writer.close`: what is kept from

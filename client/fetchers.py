@@ -16,11 +16,11 @@ from tensordict import TensorDictBase
 from . import commands as C
 from . import errors, exiting, shm
 from .batches import decode_batch
+from .driving import BlockingDriver
 from .settings import ClientSettings
 from .staging import Credits as _Credits
 from .staging import StagingBuffer
 from .streams import one_batch_streams
-from .transport import Transport
 
 
 class SampleClient(Protocol):
@@ -31,7 +31,7 @@ class SampleClient(Protocol):
     """
 
     settings: ClientSettings
-    _transports: list[Transport]
+    _driver: BlockingDriver
 
     @property
     def urls(self) -> tuple[str, ...]: ...
@@ -138,7 +138,7 @@ class Pipeline:
         received = 0
         try:
             stream = torch.cuda.Stream(self.device) if self.cuda else None
-            transport = loader.client._transports[0]
+            transport = loader.client._driver.transports[0]
             while not self._stop.is_set():
                 # a stream asks for no more than the pass still takes: the server samples
                 # ahead of the reader, and what it sampled counts (a fifo table's is gone)

@@ -6,9 +6,8 @@ command goes that way (:data:`~tdreplay.client.shm.CARRIED`), else over HTTP
 under the retry policy; when the socket fails (``transport="auto"``) the call
 goes over HTTP, and the next call asks the server anew where its socket is.
 :func:`resolve` is the plan that finds that socket. Both yield the steps below
-and the drivers (:class:`~tdreplay.client.ReplayClient`,
-:class:`~tdreplay.client.AsyncReplayClient`) only perform them: block or
-await, sleep or ``asyncio.sleep``. The retry loop, the fallback and what a
+and the drivers (:mod:`~tdreplay.client.driving`: the blocking twin's and the
+asyncio twin's) only perform them: block or await, sleep or ``asyncio.sleep``. The retry loop, the fallback and what a
 failed call may have done (:func:`~tdreplay.client.errors.in_doubt`) exist once.
 
     >>> from tdreplay.client.settings import ClientSettings

@@ -159,7 +159,7 @@ HTTP = object()
 UNRESOLVED = object()
 
 
-def run(link: ShmLink, command: C.Command[Any], *, strict: bool = False) -> Any:
+def run(link: ShmLink, command: C.Command[Any], strict: bool = False) -> Any:
     """Execute ``command`` (of an operation in :data:`CARRIED`) over ``link``; :data:`HTTP` when an
     extend's rows do not fit the table's layout (HTTP's answer names what is wrong), or
     a slot would pass the server's shared-memory limits (HTTP has its own; ``strict``:

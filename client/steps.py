@@ -4,9 +4,9 @@ A plan is a generator of steps: :class:`Call` (one command to one server),
 :class:`Gather` (several at once), :class:`Probe` (one not waited on), :class:`Pause`
 and :class:`Work` (blocking
 work on the caller's side: files, decoding); it receives each step's result
-and returns the call's. The blocking twin performs them with blocking I/O and
-``time.sleep``, the asyncio twin awaits them (and runs :class:`Work` in a worker
-thread).
+and returns the call's. The twins' drivers (:mod:`.driving`) perform them: the
+blocking twin's with blocking I/O and ``time.sleep``, the asyncio twin's awaited (and
+:class:`Work` in a worker thread).
 """
 
 from __future__ import annotations

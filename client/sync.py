@@ -5,7 +5,8 @@
     >>> batch = client.sample("cartpole", 256)                        # doctest: +SKIP
 
 Every call is a plan from :mod:`~tdreplay.client.plans` (its wire steps from
-:mod:`~tdreplay.client.route`) driven with blocking I/O over :class:`~.transport.Transport`
+:mod:`~tdreplay.client.route`) driven with blocking I/O by
+:class:`~tdreplay.client.driving.BlockingDriver`, over :class:`~.transport.Transport`
 (``http.client``, pooled keep-alive connections); settings and pickling come from
 :class:`~tdreplay.client.base.ClientBase`. Thread safe. A client pickles as its URLs and
 settings, so a copy in a DataLoader worker or a subprocess opens its own connections.
@@ -13,10 +14,7 @@ settings, so a copy in a DataLoader worker or a subprocess opens its own connect
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Generator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,16 +22,15 @@ import torch
 from tensordict import TensorDict
 
 from . import commands as C
-from . import errors, route, shm
 from .base import ClientBase
 from .base import _restore as _restore  # pickles of clients made before base.py name it here
+from .driving import BlockingDriver
 from .dumps import Persistence
 from .loader import Loader
 from .schema import load_spec
 from .settings import ClientSettings
 from .stats import flatten
-from .steps import Call, Gather, Pause, Plan, Probe, Work, probing
-from .transport import Transport
+from .steps import Plan
 from .writer import Writer
 
 T = TypeVar("T")
@@ -67,12 +64,12 @@ class ReplayClient(Persistence, ClientBase):
 
     def _setup(self, settings: ClientSettings) -> None:
         super()._setup(settings)
-        self._transports = [Transport(u, settings) for u in settings.urls]
-        self._pool: ThreadPoolExecutor | None = None
-        self._links: list[Any] = [shm.UNRESOLVED] * len(settings.urls)
-        self._link_lock = threading.Lock()
+        self._driver = BlockingDriver(settings)
 
-    # ---------------------------------------------------------------- same host
+    def _run(self, plan: Plan[T] | Generator[Any, Any, T]) -> T:
+        """Drive a plan (:mod:`.plans`, :mod:`.route`): each step performed, blocking."""
+        return self._driver.run(plan)
+
     @property
     def transport(self) -> str:
         """``"shm"`` or ``"http"``: how this client reaches its (first) server.
@@ -80,87 +77,11 @@ class ReplayClient(Persistence, ClientBase):
         Raises:
             ShmUnavailable: ``transport="shm"`` and the server is not reachable so.
         """
-        return "shm" if self._link(0) is not None else "http"
-
-    def _link(self, shard: int, once: bool = False) -> shm.ShmLink | None:
-        link = self._links[shard]
-        if link is shm.UNRESOLVED:
-            with self._link_lock:
-                if self._links[shard] is shm.UNRESOLVED:
-                    self._links[shard] = self._run(route.resolve(shard, once, self.settings))
-                link = self._links[shard]
-        return link
-
-    # ---------------------------------------------------------------- driving
-    def _run(self, plan: Plan[T] | Generator[Any, Any, T]) -> T:
-        """Drive a plan (:mod:`.core`, :mod:`.route`): perform each step it yields, blocking."""
-        result: Any = None
-        exc: BaseException | None = None
-        while True:
-            try:
-                step = plan.send(result) if exc is None else plan.throw(exc)
-            except StopIteration as stop:
-                return stop.value
-            result, exc = None, None
-            try:
-                result = self._do(step)
-            except errors.ReplayError as err:
-                exc = err
-            except Exception as err:
-                if not isinstance(step, Work):
-                    raise
-                exc = err  # the plan's own work: the plan sees it where it happened
-
-    def _do(self, step: Any) -> Any:
-        if isinstance(step, route.OverShm):
-            return shm.run(step.link, step.command, strict=step.strict)
-        if isinstance(step, route.Link):
-            return self._link(step.shard, step.once)
-        if isinstance(step, Call):
-            return self._call(step)
-        if isinstance(step, route.OverHttp):
-            return self._transports[step.shard].execute(step.request)
-        if isinstance(step, Pause):
-            time.sleep(step.seconds)
-            return None
-        if isinstance(step, Probe):  # not waited on: its plan runs on a thread of its own
-            return threading.Thread(target=self._run, args=(probing(step),), daemon=True).start()
-        if isinstance(step, Work):
-            return step.run()
-        if isinstance(step, route.OpenLink):
-            return shm.open_link(self.settings, step.shard, step.info, step.why)
-        return self._gather(step)
-
-    def _call(self, call: Call) -> Any:
-        return self._run(route.transmit(call, self.settings, self._links))
-
-    def _gather(self, gather: Gather) -> list[Any]:
-        call = self._call_partial if gather.partial else self._call
-        if len(gather.calls) == 1:
-            return [call(gather.calls[0])]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=max(2, len(self._transports)), thread_name_prefix="tdreplay-client"
-            )
-        futures = [self._pool.submit(call, c) for c in gather.calls]
-        return [f.result() for f in futures]
-
-    def _call_partial(self, call: Call) -> Any:
-        try:
-            return self._call(call)
-        except errors.TransportError as err:
-            return err
+        return "shm" if self._driver.link(0) is not None else "http"
 
     def close(self) -> None:
         """Close idle connections; the client stays usable (it reconnects on demand)."""
-        for t in self._transports:
-            t.close()
-        for link in self._links:
-            if isinstance(link, shm.ShmLink):
-                link.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+        self._driver.close()
 
     def __enter__(self) -> ReplayClient:
         return self

@@ -5,9 +5,9 @@
     ...         w.append(step)
 
 A chunk is sent (one ``extend``) when ``chunk`` steps are buffered, when the oldest
-buffered step is ``max_delay`` seconds old, and when the writer closes. Leaving a
-``with`` block normally sends what is left; leaving it on an exception discards the
-buffer (nothing half-written is sent).
+buffered step is ``max_delay`` seconds old (the time limit, :mod:`.time_limit`, from a
+timer thread), and when the writer closes. Leaving a ``with`` block normally sends what
+is left; leaving it on an exception discards the buffer (nothing half-written is sent).
 
 **Sending in the background.** As Reverb's writers can, :class:`Writer` may send a full
 chunk from a sender thread while the collector appends the next steps into a second set
@@ -36,7 +36,6 @@ network (round trips of a millisecond or more) ``background=True`` is likely bet
 from __future__ import annotations
 
 import threading
-import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -45,6 +44,7 @@ from .chunking import ChunkBuffer, episode_keys
 from .columns import Lent
 from .errors import ReplayError
 from .shm import background_thread
+from .time_limit import timer_thread, wake
 from .writer_base import Outbox, WriterBase, final_chunks
 
 
@@ -136,16 +136,7 @@ class Writer(WriterBase):
             if self.background is None:
                 self.background = _same_host(self.client)
             if self.max_delay is not None:
-                # the thread holds the writer weakly while it waits, so a writer
-                # dropped unclosed is collected and its finalizer stops the thread
-                self._timer = threading.Thread(
-                    target=_timer_loop,
-                    args=(weakref.ref(self), self._cond),
-                    daemon=True,
-                    name="tdreplay-writer",
-                )
-                weakref.finalize(self, _notify, self._cond)
-                self._timer.start()
+                self._timer = timer_thread(self, self._cond)
         return buf
 
     def _raise_pending(self) -> None:
@@ -153,7 +144,7 @@ class Writer(WriterBase):
             with self._sent:
                 err = self._errors.pop(0) if self._errors else None
             if err is not None:
-                _notify(self._cond)  # the time limit may send again
+                wake(self._cond)  # the time limit may send again
                 raise err
 
     def _send(self, items: Outbox) -> None:
@@ -299,8 +290,7 @@ class Writer(WriterBase):
         self._raise_pending()
 
     def _send_expired(self) -> None:
-        """The timer's send: what the time limit releases (an error kept for the next call;
-        what was not acknowledged kept for the next send, the unfinished episode buffered)."""
+        """The time limit's send, from its timer thread (see :meth:`WriterBase._send_expired`)."""
         assert self._buffer is not None
         with self._send_lock:
             try:
@@ -373,28 +363,3 @@ def _same_host(client: Any) -> bool:
         return getattr(client, "transport", "http") == "shm"
     except ReplayError:  # shm asked for and unavailable: the sends will say so
         return False
-
-
-def _notify(cond: threading.Condition) -> None:
-    with cond:
-        cond.notify_all()
-
-
-def _timer_loop(ref: weakref.ReferenceType[Writer], cond: threading.Condition) -> None:
-    """Send buffered steps when the time limit passes; ends when the writer closes or is gone."""
-    while True:
-        writer = ref()
-        if writer is None:
-            return
-        with cond:
-            if writer._closed:
-                return
-            assert writer._buffer is not None
-            # nothing is sent while an error waits to be raised (raising it wakes this)
-            left = None if writer._errors else writer._buffer.due(writer.max_delay)
-            if left is None or left > 0:
-                del writer  # wait without keeping the writer alive
-                cond.wait(None if left is None else bounded(left))
-                continue
-        writer._send_expired()
-        del writer

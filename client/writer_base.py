@@ -7,7 +7,7 @@ leaves.
 as a production queue's records do (and Reverb's items, until confirmed): the chunk whose
 ``extend`` failed, and the chunks after it that the same send had not sent yet, stay in
 the writer, in order, ahead of the steps appended since. The next send (a chunk due at
-``append``, the time limit, ``flush``, ``close``) sends them first, each under the
+``append``, the time limit (:mod:`.time_limit`), ``flush``, ``close``) sends them first, each under the
 request id (``X-Request-Id``) it was first sent with, so that a chunk that reached the
 server before its answer was lost is not stored twice (within the server's memory of
 ids, ``idempotency_ttl``). The error carries a note with the rows acknowledged so far and
@@ -145,6 +145,13 @@ class WriterBase:
             f"{told}{self.kept_rows} row(s) not acknowledged are kept and sent again first, "
             "under the same request ids, by the next send (flush() or close() too)"
         )
+
+    def _send_expired(self) -> Any:
+        """The time limit's send (its timer calls it, :mod:`.time_limit`): what the limit
+        releases (``take(expired=True)``; an unfinished episode stays buffered), its error
+        kept for the next call to raise (:meth:`_keep`), what was not acknowledged kept for
+        the next send. The blocking writer's returns ``None``, the asyncio one's an awaitable."""
+        raise NotImplementedError
 
     def _full(self) -> bool:
         """Whether an append must first send what is kept: a failed send left rows kept,

@@ -261,7 +261,7 @@ def test_the_walker_sees_the_modules_and_their_edges() -> None:
     )
     edges = {(e.source, e.target) for e in imports(modules) if e.runtime}
     assert ("tdreplay.client.sync", "tdreplay.client.base") in edges  # from .base import ...
-    assert ("tdreplay.client.aio", "tdreplay.client.errors") in edges  # from . import errors
+    assert ("tdreplay.client.aio", "tdreplay.client.dumps") in edges  # from . import dumps
     assert (
         "tdreplay.client.commands",
         "tdreplay.codec.arrow",

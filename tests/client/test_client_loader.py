@@ -98,7 +98,7 @@ def test_a_learner_that_shares_a_batch_or_takes_its_gradient_gets_fresh_batches_
     # takes the gradient of a batch's tensor must not find the same bytes (a batch again),
     # or that gradient, in the later batches of that buffer
     share_or_take_gradients(client.loader(table, 16, prefetch=1, num_batches=24))
-    assert isinstance(client._links[0], ShmLink)  # the same-host transport carried them
+    assert isinstance(client._driver.links[0], ShmLink)  # the same-host transport carried them
 
 
 def test_a_caller_that_shares_a_leased_sample_or_takes_its_gradient_gets_fresh_samples_after(
@@ -107,7 +107,7 @@ def test_a_caller_that_shares_a_leased_sample_or_takes_its_gradient_gets_fresh_s
     # ReplayClient.sample over shm views the thread's leased slot, whose column tensors are
     # kept from call to call: the same rule as the loader's buffers
     share_or_take_gradients(client.sample(table, 16) for _ in range(24))
-    assert isinstance(client._links[0], ShmLink)
+    assert isinstance(client._driver.links[0], ShmLink)
 
 
 def test_as_cls_and_device(client: ReplayClient, table: str) -> None:

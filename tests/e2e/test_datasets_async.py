@@ -47,13 +47,13 @@ def test_async_exports_and_imports_are_native(
 
     async def main() -> tuple[Path, Path, Any, int, int]:
         async with AsyncReplayClient(server.url, transport="http") as aio:  # all seen here
-            execute = aio._transports[0].execute
+            execute = aio._driver.transports[0].execute
 
             async def spy(req: Request) -> Any:
                 sent.append(req)
                 return await execute(req)
 
-            aio._transports[0].execute = spy  # type: ignore[method-assign]
+            aio._driver.transports[0].execute = spy  # type: ignore[method-assign]
             parquet = await aio.export(name, dest=tmp_path / "out" / "rows.parquet")
             csv = await aio.export(name, "csv", dest=tmp_path / "rows.csv")
             folder = await aio.export(name, format="minari", dest=root, dataset_id="aio/run-v0")

@@ -35,7 +35,7 @@ def _http(server: Any, name: str) -> Callable[[int], tuple[int, Any]]:
 
 
 def _shm(client: ReplayClient, name: str) -> Callable[[int], tuple[int, Any]]:
-    chan = client._link(0).channel()
+    chan = client._driver.link(0).channel()
 
     def extend(start: int) -> tuple[int, Any]:
         try:

@@ -108,7 +108,7 @@ def test_a_retried_extend_inserts_once(twins: Any) -> None:
     a, _ = twins
     client = ReplayClient(a.url, transport="shm")
     client.create_table(spec("idem", {"kind": "uniform"}, capacity=64))
-    chan = client._link(0).channel()
+    chan = client._driver.link(0).channel()
     first = chan.extend("idem", rows(0, 5), 5.0, "retry-1")
     again = chan.extend("idem", rows(0, 5), 5.0, "retry-1")
     assert first is not None and again is not None and first.tolist() == again.tolist()
@@ -157,7 +157,7 @@ def test_the_client_cannot_shrink_a_slot_under_the_server(twins: Any) -> None:
     client = ReplayClient(a.url, transport="shm")
     client.create_table(spec("seal", {"kind": "uniform"}, capacity=16))
     client.extend("seal", rows(0, 16))
-    chan = client._link(0).channel()
+    chan = client._driver.link(0).channel()
     _, fd = chan.call(sample_frame("seal", slot=60, batch_size=4, timeout=1), wait=1)
     assert fd >= 0
     try:
@@ -433,7 +433,7 @@ def test_a_client_writing_its_slot_during_an_extend_gets_nothing_past_the_checks
     data = rows(0, n)
     if "choice" in key:
         data["choice"] = torch.zeros(n, 3, dtype=torch.int64)
-    chan = client._link(0).channel()
+    chan = client._driver.link(0).channel()
     assert chan.extend(name, data, 1, "first") is not None  # maps the slot, fills it
     (number,) = chan._numbers[("extend", name)]
     column = chan._slots[number].views.columns[key][:n]

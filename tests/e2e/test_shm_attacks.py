@@ -125,7 +125,7 @@ def test_finished_threads_leave_no_connections(live_server: Any) -> None:
         batches = list(client.loader("l", 8, prefetch=4, num_batches=4, keep=True))
         assert len(batches) == 4
     assert client.transport == "shm"
-    assert len(client._link(0)._channels) <= 5
+    assert len(client._driver.link(0)._channels) <= 5
 
 
 def test_many_batch_sizes_reuse_slot_numbers(live_server: Any) -> None:

@@ -142,7 +142,7 @@ def test_a_background_threads_calls_do_not_poll(live_server: Any) -> None:
                 background_thread()
             for _ in range(20):
                 c.sample("t", 1)
-            me, poller = threading.get_native_id(), c._link(0).channel()._poller
+            me, poller = threading.get_native_id(), c._driver.link(0).channel()._poller
             before, polls = sleeps(os.getpid(), me), poller.polls
             for _ in range(300):
                 c.sample("t", 1)
