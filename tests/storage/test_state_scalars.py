@@ -17,7 +17,7 @@ from tensordict import TensorDict
 from tdreplay.storage import BackendError, Table, TableSpec
 from tdreplay.storage.durable import RECORD_FILE, STATE_DIR
 from tdreplay.storage.rate_limiter import RateLimiter
-from tdreplay.storage.record import PARTS, RECORD_FIELDS, RecordLayout
+from tdreplay.storage.record import PARTS, RecordLayout
 from tdreplay.storage.samplers import Sampler, UniformSampler
 from tdreplay.storage.slot_policy import RoundRobinPolicy, SlotPolicy
 from tdreplay.storage.slots import Slots
@@ -168,15 +168,29 @@ class LappedRing(RoundRobinPolicy):
     SCALARS = {"cursor": int, "laps": int}
 
 
-def test_a_part_declaring_a_scalar_the_record_lacks_is_refused() -> None:
+class FractionalRing(RoundRobinPolicy):
+    """A writer whose cursor is declared a float: the record keeps it as an int."""
+
+    SCALARS = {"cursor": float}
+
+
+@pytest.mark.parametrize(
+    ("writer", "error"),
+    [
+        (LappedRing, "declares scalar 'laps' \\(int\\), but the durable record has no field"),
+        (FractionalRing, "declares scalar 'cursor' \\(float\\), but .* keeps it as int"),
+    ],
+)
+def test_a_part_declaring_a_scalar_the_record_lacks_is_refused(
+    writer: type[SlotPolicy], error: str
+) -> None:
     slots = Slots(8)
     table = SimpleNamespace(
         SCALARS={"episode_base": int},
         slots=slots,
         sampler=UniformSampler(slots),
-        writer=LappedRing(slots),
+        writer=writer(slots),
         rate_limiter=RateLimiter(),
     )
-    with pytest.raises(BackendError, match="writer LappedRing declares scalar 'laps'"):
+    with pytest.raises(BackendError, match=f"writer {writer.__name__} {error}"):
         RecordLayout(table)
-    assert ("writer", "laps") not in RECORD_FIELDS
