@@ -19,7 +19,10 @@ checkpoint:
   episode counter, largest priority) are one small record written at the end
   of every state change, into one of two alternating slots of ``record.bin``,
   each with a generation number and a checksum: a record torn by a crash is
-  detected and the other slot used.
+  detected and the other slot used. Which scalars, and their types, the parts
+  declare themselves (:mod:`~tdreplay.storage.scalars`), for their
+  ``state_dict()`` and the record alike; the record only fixes where each one
+  lies (:mod:`~tdreplay.storage.record`).
 * **Ordering**: an insert writes its rows, then the new items' per-slot state
   (:meth:`Sampler.before_live <tdreplay.storage.samplers.Sampler.before_live>`),
   then marks them live, then the record. Whatever instant a crash hits, a live
@@ -51,10 +54,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import struct
 import time
 import weakref
-import zlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,7 +67,9 @@ from .diskspace import fsync_path
 from .errors import BackendError
 from .extents import Extents, Span
 from .rate_limiter import RateLimiter
+from .record import RECORD_BYTES, RecordLayout
 from .samplers import Sampler
+from .scalars import Scalar
 from .slot_policy import SlotPolicy
 from .slots import Slots
 from .spec import TableSpec
@@ -102,25 +105,6 @@ STATE_DIR = ".tdreplay-state"
 SPEC_FILE = "spec.json"
 RECORD_FILE = "record.bin"
 
-#: the scalars of a table, in the order the record stores them
-SCALARS = (
-    "cursor",
-    "head",
-    "top",
-    "inserts",
-    "samples",
-    "insert_waits",
-    "sample_waits",
-    "episode_base",
-    "inserted",
-    "max_priority",
-)
-#: one record: generation (u64), the scalars (i64, the last one f64), crc32 of all that (u64)
-_BODY = struct.Struct("<Q" + "q" * (len(SCALARS) - 1) + "d")
-_RECORD = struct.Struct(_BODY.format + "Q")
-_RECORD_BYTES = 128
-assert _RECORD.size <= _RECORD_BYTES
-
 
 class DurableState:
     """The files that keep a memmap table's state (see the module docstring).
@@ -135,7 +119,9 @@ class DurableState:
         # Weak: the table holds this, and a cycle through it would keep a deleted table's
         # files mapped (their disk taken) until Python's cycle collector happened to run.
         self.table: Table = weakref.proxy(table)
+        self._table = weakref.ref(table)  # the table itself: a save reads it faster than a proxy
         self._record: np.ndarray | None = None
+        self._layout = RecordLayout(table)
         self._gen = 0
         self.fsync = False
         self._files: list[Path] | None = None
@@ -153,13 +139,13 @@ class DurableState:
 
     def _map_record(self) -> None:
         path = self.folder / RECORD_FILE
-        if path.stat().st_size != 2 * _RECORD_BYTES:
+        if path.stat().st_size != 2 * RECORD_BYTES:
             raise BackendError(
-                f"{path} holds {path.stat().st_size} bytes, expected {2 * _RECORD_BYTES}: "
+                f"{path} holds {path.stat().st_size} bytes, expected {2 * RECORD_BYTES}: "
                 "damaged table state (or written by another version of tdreplay)"
             )
         # torch maps the file and closes it: a table costs no file descriptor
-        mapped = torch.from_file(str(path), shared=True, size=2 * _RECORD_BYTES, dtype=torch.uint8)
+        mapped = torch.from_file(str(path), shared=True, size=2 * RECORD_BYTES, dtype=torch.uint8)
         self._mapped = mapped  # keeps the mapping alive
         self._record = mapped.numpy()
         self._record_bytes = self._record.data  # written a record at a time, uncopied
@@ -192,7 +178,7 @@ class DurableState:
             mapped[name] = map_file(path, tensor.dtype, tuple(tensor.shape))
             if bool(tensor.any()):  # not a fresh table's state after all: keep it
                 mapped[name].copy_(tensor)
-        create_file(folder / RECORD_FILE, 2 * _RECORD_BYTES, reserve=True)  # zeros: no record
+        create_file(folder / RECORD_FILE, 2 * RECORD_BYTES, reserve=True)  # zeros: no record
         state._map_record()
         state._reserve_with_rows(mapped)
         state._bind(mapped)
@@ -276,53 +262,39 @@ class DurableState:
         """
         assert self._record is not None
         self._gen += 1
-        t = self.table
-        w, smp, rl = t.writer, t.sampler, t.rate_limiter
-        body = _BODY.pack(
-            self._gen,
-            getattr(w, "cursor", 0),
-            getattr(smp, "head", 0),
-            getattr(w, "top", 0),
-            rl.inserts,
-            rl.samples,
-            rl.insert_waits,
-            rl.sample_waits,
-            t.episode_base,
-            t.slots.inserted,
-            float(getattr(smp, "max_priority", 0.0)),
-        )
-        start = (self._gen % 2) * _RECORD_BYTES
-        record = body + zlib.crc32(body).to_bytes(8, "little")
-        self._record_bytes[start : start + _RECORD.size] = record
+        record = self._layout.pack(self._gen, self._table())
+        start = (self._gen % 2) * RECORD_BYTES
+        self._record_bytes[start : start + len(record)] = record
         if self.fsync:
             self.flush()
 
-    def _read_record(self) -> dict[str, int | float] | None:
+    def _read_record(self) -> dict[tuple[str, str], Scalar] | None:
+        """The newest whole record, by field; ``None`` when neither slot holds one."""
         assert self._record is not None
         best = None
-        for slot in range(2):
-            raw = self._record[slot * _RECORD_BYTES : slot * _RECORD_BYTES + _RECORD.size].tobytes()
-            *values, check = _RECORD.unpack(raw)
-            gen = values[0]
-            if gen == 0 or zlib.crc32(raw[: _BODY.size]) != check:
-                continue  # never written, or torn by a crash
-            if best is None or gen > best[0]:
-                best = (gen, values[1:])
+        for slot in range(2):  # a slot never written, or torn by a crash, is None
+            found = self._layout.unpack(self._record[slot * RECORD_BYTES :].tobytes())
+            if found is not None and (best is None or found[0] > best[0]):
+                best = found
         if best is None:
             return None
         self._gen = best[0]
-        return dict(zip(SCALARS, best[1], strict=True))
+        return best[1]
 
     def _load(self) -> None:
         """Restore the scalars from the record, then re-derive from the columns what they pin down."""
         t = self.table
-        rec = self._read_record() or dict.fromkeys(SCALARS, 0)
+        rec = self._read_record() or dict.fromkeys(self._layout.fields, 0)
+        state = t.state_dict()
+        for (part, name), value in rec.items():  # the record's scalars, as the parts declared them
+            (state if part == "table" else state[part])[name] = value
+        recorded_inserted = int(state["slots"]["inserted"])
         s = t.slots
         live = s.live
         written = (s.ordinal > 0).nonzero().squeeze(1)
         n_live = int(live.sum())
         hi = int(written.max()) + 1 if len(written) else 0
-        inserted = max(int(rec["inserted"]), int(s.ordinal.max()) if len(written) else 0)
+        inserted = max(recorded_inserted, int(s.ordinal.max()) if len(written) else 0)
         # The ring's cursor is the slot after the newest item; the queue's head
         # its oldest live item; the stack's top the end of its live run.
         cursor = (int(s.ordinal.argmax()) + 1) % s.capacity if len(written) else 0
@@ -332,7 +304,6 @@ class DurableState:
             top = int(live_idx.max()) + 1
         else:
             head, top = cursor, 0
-        state = t.state_dict()
         state["slots"].update(n_live=n_live, hi=hi, inserted=inserted)
         if "cursor" in state["writer"]:
             state["writer"]["cursor"] = cursor
@@ -341,15 +312,8 @@ class DurableState:
         if "head" in state["sampler"]:
             state["sampler"]["head"] = head
         if "max_priority" in state["sampler"]:
-            state["sampler"]["max_priority"] = max(float(rec["max_priority"]), 1e-12)
-        behind = max(0, inserted - int(rec["inserted"]))  # inserts the record missed
-        state["rate_limiter"].update(
-            inserts=int(rec["inserts"]) + behind,
-            samples=int(rec["samples"]),
-            insert_waits=int(rec["insert_waits"]),
-            sample_waits=int(rec["sample_waits"]),
-        )
-        state["episode_base"] = int(rec["episode_base"])
+            state["sampler"]["max_priority"] = max(float(state["sampler"]["max_priority"]), 1e-12)
+        state["rate_limiter"]["inserts"] += max(0, inserted - recorded_inserted)  # inserts missed
         state.pop("generator", None)  # a reopened table draws from a fresh seed
         # The per-slot tensors are the mapped columns themselves, not the copies state_dict
         # made: loading copies nothing into them (a column copied onto itself would take

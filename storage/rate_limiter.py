@@ -29,13 +29,14 @@ from typing import Any, Literal
 
 from . import statefile as SF
 from .errors import EmptyTableError, RateLimitTimeout
+from .scalars import Scalars
 from .spec import RateLimiterSpec
 
 #: the two sides a rate limiter holds back
 Op = Literal["insert", "sample"]
 
 
-class RateLimiter:
+class RateLimiter(Scalars):
     """Counts inserts and samples and says whether either may proceed.
 
     Args:
@@ -166,16 +167,12 @@ class RateLimiter:
     def sampled(self, n: int) -> None:
         self.samples += n
 
+    SCALARS = {"inserts": int, "samples": int, "insert_waits": int, "sample_waits": int}
     #: counters added after the first checkpoints: absent means 0
     _WAITS = ("insert_waits", "sample_waits")
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "inserts": self.inserts,
-            "samples": self.samples,
-            "insert_waits": self.insert_waits,
-            "sample_waits": self.sample_waits,
-        }
+        return self.scalars()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         where = "rate_limiter"

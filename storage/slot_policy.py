@@ -18,6 +18,7 @@ import torch
 
 from . import spec as S
 from . import statefile as SF
+from .scalars import Scalars
 from .slots import Slots
 
 
@@ -47,7 +48,7 @@ def _any_in_ring(mask: torch.Tensor, start: int, n: int) -> bool:
     return bool(mask[start:].any()) or bool(mask[: end - len(mask)].any())
 
 
-class SlotPolicy:
+class SlotPolicy(Scalars):
     kind = ""
 
     def __init__(self, slots: Slots) -> None:
@@ -98,6 +99,7 @@ class RoundRobinPolicy(SlotPolicy):
     """
 
     kind = "round_robin"
+    SCALARS = {"cursor": int}
 
     def __init__(self, slots: Slots, *, overwrite: bool = True) -> None:
         super().__init__(slots)
@@ -125,7 +127,7 @@ class RoundRobinPolicy(SlotPolicy):
         return self.cursor
 
     def state_dict(self) -> dict[str, Any]:
-        return {"cursor": self.cursor}
+        return self.scalars()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.cursor = SF.integer(state, "cursor", "writer", hi=self.slots.capacity - 1)
@@ -138,6 +140,7 @@ class StackPolicy(SlotPolicy):
     """Pushes at ``top``; the LIFO sampler pops from there. Waits while full."""
 
     kind = "stack"
+    SCALARS = {"top": int}
 
     def __init__(self, slots: Slots) -> None:
         super().__init__(slots)
@@ -155,7 +158,7 @@ class StackPolicy(SlotPolicy):
         return min(self.slots.capacity, max(self.slots.hi, self.top) + n)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"top": self.top}
+        return self.scalars()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         top = SF.integer(state, "top", "writer", hi=self.slots.capacity)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import statefile as SF
+from .scalars import Scalars
 
 if TYPE_CHECKING:
     from .validation import Words
@@ -36,7 +37,12 @@ if TYPE_CHECKING:
 MAX_ORDINAL = 1 << 62
 
 
-class Slots:
+class Slots(Scalars):
+    #: the item count the ordinals go up to is kept; the live count and the high-water
+    #: mark are counted again from ``live`` and ``ordinal`` when a durable table reopens
+    SCALARS = {"inserted": int}
+    DERIVED = ("n_live", "hi")
+
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.live = torch.zeros(capacity, dtype=torch.bool)
@@ -117,9 +123,7 @@ class Slots:
             "live": self.live.clone(),
             "ordinal": self.ordinal.clone(),
             "times_sampled": self.times_sampled.clone(),
-            "n_live": self.n_live,
-            "hi": self.hi,
-            "inserted": self.inserted,
+            **self.scalars(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -7,10 +7,11 @@ from typing import Any
 import torch
 
 from ..errors import InvalidRequest
+from ..scalars import Scalars
 from ..slots import Slots
 
 
-class Sampler:
+class Sampler(Scalars):
     """Chooses which slots a sample returns.
 
     The table calls :meth:`on_insert` once new items are live and

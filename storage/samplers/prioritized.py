@@ -29,6 +29,8 @@ class PrioritizedSampler(Sampler):
 
     kind = "prioritized"
     has_priorities = True
+    #: new items' priority
+    SCALARS = {"max_priority": float}
 
     def __init__(
         self,
@@ -110,7 +112,7 @@ class PrioritizedSampler(Sampler):
         return self.priorities[index].to(torch.float32)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"priorities": self.priorities.clone(), "max_priority": self.max_priority}
+        return {"priorities": self.priorities.clone(), **self.scalars()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         priorities = SF.tensor(state, "priorities", "sampler", like=self.priorities)

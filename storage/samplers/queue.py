@@ -73,6 +73,7 @@ class FifoSampler(_Taking):
     """
 
     kind = "fifo"
+    SCALARS = {"head": int}
 
     def __init__(self, slots, generator=None, *, ring: Any) -> None:
         super().__init__(slots, generator)
@@ -104,7 +105,7 @@ class FifoSampler(_Taking):
         return idx, None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"head": self.head}
+        return self.scalars()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.head = SF.integer(state, "head", "sampler", hi=self.slots.capacity - 1)

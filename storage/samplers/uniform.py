@@ -28,6 +28,8 @@ class WithoutReplacementSampler(Sampler):
     """
 
     kind = "without_replacement"
+    #: a reopened durable table starts a new epoch (its permutation is not kept)
+    DERIVED = ("pos", "epoch")
 
     def __init__(self, slots, generator=None) -> None:
         super().__init__(slots, generator)
@@ -81,8 +83,7 @@ class WithoutReplacementSampler(Sampler):
         return {
             "perm": self.perm.clone(),
             "perm_ordinal": self.perm_ordinal.clone(),
-            "pos": self.pos,
-            "epoch": self.epoch,
+            **self.scalars(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

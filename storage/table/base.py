@@ -27,6 +27,7 @@ from ..errors import InvalidRequest, RateLimitTimeout, TableClosed
 from ..rate_limiter import Op, RateLimiter
 from ..rwlock import RWLock
 from ..samplers import Sampler, make_sampler
+from ..scalars import Scalars
 from ..slot_policy import MaxValuePolicy, SlotPolicy, make_slot_policy
 from ..slots import Slots
 from ..spec import TableSpec, split_key
@@ -40,8 +41,10 @@ class _HeldBack(Exception):
     """An attempt (``Table.try_extend`` / ``try_sample``) the rate limiter holds back."""
 
 
-class TableBase:
+class TableBase(Scalars):
     """What a table is made of, and the rules its operations share (see :class:`~.table.Table`)."""
+
+    SCALARS = {"episode_base": int}  # the table's own scalar state, beside its parts'
 
     def __init__(
         self,
@@ -105,10 +108,7 @@ class TableBase:
         self._fsync = False
         if spec.backend.kind == "memmap" and backend.location is not None:
             folder = Path(backend.location) / STATE_DIR
-            if reopen:
-                self._durable = DurableState.open(folder, self)
-            else:
-                self._durable = DurableState.create(folder, self)
+            self._durable = (DurableState.open if reopen else DurableState.create)(folder, self)
         # counters for info/metrics
         self.created_at = time.time()
         self.bytes_in = 0
@@ -350,7 +350,7 @@ class TableBase:
             "sampler": self.sampler.state_dict(),
             "writer": self.writer.state_dict(),
             "rate_limiter": self.rate_limiter.state_dict(),
-            "episode_base": self.episode_base,
+            **self.scalars(),
             "generator": self.generator.get_state(),
         }
 
