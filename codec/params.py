@@ -79,8 +79,8 @@ def _not_a_bool(value: Any) -> Any:
 
 
 #: a batch size: an int, or its digits (an HTTP query's), never a bool (as a slot)
-BatchSize = Annotated[
-    int, BeforeValidator(_not_a_bool), Field(ge=1, le=MAX_BATCH, description="Items per batch.")
+BatchSize = Annotated[  # the bounds before the validator: as bounds in the JSON Schema
+    int, Field(ge=1, le=MAX_BATCH, description="Items per batch."), BeforeValidator(_not_a_bool)
 ]
 #: how many batches: a stream's ``count``, a client loader's ``num_batches``
 Count = Annotated[int, Field(ge=1)]
