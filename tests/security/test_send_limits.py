@@ -107,6 +107,13 @@ def drain(sock: socket.socket) -> int:
         got += len(chunk)
 
 
+def sampled(server: Any) -> int:
+    """Items the table ``big`` has handed out so far (counted as each answer is built)."""
+    status, _, body = server.request("GET", protocol.table_path("big"))
+    assert status == 200
+    return int(json.loads(body)["samples"])
+
+
 def still_samples(server: Any, n: int = 2) -> None:
     path = protocol.table_path("big", "sample") + f"?batch_size={n}"
     status, _, body = server.request("POST", path)
@@ -117,9 +124,12 @@ def still_samples(server: Any, n: int = 2) -> None:
 def test_answers_never_read_are_cut(server: Any) -> None:
     answer = ROWS * ITEM
     still_samples(server, ROWS)  # the first sample's one-time costs are not what is measured
-    base, open_fds = rss(server.proc.pid), fds(server.proc.pid)
+    base, open_fds, before = rss(server.proc.pid), fds(server.proc.pid), sampled(server)
     socks = [ask(server, sample_request(ROWS), window=64 << 10) for _ in range(4)]
     try:
+        # every answer is built (an answer built after the others were cut would go out
+        # whole to the client that reads it below, uncut, since it reads)
+        wait_until(lambda: sampled(server) >= before + 4 * ROWS)
         # the answers are held, whole, for clients that read none of them (at least two at
         # once: on a loaded machine the first may be cut before the last is built) ...
         wait_until(lambda: rss(server.proc.pid) > base + 2 * answer)
