@@ -15,7 +15,7 @@ from ..backends.tensor import SMALL_BATCH
 from ..errors import InvalidRequest
 from ..samplers import no_priorities
 from ..tensordicts import nest, nest_by
-from ..validation import SampleTarget
+from ..validation import SampleTarget, integers
 from .base import TableBase, _HeldBack
 
 _INDEX, _TIMES, _KEY = ("index",), ("sample_info", "times_sampled"), ("sample_info", "key")
@@ -287,9 +287,9 @@ class Draws(TableBase):
         """``index`` as int64 slots ``[N]``.
 
         Raises:
-            InvalidRequest: an index outside ``[0, capacity)``.
+            InvalidRequest: an index not an integer, or outside ``[0, capacity)``.
         """
-        index = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+        index = integers(index, "index", self.name)
         if len(index) and (int(index.min()) < 0 or int(index.max()) >= self.capacity):
             bad = int(index[(index < 0) | (index >= self.capacity)][0])
             raise InvalidRequest(
@@ -309,17 +309,9 @@ class Draws(TableBase):
         """
         if key is None:
             return None
-        key = torch.as_tensor(key).reshape(-1)
-        if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
-            raise InvalidRequest(
-                f"table {self.name!r}: keys must be integers, got {str(key.dtype).removeprefix('torch.')}",
-                table=self.name,
-                field="key",
-                expected="int64",
-                got=str(key.dtype).removeprefix("torch."),
-            )
+        key = integers(key, "key", self.name)
         check_lengths(index, key=key, table=self.name)
-        return key.to(torch.int64)
+        return key
 
     def remove(self, index: Any, *, key: Any = None) -> int:
         """Remove the items in slots ``index`` (Reverb's ``mutate_priorities(deletes=...)``).

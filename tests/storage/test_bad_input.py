@@ -313,3 +313,24 @@ def test_a_value_outside_a_fields_categories_is_refused_and_changes_nothing(
     assert info.value.field == "choice" and info.value.got == bad
     assert f"holds {bad}, outside its {n} categories 0 .. {n - 1}" in str(info.value)
     assert_same(before, snapshot(table))
+
+
+@pytest.mark.parametrize("call", ["update_priority", "remove", "read"])
+@pytest.mark.parametrize(
+    "index", [[0.5], [True], torch.tensor([1.0, 2.0])], ids=["half", "bool", "floats"]
+)
+def test_a_slot_that_is_no_integer_is_refused_and_changes_nothing(
+    tables, call: str, index: object
+) -> None:
+    """In process, 0.5 named slot 0 and True slot 1 (cast to int64): the wrong item's
+    priority changed, or the wrong item was removed. The wire always refused them."""
+    table = tables.create(make_spec(capacity=16, sampler={"kind": "prioritized"}))
+    table.extend(rows(0, 5))
+    before = snapshot(table)
+    with pytest.raises(InvalidRequest, match="index must be integers") as info:
+        if call == "update_priority":
+            table.update_priority(index, torch.ones(len(torch.as_tensor(index))))
+        else:
+            getattr(table, call)(index)
+    assert info.value.field == "index" and info.value.table == "t"
+    assert_same(before, snapshot(table))
