@@ -105,18 +105,19 @@ class Plans(PersistencePlans):
         sampling goes on without them; none answering raises the first one's error)."""
         if self.n == 1:
             return (yield Call(0, C.Info(table)))  # type: ignore[no-any-return]
-        infos, errs = yield from self._infos(table)
+        infos = yield from self._infos(table)
+        status = self.shards.status() if None in infos else []  # its last error, once down
         down = {
-            i: {"url": self.settings.urls[i], "error": errs[i]}
+            i: {"url": status[i]["url"], "error": str(status[i]["last_error"])}
             for i, info in enumerate(infos)
             if info is None
         }
         return merge_infos([i for i in infos if i is not None], down)
 
-    def _infos(self, table: str) -> Plan[tuple[list[dict[str, Any] | None], list[str]]]:
+    def _infos(self, table: str) -> Plan[list[dict[str, Any] | None]]:
         """Sharded: the table's info from each server thought up (from all when none is),
-        remembered; ``None`` and the error, for a server that did not answer, or is down
-        (and tried in the background).
+        remembered; ``None`` for a server that did not answer, or is down (and tried in the
+        background).
 
         Raises:
             TransportError: no server answered.
@@ -129,8 +130,7 @@ class Plans(PersistencePlans):
         for call, info in zip(calls, self._answers(calls, results), strict=True):
             infos[call.shard] = info
         self._remember(table, infos)
-        errs = [str(s["last_error"]) for s in self.shards.status()]
-        return infos, errs
+        return infos
 
     def _probes(self) -> Plan[None]:
         """Try each server that is down and due (every ``shard_refresh`` seconds) with a
