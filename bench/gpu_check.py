@@ -58,6 +58,7 @@ sys.path.insert(0, str(REPO))
 from common import entry, free_port, print_entries, stop, wait_up, write_json  # noqa: E402
 
 SEED = 7
+ROUNDS = 5  # interleaved runs of each way in loader_rates (medians reported)
 #: what a learner's next() may vary by on a busy host (thread hand-overs), in seconds; on
 #: the CPU no copy is made at all (the batch stays in the loader's buffer): there the check
 #: only exercises the measurement, whose resolution is a loaded host's hand-over noise
@@ -209,9 +210,9 @@ def never_blocks(client: Any, dev: torch.device, args: Any, stream: bool, copy_s
 
 def loader_rates(client: Any, dev: torch.device, args: Any, stream: bool) -> tuple[float, float]:
     """Bytes/s of batches through ``loader(device)``, and through ``loader()`` + a plain
-    ``.to(dev)`` (a clone on the CPU); the best of two runs each, alternated."""
-    best = [0.0, 0.0]
-    for _ in range(2):
+    ``.to(dev)`` (a clone on the CPU); medians of ``ROUNDS`` runs each, interleaved."""
+    rates: list[list[float]] = [[], []]
+    for _ in range(ROUNDS):
         for i, to_device in enumerate((True, False)):
             moved = 0
             kw = {"prefetch": 4, "num_batches": args.batches, "stream": stream}
@@ -221,8 +222,8 @@ def loader_rates(client: Any, dev: torch.device, args: Any, stream: bool) -> tup
                     batch = batch.to(dev) if dev.type == "cuda" else batch.clone()
                 moved += nbytes(batch)
             sync(dev)
-            best[i] = max(best[i], moved / (time.perf_counter() - began))
-    return best[0], best[1]
+            rates[i].append(moved / (time.perf_counter() - began))
+    return statistics.median(rates[0]), statistics.median(rates[1])
 
 
 def copy_rates(client: Any, dev: torch.device, args: Any) -> tuple[float, float]:

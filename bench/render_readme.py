@@ -192,6 +192,40 @@ def writer() -> str:
     return entries_table("writer.json")
 
 
+def gpu() -> str:
+    """The loader's CUDA path (``bench/gpu_check.py --json bench/results/gpu.json``): its
+    throughput, then the learner's time in ``next()`` and the checks, way by way."""
+    data = json.loads((RESULTS / "gpu.json").read_text())
+    checks = data["checks"]
+    lines = [
+        entries_table("gpu.json"),
+        "",
+        "| way | bit-identical to a CPU loader | learner's `next()`, median (p90) "
+        "| a CPU loader's `next()` | one blocking copy of the batch |",
+        "|---|---|---|---|---|",
+    ]
+    for name, c in checks.items():
+        if not name.startswith("never blocks "):
+            continue
+        way = name.removeprefix("never blocks ")
+        same = "yes" if checks.get(f"identical {way}", {}).get("pass") else "NO"
+        lines.append(
+            f"| {way} | {same} | {c['next_median_ms']:.2f} ms ({c['next_p90_ms']:.2f} ms) | "
+            f"{c['next_without_copy_median_ms']:.2f} ms | {c['blocking_copy_ms']:.2f} ms |"
+        )
+    m = data.get("machine") or {}
+    writer = checks.get("writer", {})
+    lines += [
+        "",
+        f"On one {data.get('gpu') or data.get('device')} ({m.get('cores', '?')} cores; torch "
+        f"{m.get('torch')}, tensordict {m.get('tensordict')}): "
+        + ("every check passed" if data.get("ok") else "a check FAILED")
+        + f"; a writer fed from CUDA tensors stored the CPU extends' bytes, "
+        f"{writer.get('rows', 0):,} rows: {'yes' if writer.get('pass') else 'NO'}.",
+    ]
+    return "\n".join(lines)
+
+
 def refactor(source: str = "core-reshape.json", how: str = "HTTP client") -> str:
     """Before/after a change (``bench/compare_trees.py --json bench/results/<source>``)."""
     data = json.loads((RESULTS / source).read_text())
@@ -246,6 +280,7 @@ TABLES = {
     "scale-table": (scale, "scale.json"),
     "writer-table": (writer, "writer.json"),
     "adapter-table": (adapter, "adapter.json"),
+    "gpu-table": (gpu, "gpu.json"),
     "session-http-table": (
         lambda: refactor("session-http.json", "HTTP client"),
         "session-http.json",
