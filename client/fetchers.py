@@ -172,16 +172,22 @@ class Pipeline:
     def _stage(
         self, td: TensorDictBase, slot: StagingBuffer | None, stream: Any
     ) -> tuple[Any, Any]:
-        """Move ``td`` toward the learner's device; returns the queue item ``(batch, slot|event)``."""
-        if self.cuda:
+        """Move ``td`` toward the learner's device; returns the queue item: ``(batch, slot)``,
+        or on CUDA ``(batch, (event, owners))``: the copy's event, and the device tensors
+        that own the batch's memory (:meth:`~.staging.StagingBuffer.to_device`), or None
+        when the leaves were copied one by one."""
+        if self.cuda and self.device is not None:
             with torch.cuda.stream(stream):
-                out = td.to(self.device, non_blocking=True)
+                moved = slot.to_device(td, self.device) if slot is not None else None
+                out, owners = (
+                    moved if moved is not None else (td.to(self.device, non_blocking=True), None)
+                )
                 event = torch.cuda.Event()
                 event.record(stream)
             if slot is not None:
                 slot.event = event  # reset() waits on it before the buffer is refilled
                 self._free.put(slot)
-            return out, event
+            return out, (event, owners)
         if self.device is not None and self.device.type != "cpu":
             if slot is not None:
                 self._free.put(slot)

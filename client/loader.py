@@ -28,8 +28,13 @@ is left of it) or, without it, 1024 batches at a time.
   device with ``non_blocking=True`` on its own side stream and records an
   event; the buffer is reused only after that event (the fetcher waits on it,
   never the learner). When the learner takes the batch, its current stream
-  waits on the event and every tensor is ``record_stream``-ed on it, so the
-  caching allocator will not hand the memory to another stream early.
+  waits on the event and the batch's device memory is ``record_stream``-ed on
+  it, so the caching allocator will not hand it to another stream early. A
+  batch decoded into the pinned buffer goes over as ONE copy of the bytes it
+  spans there, its leaves views of that one allocation
+  (:meth:`~.staging.StagingBuffer.to_device`): a CUDA call per batch, not
+  three per leaf, on each side (``bool`` columns, unpacked apart, still go
+  one by one).
 * CPU (``keep=False``, the default): a batch is a view on a pool buffer and
   stays valid until the *next* batch is taken; clone what must outlive it,
   or pass ``keep=True`` for batches that own their memory (one allocation
@@ -261,10 +266,13 @@ class LoaderIterator(Iterator[Any]):
             self.close()
             raise batch
         if pipe.cuda:
+            event, owners = extra
             current = torch.cuda.current_stream(pipe.device)
-            current.wait_event(extra)  # the copy made on the fetcher's stream is done first
-            for t in batch.values(include_nested=True, leaves_only=True):
-                t.record_stream(current)  # made on the side stream, used on this one
+            current.wait_event(event)  # the copy made on the fetcher's stream is done first
+            # made on the side stream, used on this one: the one copy (and leaves decoded
+            # apart), or each leaf
+            for t in owners if owners is not None else batch.values(True, True):
+                t.record_stream(current)
         elif isinstance(extra, StagingBuffer):
             self._held = extra
         self.batches += 1

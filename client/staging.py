@@ -8,6 +8,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, TypeVar, cast
 
 import torch
+from tensordict import TensorDictBase
 
 _ALIGN = 64
 #: pieces (and what was built on them) a buffer keeps at most
@@ -80,6 +81,72 @@ class StagingBuffer:
         if got is None:
             got = self._kept[at] = make()
         return cast(T, got)
+
+    def to_device(
+        self, td: TensorDictBase, device: torch.device
+    ) -> tuple[TensorDictBase, list[torch.Tensor]] | None:
+        """``td``, decoded into this buffer, on ``device`` by ONE copy of the bytes its
+        leaves span in the buffer.
+
+        One allocation and one ``non_blocking`` copy (on the caller's current stream),
+        and each of those leaves a view of that copy at its offset; a leaf decoded
+        elsewhere (a ``bool`` column, unpacked from Arrow's bits into a tensor of its
+        own) is copied by itself. Returned with the device tensors that own the batch's
+        memory (the one copy first), those a consumer on another stream has to
+        ``record_stream``. Per leaf, an allocation, a copy and a ``record_stream`` each
+        cost the learner and the fetchers a CUDA call that contends with the other
+        threads' (on an H200, the learner's hand-over of a six-field batch took
+        0.31-0.37 ms with a ``record_stream`` per leaf, 0.13-0.15 ms without). The
+        leaves viewing the copy share its allocation: one kept alone keeps it all.
+
+        None (copy leaf by leaf) when no leaf lies in this buffer: a fresh buffer this
+        time, or parts concatenated elsewhere.
+
+            >>> from tensordict import TensorDict
+            >>> staging = StagingBuffer(pinned=False)
+            >>> staging.want = 256
+            >>> staging.reset()
+            >>> piece = staging.alloc(16)
+            >>> td = TensorDict({"x": torch.frombuffer(piece, dtype=torch.int32)}, [4])
+            >>> td["x"][:] = torch.arange(4)
+            >>> moved, owners = staging.to_device(td, torch.device("cpu"))
+            >>> moved["x"].tolist(), [t.numel() for t in owners]
+            ([0, 1, 2, 3], [16])
+        """
+        buf = self.buf
+        if buf is None or buf.data_ptr() % _ALIGN:
+            return None
+        base = buf.data_ptr()
+        end = base + buf.numel()
+        lo, hi = end, base
+        for t in td.values(include_nested=True, leaves_only=True):
+            if _within(t, base, end):
+                lo, hi = min(lo, t.data_ptr()), max(hi, t.data_ptr() + t.nbytes)
+        if hi <= lo:
+            return None
+        lo -= (lo - base) % _ALIGN  # each leaf's offset stays a multiple of its item size
+        whole = buf[lo - base : hi - base].to(device, non_blocking=True, copy=True)
+        owners = [whole]
+
+        def moved(t: torch.Tensor) -> torch.Tensor:
+            if _within(t, lo, hi):
+                at = t.data_ptr() - lo
+                return whole[at : at + t.nbytes].view(t.dtype).view(t.shape)
+            own = t.to(device, non_blocking=True)
+            owners.append(own)
+            return own
+
+        return td.apply(moved, device=device), owners
+
+
+def _within(t: object, lo: int, hi: int) -> bool:
+    """``t`` is a contiguous tensor whose bytes lie in ``[lo, hi)`` (addresses)."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.is_contiguous()
+        and lo <= t.data_ptr()
+        and t.data_ptr() + t.nbytes <= hi
+    )
 
 
 def check_device(device: str | torch.device | None) -> torch.device | None:

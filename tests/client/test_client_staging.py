@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-import torch
+from typing import Any
 
+import torch
+from tensordict import TensorDict
+from testkit import unique
+
+from tdreplay.client import ReplayClient
 from tdreplay.client.staging import _MAX_KEPT, StagingBuffer
+
+FIELDS = {
+    "x": {"shape": [], "dtype": "int64"},
+    "obs": {"shape": [8], "dtype": "float32"},
+    "next.done": {"shape": [], "dtype": "bool"},
+}
 
 
 def _sized(n: int) -> StagingBuffer:
@@ -64,3 +75,62 @@ def test_a_buffer_keeps_a_bounded_number_of_pieces() -> None:
         piece = buf(n)
         buf.kept("k", piece, lambda: 1)
         assert len(buf._pieces) <= _MAX_KEPT and len(buf._kept) <= _MAX_KEPT
+
+
+def test_a_batch_decoded_into_the_buffer_goes_over_as_one_copy_its_leaves_views_of_it(
+    server: Any,
+) -> None:
+    """What the loader's fetchers send to a CUDA device (here the CPU: the same calls), from
+    real answers decoded into a buffer by both doors: equal leaves, all in one allocation
+    that is a copy (the buffer reused for the next batch changes nothing of it)."""
+    name = unique("staging")
+    http = ReplayClient(server.url, transport="http", timeout=30)
+    http.create_table(
+        {"name": name, "capacity": 64, "backend": {"kind": "memory"}, "fields": FIELDS}
+    )
+    x = torch.arange(64)
+    http.extend(
+        name,
+        TensorDict(
+            {"x": x, "obs": x[:, None].float().expand(64, 8).clone(), "next": {"done": x % 3 == 0}},
+            [64],
+        ),
+    )
+    for transport in ("http", "shm"):
+        client = ReplayClient(server.url, transport=transport, timeout=30)
+        buf = _sized(1 << 16)
+        td = client._sample_into(name, 16, None, buf)
+        moved = buf.to_device(td, torch.device("cpu"))
+        assert moved is not None, transport
+        out, owners = moved
+        expected = td.clone()
+        assert (out == expected).all() and out.batch_size == td.batch_size, transport
+        whole, apart = owners[0], owners[1:]
+        base, end = whole.data_ptr(), whole.data_ptr() + whole.numel()
+        viewing = [t for t in out.values(True, True) if base <= t.data_ptr() < end]
+        assert all(t.data_ptr() + t.nbytes <= end for t in viewing)
+        # every leaf views the one copy, but over HTTP the bool column (unpacked from
+        # Arrow's bits apart from the buffer), which is copied by itself
+        assert len(viewing) + len(apart) == len(list(td.values(True, True))), transport
+        assert [t.dtype for t in apart] == ([torch.bool] if transport == "http" else [])
+        if apart:
+            assert out["next", "done"].data_ptr() == apart[0].data_ptr()
+        assert whole.numel() <= sum(t.nbytes for t in viewing) + 64 * len(viewing)
+        assert buf.buf is not None
+        buf.buf.fill_(0)  # the next batch lands here: the copy keeps its values
+        assert (out == expected).all(), transport
+        client.close()
+    http.delete_table(name)
+
+
+def test_a_batch_with_no_leaf_in_the_buffer_is_copied_leaf_by_leaf() -> None:
+    buf = _sized(256)
+    piece = buf(64)
+    inside = torch.frombuffer(piece, dtype=torch.float32)
+    assert buf.to_device(TensorDict({"a": inside}, []), torch.device("cpu")) is not None
+    strided = TensorDict({"a": inside.view(4, 4)[:, 0], "b": torch.zeros(3)}, [])
+    assert buf.to_device(strided, torch.device("cpu")) is None  # no leaf in the buffer
+    assert (
+        StagingBuffer(pinned=False).to_device(TensorDict({"a": inside}, []), torch.device("cpu"))
+        is None
+    )
