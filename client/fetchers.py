@@ -83,8 +83,9 @@ class Pipeline:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._issued = 0
+        self._slot: StagingBuffer | None = None  # the stream fetcher's, for its batch in hand
         self.closed = False
-        if not self.keep and not loader.stream:
+        if self.cuda or not (self.keep or loader.stream):  # a stream's batches own their memory
             for _ in range(prefetch + 1):
                 self._free.put(StagingBuffer(pinned=self.cuda))
         n_threads = 1 if loader.stream else max(1, prefetch)
@@ -150,13 +151,16 @@ class Pipeline:
                 with transport.open_stream(cmd.request()) as chunks:
                     got = 0
                     try:
-                        for body in one_batch_streams(chunks):
+                        for body in one_batch_streams(
+                            chunks, self._pinned if self.cuda else C.fresh
+                        ):
                             got += 1
                             received += 1
                             td = decode_batch(body)  # sliced at the layout's offsets
                             if not self._claim():
                                 return
-                            self._ready.put(self._stage(td, None, stream))
+                            self._ready.put(self._stage(td, self._slot, stream))
+                            self._slot = None
                     except ValueError as err:
                         raise errors.ProtocolError(f"bad sample stream: {err}") from None
                 if got == 0:  # the server ends a stream early when a sample times out
@@ -168,6 +172,14 @@ class Pipeline:
         except BaseException as err:
             self._ready.put((err, None))
             self._stop.set()
+
+    def _pinned(self, n: int) -> memoryview:
+        """``n`` bytes of a pinned buffer from the pool for the stream's next batch (its
+        copy to the device is then ``non_blocking`` indeed: from pageable memory it would
+        hold the GIL, and the learner, for the whole copy)."""
+        slot = self._slot = self._free.get()
+        slot.reset()
+        return slot.alloc(n)
 
     def _stage(
         self, td: TensorDictBase, slot: StagingBuffer | None, stream: Any

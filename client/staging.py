@@ -96,8 +96,8 @@ class StagingBuffer:
         ``record_stream``. Per leaf, an allocation, a copy and a ``record_stream`` each
         cost the learner and the fetchers a CUDA call that contends with the other
         threads' (on an H200, the learner's hand-over of a six-field batch took
-        0.31-0.37 ms with a ``record_stream`` per leaf, 0.13-0.15 ms without). The
-        leaves viewing the copy share its allocation: one kept alone keeps it all.
+        0.28-0.42 ms copied leaf by leaf, 0.13-0.22 ms copied this way, in one run).
+        The leaves viewing the copy share its allocation: one kept alone keeps it all.
 
         None (copy leaf by leaf) when no leaf lies in this buffer: a fresh buffer this
         time, or parts concatenated elsewhere.

@@ -19,10 +19,12 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 
 from ..codec.ipc import EOS, message_end
+from .http_values import Alloc, fresh
 
 
-def one_batch_streams(chunks: Iterable[bytes]) -> Iterator[memoryview]:
-    """Each record batch in the stream ``chunks`` carry, as a writable one-batch stream.
+def one_batch_streams(chunks: Iterable[bytes], alloc: Alloc = fresh) -> Iterator[memoryview]:
+    """Each record batch in the stream ``chunks`` carry, as a writable one-batch stream,
+    each in memory ``alloc`` gives (the loader's pinned buffers, when batches go to CUDA).
 
     Raises:
         ValueError: the bytes are not an Arrow IPC stream (no schema first, or a batch
@@ -51,12 +53,12 @@ def one_batch_streams(chunks: Iterable[bytes]) -> Iterator[memoryview]:
                     break  # not all of the first batch is here yet
             if len(buf) < batch_len:
                 break
-            one = bytearray(len(header) + batch_len + len(EOS))
+            one = alloc(len(header) + batch_len + len(EOS))
             one[: len(header)] = header
             one[len(header) : len(header) + batch_len] = buf[:batch_len]
             one[len(header) + batch_len :] = EOS
             del buf[:batch_len]
-            yield memoryview(one)
+            yield one
     raise ValueError("the stream ended before its end-of-stream marker")
 
 

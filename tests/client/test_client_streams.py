@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from tdreplay.client.staging import StagingBuffer
 from tdreplay.client.streams import one_batch_streams
 from tdreplay.codec import decode
 
@@ -45,3 +46,23 @@ def test_an_empty_stream_has_no_batches() -> None:
 def test_broken_streams_are_errors(data: bytes) -> None:
     with pytest.raises(ValueError):
         list(one_batch_streams([data]))
+
+
+def test_each_batch_lands_in_the_memory_alloc_gives() -> None:
+    """The loader hands its pinned buffers here when batches go to CUDA: each body is
+    written there, and decodes the same."""
+    slot = StagingBuffer(pinned=False)
+    slot.want = 1 << 16
+    slot.reset()
+    assert slot.buf is not None
+    base, end = slot.buf.data_ptr(), slot.buf.data_ptr() + slot.buf.numel()
+
+    def alloc(n: int) -> memoryview:
+        slot.reset()
+        return slot.alloc(n)
+
+    data = stream_bytes(4)
+    for i, body in enumerate(one_batch_streams([data[:100], data[100:]], alloc)):
+        x = decode(body)["x"]
+        assert base <= x.data_ptr() < end  # decoded in place, in the given memory
+        assert x.tolist() == [i, i + 1]
