@@ -98,7 +98,7 @@ def tables(tmp_path: Path) -> Iterator[Tables]:
 # ---------------------------------------------------------------- live tdreplay servers
 import os  # noqa: E402
 import sys  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,6 +187,11 @@ def _wait_ready(server: LiveServer, timeout: float) -> None:
         time.sleep(0.05)  # poll interval of the readiness probe
 
 
+#: ``python -m tdreplay.service`` with automatic garbage collection off from the start
+SERVE_WITHOUT_GC = (
+    "import gc, sys; gc.disable(); from tdreplay.cli.serve import main; main(sys.argv[1:])"
+)
+
 _FORK_SERVER: list[ForkServer] = []
 
 
@@ -202,17 +207,26 @@ def fork_server() -> ForkServer:
 
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveServer]]:
-    """Factory of real servers: ``live_server(*flags, token=None, root=None, env=None, **flags)``.
+    """Factory of real servers: ``live_server(*flags, token=None, root=None, env=None,
+    fresh=False, **flags)``.
 
     Each call starts ``python -m tdreplay.service serve --port <free> --root <tmp>
     *flags`` (from the repository root, so ``--schema schemas/...`` works; keyword
     flags are spelled ``schema="schemas/"`` -> ``--schema schemas/``), waits until
     ``/readyz`` answers 200, and returns a :class:`LiveServer`. The process is forked
     from one that imported the server already (:mod:`forkserver`: the same entry
-    point, 2.5 s less each); ``spawn=True`` starts a fresh interpreter instead, for a
-    test about the process itself (its command line). ``TDREPLAY_*``
-    variables of the test environment are not passed on. Every server started
-    is stopped when the module's tests are done, and the roots it made are deleted.
+    point, 2.5 s less each). ``TDREPLAY_*`` variables of the test environment are not
+    passed on. Every server started is stopped when the module's tests are done, and
+    the roots it made are deleted.
+
+    ``fresh=True`` starts a fresh interpreter instead, as an operator's shell would,
+    for a test about the process itself (its command line, its memory): the test
+    environment's ``MALLOC_*`` variables are not passed on either (glibc reads them
+    at start, and CI's keep freed heap that a test of RSS would count; a fork would
+    inherit the tuning the fork server started with). With it, ``gc=False`` runs
+    the server with automatic garbage collection off from its start (so what it
+    lets go of is freed by reference counting alone, or never), and ``wrap`` is a
+    command the server's command line is appended to (``unshare ... exec "$@"``).
 
         >>> server = live_server("--schema", "schemas/cartpole.yaml", backend="memory")  # doctest: +SKIP
         >>> server.request("GET", "/v1/tables")[0]  # doctest: +SKIP
@@ -228,9 +242,13 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
         env: dict[str, str] | None = None,
         timeout: float = 60.0,
         port: int | None = None,
-        spawn: bool = False,
+        fresh: bool = False,
+        gc: bool = True,
+        wrap: Sequence[str] = (),
         **flags: object,
     ) -> LiveServer:
+        if not fresh and (not gc or wrap):
+            raise ValueError("gc=False and wrap need a process of their own: fresh=True")
         port = port or free_port()  # a given port: a server started again where it was
         if root is None:
             made.append(tmp_path_factory.mktemp("live"))
@@ -253,15 +271,18 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
         ]
         for name, value in flags.items():
             cmd += [f"--{name.replace('_', '-')}", str(value)]
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("TDREPLAY_")}
+        withheld = ("TDREPLAY_", "MALLOC_") if fresh else ("TDREPLAY_",)
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(withheld)}
         if token:
             full_env["TDREPLAY_TOKEN"] = token  # never on the command line (there is no --token)
         full_env.update(env or {})
         proc: Any
-        if spawn or os.environ.get("TDREPLAY_TEST_SPAWN") == "1":
+        if fresh or os.environ.get("TDREPLAY_TEST_SPAWN") == "1":
+            if not gc:
+                cmd[1:3] = ["-c", SERVE_WITHOUT_GC]
             with log.open("wb") as out:
                 proc = subprocess.Popen(
-                    cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=REPO
+                    [*wrap, *cmd], stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=REPO
                 )
         else:  # forked from a process that imported the server once (tests/forkserver.py)
             proc = fork_server().start(cmd[3:], full_env, REPO, log)

@@ -183,6 +183,14 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in [{base}, {base + span})")
 
 
+def rss(pid: int) -> int:
+    """Resident bytes of process ``pid``, now (its ``VmRSS``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
 def run_cli(*argv: str, capsys: Any, monkeypatch: Any = None, **env: str) -> tuple[int, str, str]:
     """Run ``tdreplay *argv`` in this process: ``(exit status, stdout, stderr)``; its errors are
     never a traceback. With ``monkeypatch``, the caller's ``TDREPLAY_URL`` / ``_TOKEN`` /

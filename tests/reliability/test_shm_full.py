@@ -8,103 +8,52 @@ reason where it is refused). Its loopback is the host's: the test talks to it as
 
 from __future__ import annotations
 
-import http.client
 import json
-import os
 import shutil
 import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from service_helpers import ARROW
 from tensordict import TensorDict
-from testkit import REPO, free_port
 
 from tdreplay.codec import encode, protocol
 
 ITEM = 4096  # x: 1024 float32
 MiB = 1 << 20
 
-#: ``tdreplay serve`` with automatic garbage collection off: what a ``clear`` gives back
-#: comes back at once, not whenever the collector next runs (a 507's traceback had kept
-#: the old table's segments until then, so room came back or not by the collector's timing)
-SERVE = "import gc, sys; gc.disable(); from tdreplay.cli.serve import main; main(sys.argv[1:])"
-
-
-class Server:
-    """``tdreplay serve`` under a small ``/dev/shm`` of its own."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-        self.proc, self.port, self.log = proc, port, log
-
-    def request(self, method: str, path: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None) -> tuple[int, bytes]:  # fmt: skip
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
+#: runs the command appended to it in a mount namespace of its own whose /dev/shm is 8 MiB
+SMALL_SHM = ["-m", "sh", "-c", "mount --make-rprivate / && "
+             'mount -t tmpfs -o size=8m tmpfs /dev/shm && exec "$@"', "sh"]  # fmt: skip
 
 
 @pytest.fixture
-def small_shm_server(tmp_path: Path) -> Iterator[Server]:
+def small_shm_server(live_server: Any) -> Any:
+    """``tdreplay serve`` under a small ``/dev/shm`` of its own, with automatic garbage
+    collection off: what a ``clear`` gives back comes back at once, not whenever the
+    collector next runs (a 507's traceback had kept the old table's segments until then,
+    so room came back or not by the collector's timing)."""
     unshare = shutil.which("unshare")
     if unshare is None:
         pytest.skip("no unshare(1) here")
-    port, log = free_port(), tmp_path / "server.log"
-    serve = [sys.executable, "-c", SERVE, "serve", "--port", str(port),
-             "--root", str(tmp_path / "data"), "--log-level", "warning"]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TDREPLAY_", "MALLOC_"))}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [unshare, "-m", "sh", "-c", 'mount --make-rprivate / && '
-             'mount -t tmpfs -o size=8m tmpfs /dev/shm && exec "$@"', "sh", *serve],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-        )  # fmt: skip
-    server = Server(proc, port, log)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                if "mount" in server.output() and "Traceback" not in server.output():
-                    pytest.skip(f"cannot mount a tmpfs on /dev/shm here: {server.output()}")
-                pytest.fail(f"tdreplay serve exited with {proc.returncode}:\n{server.output()}")
-            try:
-                if server.request("GET", "/readyz")[0] == 200:
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, server.output()
-                time.sleep(0.1)
-        yield server
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(15)
+    wrap = [unshare, *SMALL_SHM]
+    tried = subprocess.run([*wrap, "true"], capture_output=True, text=True, timeout=30)
+    if tried.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs on /dev/shm here: {tried.stderr.strip()}")
+    return live_server(fresh=True, gc=False, wrap=wrap)
 
 
-def call(server: Server, path: str, body: Any = None, **headers: str) -> tuple[int, Any]:
+def call(server: Any, path: str, body: Any = None, **headers: str) -> tuple[int, Any]:
     """GET ``path``, or POST ``body`` (JSON unless already bytes); the answer, decoded."""
     data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
     hdrs = headers or {"Content-Type": "application/json"}
     post = body is not None or path.endswith("/clear")
-    status, raw = server.request("POST" if post else "GET", path, body=data, headers=hdrs)
+    status, _, raw = server.request("POST" if post else "GET", path, data, hdrs)
     return status, json.loads(raw) if raw[:1] == b"{" else raw
 
 
-def extend(server: Server, name: str, start: int, n: int) -> tuple[int, Any]:
+def extend(server: Any, name: str, start: int, n: int) -> tuple[int, Any]:
     x = torch.arange(start, start + n, dtype=torch.float32)[:, None].expand(n, 1024)
     body = encode(TensorDict({"x": x.contiguous()}, [n])).to_pybytes()
     return call(server, protocol.table_path(name, "extend"), body, **ARROW)
@@ -116,7 +65,7 @@ def table_spec(name: str, capacity: int, **backend: Any) -> dict[str, Any]:
 
 
 def test_a_full_dev_shm_is_a_507_before_any_row_lands_and_clear_gives_it_back(
-    small_shm_server: Server,
+    small_shm_server: Any,
 ) -> None:
     """A shared table 4x the server's ``/dev/shm`` was refused at create; it is created
     with none of it taken, takes rows until ``/dev/shm`` is full - then answers 507 naming
@@ -141,7 +90,7 @@ def test_a_full_dev_shm_is_a_507_before_any_row_lands_and_clear_gives_it_back(
     status, info = call(server, protocol.table_path("big"))
     assert info["size"] == acked and info["inserts"] == acked, info  # nothing of the 507
     assert acked * ITEM <= info["stats"]["reserved_bytes"] <= 8 * MiB, info["stats"]
-    status, raw = server.request("POST", protocol.table_path("big", "sample") + "?batch_size=64")
+    status, _, raw = server.request("POST", protocol.table_path("big", "sample") + "?batch_size=64")
     assert status == 200, raw[:300]
     status, info = call(server, protocol.table_path("big", "clear"))
     assert status == 200 and info["size"] == 0, info

@@ -119,7 +119,7 @@ def snapshot(server: Any) -> tuple[Any, list[str]]:
 
 @pytest.fixture(scope="module")
 def guarded(live_server: Any) -> Any:
-    server = live_server(token=TOKEN, spawn=True)  # its own command line is checked below
+    server = live_server(token=TOKEN, fresh=True)  # its own command line is checked below
     status, _, body = server.request(
         "POST", protocol.TABLES, json.dumps(spec("t")).encode(), {"Content-Type": protocol.JSON}
     )
@@ -225,7 +225,7 @@ def test_token_file_guards_the_server_and_stays_off_its_command_line(
     secret = tmp_path / "token"
     secret.write_text(TOKEN + "\n")  # as `echo` or a Kubernetes secret leaves it
     secret.chmod(0o600)
-    server = live_server("--host", "0.0.0.0", "--token-file", str(secret), spawn=True)
+    server = live_server("--host", "0.0.0.0", "--token-file", str(secret), fresh=True)
     assert send(server, "GET", protocol.TABLES)[0] == 401
     assert server.request("GET", protocol.TABLES, headers=OK)[0] == 200
     cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()

@@ -9,11 +9,11 @@ table, for as long as the table lived (3.4 GB per table of 1 MiB items).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
 from tensordict import TensorDict
+from testkit import rss
 
 from tdreplay.codec import decode, encode, protocol
 
@@ -23,17 +23,10 @@ POOLED = 16 << 20
 MiB = 1 << 20
 
 
-def rss(pid: int) -> int:
-    """Resident bytes of process ``pid``, now."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_sample_buffers_kept_are_bounded_by_pooled_bytes(live_server: Any) -> None:
-    # big arrays are mmapped, so what the server frees leaves its RSS at once
-    server = live_server(pooled_bytes=POOLED, malloc_mmap_threshold=MiB)
+    # big arrays are mmapped, so what the server frees leaves its RSS at once (in a fresh
+    # process: a MALLOC_MMAP_THRESHOLD_ in the environment would win over the flag)
+    server = live_server(fresh=True, pooled_bytes=POOLED, malloc_mmap_threshold=MiB)
     spec = {
         "name": "big",
         "capacity": 128,

@@ -11,23 +11,16 @@ generation).
 
 from __future__ import annotations
 
-import http.client
 import json
-import os
-import shutil
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 import torch
 from tensordict import TensorDict
-from testkit import REPO, free_port
+from testkit import rss
 
 from tdreplay.codec import encode, protocol
 
@@ -35,17 +28,6 @@ MiB = 1 << 20
 ITEM = 2 * MiB  # bytes of one row
 ROWS = 16
 BATCH = 8  # a batch of 16 MiB
-
-#: ``tdreplay serve`` with automatic garbage collection off
-SERVE = "import gc, sys; gc.disable(); from tdreplay.cli.serve import main; main(sys.argv[1:])"
-
-
-def rss(pid: int) -> int:
-    """Resident bytes of process ``pid``, now."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def wait_until(condition: Any, timeout: float = 20.0) -> None:
@@ -55,70 +37,29 @@ def wait_until(condition: Any, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-class Server:
-    def __init__(self, proc: subprocess.Popen, port: int) -> None:
-        self.proc, self.port = proc, port
-
-    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            headers = {"Content-Type": "application/json" if path == "/v1/tables" else ""}
-            if body is not None and path != "/v1/tables":
-                headers["Content-Type"] = protocol.ARROW_STREAM
-            conn.request(method, path, body=body, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
+def post(server: Any, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    kind = "application/json" if path == "/v1/tables" else protocol.ARROW_STREAM
+    headers = {"Content-Type": kind} if body is not None else {}
+    status, _, answer = server.request("POST", path, body, headers)
+    return status, answer
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    folder = tmp_path_factory.mktemp("cut-streams")
-    port = free_port()
-    # nor the caller's allocator tuning (CI keeps freed heap up to 256 MiB: MALLOC_TRIM_THRESHOLD_)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TDREPLAY_", "MALLOC_"))}
-    argv = ["serve", "--host", "127.0.0.1", "--port", str(port), "--root", str(folder / "data")]
-    # nothing pooled and big arrays mmapped: a body the server lets go of leaves its RSS
-    argv += ["--log-level", "warning", "--pooled-bytes", "0", "--malloc-mmap-threshold", str(MiB)]
-    with (folder / "server.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE, *argv],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-        )
-    server = Server(proc, port)
-    try:
-        wait_until(lambda: proc.poll() is not None or ready(server), timeout=60)
-        assert proc.poll() is None, (folder / "server.log").read_text()
-        spec = {
-            "name": "big",
-            "capacity": ROWS,
-            "fields": {"x": {"shape": [ITEM], "dtype": "uint8"}},
-            "backend": {"kind": "memory"},
-        }
-        assert server.request("POST", "/v1/tables", json.dumps(spec).encode())[0] == 201
-        rows = TensorDict({"x": torch.full((ROWS, ITEM), 7, dtype=torch.uint8)}, batch_size=[ROWS])
-        path = protocol.table_path("big", "extend")
-        assert server.request("POST", path, encode(rows).to_pybytes())[0] == 200
-        yield server
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def ready(server: Server) -> bool:
-    try:
-        return server.request("GET", "/readyz")[0] == 200
-    except OSError:
-        return False
+def server(live_server: Any) -> Any:
+    # a fresh process: no garbage collection, none of the caller's allocator tuning (CI
+    # keeps freed heap up to 256 MiB: MALLOC_TRIM_THRESHOLD_); nothing pooled and big
+    # arrays mmapped: a body the server lets go of leaves its RSS
+    server = live_server(fresh=True, gc=False, pooled_bytes=0, malloc_mmap_threshold=MiB)
+    spec = {
+        "name": "big",
+        "capacity": ROWS,
+        "fields": {"x": {"shape": [ITEM], "dtype": "uint8"}},
+        "backend": {"kind": "memory"},
+    }
+    assert post(server, "/v1/tables", json.dumps(spec).encode())[0] == 201
+    rows = TensorDict({"x": torch.full((ROWS, ITEM), 7, dtype=torch.uint8)}, batch_size=[ROWS])
+    assert post(server, protocol.table_path("big", "extend"), encode(rows).to_pybytes())[0] == 200
+    return server
 
 
 def stream_path(count: int | None = None) -> str:
@@ -126,8 +67,8 @@ def stream_path(count: int | None = None) -> str:
     return path if count is None else path + f"&count={count}"
 
 
-def test_a_stream_cut_by_its_client_frees_its_batches(server: Server) -> None:
-    status, body = server.request("POST", stream_path(count=3))  # one-time costs first
+def test_a_stream_cut_by_its_client_frees_its_batches(server: Any) -> None:
+    status, body = post(server, stream_path(count=3))  # one-time costs first
     assert status == 200 and pa.ipc.open_stream(body).read_all().num_rows == 3 * BATCH
     del body
     pid = server.proc.pid
@@ -143,7 +84,7 @@ def test_a_stream_cut_by_its_client_frees_its_batches(server: Server) -> None:
     wait_until(lambda: rss(pid) > base + 2 * BATCH * ITEM)
     for sock in socks:
         sock.close()  # ... and its client hangs up
-    status, body = server.request("POST", stream_path(count=2))  # the server goes on
+    status, body = post(server, stream_path(count=2))  # the server goes on
     assert status == 200 and pa.ipc.open_stream(body).read_all().num_rows == 2 * BATCH
     del body
     # what the streams held goes with them: the cycle held ~6 batches (98 MiB); the
