@@ -18,10 +18,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import torch
-from tensordict import TensorDict, TensorDictBase, TensorDictStore
+from tensordict import TensorDictBase, TensorDictStore
 
 from ..errors import BackendError, TableLost, TDReplayError
 from ..redis_conn import RedisConnection
@@ -33,6 +33,7 @@ from .redis_keys import (
     failure,
     get_rows,
     lay_out,
+    put_rows,
     redis_client,
     retry_policy,
 )
@@ -41,6 +42,8 @@ from .redis_keys import (
 REDIS_SEP = ":"
 #: the suffix of a redis table's marker key (``<prefix>:{<td_id>}:__tdreplay__``)
 REDIS_MARKER = "__tdreplay__"
+#: the suffix of a redis table's write count (see :class:`RedisBackend`, **Identity**)
+REDIS_WRITES = "__tdreplay_writes__"
 #: seconds between two marker checks before reads (writes check every time)
 MARKER_INTERVAL = 1.0
 
@@ -69,11 +72,20 @@ class RedisBackend(Backend):
     is written with the table's name and a random epoch. A Redis that restarts
     without persistence, or is flushed, loses it with the rows; and there
     ``TensorDictStore`` would read missing keys as nothing and a write would
-    recreate them zero-filled, so the table would serve zeros. The marker is
-    checked before every write and, at most once a second (:data:`MARKER_INTERVAL`),
-    before reads (and after any read that failed on the data); once it is
-    missing the table's :attr:`state` is ``"lost"`` and every write and read
-    raises :class:`TableLost`.
+    recreate them zero-filled, so the table would serve zeros. A Redis that restarts
+    from an older snapshot (an RDB saved before the last writes, an AOF that missed
+    them) or a replica promoted behind its primary keeps the marker but not the rows
+    written since: its strings end before them, or hold older rows where the table
+    wrapped (or was preallocated) - lengths cannot tell the second case. So every write
+    also counts itself in ``...:__tdreplay_writes__`` (``INCR``, in the transaction that
+    writes its rows: a snapshot holds both or neither), and the table keeps the count
+    Redis answered for its last acknowledged write (:attr:`writes`): a Redis whose count
+    is lower lost acknowledged writes. Marker and count are read together (one ``MGET``)
+    before every write, with every read's rows (in the same pipeline: the rows and their
+    proof come from one Redis) and by :meth:`probe` (at most once a second,
+    :data:`MARKER_INTERVAL`); nothing extra is sent. Once either is wrong the table's
+    :attr:`state` is ``"lost"`` and every write and read raises :class:`TableLost`,
+    naming what is missing.
 
     **Hangs.** Every command has the connection's timeout, and a timed-out
     command is not retried: redis-py's default policy retries three times and
@@ -101,10 +113,14 @@ class RedisBackend(Backend):
         ]
         #: rows ``[0, held)`` are in every field's string (see the class docstring)
         self.held = held
-        #: the marker key (see the class docstring) and what it holds
+        #: the marker key and the write count's key (see the class docstring), read together
         self.marker_key: str = storage._redis_key(REDIS_MARKER)  # type: ignore[attr-defined]
+        self.writes_key: str = storage._redis_key(REDIS_WRITES)  # type: ignore[attr-defined]
+        self._identity = [self.marker_key, self.writes_key]
         self._marker = b""
-        self._lost = False
+        #: the write count Redis answered for the last write acknowledged (writes are serial)
+        self.writes = 0
+        self._lost: TableLost | None = None
         self._unreachable = False  # the last marker check failed
         self._checked = 0.0
         self._probing = threading.Lock()
@@ -178,38 +194,65 @@ class RedisBackend(Backend):
         """``"ok"``; ``"unreachable"`` while the last marker check failed (Redis down, hung
         or refusing: back to ``"ok"`` once a check succeeds); ``"lost"`` once the marker was
         found missing (never back to ``"ok"``)."""
-        if self._lost:
+        if self._lost is not None:
             return "lost"
         return "unreachable" if self._unreachable else "ok"
 
     def check(self, *, force: bool = False) -> None:
-        """Check the marker (unless checked less than :data:`MARKER_INTERVAL` ago and not ``force``).
+        """Check the marker and the write count (unless checked less than
+        :data:`MARKER_INTERVAL` ago and not ``force``).
 
         Raises:
-            TableLost: the marker is missing or not this table's.
+            TableLost: the marker is missing or not this table's, or Redis counts fewer
+                writes than the table acknowledged.
             BackendError: Redis failed or did not answer in time.
         """
-        if self._lost:
-            raise self._lost_error()
+        if self._lost is not None:
+            raise self._lost
         if not force and time.monotonic() - self._checked < MARKER_INTERVAL:
             return
         try:
-            got = self._redis(
-                "checking the table's marker", lambda: self.client.get(self.marker_key)
+            marker, writes = self._redis(
+                "checking the table's marker", lambda: self.client.mget(self._identity)
             )
         except BackendError:
             self._unreachable = True
             raise
+        self._verify(marker, writes)
+
+    def _verify(self, marker: bytes | None, writes: bytes | None) -> None:
+        """Whether Redis, answering ``marker`` and ``writes`` (the values of the marker key
+        and the write count, ``None`` where missing), holds every write acknowledged.
+
+        Raises:
+            TableLost: it does not (the table is ``"lost"`` from now on).
+        """
         self._unreachable = False
-        if got != self._marker:
-            self._lost = True
-            log.error("%s", self._lost_error().message)
-            raise self._lost_error()
+        if marker != self._marker:
+            self._lose(
+                f"the marker key {self.marker_key!r} written when the table was created is "
+                "missing, so that Redis restarted without persistence, or was flushed, or "
+                "evicted the keys"
+            )
+        held = int(writes or 0)
+        if held < self.writes:
+            self._lose(self._behind(held))
         self._checked = time.monotonic()
+
+    def _behind(self, held: int) -> str:
+        """Why a Redis that counts ``held`` of the table's writes lost some."""
+        return (
+            f"it holds older data than the table acknowledged: {held} of the table's writes "
+            f"are there ({self.writes_key!r}), {self.writes} were acknowledged, so the rows of "
+            f"the last {self.writes - held} are missing, or older rows stand in their place. "
+            "That Redis restarted from an older snapshot (an RDB saved before those writes, "
+            "an append-only file that did not have them yet), or a replica behind its "
+            "primary took over"
+        )
 
     def probe(self) -> BackendState:
         """:meth:`check` without raising, one probe at a time; returns :attr:`state`."""
-        if not self._lost and self._probing.acquire(blocking=False):
+        if self._lost is None and self._probing.acquire(blocking=False):
             try:
                 self.check()
             except TDReplayError:
@@ -218,16 +261,18 @@ class RedisBackend(Backend):
                 self._probing.release()
         return self.state
 
-    def _lost_error(self) -> TableLost:
-        return TableLost(
-            f"table {self.spec.name!r}: its data in Redis {self.connection.name!r} ({self.url}) is gone: "
-            f"the marker key {self.marker_key!r} written when the table was created is missing, "
-            "so that Redis restarted without persistence, or was flushed, or evicted the keys. "
-            "The table serves nothing rather than zeros: restore it from a checkpoint, or delete "
-            "it and create it again (Redis persistence, appendonly yes, keeps tables across "
-            "Redis restarts)",
+    def _lose(self, why: str) -> NoReturn:
+        """The table is ``"lost"`` from now on, for ``why``: log it and raise :class:`TableLost`."""
+        self._lost = TableLost(
+            f"table {self.spec.name!r}: its data in Redis {self.connection.name!r} ({self.url}) "
+            f"is not what the table acknowledged: {why}. The table serves nothing rather than "
+            "zeros or older rows: restore it from a checkpoint, or delete it and create it "
+            "again (Redis persistence, appendonly yes with appendfsync always, keeps every "
+            "acknowledged row across Redis restarts)",
             table=self.spec.name,
         )
+        log.error("%s", self._lost.message)
+        raise self._lost
 
     def _redis(self, doing: str, fn: Callable[[], T]) -> T:
         """``fn()``, Redis failures raised as :class:`BackendError` naming the connection."""
@@ -239,63 +284,58 @@ class RedisBackend(Backend):
             raise failure(self.spec.name, self.connection, doing, err) from err
 
     # -- I/O -----------------------------------------------------------------
-    def _pack(self, data: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
-        return TensorDict(
-            {
-                self.flat[k]: (v.view(torch.int16) if v.dtype == torch.bfloat16 else v).contiguous()
-                for k, v in data.items()
-            },
-            batch_size=[n],
-        )
+    def _bytes(self, data: Mapping[NestedKey, torch.Tensor]) -> list[memoryview]:
+        """Each field's bytes of ``data``, in :attr:`keys` order (bfloat16 as its int16 bits)."""
+        return [data[k].contiguous().view(-1).view(torch.uint8).numpy().data for k in self.keys]
 
     def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:
-        """Write ``rows``: each field's string grows to the last of them as needed.
+        """Write ``rows``, counted in the table's write count (:func:`~.redis_keys.put_rows`):
+        each field's string grows to the last of them as needed.
 
         Raises:
-            TableLost: the Redis lost the table.
-            InsufficientStorage: the Redis is out of memory; nothing of ``rows`` counts as
-                written (the table marks them empty).
+            TableLost: the Redis lost the table, or acknowledged writes.
+            InsufficientStorage: the Redis is out of memory (it refuses every write then, to
+                rows it holds too); nothing of ``rows`` counts as written (the table marks
+                them empty).
             BackendError: Redis failed or did not answer in time.
         """
         self.check(force=True)  # a write into a Redis that lost the table recreates it zero-filled
-        n = next(iter(data.values())).shape[0]
-        packed = self._pack(data, n)
-
-        def put() -> None:
-            self.storage[rows] = packed
-
-        try:
-            self._redis("writing rows", put)
-        except TDReplayError:
-            raise
-        except Exception as err:
-            raise BackendError(
-                f"redis write failed at {self.url}: {err}", table=self.spec.name
-            ) from err
+        raw = self._bytes(data)
+        writes = self._redis(
+            "writing rows",
+            lambda: put_rows(self.client, self._strings, rows, raw, self.writes_key),
+        )
+        if writes <= self.writes:  # it went back between the check and the write
+            self._lose(self._behind(writes - 1))
+        self.writes = writes
         top = rows.stop if isinstance(rows, slice) else int(rows.max()) + 1 if len(rows) else 0
         self.held = max(self.held, top or 0)
 
     def gather(self, index: torch.Tensor, out: Mapping[NestedKey, torch.Tensor]) -> None:
         """Copy rows ``index`` into ``out`` (see the class docstring for rows past
-        :attr:`held`), read with :func:`~.redis_keys.get_rows`: a Redis past its
-        ``maxmemory`` still serves them.
+        :attr:`held`), read with :func:`~.redis_keys.get_rows` with the marker and the write
+        count, checked before the rows are used: a Redis past its ``maxmemory`` still
+        serves them.
 
         Raises:
-            TableLost: the Redis lost the table.
+            TableLost: the Redis lost the table, or acknowledged writes.
             BackendError: Redis failed or did not answer in time, or a string is shorter
                 than the rows written.
         """
-        self.check()
+        if self._lost is not None:
+            raise self._lost
         if not len(index):
             return
         if self.held < self.capacity and int(index.max()) >= self.held:
             self._gather_past_end(index, out)
             return
-        got = self._redis("reading rows", lambda: get_rows(self.client, self._strings, index))
+        got, identity = self._redis(
+            "reading rows", lambda: get_rows(self.client, self._strings, index, self._identity)
+        )
+        self._verify(*identity)
         for key, data in zip(self.keys, got, strict=True):
             target = out[key]
             if len(data) != target.numel() * target.element_size():
-                self.check(force=True)  # a missing string reads as b"": a lost table, most likely
                 raise BackendError(
                     f"table {self.spec.name!r}: Redis {self.connection.name!r} ({self.url}) answered "
                     f"{len(data)} bytes for {len(index)} rows of field {self.flat[key]!r}",
