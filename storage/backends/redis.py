@@ -12,21 +12,19 @@ laid out with no row: Redis memory grows as rows are written
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 import torch
 from tensordict import TensorDictBase, TensorDictStore
 
-from ..errors import BackendError, TableLost, TDReplayError
+from ..errors import BackendError, InsufficientStorage
 from ..redis_conn import RedisConnection
 from ..spec import NestedKey, TableSpec
 from .base import Backend, BackendState, Rows, carrier
+from .redis_identity import RedisIdentity, ask
 from .redis_keys import (
     check_string_sizes,
     delete_keys,
@@ -40,12 +38,6 @@ from .redis_keys import (
 
 #: nested keys are joined with this in Redis (``next:reward``)
 REDIS_SEP = ":"
-#: the suffix of a redis table's marker key (``<prefix>:{<td_id>}:__tdreplay__``)
-REDIS_MARKER = "__tdreplay__"
-#: the suffix of a redis table's write count (see :class:`RedisBackend`, **Identity**)
-REDIS_WRITES = "__tdreplay_writes__"
-#: seconds between two marker checks before reads (writes check every time)
-MARKER_INTERVAL = 1.0
 
 T = TypeVar("T")
 log = logging.getLogger("tdreplay.storage")
@@ -63,29 +55,17 @@ class RedisBackend(Backend):
     ``GETRANGE`` past a string's end answers fewer bytes). A Redis out of memory
     (``maxmemory``, noeviction) refuses a write with :class:`InsufficientStorage`
     (507): the rows are not written, the table serves what it holds (reads are
-    not sent in a transaction, which such a Redis refuses whole). Redis grows a
+    not sent in a transaction, which such a Redis refuses whole). Such a Redis
+    refuses every write, overwrites of a full table's rows too; while it does,
+    :meth:`reserve` asks it before an insert evicts anything. Redis grows a
     string by ``realloc``, which moves it only when it outgrows its allocator's size
     class (a quarter apart): amortized, no quadratic cost, but Redis spends ~5x
     the CPU of a preallocated fill (``bench/redis_bench.py``).
 
-    **Identity.** At allocation a marker key, ``<prefix>:{<td_id>}:__tdreplay__``,
-    is written with the table's name and a random epoch. A Redis that restarts
-    without persistence, or is flushed, loses it with the rows; and there
-    ``TensorDictStore`` would read missing keys as nothing and a write would
-    recreate them zero-filled, so the table would serve zeros. A Redis that restarts
-    from an older snapshot (an RDB saved before the last writes, an AOF that missed
-    them) or a replica promoted behind its primary keeps the marker but not the rows
-    written since: its strings end before them, or hold older rows where the table
-    wrapped (or was preallocated) - lengths cannot tell the second case. So every write
-    also counts itself in ``...:__tdreplay_writes__`` (``INCR``, in the transaction that
-    writes its rows: a snapshot holds both or neither), and the table keeps the count
-    Redis answered for its last acknowledged write (:attr:`writes`): a Redis whose count
-    is lower lost acknowledged writes. Marker and count are read together (one ``MGET``)
-    before every write, with every read's rows (in the same pipeline: the rows and their
-    proof come from one Redis) and by :meth:`probe` (at most once a second,
-    :data:`MARKER_INTERVAL`); nothing extra is sent. Once either is wrong the table's
-    :attr:`state` is ``"lost"`` and every write and read raises :class:`TableLost`,
-    naming what is missing.
+    **Identity.** A marker key and a write count kept with the rows tell a Redis that
+    lost the table, or came back from an older snapshot, from one that holds every write
+    acknowledged (:mod:`~.redis_identity`): :attr:`state` is then ``"lost"`` and every
+    write and read raises :class:`TableLost`.
 
     **Hangs.** Every command has the connection's timeout, and a timed-out
     command is not retried: redis-py's default policy retries three times and
@@ -113,17 +93,9 @@ class RedisBackend(Backend):
         ]
         #: rows ``[0, held)`` are in every field's string (see the class docstring)
         self.held = held
-        #: the marker key and the write count's key (see the class docstring), read together
-        self.marker_key: str = storage._redis_key(REDIS_MARKER)  # type: ignore[attr-defined]
-        self.writes_key: str = storage._redis_key(REDIS_WRITES)  # type: ignore[attr-defined]
-        self._identity = [self.marker_key, self.writes_key]
-        self._marker = b""
-        #: the write count Redis answered for the last write acknowledged (writes are serial)
-        self.writes = 0
-        self._lost: TableLost | None = None
-        self._unreachable = False  # the last marker check failed
-        self._checked = 0.0
-        self._probing = threading.Lock()
+        #: whether Redis still holds what the table acknowledged
+        self.identity = RedisIdentity(spec.name, conn, self.client, storage._redis_key)  # type: ignore[attr-defined]
+        self._refusing = False  # Redis refused the last write for memory (see reserve)
 
     @classmethod
     def allocate(
@@ -172,116 +144,26 @@ class RedisBackend(Backend):
             raise
         backend = cls(spec, td, conn, held=spec.capacity if preallocate else 0)
         try:
-            backend.mark()
+            backend.identity.mark()
         except BaseException:
             with contextlib.suppress(Exception):
                 backend.destroy()
             raise
         return backend
 
-    # -- identity ------------------------------------------------------------
-    def mark(self) -> None:
-        """Write the marker key: this table's name and a fresh epoch."""
-        body = {"table": self.spec.name, "epoch": uuid.uuid4().hex, "created_at": time.time()}
-        self._marker = json.dumps(body).encode()
-        self._redis(
-            "writing the table's marker", lambda: self.client.set(self.marker_key, self._marker)
-        )
-        self._checked = time.monotonic()
-
+    # -- identity (see redis_identity) -----------------------------------------
     @property
     def state(self) -> BackendState:
-        """``"ok"``; ``"unreachable"`` while the last marker check failed (Redis down, hung
-        or refusing: back to ``"ok"`` once a check succeeds); ``"lost"`` once the marker was
-        found missing (never back to ``"ok"``)."""
-        if self._lost is not None:
-            return "lost"
-        return "unreachable" if self._unreachable else "ok"
-
-    def check(self, *, force: bool = False) -> None:
-        """Check the marker and the write count (unless checked less than
-        :data:`MARKER_INTERVAL` ago and not ``force``).
-
-        Raises:
-            TableLost: the marker is missing or not this table's, or Redis counts fewer
-                writes than the table acknowledged.
-            BackendError: Redis failed or did not answer in time.
-        """
-        if self._lost is not None:
-            raise self._lost
-        if not force and time.monotonic() - self._checked < MARKER_INTERVAL:
-            return
-        try:
-            marker, writes = self._redis(
-                "checking the table's marker", lambda: self.client.mget(self._identity)
-            )
-        except BackendError:
-            self._unreachable = True
-            raise
-        self._verify(marker, writes)
-
-    def _verify(self, marker: bytes | None, writes: bytes | None) -> None:
-        """Whether Redis, answering ``marker`` and ``writes`` (the values of the marker key
-        and the write count, ``None`` where missing), holds every write acknowledged.
-
-        Raises:
-            TableLost: it does not (the table is ``"lost"`` from now on).
-        """
-        self._unreachable = False
-        if marker != self._marker:
-            self._lose(
-                f"the marker key {self.marker_key!r} written when the table was created is "
-                "missing, so that Redis restarted without persistence, or was flushed, or "
-                "evicted the keys"
-            )
-        held = int(writes or 0)
-        if held < self.writes:
-            self._lose(self._behind(held))
-        self._checked = time.monotonic()
-
-    def _behind(self, held: int) -> str:
-        """Why a Redis that counts ``held`` of the table's writes lost some."""
-        return (
-            f"it holds older data than the table acknowledged: {held} of the table's writes "
-            f"are there ({self.writes_key!r}), {self.writes} were acknowledged, so the rows of "
-            f"the last {self.writes - held} are missing, or older rows stand in their place. "
-            "That Redis restarted from an older snapshot (an RDB saved before those writes, "
-            "an append-only file that did not have them yet), or a replica behind its "
-            "primary took over"
-        )
+        """The table's :attr:`~.redis_identity.RedisIdentity.state`."""
+        return self.identity.state
 
     def probe(self) -> BackendState:
-        """:meth:`check` without raising, one probe at a time; returns :attr:`state`."""
-        if self._lost is None and self._probing.acquire(blocking=False):
-            try:
-                self.check()
-            except TDReplayError:
-                pass  # lost or unreachable: in the state
-            finally:
-                self._probing.release()
-        return self.state
-
-    def _lose(self, why: str) -> NoReturn:
-        """The table is ``"lost"`` from now on, for ``why``: log it and raise :class:`TableLost`."""
-        self._lost = TableLost(
-            f"table {self.spec.name!r}: its data in Redis {self.connection.name!r} ({self.url}) "
-            f"is not what the table acknowledged: {why}. The table serves nothing rather than "
-            "zeros or older rows: restore it from a checkpoint, or delete it and create it "
-            "again (Redis persistence, appendonly yes with appendfsync always, keeps every "
-            "acknowledged row across Redis restarts)",
-            table=self.spec.name,
-        )
-        log.error("%s", self._lost.message)
-        raise self._lost
+        """:meth:`~.redis_identity.RedisIdentity.probe`."""
+        return self.identity.probe()
 
     def _redis(self, doing: str, fn: Callable[[], T]) -> T:
         """``fn()``, Redis failures raised as :class:`BackendError` naming the connection."""
-        import redis
-
-        try:
-            return fn()
-        except redis.RedisError as err:
-            raise failure(self.spec.name, self.connection, doing, err) from err
+        return ask(self.spec.name, self.connection, doing, fn)
 
     # -- I/O -----------------------------------------------------------------
     def _bytes(self, data: Mapping[NestedKey, torch.Tensor]) -> list[memoryview]:
@@ -299,17 +181,36 @@ class RedisBackend(Backend):
                 them empty).
             BackendError: Redis failed or did not answer in time.
         """
-        self.check(force=True)  # a write into a Redis that lost the table recreates it zero-filled
+        self.identity.check(
+            force=True
+        )  # a write into a Redis that lost the table recreates it zero-filled
         raw = self._bytes(data)
-        writes = self._redis(
-            "writing rows",
-            lambda: put_rows(self.client, self._strings, rows, raw, self.writes_key),
-        )
-        if writes <= self.writes:  # it went back between the check and the write
-            self._lose(self._behind(writes - 1))
-        self.writes = writes
+        try:
+            writes = self._redis(
+                "writing rows",
+                lambda: put_rows(self.client, self._strings, rows, raw, self.identity.writes_key),
+            )
+        except InsufficientStorage:
+            self._refusing = True
+            raise
+        self.identity.counted(writes)
         top = rows.stop if isinstance(rows, slice) else int(rows.max()) + 1 if len(rows) else 0
         self.held = max(self.held, top or 0)
+
+    def reserve(self, end: int) -> None:
+        """Before an insert claims its rows and evicts the items they hold: while Redis
+        refused the last write for memory, ask it first with a write of nothing
+        (``SETRANGE`` of no bytes, refused as any write is), so that inserts retried against
+        a full Redis evict nothing; nothing is sent otherwise.
+
+        Raises:
+            InsufficientStorage: Redis is still out of memory.
+            BackendError: Redis failed or did not answer in time.
+        """
+        if self._refusing:
+            key = self.identity.writes_key
+            self._redis("writing rows", lambda: self.client.setrange(key, 0, b""))
+            self._refusing = False
 
     def gather(self, index: torch.Tensor, out: Mapping[NestedKey, torch.Tensor]) -> None:
         """Copy rows ``index`` into ``out`` (see the class docstring for rows past
@@ -322,17 +223,18 @@ class RedisBackend(Backend):
             BackendError: Redis failed or did not answer in time, or a string is shorter
                 than the rows written.
         """
-        if self._lost is not None:
-            raise self._lost
+        if self.state == "lost":
+            self.identity.check()  # raises
         if not len(index):
             return
         if self.held < self.capacity and int(index.max()) >= self.held:
             self._gather_past_end(index, out)
             return
         got, identity = self._redis(
-            "reading rows", lambda: get_rows(self.client, self._strings, index, self._identity)
+            "reading rows",
+            lambda: get_rows(self.client, self._strings, index, self.identity.keys),
         )
-        self._verify(*identity)
+        self.identity.verify(*identity)
         for key, data in zip(self.keys, got, strict=True):
             target = out[key]
             if len(data) != target.numel() * target.element_size():

@@ -158,7 +158,8 @@ def failure(
     if isinstance(err, redis.OutOfMemoryError):
         return InsufficientStorage(
             f"table {table!r}: {where} is out of memory (used memory over its maxmemory, "
-            f"with the noeviction policy) and refused {doing}; nothing of this call was "
+            f"with the noeviction policy) and refused {doing} (it refuses every write then, "
+            "one overwriting rows it holds too); nothing of this call was "
             "stored, and the table keeps serving what it holds. Raise that Redis's "
             "maxmemory, free memory there (delete tables or keys), or lower the table's "
             "capacity or move it to a Redis with room (with --preallocate, or the spec's "
