@@ -230,11 +230,12 @@ class RedisBackend(Backend):
         if self.held < self.capacity and int(index.max()) >= self.held:
             self._gather_past_end(index, out)
             return
-        got, identity = self._redis(
+        acknowledged = self.identity.writes
+        got, (marker, writes) = self._redis(
             "reading rows",
             lambda: get_rows(self.client, self._strings, index, self.identity.keys),
         )
-        self.identity.verify(*identity)
+        self.identity.verify(marker, writes, acknowledged)
         for key, data in zip(self.keys, got, strict=True):
             target = out[key]
             if len(data) != target.numel() * target.element_size():

@@ -119,6 +119,7 @@ class RedisIdentity:
             raise self._lost
         if not force and time.monotonic() - self._checked < MARKER_INTERVAL:
             return
+        acknowledged = self.writes  # before asking: a write may be counted meanwhile
         try:
             marker, writes = ask(
                 self.table,
@@ -129,11 +130,13 @@ class RedisIdentity:
         except BackendError:
             self._unreachable = True
             raise
-        self.verify(marker, writes)
+        self.verify(marker, writes, acknowledged)
 
-    def verify(self, marker: bytes | None, writes: bytes | None) -> None:
+    def verify(self, marker: bytes | None, writes: bytes | None, acknowledged: int) -> None:
         """Whether Redis, answering ``marker`` and ``writes`` (the values of :attr:`keys`,
-        ``None`` where missing), holds every write acknowledged.
+        ``None`` where missing), holds the ``acknowledged`` writes (:attr:`writes` read
+        before asking it: a check that runs beside a write may get its answer before the
+        write is applied and compare it after the write is counted).
 
         Raises:
             TableLost: it does not (the table is ``"lost"`` from now on), or did not before.
@@ -148,8 +151,8 @@ class RedisIdentity:
                 "evicted the keys"
             )
         held = int(writes or 0)
-        if held < self.writes:
-            self._lose(self._behind(held))
+        if held < acknowledged:
+            self._lose(self._behind(held, acknowledged))
         self._checked = time.monotonic()
 
     def counted(self, writes: int) -> None:
@@ -160,7 +163,7 @@ class RedisIdentity:
                 restarted from an older snapshot meanwhile).
         """
         if writes <= self.writes:
-            self._lose(self._behind(writes - 1))
+            self._lose(self._behind(writes - 1, self.writes))
         self.writes = writes
 
     def probe(self) -> BackendState:
@@ -174,15 +177,15 @@ class RedisIdentity:
                 self._probing.release()
         return self.state
 
-    def _behind(self, held: int) -> str:
-        """Why a Redis that counts ``held`` of the table's writes lost some."""
+    def _behind(self, held: int, acknowledged: int) -> str:
+        """Why a Redis that counts ``held`` of the table's ``acknowledged`` writes lost some."""
         return (
-            f"it holds older data than the table acknowledged: {held} of the table's writes "
-            f"are there ({self.writes_key!r}), {self.writes} were acknowledged, so the rows of "
-            f"the last {self.writes - held} are missing, or older rows stand in their place. "
-            "That Redis restarted from an older snapshot (an RDB saved before those writes, "
-            "an append-only file that did not have them yet), or a replica behind its "
-            "primary took over"
+            f"it counts {held} of the table's writes ({self.writes_key!r}) where "
+            f"{acknowledged} were acknowledged, so the rows of the last "
+            f"{acknowledged - held} are missing, or older rows stand in their place: that "
+            "Redis restarted from an older snapshot (an RDB saved before those writes, an "
+            "append-only file that did not have them yet), or a replica behind its primary "
+            "took over"
         )
 
     def _lose(self, why: str) -> NoReturn:
