@@ -383,8 +383,8 @@ class TableHandle:
         return self.table.backend.state
 
     async def state(self) -> str:
-        """Whether the table can serve: ``"ok"``; ``"lost"`` (its Redis restarted empty:
-        never ``"ok"`` again) or ``"unreachable"`` (its Redis down, hung or refusing: ``"ok"``
+        """Whether the table can serve: ``"ok"``; ``"lost"`` (its Redis restarted empty, or
+        from a snapshot older than the writes acknowledged: never ``"ok"`` again) or ``"unreachable"`` (its Redis down, hung or refusing: ``"ok"``
         again once it answers). What ``info`` and ``/readyz`` say.
 
         A Redis table's marker is probed first, in a worker thread (at most once a second,

@@ -32,7 +32,7 @@ async def healthz() -> dict[str, str]:
 )
 async def readyz(request: Request, core: CoreDep) -> JSONResponse:
     """Readiness: the tables of the schemas (and checkpoints) are loaded, and every table
-    served can serve: no backend lost its data (a Redis that restarted empty: ``lost``) or
+    served can serve: no backend lost its data (a Redis that restarted empty, or from an older snapshot: ``lost``) or
     cannot be reached (a Redis down, hung or refusing: ``unreachable``, ready again once it
     answers). Either answers 503, so a load balancer sends the table's clients elsewhere;
     liveness (``/healthz``) stays 200, so the server is not restarted for its Redis. Never

@@ -12,37 +12,32 @@ laid out with no row: Redis memory grows as rows are written
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import torch
-from tensordict import TensorDict, TensorDictBase, TensorDictStore
+from tensordict import TensorDictBase, TensorDictStore
 
-from ..errors import BackendError, TableLost, TDReplayError
+from ..errors import BackendError, InsufficientStorage
 from ..redis_conn import RedisConnection
 from ..spec import NestedKey, TableSpec
 from .base import Backend, BackendState, Rows, carrier
+from .redis_identity import RedisIdentity, ask
 from .redis_keys import (
     check_string_sizes,
     delete_keys,
     failure,
     get_rows,
     lay_out,
+    put_rows,
     redis_client,
     retry_policy,
 )
 
 #: nested keys are joined with this in Redis (``next:reward``)
 REDIS_SEP = ":"
-#: the suffix of a redis table's marker key (``<prefix>:{<td_id>}:__tdreplay__``)
-REDIS_MARKER = "__tdreplay__"
-#: seconds between two marker checks before reads (writes check every time)
-MARKER_INTERVAL = 1.0
 
 T = TypeVar("T")
 log = logging.getLogger("tdreplay.storage")
@@ -60,20 +55,17 @@ class RedisBackend(Backend):
     ``GETRANGE`` past a string's end answers fewer bytes). A Redis out of memory
     (``maxmemory``, noeviction) refuses a write with :class:`InsufficientStorage`
     (507): the rows are not written, the table serves what it holds (reads are
-    not sent in a transaction, which such a Redis refuses whole). Redis grows a
+    not sent in a transaction, which such a Redis refuses whole). Such a Redis
+    refuses every write, overwrites of a full table's rows too; while it does,
+    :meth:`reserve` asks it before an insert evicts anything. Redis grows a
     string by ``realloc``, which moves it only when it outgrows its allocator's size
     class (a quarter apart): amortized, no quadratic cost, but Redis spends ~5x
     the CPU of a preallocated fill (``bench/redis_bench.py``).
 
-    **Identity.** At allocation a marker key, ``<prefix>:{<td_id>}:__tdreplay__``,
-    is written with the table's name and a random epoch. A Redis that restarts
-    without persistence, or is flushed, loses it with the rows; and there
-    ``TensorDictStore`` would read missing keys as nothing and a write would
-    recreate them zero-filled, so the table would serve zeros. The marker is
-    checked before every write and, at most once a second (:data:`MARKER_INTERVAL`),
-    before reads (and after any read that failed on the data); once it is
-    missing the table's :attr:`state` is ``"lost"`` and every write and read
-    raises :class:`TableLost`.
+    **Identity.** A marker key and a write count kept with the rows tell a Redis that
+    lost the table, or came back from an older snapshot, from one that holds every write
+    acknowledged (:mod:`~.redis_identity`): :attr:`state` is then ``"lost"`` and every
+    write and read raises :class:`TableLost`.
 
     **Hangs.** Every command has the connection's timeout, and a timed-out
     command is not retried: redis-py's default policy retries three times and
@@ -101,13 +93,9 @@ class RedisBackend(Backend):
         ]
         #: rows ``[0, held)`` are in every field's string (see the class docstring)
         self.held = held
-        #: the marker key (see the class docstring) and what it holds
-        self.marker_key: str = storage._redis_key(REDIS_MARKER)  # type: ignore[attr-defined]
-        self._marker = b""
-        self._lost = False
-        self._unreachable = False  # the last marker check failed
-        self._checked = 0.0
-        self._probing = threading.Lock()
+        #: whether Redis still holds what the table acknowledged
+        self.identity = RedisIdentity(spec.name, conn, self.client, storage._redis_key)  # type: ignore[attr-defined]
+        self._refusing = False  # Redis refused the last write for memory (see reserve)
 
     @classmethod
     def allocate(
@@ -156,146 +144,101 @@ class RedisBackend(Backend):
             raise
         backend = cls(spec, td, conn, held=spec.capacity if preallocate else 0)
         try:
-            backend.mark()
+            backend.identity.mark()
         except BaseException:
             with contextlib.suppress(Exception):
                 backend.destroy()
             raise
         return backend
 
-    # -- identity ------------------------------------------------------------
-    def mark(self) -> None:
-        """Write the marker key: this table's name and a fresh epoch."""
-        body = {"table": self.spec.name, "epoch": uuid.uuid4().hex, "created_at": time.time()}
-        self._marker = json.dumps(body).encode()
-        self._redis(
-            "writing the table's marker", lambda: self.client.set(self.marker_key, self._marker)
-        )
-        self._checked = time.monotonic()
-
+    # -- identity (see redis_identity) -----------------------------------------
     @property
     def state(self) -> BackendState:
-        """``"ok"``; ``"unreachable"`` while the last marker check failed (Redis down, hung
-        or refusing: back to ``"ok"`` once a check succeeds); ``"lost"`` once the marker was
-        found missing (never back to ``"ok"``)."""
-        if self._lost:
-            return "lost"
-        return "unreachable" if self._unreachable else "ok"
-
-    def check(self, *, force: bool = False) -> None:
-        """Check the marker (unless checked less than :data:`MARKER_INTERVAL` ago and not ``force``).
-
-        Raises:
-            TableLost: the marker is missing or not this table's.
-            BackendError: Redis failed or did not answer in time.
-        """
-        if self._lost:
-            raise self._lost_error()
-        if not force and time.monotonic() - self._checked < MARKER_INTERVAL:
-            return
-        try:
-            got = self._redis(
-                "checking the table's marker", lambda: self.client.get(self.marker_key)
-            )
-        except BackendError:
-            self._unreachable = True
-            raise
-        self._unreachable = False
-        if got != self._marker:
-            self._lost = True
-            log.error("%s", self._lost_error().message)
-            raise self._lost_error()
-        self._checked = time.monotonic()
+        """The table's :attr:`~.redis_identity.RedisIdentity.state`."""
+        return self.identity.state
 
     def probe(self) -> BackendState:
-        """:meth:`check` without raising, one probe at a time; returns :attr:`state`."""
-        if not self._lost and self._probing.acquire(blocking=False):
-            try:
-                self.check()
-            except TDReplayError:
-                pass  # lost or unreachable: in the state
-            finally:
-                self._probing.release()
-        return self.state
-
-    def _lost_error(self) -> TableLost:
-        return TableLost(
-            f"table {self.spec.name!r}: its data in Redis {self.connection.name!r} ({self.url}) is gone: "
-            f"the marker key {self.marker_key!r} written when the table was created is missing, "
-            "so that Redis restarted without persistence, or was flushed, or evicted the keys. "
-            "The table serves nothing rather than zeros: restore it from a checkpoint, or delete "
-            "it and create it again (Redis persistence, appendonly yes, keeps tables across "
-            "Redis restarts)",
-            table=self.spec.name,
-        )
+        """:meth:`~.redis_identity.RedisIdentity.probe`."""
+        return self.identity.probe()
 
     def _redis(self, doing: str, fn: Callable[[], T]) -> T:
         """``fn()``, Redis failures raised as :class:`BackendError` naming the connection."""
-        import redis
-
-        try:
-            return fn()
-        except redis.RedisError as err:
-            raise failure(self.spec.name, self.connection, doing, err) from err
+        return ask(self.spec.name, self.connection, doing, fn)
 
     # -- I/O -----------------------------------------------------------------
-    def _pack(self, data: Mapping[NestedKey, torch.Tensor], n: int) -> TensorDict:
-        return TensorDict(
-            {
-                self.flat[k]: (v.view(torch.int16) if v.dtype == torch.bfloat16 else v).contiguous()
-                for k, v in data.items()
-            },
-            batch_size=[n],
-        )
+    def _bytes(self, data: Mapping[NestedKey, torch.Tensor]) -> list[memoryview]:
+        """Each field's bytes of ``data``, in :attr:`keys` order (bfloat16 as its int16 bits)."""
+        return [data[k].contiguous().view(-1).view(torch.uint8).numpy().data for k in self.keys]
 
     def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:
-        """Write ``rows``: each field's string grows to the last of them as needed.
+        """Write ``rows``, counted in the table's write count (:func:`~.redis_keys.put_rows`):
+        each field's string grows to the last of them as needed.
 
         Raises:
-            TableLost: the Redis lost the table.
-            InsufficientStorage: the Redis is out of memory; nothing of ``rows`` counts as
-                written (the table marks them empty).
+            TableLost: the Redis lost the table, or acknowledged writes.
+            InsufficientStorage: the Redis is out of memory (it refuses every write then, to
+                rows it holds too); nothing of ``rows`` counts as written (the table marks
+                them empty).
             BackendError: Redis failed or did not answer in time.
         """
-        self.check(force=True)  # a write into a Redis that lost the table recreates it zero-filled
-        n = next(iter(data.values())).shape[0]
-        packed = self._pack(data, n)
-
-        def put() -> None:
-            self.storage[rows] = packed
-
+        self.identity.check(
+            force=True
+        )  # a write into a Redis that lost the table recreates it zero-filled
+        raw = self._bytes(data)
         try:
-            self._redis("writing rows", put)
-        except TDReplayError:
+            writes = self._redis(
+                "writing rows",
+                lambda: put_rows(self.client, self._strings, rows, raw, self.identity.writes_key),
+            )
+        except InsufficientStorage:
+            self._refusing = True
             raise
-        except Exception as err:
-            raise BackendError(
-                f"redis write failed at {self.url}: {err}", table=self.spec.name
-            ) from err
+        self.identity.counted(writes)
         top = rows.stop if isinstance(rows, slice) else int(rows.max()) + 1 if len(rows) else 0
         self.held = max(self.held, top or 0)
 
-    def gather(self, index: torch.Tensor, out: Mapping[NestedKey, torch.Tensor]) -> None:
-        """Copy rows ``index`` into ``out`` (see the class docstring for rows past
-        :attr:`held`), read with :func:`~.redis_keys.get_rows`: a Redis past its
-        ``maxmemory`` still serves them.
+    def reserve(self, end: int) -> None:
+        """Before an insert claims its rows and evicts the items they hold: while Redis
+        refused the last write for memory, ask it first with a write of nothing
+        (``SETRANGE`` of no bytes, refused as any write is), so that inserts retried against
+        a full Redis evict nothing; nothing is sent otherwise.
 
         Raises:
-            TableLost: the Redis lost the table.
+            InsufficientStorage: Redis is still out of memory.
+            BackendError: Redis failed or did not answer in time.
+        """
+        if self._refusing:
+            key = self.identity.writes_key
+            self._redis("writing rows", lambda: self.client.setrange(key, 0, b""))
+            self._refusing = False
+
+    def gather(self, index: torch.Tensor, out: Mapping[NestedKey, torch.Tensor]) -> None:
+        """Copy rows ``index`` into ``out`` (see the class docstring for rows past
+        :attr:`held`), read with :func:`~.redis_keys.get_rows` with the marker and the write
+        count, checked before the rows are used: a Redis past its ``maxmemory`` still
+        serves them.
+
+        Raises:
+            TableLost: the Redis lost the table, or acknowledged writes.
             BackendError: Redis failed or did not answer in time, or a string is shorter
                 than the rows written.
         """
-        self.check()
+        if self.state == "lost":
+            self.identity.check()  # raises
         if not len(index):
             return
         if self.held < self.capacity and int(index.max()) >= self.held:
             self._gather_past_end(index, out)
             return
-        got = self._redis("reading rows", lambda: get_rows(self.client, self._strings, index))
+        acknowledged = self.identity.writes
+        got, (marker, writes) = self._redis(
+            "reading rows",
+            lambda: get_rows(self.client, self._strings, index, self.identity.keys),
+        )
+        self.identity.verify(marker, writes, acknowledged)
         for key, data in zip(self.keys, got, strict=True):
             target = out[key]
             if len(data) != target.numel() * target.element_size():
-                self.check(force=True)  # a missing string reads as b"": a lost table, most likely
                 raise BackendError(
                     f"table {self.spec.name!r}: Redis {self.connection.name!r} ({self.url}) answered "
                     f"{len(data)} bytes for {len(index)} rows of field {self.flat[key]!r}",

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from tensordict.store._utils import _LUA_GETRANGES, _dtype_to_str
+from tensordict.store._utils import _LUA_GETRANGES, _LUA_SETRANGES, _dtype_to_str
 
 from ..errors import BackendError, InsufficientStorage
 from ..redis_conn import RedisConnection
@@ -63,10 +63,61 @@ def lay_out(store: Any, fields: Layout, *, whole: bool) -> None:
     store._keys_cache[0] = None  # read back from the registry when next needed
 
 
-def get_rows(client: Any, strings: list[tuple[str, int]], index: torch.Tensor) -> list[bytes]:
+def run_start(rows: slice | torch.Tensor) -> int | None:
+    """The first of ``rows`` when they are a run (consecutive, ascending), else ``None``."""
+    if isinstance(rows, slice):
+        return int(rows.start or 0)
+    first, n = int(rows[0]), len(rows)
+    if int(rows[-1]) - first == n - 1 and (n == 1 or bool((rows.diff() == 1).all())):
+        return first
+    return None
+
+
+def put_rows(
+    client: Any,
+    strings: list[tuple[str, int]],
+    rows: slice | torch.Tensor,
+    data: list[memoryview],
+    counter: str,
+) -> int:
+    """Write ``rows`` of each data string of ``strings`` (``(key, row bytes)``; ``data``:
+    each field's bytes of those rows, in the same order) and count the write in ``counter``
+    (``INCR``), in one transaction: one ``SETRANGE`` a string for a run of rows, else
+    tensordict's ``SETRANGES`` script. Redis applies all of it or none: a Redis that keeps
+    the rows keeps the count with them (a snapshot holds both or neither).
+
+    Returns:
+        the count after this write (the table's write generation).
+
+    Raises:
+        redis.RedisError: Redis refused (``maxmemory``: ``INCR`` refused, nothing applied)
+            or did not answer.
+    """
+    first = run_start(rows)
+    pipe = client.pipeline(transaction=True)
+    for (key, size), raw in zip(strings, data, strict=True):
+        if first is not None:
+            pipe.setrange(key, first * size, raw)
+        else:
+            assert isinstance(rows, torch.Tensor)
+            argv = [
+                v
+                for i, row in enumerate(rows.tolist())
+                for v in (row * size, raw[i * size : (i + 1) * size])
+            ]
+            pipe.eval(_LUA_SETRANGES, 1, key, *argv)
+    pipe.incr(counter)
+    return int(pipe.execute()[-1])
+
+
+def get_rows(
+    client: Any, strings: list[tuple[str, int]], index: torch.Tensor, proof: list[str]
+) -> tuple[list[bytes], list[bytes | None]]:
     """Rows ``index`` of each data string of ``strings`` (``(key, row bytes)``), their bytes
     one after the other: one ``GETRANGE`` a string for a run of rows, else tensordict's
-    ``GETRANGES`` script (reads only), in one pipeline.
+    ``GETRANGES`` script (reads only), in one pipeline; and the values of the keys ``proof``
+    (``MGET``) read after them on the same connection, so that they describe the Redis the
+    rows came from (a restarted one drops the connection).
 
     Not in a transaction, as tensordict's reads are: Redis refuses every command of a
     ``MULTI`` while it is past ``maxmemory``, reads too, and a table whose rows filled its
@@ -76,17 +127,17 @@ def get_rows(client: Any, strings: list[tuple[str, int]], index: torch.Tensor) -
         redis.RedisError: Redis failed or did not answer.
     """
     n = len(index)
-    first = int(index[0])
-    run = bool(int(index[-1]) - first == n - 1 and (n == 1 or bool((index.diff() == 1).all())))
-    starts = None if run else index.tolist()
+    first = run_start(index)
     pipe = client.pipeline(transaction=False)
     for key, size in strings:
-        if starts is None:
+        if first is not None:
             pipe.getrange(key, first * size, (first + n) * size - 1)
         else:
-            argv = [v for start in starts for v in (start * size, size)]
+            argv = [v for start in index.tolist() for v in (start * size, size)]
             pipe.eval(_LUA_GETRANGES, 1, key, *argv)
-    return list(pipe.execute())
+    pipe.mget(*proof)
+    *got, values = pipe.execute()
+    return got, list(values)
 
 
 def delete_keys(client: Any, namespace: str, td_id: str) -> None:
@@ -107,7 +158,8 @@ def failure(
     if isinstance(err, redis.OutOfMemoryError):
         return InsufficientStorage(
             f"table {table!r}: {where} is out of memory (used memory over its maxmemory, "
-            f"with the noeviction policy) and refused {doing}; nothing of this call was "
+            f"with the noeviction policy) and refused {doing} (it refuses every write then, "
+            "one overwriting rows it holds too); nothing of this call was "
             "stored, and the table keeps serving what it holds. Raise that Redis's "
             "maxmemory, free memory there (delete tables or keys), or lower the table's "
             "capacity or move it to a Redis with room (with --preallocate, or the spec's "

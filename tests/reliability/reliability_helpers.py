@@ -55,6 +55,18 @@ def check_rows(server: Any, n: int, name: str = "t", batch: int = 256) -> None:
     assert_rows_match(sampled)
 
 
+def state_until(server: Any, state: str, name: str = "rt") -> dict[str, Any]:
+    """The table's info once its ``state`` is ``state`` (within 15 s)."""
+    deadline = time.monotonic() + 15
+    while True:
+        status, _, raw = server.request("GET", protocol.table_path(name))
+        info = json.loads(raw)
+        if (status, info.get("state")) == (200, state) or time.monotonic() > deadline:
+            assert (status, info.get("state")) == (200, state), raw[:300]
+            return dict(info)
+        time.sleep(0.1)
+
+
 def env() -> dict[str, str]:
     """The test environment less its ``TDREPLAY_*`` variables (as ``live_server`` does)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("TDREPLAY_")}

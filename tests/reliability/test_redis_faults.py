@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_helpers import RedisProcess, create, extend
+from reliability_helpers import RedisProcess, create, extend, state_until
 from service_helpers import ARROW, body
 
 from tdreplay.codec import decode, protocol
@@ -212,18 +212,6 @@ def test_a_server_whose_redis_is_unreachable_is_not_ready_until_it_answers(
     assert ready_until(server, 200)["unreachable"] == 0
     redis_proc.kill()  # down: refused at once
     assert ready_until(server, 503)["status"] == "unreachable"
-
-
-def state_until(server: Any, state: str, name: str = "rt") -> dict[str, Any]:
-    """The table's info once its ``state`` is ``state`` (within 15 s)."""
-    deadline = time.monotonic() + 15
-    while True:
-        status, _, raw = server.request("GET", protocol.table_path(name))
-        info = json.loads(raw)
-        if (status, info.get("state")) == (200, state) or time.monotonic() > deadline:
-            assert (status, info.get("state")) == (200, state), raw[:300]
-            return dict(info)
-        time.sleep(0.1)
 
 
 def test_a_tables_info_says_unreachable_as_readyz_does(

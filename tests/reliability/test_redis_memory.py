@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 from reliability_helpers import RedisProcess, call, check_rows, create, extend, size
-from service_helpers import ARROW, body
+from service_helpers import ARROW, assert_rows_match, body
 
-from tdreplay.codec import protocol
+from tdreplay.codec import decode, protocol
 
 MiB = 1 << 20
 CAPACITY = 1_000_000  # ~59 MB of rows at capacity
@@ -92,5 +92,44 @@ def test_a_redis_table_restored_on_a_restart_takes_what_its_rows_need(
         assert grown < 2 * MiB, grown  # 1,000 rows of 59 B, not 59 MB
         extend(server, 1000, 1000, name="half")
         check_rows(server, 2000, name="half")
+    finally:
+        r.stop()
+
+
+def test_a_wrapped_table_on_a_redis_over_maxmemory_is_a_507_and_keeps_serving(
+    live_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    """A full table overwrites rows it holds, which needs no more Redis memory, but a Redis
+    over its ``maxmemory`` refuses every write (``SETRANGE``, ``INCR``) whatever it would
+    allocate: the extend is a 507 naming the table and saying so, and the table keeps
+    serving its rows. The first refused extend has evicted the items it was to overwrite;
+    one retried meanwhile is refused before it evicts any (it took 8 more items a try).
+    With room again, writes go in."""
+    r = RedisProcess(tmp_path)
+    r.start("--maxmemory-policy", "noeviction")
+    try:
+        server = live_server(redis=f"r={r.url}")
+        create(server, "ring", capacity=64, backend={"kind": "redis", "connection": "r"})
+        extend(server, 0, 64, name="ring")
+        extend(server, 64, 16, name="ring")  # wrapped: rows 16..79
+        r.client.config_set("maxmemory", 1)  # Redis is over it now
+        for _ in range(3):
+            status, _, raw = server.request(
+                "POST", protocol.table_path("ring", "extend"), body=body(80, 8), headers=ARROW
+            )
+            err = json.loads(raw)
+            assert (status, err["type"], err["table"]) == (507, "InsufficientStorage", "ring")
+            for detail in ("'ring'", "'r'", "maxmemory", "every write", "overwriting"):
+                assert detail in err["detail"], err["detail"]
+            assert (info(server, "ring")["state"], size(server, "ring")) == ("ok", 56)
+        path = protocol.table_path("ring", "sample") + "?batch_size=56"
+        sampled = decode(call(server, "POST", path))
+        assert int(sampled["id"].min()) >= 24 and int(sampled["id"].max()) < 80
+        assert_rows_match(sampled)
+        assert server.request("GET", "/readyz")[0] == 200
+
+        r.client.config_set("maxmemory", 0)
+        extend(server, 80, 8, name="ring")
+        assert info(server, "ring")["state"] == "ok"
     finally:
         r.stop()
