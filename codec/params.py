@@ -41,11 +41,10 @@ from pydantic_core import PydanticCustomError
 from . import protocol
 from .errors import InvalidRequest
 from .minari_files import DATASET_ID_PATTERN
+from .request_ids import MAX_REQUEST_ID, RequestId
 
 #: largest batch a request may ask for (a table's capacity and the body limit bound it further)
 MAX_BATCH = 1 << 31
-#: longest X-Request-Id
-MAX_REQUEST_ID = 200
 #: longest client path (checkpoint, restore, export)
 MAX_PATH = 1024
 #: most slots one priority update may carry
@@ -112,7 +111,7 @@ class ExtendParams(Params):
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     timeout: Seconds = None
-    request_id: str | None = Field(
+    request_id: RequestId = Field(
         default=None,
         alias="X-Request-Id",  # protocol.REQUEST_ID: a header over HTTP, errors name it so
         max_length=MAX_REQUEST_ID,
@@ -140,7 +139,7 @@ class InsertParams(Params):
         "is written."
     )
     timeout: Seconds = None
-    request_id: str | None = Field(
+    request_id: RequestId = Field(
         default=None,
         alias="X-Request-Id",
         max_length=MAX_REQUEST_ID,
