@@ -68,7 +68,7 @@ import torch
 
 from . import dtypes
 from .errors import json_failure
-from .format import SEP, NestedKey
+from .format import SEP, Column, NestedKey
 from .request_ids import REQUEST_ID_ENCODING
 
 #: the protocol version a client says hello with (2: binary frames for the hot operations)
@@ -271,17 +271,6 @@ def read_reply(body: bytes) -> dict[str, Any]:
     except struct.error:
         pass
     raise ShmProtocolError(f"a malformed binary reply (operation {op})")
-
-
-@dataclass(frozen=True)
-class Column:
-    """Where one column of a slot lies: ``rows`` rows of ``shape``-shaped ``dtype`` items."""
-
-    key: NestedKey
-    offset: int
-    nbytes: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
