@@ -35,9 +35,10 @@ import torch
 from tensordict import TensorDict
 
 from ..codec import params, protocol
+from ..codec.indices import flat_values
 from . import commands as C
 from . import errors
-from .merging import by_shard, flat_values, merge_infos, split_batch
+from .merging import by_shard, merge_infos, split_batch
 from .persistence import PersistencePlans
 from .settings import ClientSettings
 from .shards import ShardHealth

@@ -40,6 +40,7 @@ from pydantic_core import PydanticCustomError
 
 from . import protocol
 from .errors import InvalidRequest
+from .indices import SlotIndex
 from .minari_files import DATASET_ID_PATTERN
 from .request_ids import MAX_REQUEST_ID, RequestId
 
@@ -83,9 +84,6 @@ BatchSize = Annotated[  # the bounds before the validator: as bounds in the JSON
 ]
 #: how many batches: a stream's ``count``, a client loader's ``num_batches``
 Count = Annotated[int, Field(ge=1)]
-#: a slot (or a sampled item's key) as a caller names it: an int, never a float, a bool or a
-#: string converted (0.5 or ``true`` would name slot 0 or 1: the wrong item changed)
-SlotIndex = Annotated[int, Field(ge=0, lt=1 << 63, strict=True)]
 SampledKeys = Annotated[
     list[SlotIndex] | None,
     Field(
