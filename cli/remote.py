@@ -28,11 +28,12 @@ from tdreplay.client import (
 )
 from tdreplay.client.environment import configured
 from tdreplay.client.transport import shown_url
-from tdreplay.codec.errors import SchemaError, printable
+from tdreplay.codec.errors import SchemaError
 from tdreplay.codec.exports import export_format
 from tdreplay.codec.parquet_read import parquet_files
 from tdreplay.codec.protocol import import_chunk
 from tdreplay.codec.schema_file import read_schema
+from tdreplay.codec.text import printable
 
 from .common import describe_counts, describe_file, flag_values, show_progress
 from .exits import CommandError, Exit

@@ -67,9 +67,9 @@ from typing import Any, NamedTuple
 import torch
 
 from . import dtypes
-from .errors import json_failure
 from .format import SEP, Column, NestedKey
 from .request_ids import REQUEST_ID_ENCODING
+from .text import json_failure
 
 #: the protocol version a client says hello with (2: binary frames for the hot operations)
 VERSION = 2
