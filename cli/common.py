@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 from collections.abc import Iterator
 from importlib import metadata
@@ -70,17 +71,31 @@ class _RefuseToken(argparse.Action):
 
 
 @contextlib.contextmanager
-def flag_values() -> Iterator[None]:
+def flag_values(**flags: str) -> Iterator[None]:
     """Checks of command-line values by the contract's rules (such as
     :func:`tdreplay.codec.exports.export_format`): an ``InvalidRequest`` inside is a usage
-    error (:class:`CommandError`, exit 2), its message naming the flag (``--format``).
+    error (:class:`CommandError`, exit 2), its message naming the flag (``--format``): the
+    one way a command turns a refused value into its usage error.
+
+        >>> from tdreplay.codec.protocol import import_chunk
+        >>> with flag_values(chunk="--chunk"):
+        ...     import_chunk(0)
+        Traceback (most recent call last):
+        ...
+        tdreplay.cli.exits.CommandError: --chunk must be an integer >= 1, got 0
+
+    Args:
+        flags: the flag that gave each field's value (``chunk="--chunk"``): where the
+            message names the field it names the flag instead.
     """
     try:
         yield
     except InvalidRequest as err:
-        raise CommandError(
-            str(err).replace("give the format", "give --format"), Exit.USAGE
-        ) from None
+        message = str(err).replace("give the format", "give --format")
+        flag = flags.get(err.field or "")
+        if flag is not None and err.field:
+            message = re.sub(rf"\b{re.escape(err.field)}\b", flag, message, count=1)
+        raise CommandError(message, Exit.USAGE) from None
 
 
 def describe_file(path: Path, fmt: str) -> str:

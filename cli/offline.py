@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tdreplay.codec.errors import InvalidRequest
 from tdreplay.codec.exports import ExportedPath, export_format
 from tdreplay.codec.folders import made_for
 from tdreplay.codec.minari_files import dataset_folder, default_root, env_spec_json, write_minari
@@ -68,11 +67,12 @@ def export_minari(args: dict[str, Any]) -> None:
         raise CommandError("--on-server needs a server, not --root/--checkpoint", Exit.USAGE)
     dataset_id = str(args["dataset_id"])
     try:
-        datasets = Path(args["output"]) if args.get("output") else default_root()
-        if dataset_folder(datasets, dataset_id).exists():  # before the export, not after
-            raise CommandError(f"a dataset {dataset_id!r} exists under {str(datasets)!r}")
-        env_spec = env_spec_json(args.get("env_spec"))
-    except (ImportError, InvalidRequest) as err:
+        with flag_values(dataset_id="--dataset-id", env_spec="--env-spec"):
+            datasets = Path(args["output"]) if args.get("output") else default_root()
+            if dataset_folder(datasets, dataset_id).exists():  # before the export, not after
+                raise CommandError(f"a dataset {dataset_id!r} exists under {str(datasets)!r}")
+            env_spec = env_spec_json(args.get("env_spec"))
+    except ImportError as err:  # minari or gymnasium missing: the flag asks for them
         raise CommandError(str(err), Exit.USAGE) from None
     progress = show_progress(args)
     with (

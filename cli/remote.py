@@ -28,11 +28,12 @@ from tdreplay.client import (
 )
 from tdreplay.client.environment import configured
 from tdreplay.client.transport import shown_url
-from tdreplay.codec.errors import InvalidRequest, SchemaError, printable
+from tdreplay.codec.errors import SchemaError
 from tdreplay.codec.exports import export_format
 from tdreplay.codec.parquet_read import parquet_files
 from tdreplay.codec.protocol import import_chunk
 from tdreplay.codec.schema_file import read_schema
+from tdreplay.codec.text import printable
 
 from .common import describe_counts, describe_file, flag_values, show_progress
 from .exits import CommandError, Exit
@@ -295,10 +296,8 @@ def spinner(args: dict[str, Any], desc: str) -> Iterator[None]:
 
 def import_(client: ReplayClient, args: dict[str, Any]) -> None:
     table = args["table"]
-    try:
+    with flag_values(chunk="--chunk"):
         chunk = import_chunk(args["chunk"])  # the rule of every door; a bad flag is usage
-    except InvalidRequest as err:
-        raise CommandError(f"--{err}", Exit.USAGE) from None
     try:
         print(_import(client, table, chunk, args))
     except (Unauthorized, Forbidden, TransportError):

@@ -33,8 +33,11 @@ an answer raises a :class:`TransportError`. The tree::
         ├── Timeout              connect or read took longer than the timeout  (TimeoutError)
         └── ProtocolError        the answer was not the HTTP/Arrow/JSON expected
 
-An error ``type`` the client does not know (a newer server) comes back as a
-plain :class:`ServerError` with that ``type``. Retries (see
+An error ``type`` the client does not know (a newer server's) comes back as the
+class its status stands for (429:
+:class:`RateLimitTimeout`, 400: :class:`InvalidRequest`, 503: :class:`BackendError`,
+...; a status with none, as 409, a plain :class:`ServerError`), its ``type`` the
+server's name. Retries (see
 :class:`~tdreplay.client.retry.RetryPolicy`) apply to :class:`ConnectionFailed`
 only; every other error is raised at once. Of the errors a call raises, those of
 :func:`refused_for_good` (400, 413, 415, 422) refuse the request for what it holds: a
@@ -72,9 +75,9 @@ from ..codec.errors import (
     Unauthorized,
     UnsupportedMediaType,
     from_body,
-    printable,
     refused_for_good,
 )
+from ..codec.text import printable
 
 __all__ = [
     "BackendError",

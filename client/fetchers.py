@@ -163,11 +163,12 @@ class Pipeline:
                             self._slot = None
                     except ValueError as err:
                         raise errors.ProtocolError(f"bad sample stream: {err}") from None
-                if got == 0:  # the server ends a stream early when a sample times out
-                    raise errors.RateLimitTimeout(
-                        f"table {loader.table!r}: no batch within {wait:g}s on the stream",
-                        status=429,
-                        table=loader.table,
+                if got == 0:
+                    # a stream's first sample is drawn before its answer starts: one that
+                    # cannot be drawn is the server's error (EmptyTableError on an empty
+                    # table, RateLimitTimeout), decided where a sample's is, never here
+                    raise errors.ProtocolError(
+                        f"table {loader.table!r}: a sample stream answered without a batch"
                     )
         except BaseException as err:
             self._ready.put((err, None))

@@ -115,7 +115,8 @@ class Loader(IterableDataset):
         stream: read batches from the server's ``/stream`` route.
 
     Iterating raises what the client's ``sample`` raises (``RateLimitTimeout``
-    when no data comes within ``timeout``, ...); the loader then stops.
+    when no data comes within ``timeout``, ``EmptyTableError`` when the table holds
+    no item then, ...), with ``stream=True`` too; the loader then stops.
 
     With ``num_batches``, ``len(loader)`` is that number; in the workers of a
     DataLoader each runs its share, so the DataLoader yields ``len(loader)`` batches

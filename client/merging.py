@@ -9,25 +9,6 @@ from typing import Any
 import torch
 
 
-def flat_values(values: Any) -> list[Any] | None:
-    """What a caller gave as slots, keys or priorities — a tensor, an array, one number, or
-    a list of them, nested or not — as one flat list of Python values, unconverted: a float
-    stays a float and a bool a bool, for the contract's rule to judge (a cast to int64 would
-    make 0.5 slot 0). ``None`` stays ``None``.
-
-        >>> flat_values(torch.tensor([[1], [2]])), flat_values([0.5, True]), flat_values(3)
-        ([1, 2], [0.5, True], [3])
-    """
-    if values is None:
-        return None
-    if isinstance(values, list | tuple) and all(isinstance(v, int | float | str) for v in values):
-        return list(values)
-    try:
-        return torch.as_tensor(values).detach().reshape(-1).cpu().tolist()  # type: ignore[no-any-return]
-    except (TypeError, ValueError, RuntimeError, OverflowError):  # not numbers: the rule says so
-        return list(values) if isinstance(values, list | tuple) else [values]
-
-
 def merge_infos(
     infos: list[dict[str, Any]], down: dict[int, dict[str, str]] | None = None
 ) -> dict[str, Any]:

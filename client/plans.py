@@ -34,10 +34,11 @@ from typing import Any, TypeVar
 import torch
 from tensordict import TensorDict
 
-from ..codec import params
+from ..codec import params, protocol
+from ..codec.indices import flat_values
 from . import commands as C
 from . import errors
-from .merging import by_shard, flat_values, merge_infos, split_batch
+from .merging import by_shard, merge_infos, split_batch
 from .persistence import PersistencePlans
 from .settings import ClientSettings
 from .shards import ShardHealth
@@ -188,6 +189,8 @@ class Plans(PersistencePlans):
     def extend(
         self, table: str, data: Any, wait: float | None = None, request_id: str | None = None
     ) -> Plan[torch.Tensor]:
+        if request_id:  # the caller's own: the contract's rule, before either door
+            params.parse(params.ExtendParams, {protocol.REQUEST_ID: request_id})
         command = C.Extend(table, data, wait=self._wait(wait))
         command.request_id = request_id or command.request_id
         return (yield from self._write(command))
@@ -203,10 +206,12 @@ class Plans(PersistencePlans):
         goes), each with its own initial priority; the slots by table.
 
         Raises:
-            InvalidRequest: not 1 to 16 tables, or a priority negative or not finite (the
-                contract's model, before anything is sent).
+            InvalidRequest: not 1 to 16 tables, a priority negative or not finite, or a
+                request id the contract refuses (its model, before anything is sent).
         """
-        params.parse(params.InsertParams, {"into": json.dumps(into)})
+        params.parse(
+            params.InsertParams, {"into": json.dumps(into), protocol.REQUEST_ID: request_id}
+        )
         command = C.Insert(dict(into), data, wait=self._wait(wait))
         command.request_id = request_id or command.request_id
         return (yield from self._write(command))

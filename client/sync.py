@@ -163,6 +163,8 @@ class ReplayClient(Persistence, ClientBase):
             data: the rows; exactly the table's keys, shapes and dtypes.
             timeout: seconds the rate limiter may hold the insert (default: the client's ``wait``).
             request_id: the ``X-Request-Id`` (default: a new one); an earlier call's makes this its retry.
+                At most 200 latin-1 characters, no control character, no space or tab at
+                either end (what an HTTP header carries as it is; else ``InvalidRequest``).
 
         Returns:
             The slot of each row, int64 ``[N]`` (sharded: ``slot * n_servers + server``),

@@ -44,8 +44,9 @@ where they apply, and quotes them in its message.
 from __future__ import annotations
 
 import json
-import unicodedata
 from typing import Any
+
+from .text import printable
 
 
 class ReplayError(Exception):
@@ -281,7 +282,10 @@ ANSWERS: dict[str, type[TDReplayError]] = {
     )
 }
 
-#: the class of an answer whose body names no type (a proxy's page), by status
+#: the class of an answer whose body names no type (a proxy's page) or a type this side does
+#: not know (a newer server's), by status: the class the status stands for, the base of its
+#: subclasses where it has some (429: RateLimitTimeout, 503: BackendError); none for 409,
+#: whose types are siblings (TableExists, TableClosed, PathExists)
 BY_STATUS: dict[int, type[TDReplayError]] = {
     400: InvalidRequest,
     401: Unauthorized,
@@ -293,6 +297,7 @@ BY_STATUS: dict[int, type[TDReplayError]] = {
     429: RateLimitTimeout,
     500: InternalError,
     503: BackendError,
+    507: InsufficientStorage,
 }
 
 
@@ -320,72 +325,23 @@ def status_of(exc: BaseException) -> int:
     return exc.status if isinstance(exc, TDReplayError) else 500
 
 
-def json_failure(err: Exception) -> str:
-    """Why a JSON text failed to decode, in words: one wording for every door (the HTTP
-    routes' JSON bodies, the shared-memory socket's control frames).
-
-        >>> try:
-        ...     json.loads("[" * 100_000)
-        ... except RecursionError as err:
-        ...     json_failure(err)
-        'nested too deeply (arrays or objects inside one another past the depth the decoder allows)'
-    """
-    if isinstance(err, RecursionError):
-        return "nested too deeply (arrays or objects inside one another past the depth the decoder allows)"
-    if isinstance(err, UnicodeDecodeError):
-        return f"not UTF-8 ({err.reason} at byte {err.start})"
-    return str(err)[:200]  # a JSONDecodeError's position, a huge integer's digit limit
-
-
-#: Unicode categories a terminal or a log does not show as themselves: control characters
-#: (Cc: a newline, an escape) and format characters (Cf: a bidi override such as U+202E, which
-#: reorders what follows it; a zero-width space or joiner, which hides)
-HIDDEN_CATEGORIES = frozenset({"Cc", "Cf"})
-#: what :func:`printable` escapes: those, and lone surrogates (Cs: a ``str`` may hold one,
-#: e.g. from JSON's ``"\ud800"``, but no UTF-8 does: writing one to a terminal, a log or a
-#: file fails with ``UnicodeEncodeError``)
-ESCAPED_CATEGORIES = HIDDEN_CATEGORIES | {"Cs"}
-
-
-def is_hidden(char: str) -> bool:
-    """Whether ``char`` is a control or format character (:data:`HIDDEN_CATEGORIES`)."""
-    return unicodedata.category(char) in HIDDEN_CATEGORIES
-
-
-def printable(text: str) -> str:
-    r"""``text`` with each control or format character, and each lone surrogate, written as
-    its escape (``\x1b``, ``\n``, ``\u202e``, ``\ud800``): what a server sent, safe to show on
-    a terminal or in a log (an escape sequence there could retitle the window, recolour or
-    erase lines, or forge a line; a bidi override could make ``gnp.exe`` read ``exe.png``; a
-    lone surrogate fails to encode). Letters outside ASCII stay as they are.
-
-        >>> printable("no table \x1b]0;owned\x07 'x'")
-        "no table \\x1b]0;owned\\x07 'x'"
-        >>> printable("café \u202egnp.exe")
-        'café \\u202egnp.exe'
-        >>> printable("a\ud800b")
-        'a\\ud800b'
-    """
-    if text.isprintable():
-        return text
-    return "".join(
-        repr(c)[1:-1] if unicodedata.category(c) in ESCAPED_CATEGORIES else c for c in text
-    )
-
-
 def from_body(status: int, data: dict[str, Any]) -> TDReplayError:
-    """The error an error body (``{"type", "detail", ...}``) stands for: its ``type``'s class,
-    else the status's (a body without a type), else :class:`TDReplayError` itself."""
+    """The error an error body (``{"type", "detail", ...}``) stands for: its ``type``'s class;
+    for a type this side does not know (a newer server's) or none, the status's
+    (:data:`BY_STATUS`), so ``except RateLimitTimeout`` still catches a newer server's 429;
+    else :class:`TDReplayError` itself. ``type`` keeps the name the server gave.
+
+        >>> err = from_body(429, {"type": "QuotaExceeded", "detail": "over quota"})
+        >>> type(err).__name__, err.type, err.status
+        ('RateLimitTimeout', 'QuotaExceeded', 429)
+    """
     type_name = data.get("type")
     detail = data.get("detail")
     if not isinstance(detail, str):  # a framework's {"detail": [...]}: quoted as it came
         detail = json.dumps(detail) if detail is not None else f"HTTP {status}"
     detail = printable(detail)
     known = ANSWERS.get(type_name) if isinstance(type_name, str) else None
-    if known is not None:
-        cls = known
-    else:
-        cls = BY_STATUS.get(status, TDReplayError) if type_name is None else TDReplayError
+    cls = known if known is not None else BY_STATUS.get(status, TDReplayError)
     field = data.get("field")
     return cls(
         detail,

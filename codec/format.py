@@ -7,7 +7,13 @@ Shared by the encoder (:mod:`~tdreplay.codec.to_arrow`), the decoder
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import torch
 
 #: a column's name joins its nested key with this (``("next", "reward")`` -> ``"next.reward"``)
 SEP = "."
@@ -18,6 +24,22 @@ META_SHAPE = b"tdreplay.shape"
 
 #: a TensorDict key as a tuple of its parts (``("next", "reward")``)
 NestedKey = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Column:
+    """Where one column's values lie in a buffer: ``nbytes`` bytes at ``offset``, rows of
+    ``shape``-shaped ``dtype`` items (bools packed as bits in an Arrow body). The one
+    description of a column of every byte layout: an Arrow body's
+    (:class:`~tdreplay.codec.ipc.SampleLayout`, ``BodyLayout``) and a shared-memory slot's
+    (:class:`~tdreplay.codec.shm.SlotLayout`)."""
+
+    key: NestedKey
+    offset: int
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
 
 #: most dimensions an item may have (nested fixed-size lists, or ``tdreplay.shape`` entries)
 MAX_NDIM = 32

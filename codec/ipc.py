@@ -52,7 +52,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .dtypes import NUMPY
-from .format import SEP, NestedKey
+from .format import SEP, Column, NestedKey
 from .from_arrow import nest, read_one, to_leaves
 from .to_arrow import stream, to_record_batch
 
@@ -63,8 +63,6 @@ EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 #: the columns of a batch: ``{key: (item shape, dtype)}``
 Schema = Mapping[NestedKey, tuple[list[int], torch.dtype]]
-#: where a column's values lie: ``(key, offset, bytes, dtype, item shape)``
-Column = tuple[NestedKey, int, int, torch.dtype, list[int]]
 #: the bytes of one stream
 Body = bytes | bytearray | memoryview
 # how BodyLayout gets a column: a view on the body, unpacked bits, or no elements at all
@@ -107,14 +105,14 @@ class SampleLayout:
     Attributes:
         template: the stream of a zero batch (schema, record batch, end of stream).
         header: the schema message alone, ``header_len`` bytes.
-        columns: ``{key: (offset, bytes, dtype, item shape)}`` of each column's
-            values in ``template`` (a zero-size field: no bytes).
+        columns: ``{key: Column}``: where each column's values lie in ``template``
+            (a zero-size field: no bytes).
         nbytes: bytes of the whole stream; ``batch_len``: of the record-batch message.
 
     >>> layout = SampleLayout({("obs",): ([2], torch.float32)}, n=3)
     >>> body = layout.template.copy()
-    >>> offset, size, _, _ = layout.columns["obs",]
-    >>> body[offset : offset + size] = torch.arange(6.0).numpy().view(np.uint8)
+    >>> obs = layout.columns["obs",]
+    >>> body[obs.offset : obs.offset + obs.nbytes] = torch.arange(6.0).numpy().view(np.uint8)
     >>> from tdreplay.codec import decode
     >>> decode(body)["obs"].tolist()
     [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
@@ -132,12 +130,12 @@ class SampleLayout:
         # read the template back zero-copy: its buffers' addresses give the column offsets
         back = pa.ipc.open_stream(pa.py_buffer(self.template)).read_next_batch()
         base = self.template.ctypes.data
-        self.columns: dict[NestedKey, tuple[int, int, torch.dtype, list[int]]] = {}
+        self.columns: dict[NestedKey, Column] = {}
         for i, field in enumerate(back.schema):
             key = tuple(field.name.split(SEP))
             shape, dtype = schema[key]
             if math.prod(shape) == 0:  # a zero-size field: no bytes, nothing to gather
-                self.columns[key] = (header_len, 0, dtype, shape)
+                self.columns[key] = Column(key, header_len, 0, dtype, tuple(shape))
                 continue
             values = back.column(i)
             while pa.types.is_fixed_size_list(values.type):
@@ -146,7 +144,7 @@ class SampleLayout:
             offset = data.address - base
             if not 0 <= offset <= len(self.template) - data.size or offset % 8:
                 raise AssertionError(f"column {field.name!r} is not where expected in the template")
-            self.columns[key] = (offset, data.size, dtype, shape)
+            self.columns[key] = Column(key, offset, data.size, dtype, tuple(shape))
         self.nbytes = len(self.template)
         self.batch_len = self.nbytes - header_len - len(EOS)
 
@@ -162,12 +160,12 @@ class SampleLayout:
         out = np.empty(m * length, dtype=np.uint8)
         rows = out.reshape(m, length)
         rows[:] = self.template[self.header_len : self.header_len + length]
-        for key, (offset, size, dtype, _) in self.columns.items():
-            if size == 0:  # zero-size field (reshape(m, -1) of no elements is ambiguous)
+        for key, c in self.columns.items():
+            if c.nbytes == 0:  # zero-size field (reshape(m, -1) of no elements is ambiguous)
                 continue
             src = batch.get(key).reshape(m, -1)
-            at = offset - self.header_len
-            if dtype == torch.bool:
+            at = c.offset - self.header_len
+            if c.dtype == torch.bool:
                 raw = np.packbits(src.numpy(), axis=1, bitorder="little")
             else:
                 raw = src.contiguous().view(torch.uint8).numpy()
@@ -199,18 +197,18 @@ class BodyLayout:
         self._plan: list[tuple[NestedKey, int, int, int, torch.dtype, list[int]]] = []
         self._packed: list[tuple[int, int]] = []
         bit = 0
-        for key, offset, _, dtype, shape in columns:
-            numel = n * math.prod(shape)
+        for c in columns:
+            numel, shape = n * math.prod(c.shape), [n, *c.shape]
             if numel == 0:
-                self._plan.append((key, _EMPTY, 0, 0, dtype, [n, *shape]))
-            elif dtype == torch.bool:
+                self._plan.append((c.key, _EMPTY, 0, 0, c.dtype, shape))
+            elif c.dtype == torch.bool:
                 nbytes = (numel + 7) // 8
-                self._packed.append((offset, offset + nbytes))
-                self._plan.append((key, _BITS, bit, bit + numel, dtype, [n, *shape]))
+                self._packed.append((c.offset, c.offset + nbytes))
+                self._plan.append((c.key, _BITS, bit, bit + numel, c.dtype, shape))
                 bit += 8 * nbytes
             else:
-                stop = offset + numel * dtype.itemsize
-                self._plan.append((key, _VIEW, offset, stop, dtype, [n, *shape]))
+                stop = c.offset + numel * c.dtype.itemsize
+                self._plan.append((c.key, _VIEW, c.offset, stop, c.dtype, shape))
 
     @classmethod
     def learn(
@@ -240,7 +238,7 @@ class BodyLayout:
             shape = list(t.shape[1:])
             numel = t.numel()
             if numel == 0:  # zero-size field: nothing to slice
-                columns.append((key, end, 0, t.dtype, shape))
+                columns.append(Column(key, end, 0, t.dtype, tuple(shape)))
                 continue
             values = rb.column(i)
             while pa.types.is_fixed_size_list(values.type):
@@ -258,7 +256,7 @@ class BodyLayout:
                 return None
             if t.dtype != torch.bool and t.data_ptr() != data.address:
                 return None  # converted, not viewed
-            columns.append((key, offset, data.size, t.dtype, shape))
+            columns.append(Column(key, offset, data.size, t.dtype, tuple(shape)))
         return cls(rb.num_rows, len(body), columns)
 
     def fits(self, body: memoryview) -> bool:

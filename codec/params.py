@@ -40,12 +40,12 @@ from pydantic_core import PydanticCustomError
 
 from . import protocol
 from .errors import InvalidRequest
+from .indices import SlotIndex
 from .minari_files import DATASET_ID_PATTERN
+from .request_ids import MAX_REQUEST_ID, RequestId
 
 #: largest batch a request may ask for (a table's capacity and the body limit bound it further)
 MAX_BATCH = 1 << 31
-#: longest X-Request-Id
-MAX_REQUEST_ID = 200
 #: longest client path (checkpoint, restore, export)
 MAX_PATH = 1024
 #: most slots one priority update may carry
@@ -84,9 +84,6 @@ BatchSize = Annotated[  # the bounds before the validator: as bounds in the JSON
 ]
 #: how many batches: a stream's ``count``, a client loader's ``num_batches``
 Count = Annotated[int, Field(ge=1)]
-#: a slot (or a sampled item's key) as a caller names it: an int, never a float, a bool or a
-#: string converted (0.5 or ``true`` would name slot 0 or 1: the wrong item changed)
-SlotIndex = Annotated[int, Field(ge=0, lt=1 << 63, strict=True)]
 SampledKeys = Annotated[
     list[SlotIndex] | None,
     Field(
@@ -112,7 +109,7 @@ class ExtendParams(Params):
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     timeout: Seconds = None
-    request_id: str | None = Field(
+    request_id: RequestId = Field(
         default=None,
         alias="X-Request-Id",  # protocol.REQUEST_ID: a header over HTTP, errors name it so
         max_length=MAX_REQUEST_ID,
@@ -140,7 +137,7 @@ class InsertParams(Params):
         "is written."
     )
     timeout: Seconds = None
-    request_id: str | None = Field(
+    request_id: RequestId = Field(
         default=None,
         alias="X-Request-Id",
         max_length=MAX_REQUEST_ID,

@@ -127,11 +127,11 @@ class _Layout:
         # constant bytes are kept, not the template's zero columns
         self.steps: list[tuple[bytes, str, bool]] = []
         pos = 0
-        for name, (offset, size, dtype, _) in sorted(by_name.items(), key=lambda kv: kv[1][0]):
-            if size == 0:  # a zero-size field: no bytes
+        for name, c in sorted(by_name.items(), key=lambda kv: kv[1].offset):
+            if c.nbytes == 0:  # a zero-size field: no bytes
                 continue
-            self.steps.append((template[pos:offset].tobytes(), name, dtype == torch.bool))
-            pos = offset + size
+            self.steps.append((template[pos : c.offset].tobytes(), name, c.dtype == torch.bool))
+            pos = c.offset + c.nbytes
         self.tail = template[pos:].tobytes()
 
 

@@ -67,8 +67,9 @@ from typing import Any, NamedTuple
 import torch
 
 from . import dtypes
-from .errors import json_failure
-from .format import SEP, NestedKey
+from .format import SEP, Column, NestedKey
+from .request_ids import REQUEST_ID_ENCODING
+from .text import json_failure
 
 #: the protocol version a client says hello with (2: binary frames for the hot operations)
 VERSION = 2
@@ -125,9 +126,9 @@ SAMPLE, EXTEND, RELEASE = 1, 2, 3
 SAMPLED, EXTENDED, RELEASED = 0x81, 0x82, 0x83
 #: op, slot, batch size, timeout (NaN: the server's default); the table's name follows
 _SAMPLE = struct.Struct("<BxHId")
-#: op, request id length, slot, rows, timeout; the request id (latin-1, as an HTTP header
-#: carries it: one byte a character, so the field holds the contract's longest id,
-#: ``params.MAX_REQUEST_ID``), then the table's name follow
+#: op, request id length, slot, rows, timeout; the request id (``REQUEST_ID_ENCODING``,
+#: as an HTTP header carries it: one byte a character, so the field holds the contract's
+#: longest id, ``request_ids.MAX_REQUEST_ID``), then the table's name follow
 _EXTEND = struct.Struct("<BBHId")
 #: op, slot
 _RELEASE = struct.Struct("<BxH")
@@ -173,14 +174,15 @@ def extend_frame(
 ) -> bytes:
     """An EXTEND request's frame.
 
-    The request id is not checked here: the server checks it as every door's (its
-    parameter model). The frame carries any id the contract accepts, and more.
+    The request id is not checked here: the contract's rule (``request_ids.RequestId``) is, by
+    the client before it sends over either door and by the server whichever door it came
+    through. The frame carries any id the contract accepts, and more.
 
     Raises:
         ValueError: a request id that is not latin-1 or longer than 255 characters (the
-            field's width): one the contract refuses, or HTTP cannot carry either.
+            field's width): one the contract refuses.
     """
-    rid = (request_id or "").encode("latin-1")
+    rid = (request_id or "").encode(REQUEST_ID_ENCODING)
     if len(rid) > 255:
         raise ValueError(f"a request id of {len(rid)} characters does not fit a binary frame")
     head = _EXTEND.pack(EXTEND, len(rid), slot, rows, _seconds(timeout))
@@ -209,7 +211,7 @@ def read_request(body: bytes) -> Request:
             rest = body[_EXTEND.size :]
             if len(rest) < k:
                 raise ShmProtocolError("an extend frame shorter than its request id")
-            rid, table = rest[:k].decode("latin-1") or None, rest[k:].decode()
+            rid, table = rest[:k].decode(REQUEST_ID_ENCODING) or None, rest[k:].decode()
         elif op == RELEASE:
             if len(body) != _RELEASE.size:
                 raise ShmProtocolError(f"a release frame is {_RELEASE.size} bytes")
@@ -269,17 +271,6 @@ def read_reply(body: bytes) -> dict[str, Any]:
     except struct.error:
         pass
     raise ShmProtocolError(f"a malformed binary reply (operation {op})")
-
-
-@dataclass(frozen=True)
-class Column:
-    """Where one column of a slot lies: ``rows`` rows of ``shape``-shaped ``dtype`` items."""
-
-    key: NestedKey
-    offset: int
-    nbytes: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)

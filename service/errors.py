@@ -27,11 +27,10 @@ from tdreplay.codec.errors import (
     TDReplayError,
     Unauthorized,
     UnsupportedMediaType,
-    json_failure,
-    printable,
     status_of,
 )
 from tdreplay.codec.params import broken_rule
+from tdreplay.codec.text import json_failure, printable
 
 log = logging.getLogger("tdreplay.service")
 

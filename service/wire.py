@@ -82,9 +82,9 @@ class SampleBuffer:
         n = layout.n
         views: dict[NestedKey, torch.Tensor] = {}
         bools = [
-            (key, offset, n * int(np.prod(shape, dtype=np.int64)), shape)
-            for key, (offset, _, dtype, shape) in layout.columns.items()
-            if dtype == torch.bool
+            (key, c.offset, n * int(np.prod(c.shape, dtype=np.int64)), c.shape)
+            for key, c in layout.columns.items()
+            if c.dtype == torch.bool
         ]
         # Bool columns are gathered into the rows of one scratch matrix (each padded to a
         # whole byte of bits) and packed by one packbits; ``_dest``/``_src`` move the
@@ -99,10 +99,10 @@ class SampleBuffer:
             src.append(np.arange(i * (width // 8), i * (width // 8) + nbytes))
         self._dest = np.concatenate(dest) if dest else None
         self._src = np.concatenate(src) if src else None
-        for key, (offset, _, dtype, shape) in layout.columns.items():
-            if dtype != torch.bool:
-                nbytes = n * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-                views[key] = whole[offset : offset + nbytes].view(dtype).view([n, *shape])
+        for key, c in layout.columns.items():
+            if c.dtype != torch.bool:
+                nbytes = n * int(np.prod(c.shape, dtype=np.int64)) * c.dtype.itemsize
+                views[key] = whole[c.offset : c.offset + nbytes].view(c.dtype).view([n, *c.shape])
         self.out: TensorDictBase = nest(views, n)
         #: ``out`` as its table checked it once (``Table.target``), set by the first sample
         self.target: Any = None

@@ -1,4 +1,5 @@
-"""Checks of what callers hand a table: extend rows, ``sample(out=...)`` buffers, slots.
+"""Checks of what callers hand a table: extend rows and ``sample(out=...)`` buffers (slots:
+:func:`tdreplay.codec.indices.slot_tensor`, the rule of every door).
 
 Every check runs before the table changes anything, so a rejected call
 writes no row and moves no counter. Errors name the key, what was expected
@@ -338,28 +339,3 @@ def _fits(t: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:
         and t.device.type == "cpu"
         and not t.requires_grad
     )
-
-
-def integers(values: Any, field: str, table: str) -> torch.Tensor:
-    """``values`` (slots, keys) as int64 ``[N]``: integers, never floats or bools (0.5 or
-    ``True`` would name slot 0 or 1, the wrong item changed; the wire's rule too).
-
-        >>> integers([0.5], "index", "t")
-        Traceback (most recent call last):
-        ...
-        tdreplay.codec.errors.InvalidRequest: table 't': index must be integers, got float32
-
-    Raises:
-        InvalidRequest: they are not integers.
-    """
-    t = torch.as_tensor(values).reshape(-1)
-    if len(t) and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
-        got = str(t.dtype).removeprefix("torch.")
-        raise InvalidRequest(
-            f"table {table!r}: {field} must be integers, got {got}",
-            table=table,
-            field=field,
-            expected="int64",
-            got=got,
-        )
-    return t.to(torch.int64)

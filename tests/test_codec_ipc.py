@@ -64,11 +64,13 @@ def schema_of(td: TensorDict) -> dict[tuple[str, ...], tuple[list[int], torch.dt
 
 def fill(layout: SampleLayout, body: np.ndarray, td: TensorDict) -> None:
     """Write ``td``'s columns into a copy of the layout's template, as the server's gather does."""
-    for key, (offset, size, dtype, _) in layout.columns.items():
+    for key, c in layout.columns.items():
         t = td.get(key).reshape(-1)
-        raw = np.packbits(t.numpy(), bitorder="little") if dtype == torch.bool else bits(t).numpy()
-        assert len(raw) <= size
-        body[offset : offset + len(raw)] = raw
+        raw = (
+            np.packbits(t.numpy(), bitorder="little") if c.dtype == torch.bool else bits(t).numpy()
+        )
+        assert len(raw) <= c.nbytes
+        body[c.offset : c.offset + len(raw)] = raw
 
 
 def writable(data: bytes | pa.Buffer) -> memoryview:

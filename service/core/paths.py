@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 
 from tdreplay.codec import protocol
-from tdreplay.codec.errors import is_hidden
 from tdreplay.codec.params import MAX_PATH
+from tdreplay.codec.text import is_hidden
 from tdreplay.storage import (
     InvalidRequest,
     PathExists,

@@ -32,7 +32,6 @@ from tdreplay.codec.operations import (
     UPDATE_PRIORITY,
 )
 from tdreplay.codec.params import (
-    MAX_REQUEST_ID,
     ExtendParams,
     InsertParams,
     PriorityUpdate,
@@ -43,6 +42,7 @@ from tdreplay.codec.params import (
     StreamParams,
     parse,
 )
+from tdreplay.codec.request_ids import MAX_REQUEST_ID
 from tdreplay.storage import (
     RateLimitTimeout,
     SchemaError,

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
+from tdreplay.codec.indices import slot_tensor
 from tdreplay.codec.params import check_lengths
 from tdreplay.codec.priorities import priorities
 
@@ -15,7 +16,7 @@ from ..backends.tensor import SMALL_BATCH
 from ..errors import InvalidRequest
 from ..samplers import no_priorities
 from ..tensordicts import nest, nest_by
-from ..validation import SampleTarget, integers
+from ..validation import SampleTarget
 from .base import TableBase, _HeldBack
 
 _INDEX, _TIMES, _KEY = ("index",), ("sample_info", "times_sampled"), ("sample_info", "key")
@@ -289,17 +290,7 @@ class Draws(TableBase):
         Raises:
             InvalidRequest: an index not an integer, or outside ``[0, capacity)``.
         """
-        index = integers(index, "index", self.name)
-        if len(index) and (int(index.min()) < 0 or int(index.max()) >= self.capacity):
-            bad = int(index[(index < 0) | (index >= self.capacity)][0])
-            raise InvalidRequest(
-                f"table {self.name!r}: index {bad} outside [0, {self.capacity})",
-                table=self.name,
-                field="index",
-                expected=f"[0, {self.capacity})",
-                got=bad,
-            )
-        return index
+        return slot_tensor(index, "index", self.name, end=self.capacity)
 
     def _keys_of(self, index: torch.Tensor, key: Any) -> torch.Tensor | None:
         """``key`` (the sampled items' keys, one per slot of ``index``) as int64, checked.
@@ -309,7 +300,7 @@ class Draws(TableBase):
         """
         if key is None:
             return None
-        key = integers(key, "key", self.name)
+        key = slot_tensor(key, "key", self.name)
         check_lengths(index, key=key, table=self.name)
         return key
 

@@ -54,3 +54,41 @@ def test_the_async_client_raises_it_too(server: Any) -> None:
             assert info.value.status == 429
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["samples", "stream"])
+def test_a_loader_of_an_empty_table_raises_it(server: Any, stream: bool) -> None:
+    """The loader's samples and its stream (the server's ``/stream`` route) decide it where a
+    sample does: an empty table is ``EmptyTableError``, one held back is ``RateLimitTimeout``."""
+    client = ReplayClient(server.url)
+    name = new_table(client, min_size_to_sample=2)
+    for timeout in (0, 0.05):
+        batches = iter(client.loader(name, batch_size=2, timeout=timeout, stream=stream))
+        with pytest.raises(EmptyTableError, match=f"table '{name}' holds no item") as info:
+            next(batches)
+        assert (info.value.status, info.value.table) == (429, name)
+        batches.close()
+    client.extend(name, make_rows(FIELDS, 1))  # one item, two needed: held back, not empty
+    batches = iter(client.loader(name, batch_size=2, timeout=0, stream=stream))
+    with pytest.raises(RateLimitTimeout) as held:
+        next(batches)
+    assert type(held.value) is RateLimitTimeout
+    batches.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["samples", "stream"])
+def test_a_loader_that_empties_its_table_raises_it(server: Any, stream: bool) -> None:
+    """A queue's loader takes every item: the batch after the last is ``EmptyTableError``
+    (the stream ends early, and the stream opened next is refused as a sample is)."""
+    client = ReplayClient(server.url)
+    name = unique("queue")
+    client.create_table(
+        {"name": name, "capacity": 8, "backend": {"kind": "memory"}, "fields": FIELDS,
+         "sampler": {"kind": "fifo"}}
+    )  # fmt: skip
+    client.extend(name, make_rows(FIELDS, 4))
+    batches = iter(client.loader(name, batch_size=2, timeout=0.05, stream=stream))
+    assert [len(next(batches)) for _ in range(2)] == [2, 2]
+    with pytest.raises(EmptyTableError, match=f"table '{name}' holds no item"):
+        next(batches)
+    batches.close()

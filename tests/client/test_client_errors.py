@@ -45,6 +45,33 @@ def test_unknown_type_and_non_json_bodies() -> None:
     assert type(err) is errors.ServerError and err.status == 502
 
 
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [
+        (429, errors.RateLimitTimeout),
+        (400, errors.InvalidRequest),
+        (404, errors.TableNotFound),
+        (503, errors.BackendError),
+        (507, errors.InsufficientStorage),
+        (409, errors.ServerError),
+        (418, errors.ServerError),
+    ],
+)
+def test_a_newer_servers_error_type_is_the_class_of_its_status(status: int, cls: type) -> None:
+    """Mixed versions: an error type this client does not know (a newer server's) was a plain
+    ``ServerError``, so ``except RateLimitTimeout`` missed a newer server's 429. It is now the
+    class its status stands for, with the server's name kept in ``type``; a known type stays
+    its own class (``EmptyTableError``, not its base)."""
+    body = {"type": "SomethingNewer", "detail": "from the future", "field": "f", "table": "t"}
+    err = errors.from_response(status, json.dumps(body).encode())
+    assert type(err) is cls, type(err)
+    assert (err.type, err.status, err.field, err.table) == ("SomethingNewer", status, "f", "t")
+    assert err.detail == "from the future"
+    assert errors.refused_for_good(err) == (status in (400, 413, 415, 422))
+    known = {"type": "EmptyTableError", "detail": "table 't' holds no item", "table": "t"}
+    assert type(errors.from_response(429, json.dumps(known).encode())) is errors.EmptyTableError
+
+
 def test_errors_pickle() -> None:
     err = errors.from_response(422, b'{"type": "SchemaError", "detail": "d", "field": "obs"}')
     back = pickle.loads(pickle.dumps(err))

@@ -1,5 +1,5 @@
 """Slots and keys a caller names (``update_priority``, ``remove``, ``read``): one rule, the
-contract's (``codec.params.SlotIndex``), on both sides, before anything changes.
+contract's (``codec.indices.SlotIndex``), on both sides, before anything changes.
 
 A float (0.5 would be slot 0: the wrong item updated or removed), a bool (``True`` would
 be slot 1), a string, a negative or a too large number is an ``InvalidRequest`` naming

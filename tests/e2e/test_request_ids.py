@@ -14,7 +14,7 @@ from testkit import FIELDS, rows
 
 from tdreplay.client import ReplayClient, ServerError
 from tdreplay.codec import encode, protocol
-from tdreplay.codec.params import MAX_REQUEST_ID
+from tdreplay.codec.request_ids import MAX_REQUEST_ID
 from tdreplay.codec.shm import HEADER, extend_frame, read_request
 
 RID = protocol.REQUEST_ID
@@ -65,10 +65,22 @@ def test_an_id_reused_for_other_rows_is_refused(live_server: Any, door: str) -> 
     client.close()
 
 
+#: ids the contract refuses though they fit its length: what HTTP cannot carry as it is
+UNCARRIED = {"not-latin-1": "id-€", "control": "a\x01b", "newline": "a\nb", "blank-end": "a "}
+#: those a binary frame carries (latin-1): the server's check is the one that refuses them
+FRAMED = ["control", "newline", "blank-end"]
+
+
 @pytest.mark.parametrize(
     "request_id",
-    ["a" * MAX_REQUEST_ID, "a" * (MAX_REQUEST_ID + 1), "a" * 256, "é" * MAX_REQUEST_ID],
-    ids=["longest", "one-over", "past-the-frame", "latin-1"],
+    [
+        "a" * MAX_REQUEST_ID,
+        "a" * (MAX_REQUEST_ID + 1),
+        "a" * 256,
+        "é" * MAX_REQUEST_ID,
+        *UNCARRIED.values(),
+    ],
+    ids=["longest", "one-over", "past-the-frame", "latin-1", *UNCARRIED],
 )
 def test_both_doors_give_a_request_id_the_same_answer(live_server: Any, request_id: str) -> None:
     if not hasattr(os, "memfd_create"):
@@ -84,7 +96,7 @@ def test_both_doors_give_a_request_id_the_same_answer(live_server: Any, request_
             except Exception as err:  # the answer compared, whatever it is
                 answers.append((type(err).__name__, getattr(err, "field", None)))
             answers.append(client.info(name)["inserts"])
-    fits = len(request_id) <= MAX_REQUEST_ID
+    fits = len(request_id) <= MAX_REQUEST_ID and request_id not in UNCARRIED.values()
     expected = [[0, 1], 2] if fits else [("InvalidRequest", RID), 0]
     assert answers == expected * 2
 
@@ -93,3 +105,23 @@ def test_a_binary_extend_frame_carries_the_contracts_longest_id() -> None:
     longest = "ÿ" * MAX_REQUEST_ID  # latin-1's widest character, as an HTTP header carries it
     frame = extend_frame("t", slot=0, rows=1, timeout=None, request_id=longest)
     assert read_request(frame[HEADER.size :]).request_id == longest
+
+
+@pytest.mark.parametrize("request_id", [UNCARRIED[k] for k in FRAMED], ids=FRAMED)
+def test_the_shm_door_refuses_an_id_http_would_not_carry(live_server: Any, request_id: str) -> None:
+    """The server's own check, past the client's: a binary frame carries any latin-1 id, and
+    the server refuses there what HTTP refuses or changes (naming the id and its limit)."""
+    if not hasattr(os, "memfd_create"):
+        pytest.skip("needs memfd_create")
+    server = live_server()
+    client = ReplayClient(server.url, transport="shm")
+    client.create_table({"name": "t", "capacity": 64, "fields": FIELDS})
+    chan = client._driver.link(0).channel()
+    try:
+        with pytest.raises(ServerError) as caught:
+            chan.extend("t", rows(0, 2), 5, request_id, strict=True)
+        assert (caught.value.status, caught.value.field) == (400, RID)
+        assert f"at most {MAX_REQUEST_ID}" in str(caught.value)
+        assert client.info("t")["inserts"] == 0
+    finally:
+        client.close()

@@ -266,3 +266,29 @@ def test_every_flag_and_argument_of_every_command_says_what_it_is() -> None:
             if len(words) < 3 or words == own:
                 bare.append(f"{command} {name}: {action.help!r}")
     assert not bare, "\n".join(bare)
+
+
+def test_a_flag_value_the_contract_refuses_names_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value the contract's rule refuses is a usage error (exit 2) naming the flag that gave
+    it, whichever command: offline ``--env-spec`` and ``--dataset-id`` named the request's
+    fields (``env_spec``, ``dataset_id``) instead."""
+    nobody = f"http://127.0.0.1:{free_port()}"
+    parquet = tmp_path / "t.parquet"
+    parquet.write_bytes(b"")
+    code, _, err = tdreplay(
+        "import", "t", str(parquet), "--chunk", "0", "--url", nobody,
+        capsys=capsys, monkeypatch=monkeypatch,
+    )  # fmt: skip
+    assert code == 2 and "--chunk must be an integer >= 1, got 0" in err, err
+    offline = ["export", "t", "--root", str(tmp_path), "--format", "minari"]
+    for flags, said in [
+        (["--dataset-id", "a/b-v0", "--env-spec", "nope"], "--env-spec 'nope' is neither"),
+        (["--dataset-id", "../b-v0"], "--dataset-id"),
+    ]:
+        code, _, err = tdreplay(
+            *offline, *flags, "-o", str(tmp_path / "ds"), capsys=capsys, monkeypatch=monkeypatch
+        )
+        assert code == 2 and said in err, (flags, err)
+        assert "env_spec" not in err and "dataset_id" not in err, err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 from storage_helpers import assert_same, snapshot
@@ -317,7 +318,9 @@ def test_a_value_outside_a_fields_categories_is_refused_and_changes_nothing(
 
 @pytest.mark.parametrize("call", ["update_priority", "remove", "read"])
 @pytest.mark.parametrize(
-    "index", [[0.5], [True], torch.tensor([1.0, 2.0])], ids=["half", "bool", "floats"]
+    "index",
+    [[0.5], [True], torch.tensor([1.0, 2.0]), [0, True], np.array([1.5])],
+    ids=["half", "bool", "floats", "bool-among-ints", "float-array"],
 )
 def test_a_slot_that_is_no_integer_is_refused_and_changes_nothing(
     tables, call: str, index: object
@@ -333,4 +336,27 @@ def test_a_slot_that_is_no_integer_is_refused_and_changes_nothing(
         else:
             getattr(table, call)(index)
     assert info.value.field == "index" and info.value.table == "t"
+    assert_same(before, snapshot(table))
+
+
+@pytest.mark.parametrize(
+    "key",
+    [[0.5, 1], [True, 1], [1, True], [-1, 1], [1, 2**63]],
+    ids=["half", "bool", "bool-after-an-int", "negative", "past-int64"],
+)
+def test_a_key_the_wire_refuses_is_refused_in_process_too(tables, key: list[object]) -> None:
+    """Slots and keys follow one rule in process and over the wire (the contract's
+    ``SlotIndex``): ``[1, True]`` became int64 ``[1, 1]`` in process, a negative key was
+    taken (and matched nothing), and 2**63 was a RuntimeError rather than the error naming
+    the key; the wire refused all of them, naming ``key``."""
+    table = tables.create(make_spec(capacity=16, sampler={"kind": "prioritized"}))
+    table.extend(rows(0, 5))
+    before = snapshot(table)
+    for call in (
+        lambda: table.update_priority([0, 1], torch.ones(2), key=key),
+        lambda: table.remove([0, 1], key=key),
+    ):
+        with pytest.raises(InvalidRequest) as info:
+            call()
+        assert info.value.field == "key" and info.value.table == "t", str(info.value)
     assert_same(before, snapshot(table))
