@@ -3,7 +3,7 @@
 The state a sampler keeps beside the rows (a without-replacement epoch's
 permutation, a slice table's episode ids) decides what a sample returns. A crafted
 checkpoint whose state breaks the sampler's promise (an item drawn twice in an
-epoch, a slice across two episodes) is refused with an error naming the part, and
+epoch, a slice across two episodes, a queue's item out of order) is refused with an error naming the part, and
 nothing is restored; an honest one, its ring wrapped, restores as it was.
 """
 
@@ -62,6 +62,26 @@ def test_an_epoch_that_draws_a_slot_twice_is_refused(tables, tmp_path: Path) -> 
     with pytest.raises(InvalidCheckpoint, match=r"sampler\.perm: slot \d+ appears 12 times"):
         Table.restore(path, root=tmp_path / "r")
     assert restored_nothing(tmp_path / "r")
+
+
+def test_a_queue_head_past_live_items_is_refused(tables, tmp_path: Path) -> None:
+    """Crafted: the head moved past two unread items; restored, they came out after
+    newer ones, and inserts into the half-empty queue waited (the writer never passes an
+    unread item)."""
+    table = tables.create(make_spec(capacity=8, sampler={"kind": "fifo"}))
+    table.extend(rows(0, 6))
+    table.sample(2)
+    path = table.checkpoint(tmp_path / "ckpt")
+    edit_state(path, lambda s: s["sampler"].update(head=4))
+    with pytest.raises(
+        InvalidCheckpoint, match=r"sampler\.head is 4, but slot 2 is live outside the queue"
+    ):
+        Table.restore(path, root=tmp_path / "r")
+    assert restored_nothing(tmp_path / "r")
+    edit_state(path, lambda s: s["sampler"].update(head=2))  # the honest head
+    restored = tables.restore(path, root=tmp_path / "again")
+    restored.extend(rows(6, 2))
+    assert restored.sample(6, timeout=1)["id"].tolist() == [2, 3, 4, 5, 6, 7]
 
 
 @pytest.mark.parametrize(
