@@ -241,6 +241,13 @@ def _check_table_state(table: Restorable, state: dict[str, Any], hi: int) -> Non
     for part in ("slots", "sampler", "writer", "rate_limiter"):
         if not isinstance(state.get(part), dict):
             raise SF.StateError(f"{part}: expected a dict, got {type(state.get(part)).__name__}")
+    inserts, inserted = state["rate_limiter"].get("inserts"), state["slots"].get("inserted")
+    if R.is_int(inserts) and R.is_int(inserted) and inserts > inserted:
+        # an item counts as inserted once written, after it took its ordinal
+        raise SF.StateError(
+            f"rate_limiter.inserts is {inserts}, but only {inserted} items were inserted "
+            "(slots.inserted)"
+        )
     if state["slots"].get("hi") != hi:
         raise SF.StateError(
             f"slots.hi is {state['slots'].get('hi')!r:.40}, metadata.json says {hi}"

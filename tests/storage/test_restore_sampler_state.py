@@ -3,7 +3,8 @@
 The state a sampler keeps beside the rows (a without-replacement epoch's
 permutation, a slice table's episode ids) decides what a sample returns. A crafted
 checkpoint whose state breaks the sampler's promise (an item drawn twice in an
-epoch, a slice across two episodes, a queue's item out of order) is refused with an error naming the part, and
+epoch, a slice across two episodes, a queue's item out of order, rate-limiter counts that
+hold inserts or samples back for good) is refused with an error naming the part, and
 nothing is restored; an honest one, its ring wrapped, restores as it was.
 """
 
@@ -82,6 +83,37 @@ def test_a_queue_head_past_live_items_is_refused(tables, tmp_path: Path) -> None
     restored = tables.restore(path, root=tmp_path / "again")
     restored.extend(rows(6, 2))
     assert restored.sample(6, timeout=1)["id"].tolist() == [2, 3, 4, 5, 6, 7]
+
+
+SPI = {"samples_per_insert": 2.0, "error_buffer": 10.0, "min_size_to_sample": 2}
+
+
+@pytest.mark.parametrize(
+    "counter, value, message",
+    [
+        ("inserts", 10**12, r"rate_limiter\.inserts is 1000000000000, but only 12 items"),
+        ("samples", 10**12, r"1000000000000 samples of 12 inserts is past what"),
+    ],
+)
+def test_rate_limiter_counters_no_table_could_reach_are_refused(
+    tables, tmp_path: Path, counter: str, value: int, message: str
+) -> None:
+    """Crafted: a trillion inserts held every insert back for good (the limiter waited for
+    two trillion samples); a trillion samples held every sample back until half a trillion
+    more inserts. Neither count is one a table of 12 inserts can reach."""
+    table = tables.create(make_spec(capacity=16, rate_limiter=SPI))
+    for start in range(0, 12, 3):
+        table.extend(rows(start, 3))
+        table.sample(6)
+    path = table.checkpoint(tmp_path / "ckpt")
+    edit_state(path, lambda s: s["rate_limiter"].update({counter: value}))
+    with pytest.raises(InvalidCheckpoint, match=message):
+        Table.restore(path, root=tmp_path / "r")
+    assert restored_nothing(tmp_path / "r")
+    edit_state(path, lambda s: s["rate_limiter"].update(inserts=12, samples=24))  # honest
+    restored = tables.restore(path, root=tmp_path / "again")
+    restored.extend(rows(12, 3), timeout=1)
+    assert len(restored.sample(6, timeout=1)) == 6
 
 
 @pytest.mark.parametrize(
