@@ -180,6 +180,14 @@ class RateLimiter(Scalars):
         inserts = SF.integer(state, "inserts", where, hi=top)
         samples = SF.integer(state, "samples", where, hi=top)
         waits = {k: SF.integer(state, k, where, hi=top) if k in state else 0 for k in self._WAITS}
+        if self._diff(inserts, samples) < self.min_diff:
+            # no sample ever leaves the difference below min_diff: such counters come from
+            # no table, and would hold every sample back until that many more inserts
+            raise SF.StateError(
+                f"rate_limiter: {samples} samples of {inserts} inserts is past what "
+                f"samples_per_insert {self.samples_per_insert} and error_buffer "
+                f"{self.error_buffer} let a table sample"
+            )
         self.inserts, self.samples = inserts, samples
         self.insert_waits, self.sample_waits = waits["insert_waits"], waits["sample_waits"]
 

@@ -102,8 +102,7 @@ class TDReplayBuffer(
         >>> rb.update_tensordict_priority(batch)    # doctest: +SKIP
     """
 
-    # TorchRL's ReplayBuffer metaclass: this class is already the service backend,
-    # and its `transport=` (shared memory or HTTP) is not TorchRL's transport.
+    # TorchRL's ReplayBuffer metaclass: already the service backend; `transport=` is not TorchRL's
     _service_backend_resolved = True
     _accepts_transport_backend = False
 
@@ -222,19 +221,21 @@ class TDReplayBuffer(
 
     @property
     def _sampler(self) -> ServiceSampler:  # type: ignore[override]
-        try:
-            sampler = dict(self._meta_info().get("sampler") or {})
-        except TableNotFound:
-            if self._create is None:
-                raise
-            sampler = dict(R.spec_sampler(self._create))
-        kind = str(sampler.pop("kind", "uniform"))
-        return ServiceSampler(self._table, kind, sampler)
+        sampler = self._part("sampler")
+        return ServiceSampler(self._table, str(sampler.pop("kind")), sampler)
 
     @property
     def _writer(self) -> ServiceWriter:  # type: ignore[override]
-        writer = self._meta_info().get("writer") or {}
-        return ServiceWriter(self._table, str(writer.get("kind", "round_robin")))
+        return ServiceWriter(self._table, str(self._part("writer")["kind"]))
+
+    def _part(self, part: str) -> dict[str, Any]:
+        """The table's ``sampler`` or ``writer`` block (before ``create=`` made it: its options')."""
+        try:
+            return {"kind": R.DEFAULT_KINDS[part], **(self._meta_info().get(part) or {})}
+        except TableNotFound:
+            if self._create is None:
+                raise
+            return R.spec_part(self._create, part)
 
     @property
     def batch_size(self) -> int | None:

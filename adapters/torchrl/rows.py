@@ -179,10 +179,15 @@ def spec_from_tensordict(
     }
 
 
-def spec_sampler(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The sampler block of table options given as ``create=`` (``"uniform"`` when unset)."""
-    sampler = options.get("sampler", "uniform")
-    return {"kind": sampler} if isinstance(sampler, str) else dict(sampler)
+#: the kind of a sampler or writer the table options given as ``create=`` leave unset
+DEFAULT_KINDS = {"sampler": "uniform", "writer": "round_robin"}
+
+
+def spec_part(options: Mapping[str, Any], part: str) -> dict[str, Any]:
+    """The ``sampler`` or ``writer`` block of table options given as ``create=`` (a bare
+    kind or a block; the default kind when unset)."""
+    block = options.get(part, DEFAULT_KINDS[part])
+    return {"kind": block} if isinstance(block, str) else dict(block)
 
 
 def warn_extra(table: str, extra: set[tuple[str, ...]], warned: set[frozenset[Any]]) -> None:

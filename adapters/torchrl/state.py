@@ -13,7 +13,9 @@
 * ``empty()`` clears the table on the server; ``close()`` (and ``with``) stops
   prefetching and closes idle connections.
 * What a server-held table cannot do from here — swap its storage, sampler
-  or writer, write slots by index — raises ``NotImplementedError`` naming
+  or writer, write slots by index, seed its sampler (``set_rng``), run a save or
+  load hook other than TorchRL's ``TED2Flat`` / ``Flat2TED`` (which the server's
+  checkpoints apply when the table asks) — raises ``NotImplementedError`` naming
   what to do instead.
 """
 
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torchrl.data.replay_buffers.utils import Flat2TED, TED2Flat
 
 from tdreplay.client import ReplayClient, TableNotFound
 
@@ -218,6 +221,44 @@ class ServiceStateMixin:
         except TableNotFound:
             if self._create is None:
                 raise  # before create= made it, the table is empty (TorchRL's lazy storage)
+
+    def register_save_hook(self, hook: Any) -> None:
+        """TorchRL's ``TED2Flat`` is taken: the server writes the table's checkpoints (and so
+        the dumps :meth:`dumps` saves) in TorchRL's flat TED layout when its spec says
+        ``checkpoint: {ted2flat: true}``, and reads them back by itself (see
+        :meth:`register_load_hook`).
+
+        Raises:
+            NotImplementedError: another hook: it would have to run on the rows, in the server.
+        """
+        self._hook(hook, TED2Flat, "save")
+
+    def register_load_hook(self, hook: Any) -> None:
+        """TorchRL's ``Flat2TED`` is taken (the server unflattens what it flattened); see
+        :meth:`register_save_hook`.
+
+        Raises:
+            NotImplementedError: another hook.
+        """
+        self._hook(hook, Flat2TED, "load")
+
+    def _hook(self, hook: Any, served: type, when: str) -> None:
+        if not isinstance(hook, served):
+            raise self._not_here(
+                f"a {when} hook ({type(hook).__name__})",
+                f"the server writes and reads the table's checkpoints; {served.__name__} is "
+                "taken, and the table's checkpoint: {ted2flat: true} turns it on",
+            )
+
+    def set_rng(self, generator: Any) -> None:
+        raise self._not_here(
+            "set_rng()", "the server's samplers draw from its own generator (serve --seed N)"
+        )
+
+    def mark_update(self, index: Any) -> None:
+        raise self._not_here(
+            "mark_update()", "update_priority(index, priority) sets the items' priorities"
+        )
 
     def set_storage(self, *args: Any, **kwargs: Any) -> None:
         raise self._not_here("set_storage()", "the table's schema declares its storage")

@@ -38,7 +38,14 @@ from .. import statefile as SF
 from ..backends import allocate, primary_location, sweep
 from ..errors import CheckpointError, InvalidCheckpoint, TDReplayError
 from ..redis_conn import Connections
-from ..spec import MaxValueWriterSpec, NestedKey, TableSpec, join_key, split_key
+from ..spec import (
+    MaxValueWriterSpec,
+    NestedKey,
+    SliceSamplerSpec,
+    TableSpec,
+    join_key,
+    split_key,
+)
 from ..tensordicts import leaves, nest
 from . import reader as R
 from .folder import (
@@ -94,6 +101,7 @@ def restore(
         table.load_state_dict(state)
         if rows is not None:
             _check_ranks(spec, state, rows, hi)
+            _check_episodes(spec, state, rows, hi)
     except Exception as err:
         table.destroy()
         if isinstance(err, TDReplayError):
@@ -233,6 +241,13 @@ def _check_table_state(table: Restorable, state: dict[str, Any], hi: int) -> Non
     for part in ("slots", "sampler", "writer", "rate_limiter"):
         if not isinstance(state.get(part), dict):
             raise SF.StateError(f"{part}: expected a dict, got {type(state.get(part)).__name__}")
+    inserts, inserted = state["rate_limiter"].get("inserts"), state["slots"].get("inserted")
+    if R.is_int(inserts) and R.is_int(inserted) and inserts > inserted:
+        # an item counts as inserted once written, after it took its ordinal
+        raise SF.StateError(
+            f"rate_limiter.inserts is {inserts}, but only {inserted} items were inserted "
+            "(slots.inserted)"
+        )
     if state["slots"].get("hi") != hi:
         raise SF.StateError(
             f"slots.hi is {state['slots'].get('hi')!r:.40}, metadata.json says {hi}"
@@ -260,4 +275,48 @@ def _check_ranks(
         raise SF.StateError(
             f"writer.values: slot {slot} is ranked by {float(values[slot])}, but its "
             f"{spec.writer.key!r} is {float(key[slot])} (the ranks are the rows' keys)"
+        )
+
+
+def _check_episodes(
+    spec: TableSpec, state: dict[str, Any], rows: dict[NestedKey, torch.Tensor], hi: int
+) -> None:
+    """A slice table's episode ids are what its extends made of the rows: the
+    ``traj_key`` itself, or (``end_key``) the id of the item before, plus one where that
+    item ended an episode. Other ids would join steps of two episodes into one slice (or
+    the next insert to an ended episode). (``state`` was loaded: shapes are the table's.)"""
+    if not isinstance(spec.sampler, SliceSamplerSpec):
+        return
+    episode, slots = state["sampler"]["episode"][:hi], state["slots"]
+    live, ordinal = slots["live"][:hi], slots["ordinal"][:hi]
+    if spec.sampler.traj_key is not None:
+        key = spec.sampler.traj_key
+        wrong = (live & (episode != rows[split_key(key)].reshape(hi).to(torch.int64))).nonzero()
+        if len(wrong):
+            slot = int(wrong[0])
+            raise SF.StateError(
+                f"sampler.episode: slot {slot} is in episode {int(episode[slot])}, but its "
+                f"{key!r} is {rows[split_key(key)].reshape(hi)[slot].item()}"
+            )
+        return
+    key = spec.sampler.end_key or ""
+    ends = rows[split_key(key)].reshape(hi).to(torch.int64)
+    after = torch.arange(1, hi + 1) % hi  # the ring's next slot (a full ring wraps to 0)
+    linked = live & live[after] & (ordinal[after] == ordinal + 1)
+    wrong = (linked & (episode[after] != episode + ends)).nonzero()
+    if len(wrong):
+        slot = int(wrong[0])
+        raise SF.StateError(
+            f"sampler.episode: slot {int(after[slot])} is in episode {int(episode[after[slot]])}, "
+            f"but the item before it (slot {slot}, {key!r} {int(ends[slot])}) is in episode "
+            f"{int(episode[slot])}: expected {int(episode[slot] + ends[slot])}"
+        )
+    newest = ((ordinal == slots["inserted"]) & live).nonzero()
+    base = state.get("episode_base", 0)
+    if len(newest) and base != int(episode[newest[0]] + ends[newest[0]]):
+        slot = int(newest[0])
+        raise SF.StateError(
+            f"episode_base is {base}, but the newest item (slot {slot}, episode "
+            f"{int(episode[slot])}, {key!r} {int(ends[slot])}) makes it "
+            f"{int(episode[slot] + ends[slot])}"
         )

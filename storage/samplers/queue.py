@@ -108,7 +108,19 @@ class FifoSampler(_Taking):
         return self.scalars()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.head = SF.integer(state, "head", "sampler", hi=self.slots.capacity - 1)
+        head = SF.integer(state, "head", "sampler", hi=self.slots.capacity - 1)
+        # The queue is head .. cursor (the whole ring when they meet): a live item outside
+        # it would come out of order, and hold back the writer, which never passes it.
+        cap, cursor = self.slots.capacity, self.ring.cursor
+        outside = self.slots.live.clone()
+        outside[_ring(head, (cursor - head) % cap, cap)] = False
+        if head != cursor and bool(outside.any()):
+            slot = int(outside.nonzero()[0])
+            raise SF.StateError(
+                f"sampler.head is {head}, but slot {slot} is live outside the queue "
+                f"(slots {head} .. {cursor - 1} in ring order, the writer's cursor at {cursor})"
+            )
+        self.head = head
 
     def info(self) -> dict[str, Any]:
         return {"kind": self.kind, "head": self.head}

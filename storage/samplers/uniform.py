@@ -97,6 +97,13 @@ class WithoutReplacementSampler(Sampler):
             )
         if len(perm) and (int(perm.min()) < 0 or int(perm.max()) >= self.slots.capacity):
             raise SF.StateError(f"sampler.perm: a slot outside [0, {self.slots.capacity})")
+        slots, counts = torch.unique(perm, return_counts=True)
+        if len(slots) < len(perm):  # an epoch draws each item once: a repeat is drawn again
+            slot = int(slots[counts > 1][0])
+            raise SF.StateError(
+                f"sampler.perm: slot {slot} appears {int(counts[counts > 1][0])} times; "
+                "an epoch holds each slot once"
+            )
         pos = SF.integer(state, "pos", where, hi=len(perm))
         epoch = SF.integer(state, "epoch", where)
         self.perm, self.perm_ordinal = perm.clone(), perm_ordinal.clone()
