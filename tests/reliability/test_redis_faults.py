@@ -11,25 +11,15 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 from reliability_helpers import RedisProcess, create, extend, state_until
 from service_helpers import ARROW, body
 
 from tdreplay.codec import decode, protocol
 
 TIMEOUT = 1.0  # --redis-timeout of the servers here
-
-
-@pytest.fixture
-def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
-    r = RedisProcess(tmp_path)
-    r.start()
-    yield r
-    r.stop()
 
 
 def error(server: Any, method: str, path: str, **kw: Any) -> tuple[int, dict[str, Any], float]:

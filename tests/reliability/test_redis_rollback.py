@@ -9,8 +9,7 @@ ones are), so the table must say it lost them, not serve them.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,14 +20,6 @@ from tdreplay.codec import decode, protocol
 
 TIMEOUT = 1.0  # --redis-timeout of the servers here
 REDIS_TABLE = {"kind": "redis", "connection": "r"}
-
-
-@pytest.fixture
-def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
-    r = RedisProcess(tmp_path)
-    r.start()
-    yield r
-    r.stop()
 
 
 def roll_back(r: RedisProcess, server: Any, then: Callable[[], None]) -> None:
