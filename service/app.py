@@ -177,7 +177,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.shm = None
     app.state.version = VERSION
     app.state.root_lock = None
-    errors.install(app)
+    errors.install(app, app.state.core.root)
     for module in (
         data,
         tables,

@@ -6,11 +6,23 @@ are the one hierarchy of :mod:`tdreplay.codec.errors`, which the storage
 raises, the server answers with and the client raises again.
 Anything else is an ``InternalError`` 500 whose body says nothing about the
 cause; the traceback goes to the server log.
+
+An answer never says where the server keeps its files: every spelling of the data
+root in an error's text becomes ``<root>`` (:func:`hide_root`), so a client reads
+``<root>/checkpoints/x/metadata.json is not valid JSON`` and learns the file inside
+the root, never the root's place on the server. Errors are answered through
+:func:`error_body` on every door (HTTP and the same-host socket); the server's log
+keeps the full paths for the operator.
+
+    >>> hide_root("no checkpoint at /srv/td/checkpoints/x", Path("/srv/td"))
+    'no checkpoint at <root>/checkpoints/x'
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -43,20 +55,38 @@ __all__ = [
     "UnsupportedMediaType",
     "error_body",
     "error_response",
+    "hide_root",
     "install",
     "status_of",
 ]
 
 
-def error_body(exc: BaseException) -> dict[str, Any]:
-    """The JSON body of an error response."""
-    if isinstance(exc, TDReplayError):
-        return exc.to_dict()
-    return InternalError("internal server error").to_dict()
+#: what an answer names the data root by
+ROOT = "<root>"
 
 
-def error_response(exc: BaseException, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(exc), status_code=status_of(exc), headers=headers)
+def hide_root(text: str, root: Path) -> str:
+    """``text`` with every spelling of the data root ``root`` (as configured, and with its
+    links resolved) written ``<root>``: what a client may read of a server path."""
+    for spelling in sorted({str(root), os.path.realpath(root)}, key=len, reverse=True):
+        if spelling != os.sep:
+            text = text.replace(spelling, ROOT)
+    return text
+
+
+def error_body(exc: BaseException, root: Path) -> dict[str, Any]:
+    """The JSON body of an error answer, on any door: paths relative to the data root
+    ``root`` (see :func:`hide_root`)."""
+    if not isinstance(exc, TDReplayError):
+        return InternalError("internal server error").to_dict()
+    body = exc.to_dict()
+    return {k: hide_root(v, root) if isinstance(v, str) else v for k, v in body.items()}
+
+
+def error_response(
+    exc: BaseException, root: Path, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(exc, root), status_code=status_of(exc), headers=headers)
 
 
 #: route names whose JSON body is a table schema: a body that fails validation is a SchemaError
@@ -86,8 +116,9 @@ def _validation_error(request: Request, exc: RequestValidationError) -> TDReplay
     return InvalidRequest(f"invalid {where or 'request'}: {problems}", field=field)
 
 
-def install(app: FastAPI) -> None:
-    """Register the handlers that turn every error into ``{"type", "detail", "field"}``."""
+def install(app: FastAPI, root: Path) -> None:
+    """Register the handlers that turn every error into ``{"type", "detail", "field"}``,
+    naming the server's files relative to the data root ``root``."""
 
     async def on_tdreplay(request: Request, exc: Exception) -> JSONResponse:
         status = status_of(exc)
@@ -96,11 +127,11 @@ def install(app: FastAPI) -> None:
             where = printable(request.url.path)
             log.error("%s %s failed: %s", request.method, where, printable(str(exc)))
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-        return error_response(exc, headers)
+        return error_response(exc, root, headers)
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(_validation_error(request, exc))
+        return error_response(_validation_error(request, exc), root)
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
@@ -109,7 +140,7 @@ def install(app: FastAPI) -> None:
             # the framework could not decode a JSON body ("There was an error parsing the
             # body"): say why
             err = InvalidRequest(f"invalid JSON body: {json_failure(cause)}", field="body")
-            return error_response(err)
+            return error_response(err, root)
         # no route, or a method the route does not take: the protocol's InvalidRequest, with
         # the status Starlette chose (404, 405)
         if exc.status_code == 404:
@@ -126,7 +157,7 @@ def install(app: FastAPI) -> None:
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, printable(request.url.path), exc_info=exc)
-        return error_response(InternalError("internal server error"))
+        return error_response(InternalError("internal server error"), root)
 
     app.add_exception_handler(TDReplayError, on_tdreplay)
     app.add_exception_handler(RequestValidationError, on_validation)

@@ -1,11 +1,10 @@
 """One served table: its calls run off the event loop, its rate-limited calls wait on the loop.
 
-A :class:`TableHandle` wraps one :class:`~tdreplay.storage.Table` with what
-serving it needs, whatever the door a call came through: change events for
-asynchronous rate-limiter waits (:mod:`.waiting`), the request-id memory
-(idempotent extends), the pooled sample bodies, a gate that keeps a hung
-Redis from taking every worker thread, and a count of running calls so a
-deleted table is destroyed only once they are done.
+A :class:`TableHandle` wraps one :class:`~tdreplay.storage.Table` with what serving it
+needs, whatever the door a call came through: change events for asynchronous rate-limiter
+waits (:mod:`.waiting`), the request-id memory (idempotent extends), the pooled sample
+bodies, a gate that keeps a hung Redis from taking every worker thread, and a count of
+running calls so a deleted table is destroyed only once they are done.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from ..limits import Hold
 from ..settings import Settings
 from ..wire import BufferBudget, Lease, SampleBuffers, sample_nbytes, sample_schema
 from .calls import Calls
+from .paths import shown_location
 from .shape import Place, Shape
 from .waiting import Changes, WaitHook, admitted
 
@@ -370,9 +370,10 @@ class TableHandle:
             return await self.call(lambda: table.update_priority(index, priority, key=key))
 
     async def info(self) -> dict[str, Any]:
-        """``Table.info`` plus the calls waiting now and the table's :meth:`state`."""
+        """``Table.info`` (``location`` relative to the data root), waiting calls, :meth:`state`."""
         with self.use() as table:
             info = await self.call(table.info)
+        info["location"] = shown_location(table.root, info["location"])
         info["waiting"] = dict(table.rate_limiter.waiting)
         info["state"] = await self.state()
         return info

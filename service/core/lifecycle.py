@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from tdreplay.storage import Table, TableNotFound, TableSpec
 
+from ..errors import hide_root
 from .handle import TableHandle
 from .served import CorePart
 
@@ -139,7 +140,8 @@ class TableOps(CorePart):
 
         infos = await asyncio.gather(*(info(h) for h in self.served.handles()))
         listed = [i for i in infos if i is not None]
-        return {"tables": listed, "unavailable": dict(self.served.failed)}
+        why = {name: hide_root(text, self.root) for name, text in self.served.failed.items()}
+        return {"tables": listed, "unavailable": why}
 
     async def info(self, name: str) -> dict[str, Any]:
         """Size, capacity, backend, sampler, writer, counters, rate-limiter state, waiting calls."""

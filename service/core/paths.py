@@ -130,6 +130,22 @@ def relative(root: Path, path: Path) -> str:
     return str(path.resolve().relative_to(root.resolve()))
 
 
+def shown_location(root: Path, location: str | None) -> str | None:
+    """A table's ``location`` as an answer gives it: its files' place relative to the data
+    root (``tables/t/storage``), never the root's place on the server; a location that is
+    no path (a Redis connection's name, ``None``) as it is.
+
+        >>> shown_location(Path("/srv/td"), "/srv/td/tables/t/storage"), shown_location(Path("/srv/td"), "default")
+        ('tables/t/storage', 'default')
+    """
+    if location is None or not os.path.isabs(location):
+        return location
+    try:
+        return relative(root, Path(location))
+    except ValueError:  # never a table's: its files live under the root
+        return None
+
+
 def checkpoint_target(root: Path, name: str, given: str | None) -> Path:
     """Where a checkpoint of table ``name`` goes: ``given`` (inside ``checkpoints/``) or
     ``checkpoints/<name>``.

@@ -143,7 +143,9 @@ class Connection(Operations, asyncio.Protocol):
         raw = transport.get_extra_info("socket")
         self._out = Direct(raw.fileno(), self._loop)
         if len(self.server.connections) >= self.server.settings.shm_max_connections:
-            self._send_now(error_frame(too_many(self.server.settings.shm_max_connections)))
+            self._send_now(
+                error_frame(too_many(self.server.settings.shm_max_connections), self.core.root)
+            )
             transport.close()
             return
         self.server.connections.add(self)
@@ -265,7 +267,7 @@ class Connection(Operations, asyncio.Protocol):
     def _failed(self, done: Done, err: Exception) -> None:
         if not isinstance(err, TDReplayError):
             log.exception("shared-memory request %r failed", done.op)
-        done.failed(err)
+        done.failed(err, self.core.root)
 
     def _answer_now(self, done: Done, began: float, received: int) -> None:
         """Send the answer from here if the socket takes it whole (it does, but for a

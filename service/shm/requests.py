@@ -8,6 +8,7 @@ of :mod:`.connection` that hold no connection state.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tdreplay.codec import operations as ops
@@ -37,8 +38,8 @@ def too_many(limit: int) -> TDReplayError:
     )
 
 
-def error_frame(err: BaseException) -> bytes:
-    return frame({"ok": False, "error": error_body(err)})
+def error_frame(err: BaseException, root: Path) -> bytes:
+    return frame({"ok": False, "error": error_body(err, root)})
 
 
 @dataclass
@@ -63,9 +64,10 @@ class Done:
         """The reply's frame."""
         return self.reply if isinstance(self.reply, bytes) else frame(self.reply)
 
-    def failed(self, err: BaseException) -> None:
-        """The request failed with ``err``: its reply says so, and no slot goes with it."""
-        self.reply, self.slot = {"ok": False, "error": error_body(err)}, None
+    def failed(self, err: BaseException, root: Path) -> None:
+        """The request failed with ``err``: its reply says so (paths relative to the data
+        root ``root``, as on every door), and no slot goes with it."""
+        self.reply, self.slot = {"ok": False, "error": error_body(err, root)}, None
 
     def report(self, on_request: RequestHook, s: float, rx: int, tx: int) -> None:
         """Tell the metrics of the request, from what its operation validated (never the

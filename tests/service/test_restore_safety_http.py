@@ -86,12 +86,13 @@ def test_a_restore_replaces_the_served_table_and_its_data(
     r = client.post(RESTORE)
     assert r.status_code == 200 and r.json()["size"] == 10
     new = info(client)["location"]
-    assert new != old and not Path(old).exists()  # the replaced table's data is deleted
+    data = tmp_path / "data"  # locations are relative to the data root
+    assert new != old and not (data / old).exists()  # the replaced table's data is deleted
     assert files(tmp_path / "data" / "tables" / "t") == [Path(new).name]
     assert sampled_ids(client) <= set(range(10))
     assert client.post(RESTORE).status_code == 200  # back to the default location, now free
     primary = {"memmap": "storage", "h5": "storage.h5"}[kind]
-    assert info(client)["location"] == str(tmp_path / "data" / "tables" / "t" / primary)
+    assert info(client)["location"] == f"tables/t/{primary}"
     assert files(tmp_path / "data" / "tables" / "t") == [primary]
     assert client.delete(protocol.table_path("t")).status_code == 204
     assert files(tmp_path / "data" / "tables" / "t") == []
