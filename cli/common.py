@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tdreplay.codec.errors import InvalidRequest
+from tdreplay.codec.minari_files import dataset_folder, env_spec_json
 from tdreplay.service.app import VERSION
 
 from .exits import CommandError, Exit
@@ -75,7 +76,8 @@ def flag_values(**flags: str) -> Iterator[None]:
     """Checks of command-line values by the contract's rules (such as
     :func:`tdreplay.codec.exports.export_format`): an ``InvalidRequest`` inside is a usage
     error (:class:`CommandError`, exit 2), its message naming the flag (``--format``): the
-    one way a command turns a refused value into its usage error.
+    one way a command turns a refused value into its usage error. An ``ImportError`` inside
+    is one too: the flag asks for an extra that is not installed (minari, gymnasium).
 
         >>> from tdreplay.codec.protocol import import_chunk
         >>> with flag_values(chunk="--chunk"):
@@ -96,6 +98,30 @@ def flag_values(**flags: str) -> Iterator[None]:
         if flag is not None and err.field:
             message = re.sub(rf"\b{re.escape(err.field)}\b", flag, message, count=1)
         raise CommandError(message, Exit.USAGE) from None
+    except ImportError as err:  # the message says what to install
+        raise CommandError(str(err), Exit.USAGE) from None
+
+
+def minari_id(args: dict[str, Any]) -> str:
+    """``--dataset-id``, which a Minari export or import needs."""
+    if not args.get("dataset_id"):
+        raise CommandError("--format minari needs --dataset-id NAMESPACE/NAME-v0", Exit.USAGE)
+    return str(args["dataset_id"])
+
+
+def minari_flags(args: dict[str, Any]) -> tuple[str, str | None]:
+    """``--dataset-id`` and ``--env-spec`` of a Minari export, checked by the contract's
+    rules before anything is read or sent, with or without a server: the dataset id, and
+    the environment spec's JSON (``None``: none given).
+
+    Raises:
+        CommandError: (exit 2) no ``--dataset-id``; a malformed one or ``--env-spec`` (the
+            message names the flag); gymnasium missing for ``--env-spec``.
+    """
+    dataset_id = minari_id(args)
+    with flag_values(dataset_id="--dataset-id", env_spec="--env-spec"):
+        dataset_folder(".", dataset_id)  # the id's one rule; where it lies is the caller's
+        return dataset_id, env_spec_json(args.get("env_spec"))
 
 
 def describe_file(path: Path, fmt: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from tdreplay.codec.exports import ExportedPath, export_format
 from tdreplay.codec.folders import made_for
-from tdreplay.codec.minari_files import dataset_folder, default_root, env_spec_json, write_minari
+from tdreplay.codec.minari_files import dataset_folder, default_root, write_minari
 from tdreplay.storage import (
     CheckpointError,
     RootLocked,
@@ -28,7 +28,7 @@ from tdreplay.storage import (
     stored_specs,
 )
 
-from .common import describe_counts, describe_file, flag_values, show_progress
+from .common import describe_counts, describe_file, flag_values, minari_flags, show_progress
 from .exits import CommandError, Exit
 
 
@@ -61,19 +61,13 @@ def export_minari(args: dict[str, Any]) -> None:
     """``--format minari``: a Parquet export in scratch beside the datasets root's dataset,
     converted by :func:`tdreplay.codec.minari_files.write_minari` (what the client and the
     server use too)."""
-    if not args.get("dataset_id"):
-        raise CommandError("--format minari needs --dataset-id NAMESPACE/NAME-v0", Exit.USAGE)
+    dataset_id, env_spec = minari_flags(args)
     if args.get("on_server"):
         raise CommandError("--on-server needs a server, not --root/--checkpoint", Exit.USAGE)
-    dataset_id = str(args["dataset_id"])
-    try:
-        with flag_values(dataset_id="--dataset-id", env_spec="--env-spec"):
-            datasets = Path(args["output"]) if args.get("output") else default_root()
-            if dataset_folder(datasets, dataset_id).exists():  # before the export, not after
-                raise CommandError(f"a dataset {dataset_id!r} exists under {str(datasets)!r}")
-            env_spec = env_spec_json(args.get("env_spec"))
-    except ImportError as err:  # minari or gymnasium missing: the flag asks for them
-        raise CommandError(str(err), Exit.USAGE) from None
+    with flag_values():  # minari missing: the format asks for it
+        datasets = Path(args["output"]) if args.get("output") else default_root()
+    if dataset_folder(datasets, dataset_id).exists():  # before the export, not after
+        raise CommandError(f"a dataset {dataset_id!r} exists under {str(datasets)!r}")
     progress = show_progress(args)
     with (
         made_for(datasets),  # gone again, with its parents made here, if the export fails

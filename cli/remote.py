@@ -35,7 +35,14 @@ from tdreplay.codec.protocol import import_chunk
 from tdreplay.codec.schema_file import read_schema
 from tdreplay.codec.text import printable
 
-from .common import describe_counts, describe_file, flag_values, show_progress
+from .common import (
+    describe_counts,
+    describe_file,
+    flag_values,
+    minari_flags,
+    minari_id,
+    show_progress,
+)
 from .exits import CommandError, Exit
 
 
@@ -255,15 +262,9 @@ def export(client: ReplayClient, args: dict[str, Any]) -> None:
     print(f"exported table {table!r} to {dest} ({shown}){describe_counts(written)}")
 
 
-def minari_id(args: dict[str, Any]) -> str:
-    """``--dataset-id``, which a Minari export or import needs."""
-    if not args.get("dataset_id"):
-        raise CommandError("--format minari needs --dataset-id NAMESPACE/NAME-v0", Exit.USAGE)
-    return str(args["dataset_id"])
-
-
 def export_minari(client: ReplayClient, table: str, args: dict[str, Any]) -> None:
-    dataset_id, on_server = minari_id(args), args.get("on_server")
+    dataset_id, env_spec = minari_flags(args)  # as offline: a bad value is usage (exit 2)
+    on_server = args.get("on_server")
     if on_server and args.get("output"):
         raise CommandError("give one of -o DATASETS_ROOT (here) or --on-server PATH", Exit.USAGE)
     where = client.export(
@@ -272,7 +273,7 @@ def export_minari(client: ReplayClient, table: str, args: dict[str, Any]) -> Non
         path=on_server,
         dest=args.get("output"),
         dataset_id=dataset_id,
-        env_spec=args.get("env_spec"),
+        env_spec=env_spec,
         progress=show_progress(args),
     )
     shown = f"{where} (under the server's data root)" if on_server else str(where)

@@ -176,10 +176,11 @@ def test_minari_from_the_command_line(
     url = ("--url", server.url)
     code, out, err = cli(
         "export", name, "--format", "minari", "--dataset-id", "cli/run-v0", "-o", str(root),
-        *url, capsys=capsys,
+        "--env-spec", "CartPole-v1", *url, capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
     assert "Minari dataset 'cli/run-v0'" in out
+    assert load(root, "cli/run-v0", monkeypatch).env_spec.id == "CartPole-v1"
     copy = make_table(client)
     code, out, err = cli(
         "import", copy, str(root), "--format", "minari", "--dataset-id", "cli/run-v0", *url,

@@ -273,7 +273,8 @@ def test_a_flag_value_the_contract_refuses_names_the_flag(
 ) -> None:
     """A value the contract's rule refuses is a usage error (exit 2) naming the flag that gave
     it, whichever command: offline ``--env-spec`` and ``--dataset-id`` named the request's
-    fields (``env_spec``, ``dataset_id``) instead."""
+    fields (``env_spec``, ``dataset_id``) instead; through a server they were the client's
+    or the server's refusal (exit 1, or 3 with no server: the flags were not checked)."""
     nobody = f"http://127.0.0.1:{free_port()}"
     parquet = tmp_path / "t.parquet"
     parquet.write_bytes(b"")
@@ -282,13 +283,17 @@ def test_a_flag_value_the_contract_refuses_names_the_flag(
         capsys=capsys, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert code == 2 and "--chunk must be an integer >= 1, got 0" in err, err
-    offline = ["export", "t", "--root", str(tmp_path), "--format", "minari"]
-    for flags, said in [
-        (["--dataset-id", "a/b-v0", "--env-spec", "nope"], "--env-spec 'nope' is neither"),
-        (["--dataset-id", "../b-v0"], "--dataset-id"),
-    ]:
-        code, _, err = tdreplay(
-            *offline, *flags, "-o", str(tmp_path / "ds"), capsys=capsys, monkeypatch=monkeypatch
-        )
-        assert code == 2 and said in err, (flags, err)
-        assert "env_spec" not in err and "dataset_id" not in err, err
+    minari = ["export", "t", "--format", "minari"]
+    for where in (
+        ["--root", str(tmp_path), "-o", str(tmp_path / "ds")],  # offline
+        ["--url", nobody, "-o", str(tmp_path / "ds")],  # through a server, written here
+        ["--url", nobody, "--on-server", "ds"],  # through a server, written there
+    ):
+        for flags, said in [
+            (["--dataset-id", "a/b-v0", "--env-spec", "nope"], "--env-spec 'nope' is neither"),
+            (["--dataset-id", "../b-v0"], "--dataset-id"),
+        ]:
+            code, _, err = tdreplay(*minari, *where, *flags, capsys=capsys, monkeypatch=monkeypatch)
+            assert code == 2 and said in err, (where, flags, err)
+            assert "env_spec" not in err and "dataset_id" not in err, err
+    assert not (tmp_path / "ds").exists()
