@@ -262,8 +262,9 @@ class DurableState:
         """
         assert self._record is not None
         self._gen += 1
+        record = self._layout.pack(self._gen, self._table())
         start = (self._gen % 2) * RECORD_BYTES
-        self._layout.pack_into(self._record_bytes, start, self._gen, self._table())
+        self._record_bytes[start : start + len(record)] = record
         if self.fsync:
             self.flush()
 

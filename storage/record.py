@@ -13,9 +13,7 @@ and their types, its parts declare (``SCALARS``,
     >>> parts = {p: NS(SCALARS={}) for p in ("slots", "sampler", "writer", "rate_limiter")}
     >>> table = NS(SCALARS={"episode_base": int}, episode_base=7, **parts)
     >>> layout = RecordLayout(table)
-    >>> record = bytearray(RECORD_BYTES)
-    >>> layout.pack_into(record, 0, 1, table)
-    >>> layout.unpack(bytes(record))
+    >>> layout.unpack(layout.pack(1, table))
     (1, {('table', 'episode_base'): 7})
 """
 
@@ -23,8 +21,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Callable
-from operator import attrgetter
+from collections.abc import Callable, Collection
 from typing import Any
 
 from .errors import BackendError
@@ -55,8 +52,7 @@ RECORD_BYTES = 128
 _CODES: dict[type, str] = {int: "q", float: "d"}
 #: a record: the generation (u64) and the fields; then a CRC-32 of those (u64)
 _BODY = struct.Struct("<Q" + "".join(_CODES[kind] for kind in RECORD_FIELDS.values()))
-_CHECK = struct.Struct("<Q")
-_RECORD = struct.Struct(_BODY.format + _CHECK.format[1:])
+_RECORD = struct.Struct(_BODY.format + "Q")
 assert _RECORD.size <= RECORD_BYTES
 
 
@@ -86,24 +82,12 @@ class RecordLayout:
                 declared.add((part, name))
         #: the fields this table's parts fill, in record order
         self.fields = [field for field in RECORD_FIELDS if field in declared]
-        # The record's body with pad bytes (zeros) where a field is not this table's, so
-        # that one C call reads the fields (``attrgetter``) and one packs them: a record is
-        # written on every state change (~0.2 us more than packing code compiled from
-        # source, which reads attributes faster; measured at the change).
-        self._body = struct.Struct(
-            "<Q" + "".join(_CODES[k] if f in declared else "8x" for f, k in RECORD_FIELDS.items())
-        )
-        self._scalars = _tuple_getter(
-            [name if part == "table" else f"{part}.{name}" for part, name in self.fields]
-        )
+        self._pack_body = _packer(declared)
 
-    def pack_into(self, buffer: Any, offset: int, generation: int, table: Any) -> None:
-        """Write the record of ``table``'s scalars now, numbered ``generation``, into the
-        writable ``buffer`` at ``offset`` (the body, then its checksum)."""
-        body = self._body.pack(generation, *self._scalars(table))
-        end = offset + len(body)
-        buffer[offset:end] = body
-        _CHECK.pack_into(buffer, end, zlib.crc32(body))
+    def pack(self, generation: int, table: Any) -> bytes:
+        """The record of ``table``'s scalars now, numbered ``generation``."""
+        body = self._pack_body(generation, table)
+        return body + zlib.crc32(body).to_bytes(8, "little")
 
     def unpack(self, raw: bytes) -> tuple[int, dict[tuple[str, str], Scalar]] | None:
         """The generation and fields of the record at the start of ``raw``; ``None`` for
@@ -116,10 +100,21 @@ class RecordLayout:
         return generation, {field: value for field, value in found if field in self.fields}
 
 
-def _tuple_getter(paths: list[str]) -> Callable[[Any], tuple[Scalar, ...]]:
-    """The attributes at the dotted ``paths`` of an object, as a tuple (``attrgetter``
-    returns a lone path's value bare)."""
-    get: Callable[[Any], Any] = attrgetter(*paths)
-    if len(paths) == 1:
-        return lambda obj: (get(obj),)
-    return get
+def _packer(declared: Collection[tuple[str, str]]) -> Callable[[int, Any], bytes]:
+    """A function packing a generation and a table's fields into a record's body, in
+    order (0 for a field not ``declared``):
+    ``lambda gen, t: _BODY.pack(gen, t.writer.cursor, 0, 0, t.rate_limiter.inserts, ...)``.
+
+    Compiled from its source, as :mod:`dataclasses` compiles ``__init__``: the record is
+    written on every state change, and compiled attribute loads read a table's 7 or 8
+    fields in ~0.14 us, ``operator.attrgetter``'s dotted paths in ~0.4 us. The source
+    holds nothing but the identifiers of :data:`RECORD_FIELDS`.
+    """
+    loads = [
+        ("t" if part == "table" else f"t.{part}") + f".{name}" if (part, name) in declared else "0"
+        for part, name in RECORD_FIELDS
+    ]
+    namespace: dict[str, Any] = {"pack": _BODY.pack}
+    exec(f"def pack_body(gen, t):\n    return pack(gen, {', '.join(loads)})", namespace)
+    packer: Callable[[int, Any], bytes] = namespace["pack_body"]
+    return packer

@@ -162,34 +162,6 @@ def test_a_record_in_the_layout_files_already_hold_opens(tmp_path: Path) -> None
         again.close()
 
 
-@pytest.mark.parametrize("name", ["prioritized", "fifo", "lifo"])
-def test_a_record_is_written_in_the_layout_files_already_hold(tmp_path: Path, name: str) -> None:
-    """The bytes a table writes are those earlier versions write (the layout above): a
-    field the table's parts do not declare (the ring's head, the stack's top, ...) is
-    zeros."""
-    table = Table.create(spec(name), tmp_path)
-    table.extend(rows(0, 6))
-    table.rate_limiter.insert_waits, table.episode_base = 2, 13
-    table.sample(2)  # a state change: the record is written
-    state = table.state_dict()
-    table.close()
-    raw = (tmp_path / "tables" / "s" / "storage" / STATE_DIR / RECORD_FILE).read_bytes()
-    newest = max((raw[:128], raw[128:]), key=lambda slot: int.from_bytes(slot[:8], "little"))
-    writer, sampler, limiter = state["writer"], state["sampler"], state["rate_limiter"]
-    body = struct.pack(
-        "<Q9qd",
-        int.from_bytes(newest[:8], "little"),
-        writer.get("cursor", 0),
-        sampler.get("head", 0),
-        writer.get("top", 0),
-        *(limiter[k] for k in ("inserts", "samples", "insert_waits", "sample_waits")),
-        13,
-        state["slots"]["inserted"],
-        sampler.get("max_priority", 0.0),
-    )
-    assert newest == (body + zlib.crc32(body).to_bytes(8, "little")).ljust(128, b"\0")
-
-
 class LappedRing(RoundRobinPolicy):
     """A writer that keeps one more scalar, one the record has no field for."""
 
