@@ -41,7 +41,7 @@ from ..codec.exports import ExportedPath, counted, export_format
 from ..codec.folders import made_for
 from ..codec.parquet_import import refused_values
 from ..codec.parquet_read import parquet_files, read_parquet
-from ..codec.protocol import IMPORT_CHUNK, import_chunk, import_rows, rows_written
+from ..codec.protocol import IMPORT_CHUNK, import_chunk, import_rows, note_written, rows_written
 from .plans import Plans
 from .sinks import aside
 from .steps import Plan, Work
@@ -260,6 +260,6 @@ def _extend_all(
                 written += rows_written((yield from plans.extend(table, batch)))
                 bar.update(len(batch))
     except Exception as err:
-        err.add_note(f"{written} rows were written into table {table!r} before it")
+        note_written(err, written, table)
         raise
     return written

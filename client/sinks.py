@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 from tqdm import tqdm
 
 from ..codec.archive import Unpacker
+from ..codec.folders import made_for
 
 
 class FileSink:
@@ -109,16 +110,16 @@ class UnpackSink:
 @contextlib.contextmanager
 def aside(dest: Path, *, progress: bool | None = None, desc: str = "") -> Iterator[FileSink]:
     """A :class:`FileSink` on a hidden file next to ``dest`` (its folder made), deleted when
-    the block ends: move it into place inside the block (:func:`os.replace`) to keep it.
+    the block ends: move it into place inside the block (:func:`os.replace`) to keep it. If
+    the block fails, the folders made for it go again (:func:`~tdreplay.codec.folders.made_for`).
 
     Args:
         dest: where the file's content is going.
         progress: a bar of the bytes received (``None``: when stderr is a terminal).
         desc: the bar's label.
     """
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    with byte_bar(progress, desc) as bar:
+    with made_for(dest.parent), byte_bar(progress, desc) as bar:
         sink = FileSink(tmp, bar)
         try:
             yield sink

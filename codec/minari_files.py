@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
+from .dataset_links import check_inside
 from .episode_rows import episode_rows
 from .episodes import EpisodeLayout, EpisodeSplitter
 from .errors import InvalidRequest, PathExists, SchemaError
@@ -323,7 +324,8 @@ def read_minari(
     Raises:
         InvalidRequest: ``chunk`` is not an integer >= 1; no such dataset under ``root``
             (the error lists those there), or its files are not a readable Minari dataset
-            (metadata or an episode's data missing or malformed; while iterating too).
+            (metadata or an episode's data missing or malformed; while iterating too),
+            or they reach outside its folder (:func:`~tdreplay.codec.dataset_links.check_inside`).
         SchemaError: (while iterating) see :func:`~tdreplay.codec.episodes.episode_rows`.
     """
     chunk = import_chunk(chunk)
@@ -342,6 +344,7 @@ def read_minari(
             field="dataset_id",
             got=dataset_id,
         )
+    check_inside(folder, dataset_id)
     try:  # Minari reads what the files hold, checking little: a bad one fails anywhere
         dataset = MinariDataset(folder / "data")
         total = int(dataset.total_steps)

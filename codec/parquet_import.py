@@ -204,21 +204,17 @@ def plan_columns(
                 got=name,
             )
     found: dict[str, tuple[pa.Field, int, str]] = {}
-    twice = set()
+    tops: dict[str, list[str]] = {}  # the top-level column of each leaf of that name
     for c in leaf_columns(schema):
-        if c.name in found:
-            twice.add(c.name)
         found[c.name] = (c.field, c.leaf, c.top)
+        tops.setdefault(c.name, []).append(c.top)
     plan = []
     for name, (shape, dtype) in fields.items():
         column = mapping.get(name, name)
         if column not in found:
             raise _missing(table, schema, list(found), name, column, source)
-        if column in twice:
-            raise import_error(
-                table, source, column, name, "appears twice: a column of that name and a "
-                "struct column's child",
-            )  # fmt: skip
+        if len(tops[column]) > 1:
+            raise import_error(table, source, column, name, _twice(column, tops[column]))
         f, leaf, top = found[column]
         plan.append(_plan_one(table, source, name, column, top, f, leaf, list(shape), dtype, stats))
     read = {c.column for c in plan}
@@ -282,6 +278,17 @@ def _plan_one(
     scan = None in levels or not null_free or (cast == "round" and not _fits(bounds, dtype))
     key = tuple(name.split(SEP))
     return ColumnPlan(name, key, column, top, f, shape, dtype, sizes, cast, scan, leaf)
+
+
+def _twice(column: str, tops: list[str]) -> str:
+    """How a leaf name appears more than once: as columns of that name, struct children."""
+    flat = tops.count(column)
+    kinds = (
+        [f"{flat} columns of that name" if flat > 1 else "a column of that name"] if flat else []
+    )
+    kinds += [f"a child of the struct {top!r}" for top in tops if top != column]
+    times = "twice" if len(tops) == 2 else f"{len(tops)} times"
+    return f"appears {times}: as {' and '.join(kinds)}"
 
 
 def _storage(t: pa.DataType) -> pa.DataType:

@@ -137,9 +137,11 @@ def read_parquet(
     def rows() -> Iterator[TensorDict]:
         for f, plan in plans:
             with _open(table, f) as pf:
+                first = 0
                 for t in _batches(pf, plan, chunk):
-                    leaves = {c.key: _decode(table, f, c, t.column(c.column)) for c in plan}
+                    leaves = {c.key: _decode(table, f, c, t.column(c.column), first) for c in plan}
                     yield nest(leaves, t.num_rows)
+                    first += t.num_rows
 
     return total, rows()
 
@@ -323,8 +325,17 @@ def _float_values(c: ColumnPlan, values: pa.Array) -> torch.Tensor:
     return torch.from_numpy(data)
 
 
-def _decode(table: str, source: str | Path, c: ColumnPlan, col: pa.ChunkedArray) -> torch.Tensor:
-    return _tensor(table, source, c, _to_fixed_lists(table, source, c, _one_chunk(col)))
+def _decode(
+    table: str, source: str | Path, c: ColumnPlan, col: pa.ChunkedArray, first: int
+) -> torch.Tensor:
+    """Rows ``first...`` of column ``c`` as the field's tensor, checked again as they are
+    decoded: the file's statistics that spared a column the first reading are the file's
+    own word (a file whose statistics hide a 1e39 had it rounded to inf), so a value they
+    hid is refused here, at its chunk."""
+    arr = _to_fixed_lists(table, source, c, _one_chunk(col), first)
+    if c.cast == "round":
+        _check_range(table, source, c, arr, first)
+    return _tensor(table, source, c, arr)
 
 
 def _tensor(table: str, source: str | Path, c: ColumnPlan, arr: pa.Array) -> torch.Tensor:

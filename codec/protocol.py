@@ -102,6 +102,12 @@ def rows_written(index: Any) -> int:
     return int((index >= 0).sum())
 
 
+def note_written(err: BaseException, written: int, table: str) -> None:
+    """Note on ``err`` how many rows an import wrote before it (they stay written): the
+    one wording of every door, which the CLI prints."""
+    err.add_note(f"{written} rows were written into table {table!r} before it")
+
+
 #: rows per extend of an import (Parquet or Minari, every door) unless the caller gives another
 IMPORT_CHUNK = 4096
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from tdreplay.codec.parquet_import import refused_values
 from tdreplay.codec.parquet_read import parquet_files, read_parquet
-from tdreplay.codec.protocol import IMPORT_CHUNK, import_rows, rows_written
+from tdreplay.codec.protocol import IMPORT_CHUNK, import_rows, note_written, rows_written
 
 from .export import progress_bar
 from .spec import join_key
@@ -66,10 +66,12 @@ def import_parquet(
             narrower float field's range (:mod:`tdreplay.codec.parquet_import`), or a
             value an extend refuses (outside a field's ``n`` categories, NaN in the
             max-value key); the error names the column, the field and the file.
-            Nothing is written.
+            Nothing is written, but where the file's statistics hid a value beyond a
+            narrower float field's range: that is refused at its chunk, and a note on
+            the error says how many rows were written before it (they stay).
         InvalidRequest: ``chunk`` < 1, or ``path`` holds no readable Parquet file.
         RateLimitTimeout, BackendError: as :meth:`Table.extend` (rows of earlier
-            chunks stay written).
+            chunks stay written; the note says how many).
     """
     fields = {join_key(k): v for k, v in table.spec.torch_schema().items()}
     total, batches = read_parquet(
@@ -85,8 +87,12 @@ def import_parquet(
         ),
     )
     written = 0
-    with progress_bar(progress, total, table.spec.item_nbytes, f"import {table.name}") as bar:
-        for batch in batches:
-            written += rows_written(table.extend(batch))
-            bar.update(len(batch))
+    try:
+        with progress_bar(progress, total, table.spec.item_nbytes, f"import {table.name}") as bar:
+            for batch in batches:
+                written += rows_written(table.extend(batch))
+                bar.update(len(batch))
+    except Exception as err:
+        note_written(err, written, table.name)
+        raise
     return written

@@ -62,3 +62,24 @@ def test_a_failed_minari_export_leaves_no_folder_it_made(
     )  # fmt: skip
     assert code == 1 and "holds no rows" in err
     assert not (tmp_path / "cli").exists()
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "csv"])
+def test_a_failed_file_export_leaves_no_folder_it_made(
+    client: ReplayClient, server: Any, tmp_path: Path, suffix: str, capsys: Any
+) -> None:
+    """``export(dest=new/dir/out.parquet)`` made ``new/dir`` for its hidden file and kept
+    it when the export failed (a table not found): the Minari export's rule, for files."""
+    dest = tmp_path / "new" / "dir" / f"out.{suffix}"
+    with pytest.raises(TableNotFound):
+        client.export("no-such-table", dest=dest)
+    assert tree(tmp_path) == []
+    code, _, err = cli(
+        "export", "no-such-table", "-o", str(dest), "--url", server.url, capsys=capsys
+    )  # fmt: skip
+    assert code == 1 and "no-such-table" in err
+    assert tree(tmp_path) == []
+    (tmp_path / "new").mkdir()  # a folder that was there stays
+    with pytest.raises(TableNotFound):
+        client.export("no-such-table", dest=dest)
+    assert tree(tmp_path) == ["new"]

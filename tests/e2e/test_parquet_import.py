@@ -213,7 +213,24 @@ def test_a_column_both_flat_and_a_struct_child_is_refused(
     name = make_table(client)
     with pytest.raises(
         SchemaError,
-        match=r"column 'next.reward' of '.*' appears twice",
+        match=r"column 'next.reward' of '.*' appears twice: as a column of that name and a "
+        r"child of the struct 'next'",
     ) as e:
         client.import_parquet(name, path)
     assert e.value.field == "next.reward" and client.info(name)["size"] == 0
+
+
+def test_two_columns_of_one_name_are_refused_as_such(client: ReplayClient, tmp_path: Path) -> None:
+    """Two flat columns named alike were called "a column of that name and a struct
+    column's child", which the file does not hold: the error says what it does."""
+    rows = _nested_rows(3)
+    table = pa.table(rows)
+    table = table.append_column("observation", table.column("observation"))
+    path = tmp_path / "dup.parquet"
+    pq.write_table(table, path)
+    name = make_table(client)
+    with pytest.raises(
+        SchemaError, match=r"column 'observation' of '.*' appears twice: as 2 columns of that name$"
+    ):
+        client.import_parquet(name, path)
+    assert client.info(name)["size"] == 0
