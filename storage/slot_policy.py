@@ -223,7 +223,7 @@ class MaxValuePolicy(SlotPolicy):
         return {"writer.values": self.values}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"values": self.values.clone()}
+        return {"values": self.slots.written(self.values)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.values.copy_(SF.tensor(state, "values", "writer", like=self.values))

@@ -118,11 +118,22 @@ class Slots(Scalars):
         """Mask of slots neither live nor busy."""
         return ~(self.live | self.busy)
 
+    def written(self, column: torch.Tensor) -> torch.Tensor:
+        """A copy of the per-slot ``column`` (here, or a sampler's or writer's) that reads
+        only the slots written at least once, ``[0, hi)``: past them it is zeros (see the
+        module docstring), and reading there could end the process. A memmap table's state
+        files are holes past its reserved rows, and a tmpfs backs a hole's page when it is
+        read: on a full one, that read is a SIGBUS (``state_dict``s take their copies here).
+        """
+        out = torch.zeros_like(column)
+        out[: self.hi] = column[: self.hi]
+        return out
+
     def state_dict(self) -> dict[str, Any]:
         return {
-            "live": self.live.clone(),
-            "ordinal": self.ordinal.clone(),
-            "times_sampled": self.times_sampled.clone(),
+            "live": self.written(self.live),
+            "ordinal": self.written(self.ordinal),
+            "times_sampled": self.written(self.times_sampled),
             **self.scalars(),
         }
 

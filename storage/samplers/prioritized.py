@@ -112,7 +112,7 @@ class PrioritizedSampler(Sampler):
         return self.priorities[index].to(torch.float32)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"priorities": self.priorities.clone(), **self.scalars()}
+        return {"priorities": self.slots.written(self.priorities), **self.scalars()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         priorities = SF.tensor(state, "priorities", "sampler", like=self.priorities)

@@ -224,7 +224,7 @@ class SliceSampler(Sampler):
         return torch.from_numpy(idx.reshape(-1)), None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"episode": self.episode.clone()}
+        return {"episode": self.slots.written(self.episode)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.episode.copy_(SF.tensor(state, "episode", "sampler", like=self.episode))

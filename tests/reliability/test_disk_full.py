@@ -250,3 +250,30 @@ def test_a_checkpoint_or_export_on_a_full_disk_answers_507_and_keeps_the_previou
 
     filler.unlink()
     assert post(server, protocol.table_path("t", "checkpoint"), {})[0] == 200
+
+
+@pytest.mark.parametrize("rows", [0, 64])
+@pytest.mark.parametrize("action", ["dump", "checkpoint"])
+def test_a_dump_or_checkpoint_of_a_memmap_table_on_a_full_disk_is_a_507_not_a_sigbus(
+    live_server: Callable[..., Any], small_disk: Path, action: str, rows: int
+) -> None:
+    """A memmap table's per-slot state files are holes past its reserved rows; a snapshot
+    read them whole, and a tmpfs backs a hole's page when it is read: on a full one the
+    server died of SIGBUS (exit 135). Now the state is read over the written slots only,
+    and the call answers 507 naming the table, leaves nothing behind, and the server serves on."""
+    server = serve(live_server, small_disk)
+    assert post(server, protocol.TABLES, spec("big", 4096, "memmap"))[0] == 201
+    if rows:
+        assert extend(server, "big", 0, rows)[0] == 200
+    filler = fill(small_disk, leave=0)
+    status, err = post(server, protocol.table_path("big", action), {})
+    assert server.proc.poll() is None, "the server died"
+    assert (status, err.get("type")) == (507, "InsufficientStorage"), err
+    assert "'big'" in err["detail"], err["detail"]
+    scratch = [server.root / ".transfers", server.root / protocol.CHECKPOINTS]
+    assert not [p for folder in scratch if folder.exists() for p in folder.rglob("*")]
+    status, _, raw = server.request("GET", protocol.table_path("big"))
+    assert status == 200 and json.loads(raw)["size"] == rows  # still serving
+    filler.unlink()
+    assert post(server, protocol.table_path("big", action), {})[0] == 200
+    assert server.request("GET", "/healthz")[0] == 200
