@@ -39,7 +39,7 @@ from .debris import clean_checkpoints
 from .debris import is_complete as is_complete_checkpoint
 from .debris import is_debris as is_checkpoint_debris
 from .debris import is_reserved as is_reserved_checkpoint_name
-from .diskspace import free_bytes
+from .diskspace import free_bytes, on_full_disk
 from .diskspace import insufficient as insufficient_storage
 from .diskspace import is_full as is_disk_full
 from .errors import (
@@ -104,6 +104,7 @@ __all__ = [
     "free_bytes",
     "insufficient_storage",
     "is_disk_full",
+    "on_full_disk",
     "is_checkpoint",
     "is_checkpoint_debris",
     "is_reserved_checkpoint_name",

@@ -16,9 +16,11 @@ reservations, checkpoints and exports that run out of room are reported as
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import InsufficientStorage
@@ -72,3 +74,19 @@ def insufficient(
         field="path",
         got=str(path),
     )
+
+
+@contextlib.contextmanager
+def on_full_disk(what: str, path: str | Path, *, table: str | None = None) -> Iterator[None]:
+    """Doing ``what`` at ``path``: a full disk raised inside is :func:`insufficient` (507),
+    any other error as it was.
+
+    Raises:
+        InsufficientStorage: the disk (or the quota) filled up.
+    """
+    try:
+        yield
+    except OSError as err:
+        if is_full(err):
+            raise insufficient(what, path, err, table=table) from None
+        raise

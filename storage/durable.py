@@ -172,12 +172,13 @@ class DurableState:
         state = cls(folder, table)
         folder.mkdir()
         mapped = {}
+        n = table.slots.reach()  # past it a column is zeros: its file stays a hole there
         for name, tensor in cls._columns(table).items():
             path = folder / f"{name}.bin"
             create_file(path, tensor.numel() * tensor.element_size())
             mapped[name] = map_file(path, tensor.dtype, tuple(tensor.shape))
-            if bool(tensor.any()):  # not a fresh table's state after all: keep it
-                mapped[name].copy_(tensor)
+            if bool(tensor[:n].any()):  # not a fresh table's state after all: keep it
+                mapped[name][:n].copy_(tensor[:n])
         create_file(folder / RECORD_FILE, 2 * RECORD_BYTES, reserve=True)  # zeros: no record
         state._map_record()
         state._reserve_with_rows(mapped)

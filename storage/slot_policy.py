@@ -203,9 +203,9 @@ class MaxValuePolicy(SlotPolicy):
         rest = order[take_free:]
         if len(rest):
             # residents that may be replaced: live and not being written
-            resident = torch.where(
-                self.slots.live, self.values, torch.full_like(self.values, float("inf"))
-            )
+            hi = self.slots.hi  # past it nothing is live (nor read)
+            resident = torch.full((self.slots.capacity,), float("inf"), dtype=self.values.dtype)
+            resident[:hi] = torch.where(self.slots.live[:hi], self.values[:hi], resident[:hi])
             m = min(len(rest), self.slots.capacity)
             low_vals, low_idx = torch.topk(resident, m, largest=False)
             new_vals = v[rest[:m]]
@@ -226,10 +226,13 @@ class MaxValuePolicy(SlotPolicy):
         return {"values": self.slots.written(self.values)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.values.copy_(SF.tensor(state, "values", "writer", like=self.values))
+        values = SF.tensor(state, "values", "writer", like=self.values)
+        self.slots.check_unwritten(values, "writer.values")
+        self.slots.load_written(self.values, values)
 
     def info(self) -> dict[str, Any]:
-        live = self.values[self.slots.live]
+        hi = self.slots.hi
+        live = self.values[:hi][self.slots.live[:hi]]
         return {
             "kind": self.kind,
             "key": self.key,

@@ -54,6 +54,8 @@ class Slots(Scalars):
         self.n_live = 0
         #: slots ``[0, hi)`` have been written at least once
         self.hi = 0
+        #: the largest ``hi`` before a load lowered it (see :meth:`reach`)
+        self._reached = 0
         #: items inserted in the table's life (the newest item's ordinal)
         self.inserted = 0
 
@@ -91,7 +93,8 @@ class Slots(Scalars):
         """The live items' slots by the tag of the insert that wrote them, for the ``limit``
         most recent tags (0, no tag, left out); each tensor in the order the items were
         inserted (as the insert answered them, less any overwritten since)."""
-        slots = (self.live & (self.tag != 0)).nonzero().squeeze(1)
+        hi = self.hi  # past it nothing is live (nor read: see written)
+        slots = (self.live[:hi] & (self.tag[:hi] != 0)).nonzero().squeeze(1)
         if not len(slots) or limit <= 0:
             return {}
         ordinal = self.ordinal[slots]
@@ -115,8 +118,10 @@ class Slots(Scalars):
         return out
 
     def free(self) -> torch.Tensor:
-        """Mask of slots neither live nor busy."""
-        return ~(self.live | self.busy)
+        """Mask of slots neither live nor busy (the live mask read over ``[0, hi)`` only)."""
+        free = ~self.busy
+        free[: self.hi] &= ~self.live[: self.hi]
+        return free
 
     def written(self, column: torch.Tensor) -> torch.Tensor:
         """A copy of the per-slot ``column`` (here, or a sampler's or writer's) that reads
@@ -128,6 +133,27 @@ class Slots(Scalars):
         out = torch.zeros_like(column)
         out[: self.hi] = column[: self.hi]
         return out
+
+    def reach(self) -> int:
+        """Slots ``[0, reach)`` may hold state in the per-slot columns: those written at
+        least once, and those a load that lowered ``hi`` left to zero (past them every
+        column is zeros and untouched, see :meth:`load_written`)."""
+        return max(self._reached, self.hi)
+
+    def load_written(self, column: torch.Tensor, value: torch.Tensor) -> None:
+        """Load a per-slot ``value`` (checked: :meth:`check_unwritten`) into ``column``, the
+        mirror of :meth:`written`: over slots ``[0, reach)`` only, so a restored memmap
+        table's state files stay holes past its rows (its disk follows the data, and a full
+        tmpfs is never asked to back a page there: that write is a SIGBUS)."""
+        n = self.reach()
+        column[:n].copy_(value[:n])
+
+    def check_unwritten(self, value: torch.Tensor, name: str, hi: int | None = None) -> None:
+        """A never-written slot's state is zeros: refuse a loaded ``value`` holding anything
+        past slot ``hi`` (default: this table's)."""
+        hi = self.hi if hi is None else hi
+        if bool(value[hi:].any()):
+            raise SF.StateError(f"{name}: a slot at or past slots.hi ({hi}) holds state")
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -169,12 +195,15 @@ class Slots(Scalars):
             raise SF.StateError(f"slots.ordinal: an ordinal is outside [0, {inserted}]")
         if bool((times_sampled < 0).any()):
             raise SF.StateError("slots.times_sampled: a count is negative")
-        self.live.copy_(live)
-        self.busy.zero_()
-        self.ordinal.copy_(ordinal)
-        self.times_sampled.copy_(times_sampled)
-        self.n_live = n_live
+        self.check_unwritten(ordinal, "slots.ordinal", hi)
+        self.check_unwritten(times_sampled, "slots.times_sampled", hi)
+        self._reached = self.reach()
         self.hi = hi
+        self.load_written(self.live, live)
+        self.busy.zero_()
+        self.load_written(self.ordinal, ordinal)
+        self.load_written(self.times_sampled, times_sampled)
+        self.n_live = n_live
         self.inserted = inserted
 
 

@@ -36,6 +36,7 @@ from tdreplay.storage import (
     Table,
     TableSpec,
     find_checkpoint,
+    on_full_disk,
     read_checkpoint_metadata,
 )
 
@@ -214,11 +215,13 @@ class PersistenceOps(CorePart):
             CodecError: not such an archive (the member at fault is named).
             InvalidRequest: the checkpoint is of another table.
             InvalidCheckpoint, CheckpointError: it cannot be restored.
+            InsufficientStorage: the disk has no room for it.
         """
         folder = self._scratch(name)
         limit = self.uploads.unpack_bytes  # the one bound on what an archive unpacks into
         try:
-            await run_in_threadpool(archive_unpack, bytes(data), folder, max_bytes=limit)
+            with on_full_disk(f"load of table {name!r}", folder, table=name):
+                await run_in_threadpool(archive_unpack, bytes(data), folder, max_bytes=limit)
             handle = await self.restore_from(name, folder)
         finally:
             await run_in_threadpool(shutil.rmtree, folder, True)

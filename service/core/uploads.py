@@ -44,8 +44,7 @@ from tdreplay.storage import (
     InsufficientStorage,
     InvalidRequest,
     free_bytes,
-    insufficient_storage,
-    is_disk_full,
+    on_full_disk,
 )
 
 from ..errors import PayloadTooLarge
@@ -378,14 +377,8 @@ def _feed(upload: Upload, data: memoryview) -> bytes:
         InsufficientStorage: the disk is full.
     """
     assert upload.unpacker is not None
-    try:
+    with on_full_disk(f"load of table {upload.table!r}", upload.folder, table=upload.table):
         upload.unpacker.feed(data)
-    except OSError as err:
-        if is_disk_full(err):
-            raise insufficient_storage(
-                f"load of table {upload.table!r}", upload.folder, err
-            ) from None
-        raise
     return _digest(data)
 
 

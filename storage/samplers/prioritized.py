@@ -121,11 +121,13 @@ class PrioritizedSampler(Sampler):
         max_priority = SF.number(state, "max_priority", "sampler", finite=True)
         if max_priority < 0:  # new items' priority: a negative one makes the tree's total NaN
             raise SF.StateError(f"sampler.max_priority: expected >= 0, got {max_priority}")
-        self.priorities.copy_(priorities)
+        self.slots.check_unwritten(priorities, "sampler.priorities")
+        self.slots.load_written(self.priorities, priorities)
         self.max_priority = max_priority
-        leaves = torch.where(
-            self.slots.live, self._leaf(self.priorities), torch.zeros_like(self.priorities)
-        )
+        n = self.slots.reach()  # past it: no item, a zero leaf (the columns are not read there)
+        written = self._leaf(self.priorities[:n])
+        leaves = written.new_zeros(len(self.priorities))
+        leaves[:n] = torch.where(self.slots.live[:n], written, torch.zeros_like(written))
         self.tree.rebuild(leaves)
 
     def info(self) -> dict[str, Any]:

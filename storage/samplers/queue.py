@@ -112,7 +112,8 @@ class FifoSampler(_Taking):
         # The queue is head .. cursor (the whole ring when they meet): a live item outside
         # it would come out of order, and hold back the writer, which never passes it.
         cap, cursor = self.slots.capacity, self.ring.cursor
-        outside = self.slots.live.clone()
+        outside = torch.zeros(cap, dtype=torch.bool)
+        outside[: self.slots.hi] = self.slots.live[: self.slots.hi]
         outside[_ring(head, (cursor - head) % cap, cap)] = False
         if head != cursor and bool(outside.any()):
             slot = int(outside.nonzero()[0])

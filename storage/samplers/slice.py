@@ -227,7 +227,9 @@ class SliceSampler(Sampler):
         return {"episode": self.slots.written(self.episode)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.episode.copy_(SF.tensor(state, "episode", "sampler", like=self.episode))
+        episode = SF.tensor(state, "episode", "sampler", like=self.episode)
+        self.slots.check_unwritten(episode, "sampler.episode")
+        self.slots.load_written(self.episode, episode)
         self.valid.zero_()
         self.n_valid = 0
         self.edges.clear()

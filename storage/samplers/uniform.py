@@ -49,7 +49,7 @@ class WithoutReplacementSampler(Sampler):
             self._any_stale = True
 
     def _new_epoch(self) -> None:
-        live = self.slots.live.nonzero().squeeze(1)
+        live = self.slots.live[: self.slots.hi].nonzero().squeeze(1)
         self.perm = live[torch.randperm(len(live), generator=self.generator)]
         self.perm_ordinal = self.slots.ordinal[self.perm].clone()
         self.pos = 0

@@ -335,7 +335,7 @@ class Draws(TableBase):
     def live_index(self) -> torch.Tensor:
         """Slots of the live items, oldest first (insertion order)."""
         with self._cond:
-            live = self.slots.live.nonzero().squeeze(1)
+            live = self.slots.live[: self.slots.hi].nonzero().squeeze(1)
             return live[torch.argsort(self.slots.ordinal[live])]
 
     def read(self, index: torch.Tensor) -> TensorDictBase:

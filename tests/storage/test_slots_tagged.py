@@ -41,6 +41,7 @@ def test_tagged_matches_its_definition(sizes: tuple[int, int], limit: int) -> No
         for _ in range(n):
             s.ordinal[cursor], s.tag[cursor], s.live[cursor] = ordinal, tag, True
             ordinal, cursor = ordinal + 1, (cursor + 1) % s.capacity
+    s.hi = s.capacity  # every slot written (the ring wrapped): hi as a table keeps it
     s.live[torch.randperm(s.capacity, generator=g)[:300]] = False  # some removed
     got = {t: v.tolist() for t, v in s.tagged(limit).items()}
     assert got == reference(s, limit)
