@@ -38,7 +38,7 @@ from .dtypes import TORCH, first_misfit
 from .episodes import ACTION, DONE, OBS, REWARD, ROOT_FLAGS, TERMINATED, TRUNCATED
 from .errors import SchemaError
 
-__all__ = ["episode_rows"]
+__all__ = ["episode_rows", "lengths_fit"]
 
 
 def _flatten(tree: Any, prefix: str) -> dict[str, np.ndarray]:
@@ -50,8 +50,36 @@ def _flatten(tree: Any, prefix: str) -> dict[str, np.ndarray]:
     return out
 
 
+def lengths_fit(
+    episode_id: int, steps: int, parts: Mapping[str, tuple[Mapping[str, int], int]]
+) -> None:
+    """Refuse an episode of ``steps`` steps whose parts hold other numbers of values.
+
+    Args:
+        parts: ``{part: ({dotted key: its length}, the length expected)}``.
+
+    Raises:
+        SchemaError: a part's length is not the one expected (names the episode and key).
+    """
+    for part, (lengths, want) in parts.items():
+        for k, n in lengths.items():
+            if n != want:
+                raise SchemaError(
+                    f"episode {episode_id} has {n} {part} ({k}) for its {steps} steps "
+                    f"(rewards); expected {want}",
+                    field=k,
+                    expected=want,
+                    got=n,
+                )
+
+
 def episode_rows(
-    fields: Mapping[str, Any], episode: Any, episode_id: int, trajectory_key: str | None = None
+    fields: Mapping[str, Any],
+    episode: Any,
+    episode_id: int,
+    trajectory_key: str | None = None,
+    *,
+    first_step: int = 0,
 ) -> dict[str, np.ndarray]:
     """The rows of one episode (Minari's ``EpisodeData``, or anything with its attributes)
     for a table with ``fields`` (``{dotted key: {"shape", "dtype"}}``): the reverse of
@@ -63,6 +91,8 @@ def episode_rows(
     ``next.terminated``, ``next.truncated``, ``next.done`` (either), the root flags
     ``done`` / ``terminated`` / ``truncated`` (false), and ``trajectory_key`` (the
     episode's id). Shapes are reshaped to the field's (same number of elements).
+    ``episode`` may be a piece of an episode starting at step ``first_step`` (what an
+    error counts steps from).
 
     Raises:
         SchemaError: a field has no source in the episode, or a source holds another
@@ -73,16 +103,9 @@ def episode_rows(
     obs = _flatten(episode.observations, OBS)
     parts = {"observations": (obs, t + 1), "actions": (_flatten(episode.actions, ACTION), t)}
     parts |= {k: ({k: getattr(episode, k)}, t) for k in ("terminations", "truncations")}
-    for part, (leaves, want) in parts.items():
-        for k, v in leaves.items():
-            if len(v) != want:
-                raise SchemaError(
-                    f"episode {episode_id} has {len(v)} {part} ({k}) for its {t} steps "
-                    f"(rewards); expected {want}",
-                    field=k,
-                    expected=want,
-                    got=len(v),
-                )
+    lengths_fit(
+        episode_id, t, {p: ({k: len(v) for k, v in ls.items()}, w) for p, (ls, w) in parts.items()}
+    )
     source: dict[str, np.ndarray] = {}
     for k, v in obs.items():
         source[k], source[f"next.{k}"] = v[:t], v[1 : t + 1]
@@ -115,11 +138,11 @@ def episode_rows(
                 got=list(value.shape[1:]),
             )
         out[key] = value.reshape(t, *(spec.get("shape") or []))
-        _check_fits(key, spec["dtype"], value, episode_id)
+        _check_fits(key, spec["dtype"], value, episode_id, first_step)
     return out
 
 
-def _check_fits(key: str, dtype: str, value: np.ndarray, episode_id: int) -> None:
+def _check_fits(key: str, dtype: str, value: np.ndarray, episode_id: int, first: int) -> None:
     """Refuse a value the field's dtype cannot take (:func:`~.dtypes.first_misfit`)."""
     try:
         i = first_misfit(torch.from_numpy(np.ascontiguousarray(value)), TORCH[dtype])
@@ -129,7 +152,7 @@ def _check_fits(key: str, dtype: str, value: np.ndarray, episode_id: int) -> Non
         got = value.reshape(-1)[i].item()
         raise SchemaError(
             f"table field {key!r} ({dtype}) cannot hold {got!r} of episode {episode_id} "
-            f"(step {i // max(value[0].size, 1)}, {value.dtype}): a value changes only by "
+            f"(step {first + i // max(value[0].size, 1)}, {value.dtype}): a value changes only by "
             "rounding a float into a narrower float",
             field=key,
             expected=dtype,

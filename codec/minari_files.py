@@ -41,12 +41,12 @@ import torch
 from tqdm import tqdm
 
 from .dataset_links import check_inside
-from .episode_rows import episode_rows
 from .episodes import EpisodeLayout, EpisodeSplitter
 from .errors import InvalidRequest, PathExists, SchemaError
 from .exports import ExportedPath
 from .folders import made_for
 from .from_arrow import to_leaves
+from .minari_hdf5 import MAIN_FILE, declared_steps, pieces, table_rows, unreadable
 from .protocol import IMPORT_CHUNK, import_chunk
 from .spaces import categories, check_categories, space_of
 
@@ -325,7 +325,10 @@ def read_minari(
         InvalidRequest: ``chunk`` is not an integer >= 1; no such dataset under ``root``
             (the error lists those there), or its files are not a readable Minari dataset
             (metadata or an episode's data missing or malformed; while iterating too),
-            or they reach outside its folder (:func:`~tdreplay.codec.dataset_links.check_inside`).
+            or they reach outside its folder (:func:`~tdreplay.codec.dataset_links.check_inside`),
+            or its HDF5 file's episodes declare other sizes than its metadata's ``total_steps``
+            (:func:`~tdreplay.codec.minari_hdf5.declared_steps`: read a chunk at a time, memory
+            follows ``chunk``, not what the file declares).
         SchemaError: (while iterating) see :func:`~tdreplay.codec.episodes.episode_rows`.
     """
     chunk = import_chunk(chunk)
@@ -348,35 +351,39 @@ def read_minari(
     try:  # Minari reads what the files hold, checking little: a bad one fails anywhere
         dataset = MinariDataset(folder / "data")
         total = int(dataset.total_steps)
+        storage = dataset.storage
+        hdf5 = storage.metadata.get("data_format") == "hdf5"
+        if hdf5:  # sizes checked before a value is read; then read a chunk at a time
+            declared_steps(folder / "data" / MAIN_FILE, dataset_id, storage.total_episodes, total)
+    except InvalidRequest:
+        raise
     except Exception as err:
-        raise _unreadable(root, dataset_id, err) from None
+        raise unreadable(root, dataset_id, err) from None
 
-    def episodes() -> Iterator[Any]:
-        read = iter(dataset.iterate_episodes())
+    def episodes() -> Iterator[tuple[int, int, Any]]:
+        if hdf5:
+            spaces = (storage.observation_space, storage.action_space)
+            read: Iterator[Any] = pieces(
+                folder / "data" / MAIN_FILE,
+                storage.total_episodes,
+                spaces,
+                storage.jpeg_encoding,
+                chunk,
+            )
+        else:  # Minari's Arrow format: one file of real values per episode
+            read = ((int(e.id), 0, e) for e in dataset.iterate_episodes())
         while True:
             try:
-                episode = next(read, None)
+                piece = next(read, None)
+            except SchemaError:
+                raise
             except Exception as err:
-                raise _unreadable(root, dataset_id, err) from None
-            if episode is None:
+                raise unreadable(root, dataset_id, err) from None
+            if piece is None:
                 return
-            yield episode
+            yield piece
 
-    def chunks() -> Iterator[dict[str, np.ndarray]]:
-        held: list[dict[str, np.ndarray]] = []
-        count = 0
-        for episode in episodes():
-            held.append(episode_rows(fields, episode, int(episode.id), trajectory_key))
-            count += len(episode.rewards)
-            while count >= chunk:
-                rows = {k: np.concatenate([h[k] for h in held]) for k in held[0]}
-                yield {k: v[:chunk] for k, v in rows.items()}
-                held = [{k: v[chunk:] for k, v in rows.items()}]
-                count -= chunk
-        if count:
-            yield {k: np.concatenate([h[k] for h in held]) for k in held[0]}
-
-    return total, chunks()
+    return total, table_rows(episodes(), fields, trajectory_key, chunk)
 
 
 def _datasets_under(root: Path) -> list[str]:
@@ -389,12 +396,3 @@ def _datasets_under(root: Path) -> list[str]:
             found.append(os.path.relpath(folder, root))
         subfolders[:] = [d for d in subfolders if d != "data" and not d.startswith(".")]
     return sorted(found)
-
-
-def _unreadable(root: str | Path, dataset_id: str, err: Exception) -> InvalidRequest:
-    return InvalidRequest(
-        f"{dataset_id!r} under {str(root)!r} is not a readable Minari dataset: "
-        f"{type(err).__name__}: {err}",
-        field="dataset_id",
-        got=dataset_id,
-    )

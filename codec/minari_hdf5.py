@@ -1,0 +1,230 @@
+"""A Minari HDF5 dataset's episodes read a slice of steps at a time, their sizes checked first.
+
+HDF5 stores a dataset's declared shape apart from its values: a file of a few KB can
+declare an episode of 500M steps whose datasets were never written (HDF5 reads them as
+zeros), and Minari's ``iterate_episodes`` reads each episode whole, so memory followed
+what the file declared (80 GB for that one). Here memory follows the import's chunk:
+
+* :func:`declared_steps` checks, from the shapes alone, that the episodes' steps
+  (their ``rewards``) add up to the metadata's ``total_steps`` (the progress total, and
+  what the dataset says it is) and that each matches its own ``total_steps`` attribute
+  where Minari wrote one; a file that disagrees is refused before a value is read.
+* :func:`pieces` reads each episode ``rows`` steps at a time (``dset[i:j]`` through h5py,
+  on the file :func:`~tdreplay.codec.dataset_links.check_inside` vetted), decoded as
+  Minari decodes them (``Dict`` / ``Tuple`` groups, ``Text``, JPEG frames), after
+  checking every part's length against the episode's steps (the check
+  :func:`~tdreplay.codec.episode_rows.episode_rows` makes of a whole episode).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import gymnasium as gym
+import h5py
+import numpy as np
+
+from .episode_rows import episode_rows, lengths_fit
+from .episodes import ACTION, OBS
+from .errors import InvalidRequest
+
+__all__ = ["MAIN_FILE", "declared_steps", "pieces", "table_rows", "unreadable"]
+
+#: the file of Minari's HDF5 format
+MAIN_FILE = "main_data.hdf5"
+#: the per-step parts of an episode besides its observations, actions and infos
+STEP_PARTS = ("rewards", "terminations", "truncations")
+
+
+def unreadable(root: str | Path, dataset_id: str, err: Exception) -> InvalidRequest:
+    """The error for a dataset whose files are not a readable Minari dataset."""
+    return InvalidRequest(
+        f"{dataset_id!r} under {str(root)!r} is not a readable Minari dataset: "
+        f"{type(err).__name__}: {err}",
+        field="dataset_id",
+        got=dataset_id,
+    )
+
+
+def declared_steps(path: Path, dataset_id: str, episodes: int, total_steps: int) -> None:
+    """Refuse an HDF5 file whose episodes declare other sizes than the dataset's metadata.
+
+    Reads shapes and attributes only, never values.
+
+    Raises:
+        InvalidRequest: the steps (``rewards``) of episodes ``0 .. episodes - 1`` do not
+            add up to ``total_steps``, or an episode's ``total_steps`` attribute is not its
+            number of rewards (the error names the file, the episode and both numbers).
+        KeyError, TypeError, OSError: the file lacks an episode or its rewards (for the
+            caller's :func:`unreadable`).
+    """
+    steps, largest = 0, (0, 0)
+    with h5py.File(path, "r") as f:
+        for i in range(episodes):
+            group = f[f"episode_{i}"]
+            t = _length(group["rewards"])
+            said = group.attrs.get("total_steps")
+            if said is not None and int(said) != t:
+                _refuse(
+                    dataset_id,
+                    f"{path}: episode_{i} holds {t} rewards but its total_steps attribute "
+                    f"says {int(said)}",
+                )
+            steps += t
+            largest = max(largest, (t, i))
+    if steps != total_steps:
+        _refuse(
+            dataset_id,
+            f"{path}: its {episodes} episodes hold {steps} steps (the longest, "
+            f"episode_{largest[1]}: {largest[0]}) but metadata.json's total_steps is "
+            f"{total_steps}",
+        )
+
+
+def pieces(
+    path: Path, episodes: int, spaces: tuple[gym.Space, gym.Space], jpeg: bool, rows: int
+) -> Iterator[tuple[int, int, SimpleNamespace]]:
+    """Each episode of the file as pieces of at most ``rows`` steps.
+
+    Yields ``(episode id, first step, piece)``: a piece has Minari's ``EpisodeData``
+    attributes (``observations`` one longer than ``rewards``, ``infos`` of the parts of
+    ``T`` or ``T + 1`` values), for :func:`~tdreplay.codec.episode_rows.episode_rows`.
+    ``rows`` may be changed between pieces by the caller through ``send``: the piece
+    after it holds at most that many steps.
+
+    Raises:
+        SchemaError: an episode's parts disagree in length (before it is read).
+        KeyError, TypeError, ValueError, OSError: the file is not Minari's layout.
+    """
+    observation_space, action_space = spaces
+    with h5py.File(path, "r") as f:
+        for i in range(episodes):
+            group = f[f"episode_{i}"]
+            t = _length(group["rewards"])
+            lengths_fit(
+                i,
+                t,
+                {
+                    "observations": (_lengths(group["observations"], OBS), t + 1),
+                    "actions": (_lengths(group["actions"], ACTION), t),
+                    **{k: ({k: _length(group[k])}, t) for k in ("terminations", "truncations")},
+                },
+            )
+            infos = _info_leaves(group["infos"], t) if "infos" in group else {}
+            start = 0
+            while start < t:
+                end = min(t, start + rows)
+                piece = SimpleNamespace(
+                    observations=_decode(
+                        group["observations"], observation_space, jpeg, start, end + 1
+                    ),
+                    actions=_decode(group["actions"], action_space, jpeg, start, end),
+                    infos=_nest({k: v[start:end] for k, v in infos.items()}),
+                    **{k: group[k][start:end] for k in STEP_PARTS},
+                )
+                yield i, start, piece
+                start = end
+
+
+def table_rows(
+    pieces: Iterable[tuple[int, int, Any]],
+    fields: Mapping[str, Any],
+    trajectory_key: str | None,
+    chunk: int,
+) -> Iterator[dict[str, np.ndarray]]:
+    """The rows of ``(episode id, first step, episode or piece)`` for a table with ``fields``
+    (:func:`~tdreplay.codec.episode_rows.episode_rows`), in chunks of ``chunk`` rows (the
+    last may hold fewer), episodes cut across chunks where needed."""
+    held: list[dict[str, np.ndarray]] = []
+    count = 0
+    for episode_id, first, episode in pieces:
+        held.append(episode_rows(fields, episode, episode_id, trajectory_key, first_step=first))
+        count += len(episode.rewards)
+        while count >= chunk:
+            rows = {k: np.concatenate([h[k] for h in held]) for k in held[0]}
+            yield {k: v[:chunk] for k, v in rows.items()}
+            held = [{k: v[chunk:] for k, v in rows.items()}]
+            count -= chunk
+    if count:
+        yield {k: np.concatenate([h[k] for h in held]) for k in held[0]}
+
+
+def _length(ref: Any) -> int:
+    if not isinstance(ref, h5py.Dataset):
+        raise TypeError(f"{ref.name} is not a dataset")
+    if not ref.shape:
+        raise TypeError(f"{ref.name} holds a single value, not one per step")
+    return int(ref.shape[0])
+
+
+def _lengths(ref: Any, prefix: str) -> dict[str, int]:
+    """The length of each dataset under ``ref``, by the dotted key ``episode_rows`` gives it."""
+    if isinstance(ref, h5py.Group):
+        return {k: n for name in ref for k, n in _lengths(ref[name], f"{prefix}.{name}").items()}
+    return {prefix: _length(ref)}
+
+
+def _info_leaves(group: h5py.Group, t: int) -> dict[str, h5py.Dataset]:
+    """The info datasets of ``T`` or ``T + 1`` values (the others ``episode_rows`` drops)."""
+    found: dict[str, h5py.Dataset] = {}
+    for name, ref in group.items():
+        if isinstance(ref, h5py.Group):
+            found |= {f"{name}/{k}": v for k, v in _info_leaves(ref, t).items()}
+        elif not isinstance(ref, h5py.Dataset):
+            raise ValueError("Infos are in an unsupported format")
+        elif ref.shape and ref.shape[0] in (t, t + 1):
+            found[name] = ref
+    return found
+
+
+def _nest(flat: dict[str, np.ndarray]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        *path, last = key.split("/")
+        node = tree
+        for name in path:
+            node = node.setdefault(name, {})
+        node[last] = value
+    return tree
+
+
+def _decode(ref: Any, space: gym.Space, jpeg: bool, start: int, end: int) -> Any:
+    """Steps ``start:end`` of ``ref``, decoded as Minari's ``HDF5Storage._decode_space``."""
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(
+            _decode(ref[f"_index_{k}"], space.spaces[k], jpeg, start, end)
+            for k in range(len(ref.keys()))
+        )
+    if isinstance(space, gym.spaces.Dict):
+        return {k: _decode(ref[k], space.spaces[k], jpeg, start, end) for k in ref}
+    if not isinstance(ref, h5py.Dataset):
+        raise TypeError(f"{ref.name} is not a dataset")
+    if isinstance(space, gym.spaces.Text):
+        return [s.decode("utf-8") for s in ref[start:end]]
+    if jpeg and _is_image_space(space):
+        return _frames(ref[start:end])
+    return ref[start:end]
+
+
+def _frames(jpeg_bytes: np.ndarray) -> np.ndarray:
+    from PIL import Image  # Minari's dependency, as its JPEG decoding
+
+    return np.stack([np.array(Image.open(io.BytesIO(b)), dtype=np.uint8) for b in jpeg_bytes])
+
+
+def _is_image_space(space: gym.Space) -> bool:
+    from minari.dataset.minari_storage import is_image_space
+
+    return bool(is_image_space(space))
+
+
+def _refuse(dataset_id: str, why: str) -> None:
+    raise InvalidRequest(
+        f"the Minari dataset {dataset_id!r} declares sizes its metadata does not: {why}",
+        field="dataset_id",
+        got=dataset_id,
+    )
