@@ -22,15 +22,17 @@ import io
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import gymnasium as gym
 import h5py
 import numpy as np
 
 from .episode_rows import episode_rows, lengths_fit
 from .episodes import ACTION, OBS
 from .errors import InvalidRequest
+
+if TYPE_CHECKING:  # the datasets extra's: imported where a dataset is read (as Minari's own)
+    import gymnasium as gym
 
 __all__ = ["MAIN_FILE", "declared_steps", "pieces", "table_rows", "unreadable"]
 
@@ -194,16 +196,18 @@ def _nest(flat: dict[str, np.ndarray]) -> dict[str, Any]:
 
 def _decode(ref: Any, space: gym.Space, jpeg: bool, start: int, end: int) -> Any:
     """Steps ``start:end`` of ``ref``, decoded as Minari's ``HDF5Storage._decode_space``."""
-    if isinstance(space, gym.spaces.Tuple):
+    from gymnasium import spaces  # the datasets extra (as _frames' PIL, Minari's)
+
+    if isinstance(space, spaces.Tuple):
         return tuple(
             _decode(ref[f"_index_{k}"], space.spaces[k], jpeg, start, end)
             for k in range(len(ref.keys()))
         )
-    if isinstance(space, gym.spaces.Dict):
+    if isinstance(space, spaces.Dict):
         return {k: _decode(ref[k], space.spaces[k], jpeg, start, end) for k in ref}
     if not isinstance(ref, h5py.Dataset):
         raise TypeError(f"{ref.name} is not a dataset")
-    if isinstance(space, gym.spaces.Text):
+    if isinstance(space, spaces.Text):
         return [s.decode("utf-8") for s in ref[start:end]]
     if jpeg and _is_image_space(space):
         return _frames(ref[start:end])
