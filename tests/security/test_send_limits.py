@@ -45,6 +45,29 @@ def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def holds(pid: int, socks: list[socket.socket]) -> bool:
+    """Whether process ``pid`` still holds the far end of any of ``socks`` (a socket of its
+    own whose peer is one of their ports): the server closed a connection when it does not.
+    (Its descriptor count alone is no sign: another connection of its closing meanwhile
+    would pass for one of these, which a drain would then read whole.)"""
+    ports = {sock.getsockname()[1] for sock in socks}
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[9] in inodes and int(cols[2].rsplit(":", 1)[1], 16) in ports:
+                    return True
+    return False
+
+
 def wait_until(condition: Any, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -134,6 +157,7 @@ def test_answers_never_read_are_cut(server: Any) -> None:
         # once: on a loaded machine the first may be cut before the last is built) ...
         wait_until(lambda: rss(server.proc.pid) > base + 2 * answer)
         # ... until --send-timeout: then the connections are closed
+        wait_until(lambda: not holds(server.proc.pid, socks))
         wait_until(lambda: fds(server.proc.pid) <= open_fds)
         # and what they held is freed, the layouts' scratch too (less than one answer left)
         wait_until(lambda: rss(server.proc.pid) < base + answer)
