@@ -227,8 +227,7 @@ class MaxValuePolicy(SlotPolicy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         values = SF.tensor(state, "values", "writer", like=self.values)
-        self.slots.check_unwritten(values, "writer.values")
-        self.slots.load_written(self.values, values)
+        self.slots.load_written(self.values, values, "writer.values")
 
     def info(self) -> dict[str, Any]:
         hi = self.slots.hi

@@ -140,18 +140,24 @@ class Slots(Scalars):
         column is zeros and untouched, see :meth:`load_written`)."""
         return max(self._reached, self.hi)
 
-    def load_written(self, column: torch.Tensor, value: torch.Tensor) -> None:
-        """Load a per-slot ``value`` (checked: :meth:`check_unwritten`) into ``column``, the
-        mirror of :meth:`written`: over slots ``[0, reach)`` only, so a restored memmap
-        table's state files stay holes past its rows (its disk follows the data, and a full
-        tmpfs is never asked to back a page there: that write is a SIGBUS)."""
+    def load_written(self, column: torch.Tensor, value: torch.Tensor, name: str) -> None:
+        """Load the per-slot ``value`` of a sampler's or writer's column ``name`` (loaded
+        after these slots), checked first (:meth:`check_unwritten`), into ``column``."""
+        self.check_unwritten(value, name, self.hi)
+        self._copy_written(column, value)
+
+    def _copy_written(self, column: torch.Tensor, value: torch.Tensor) -> None:
+        """``value`` into ``column``, the mirror of :meth:`written`: over slots ``[0, reach)``
+        only, so a restored memmap table's state files stay holes past its rows (its disk
+        follows the data, and a full tmpfs is never asked to back a page there: that write
+        is a SIGBUS)."""
         n = self.reach()
         column[:n].copy_(value[:n])
 
-    def check_unwritten(self, value: torch.Tensor, name: str, hi: int | None = None) -> None:
+    @staticmethod
+    def check_unwritten(value: torch.Tensor, name: str, hi: int) -> None:
         """A never-written slot's state is zeros: refuse a loaded ``value`` holding anything
-        past slot ``hi`` (default: this table's)."""
-        hi = self.hi if hi is None else hi
+        at or past slot ``hi``."""
         if bool(value[hi:].any()):
             raise SF.StateError(f"{name}: a slot at or past slots.hi ({hi}) holds state")
 
@@ -180,8 +186,7 @@ class Slots(Scalars):
         inserted = SF.integer(state, "inserted", where, hi=MAX_ORDINAL)
         if int(live.sum()) != n_live:
             raise SF.StateError(f"slots.n_live is {n_live} but {int(live.sum())} slots are live")
-        if bool(live[hi:].any()):
-            raise SF.StateError(f"slots.live: a slot at or past slots.hi ({hi}) is live")
+        self.check_unwritten(live, "slots.live", hi)
         live_ordinal = ordinal[live]
         if len(live_ordinal):
             # a live item has its own ordinal, in [1, inserted], unique in the table
@@ -199,10 +204,10 @@ class Slots(Scalars):
         self.check_unwritten(times_sampled, "slots.times_sampled", hi)
         self._reached = self.reach()
         self.hi = hi
-        self.load_written(self.live, live)
+        self._copy_written(self.live, live)
         self.busy.zero_()
-        self.load_written(self.ordinal, ordinal)
-        self.load_written(self.times_sampled, times_sampled)
+        self._copy_written(self.ordinal, ordinal)
+        self._copy_written(self.times_sampled, times_sampled)
         self.n_live = n_live
         self.inserted = inserted
 

@@ -121,8 +121,7 @@ class PrioritizedSampler(Sampler):
         max_priority = SF.number(state, "max_priority", "sampler", finite=True)
         if max_priority < 0:  # new items' priority: a negative one makes the tree's total NaN
             raise SF.StateError(f"sampler.max_priority: expected >= 0, got {max_priority}")
-        self.slots.check_unwritten(priorities, "sampler.priorities")
-        self.slots.load_written(self.priorities, priorities)
+        self.slots.load_written(self.priorities, priorities, "sampler.priorities")
         self.max_priority = max_priority
         n = self.slots.reach()  # past it: no item, a zero leaf (the columns are not read there)
         written = self._leaf(self.priorities[:n])

@@ -228,8 +228,7 @@ class SliceSampler(Sampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         episode = SF.tensor(state, "episode", "sampler", like=self.episode)
-        self.slots.check_unwritten(episode, "sampler.episode")
-        self.slots.load_written(self.episode, episode)
+        self.slots.load_written(self.episode, episode, "sampler.episode")
         self.valid.zero_()
         self.n_valid = 0
         self.edges.clear()
