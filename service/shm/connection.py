@@ -28,10 +28,11 @@ A connection is one client thread's: it sends a request and waits for the
 answer. A client that dies, hangs up, sends garbage or stops taking its answers
 (``--send-timeout``) ends only its connection: a call it left waiting is
 cancelled (and a gather under way finishes first), its slots are unmapped,
-nothing it sent half-way is used. The first frame must be a hello carrying the
-server's token when one is configured (constant-time compare); the socket file
-is also only reachable by the server's user (its folder is mode 0700) unless
-the operator says otherwise.
+nothing it sent half-way is used. A frame must come whole within ``--body-timeout``
+and counts in ``--max-receiving-bytes`` meanwhile, as an HTTP body. The first frame
+must be a hello carrying the server's token when one is configured (constant-time
+compare); the socket file is also only reachable by the server's user (its folder
+is mode 0700) unless the operator says otherwise.
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ class Connection(Operations, asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._buf = bytearray()
         self._need = 0  # body bytes of the frame being read (0: reading a header)
+        self._held = 0  # bytes of the frame under way counted in --max-receiving-bytes
+        self._began = False  # the frame under way has its deadline (armed once, not per read)
         self._out: Direct | None = None
         self._transport: asyncio.Transport | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
@@ -201,10 +204,15 @@ class Connection(Operations, asyncio.Protocol):
                     if self._need == 0:
                         raise ShmProtocolError("an empty control frame")
                 if len(self._buf) < self._need:
+                    if not self._held:  # held incomplete: it counts whole, as a body does
+                        self.core.receiving.take(self._need)
+                        self._held = self._need
                     break
                 body = bytes(self._buf[: self._need])
                 del self._buf[: self._need]
-                self._need = 0
+                self._need, self._began = 0, False
+                if self._held:
+                    self._received()
                 if self.task is not None and not self.task.done():
                     raise ShmProtocolError("a request sent before the answer to the last one")
                 received = HEADER.size + len(body)
@@ -221,8 +229,18 @@ class Connection(Operations, asyncio.Protocol):
             self._send_now(frame(bad(str(err))))
             self._end()
             return
-        if self.authed and (self._buf or self._need):  # a frame under way: it must complete
+        except TDReplayError as err:  # past --max-receiving-bytes
+            self._send_now(error_frame(err, self.core.root))
+            self._end()
+            return
+        if self.authed and (self._buf or self._need) and not self._began:
+            self._began = True  # a frame under way: it must complete --body-timeout from now
             self._deadline.arm(self.frame_timeout)
+
+    def _received(self) -> None:
+        """The frame under way is complete (or abandoned): it leaves the server's budget."""
+        self.core.receiving.give(self._held)
+        self._held = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.task is not None and not self.task.done():
@@ -366,6 +384,7 @@ class Connection(Operations, asyncio.Protocol):
         if self._hello_timer is not None:
             self._hello_timer.cancel()
         self._deadline.cancel()
+        self._received()
         self.slots.close()
         if self._out is not None:
             self._out.close()
