@@ -173,6 +173,12 @@ def test_a_slot_released_twice_or_never_held(server: Any) -> None:
         s.sendall(release_frame(64))
         answer, _ = reply(s)
         assert answer["ok"] is False and answer["error"]["field"] == "slot"
+        for byte in sample_frame("t", slot=5, batch_size=3, timeout=1):  # one byte a send
+            s.send(bytes([byte]))
+        answer, fds = reply(s)
+        for fd in fds:
+            os.close(fd)
+        assert answer["ok"] is True and answer["rows"] == 3 and len(fds) == 1
     intact(server)
 
 
@@ -220,3 +226,25 @@ def test_frames_held_half_sent_count_with_the_bodies_received(live_server: Any) 
                 break
         time.sleep(0.1)
     assert answer["ok"] is True and answer["info"]["size"] == 0, answer
+
+
+def test_no_frame_is_served_before_the_token(live_server: Any) -> None:
+    """On a server with a token, a client that skips the hello (a binary sample first, a JSON
+    request first) or says it without the token gets no slot, no descriptor, no table."""
+    server = live_server(token="shm-hostile-token")
+    ReplayClient(server.url, token="shm-hostile-token", transport="http").create_table(spec("t"))
+    for first in (
+        sample_frame("t", slot=0, batch_size=1, timeout=0),
+        frame({"op": "clear", "table": "t"}),
+        frame({"op": "hello", "version": VERSION})
+        + sample_frame("t", slot=0, batch_size=1, timeout=0),
+    ):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(str(server.root / "run" / "tdreplay.sock"))
+            s.sendall(first)
+            answer, fds = reply(s)
+            assert answer["ok"] is False and not fds, answer
+            assert answer["error"]["type"] in ("InvalidRequest", "Unauthorized")
+            assert closed(s)
+    assert oct(os.stat(server.root / "run" / "tdreplay.sock").st_mode & 0o777) == "0o600"
