@@ -196,3 +196,26 @@ def test_the_slice_sampler_reads_no_slot_past_the_written_ones(
         assert bool((x[:, 1:] - x[:, :-1] == 1).all()) and int(x.max()) <= 9
     finally:
         restored.destroy()
+
+
+def test_stats_and_a_client_s_slots_read_no_slot_past_the_written_ones(small_disk: Path) -> None:
+    """The stats scan copied the live column whole, and ``update_priority`` / ``remove``
+    read live (and ordinal) at the client's slots, unwritten ones too: each backed pages
+    of the state files past the rows (on a full tmpfs, a SIGBUS a client could cause)."""
+    table = Table.create(spec("prioritized"), small_disk / "a")
+    try:
+        table.extend(items(0, 10))
+        folder = small_disk / "a" / "tables" / "t" / "storage" / STATE_DIR
+
+        def held() -> dict[str, int]:
+            return {p.name: p.stat().st_blocks for p in folder.glob("s*.bin")}
+
+        before = held()
+        assert "slots.live.bin" in before and "sampler.priorities.bin" in before
+        far = torch.tensor([CAPACITY - 1, CAPACITY // 2])
+        assert table.update_priority(far, torch.ones(2), key=torch.tensor([3, 4])) == 0
+        table.remove(far, key=torch.tensor([3, 4]))
+        assert table.stats()["size"] == 10
+        assert held() == before
+    finally:
+        table.destroy()
