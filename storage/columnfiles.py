@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from .diskspace import FALLOCATE_UNSUPPORTED, fsync_path, is_full
-from .errors import BackendError, InsufficientStorage
+from .diskspace import FALLOCATE_UNSUPPORTED, fsync_path, on_full_disk
+from .errors import BackendError
 
 #: per-slot columns later versions added: missing from an older table's state, they
 #: are created as zeros (what they hold for items written before them)
@@ -45,12 +45,9 @@ def create_file(path: Path, nbytes: int, *, reserve: bool = False) -> None:
     try:
         if nbytes and reserve:
             try:
-                os.posix_fallocate(fd, 0, nbytes)
+                with on_full_disk(f"a state file of {nbytes} bytes", path):
+                    os.posix_fallocate(fd, 0, nbytes)
             except OSError as err:
-                if is_full(err):
-                    raise InsufficientStorage(
-                        f"no room for {path} ({nbytes} bytes): {err.strerror}"
-                    ) from None
                 if err.errno not in FALLOCATE_UNSUPPORTED:
                     raise
         os.ftruncate(fd, nbytes)

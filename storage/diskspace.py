@@ -20,10 +20,10 @@ import contextlib
 import errno
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .errors import InsufficientStorage
+from .errors import InsufficientStorage, TDReplayError
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 _FULL_TEXT = ("no space left on device", "disk quota exceeded", "errno = 28")
@@ -77,16 +77,47 @@ def insufficient(
 
 
 @contextlib.contextmanager
-def on_full_disk(what: str, path: str | Path, *, table: str | None = None) -> Iterator[None]:
+def on_full_disk(
+    what: str,
+    path: str | Path,
+    *,
+    table: str | None = None,
+    error: Callable[[Exception], InsufficientStorage] | None = None,
+    cleanup: Callable[[], object] | None = None,
+) -> Iterator[None]:
     """Doing ``what`` at ``path``: a full disk raised inside is :func:`insufficient` (507),
-    any other error as it was.
+    any other error as it was. The one place that decides a failure is a full disk.
+
+    Args:
+        what: what is being done, for the message (``"export of table 't'"``).
+        path: where; the bytes free are measured there.
+        table: the table, for the error's ``table``.
+        error: the 507 to raise instead of :func:`insufficient`'s, made from the system's
+            error (a room other than a disk says so in its own words).
+        cleanup: called first when anything is raised inside (the half-written file goes;
+            an OSError of its own is dropped, the error raised inside goes on).
+
+    A :class:`~tdreplay.storage.errors.TDReplayError` raised inside goes out as it is (it
+    is an answer already).
+
+    >>> import errno
+    >>> try:
+    ...     with on_full_disk("export of table 't'", "/", table="t"):
+    ...         raise OSError(errno.ENOSPC, "No space left on device")
+    ... except InsufficientStorage as err:
+    ...     print(str(err)[:41])
+    export of table 't': no space left at / (
 
     Raises:
         InsufficientStorage: the disk (or the quota) filled up.
     """
     try:
         yield
-    except OSError as err:
-        if is_full(err):
-            raise insufficient(what, path, err, table=table) from None
+    except BaseException as err:
+        if cleanup is not None:
+            with contextlib.suppress(OSError):  # a cleanup that fails hides nothing
+                cleanup()
+        if isinstance(err, Exception) and not isinstance(err, TDReplayError) and is_full(err):
+            full = error(err) if error is not None else insufficient(what, path, err, table=table)
+            raise full from err
         raise

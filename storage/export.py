@@ -70,7 +70,6 @@ Import (:mod:`tdreplay.storage.importer`) reads these files back.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
@@ -91,7 +90,7 @@ from tdreplay.codec import to_record_batch
 from tdreplay.codec.dtypes import ARROW
 from tdreplay.codec.exports import ExportedPath, export_format
 
-from .diskspace import insufficient, is_full
+from .diskspace import on_full_disk
 from .errors import BackendError, InvalidRequest, PathExists
 from .spec import join_key
 
@@ -177,33 +176,31 @@ def export(
         raise _exists(table, path)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        items = table.items()
-        write = _write_parquet if fmt == "parquet" else _write_csv
-        with progress_bar(
-            progress, len(items), table.spec.item_nbytes, f"export {table.name}"
-        ) as bar:
-            dropped = write(table, tmp, items, bar)
-        if replace:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)  # fails if the name exists: the check and the write are one
-            except FileExistsError:
-                raise _exists(table, path) from None
-            tmp.unlink()
-    except BaseException as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        if isinstance(err, Exception) and is_full(err):
-            raise insufficient(
-                f"export of table {table.name!r}", path, err, table=table.name
-            ) from err
-        if isinstance(err, (OSError, pa.ArrowException)):
-            raise BackendError(
-                f"table {table.name!r}: export to {str(path)!r} failed: {err}", table=table.name
-            ) from err
-        raise
+        with on_full_disk(
+            f"export of table {table.name!r}",
+            path,
+            table=table.name,
+            cleanup=lambda: tmp.unlink(missing_ok=True),
+        ):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            items = table.items()
+            write = _write_parquet if fmt == "parquet" else _write_csv
+            with progress_bar(
+                progress, len(items), table.spec.item_nbytes, f"export {table.name}"
+            ) as bar:
+                dropped = write(table, tmp, items, bar)
+            if replace:
+                os.replace(tmp, path)
+            else:
+                try:
+                    os.link(tmp, path)  # fails if the name exists: the check and the write are one
+                except FileExistsError:
+                    raise _exists(table, path) from None
+                tmp.unlink()
+    except (OSError, pa.ArrowException) as err:
+        raise BackendError(
+            f"table {table.name!r}: export to {str(path)!r} failed: {err}", table=table.name
+        ) from err
     if dropped:
         log.warning(
             "table %r: %d of %d items were overwritten or removed during the export and are not in %s",

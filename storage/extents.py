@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .diskspace import FALLOCATE_UNSUPPORTED, free_bytes, is_full
+from .diskspace import FALLOCATE_UNSUPPORTED, free_bytes, on_full_disk
 from .errors import InsufficientStorage
 
 log = logging.getLogger("tdreplay.storage")
@@ -193,28 +193,31 @@ class Extents:
     def _fallocate(self, start: int, stop: int, spans: list[Span] | None = None) -> None:
         spans = self.spans if spans is None else spans
         needed = (stop - start) * sum(s.row_bytes for s in spans)
+
+        def full(err: Exception) -> InsufficientStorage:
+            return self.room.full(
+                self.table,
+                f"more rows: {needed} more bytes needed",
+                f"{self.reserved} of {self.capacity} rows reserved, "
+                f"{getattr(err, 'strerror', None) or err}; the table keeps serving what it holds",
+            )
+
         for span in spans:
             with _opened(span.file, os.O_RDWR) as fd:
                 try:
-                    os.posix_fallocate(
-                        fd, span.base + start * span.row_bytes, (stop - start) * span.row_bytes
-                    )
+                    with on_full_disk("reserving rows", self.room.path, error=full):
+                        os.posix_fallocate(
+                            fd, span.base + start * span.row_bytes, (stop - start) * span.row_bytes
+                        )
                 except OSError as err:
-                    if err.errno in FALLOCATE_UNSUPPORTED:
-                        log.warning(
-                            "table %r: %s cannot reserve blocks (%s); running out of room %s "
-                            "may end in SIGBUS", self.table, span.file, err, self.room.where,
-                        )  # fmt: skip
-                        self.reserved = self.capacity
-                        return
-                    if is_full(err):
-                        raise self.room.full(
-                            self.table,
-                            f"more rows: {needed} more bytes needed",
-                            f"{self.reserved} of {self.capacity} rows reserved, {err.strerror}; "
-                            "the table keeps serving what it holds",
-                        ) from None
-                    raise
+                    if err.errno not in FALLOCATE_UNSUPPORTED:
+                        raise
+                    log.warning(
+                        "table %r: %s cannot reserve blocks (%s); running out of room %s "
+                        "may end in SIGBUS", self.table, span.file, err, self.room.where,
+                    )  # fmt: skip
+                    self.reserved = self.capacity
+                    return
 
 
 def _backed_rows(span: Span, capacity: int) -> int:

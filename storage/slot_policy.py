@@ -40,12 +40,15 @@ def _claim_range(start: int, n: int, capacity: int) -> Claim:
     return Claim(index, index)
 
 
-def _any_in_ring(mask: torch.Tensor, start: int, n: int) -> bool:
-    """Whether any of the ``n`` entries of ``mask`` from ``start`` on (ring order) is set."""
+def _any_in_ring(mask: torch.Tensor, start: int, n: int, hi: int | None = None) -> bool:
+    """Whether any of the ``n`` entries of ``mask`` from ``start`` on (ring order) is set,
+    reading only those below ``hi`` (a per-slot column: past the written slots nothing is
+    set, and its file is a hole there that a read would back, see :meth:`Slots.written`)."""
+    hi = len(mask) if hi is None else hi
     end = start + n
     if end <= len(mask):
-        return bool(mask[start:end].any())
-    return bool(mask[start:].any()) or bool(mask[: end - len(mask)].any())
+        return bool(mask[start : min(end, hi)].any())
+    return bool(mask[start:hi].any()) or bool(mask[: min(end - len(mask), hi)].any())
 
 
 class SlotPolicy(Scalars):
@@ -110,10 +113,13 @@ class RoundRobinPolicy(SlotPolicy):
         # Only the n slots from the cursor are looked at: O(n), not O(capacity).
         # A slot still being written by an earlier insert cannot be reused yet;
         # without overwrite (queues) neither can one holding an unread item.
+        # Asked before the table reserves those slots: live is read below hi only (busy
+        # is in memory).
         s = self.slots
         if self.overwrite:
             return not _any_in_ring(s.busy, self.cursor, n)
-        return not (_any_in_ring(s.busy, self.cursor, n) or _any_in_ring(s.live, self.cursor, n))
+        busy = _any_in_ring(s.busy, self.cursor, n)
+        return not (busy or _any_in_ring(s.live, self.cursor, n, s.hi))
 
     def claim(self, n: int, values: torch.Tensor | None = None) -> Claim:
         c = _claim_range(self.cursor, n, self.slots.capacity)
@@ -162,7 +168,11 @@ class StackPolicy(SlotPolicy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         top = SF.integer(state, "top", "writer", hi=self.slots.capacity)
-        above = self.slots.live[top:].nonzero()  # slots loaded first (Table.load_state_dict)
+        # slots loaded first (Table.load_state_dict): none is live past hi, whose files are
+        # holes there (not read, see Slots.written)
+        if top > self.slots.hi:  # pushes fill slots from the bottom: none was written there
+            raise SF.StateError(f"writer.top is {top}, past slots.hi ({self.slots.hi})")
+        above = self.slots.live[top : self.slots.hi].nonzero()
         if len(above):  # the next push would overwrite it
             raise SF.StateError(
                 f"writer.top is {top}, but slot {top + int(above[0])} (at or above it) is live"

@@ -134,6 +134,27 @@ class Slots(Scalars):
         out[: self.hi] = column[: self.hi]
         return out
 
+    def at(self, column: torch.Tensor, where: slice | torch.Tensor) -> torch.Tensor:
+        """The per-slot ``column`` at slots ``where`` (a slice of step 1, or an index),
+        reading only the written ones, ``[0, hi)``: past them it is zeros (see
+        :meth:`written`), given as such without a read there. One comparison when all are
+        written (a sampler's windows around new items reach past them)."""
+        hi = self.hi
+        if isinstance(where, slice):
+            start, stop = where.start or 0, where.stop
+            if stop <= hi:
+                return column[where]
+            out = column.new_zeros((stop - start, *column.shape[1:]))
+            if start < hi:
+                out[: hi - start] = column[start:hi]
+            return out
+        if not len(where) or int(where.max()) < hi:
+            return column[where]
+        inside = where < hi
+        out = column.new_zeros((len(where), *column.shape[1:]))
+        out[inside] = column[where[inside]]
+        return out
+
     def reach(self) -> int:
         """Slots ``[0, reach)`` may hold state in the per-slot columns: those written at
         least once, and those a load that lowered ``hi`` left to zero (past them every

@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from tensordict import TensorDict
 
-from ..diskspace import insufficient, is_full
+from ..diskspace import on_full_disk
 from ..errors import BackendError, InsufficientStorage, SchemaError, TableExists
 from ..redis_conn import Connections, resolve
 from ..spec import (
@@ -124,41 +124,50 @@ def allocate(
                 )
         claim = claim_location(primary, replace=exists != "beside")
     whole = preallocated(spec, preallocate)
-    try:
-        if isinstance(b, MemoryBackendSpec):
-            return TensorBackend(spec, TensorDict(lazy_fields(schema, cap), batch_size=cap))
-        if isinstance(b, SharedBackendSpec):  # shared already: locked as share_memory_() does
-            td = TensorDict(shared_fields(schema, cap), batch_size=cap).lock_()
-            return TensorBackend(spec, td, preallocate=whole)
-        if isinstance(b, RedisBackendSpec):
-            conn = resolve(spec.name, b.connection, redis or {})
-            prefix = b.prefix or f"tdreplay:{spec.name}"
-            return RedisBackend.allocate(spec, conn, prefix=prefix, preallocate=whole)
-        assert claim is not None
-        path = claim.path
-        if os.path.lexists(path):  # dead data (``replace``): a held location is never claimed
-            delete_location(path)
-        if isinstance(b, MemmapBackendSpec):
-            td = TensorDict.from_schema(schema, batch_size=cap, storage="memmap", prefix=str(path))
-            backend: Backend = TensorBackend(spec, td, claim, preallocate=whole)
-        elif isinstance(b, H5BackendSpec):
-            backend = H5Backend.allocate(spec, claim, preallocate=whole)
-        else:  # pragma: no cover
-            raise BackendError(f"unknown backend {b.kind!r}", table=spec.name)
-    except Exception as err:
+
+    def undo() -> None:  # what was claimed and written goes
         if claim is not None:
             with contextlib.suppress(OSError):
                 delete_location(claim.path)
             claim.release()
             release_table_dir(spec, root)
-        if isinstance(err, BackendError | TableExists | SchemaError | InsufficientStorage):
-            raise
-        if is_full(err) and isinstance(b, SharedBackendSpec):  # /dev/shm's inodes, say
-            raise SHARED_MEMORY.full(spec.name, "its segments", str(err)) from err
-        if is_full(err):
-            raise insufficient(
-                f"table {spec.name!r}: allocating its storage", root, err, table=spec.name
-            ) from err
+
+    def shm_full(err: Exception) -> InsufficientStorage:  # /dev/shm's inodes, say
+        return SHARED_MEMORY.full(spec.name, "its segments", str(err))
+
+    try:
+        with on_full_disk(
+            f"table {spec.name!r}: allocating its storage",
+            root,
+            table=spec.name,
+            error=shm_full if isinstance(b, SharedBackendSpec) else None,
+            cleanup=undo,
+        ):
+            if isinstance(b, MemoryBackendSpec):
+                return TensorBackend(spec, TensorDict(lazy_fields(schema, cap), batch_size=cap))
+            if isinstance(b, SharedBackendSpec):  # shared already: locked as share_memory_() does
+                td = TensorDict(shared_fields(schema, cap), batch_size=cap).lock_()
+                return TensorBackend(spec, td, preallocate=whole)
+            if isinstance(b, RedisBackendSpec):
+                conn = resolve(spec.name, b.connection, redis or {})
+                prefix = b.prefix or f"tdreplay:{spec.name}"
+                return RedisBackend.allocate(spec, conn, prefix=prefix, preallocate=whole)
+            assert claim is not None
+            path = claim.path
+            if os.path.lexists(path):  # dead data (``replace``): a held location is never claimed
+                delete_location(path)
+            if isinstance(b, MemmapBackendSpec):
+                td = TensorDict.from_schema(
+                    schema, batch_size=cap, storage="memmap", prefix=str(path)
+                )
+                backend: Backend = TensorBackend(spec, td, claim, preallocate=whole)
+            elif isinstance(b, H5BackendSpec):
+                backend = H5Backend.allocate(spec, claim, preallocate=whole)
+            else:  # pragma: no cover
+                raise BackendError(f"unknown backend {b.kind!r}", table=spec.name)
+    except (BackendError, TableExists, SchemaError, InsufficientStorage):
+        raise
+    except Exception as err:
         raise BackendError(
             f"cannot allocate {b.kind} storage for table {spec.name!r}: {err}", table=spec.name
         ) from err

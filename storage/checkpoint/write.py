@@ -41,7 +41,7 @@ from tensordict import TensorDict
 
 from .. import statefile as SF
 from ..backends import primary_location
-from ..diskspace import fsync_path, insufficient, is_full
+from ..diskspace import fsync_path, on_full_disk
 from ..errors import CheckpointError, InvalidCheckpoint, PathExists, TDReplayError
 from ..slot_policy import RoundRobinPolicy
 from ..spec import NestedKey
@@ -152,34 +152,34 @@ def write(table: Table, path: Path, *, ted2flat: bool | None, _stall: bool = Fal
         )
     path = path.absolute()
     tmp = path.parent / f"{path.name}{TMP}{uuid.uuid4().hex[:8]}"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
-        state, meta = _write_snapshot(table, tmp, ted2flat, hold=_stall)
-        SF.save_state(tmp, state)
-        (tmp / METADATA).write_text(json.dumps(meta, indent=2))
-        if _stall:
-            _fsync_tree(tmp)
-        else:
-            _in_background(lambda: _fsync_tree(tmp))
-        aside = None
-        if path.exists():
-            aside = path.parent / f"{path.name}{ASIDE}{uuid.uuid4().hex[:8]}"
-            os.rename(path, aside)
-        os.rename(tmp, path)
-        fsync_path(path.parent)
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
-        return path
+    try:  # a full disk is a 507; the previous checkpoint is untouched
+        with on_full_disk(
+            f"checkpoint of table {table.name!r}",
+            path,
+            table=table.name,
+            cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True),
+        ):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+            state, meta = _write_snapshot(table, tmp, ted2flat, hold=_stall)
+            SF.save_state(tmp, state)
+            (tmp / METADATA).write_text(json.dumps(meta, indent=2))
+            if _stall:
+                _fsync_tree(tmp)
+            else:
+                _in_background(lambda: _fsync_tree(tmp))
+            aside = None
+            if path.exists():
+                aside = path.parent / f"{path.name}{ASIDE}{uuid.uuid4().hex[:8]}"
+                os.rename(path, aside)
+            os.rename(tmp, path)
+            fsync_path(path.parent)
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
+            return path
     except TDReplayError:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise
     except Exception as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if is_full(err):  # 507; the previous checkpoint is untouched
-            raise insufficient(
-                f"checkpoint of table {table.name!r}", path, err, table=table.name
-            ) from err
         raise CheckpointError(
             f"table {table.name!r}: checkpoint to {path} failed: {err}", table=table.name
         ) from err

@@ -98,9 +98,10 @@ class PrioritizedSampler(Sampler):
         # Only live slots are updated: removed items are skipped. Without keys
         # an item overwritten since it was sampled cannot be told from its
         # successor; with them, the successor (a new ordinal) is skipped.
-        keep = self.slots.live[index]
+        s = self.slots  # the client's slots: none past hi is read (a hole there)
+        keep = s.at(s.live, index)
         if key is not None:
-            keep &= self.slots.ordinal[index] == key
+            keep &= s.at(s.ordinal, index) == key
         index, priority = index[keep], priority[keep]
         self.priorities[index] = priority
         self.tree.set(index, self._leaf(priority))

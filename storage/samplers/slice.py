@@ -58,12 +58,18 @@ class SliceSampler(Sampler):
         cap = self.slots.capacity
         starts = torch.unique((index[:, None] - self._offsets) % cap)
         window = (starts[:, None] + self._offsets) % cap
-        s = self.slots
-        first = s.ordinal[starts]
+        s = self.slots  # windows may reach past the written slots: read up to them only
+        first = s.at(s.ordinal, starts)
         ok = (
-            s.live[window].all(1)
-            & (s.ordinal[window] == first[:, None] + self._offsets).all(1)
-            & (self.episode[window] == self.episode[starts][:, None]).all(1)
+            s.at(s.live, window.reshape(-1)).reshape(window.shape).all(1)
+            & (
+                s.at(s.ordinal, window.reshape(-1)).reshape(window.shape)
+                == first[:, None] + self._offsets
+            ).all(1)
+            & (
+                s.at(self.episode, window.reshape(-1)).reshape(window.shape)
+                == s.at(self.episode, starts)[:, None]
+            ).all(1)
             & (first > 0)
         )
         self.n_valid += int(ok.sum()) - int(self.valid[starts].sum())
@@ -93,7 +99,8 @@ class SliceSampler(Sampler):
             span = torch.arange(first, first + size, dtype=torch.int64) % cap
             starts = span[:m]
         s = self.slots
-        live, ordinal, episode = s.live[span], s.ordinal[span], self.episode[span]
+        # the span reaches past the written slots (and round the ring): read up to them only
+        live, ordinal, episode = s.at(s.live, span), s.at(s.ordinal, span), s.at(self.episode, span)
         link = live[1:] & (ordinal[1:] - ordinal[:-1] == 1) & (episode[1:] == episode[:-1])
         links = torch.zeros(size, dtype=torch.int64)
         torch.cumsum(link, 0, out=links[1:])
@@ -130,7 +137,11 @@ class SliceSampler(Sampler):
         cap, s = self.slots.capacity, self.slots
         if isinstance(starts, slice) and starts.start >= 2 and starts.stop + 2 <= cap:
             span = slice(starts.start - 2, starts.stop + 2)
-            valid, ordinal, episode = self.valid[span], s.ordinal[span], self.episode[span]
+            valid, ordinal, episode = (
+                self.valid[span],
+                s.at(s.ordinal, span),
+                s.at(self.episode, span),
+            )
             cont = (
                 valid[:-1]
                 & valid[1:]
@@ -144,16 +155,16 @@ class SliceSampler(Sampler):
                 starts = torch.arange(starts.start, starts.stop, dtype=torch.int64)
             pos = torch.unique(torch.cat([starts - 1, starts, starts + 1]) % cap)
             before, after = (pos - 1) % cap, (pos + 1) % cap
-            valid, ordinal, episode = self.valid[pos], s.ordinal[pos], self.episode[pos]
+            valid, ordinal, episode = self.valid[pos], s.at(s.ordinal, pos), s.at(self.episode, pos)
             into = (
                 self.valid[before]
-                & (ordinal - s.ordinal[before] == 1)
-                & (episode == self.episode[before])
+                & (ordinal - s.at(s.ordinal, before) == 1)
+                & (episode == s.at(self.episode, before))
             )
             onto = (
                 self.valid[after]
-                & (s.ordinal[after] - ordinal == 1)
-                & (self.episode[after] == episode)
+                & (s.at(s.ordinal, after) - ordinal == 1)
+                & (s.at(self.episode, after) == episode)
             )
             at, head, tail = pos, valid & ~into, valid & ~onto
         return at, head, tail
@@ -233,7 +244,8 @@ class SliceSampler(Sampler):
         self.n_valid = 0
         self.edges.clear()
         self._wraps = False
-        written = (self.slots.ordinal > 0).nonzero().squeeze(1)
+        hi = self.slots.hi  # past it nothing was written (nor is read)
+        written = (self.slots.ordinal[:hi] > 0).nonzero().squeeze(1)
         if len(written):
             self._refresh(written)
 

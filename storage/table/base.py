@@ -333,14 +333,14 @@ class TableBase(Scalars):
 
     def _live_state(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """The live items' times sampled, priorities and episode ids (copies; lock held)."""
-        s, sampler = self.slots, self.sampler
-        live = s.live.clone()
+        s, sampler, hi = self.slots, self.sampler, self.slots.hi  # past hi: holes, not read
+        live = s.live[:hi].clone()
         prio = getattr(sampler, "priorities", None)
         episode = getattr(sampler, "episode", None)
         return (
-            s.times_sampled[live],
-            prio[live] if isinstance(prio, torch.Tensor) else None,
-            episode[live] if isinstance(episode, torch.Tensor) else None,
+            s.times_sampled[:hi][live],
+            prio[:hi][live] if isinstance(prio, torch.Tensor) else None,
+            episode[:hi][live] if isinstance(episode, torch.Tensor) else None,
         )
 
     def state_dict(self) -> dict[str, Any]:

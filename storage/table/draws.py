@@ -322,9 +322,10 @@ class Draws(TableBase):
         key = self._keys_of(index, key)
         with self._cond:
             self._check_open()
-            held = self.slots.live[index]
+            s = self.slots  # the client's slots: none past hi is read (a hole there)
+            held = s.at(s.live, index)
             if key is not None:
-                held &= self.slots.ordinal[index] == key
+                held &= s.at(s.ordinal, index) == key
             doomed = torch.unique(index[held])
             if len(doomed):
                 self._remove(doomed)
@@ -366,7 +367,7 @@ class Draws(TableBase):
         index = self._slots_of(index)
         with self._cond:
             self._check_open()
-            held = self.slots.live[index]
+            held = self.slots.at(self.slots.live, index)  # none past hi read (a hole there)
             if not bool(held.all()):
                 bad = int(index[~held][0])
                 raise InvalidRequest(

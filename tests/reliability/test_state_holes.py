@@ -1,0 +1,221 @@
+"""A memmap table's per-slot state files are holes past the slots written: nothing reads
+or writes there. On a tmpfs, reading a hole's page through the mapping backs it (one
+more page taken), and on a full one that read is a SIGBUS, which ends the server.
+
+The disk is a small tmpfs mounted by the test (``mount -t tmpfs``, root only: skipped
+otherwise). The tables hold one int64 a slot among a million: too large for the tmpfs to
+reserve an extent ahead, so rows and state are reserved as far as the slots written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from tdreplay.storage import Table, TableSpec
+from tdreplay.storage import statefile as SF
+from tdreplay.storage.durable import STATE_DIR
+
+CAPACITY = 1_000_000
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8M", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def spec(sampler: str) -> TableSpec:
+    return TableSpec.model_validate(
+        {
+            "name": "t",
+            "capacity": CAPACITY,
+            "fields": {"x": {"shape": [], "dtype": "int64"}},
+            "backend": {"kind": "memmap"},
+            "sampler": {"kind": sampler},
+        }
+    )
+
+
+def items(start: int, n: int) -> TensorDict:
+    return TensorDict({"x": torch.arange(start, start + n)}, [n])
+
+
+def live_file(root: Path) -> Path:
+    return root / "tables" / "t" / "storage" / STATE_DIR / "slots.live.bin"
+
+
+def test_restoring_a_stack_reads_no_slot_past_the_written_ones(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """The stack's load checked that no slot at or above ``top`` is live by reading the
+    live column from there to the end: the restored table's live file took its whole
+    size (1 MB, every page read) for 10 items, and on a full tmpfs that read is a SIGBUS."""
+    table = Table.create(spec("lifo"), small_disk / "a")
+    try:
+        table.extend(items(0, 10))
+        table.checkpoint(tmp_path / "ck")
+    finally:
+        table.destroy()
+    restored = Table.restore(tmp_path / "ck", small_disk / "b")
+    try:
+        assert restored.size == 10
+        assert live_file(small_disk / "b").stat().st_blocks * 512 <= 2 * PAGE
+        assert restored.sample(3)["x"].tolist() == [9, 8, 7]
+    finally:
+        restored.destroy()
+
+
+SCRIPT = """
+import errno, os, sys
+import torch
+from tensordict import TensorDict
+from tdreplay.storage import Table, TableSpec
+from tdreplay.storage import statefile as SF
+from tdreplay.storage.errors import InsufficientStorage
+
+mnt = sys.argv[1]
+spec = TableSpec.model_validate({
+    "name": "t", "capacity": 1_000_000, "fields": {"x": {"shape": [], "dtype": "int64"}},
+    "backend": {"kind": "memmap"}, "sampler": {"kind": "fifo"},
+})
+table = Table.create(spec, os.path.join(mnt, "data"))
+table.extend(TensorDict({"x": torch.arange(10)}, [10]))
+fd = os.open(os.path.join(mnt, "filler"), os.O_CREAT | os.O_WRONLY)
+for chunk in (1 << 16, 1 << 12):  # the tmpfs filled to the brim
+    try:
+        while True:
+            os.write(fd, bytes(chunk))
+    except OSError as err:
+        assert err.errno == errno.ENOSPC, err
+os.close(fd)
+try:
+    table.extend(TensorDict({"x": torch.arange(5000)}, [5000]), timeout=0)
+except InsufficientStorage as err:
+    print("507", err)
+print("size", table.size)
+"""
+
+
+def test_a_queue_insert_on_a_full_tmpfs_is_a_507_not_a_sigbus(small_disk: Path) -> None:
+    """A queue's writer asked whether the slots an insert would take hold unread items
+    before the table reserved them: it read the live column there, past the slots
+    written, and on a full tmpfs that read killed the process (SIGBUS)."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT), str(small_disk)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "507" in done.stdout and "size 10" in done.stdout, done.stdout
+
+
+def test_a_stack_whose_top_is_past_its_written_slots_is_refused(small_disk: Path) -> None:
+    """A loaded ``top`` past ``hi`` would have the LIFO sampler read the never-written
+    slots below it (holes): refused, and nothing changes."""
+    table = Table.create(spec("lifo"), small_disk / "a")
+    try:
+        table.extend(items(0, 10))
+        state = table.state_dict()
+        bad = {**state, "writer": {**state["writer"], "top": 4096 * 3}}
+        with pytest.raises(SF.StateError, match=r"writer.top is 12288, past slots.hi \(10\)"):
+            table.load_state_dict(bad)
+        assert table.sample(2)["x"].tolist() == [9, 8]
+        assert live_file(small_disk / "a").stat().st_blocks * 512 <= 2 * PAGE
+    finally:
+        table.destroy()
+
+
+def test_the_slice_sampler_reads_no_slot_past_the_written_ones(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """The slice sampler checked the windows around new items whole: the first items'
+    windows wrap round the ring, so it read the last slots' pages of the live, ordinal and
+    episode files (backed then, each a page more; on a full tmpfs a SIGBUS), and a
+    restore read the whole ordinal column (1.6 MB here) to find the written slots."""
+    table_spec = TableSpec.model_validate(
+        {
+            "name": "t",
+            "capacity": 100_000,  # 56 MB of rows: no extent ahead fits the 8 MB tmpfs
+            "fields": {
+                "x": {"shape": [64], "dtype": "int64"},
+                "traj": {"shape": [], "dtype": "int64"},
+            },
+            "backend": {"kind": "memmap"},
+            "sampler": {"kind": "slice", "slice_len": 4, "traj_key": "traj", "end_key": None},
+        }
+    )
+    batch = TensorDict(
+        {"x": torch.arange(10)[:, None].expand(10, 64), "traj": torch.zeros(10, dtype=torch.int64)},
+        [10],
+    )
+
+    def held(root: Path) -> dict[str, int]:
+        folder = root / "tables" / "t" / "storage" / STATE_DIR
+        return {
+            p.name: p.stat().st_blocks * 512
+            for p in folder.iterdir()
+            if p.name.startswith(("slots.", "sampler."))
+        }
+
+    table = Table.create(table_spec, small_disk / "a")
+    try:
+        table.extend(batch)
+        assert set(held(small_disk / "a")) == {
+            "slots.live.bin", "slots.sampled_ordinal.bin", "slots.tag.bin", "sampler.episode.bin"
+        }  # fmt: skip
+        assert max(held(small_disk / "a").values()) <= PAGE, held(small_disk / "a")
+        table.checkpoint(tmp_path / "ck")
+    finally:
+        table.destroy()
+    restored = Table.restore(tmp_path / "ck", small_disk / "b")
+    try:
+        assert max(held(small_disk / "b").values()) <= PAGE, held(small_disk / "b")
+        x = restored.sample(8)["x"][:, 0].reshape(2, 4)
+        assert bool((x[:, 1:] - x[:, :-1] == 1).all()) and int(x.max()) <= 9
+    finally:
+        restored.destroy()
+
+
+def test_stats_and_a_client_s_slots_read_no_slot_past_the_written_ones(small_disk: Path) -> None:
+    """The stats scan copied the live column whole, and ``update_priority`` / ``remove``
+    read live (and ordinal) at the client's slots, unwritten ones too: each backed pages
+    of the state files past the rows (on a full tmpfs, a SIGBUS a client could cause)."""
+    table = Table.create(spec("prioritized"), small_disk / "a")
+    try:
+        table.extend(items(0, 10))
+        folder = small_disk / "a" / "tables" / "t" / "storage" / STATE_DIR
+
+        def held() -> dict[str, int]:
+            return {p.name: p.stat().st_blocks for p in folder.glob("s*.bin")}
+
+        before = held()
+        assert "slots.live.bin" in before and "sampler.priorities.bin" in before
+        far = torch.tensor([CAPACITY - 1, CAPACITY // 2])
+        assert table.update_priority(far, torch.ones(2), key=torch.tensor([3, 4])) == 0
+        table.remove(far, key=torch.tensor([3, 4]))
+        assert table.stats()["size"] == 10
+        assert held() == before
+    finally:
+        table.destroy()
