@@ -66,6 +66,9 @@ def _wait_and_send(ref: weakref.ReferenceType[WriterBase], cond: threading.Condi
                 return
             left = due_in(writer)
             if left is None or left > 0:
+                # a writer wakes a timer without a deadline when the buffer gets one; this
+                # one wakes by itself at its deadline, never later than a newer one
+                writer._timer_idle = left is None
                 del writer  # wait without keeping the writer alive
                 cond.wait(None if left is None else bounded(left))
                 continue

@@ -266,7 +266,7 @@ class Writer(WriterBase):
                 # any other append changes nothing it reads, and takes no second lock
                 with self._cond:
                     due = buf.append(step)
-                    if not buf.waiting:
+                    if not buf.waiting and self._timer_idle:
                         self._cond.notify_all()  # the timer has a deadline now
             else:
                 due = buf.append(step)

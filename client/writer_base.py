@@ -92,6 +92,10 @@ class WriterBase:
         #: chunks sent and not acknowledged (copies), sent again first by the next send
         self._kept: Outbox = []
         self._closed = False
+        #: whether the blocking writer's timer waits with no deadline (under its condition):
+        #: only then does a new deadline wake it; one that waits for an earlier deadline reads
+        #: the new one then (a deadline only moves later), instead of being woken per chunk
+        self._timer_idle = True
         self.sent_rows = 0
         self.sent_chunks = 0
         #: rows of chunks the server refused for good, dropped (see the module doc)

@@ -145,9 +145,13 @@ def test_the_fast_path_copies_without_the_graph_and_keeps_grad_mode() -> None:
     x = torch.ones(3, requires_grad=True)
     cols.append(TensorDict({"x": x * 1}, []))
     cols.append(TensorDict({"x": x * 2}, []))  # the fast path
-    assert torch.is_grad_enabled()
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    with pytest.raises(TypeError, match="meta tensor"):  # the copy fails: modes restored too
+        cols.append(TensorDict({"x": torch.empty(3, device="meta")}, []))
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
     chunk = cols.front(2, copy=False)
     assert not chunk["x"].requires_grad and chunk["x"].tolist() == [[1.0] * 3, [2.0] * 3]
+    assert not chunk["x"].is_inference()  # columns usable outside inference mode
 
 
 def test_lent_columns_stay_as_they_are_until_reclaimed_and_are_reused() -> None:
