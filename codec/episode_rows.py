@@ -28,6 +28,7 @@ a surplus observation would shift nothing but be dropped unseen.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -98,7 +99,7 @@ field of the table reads: at most 2 (a row of the table) are read for one
     """
     row = sum(_numel(f) for f in fields.values())
     for key, shape in shapes.items():
-        width = int(np.prod(shape, dtype=np.int64))
+        width = math.prod(shape)
         field, spec = next(
             ((k, fields[k]) for k in (key, f"next.{key}") if k in fields), (None, None)
         )
@@ -121,7 +122,7 @@ field of the table reads: at most 2 (a row of the table) are read for one
 
 
 def _numel(spec: Mapping[str, Any]) -> int:
-    return int(np.prod(spec.get("shape") or [], dtype=np.int64))
+    return math.prod(spec.get("shape") or ())
 
 
 def episode_rows(

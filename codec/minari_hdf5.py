@@ -21,6 +21,7 @@ what the file declared (80 GB for that one). Here memory follows the import's ch
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -117,38 +118,39 @@ def pieces(
     with h5py.File(path, "r") as f:
         for i in range(episodes):
             group = f[f"episode_{i}"]
-            t = _length(group["rewards"])
+            # each object looked up once: h5py's lookups were most of an honest import's time
+            obs, acts = group["observations"], group["actions"]
+            steps = {k: group[k] for k in STEP_PARTS}
+            t = _length(steps["rewards"])
             lengths_fit(
                 i,
                 t,
                 {
-                    "observations": (_lengths(group["observations"], OBS), t + 1),
-                    "actions": (_lengths(group["actions"], ACTION), t),
-                    **{k: ({k: _length(group[k])}, t) for k in ("terminations", "truncations")},
+                    "observations": (_lengths(obs, OBS), t + 1),
+                    "actions": (_lengths(acts, ACTION), t),
+                    **{k: ({k: _length(steps[k])}, t) for k in ("terminations", "truncations")},
                 },
             )
             infos = _info_leaves(group["infos"], t) if "infos" in group else {}
             shapes = {
-                **_shapes(group["observations"], observation_space, jpeg, OBS),
-                **_shapes(group["actions"], action_space, jpeg, ACTION),
-                **{STEP_PARTS[k]: _shape(group[k]) for k in STEP_PARTS},
+                **_shapes(obs, observation_space, jpeg, OBS),
+                **_shapes(acts, action_space, jpeg, ACTION),
+                **{STEP_PARTS[k]: _shape(v) for k, v in steps.items()},
             }
             info_shapes = {k.replace("/", "."): _shape(v) for k, v in infos.items()}
             step = 0
             for part in (shapes, info_shapes):  # an info may share a key: both are read
                 widths_fit(i, {k: s for k, (s, _) in part.items()}, fields)
-                step += sum(int(np.prod(s, dtype=np.int64)) * n for s, n in part.values())
+                step += sum(math.prod(s) * n for s, n in part.values())
             at_once = max(1, min(rows, READ_BYTES // max(step, 1)))
             start = 0
             while start < t:
                 end = min(t, start + at_once)
                 piece = SimpleNamespace(
-                    observations=_decode(
-                        group["observations"], observation_space, jpeg, start, end + 1
-                    ),
-                    actions=_decode(group["actions"], action_space, jpeg, start, end),
+                    observations=_decode(obs, observation_space, jpeg, start, end + 1),
+                    actions=_decode(acts, action_space, jpeg, start, end),
                     infos=_nest({k: v[start:end] for k, v in infos.items()}),
-                    **{k: group[k][start:end] for k in STEP_PARTS},
+                    **{k: v[start:end] for k, v in steps.items()},
                 )
                 yield i, start, piece
                 start = end
@@ -188,9 +190,10 @@ def _length(ref: Any) -> int:
 def _shape(ref: h5py.Dataset) -> tuple[tuple[int, ...], int]:
     """A dataset's shape per step and bytes per value (a string's or JPEG's: ragged, not
     declared, so counted as one value of one byte)."""
-    if ref.dtype.kind in "OSUV":
+    dtype = ref.dtype  # an h5py property that asks the file each time
+    if dtype.kind in "OSUV":
         return (), 1
-    return tuple(ref.shape[1:]), ref.dtype.itemsize
+    return tuple(ref.shape[1:]), dtype.itemsize
 
 
 def _shapes(
