@@ -28,6 +28,7 @@ a surplus observation would shift nothing but be dropped unseen.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,7 +39,7 @@ from .dtypes import TORCH, first_misfit
 from .episodes import ACTION, DONE, OBS, REWARD, ROOT_FLAGS, TERMINATED, TRUNCATED
 from .errors import SchemaError
 
-__all__ = ["episode_rows", "lengths_fit"]
+__all__ = ["episode_rows", "lengths_fit", "widths_fit"]
 
 
 def _flatten(tree: Any, prefix: str) -> dict[str, np.ndarray]:
@@ -71,6 +72,57 @@ def lengths_fit(
                     expected=want,
                     got=n,
                 )
+
+
+def widths_fit(
+    episode_id: int, shapes: Mapping[str, tuple[int, ...]], fields: Mapping[str, Any]
+) -> None:
+    """Refuse an episode whose parts hold other numbers of values per step than the table
+    reads, before they are read (a file declares any width: ``(T, 10**9)`` is 4 GB a step).
+
+    Args:
+        shapes: ``{dotted key: a part's shape per step}`` (an observation's key without
+            ``next.``; it feeds ``next.{key}`` too).
+        fields: the table's ``{dotted key: {"shape", "dtype"}}``.
+
+    >>> widths_fit(0, {"observation": (2,), "extra": (1,)}, {"next.observation": {"shape": [2]}})
+    >>> widths_fit(0, {"extra": (3,)}, {"observation": {"shape": [2]}})
+    Traceback (most recent call last):
+    ...
+    tdreplay.codec.errors.SchemaError: episode 0's 'extra' holds 3 values per step, which no \
+field of the table reads: at most 2 (a row of the table) are read for one
+
+    Raises:
+        SchemaError: a part a field reads holds another number of values per step than the
+            field, or a part no field reads holds more than a row of the table (all its
+            fields' values), so memory follows the table, not the file.
+    """
+    row = sum(_numel(f) for f in fields.values())
+    for key, shape in shapes.items():
+        width = math.prod(shape)
+        field, spec = next(
+            ((k, fields[k]) for k in (key, f"next.{key}") if k in fields), (None, None)
+        )
+        if spec is not None and width != _numel(spec):
+            raise SchemaError(
+                f"table field {field!r} has shape {spec.get('shape')}, but episode "
+                f"{episode_id} holds {tuple(shape)} per step there",
+                field=field,
+                expected=spec.get("shape"),
+                got=list(shape),
+            )
+        if spec is None and width > row:
+            raise SchemaError(
+                f"episode {episode_id}'s {key!r} holds {width} values per step, which no "
+                f"field of the table reads: at most {row} (a row of the table) are read for one",
+                field=key,
+                expected=f"<= {row}",
+                got=width,
+            )
+
+
+def _numel(spec: Mapping[str, Any]) -> int:
+    return math.prod(spec.get("shape") or ())
 
 
 def episode_rows(
@@ -129,14 +181,7 @@ def episode_rows(
                 got=sorted(source),
             )
         value = source[key]
-        if value.size != t * int(np.prod(spec.get("shape") or [], dtype=np.int64)):
-            raise SchemaError(
-                f"table field {key!r} has shape {spec.get('shape')}, but episode "
-                f"{episode_id} holds {value.shape[1:]} per step there",
-                field=key,
-                expected=spec.get("shape"),
-                got=list(value.shape[1:]),
-            )
+        widths_fit(episode_id, {key: value.shape[1:]}, fields)
         out[key] = value.reshape(t, *(spec.get("shape") or []))
         _check_fits(key, spec["dtype"], value, episode_id, first_step)
     return out

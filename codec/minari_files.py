@@ -369,6 +369,7 @@ def read_minari(
                 spaces,
                 storage.jpeg_encoding,
                 chunk,
+                fields,
             )
         else:  # Minari's Arrow format: one file of real values per episode
             read = ((int(e.id), 0, e) for e in dataset.iterate_episodes())

@@ -13,12 +13,15 @@ what the file declared (80 GB for that one). Here memory follows the import's ch
   on the file :func:`~tdreplay.codec.dataset_links.check_inside` vetted), decoded as
   Minari decodes them (``Dict`` / ``Tuple`` groups, ``Text``, JPEG frames), after
   checking every part's length against the episode's steps (the check
-  :func:`~tdreplay.codec.episode_rows.episode_rows` makes of a whole episode).
+  :func:`~tdreplay.codec.episode_rows.episode_rows` makes of a whole episode), and its
+  values per step against the table's field (:func:`~tdreplay.codec.episode_rows.widths_fit`:
+  a file declares any width) and each JPEG frame's size against its space, from its header.
 """
 
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import numpy as np
 
-from .episode_rows import episode_rows, lengths_fit
-from .episodes import ACTION, OBS
+from .episode_rows import episode_rows, lengths_fit, widths_fit
+from .episodes import ACTION, OBS, REWARD, TERMINATED, TRUNCATED
 from .errors import InvalidRequest
 
 if TYPE_CHECKING:  # the datasets extra's: imported where a dataset is read (as Minari's own)
@@ -38,8 +41,11 @@ __all__ = ["MAIN_FILE", "declared_steps", "pieces", "table_rows", "unreadable"]
 
 #: the file of Minari's HDF5 format
 MAIN_FILE = "main_data.hdf5"
-#: the per-step parts of an episode besides its observations, actions and infos
-STEP_PARTS = ("rewards", "terminations", "truncations")
+#: the per-step parts of an episode besides its observations, actions and infos, and the
+#: fields they feed
+STEP_PARTS = {"rewards": REWARD, "terminations": TERMINATED, "truncations": TRUNCATED}
+#: bytes of a file's values read at a time (fewer steps than the chunk for wide ones)
+READ_BYTES = 32 << 20
 
 
 def unreadable(root: str | Path, dataset_id: str, err: Exception) -> InvalidRequest:
@@ -88,45 +94,63 @@ def declared_steps(path: Path, dataset_id: str, episodes: int, total_steps: int)
 
 
 def pieces(
-    path: Path, episodes: int, spaces: tuple[gym.Space, gym.Space], jpeg: bool, rows: int
+    path: Path,
+    episodes: int,
+    spaces: tuple[gym.Space, gym.Space],
+    jpeg: bool,
+    rows: int,
+    fields: Mapping[str, Any],
 ) -> Iterator[tuple[int, int, SimpleNamespace]]:
-    """Each episode of the file as pieces of at most ``rows`` steps.
+    """Each episode of the file as pieces of at most ``rows`` steps (fewer where a step is
+    wide: :data:`READ_BYTES` of values at a time).
 
     Yields ``(episode id, first step, piece)``: a piece has Minari's ``EpisodeData``
     attributes (``observations`` one longer than ``rewards``, ``infos`` of the parts of
     ``T`` or ``T + 1`` values), for :func:`~tdreplay.codec.episode_rows.episode_rows`.
-    ``rows`` may be changed between pieces by the caller through ``send``: the piece
-    after it holds at most that many steps.
 
     Raises:
-        SchemaError: an episode's parts disagree in length (before it is read).
+        SchemaError: an episode's parts disagree in length, or in values per step with the
+            table's ``fields`` (:func:`~tdreplay.codec.episode_rows.widths_fit`), before it
+            is read.
         KeyError, TypeError, ValueError, OSError: the file is not Minari's layout.
     """
     observation_space, action_space = spaces
     with h5py.File(path, "r") as f:
         for i in range(episodes):
             group = f[f"episode_{i}"]
-            t = _length(group["rewards"])
+            # each object looked up once: h5py's lookups were most of an honest import's time
+            obs, acts = group["observations"], group["actions"]
+            steps = {k: group[k] for k in STEP_PARTS}
+            t = _length(steps["rewards"])
             lengths_fit(
                 i,
                 t,
                 {
-                    "observations": (_lengths(group["observations"], OBS), t + 1),
-                    "actions": (_lengths(group["actions"], ACTION), t),
-                    **{k: ({k: _length(group[k])}, t) for k in ("terminations", "truncations")},
+                    "observations": (_lengths(obs, OBS), t + 1),
+                    "actions": (_lengths(acts, ACTION), t),
+                    **{k: ({k: _length(steps[k])}, t) for k in ("terminations", "truncations")},
                 },
             )
             infos = _info_leaves(group["infos"], t) if "infos" in group else {}
+            shapes = {
+                **_shapes(obs, observation_space, jpeg, OBS),
+                **_shapes(acts, action_space, jpeg, ACTION),
+                **{STEP_PARTS[k]: _shape(v) for k, v in steps.items()},
+            }
+            info_shapes = {k.replace("/", "."): _shape(v) for k, v in infos.items()}
+            step = 0
+            for part in (shapes, info_shapes):  # an info may share a key: both are read
+                widths_fit(i, {k: s for k, (s, _) in part.items()}, fields)
+                step += sum(math.prod(s) * n for s, n in part.values())
+            at_once = max(1, min(rows, READ_BYTES // max(step, 1)))
             start = 0
             while start < t:
-                end = min(t, start + rows)
+                end = min(t, start + at_once)
                 piece = SimpleNamespace(
-                    observations=_decode(
-                        group["observations"], observation_space, jpeg, start, end + 1
-                    ),
-                    actions=_decode(group["actions"], action_space, jpeg, start, end),
+                    observations=_decode(obs, observation_space, jpeg, start, end + 1),
+                    actions=_decode(acts, action_space, jpeg, start, end),
                     infos=_nest({k: v[start:end] for k, v in infos.items()}),
-                    **{k: group[k][start:end] for k in STEP_PARTS},
+                    **{k: v[start:end] for k, v in steps.items()},
                 )
                 yield i, start, piece
                 start = end
@@ -161,6 +185,41 @@ def _length(ref: Any) -> int:
     if not ref.shape:
         raise TypeError(f"{ref.name} holds a single value, not one per step")
     return int(ref.shape[0])
+
+
+def _shape(ref: h5py.Dataset) -> tuple[tuple[int, ...], int]:
+    """A dataset's shape per step and bytes per value (a string's or JPEG's: ragged, not
+    declared, so counted as one value of one byte)."""
+    dtype = ref.dtype  # an h5py property that asks the file each time
+    if dtype.kind in "OSUV":
+        return (), 1
+    return tuple(ref.shape[1:]), dtype.itemsize
+
+
+def _shapes(
+    ref: Any, space: gym.Space, jpeg: bool, prefix: str
+) -> dict[str, tuple[tuple[int, ...], int]]:
+    """:func:`_shape` of each dataset under ``ref``, by the dotted key ``episode_rows`` gives
+    it; a JPEG frame's is its space's (what a frame must decode to, :func:`_frames`)."""
+    from gymnasium import spaces  # the datasets extra (as in _decode)
+
+    if isinstance(space, spaces.Tuple):
+        return {
+            k: v
+            for n in range(len(ref.keys()))
+            for k, v in _shapes(ref[f"_index_{n}"], space.spaces[n], jpeg, f"{prefix}._{n}").items()
+        }
+    if isinstance(space, spaces.Dict):
+        return {
+            k: v
+            for name in ref
+            for k, v in _shapes(ref[name], space.spaces[name], jpeg, f"{prefix}.{name}").items()
+        }
+    if not isinstance(ref, h5py.Dataset):
+        raise TypeError(f"{ref.name} is not a dataset")
+    if jpeg and _is_image_space(space):
+        return {prefix: (tuple(space.shape or ()), 1)}
+    return {prefix: _shape(ref)}
 
 
 def _lengths(ref: Any, prefix: str) -> dict[str, int]:
@@ -210,14 +269,31 @@ def _decode(ref: Any, space: gym.Space, jpeg: bool, start: int, end: int) -> Any
     if isinstance(space, spaces.Text):
         return [s.decode("utf-8") for s in ref[start:end]]
     if jpeg and _is_image_space(space):
-        return _frames(ref[start:end])
+        return _frames(ref[start:end], tuple(space.shape or ()), f"{ref.name}[{start}:{end}]")
     return ref[start:end]
 
 
-def _frames(jpeg_bytes: np.ndarray) -> np.ndarray:
+def _frames(jpeg_bytes: np.ndarray, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """JPEG frames decoded, each checked from its header against the space's ``shape`` (the
+    table's field's, :func:`_shapes`) before it is decoded: a few KB of JPEG can declare
+    65,500 x 65,500 pixels (12 GB decoded).
+
+    Raises:
+        ValueError: a frame is of another size or mode (for the caller's ``unreadable``).
+    """
     from PIL import Image  # Minari's dependency, as its JPEG decoding
 
-    return np.stack([np.array(Image.open(io.BytesIO(b)), dtype=np.uint8) for b in jpeg_bytes])
+    frames = np.empty((len(jpeg_bytes), *shape), dtype=np.uint8)
+    for n, b in enumerate(jpeg_bytes):
+        with Image.open(io.BytesIO(b)) as image:
+            got = (image.height, image.width, *([len(image.getbands())] * (len(shape) > 2)))
+            if got != shape:
+                raise ValueError(
+                    f"{where}: JPEG frame {n} is {image.width} x {image.height} "
+                    f"{image.mode} ({got}), but the space's frames are {shape}"
+                )
+            frames[n] = np.asarray(image, dtype=np.uint8)
+    return frames
 
 
 def _is_image_space(space: gym.Space) -> bool:
