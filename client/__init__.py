@@ -26,6 +26,7 @@ from .errors import (
     InternalError,
     InvalidCheckpoint,
     InvalidRequest,
+    NotFound,
     PathExists,
     PayloadTooLarge,
     ProtocolError,
@@ -40,6 +41,7 @@ from .errors import (
     Timeout,
     TransportError,
     Unauthorized,
+    Unprocessable,
     UnsupportedMediaType,
 )
 from .loader import Loader, LoaderIterator
@@ -67,6 +69,7 @@ __all__ = [
     "Forbidden",
     "InternalError",
     "InvalidRequest",
+    "NotFound",
     "PathExists",
     "Loader",
     "LoaderIterator",
@@ -87,6 +90,7 @@ __all__ = [
     "Timeout",
     "TransportError",
     "Unauthorized",
+    "Unprocessable",
     "UnsupportedMediaType",
     "Writer",
     "from_fields",

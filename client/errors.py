@@ -8,10 +8,12 @@ an answer raises a :class:`TransportError`. The tree::
 
     ReplayError
     ├── ServerError              the server answered with an error (.status, .detail, .field, ...)
-    │   ├── SchemaError          data or schema does not match the table      422  (ValueError)
+    │   ├── Unprocessable        content the call cannot take                 422  (ValueError)
+    │   │   └── SchemaError      data or schema does not match the table      422
     │   ├── InvalidRequest       a bad argument: batch size, index, path, ...  400  (ValueError)
     │   ├── CodecError           the server could not decode the Arrow body    400  (ValueError)
-    │   ├── TableNotFound        no table of that name                         404  (KeyError)
+    │   ├── NotFound             what the call names does not exist            404  (KeyError)
+    │   │   └── TableNotFound    no table of that name                         404
     │   ├── TableExists          a table of that name already exists           409
     │   ├── TableClosed          the table was closed (deleted, replaced, ...) 409
     │   ├── PathExists           a checkpoint/export path is taken             409
@@ -36,8 +38,9 @@ an answer raises a :class:`TransportError`. The tree::
 An error ``type`` the client does not know (a newer server's) comes back as the
 class its status stands for (429:
 :class:`RateLimitTimeout`, 400: :class:`InvalidRequest`, 503: :class:`BackendError`,
-...; a status with none, as 409, a plain :class:`ServerError`), its ``type`` the
-server's name. Retries (see
+404: :class:`NotFound`, not :class:`TableNotFound`, 422: :class:`Unprocessable`, not
+:class:`SchemaError`, ...; a status with none, as 409, a plain :class:`ServerError`), its
+``type`` the server's name. Retries (see
 :class:`~tdreplay.client.retry.RetryPolicy`) apply to :class:`ConnectionFailed`
 only; every other error is raised at once. Of the errors a call raises, those of
 :func:`refused_for_good` (400, 413, 415, 422) refuse the request for what it holds: a
@@ -62,6 +65,7 @@ from ..codec.errors import (
     InternalError,
     InvalidCheckpoint,
     InvalidRequest,
+    NotFound,
     PathExists,
     PayloadTooLarge,
     RateLimitTimeout,
@@ -73,6 +77,7 @@ from ..codec.errors import (
     TableLost,
     TableNotFound,
     Unauthorized,
+    Unprocessable,
     UnsupportedMediaType,
     from_body,
     refused_for_good,
@@ -90,6 +95,7 @@ __all__ = [
     "InternalError",
     "InvalidCheckpoint",
     "InvalidRequest",
+    "NotFound",
     "PathExists",
     "PayloadTooLarge",
     "ProtocolError",
@@ -105,6 +111,7 @@ __all__ = [
     "Timeout",
     "TransportError",
     "Unauthorized",
+    "Unprocessable",
     "UnsupportedMediaType",
     "from_response",
     "in_doubt",

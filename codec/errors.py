@@ -10,10 +10,12 @@ the same root::
 
     ReplayError                       every error tdreplay raises
     ├── TDReplayError (ServerError)   an operation refused or failed           status
-    │   ├── SchemaError                malformed schema, data not matching it   422  (ValueError)
+    │   ├── Unprocessable              content the call cannot take             422  (ValueError)
+    │   │   └── SchemaError            malformed schema, data not matching it   422
     │   ├── InvalidRequest             bad argument (batch size, path, ...)     400  (ValueError)
     │   ├── CodecError                 a body that is not the Arrow expected    400  (ValueError)
-    │   ├── TableNotFound              no such table                            404  (KeyError)
+    │   ├── NotFound                   what the call names does not exist       404  (KeyError)
+    │   │   └── TableNotFound          no such table                            404
     │   ├── TableExists                name taken                               409
     │   ├── TableClosed                the table closed under the call          409
     │   ├── PathExists                 a path tdreplay will not overwrite       409
@@ -129,10 +131,16 @@ class TDReplayError(ReplayError):
 ServerError = TDReplayError
 
 
-class SchemaError(TDReplayError, ValueError):
-    """A schema is malformed, or data does not match a table's schema."""
+class Unprocessable(TDReplayError, ValueError):
+    """The call's content cannot be taken (the base of this side's 422s but
+    :class:`InvalidCheckpoint`): what a 422 of a ``type`` this side does not know (a newer
+    server's) is raised as, since it need not be about a schema."""
 
     status = 422
+
+
+class SchemaError(Unprocessable):
+    """A schema is malformed, or data does not match a table's schema."""
 
 
 class InvalidRequest(TDReplayError, ValueError):
@@ -154,10 +162,16 @@ class CodecError(TDReplayError, ValueError):
         super().__init__(message, field=field, **kwargs)
 
 
-class TableNotFound(TDReplayError, KeyError):
-    """No table of that name exists."""
+class NotFound(TDReplayError, KeyError):
+    """What the call names does not exist: the base of :class:`TableNotFound`, and what a 404
+    of a ``type`` this side does not know (a newer server's: a checkpoint, a route, ...) or
+    without one (a proxy's page) is raised as, since it need not be about a table."""
 
     status = 404
+
+
+class TableNotFound(NotFound):
+    """No table of that name exists."""
 
 
 class TableExists(TDReplayError):
@@ -284,16 +298,17 @@ ANSWERS: dict[str, type[TDReplayError]] = {
 
 #: the class of an answer whose body names no type (a proxy's page) or a type this side does
 #: not know (a newer server's), by status: the class the status stands for, the base of its
-#: subclasses where it has some (429: RateLimitTimeout, 503: BackendError); none for 409,
-#: whose types are siblings (TableExists, TableClosed, PathExists)
+#: subclasses where it has some (429: RateLimitTimeout, 503: BackendError, 404: NotFound, 422:
+#: Unprocessable: a newer server's 404 need not be about a table, nor its 422 about a schema);
+#: none for 409, whose types are siblings (TableExists, TableClosed, PathExists)
 BY_STATUS: dict[int, type[TDReplayError]] = {
     400: InvalidRequest,
     401: Unauthorized,
     403: Forbidden,
-    404: TableNotFound,
+    404: NotFound,
     413: PayloadTooLarge,
     415: UnsupportedMediaType,
-    422: SchemaError,
+    422: Unprocessable,
     429: RateLimitTimeout,
     500: InternalError,
     503: BackendError,

@@ -36,8 +36,9 @@ they had been collected into it, and refusing the most common file there is
 would only teach every user to pass an override. What rounding must not do
 is turn a number into another kind of value: a finite value beyond the
 field's range would become infinite, so it is refused (``holds 1e+39 in row
-3, beyond float32's range``) -- proven absent by the file's statistics, else
-found by reading the column once before any row is written. Everything else
+3, beyond float32's range``), found by reading the column once before any row
+is written. The file's statistics are not taken as proof of anything: they are
+the file's own word (one whose statistics said max 7.0 held 1e39). Everything else
 is refused: a float into an integer or bool field (truncation), an integer
 into a narrower integer (wrap-around) or a float that cannot hold it
 (``int64 -> float32``), ``uint64``, strings and other non-numbers.
@@ -60,7 +61,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -137,15 +138,8 @@ class ColumnPlan:
     #: the list size expected at each nesting level (outermost first)
     sizes: list[int]
     cast: Cast
-    #: data must be read to check it: variable-size lists, nulls or (for a rounded
-    #: column) values beyond the field's range not ruled out by the file's statistics
-    scan: bool
     #: the index of its Parquet leaf column (for the file's metadata)
     leaf: int
-
-
-#: what the file's statistics prove of a Parquet leaf column: (null-free, (min, max) or None)
-Stats = Callable[[int], tuple[bool, tuple[float, float] | None]]
 
 
 def refused_values(
@@ -172,7 +166,6 @@ def plan_columns(
     columns: Mapping[str, str] | None = None,
     *,
     ignore_extra: bool = False,
-    stats: Stats | None = None,
 ) -> list[ColumnPlan]:
     """Check a file's schema against a table's fields (see the module's docstring); say
     how each field is read.
@@ -184,8 +177,6 @@ def plan_columns(
         source: the file, for errors.
         columns: ``{field: column}`` for the fields not read from their own name.
         ignore_extra: skip the columns no field reads instead of refusing them.
-        stats: what the file's statistics prove of a leaf column; ``None``: nothing
-            (every column that could hold nulls is scanned).
 
     Raises:
         SchemaError: a field without its column, a mapping naming no field, a column
@@ -216,7 +207,7 @@ def plan_columns(
         if len(tops[column]) > 1:
             raise import_error(table, source, column, name, _twice(column, tops[column]))
         f, leaf, top = found[column]
-        plan.append(_plan_one(table, source, name, column, top, f, leaf, list(shape), dtype, stats))
+        plan.append(_plan_one(table, source, name, column, top, f, leaf, list(shape), dtype))
     read = {c.column for c in plan}
     extra = [n for n in found if n not in read and not n.startswith(_PANDAS_INDEX)]
     if extra and not ignore_extra:
@@ -234,7 +225,6 @@ def _plan_one(
     leaf: int,
     shape: list[int],
     dtype: torch.dtype,
-    stats: Stats | None,
 ) -> ColumnPlan:
     levels: list[int | None] = []  # None: a variable-size list
     t = _storage(f.type)
@@ -274,10 +264,8 @@ def _plan_one(
             sizes, got = None, f"shape {declared}"
     if sizes is None:
         raise error(f"has {got}, expected shape {shape}", shape, got)
-    null_free, bounds = stats(leaf) if stats is not None else (False, None)
-    scan = None in levels or not null_free or (cast == "round" and not _fits(bounds, dtype))
     key = tuple(name.split(SEP))
-    return ColumnPlan(name, key, column, top, f, shape, dtype, sizes, cast, scan, leaf)
+    return ColumnPlan(name, key, column, top, f, shape, dtype, sizes, cast, leaf)
 
 
 def _twice(column: str, tops: list[str]) -> str:
@@ -295,14 +283,6 @@ def _storage(t: pa.DataType) -> pa.DataType:
     """An extension type's storage (Hugging Face ``datasets``' ``Array2D`` .. ``Array5D``,
     lists of lists, while ``datasets`` is imported in the process reading the file)."""
     return t.storage_type if isinstance(t, pa.ExtensionType) else t
-
-
-def _fits(bounds: tuple[float, float] | None, dtype: torch.dtype) -> bool:
-    """Whether values within ``bounds`` are all within ``dtype``'s finite range."""
-    if bounds is None:
-        return False
-    top = torch.finfo(dtype).max
-    return all(math.isfinite(b) and -top <= b <= top for b in bounds)
 
 
 def _sizes(levels: list[int | None], shape: list[int]) -> list[int] | None:

@@ -3,10 +3,13 @@
 The one reader of both import doors (``Table.import_parquet`` and
 ``ReplayClient.import_parquet``; the policy is :mod:`.parquet_import`):
 :func:`parquet_files` finds the files, :func:`read_parquet` plans every file's
-columns, reads through the columns whose values need checking (variable-size
-lists, nulls, floats rounded into a narrower field) and only then yields the
-rows, ``chunk`` at a time, as TensorDicts of the table's nested keys in the
-fields' dtypes. A door extends its table with them.
+columns, reads every planned column through once, checking every value (nulls,
+list lengths, floats rounded into a narrower field, values the table refuses),
+and only then yields the rows, ``chunk`` at a time, as TensorDicts of the
+table's nested keys in the fields' dtypes. A door extends its table with them.
+A refused file writes nothing: the file's statistics are not taken as proof
+(they are the file's own word: one whose statistics said max 7.0 held 1e39 got
+past a check that trusted them, and its earlier chunks were written).
 
     >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, torch
     >>> path = tempfile.mkdtemp() + "/a.parquet"
@@ -21,7 +24,6 @@ fields' dtypes. A door extends its table with them.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -121,13 +123,7 @@ def read_parquet(
     for f in files:  # one open file at a time: folders can be large
         with _open(table, f) as pf:
             plan = plan_columns(
-                table,
-                fields,
-                pf.schema_arrow,
-                f,
-                columns,
-                ignore_extra=ignore_extra,
-                stats=functools.partial(_stats, pf),
+                table, fields, pf.schema_arrow, f, columns, ignore_extra=ignore_extra
             )
             _check_counts(table, f, pf, plan)
             _prescan(table, f, pf, plan, chunk, refused or {})
@@ -159,22 +155,6 @@ def _open(table: str, path: str | Path) -> Iterator[pq.ParquetFile]:
         ) from None
     with pf:
         yield pf
-
-
-def _stats(pf: pq.ParquetFile, leaf: int) -> tuple[bool, tuple[float, float] | None]:
-    """Whether the file's statistics prove a leaf column free of nulls (null or empty lists
-    included), and the range of its values when they give one for every row group."""
-    meta = pf.metadata
-    null_free, low, high = True, float("inf"), float("-inf")
-    for i in range(meta.num_row_groups):
-        s = meta.row_group(i).column(leaf).statistics
-        if s is None:
-            return False, None
-        null_free = null_free and s.has_null_count and not s.null_count
-        if not s.has_min_max or not isinstance(s.min, float | int):
-            return null_free, None
-        low, high = min(low, float(s.min)), max(high, float(s.max))
-    return null_free, (low, high) if meta.num_row_groups else None
 
 
 def _check_counts(
@@ -221,15 +201,12 @@ def _prescan(
     step: int,
     refused: Mapping[str, int | None],
 ) -> None:
-    """Read the columns that need it through once, checking every value: those that may
-    hold nulls or lists of another length, or overflow a rounding (:attr:`ColumnPlan.scan`),
-    and those whose values an extend refuses (``refused``)."""
-    check = [c for c in plan if c.scan or c.field in refused]
-    if not check:
-        return
+    """Read every planned column through once, checking every value: no nulls, lists of the
+    field's length, no value a rounding would overflow, none an extend refuses (``refused``).
+    Every column, whatever the file's statistics say: they are the file's own word."""
     first = 0
-    for t in _batches(pf, check, step):
-        for c in check:
+    for t in _batches(pf, plan, step):
+        for c in plan:
             arr = _to_fixed_lists(table, source, c, _one_chunk(t.column(c.column)), first)
             if c.cast == "round":
                 _check_range(table, source, c, arr, first)
@@ -299,10 +276,18 @@ def _to_fixed_lists(
 
 
 def _check_range(table: str, source: str | Path, c: ColumnPlan, arr: pa.Array, first: int) -> None:
-    """Refuse a finite value that rounding into ``c.dtype`` would make infinite."""
+    """Refuse a finite value that rounding into ``c.dtype`` would make infinite: at once
+    where the column's min and max (one vectorised pass) lie within the field's range, else
+    value by value (an infinity is no overflow; a value just past the range may round to
+    its largest)."""
     values = arr
     while pa.types.is_fixed_size_list(values.type):
         values = values.flatten()
+    if (c.arrow.metadata or {}).get(META_DTYPE) != b"bfloat16":  # not the bits it travels as
+        low, high = (v.as_py() for v in pc.min_max(values).values())
+        top = torch.finfo(c.dtype).max
+        if low is None or (-top <= low and high <= top):  # NaN only, or all within range
+            return
     src = _float_values(c, values)
     bad = torch.nonzero(torch.isinf(src.to(c.dtype)) & torch.isfinite(src)).flatten()
     if len(bad):
@@ -329,9 +314,8 @@ def _decode(
     table: str, source: str | Path, c: ColumnPlan, col: pa.ChunkedArray, first: int
 ) -> torch.Tensor:
     """Rows ``first...`` of column ``c`` as the field's tensor, checked again as they are
-    decoded: the file's statistics that spared a column the first reading are the file's
-    own word (a file whose statistics hide a 1e39 had it rounded to inf), so a value they
-    hid is refused here, at its chunk."""
+    decoded (:func:`_prescan` read them all; a file changed since is refused at its chunk,
+    never a value rounded to inf)."""
     arr = _to_fixed_lists(table, source, c, _one_chunk(col), first)
     if c.cast == "round":
         _check_range(table, source, c, arr, first)

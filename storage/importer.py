@@ -36,11 +36,11 @@ def import_parquet(
 ) -> int:
     """Extend ``table`` with the rows of a Parquet file, or of a folder of Parquet files.
 
-    Every file's schema is checked first, and files whose columns need it
-    (variable-size lists, nullable columns not proven null-free by the file's
-    statistics, floats rounded into a narrower field, and the fields whose values an
-    extend checks: categories, the max-value key) are read through once more to check
-    their values; a mismatch anywhere raises before any row is written. Rows are then read
+    Every file's schema is checked first, and every file's columns are read through
+    once to check their values (nulls, list lengths, floats rounded into a narrower
+    field, and what an extend checks: categories, the max-value key; the file's
+    statistics are not trusted to spare any of it); a mismatch anywhere raises before
+    any row is written. Rows are then read
     ``chunk`` at a time and extended like :meth:`Table.extend` (waiting on the
     rate limiter as it does), files in name order.
 
@@ -66,9 +66,7 @@ def import_parquet(
             narrower float field's range (:mod:`tdreplay.codec.parquet_import`), or a
             value an extend refuses (outside a field's ``n`` categories, NaN in the
             max-value key); the error names the column, the field and the file.
-            Nothing is written, but where the file's statistics hid a value beyond a
-            narrower float field's range: that is refused at its chunk, and a note on
-            the error says how many rows were written before it (they stay).
+            Nothing is written (also where the file's statistics hide the value).
         InvalidRequest: ``chunk`` < 1, or ``path`` holds no readable Parquet file.
         RateLimitTimeout, BackendError: as :meth:`Table.extend` (rows of earlier
             chunks stay written; the note says how many).

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numbers
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +38,8 @@ class SamplingMixin:
     _client: ReplayClient
     _table: str
     _batch_size: int | None
+    #: whether :meth:`sample` has warned of a size other than the constructor's (once, as TorchRL)
+    _warned_batch_size_conflict: bool = False
     _prefetch_cap: int
     _timeout: float | None
     _transform: Compose
@@ -65,6 +68,9 @@ class SamplingMixin:
             with it, only there).
             The batch owns its memory (a shared-memory sample is copied out).
 
+        A ``batch_size`` here other than the constructor's prevails, with a ``UserWarning``
+        the first time, as TorchRL's ``ReplayBuffer.sample`` does.
+
         Raises:
             RuntimeError: no ``batch_size`` here nor at construction.
             InvalidRequest: a size below 1, past the contract's most (2**31), or not an
@@ -73,6 +79,17 @@ class SamplingMixin:
                 EmptyTableError (a subclass) when it held no item then.
         """
         n = batch_size if batch_size is not None else self._batch_size
+        if (
+            n != self._batch_size
+            and self._batch_size is not None
+            and not self._warned_batch_size_conflict
+        ):
+            self._warned_batch_size_conflict = True
+            warnings.warn(
+                f"Got conflicting batch_sizes in constructor ({self._batch_size}) and `sample` "
+                f"({n}). The batch-size provided to the sample method will prevail.",
+                stacklevel=2,
+            )
         if n is None:
             raise RuntimeError(
                 "TDReplayBuffer.sample needs a batch size: pass sample(batch_size) or "

@@ -37,10 +37,10 @@ def test_builtin_bases() -> None:
 def test_unknown_type_and_non_json_bodies() -> None:
     err = errors.from_response(418, b'{"type": "Teapot", "detail": "short and stout"}')
     assert type(err) is errors.ServerError and err.type == "Teapot" and err.status == 418
-    err = errors.from_response(404, b"<html>nope</html>")
-    assert isinstance(err, errors.TableNotFound) and "nope" in str(err)
+    err = errors.from_response(404, b"<html>nope</html>")  # a proxy's: not about a table
+    assert type(err) is errors.NotFound and "nope" in str(err) and isinstance(err, KeyError)
     err = errors.from_response(422, b'{"detail": [{"loc": ["body"], "msg": "bad"}]}')
-    assert isinstance(err, errors.SchemaError) and "bad" in str(err)
+    assert type(err) is errors.Unprocessable and "bad" in str(err) and isinstance(err, ValueError)
     err = errors.from_response(502, b"")
     assert type(err) is errors.ServerError and err.status == 502
 
@@ -50,7 +50,8 @@ def test_unknown_type_and_non_json_bodies() -> None:
     [
         (429, errors.RateLimitTimeout),
         (400, errors.InvalidRequest),
-        (404, errors.TableNotFound),
+        (404, errors.NotFound),
+        (422, errors.Unprocessable),
         (503, errors.BackendError),
         (507, errors.InsufficientStorage),
         (409, errors.ServerError),
@@ -61,7 +62,10 @@ def test_a_newer_servers_error_type_is_the_class_of_its_status(status: int, cls:
     """Mixed versions: an error type this client does not know (a newer server's) was a plain
     ``ServerError``, so ``except RateLimitTimeout`` missed a newer server's 429. It is now the
     class its status stands for, with the server's name kept in ``type``; a known type stays
-    its own class (``EmptyTableError``, not its base)."""
+    its own class (``EmptyTableError``, not its base). A 404 or 422 was ``TableNotFound`` or
+    ``SchemaError``, naming what a newer server's error (about a checkpoint, a route) need not
+    be about: it is their base now, ``NotFound`` or ``Unprocessable``, which ``except
+    TableNotFound`` / ``except SchemaError`` do not catch."""
     body = {"type": "SomethingNewer", "detail": "from the future", "field": "f", "table": "t"}
     err = errors.from_response(status, json.dumps(body).encode())
     assert type(err) is cls, type(err)
@@ -70,6 +74,19 @@ def test_a_newer_servers_error_type_is_the_class_of_its_status(status: int, cls:
     assert errors.refused_for_good(err) == (status in (400, 413, 415, 422))
     known = {"type": "EmptyTableError", "detail": "table 't' holds no item", "table": "t"}
     assert type(errors.from_response(429, json.dumps(known).encode())) is errors.EmptyTableError
+    assert not isinstance(err, errors.TableNotFound | errors.SchemaError)
+
+
+@pytest.mark.parametrize(
+    ("name", "base"), [("TableNotFound", errors.NotFound), ("SchemaError", errors.Unprocessable)]
+)
+def test_a_known_type_is_still_caught_by_its_own_class_and_the_status_base(
+    name: str, base: type
+) -> None:
+    """``except TableNotFound`` still catches a table's 404 (and ``except NotFound`` too)."""
+    status = errors.SERVER_ERRORS[name].status
+    err = errors.from_response(status, json.dumps({"type": name, "detail": "d"}).encode())
+    assert type(err) is errors.SERVER_ERRORS[name] and isinstance(err, base)
 
 
 def test_errors_pickle() -> None:
