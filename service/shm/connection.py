@@ -45,17 +45,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tdreplay.codec.shm import (
-    HEADER,
-    JSON_FRAME,
-    VERSION,
-    Request,
-    ShmProtocolError,
-    frame,
-    frame_length,
-    parse_frame,
-    read_request,
-)
+from tdreplay.codec.shm import VERSION, Request, frame
 from tdreplay.storage import TDReplayError
 from tdreplay.system import Poller
 
@@ -67,6 +57,7 @@ from .buffers import Budget, SlotBuffers
 from .deadline import Deadline
 from .direct import Direct
 from .operations import Operations
+from .reading import Reading
 from .requests import HOT_OPS, Done, bad, error_frame, op_of, too_many
 
 if TYPE_CHECKING:
@@ -77,9 +68,6 @@ log = logging.getLogger("tdreplay.service")
 
 #: seconds a new connection has to say hello
 HELLO_TIMEOUT = 10.0
-#: largest frame before the hello went through (a hello is small; nothing big is parsed
-#: for a client that has not shown the token)
-MAX_HELLO = 4096
 
 
 class Host(Protocol):
@@ -102,7 +90,7 @@ class Host(Protocol):
     poll_seconds: float
 
 
-class Connection(Operations, asyncio.Protocol):
+class Connection(Reading, Operations, asyncio.Protocol):
     """One client connection: its slots, its frames, its one request at a time.
 
     Reads arrive through the protocol (``data_received``): no future per
@@ -129,10 +117,7 @@ class Connection(Operations, asyncio.Protocol):
         self.authed = False
         self.task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
-        self._buf = bytearray()
-        self._need = 0  # body bytes of the frame being read (0: reading a header)
-        self._held = 0  # bytes of the frame under way counted in --max-receiving-bytes
-        self._began = False  # the frame under way has its deadline (armed once, not per read)
+        self._start_reading()
         self._out: Direct | None = None
         self._transport: asyncio.Transport | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
@@ -190,57 +175,6 @@ class Connection(Operations, asyncio.Protocol):
         t, task = self._transport, self.task
         idle = (task is None or task.done()) and not self._need and not self._buf
         return self._out is not None and t is not None and not t.is_closing() and idle
-
-    def _feed(self, data: bytes) -> None:
-        self._buf += data
-        limit = self.limit if self.authed else MAX_HELLO
-        try:
-            while True:
-                if self._need == 0:
-                    if len(self._buf) < HEADER.size:
-                        break
-                    self._need = frame_length(bytes(self._buf[: HEADER.size]), limit)
-                    del self._buf[: HEADER.size]
-                    if self._need == 0:
-                        raise ShmProtocolError("an empty control frame")
-                if len(self._buf) < self._need:
-                    if not self._held:  # held incomplete: it counts whole, as a body does
-                        self.core.receiving.take(self._need)
-                        self._held = self._need
-                    break
-                body = bytes(self._buf[: self._need])
-                del self._buf[: self._need]
-                self._need, self._began = 0, False
-                if self._held:
-                    self._received()
-                if self.task is not None and not self.task.done():
-                    raise ShmProtocolError("a request sent before the answer to the last one")
-                received = HEADER.size + len(body)
-                if not self.authed:
-                    self._hello(parse_frame(body))
-                    limit = self.limit
-                elif body[0] == JSON_FRAME:
-                    self._deadline.disarm()
-                    message = parse_frame(body)
-                    self.task = self._loop.create_task(self._serve(message, received))
-                else:
-                    self._hot(read_request(body), received)
-        except ShmProtocolError as err:
-            self._send_now(frame(bad(str(err))))
-            self._end()
-            return
-        except TDReplayError as err:  # past --max-receiving-bytes
-            self._send_now(error_frame(err, self.core.root))
-            self._end()
-            return
-        if self.authed and (self._buf or self._need) and not self._began:
-            self._began = True  # a frame under way: it must complete --body-timeout from now
-            self._deadline.arm(self.frame_timeout)
-
-    def _received(self) -> None:
-        """The frame under way is complete (or abandoned): it leaves the server's budget."""
-        self.core.receiving.give(self._held)
-        self._held = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.task is not None and not self.task.done():
