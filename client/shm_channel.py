@@ -20,9 +20,11 @@ import torch
 from tensordict import TensorDict, is_tensorclass
 
 from ..codec import protocol
+from ..codec.errors import TIMED_OUT
 from ..codec.params import bounded
 from ..codec.shm import (
     HEADER,
+    IDLE_ENDED,
     MAX_FRAME,
     VERSION,
     ShmProtocolError,
@@ -130,7 +132,10 @@ class Channel:
             self.sock.sendall(message if isinstance(message, bytes) else frame(message))
             body, fds = self._recv_frame(limit)
         except (OSError, ShmProtocolError) as err:
+            said = self._said() if isinstance(err, OSError) else None
             self.close()
+            if said is not None and said.field == IDLE_ENDED:
+                raise _idle_ended(said) from None
             raise errors.ConnectionFailed(f"shared-memory socket: {err}", sent=True) from None
         fd = fds[0] if fds else -1
         for extra in fds[1:]:
@@ -145,8 +150,26 @@ class Channel:
         if not reply.get("ok"):
             if fd >= 0:
                 os.close(fd)
-            raise _error(reply.get("error"))
+            refused = _error(reply)
+            if refused.status == TIMED_OUT:  # a time limit ended the connection: the next
+                self.close()  # call connects anew
+                if refused.field == IDLE_ENDED:  # before it read this call's request
+                    raise _idle_ended(refused)
+            raise refused
         return reply, fd
+
+    def _said(self) -> errors.ServerError | None:
+        """The time limit's error the server ended the connection with, if it lies unread (a
+        call's request could not be sent: the server had closed the connection)."""
+        try:
+            data = self._now.recv(FIRST_READ)
+            n = frame_length(data[: HEADER.size]) if len(data) >= HEADER.size else -1
+            reply = read_reply(data[HEADER.size :]) if len(data) == HEADER.size + n else None
+        except (OSError, ShmProtocolError):
+            return None
+        if reply is None or reply.get("ok") or reply.get("status") != TIMED_OUT:
+            return None
+        return _error(reply)
 
     def _recv_frame(self, limit: int) -> tuple[bytes, list[int]]:
         """One reply frame's body and the descriptors that came with it, read with as few
@@ -314,7 +337,18 @@ class Channel:
                     sock.close()
 
 
-def _error(body: Any) -> errors.ServerError:
+def _idle_ended(said: errors.ServerError) -> errors.ConnectionFailed:
+    """The server ended the connection as idle (``said``) before it read a call's request:
+    a connection lost with the request unread, so a retry (or HTTP) may carry it."""
+    return errors.ConnectionFailed(f"shared-memory socket: the server ended it: {said}", sent=False)
+
+
+def _error(reply: dict[str, Any]) -> errors.ServerError:
+    """The error of a failed ``reply``: its body's type, with the HTTP status the reply gives
+    (where a limit answers with its own, as a time limit's 408), else the type's."""
+    body = reply.get("error")
     body = body if isinstance(body, dict) else {"type": "InternalError", "detail": str(body)}
-    status = protocol.ERROR_STATUS.get(str(body.get("type")), 500)
+    status = reply.get("status")
+    if type(status) is not int or not 400 <= status < 600:
+        status = protocol.ERROR_STATUS.get(str(body.get("type")), 500)
     return errors.from_response(status, json.dumps(body).encode())

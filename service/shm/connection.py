@@ -29,10 +29,12 @@ answer. A client that dies, hangs up, sends garbage or stops taking its answers
 (``--send-timeout``) ends only its connection: a call it left waiting is
 cancelled (and a gather under way finishes first), its slots are unmapped,
 nothing it sent half-way is used. A frame must come whole within ``--body-timeout``
-and counts in ``--max-receiving-bytes`` meanwhile, as an HTTP body. The first frame
-must be a hello carrying the server's token when one is configured (constant-time
-compare); the socket file is also only reachable by the server's user (its folder
-is mode 0700) unless the operator says otherwise.
+and counts in ``--max-receiving-bytes`` meanwhile, as an HTTP body (:mod:`.reading`). The
+first frame must be a hello, within ``--shm-hello-timeout`` of connecting, carrying the
+server's token when one is configured (constant-time compare); the socket file is also
+only reachable by the server's user (its folder is mode 0700) unless the operator says
+otherwise. A connection a time limit ends is told which (HTTP's 408 naming the flag),
+but for ``--send-timeout``, whose client reads nothing.
 """
 
 from __future__ import annotations
@@ -58,16 +60,13 @@ from .deadline import Deadline
 from .direct import Direct
 from .operations import Operations
 from .reading import Reading
-from .requests import HOT_OPS, Done, bad, error_frame, op_of, too_many
+from .requests import HELLO, HOT_OPS, IDLE, SEND, Done, bad, error_frame, late, op_of, too_many
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
 
 log = logging.getLogger("tdreplay.service")
-
-#: seconds a new connection has to say hello
-HELLO_TIMEOUT = 10.0
 
 
 class Host(Protocol):
@@ -120,10 +119,9 @@ class Connection(Reading, Operations, asyncio.Protocol):
         self._start_reading()
         self._out: Direct | None = None
         self._transport: asyncio.Transport | None = None
-        self._hello_timer: asyncio.TimerHandle | None = None
-        #: ends the connection when a frame stays incomplete, nothing comes or an answer is
-        #: not taken, too long (none while a request is served)
-        self._deadline = Deadline(self._loop, self._end)
+        #: ends the connection when no hello comes, a frame stays incomplete, nothing comes
+        #: or an answer is not taken, too long (none while a request is served)
+        self._deadline: Deadline[str] = Deadline(self._loop, self._expired)
 
     # -- the protocol ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -137,7 +135,7 @@ class Connection(Reading, Operations, asyncio.Protocol):
             transport.close()
             return
         self.server.connections.add(self)
-        self._hello_timer = self._loop.call_later(HELLO_TIMEOUT, transport.close)
+        self._deadline.arm(self.server.settings.shm_hello_timeout, HELLO)
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
@@ -247,7 +245,7 @@ class Connection(Reading, Operations, asyncio.Protocol):
     ) -> None:
         """Send ``data`` from byte ``sent`` on (the reply's descriptor with its first byte)."""
         slot = done.slot
-        self._deadline.arm(self.send_timeout)  # a client that stopped reading ends there
+        self._deadline.arm(self.send_timeout, SEND)  # a client that stopped reading ends there
         try:
             if self._out is None:
                 raise ConnectionResetError("the connection is closed")
@@ -263,7 +261,7 @@ class Connection(Reading, Operations, asyncio.Protocol):
 
     def _answered(self, done: Done, began: float, received: int, sent: int) -> None:
         self._answered_at = time.perf_counter()
-        self._deadline.arm(self.idle_timeout)
+        self._deadline.arm(self.idle_timeout, IDLE)
         if self.server.on_request is not None:
             done.report(self.server.on_request, time.perf_counter() - began, received, sent)
 
@@ -287,8 +285,6 @@ class Connection(Reading, Operations, asyncio.Protocol):
             self._end()
         else:
             self.authed = True
-            if self._hello_timer is not None:
-                self._hello_timer.cancel()
             reply = {
                 "ok": True,
                 "host": self.server.host,
@@ -297,7 +293,7 @@ class Connection(Reading, Operations, asyncio.Protocol):
                 "max_slots": self.slots.max_slots,
             }
             self._send_now(frame(reply))
-            self._deadline.arm(self.idle_timeout)
+            self._deadline.arm(self.idle_timeout, IDLE)
 
     # -- writing ----------------------------------------------------------------
     def _send_now(self, data: bytes) -> None:
@@ -314,9 +310,19 @@ class Connection(Reading, Operations, asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def _expired(self, why: str) -> None:
+        """A time limit passed (``why``: which): the client is told which, where it can still
+        take a frame (no answer of its is under way), and the connection ends. Not for
+        ``--send-timeout``: that client takes nothing (an answer of its lies part-sent), so an
+        error frame would not reach it, nor could it be told from the answer's bytes; the
+        connection is closed silently, as HTTP's is."""
+        if why != SEND and (self.task is None or self.task.done()):
+            received, whole = self._partial()
+            err = late(why, self.server.settings, received, whole)
+            self._send_now(error_frame(err, self.core.root))
+        self._end()
+
     def _release(self) -> None:
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
         self._deadline.cancel()
         self._received()
         self.slots.close()

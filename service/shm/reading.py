@@ -28,7 +28,7 @@ from tdreplay.codec.shm import (
 from tdreplay.storage import TDReplayError
 
 from ..core import Core
-from .requests import bad, error_frame
+from .requests import FRAME, bad, error_frame
 
 if TYPE_CHECKING:
     from .deadline import Deadline
@@ -47,7 +47,7 @@ class Reading:
     authed: bool
     task: asyncio.Task[None] | None
     _loop: asyncio.AbstractEventLoop
-    _deadline: Deadline
+    _deadline: Deadline[str]
 
     def _start_reading(self) -> None:
         self._buf = bytearray()
@@ -99,7 +99,14 @@ class Reading:
             return
         if self.authed and (self._buf or self._need) and not self._began:
             self._began = True  # a frame under way: it must complete --body-timeout from now
-            self._deadline.arm(self.frame_timeout)
+            self._deadline.arm(self.frame_timeout, FRAME)
+
+    def _partial(self) -> tuple[int, int]:
+        """Bytes of the frame under way received so far, and of the whole frame (header
+        included; ``0`` while its header is incomplete)."""
+        if self._need:
+            return HEADER.size + len(self._buf), HEADER.size + self._need
+        return len(self._buf), 0
 
     def _received(self) -> None:
         """The frame under way is complete (or abandoned): it leaves the server's budget."""
