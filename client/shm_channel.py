@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import operator
 import os
 import socket
 import threading
@@ -18,13 +17,14 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase, is_tensorclass
+from tensordict import TensorDict, is_tensorclass
 
 from ..codec import protocol
-from ..codec.arrow import key_tree, nest_by
+from ..codec.errors import TIMED_OUT
 from ..codec.params import bounded
 from ..codec.shm import (
     HEADER,
+    IDLE_ENDED,
     MAX_FRAME,
     VERSION,
     ShmProtocolError,
@@ -37,10 +37,11 @@ from ..codec.shm import (
     release_frame,
     sample_frame,
 )
-from ..system import Poller, SharedMap, host_id
+from ..system import Poller, host_id
 from . import errors
 from .batches import as_batch
 from .commands import Alloc
+from .shm_slots import Mapped, Views, fill
 
 #: slot numbers a connection uses at most (the server's bound)
 MAX_SLOTS = 256
@@ -68,24 +69,6 @@ def usable(info: dict[str, Any] | None) -> str | None:
     return None
 
 
-class _Mapped:
-    """A slot as this side maps it: the mapping, its column views, and how they nest."""
-
-    def __init__(self, fd: int, nbytes: int, layout: SlotLayout) -> None:
-        try:
-            self.map = SharedMap(fd, nbytes)
-        finally:
-            os.close(fd)
-        self.layout = layout
-        self.views = Views(layout, self.map.buffer)
-        self.tree = key_tree(list(self.views.columns))
-        self.batch = torch.Size([layout.rows])
-
-    def batch_of(self, columns: dict[tuple[str, ...], torch.Tensor]) -> TensorDict:
-        """A TensorDict of ``columns`` (this slot's views, or a copy's) nested as the slot's."""
-        return nest_by(self.tree, columns, self.batch)
-
-
 class Channel:
     """One connection to the server's socket (one thread's; not thread safe)."""
 
@@ -106,7 +89,7 @@ class Channel:
         #: held by a call (:func:`~tdreplay.client.shm.run`); ``closing``: close when it ends
         self.in_use, self.closing = threading.Lock(), False
         # every attribute close() reads is set before anything can fail (__del__ calls it)
-        self._slots: dict[int, _Mapped] = {}
+        self._slots: dict[int, Mapped] = {}
         #: slot numbers by (op, table, batch size), least recently used first
         self._numbers: OrderedDict[tuple[Any, ...], list[int]] = OrderedDict()
         self._turn: dict[tuple[Any, ...], int] = {}
@@ -149,7 +132,10 @@ class Channel:
             self.sock.sendall(message if isinstance(message, bytes) else frame(message))
             body, fds = self._recv_frame(limit)
         except (OSError, ShmProtocolError) as err:
+            said = self._said() if isinstance(err, OSError) else None
             self.close()
+            if said is not None and said.field == IDLE_ENDED:
+                raise _idle_ended(said) from None
             raise errors.ConnectionFailed(f"shared-memory socket: {err}", sent=True) from None
         fd = fds[0] if fds else -1
         for extra in fds[1:]:
@@ -164,8 +150,26 @@ class Channel:
         if not reply.get("ok"):
             if fd >= 0:
                 os.close(fd)
-            raise _error(reply.get("error"))
+            refused = _error(reply)
+            if refused.status == TIMED_OUT:  # a time limit ended the connection: the next
+                self.close()  # call connects anew
+                if refused.field == IDLE_ENDED:  # before it read this call's request
+                    raise _idle_ended(refused)
+            raise refused
         return reply, fd
+
+    def _said(self) -> errors.ServerError | None:
+        """The time limit's error the server ended the connection with, if it lies unread (a
+        call's request could not be sent: the server had closed the connection)."""
+        try:
+            data = self._now.recv(FIRST_READ)
+            n = frame_length(data[: HEADER.size]) if len(data) >= HEADER.size else -1
+            reply = read_reply(data[HEADER.size :]) if len(data) == HEADER.size + n else None
+        except (OSError, ShmProtocolError):
+            return None
+        if reply is None or reply.get("ok") or reply.get("status") != TIMED_OUT:
+            return None
+        return _error(reply)
 
     def _recv_frame(self, limit: int) -> tuple[bytes, list[int]]:
         """One reply frame's body and the descriptors that came with it, read with as few
@@ -241,7 +245,7 @@ class Channel:
         """A slot the server no longer has as this side does: map it anew next time."""
         self._slots.pop(number, None)
 
-    def _map(self, reply: dict[str, Any], fd: int, number: int) -> _Mapped:
+    def _map(self, reply: dict[str, Any], fd: int, number: int) -> Mapped:
         if fd >= 0:
             try:
                 nbytes = int(reply["nbytes"])
@@ -249,7 +253,7 @@ class Channel:
             except (KeyError, TypeError, ValueError, ShmProtocolError) as err:
                 os.close(fd)
                 raise errors.ProtocolError(f"bad shared-memory slot: {err}") from None
-            self._slots[number] = _Mapped(fd, nbytes, layout)
+            self._slots[number] = Mapped(fd, nbytes, layout)
         mapped = self._slots.get(number)
         if mapped is None:
             raise errors.ProtocolError(f"the server answered for slot {number}, never sent")
@@ -298,7 +302,7 @@ class Channel:
                         raise
                     return None
                 mapped = self._map(reply, fd, number)
-            if mapped.layout.rows < n or not _fill(mapped, td, n):
+            if mapped.layout.rows < n or not fill(mapped, td, n):
                 return None  # more rows than the table holds, or keys that do not fit: HTTP says
             try:
                 message = extend_frame(
@@ -333,60 +337,18 @@ class Channel:
                     sock.close()
 
 
-class Views:
-    """A slot's layout on a buffer, kept from batch to batch: the bytes (``flat``, to copy
-    a whole slot in or out) and the columns they hold (``columns``, as the batches' tensors:
-    a leased slot's own, or those of a loader's receive buffer); one storage."""
-
-    def __init__(self, layout: SlotLayout, buf: Any) -> None:
-        self.layout, self.buf = layout, buf
-        self._view()
-
-    def _view(self) -> None:
-        self.flat = self.layout.whole(self.buf)
-        self.columns = self.layout.views_of(self.flat)
-        self._tensors = list(self.columns.values())
-        self._at = self.flat.data_ptr()
-
-    def intact(self) -> Views:
-        """These views, for the next batch: made anew where a caller moved one of the last
-        batch's tensors (``share_memory_()``, as a torch.multiprocessing queue does: it
-        moves their one storage, and every later batch on this buffer would be the old
-        bytes) or had one require grad (its gradient would build up over batches). Shapes
-        changed in place are not looked at.
-
-        No torch call: one storage address and a flag a column. A loader of one-item
-        batches ran 5% slower with a check of every column's address (10.0k against 10.5k
-        batches/s, 2 cores), hence the one storage.
-        """
-        if self.flat.data_ptr() != self._at or any(map(_REQUIRES_GRAD, self._tensors)):
-            self._view()
-        return self
+def _idle_ended(said: errors.ServerError) -> errors.ConnectionFailed:
+    """The server ended the connection as idle (``said``) before it read a call's request:
+    a connection lost with the request unread, so a retry (or HTTP) may carry it."""
+    return errors.ConnectionFailed(f"shared-memory socket: the server ended it: {said}", sent=False)
 
 
-_REQUIRES_GRAD = operator.attrgetter("requires_grad")
-
-
-def _fill(mapped: _Mapped, td: TensorDictBase, n: int) -> bool:
-    """Copy ``td``'s rows into the slot; ``False`` if its leaves are not exactly the layout's."""
-    leaves = {k if isinstance(k, tuple) else (k,): v for k, v in td.items(True, True)}
-    columns = mapped.views.columns  # the extend slot's: no caller holds them
-    if len(leaves) != len(columns):
-        return False
-    for key, view in columns.items():
-        t = leaves.get(key)
-        if (
-            not isinstance(t, torch.Tensor)
-            or t.dtype != view.dtype
-            or tuple(t.shape) != (n, *view.shape[1:])
-        ):
-            return False
-    for key, view in columns.items():
-        view[:n].copy_(leaves[key])
-    return True
-
-
-def _error(body: Any) -> errors.ServerError:
+def _error(reply: dict[str, Any]) -> errors.ServerError:
+    """The error of a failed ``reply``: its body's type, with the HTTP status the reply gives
+    (where a limit answers with its own, as a time limit's 408), else the type's."""
+    body = reply.get("error")
     body = body if isinstance(body, dict) else {"type": "InternalError", "detail": str(body)}
-    status = protocol.ERROR_STATUS.get(str(body.get("type")), 500)
+    status = reply.get("status")
+    if type(status) is not int or not 400 <= status < 600:
+        status = protocol.ERROR_STATUS.get(str(body.get("type")), 500)
     return errors.from_response(status, json.dumps(body).encode())

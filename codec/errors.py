@@ -316,6 +316,10 @@ BY_STATUS: dict[int, type[TDReplayError]] = {
 }
 
 
+#: the status an error of a time limit (a request, or its connection, that took too long) is
+#: answered with, on every door: HTTP's 408 Request Timeout, on an :class:`InvalidRequest`
+TIMED_OUT = 408
+
 #: the statuses that refuse a request for what it holds (its body or its arguments: malformed,
 #: not the table's schema, over a size limit, not the route's media type): the same request
 #: sent again is refused again, whatever becomes of the server. Every other error may pass

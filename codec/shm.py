@@ -37,7 +37,13 @@ number for a buffer, ``fd`` marks a reply that carries the slot's descriptor)::
     ← {"ok": true, "info": {...}}
     → {"op": "clear", "table": t}
     ← {"ok": true, "info": {...}}
-    ← {"ok": false, "error": {"type": ..., "detail": ..., "field": ...}}   any failure
+    ← {"ok": false, "status": s, "error": {"type": ..., "detail": ..., "field": ...}}   any failure
+
+A failure's ``status`` is the HTTP status it stands for (absent: its type's). A time limit
+ends the connection with its error first (408 ``InvalidRequest`` naming the flag), where the
+client can still take a frame: a hello not sent in time, a frame not whole in time, or no
+request in time (``field`` :data:`IDLE_ENDED`: the server read nothing more of the
+connection); a client that stops taking an answer is closed without one.
 
 A sample's slot is *leased* to the client until its next request naming the
 same slot: the server writes into it only then. ``layout`` and the
@@ -79,6 +85,9 @@ ALIGN = 64
 HEADER = struct.Struct("<I")
 #: largest control frame either side reads by default (priority updates are the big ones)
 MAX_FRAME = 64 << 20
+#: the ``field`` of the error a connection left idle too long is ended with (the server read
+#: nothing after its last answer: a request sent meanwhile was not read)
+IDLE_ENDED = "connection"
 
 
 class ShmProtocolError(ValueError):

@@ -19,12 +19,25 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from tdreplay.storage import BackendError
+from tdreplay.codec.errors import TIMED_OUT
+from tdreplay.storage import BackendError, InvalidRequest
 
 from .errors import PayloadTooLarge
 
 MiB = 1 << 20
 GiB = 1 << 30
+
+
+def timed_out(message: str, *, field: str, expected: str, got: str | None = None) -> InvalidRequest:
+    """The error of a time limit that ended a request or its connection (``message`` names the
+    limit's flag): an :class:`InvalidRequest` answered with :data:`TIMED_OUT`.
+
+        >>> err = timed_out("no hello within 1 s (--shm-hello-timeout)", field="hello",
+        ...                 expected="a hello within 1 s")
+        >>> type(err).__name__, err.status
+        ('InvalidRequest', 408)
+    """
+    return InvalidRequest(message, field=field, expected=expected, got=got, status=TIMED_OUT)
 
 
 class LimitSettings(BaseModel):

@@ -60,7 +60,7 @@ from tdreplay.storage import BackendError, InvalidRequest, TDReplayError
 
 from .bodies import BodyChunks, body_too_large
 from .errors import status_of
-from .limits import Limits, Receiving
+from .limits import Limits, Receiving, timed_out
 from .sending import SendTimeoutProtocol
 from .settings import Settings
 
@@ -237,12 +237,11 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
             return
         t = self.limits.header_timeout
         self._refuse(
-            InvalidRequest(
+            timed_out(
                 f"request headers not complete within {t:g} s (--header-timeout)",
                 field="headers",
                 expected=f"complete headers within {t:g} s",
-            ),
-            status=408,
+            )
         )
 
     def _body_timed_out(self) -> None:
@@ -252,14 +251,13 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
             return
         t = self.limits.body_timeout
         self._refuse(
-            InvalidRequest(
+            timed_out(
                 f"request body not complete within {t:g} s of its headers "
                 f"({self._body_bytes} bytes received; --body-timeout)",
                 field="body",
                 expected=f"the whole body within {t:g} s",
                 got=f"{self._body_bytes} bytes",
             ),
-            status=408,
             in_body=True,
         )
 

@@ -159,6 +159,13 @@ class Settings(LimitSettings, BaseSettings):
         "server let go of stays readable for its client before it is reclaimed (sooner when "
         "--shm-total-bytes needs the room).",
     )
+    shm_hello_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a new socket connection may take to say hello (its first frame, "
+        "with the token); it counts against --shm-max-connections meanwhile. Past it the "
+        "connection is answered 408 and closed.",
+    )
     shm_poll_us: int = Field(
         default=100,
         ge=0,

@@ -29,10 +29,12 @@ answer. A client that dies, hangs up, sends garbage or stops taking its answers
 (``--send-timeout``) ends only its connection: a call it left waiting is
 cancelled (and a gather under way finishes first), its slots are unmapped,
 nothing it sent half-way is used. A frame must come whole within ``--body-timeout``
-and counts in ``--max-receiving-bytes`` meanwhile, as an HTTP body. The first frame
-must be a hello carrying the server's token when one is configured (constant-time
-compare); the socket file is also only reachable by the server's user (its folder
-is mode 0700) unless the operator says otherwise.
+and counts in ``--max-receiving-bytes`` meanwhile, as an HTTP body (:mod:`.reading`). The
+first frame must be a hello, within ``--shm-hello-timeout`` of connecting, carrying the
+server's token when one is configured (constant-time compare); the socket file is also
+only reachable by the server's user (its folder is mode 0700) unless the operator says
+otherwise. A connection a time limit ends is told which (HTTP's 408 naming the flag),
+but for ``--send-timeout``, whose client reads nothing.
 """
 
 from __future__ import annotations
@@ -45,17 +47,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tdreplay.codec.shm import (
-    HEADER,
-    JSON_FRAME,
-    VERSION,
-    Request,
-    ShmProtocolError,
-    frame,
-    frame_length,
-    parse_frame,
-    read_request,
-)
+from tdreplay.codec.shm import VERSION, Request, frame
 from tdreplay.storage import TDReplayError
 from tdreplay.system import Poller
 
@@ -67,19 +59,14 @@ from .buffers import Budget, SlotBuffers
 from .deadline import Deadline
 from .direct import Direct
 from .operations import Operations
-from .requests import HOT_OPS, Done, bad, error_frame, op_of, too_many
+from .reading import Reading
+from .requests import HELLO, HOT_OPS, IDLE, SEND, Done, bad, error_frame, late, op_of, too_many
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
 
 log = logging.getLogger("tdreplay.service")
-
-#: seconds a new connection has to say hello
-HELLO_TIMEOUT = 10.0
-#: largest frame before the hello went through (a hello is small; nothing big is parsed
-#: for a client that has not shown the token)
-MAX_HELLO = 4096
 
 
 class Host(Protocol):
@@ -102,7 +89,7 @@ class Host(Protocol):
     poll_seconds: float
 
 
-class Connection(Operations, asyncio.Protocol):
+class Connection(Reading, Operations, asyncio.Protocol):
     """One client connection: its slots, its frames, its one request at a time.
 
     Reads arrive through the protocol (``data_received``): no future per
@@ -129,16 +116,12 @@ class Connection(Operations, asyncio.Protocol):
         self.authed = False
         self.task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
-        self._buf = bytearray()
-        self._need = 0  # body bytes of the frame being read (0: reading a header)
-        self._held = 0  # bytes of the frame under way counted in --max-receiving-bytes
-        self._began = False  # the frame under way has its deadline (armed once, not per read)
+        self._start_reading()
         self._out: Direct | None = None
         self._transport: asyncio.Transport | None = None
-        self._hello_timer: asyncio.TimerHandle | None = None
-        #: ends the connection when a frame stays incomplete, nothing comes or an answer is
-        #: not taken, too long (none while a request is served)
-        self._deadline = Deadline(self._loop, self._end)
+        #: ends the connection when no hello comes, a frame stays incomplete, nothing comes
+        #: or an answer is not taken, too long (none while a request is served)
+        self._deadline: Deadline[str] = Deadline(self._loop, self._expired)
 
     # -- the protocol ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -152,7 +135,7 @@ class Connection(Operations, asyncio.Protocol):
             transport.close()
             return
         self.server.connections.add(self)
-        self._hello_timer = self._loop.call_later(HELLO_TIMEOUT, transport.close)
+        self._deadline.arm(self.server.settings.shm_hello_timeout, HELLO)
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
@@ -190,57 +173,6 @@ class Connection(Operations, asyncio.Protocol):
         t, task = self._transport, self.task
         idle = (task is None or task.done()) and not self._need and not self._buf
         return self._out is not None and t is not None and not t.is_closing() and idle
-
-    def _feed(self, data: bytes) -> None:
-        self._buf += data
-        limit = self.limit if self.authed else MAX_HELLO
-        try:
-            while True:
-                if self._need == 0:
-                    if len(self._buf) < HEADER.size:
-                        break
-                    self._need = frame_length(bytes(self._buf[: HEADER.size]), limit)
-                    del self._buf[: HEADER.size]
-                    if self._need == 0:
-                        raise ShmProtocolError("an empty control frame")
-                if len(self._buf) < self._need:
-                    if not self._held:  # held incomplete: it counts whole, as a body does
-                        self.core.receiving.take(self._need)
-                        self._held = self._need
-                    break
-                body = bytes(self._buf[: self._need])
-                del self._buf[: self._need]
-                self._need, self._began = 0, False
-                if self._held:
-                    self._received()
-                if self.task is not None and not self.task.done():
-                    raise ShmProtocolError("a request sent before the answer to the last one")
-                received = HEADER.size + len(body)
-                if not self.authed:
-                    self._hello(parse_frame(body))
-                    limit = self.limit
-                elif body[0] == JSON_FRAME:
-                    self._deadline.disarm()
-                    message = parse_frame(body)
-                    self.task = self._loop.create_task(self._serve(message, received))
-                else:
-                    self._hot(read_request(body), received)
-        except ShmProtocolError as err:
-            self._send_now(frame(bad(str(err))))
-            self._end()
-            return
-        except TDReplayError as err:  # past --max-receiving-bytes
-            self._send_now(error_frame(err, self.core.root))
-            self._end()
-            return
-        if self.authed and (self._buf or self._need) and not self._began:
-            self._began = True  # a frame under way: it must complete --body-timeout from now
-            self._deadline.arm(self.frame_timeout)
-
-    def _received(self) -> None:
-        """The frame under way is complete (or abandoned): it leaves the server's budget."""
-        self.core.receiving.give(self._held)
-        self._held = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.task is not None and not self.task.done():
@@ -313,7 +245,7 @@ class Connection(Operations, asyncio.Protocol):
     ) -> None:
         """Send ``data`` from byte ``sent`` on (the reply's descriptor with its first byte)."""
         slot = done.slot
-        self._deadline.arm(self.send_timeout)  # a client that stopped reading ends there
+        self._deadline.arm(self.send_timeout, SEND)  # a client that stopped reading ends there
         try:
             if self._out is None:
                 raise ConnectionResetError("the connection is closed")
@@ -329,7 +261,7 @@ class Connection(Operations, asyncio.Protocol):
 
     def _answered(self, done: Done, began: float, received: int, sent: int) -> None:
         self._answered_at = time.perf_counter()
-        self._deadline.arm(self.idle_timeout)
+        self._deadline.arm(self.idle_timeout, IDLE)
         if self.server.on_request is not None:
             done.report(self.server.on_request, time.perf_counter() - began, received, sent)
 
@@ -353,8 +285,6 @@ class Connection(Operations, asyncio.Protocol):
             self._end()
         else:
             self.authed = True
-            if self._hello_timer is not None:
-                self._hello_timer.cancel()
             reply = {
                 "ok": True,
                 "host": self.server.host,
@@ -363,7 +293,7 @@ class Connection(Operations, asyncio.Protocol):
                 "max_slots": self.slots.max_slots,
             }
             self._send_now(frame(reply))
-            self._deadline.arm(self.idle_timeout)
+            self._deadline.arm(self.idle_timeout, IDLE)
 
     # -- writing ----------------------------------------------------------------
     def _send_now(self, data: bytes) -> None:
@@ -380,9 +310,19 @@ class Connection(Operations, asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def _expired(self, why: str) -> None:
+        """A time limit passed (``why``: which): the client is told which, where it can still
+        take a frame (no answer of its is under way), and the connection ends. Not for
+        ``--send-timeout``: that client takes nothing (an answer of its lies part-sent), so an
+        error frame would not reach it, nor could it be told from the answer's bytes; the
+        connection is closed silently, as HTTP's is."""
+        if why != SEND and (self.task is None or self.task.done()):
+            received, whole = self._partial()
+            err = late(why, self.server.settings, received, whole)
+            self._send_now(error_frame(err, self.core.root))
+        self._end()
+
     def _release(self) -> None:
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
         self._deadline.cancel()
         self._received()
         self.slots.close()

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from tdreplay.codec import operations as ops
-from tdreplay.codec.shm import EXTEND, RELEASE, SAMPLE, frame
+from tdreplay.codec.shm import EXTEND, IDLE_ENDED, RELEASE, SAMPLE, frame
 from tdreplay.storage import InsufficientStorage, InvalidRequest, TDReplayError
 
-from ..errors import error_body
+from ..errors import error_body, status_of
+from ..limits import timed_out
 from ..metrics import NO_TABLE, RequestHook
+from ..settings import Settings
 from .buffers import SlotBuffer
 
 #: the operations a client may ask for in JSON (metrics label them; anything else is "other")
@@ -38,8 +40,51 @@ def too_many(limit: int) -> TDReplayError:
     )
 
 
+#: what a connection's deadline is armed for (:class:`~.deadline.Deadline` hands it back):
+#: the hello (``--shm-hello-timeout``), a frame under way (``--body-timeout``), the next
+#: request (``--shm-idle-timeout``), an answer being taken (``--send-timeout``)
+HELLO, FRAME, IDLE, SEND = "hello", "frame", "idle", "send"
+
+
+def late(why: str, settings: Settings, received: int = 0, whole: int = 0) -> TDReplayError:
+    """The error of the time limit ``why`` (not :data:`SEND`: its client reads nothing), as
+    HTTP answers a limit of its own (408 ``InvalidRequest`` naming the flag); ``received`` of
+    ``whole`` bytes (``0``: not known yet) of the frame under way, for :data:`FRAME`."""
+    if why == HELLO:
+        t = settings.shm_hello_timeout
+        return timed_out(
+            f"no hello within {t:g} s of connecting (--shm-hello-timeout)",
+            field="hello",
+            expected=f"a hello within {t:g} s",
+        )
+    if why == FRAME:
+        t = settings.body_timeout
+        got = f"{received} of {whole} bytes" if whole else f"{received} bytes"
+        return timed_out(
+            f"a control frame not complete within {t:g} s of its first bytes ({got} received; "
+            "--body-timeout)",
+            field="body",
+            expected=f"the whole frame within {t:g} s",
+            got=got,
+        )
+    t = settings.shm_idle_timeout
+    return timed_out(
+        f"no request within {t:g} s of the last answer (--shm-idle-timeout); connect again "
+        "to go on",
+        field=IDLE_ENDED,
+        expected=f"a request within {t:g} s",
+    )
+
+
+def error_reply(err: BaseException, root: Path) -> dict[str, Any]:
+    """The reply of a request that failed with ``err``: its error body (paths relative to
+    the data root ``root``, as on every door) and the HTTP status it stands for (the
+    class's, but where a limit answers with its own, as a time limit's 408)."""
+    return {"ok": False, "status": status_of(err), "error": error_body(err, root)}
+
+
 def error_frame(err: BaseException, root: Path) -> bytes:
-    return frame({"ok": False, "error": error_body(err, root)})
+    return frame(error_reply(err, root))
 
 
 @dataclass
@@ -67,7 +112,7 @@ class Done:
     def failed(self, err: BaseException, root: Path) -> None:
         """The request failed with ``err``: its reply says so (paths relative to the data
         root ``root``, as on every door), and no slot goes with it."""
-        self.reply, self.slot = {"ok": False, "error": error_body(err, root)}, None
+        self.reply, self.slot = error_reply(err, root), None
 
     def report(self, on_request: RequestHook, s: float, rx: int, tx: int) -> None:
         """Tell the metrics of the request, from what its operation validated (never the
