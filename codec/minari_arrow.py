@@ -22,6 +22,7 @@ The files are those :func:`~tdreplay.codec.dataset_links.check_inside` vetted: n
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -51,11 +52,11 @@ def episode_files(data: Path, episode: int) -> list[Path]:
     folder = data / str(episode)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such episode folder")
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.is_file() and not any(part.startswith(SKIPPED) for part in p.relative_to(folder).parts)
-    )
+    found = []
+    for parent, subfolders, files in os.walk(folder):
+        subfolders[:] = [d for d in subfolders if not d.startswith(SKIPPED)]
+        found += [os.path.join(parent, f) for f in files if not f.startswith(SKIPPED)]
+    return [Path(f) for f in sorted(found)]
 
 
 def arrow_steps(data: Path, dataset_id: str, episodes: int, total_steps: int) -> None:
@@ -110,10 +111,12 @@ def arrow_pieces(
     """
     observation_space, action_space = spaces
     for i in range(episodes):
-        files = [(f, _batches(f)) for f in episode_files(data, i)]
+        files = [
+            (f, _batches(f), ipc.open_file(pa.memory_map(str(f)))) for f in episode_files(data, i)
+        ]
         step = 1
-        for path, batches in files:
-            schema = ipc.open_file(pa.memory_map(str(path))).schema
+        for path, batches, reader in files:
+            schema = reader.schema
             shapes = {
                 **_shapes(schema.field("observations"), observation_space, jpeg, OBS),
                 **_shapes(schema.field("actions"), action_space, jpeg, ACTION),
@@ -132,7 +135,7 @@ def arrow_pieces(
                 step = max(step, -(-b.bytes // max(b.rows, 1)))
         at_once = max(1, min(rows, READ_BYTES // step))
         start = 0
-        for window in _windows([p for p, _ in files], at_once):
+        for window in _windows([r for _, _, r in files], at_once):
             n = window.num_rows - 1  # the last row: the next piece's first observation
             where = f"{data / str(i)} steps {start}:{start + n}"
             piece = SimpleNamespace(
@@ -206,12 +209,11 @@ def _header(meta: bytes) -> tuple[int, list[tuple[int, int]], bool]:
     return rows, buffers, field(batch, 3) is not None
 
 
-def _windows(files: list[Path], at_once: int) -> Iterator[pa.Table]:
+def _windows(files: list[ipc.RecordBatchFileReader], at_once: int) -> Iterator[pa.Table]:
     """The episode's rows as tables of ``at_once + 1`` rows (the last fewer), each starting
     at the previous one's last row; at most two batches held."""
     pending: pa.Table | None = None
-    for path in files:
-        reader = ipc.open_file(pa.memory_map(str(path)))
+    for reader in files:
         for k in range(reader.num_record_batches):
             batch = reader.get_batch(k)
             batch.validate()
