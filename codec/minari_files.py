@@ -46,6 +46,7 @@ from .errors import InvalidRequest, PathExists, SchemaError
 from .exports import ExportedPath
 from .folders import made_for
 from .from_arrow import to_leaves
+from .minari_arrow import arrow_pieces, arrow_steps
 from .minari_hdf5 import MAIN_FILE, declared_steps, pieces, table_rows, unreadable
 from .protocol import IMPORT_CHUNK, import_chunk
 from .spaces import categories, check_categories, space_of
@@ -352,26 +353,24 @@ def read_minari(
         dataset = MinariDataset(folder / "data")
         total = int(dataset.total_steps)
         storage = dataset.storage
-        hdf5 = storage.metadata.get("data_format") == "hdf5"
-        if hdf5:  # sizes checked before a value is read; then read a chunk at a time
+        data_format = storage.metadata.get("data_format")
+        if data_format == "hdf5":  # sizes checked before a value is read; then a chunk at a time
             declared_steps(folder / "data" / MAIN_FILE, dataset_id, storage.total_episodes, total)
+        elif data_format == "arrow":
+            arrow_steps(folder / "data", dataset_id, storage.total_episodes, total)
     except InvalidRequest:
         raise
     except Exception as err:
         raise unreadable(root, dataset_id, err) from None
 
     def episodes() -> Iterator[tuple[int, int, Any]]:
-        if hdf5:
-            spaces = (storage.observation_space, storage.action_space)
-            read: Iterator[Any] = pieces(
-                folder / "data" / MAIN_FILE,
-                storage.total_episodes,
-                spaces,
-                storage.jpeg_encoding,
-                chunk,
-                fields,
-            )
-        else:  # Minari's Arrow format: one file of real values per episode
+        spaces = (storage.observation_space, storage.action_space)
+        how = (storage.total_episodes, spaces, storage.jpeg_encoding, chunk, fields)
+        if data_format == "hdf5":
+            read: Iterator[Any] = pieces(folder / "data" / MAIN_FILE, *how)
+        elif data_format == "arrow":
+            read = arrow_pieces(folder / "data", *how)
+        else:  # Minari's Parquet format: row groups of real values, each decoded whole
             read = ((int(e.id), 0, e) for e in dataset.iterate_episodes())
         while True:
             try:

@@ -28,8 +28,15 @@ FIELDS = {
 OBS = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
 
 
-def write(root: Path, dataset_id: str, episodes: list[dict[str, Any]], **spaces: Any) -> None:
-    """The episodes as a Minari dataset, through Minari's writer."""
+def write(
+    root: Path,
+    dataset_id: str,
+    episodes: list[dict[str, Any]],
+    *,
+    data_format: str = "hdf5",
+    **spaces: Any,
+) -> None:
+    """The episodes as a Minari dataset in ``data_format``, through Minari's writer."""
     from minari.data_collector import EpisodeBuffer
     from minari.dataset.minari_storage import MinariStorage
 
@@ -38,7 +45,7 @@ def write(root: Path, dataset_id: str, episodes: list[dict[str, Any]], **spaces:
         root / dataset_id / "data",
         observation_space=spaces.get("observation_space", OBS),
         action_space=spaces.get("action_space", gym.spaces.Discrete(3)),
-        data_format="hdf5",
+        data_format=data_format,
     )
     storage.update_metadata({"dataset_id": dataset_id, "minari_version": minari.__version__})
     storage.update_episodes([EpisodeBuffer(**e) for e in episodes])
