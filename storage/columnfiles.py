@@ -18,6 +18,7 @@ capacity and takes disk as the rows' extents reserve it (:mod:`.extents`).
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 from pathlib import Path
@@ -51,6 +52,36 @@ def create_file(path: Path, nbytes: int, *, reserve: bool = False) -> None:
                 if err.errno not in FALLOCATE_UNSUPPORTED:
                     raise
         os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def data_end(path: Path) -> int:
+    """Bytes of ``path`` up to the end of its last data: past it the file is a hole (zeros,
+    never written), and not read (a tmpfs backs a hole's page when it is read, and on a full
+    one that read is a SIGBUS). The whole file where the file system tells no holes.
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = Path(d) / "slots.live.bin"
+        ...     create_file(path, 1 << 20)
+        ...     empty = data_end(path)
+        ...     with open(path, "r+b") as f:
+        ...         _ = f.write(b"x")
+        ...     (empty, 0 < data_end(path) < 1 << 20)
+        (0, True)
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        end = at = 0
+        while at < size:  # data extent by data extent: a column written from slot 0 has one
+            try:
+                at = os.lseek(fd, at, os.SEEK_DATA)
+            except OSError as err:
+                return end if err.errno == errno.ENXIO else size  # holes to the end / no seek
+            at = end = os.lseek(fd, at, os.SEEK_HOLE)
+        return min(end, size)
     finally:
         os.close(fd)
 

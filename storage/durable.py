@@ -62,7 +62,14 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from .columnfiles import ADDED_COLUMNS, RENAMED_COLUMNS, create_file, map_file, upgrade_column
+from .columnfiles import (
+    ADDED_COLUMNS,
+    RENAMED_COLUMNS,
+    create_file,
+    data_end,
+    map_file,
+    upgrade_column,
+)
 from .diskspace import fsync_path
 from .errors import BackendError
 from .extents import Extents, Span
@@ -104,6 +111,8 @@ class Table(Protocol):
 STATE_DIR = ".tdreplay-state"
 SPEC_FILE = "spec.json"
 RECORD_FILE = "record.bin"
+#: the column holding the slots' ordinals (0: never written), which end the written slots
+ORDINAL_COLUMN = "slots.sampled_ordinal"
 
 
 class DurableState:
@@ -247,9 +256,8 @@ class DurableState:
             mapped[name] = map_file(path, tensor.dtype, tuple(tensor.shape))
         state._map_record()
         state._reserve_with_rows(mapped)
-        state._bind(mapped)
         try:
-            state._load()
+            state._load(mapped)
         except StateError as err:  # the columns disagree with each other: not served
             raise BackendError(f"{folder}: damaged table state: {err}") from None
         return state
@@ -282,26 +290,46 @@ class DurableState:
         self._gen = best[0]
         return best[1]
 
-    def _load(self) -> None:
-        """Restore the scalars from the record, then re-derive from the columns what they pin down."""
+    def _written(self, mapped: dict[str, torch.Tensor]) -> int:
+        """``hi`` of the bound columns: slots ``[0, hi)`` have been written (the last one
+        holds an ordinal; an insert writes it before the item is live). The one bound of a
+        reopen's reads: the ordinal file is read over its data only (past it, a hole reads
+        as zeros), and every column over ``[0, hi)`` only. Reading a hole backs its page on
+        a tmpfs, and on a full one that read is a SIGBUS."""
+        slot_bytes = mapped[ORDINAL_COLUMN][:1].nbytes
+        n = -(-data_end(self.folder / f"{ORDINAL_COLUMN}.bin") // slot_bytes)
+        written = (self.table.slots.ordinal[:n] > 0).nonzero()
+        return int(written[-1]) + 1 if len(written) else 0
+
+    def _load(self, mapped: dict[str, torch.Tensor]) -> None:
+        """Restore the scalars from the record, re-derive from the columns what they pin
+        down, and bind the parts to the columns.
+
+        The columns are read over the written slots only (:meth:`_written`), into copies
+        that the table loads (checked) into its own tensors; the files then replace them,
+        unwritten: a restart writes nothing into them (no page dirtied, no hole backed).
+        """
         t = self.table
+        own = self._columns(t)
+        self._bind(mapped)
+        s = t.slots
+        s.hi = self._written(mapped)
+        state = t.state_dict()  # the files' state: copies read over [0, hi), zeros past it
+        self._bind(own)
         rec = self._read_record() or dict.fromkeys(self._layout.fields, 0)
-        state = t.state_dict()
         for (part, name), value in rec.items():  # the record's scalars, as the parts declared them
             (state if part == "table" else state[part])[name] = value
         recorded_inserted = int(state["slots"]["inserted"])
-        s = t.slots
-        live = s.live
-        written = (s.ordinal > 0).nonzero().squeeze(1)
+        hi = s.hi
+        live, ordinal = state["slots"]["live"][:hi], state["slots"]["ordinal"][:hi]
         n_live = int(live.sum())
-        hi = int(written.max()) + 1 if len(written) else 0
-        inserted = max(recorded_inserted, int(s.ordinal.max()) if len(written) else 0)
+        inserted = max(recorded_inserted, int(ordinal.max()) if hi else 0)
         # The ring's cursor is the slot after the newest item; the queue's head
         # its oldest live item; the stack's top the end of its live run.
-        cursor = (int(s.ordinal.argmax()) + 1) % s.capacity if len(written) else 0
+        cursor = (int(ordinal.argmax()) + 1) % s.capacity if hi else 0
         live_idx = live.nonzero().squeeze(1)
         if len(live_idx):
-            head = int(live_idx[s.ordinal[live_idx].argmin()])
+            head = int(live_idx[ordinal[live_idx].argmin()])
             top = int(live_idx.max()) + 1
         else:
             head, top = cursor, 0
@@ -316,15 +344,9 @@ class DurableState:
             state["sampler"]["max_priority"] = max(float(state["sampler"]["max_priority"]), 1e-12)
         state["rate_limiter"]["inserts"] += max(0, inserted - recorded_inserted)  # inserts missed
         state.pop("generator", None)  # a reopened table draws from a fresh seed
-        # The per-slot tensors are the mapped columns themselves, not the copies state_dict
-        # made: loading copies nothing into them (a column copied onto itself would take
-        # disk blocks for its holes, the state of slots never written).
-        for part, owner in (("slots", t.slots), ("sampler", t.sampler), ("writer", t.writer)):
-            for key, value in state[part].items():
-                own = getattr(owner, key, None)
-                if isinstance(value, torch.Tensor) and isinstance(own, torch.Tensor):
-                    state[part][key] = own
+        s.hi = 0  # the own tensors: nothing written yet
         t.load_state_dict(state)
+        self._bind(mapped)  # equal to the own tensors over [0, hi), never read past it
 
     # ------------------------------------------------------------ disk
     def flush(self) -> None:

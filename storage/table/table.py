@@ -45,11 +45,12 @@ from ..importer import import_parquet
 from ..redis_conn import RedisConnection, connections
 from ..spec import TableSpec
 from .draws import Draws
+from .figures import Figures
 from .inserts import Inserts
 from .snapshot import Items, Snapshot
 
 
-class Table(Inserts, Draws):
+class Table(Inserts, Draws, Figures):
     """A fixed-capacity replay table on a tensordict storage.
 
     Build one with :meth:`create` (new, empty storage) or :meth:`restore`
