@@ -43,6 +43,13 @@ _DTYPE, _SHAPE = attrgetter("dtype"), attrgetter("shape")
 _InferenceMode, _foreach_copy_ = torch._C._InferenceMode, torch._foreach_copy_
 
 
+def _allocating() -> torch.inference_mode:
+    """The mode the columns are allocated in: out of inference mode, whatever the caller's. A first
+    step appended under ``torch.inference_mode()`` would make them inference tensors, and
+    every later in-place copy outside it (rows extended, rows moved) would fail."""
+    return torch.inference_mode(False)
+
+
 #: a set of columns lent out (:meth:`ColumnBuffer.lend`): the columns and their row views
 Lent = tuple[list[torch.Tensor], list[list[torch.Tensor] | None]]
 
@@ -163,10 +170,11 @@ class ColumnBuffer:
     # ---------------------------------------------------------------- storage
     def _allocate(self, rows: int) -> None:
         old, live = self._cols, self.n
-        self._cols = [
-            torch.empty((rows, *shape), dtype=dtype)
-            for shape, dtype in zip(self._shapes, self._dtypes, strict=True)
-        ]
+        with _allocating():  # never inference tensors
+            self._cols = [
+                torch.empty((rows, *shape), dtype=dtype)
+                for shape, dtype in zip(self._shapes, self._dtypes, strict=True)
+            ]
         if old and live:
             for new, col in zip(self._cols, old, strict=True):
                 new[:live].copy_(col[self.start : self.start + live])
@@ -337,7 +345,9 @@ class ColumnBuffer:
         if self._spare is not None:
             cols, views = self._spare
         else:
-            cols, views = [torch.empty_like(c) for c in self._cols], [None] * self._capacity
+            with _allocating():  # never inference tensors
+                cols = [torch.empty_like(c) for c in self._cols]
+            views = [None] * self._capacity
         self._spare = None
         if self.n:
             with torch.no_grad():

@@ -79,7 +79,13 @@ class SamplingMixin:
                 EmptyTableError (a subclass) when it held no item then.
         """
         n = batch_size if batch_size is not None else self._batch_size
-        if (
+        if n is None:
+            raise RuntimeError(
+                "TDReplayBuffer.sample needs a batch size: pass sample(batch_size) or "
+                "TDReplayBuffer(..., batch_size=N)"
+            )
+        n = sample_params(n, self._timeout).batch_size  # the contract's rule, before any piece
+        if (  # a size refused above neither warns nor spends the one warning
             n != self._batch_size
             and self._batch_size is not None
             and not self._warned_batch_size_conflict
@@ -90,12 +96,6 @@ class SamplingMixin:
                 f"({n}). The batch-size provided to the sample method will prevail.",
                 stacklevel=2,
             )
-        if n is None:
-            raise RuntimeError(
-                "TDReplayBuffer.sample needs a batch size: pass sample(batch_size) or "
-                "TDReplayBuffer(..., batch_size=N)"
-            )
-        n = sample_params(n, self._timeout).batch_size  # the contract's rule, before any piece
         piece = self._piece(n)
         if piece < n:
             batch = TensorDict.cat([self._draw(min(piece, n - k)) for k in range(0, n, piece)])

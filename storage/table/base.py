@@ -220,7 +220,8 @@ class TableBase(Scalars):
         s = self.slots
         if s.n_live >= n:  # every live item has at least one sample left
             return True
-        return int((self.max_times_sampled - s.times_sampled[s.live]).sum()) >= n
+        hi = s.hi  # past it nothing is live (nor read: see Slots.written)
+        return int((self.max_times_sampled - s.times_sampled[:hi][s.live[:hi]]).sum()) >= n
 
     def held_back(self, op: Op, n: int, waited: float) -> RateLimitTimeout:
         """The error of a call the rate limiter held back for ``waited`` seconds

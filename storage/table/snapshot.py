@@ -263,7 +263,8 @@ class Items:
     def sorted(self) -> torch.Tensor:
         """The slots of the items of the instant still live, sorted by ordinal."""
         with self.table._cond:
-            slots = self._of_instant(slice(None)).nonzero().squeeze(1)
+            # none of the instant at or past hi (nor read there: see Slots.written)
+            slots = self._of_instant(slice(0, self.hi)).nonzero().squeeze(1)
             return slots[torch.argsort(self.table.slots.ordinal[slots])]
 
     def _read(self, idx: torch.Tensor) -> dict[NestedKey, torch.Tensor]:

@@ -154,6 +154,24 @@ def test_the_fast_path_copies_without_the_graph_and_keeps_grad_mode() -> None:
     assert not chunk["x"].is_inference()  # columns usable outside inference mode
 
 
+def test_steps_appended_in_inference_mode_leave_columns_usable_outside_it() -> None:
+    """A collector appends under ``torch.inference_mode()`` and extends or flushes outside
+    it: the columns (and a lent set's spare) were allocated in the caller's mode, inference
+    tensors then, and any later in-place copy outside inference mode (rows extended, live
+    rows moved to the front) failed with torch's 'Inplace update to inference tensor'."""
+    cols = ColumnBuffer(8)
+    with torch.inference_mode():
+        cols.append(TensorDict({"x": torch.zeros(3)}, []))
+    assert cols.append(TensorDict({"x": torch.ones(2, 3)}, [2])) == 2
+    with torch.inference_mode():
+        lent = cols.lend()  # a chunk sent while collecting: the spare allocated then
+    cols.reclaim(lent)
+    assert cols.append(TensorDict({"x": torch.full((2, 3), 2.0)}, [2])) == 2
+    chunk = cols.front(5, copy=False)
+    assert not chunk["x"].is_inference()
+    assert chunk["x"][:, 0].tolist() == [0.0, 1.0, 1.0, 2.0, 2.0]
+
+
 def test_lent_columns_stay_as_they_are_until_reclaimed_and_are_reused() -> None:
     cols = ColumnBuffer(4)
     for i in range(5):

@@ -306,3 +306,38 @@ def test_a_restart_on_a_full_tmpfs_serves_its_items_not_a_sigbus(small_disk: Pat
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "size 10 drawn True" in done.stdout, done.stdout
+
+
+def test_a_sample_past_the_live_count_under_max_times_sampled_reads_no_unwritten_slot(
+    small_disk: Path,
+) -> None:
+    """A sample of more items than are live, with ``max_times_sampled``, asked whether
+    enough samples are left by reading the live column whole (the table's capacity): the
+    live file took every page (on a full tmpfs, a SIGBUS any client's sample could cause)."""
+    table_spec = TableSpec.model_validate({**spec("uniform").model_dump(), "max_times_sampled": 3})
+    table = Table.create(table_spec, small_disk / "a")
+    try:
+        table.extend(items(0, 10))
+        before = live_file(small_disk / "a").stat().st_blocks
+        assert len(table.sample(12)["x"]) == 12
+        assert live_file(small_disk / "a").stat().st_blocks == before
+    finally:
+        table.destroy()
+
+
+def test_an_export_out_of_slot_order_reads_no_unwritten_slot(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """A table whose items are not in ring order (a stack) is exported in ordinal order:
+    that order was found by reading the live and ordinal columns whole (1 MB and 16 MB
+    here, every page backed: on a full tmpfs, a SIGBUS)."""
+    table = Table.create(spec("lifo"), small_disk / "a")
+    try:
+        table.extend(items(0, 10))
+        folder = small_disk / "a" / "tables" / "t" / "storage" / STATE_DIR
+        before = {p.name: p.stat().st_blocks for p in folder.glob("slots.*.bin")}
+        out = table.export(tmp_path / "x.csv")
+        assert out.rows == 10
+        assert {p.name: p.stat().st_blocks for p in folder.glob("slots.*.bin")} == before
+    finally:
+        table.destroy()

@@ -16,6 +16,7 @@ import pytest
 from parity_kit import rows
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
+from tdreplay.client import InvalidRequest
 from tdreplay.torchrl import TDReplayBuffer
 
 _names = itertools.count()
@@ -45,3 +46,20 @@ def test_a_conflicting_sample_size_warns_once_as_torchrl(server: Any) -> None:
                 warnings.simplefilter("error")  # once per buffer
                 assert rb.sample(3).batch_size == (3,)
                 assert rb.sample().batch_size == (4,)
+
+
+def test_a_refused_sample_size_neither_warns_nor_spends_the_warning(server: Any) -> None:
+    """``sample(0)`` is refused (InvalidRequest, the contract's rule): it warned first that
+    0 would prevail, and spent the one warning, so the conflicting size that followed was
+    sampled without a word. Bad input changes nothing."""
+    create = {"capacity": 16, "backend": "memory"}
+    with TDReplayBuffer(
+        server.url, f"batch_size_{next(_names)}", batch_size=4, create=create, timeout=5.0
+    ) as rb:
+        rb.extend(rows(0, 8))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(InvalidRequest, match="batch_size"):
+                rb.sample(0)
+        with pytest.warns(UserWarning, match=r"constructor \(4\) and `sample` \(6\)"):
+            assert rb.sample(6).batch_size == (6,)
