@@ -135,10 +135,13 @@ class Slots(Scalars):
         return out
 
     def at(self, column: torch.Tensor, where: slice | torch.Tensor) -> torch.Tensor:
-        """The per-slot ``column`` at slots ``where`` (a slice of step 1, or an index),
-        reading only the written ones, ``[0, hi)``: past them it is zeros (see
-        :meth:`written`), given as such without a read there. One comparison when all are
-        written (a sampler's windows around new items reach past them)."""
+        """The per-slot ``column`` at slots ``where`` (a slice of step 1 from 0 up, or an
+        index tensor of checked slots, each in ``[0, capacity)``: a client's go through
+        :func:`~tdreplay.codec.indices.slot_tensor` first), reading only the written ones,
+        ``[0, hi)``: past them it is zeros (see :meth:`written`), given as such without a
+        read there. One comparison when all are written (a sampler's windows around new
+        items reach past them)."""
+        assert not isinstance(where, slice) or (where.step in (None, 1) and (where.start or 0) >= 0)
         hi = self.hi
         if isinstance(where, slice):
             start, stop = where.start or 0, where.stop
