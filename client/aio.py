@@ -34,7 +34,7 @@ from .base import ClientBase
 from .deprecation import warn_close_deprecated
 from .driving import AsyncDriver
 from .loader import Loader
-from .schema import load_spec
+from .schema import SpecLike, load_spec
 from .settings import ClientSettings
 from .stats import flatten
 from .steps import Plan
@@ -89,9 +89,7 @@ class AsyncReplayClient(ClientBase):
     async def tables(self) -> list[dict[str, Any]]:
         return await self._run(self._plans.tables())
 
-    async def create_table(
-        self, spec: dict[str, Any] | str | Path, *, if_absent: bool = False
-    ) -> dict[str, Any]:
+    async def create_table(self, spec: SpecLike, *, if_absent: bool = False) -> dict[str, Any]:
         return await self._run(self._plans.create_table(load_spec(spec), if_absent))
 
     async def clear(self, table: str) -> dict[str, Any]:

@@ -15,7 +15,6 @@ settings, so a copy in a DataLoader worker or a subprocess opens its own connect
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -27,7 +26,7 @@ from .base import _restore as _restore  # pickles of clients made before base.py
 from .driving import BlockingDriver
 from .dumps import Persistence
 from .loader import Loader
-from .schema import load_spec
+from .schema import SpecLike, load_spec
 from .settings import ClientSettings
 from .stats import flatten
 from .steps import Plan
@@ -98,10 +97,8 @@ class ReplayClient(Persistence, ClientBase):
         """The info of every table."""
         return self._run(self._plans.tables())
 
-    def create_table(
-        self, spec: dict[str, Any] | str | Path, *, if_absent: bool = False
-    ) -> dict[str, Any]:
-        """Create a table from a spec (a mapping, or a YAML/JSON schema file); returns its info.
+    def create_table(self, spec: SpecLike, *, if_absent: bool = False) -> dict[str, Any]:
+        """Create a table from a spec (a mapping, a ``TableSpec``, or a YAML/JSON schema file); returns its info.
 
         With ``if_absent`` it is create-if-absent, one server operation: a table of that
         name with this spec (one being created by another caller meanwhile included) is
