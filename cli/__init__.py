@@ -45,7 +45,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from tdreplay.codec.protocol import IMPORT_CHUNK
+from tdreplay.codec.protocol import IMPORT_CHUNK, MAX_BATCH_BYTES
 
 from . import offline, remote
 from .common import new_parser, refuse_token_flag
@@ -281,6 +281,15 @@ def add_remote_commands(sub: Any) -> None:
         type=int,
         default=IMPORT_CHUNK,
         help=f"rows per extend, at most the table's capacity (default: {IMPORT_CHUNK})",
+    )
+    p.add_argument(
+        "--max-batch-bytes",
+        type=int,
+        default=MAX_BATCH_BYTES,
+        metavar="BYTES",
+        help="minari: the most bytes one compressed unit of the dataset's files (an Arrow "
+        "record batch, a Parquet page: each decompressed whole) may decompress to; a file "
+        f"holding a larger one is refused (default: {MAX_BATCH_BYTES}, 32 MiB)",
     )
     _progress(p)
     _connection(p)

@@ -31,7 +31,7 @@ from tdreplay.client.transport import shown_url
 from tdreplay.codec.errors import SchemaError
 from tdreplay.codec.exports import export_format
 from tdreplay.codec.parquet_read import parquet_files
-from tdreplay.codec.protocol import import_chunk
+from tdreplay.codec.protocol import MAX_BATCH_BYTES, import_batch_bytes, import_chunk
 from tdreplay.codec.schema_file import read_schema
 from tdreplay.codec.text import printable
 
@@ -297,8 +297,9 @@ def spinner(args: dict[str, Any], desc: str) -> Iterator[None]:
 
 def import_(client: ReplayClient, args: dict[str, Any]) -> None:
     table = args["table"]
-    with flag_values(chunk="--chunk"):
+    with flag_values(chunk="--chunk", max_batch_bytes="--max-batch-bytes"):
         chunk = import_chunk(args["chunk"])  # the rule of every door; a bad flag is usage
+        import_batch_bytes(args.get("max_batch_bytes", MAX_BATCH_BYTES))
     try:
         print(_import(client, table, chunk, args))
     except (Unauthorized, Forbidden, TransportError):
@@ -325,7 +326,12 @@ def _import(client: ReplayClient, table: str, chunk: int, args: dict[str, Any]) 
     if args.get("format") == "minari":
         dataset_id = minari_id(args)
         written = client.import_dataset(
-            table, dataset_id, root=args.get("source"), chunk=chunk, progress=show_progress(args)
+            table,
+            dataset_id,
+            root=args.get("source"),
+            chunk=chunk,
+            progress=show_progress(args),
+            max_batch_bytes=args.get("max_batch_bytes", MAX_BATCH_BYTES),
         )
         return (
             f"imported {written} rows into table {table!r} from the Minari dataset {dataset_id!r}"

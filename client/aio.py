@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..codec.archive import Packed
-from ..codec.protocol import IMPORT_CHUNK
+from ..codec.protocol import IMPORT_CHUNK, MAX_BATCH_BYTES
 from . import datasets, dumps
 from .aio_loader import AsyncLoader
 from .aio_transport import AsyncTransport
@@ -221,6 +221,7 @@ class AsyncReplayClient(ClientBase):
         chunk: int = IMPORT_CHUNK,
         trajectory_key: str | None = None,
         progress: bool | None = None,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
     ) -> int:
         """See :meth:`ReplayClient.import_dataset` (read as :meth:`import_parquet` is)."""
         plan = datasets.import_dataset(
@@ -232,6 +233,7 @@ class AsyncReplayClient(ClientBase):
             chunk=chunk,
             trajectory_key=trajectory_key,
             progress=progress,
+            max_batch_bytes=max_batch_bytes,
         )
         return await self._run(plan)
 

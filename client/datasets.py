@@ -41,7 +41,15 @@ from ..codec.exports import ExportedPath, counted, export_format
 from ..codec.folders import made_for
 from ..codec.parquet_import import refused_values
 from ..codec.parquet_read import parquet_files, read_parquet
-from ..codec.protocol import IMPORT_CHUNK, import_chunk, import_rows, note_written, rows_written
+from ..codec.protocol import (
+    IMPORT_CHUNK,
+    MAX_BATCH_BYTES,
+    import_batch_bytes,
+    import_chunk,
+    import_rows,
+    note_written,
+    rows_written,
+)
 from .plans import Plans
 from .sinks import aside
 from .steps import Plan, Work
@@ -173,17 +181,20 @@ def import_dataset(
     chunk: int = IMPORT_CHUNK,
     trajectory_key: str | None = None,
     progress: bool | None = None,
+    max_batch_bytes: int = MAX_BATCH_BYTES,
 ) -> Plan[int]:
     """Extend ``table`` with the steps of the Minari dataset ``dataset_id``; returns the
     number of items written. See :meth:`~tdreplay.client.ReplayClient.import_dataset`.
 
     Raises:
         ValueError: ``format`` is not ``"minari"``.
-        InvalidRequest: ``chunk`` is not an integer >= 1 (before anything is sent).
+        InvalidRequest: ``chunk`` or ``max_batch_bytes`` is not an integer >= 1 (before
+            anything is sent).
     """
     if format != MINARI:
         raise ValueError(f"import_dataset reads Minari datasets, not {format!r}")
     import_chunk(chunk, table)
+    import_batch_bytes(max_batch_bytes, table)
     info = yield from plans.info(table)
     fields = info["fields"]
     key = trajectory_key_of(info, trajectory_key)
@@ -194,6 +205,7 @@ def import_dataset(
         fields,
         trajectory_key=key,
         chunk=import_rows(chunk, info["capacity"], table),
+        max_batch_bytes=max_batch_bytes,
     )
     total, chunks = yield Work(read)
     batches = (_typed(fields, rows) for rows in chunks)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..codec.archive import Packed, unpack
-from ..codec.protocol import IMPORT_CHUNK
+from ..codec.protocol import IMPORT_CHUNK, MAX_BATCH_BYTES
 from . import datasets
 from .plans import Plans
 from .sinks import UnpackSink, byte_bar
@@ -267,6 +267,7 @@ class Persistence:
         chunk: int = IMPORT_CHUNK,
         trajectory_key: str | None = None,
         progress: bool | None = None,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
     ) -> int:
         """Extend ``table`` with every step of the Minari dataset ``dataset_id``, ``chunk``
         rows per extend (at most the table's capacity); returns the number of items written.
@@ -282,6 +283,9 @@ class Persistence:
 
         Args:
             root: the datasets root; default: Minari's (``MINARI_DATASETS_PATH``).
+            max_batch_bytes: the most bytes one compressed unit of the dataset's files (an
+                Arrow record batch, a Parquet page: each decompressed whole) may decompress
+                to (default 32 MiB); a file holding a larger one is refused.
 
         Raises:
             InvalidRequest: no such dataset under the root (the error lists those there).
@@ -299,6 +303,7 @@ class Persistence:
                 chunk=chunk,
                 trajectory_key=trajectory_key,
                 progress=progress,
+                max_batch_bytes=max_batch_bytes,
             )
         )
 

@@ -7,13 +7,18 @@ rows of zeros, and Minari's ``iterate_episodes`` decompressed each episode whole
 only its first 131,072 rows, the scanner's first batch). Here, as for HDF5
 (:mod:`tdreplay.codec.minari_hdf5`), memory follows the import's chunk:
 
+What Minari's Parquet format shares with it (:mod:`tdreplay.codec.minari_parquet`): the
+steps check (:func:`checked_steps`), the widths check (:func:`check_widths`) and the decoding
+of an episode's batches (:func:`episode_pieces`).
+
 * :func:`arrow_steps` counts each episode's rows from its files' message headers (the
   flatbuffers before each batch's body, never a value) and refuses a dataset whose steps
   disagree with an episode's ``total_steps`` or do not add up to the metadata's.
 * :func:`arrow_pieces` checks each part's values per step, from the schema, against the
   table's fields (:func:`~tdreplay.codec.episode_rows.widths_fit`), and a compressed
-  batch's size, from its buffers' headers, against :data:`READ_BYTES` (pyarrow decompresses
-  a batch whole); then reads the memory-mapped files :data:`READ_BYTES` at a time, decoded
+  batch's size, from its buffers' headers, against the import's ``max_batch_bytes``
+  (:data:`~tdreplay.codec.protocol.MAX_BATCH_BYTES`: pyarrow decompresses a batch whole); then
+  reads the memory-mapped files :data:`READ_BYTES` at a time, decoded
   as Minari decodes them, JPEG frames checked from their headers (``_frames``).
 
 The files are those :func:`~tdreplay.codec.dataset_links.check_inside` vetted: no link out.
@@ -24,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -36,11 +41,12 @@ import pyarrow.ipc as ipc
 from .episode_rows import widths_fit
 from .episodes import ACTION, OBS
 from .minari_hdf5 import READ_BYTES, STEP_PARTS, _frames, _is_image_space, _refuse
+from .protocol import MAX_BATCH_BYTES, over_batch_bytes
 
 if TYPE_CHECKING:  # the datasets extra's: imported where a dataset is read (as Minari's own)
     import gymnasium as gym
 
-__all__ = ["arrow_pieces", "arrow_steps"]
+__all__ = ["arrow_pieces", "arrow_steps", "check_widths", "checked_steps", "episode_pieces"]
 
 MAGIC = b"ARROW1"
 #: what Minari's reader skips in an episode's folder (``ignore_prefixes``)
@@ -60,19 +66,31 @@ def episode_files(data: Path, episode: int) -> list[Path]:
 
 
 def arrow_steps(data: Path, dataset_id: str, episodes: int, total_steps: int) -> None:
-    """Refuse an Arrow dataset whose episodes hold other numbers of steps than its metadata.
+    """Refuse an Arrow dataset whose episodes hold other numbers of steps than its metadata
+    (:func:`checked_steps`), counting rows from message headers only, never values."""
+    checked_steps(
+        data, dataset_id, episodes, total_steps, lambda f: sum(b.rows for b in _batches(f))
+    )
 
-    Reads message headers only, never values.
+
+def checked_steps(
+    data: Path, dataset_id: str, episodes: int, total_steps: int, rows_of: Callable[[Path], int]
+) -> None:
+    """Refuse a dataset of one folder of files per episode (Minari's Arrow and Parquet
+    formats) whose episodes hold other numbers of steps than its metadata says.
+
+    Args:
+        rows_of: a file's rows, from its headers or footer (never a value).
 
     Raises:
         InvalidRequest: an episode's rows (less the padding one) are not its
             ``metadata.json``'s ``total_steps``, or the episodes' steps do not add up to
             the dataset's (the error names the folder and both numbers).
-        OSError, ValueError: a file is not Arrow IPC (for the caller's ``unreadable``).
+        OSError, ValueError: a file is not of the format (for the caller's ``unreadable``).
     """
     steps, largest = 0, (0, 0)
     for i in range(episodes):
-        rows = sum(b.rows for f in episode_files(data, i) for b in _batches(f))
+        rows = sum(rows_of(f) for f in episode_files(data, i))
         t = max(rows - 1, 0)
         said = json.loads((data / str(i) / "metadata.json").read_text()).get("total_steps")
         if said is not None and int(said) != t:
@@ -99,6 +117,7 @@ def arrow_pieces(
     jpeg: bool,
     rows: int,
     fields: Mapping[str, Any],
+    max_batch_bytes: int = MAX_BATCH_BYTES,
 ) -> Iterator[tuple[int, int, SimpleNamespace]]:
     """Each episode as pieces of at most ``rows`` steps (fewer where a step is wide:
     :data:`READ_BYTES` at a time), as :func:`~tdreplay.codec.minari_hdf5.pieces` yields them.
@@ -107,45 +126,74 @@ def arrow_pieces(
         SchemaError: a part's values per step disagree with the table's ``fields``
             (:func:`~tdreplay.codec.episode_rows.widths_fit`), before it is read.
         ValueError, TypeError, KeyError, OSError: the files are not Minari's layout, or a
-            compressed batch decompresses to more than :data:`READ_BYTES`.
+            compressed batch decompresses to more than ``max_batch_bytes``.
     """
-    observation_space, action_space = spaces
     for i in range(episodes):
         files = [
             (f, _batches(f), ipc.open_file(pa.memory_map(str(f)))) for f in episode_files(data, i)
         ]
         step = 1
         for path, batches, reader in files:
-            schema = reader.schema
-            shapes = {
-                **_shapes(schema.field("observations"), observation_space, jpeg, OBS),
-                **_shapes(schema.field("actions"), action_space, jpeg, ACTION),
-                **{v: _type_shape(schema.field(k)) for k, v in STEP_PARTS.items()},
-            }
-            info = schema.field("infos") if "infos" in schema.names else None
-            for part in (shapes, _info_shapes(info.type, "") if info else {}):
-                widths_fit(i, part, fields)
+            check_widths(i, reader.schema, spaces, jpeg, fields)
             for n, b in enumerate(batches):
-                if b.compressed and b.bytes > READ_BYTES:
+                if b.compressed and b.bytes > max_batch_bytes:
                     raise ValueError(
                         f"{path}: record batch {n} of {b.rows} rows decompresses to {b.bytes} "
-                        f"bytes, more than the {READ_BYTES} read at a time (pyarrow cannot "
-                        "decompress part of a batch: write it uncompressed or in smaller batches)"
+                        f"bytes, {over_batch_bytes(max_batch_bytes)} (pyarrow decompresses a batch whole)"
                     )
                 step = max(step, -(-b.bytes // max(b.rows, 1)))
         at_once = max(1, min(rows, READ_BYTES // step))
-        start = 0
-        for window in _windows([r for _, _, r in files], at_once):
-            n = window.num_rows - 1  # the last row: the next piece's first observation
-            where = f"{data / str(i)} steps {start}:{start + n}"
-            piece = SimpleNamespace(
-                observations=_decode(observation_space, window["observations"], jpeg, where),
-                actions=_decode(action_space, window["actions"].slice(0, n), jpeg, where),
-                infos=_info(window["infos"].slice(0, n)) if "infos" in window.column_names else {},
-                **{k: _values(window[k].slice(0, n)) for k in STEP_PARTS},
-            )
-            yield i, start, piece
-            start += n
+        read = (r.get_batch(k) for _, _, r in files for k in range(r.num_record_batches))
+        yield from episode_pieces(data / str(i), i, read, at_once, spaces, jpeg)
+
+
+def check_widths(
+    episode: int,
+    schema: pa.Schema,
+    spaces: tuple[gym.Space, gym.Space],
+    jpeg: bool,
+    fields: Mapping[str, Any],
+) -> None:
+    """Each part's values per step, from an episode's file's ``schema``, against the table's
+    ``fields`` (:func:`~tdreplay.codec.episode_rows.widths_fit`); no value is read.
+
+    Raises:
+        SchemaError: a part's values per step disagree with the table's.
+    """
+    observation_space, action_space = spaces
+    shapes = {
+        **_shapes(schema.field("observations"), observation_space, jpeg, OBS),
+        **_shapes(schema.field("actions"), action_space, jpeg, ACTION),
+        **{v: _type_shape(schema.field(k)) for k, v in STEP_PARTS.items()},
+    }
+    info = schema.field("infos") if "infos" in schema.names else None
+    for part in (shapes, _info_shapes(info.type, "") if info else {}):
+        widths_fit(episode, part, fields)
+
+
+def episode_pieces(
+    folder: Path,
+    episode: int,
+    batches: Iterable[pa.RecordBatch],
+    at_once: int,
+    spaces: tuple[gym.Space, gym.Space],
+    jpeg: bool,
+) -> Iterator[tuple[int, int, SimpleNamespace]]:
+    """An episode's record ``batches`` (its ``T + 1`` rows in order) as pieces of
+    ``at_once`` steps, decoded as Minari's ``arrow_storage`` decodes them."""
+    observation_space, action_space = spaces
+    start = 0
+    for window in _windows(batches, at_once):
+        n = window.num_rows - 1  # the last row: the next piece's first observation
+        where = f"{folder} steps {start}:{start + n}"
+        piece = SimpleNamespace(
+            observations=_decode(observation_space, window["observations"], jpeg, where),
+            actions=_decode(action_space, window["actions"].slice(0, n), jpeg, where),
+            infos=_info(window["infos"].slice(0, n)) if "infos" in window.column_names else {},
+            **{k: _values(window[k].slice(0, n)) for k in STEP_PARTS},
+        )
+        yield episode, start, piece
+        start += n
 
 
 class _Batch(SimpleNamespace):
@@ -209,19 +257,17 @@ def _header(meta: bytes) -> tuple[int, list[tuple[int, int]], bool]:
     return rows, buffers, field(batch, 3) is not None
 
 
-def _windows(files: list[ipc.RecordBatchFileReader], at_once: int) -> Iterator[pa.Table]:
+def _windows(batches: Iterable[pa.RecordBatch], at_once: int) -> Iterator[pa.Table]:
     """The episode's rows as tables of ``at_once + 1`` rows (the last fewer), each starting
     at the previous one's last row; at most two batches held."""
     pending: pa.Table | None = None
-    for reader in files:
-        for k in range(reader.num_record_batches):
-            batch = reader.get_batch(k)
-            batch.validate()
-            table = pa.Table.from_batches([batch])
-            pending = table if pending is None else pa.concat_tables([pending, table])
-            while pending.num_rows > at_once + 1:
-                yield pending.slice(0, at_once + 1)
-                pending = pending.slice(at_once)
+    for batch in batches:
+        batch.validate()
+        table = pa.Table.from_batches([batch])
+        pending = table if pending is None else pa.concat_tables([pending, table])
+        while pending.num_rows > at_once + 1:
+            yield pending.slice(0, at_once + 1)
+            pending = pending.slice(at_once)
     if pending is not None and pending.num_rows > 1:
         yield pending
 

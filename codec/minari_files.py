@@ -48,7 +48,8 @@ from .folders import made_for
 from .from_arrow import to_leaves
 from .minari_arrow import arrow_pieces, arrow_steps
 from .minari_hdf5 import MAIN_FILE, declared_steps, pieces, table_rows, unreadable
-from .protocol import IMPORT_CHUNK, import_chunk
+from .minari_parquet import parquet_pieces, parquet_steps
+from .protocol import IMPORT_CHUNK, MAX_BATCH_BYTES, import_batch_bytes, import_chunk
 from .spaces import categories, check_categories, space_of
 
 log = logging.getLogger(__name__)
@@ -308,6 +309,7 @@ def read_minari(
     *,
     trajectory_key: str | None = None,
     chunk: int = IMPORT_CHUNK,
+    max_batch_bytes: int = MAX_BATCH_BYTES,
 ) -> tuple[int, Iterator[dict[str, np.ndarray]]]:
     """The rows of the Minari dataset ``dataset_id`` for a table with ``fields``.
 
@@ -318,21 +320,22 @@ def read_minari(
         fields: the table's ``{dotted key: {"shape", "dtype"}}``.
         trajectory_key: a field to fill with each episode's id (when no info fills it).
         chunk: rows per chunk (episodes are cut across chunks where needed).
+        max_batch_bytes: the most an Arrow batch or Parquet page may decompress to.
 
     Returns:
         The dataset's total steps, and an iterator of ``{dotted key: array}`` chunks.
 
     Raises:
-        InvalidRequest: ``chunk`` is not an integer >= 1; no such dataset under ``root``
+        InvalidRequest: ``chunk`` or ``max_batch_bytes`` is not an integer >= 1; no such dataset under ``root``
             (the error lists those there), or its files are not a readable Minari dataset
             (metadata or an episode's data missing or malformed; while iterating too),
             or they reach outside its folder (:func:`~tdreplay.codec.dataset_links.check_inside`),
-            or its HDF5 file's episodes declare other sizes than its metadata's ``total_steps``
-            (:func:`~tdreplay.codec.minari_hdf5.declared_steps`: read a chunk at a time, memory
-            follows ``chunk``, not what the file declares).
+            or its files' episodes declare other sizes than its metadata's ``total_steps``
+            (:func:`~tdreplay.codec.minari_hdf5.declared_steps`, ``arrow_steps``,
+            ``parquet_steps``: read a chunk at a time, memory follows ``chunk``).
         SchemaError: (while iterating) see :func:`~tdreplay.codec.episodes.episode_rows`.
     """
-    chunk = import_chunk(chunk)
+    chunk, max_batch_bytes = import_chunk(chunk), import_batch_bytes(max_batch_bytes)
     _minari()
     from minari import MinariDataset
 
@@ -354,10 +357,10 @@ def read_minari(
         total = int(dataset.total_steps)
         storage = dataset.storage
         data_format = storage.metadata.get("data_format")
-        if data_format == "hdf5":  # sizes checked before a value is read; then a chunk at a time
-            declared_steps(folder / "data" / MAIN_FILE, dataset_id, storage.total_episodes, total)
-        elif data_format == "arrow":
-            arrow_steps(folder / "data", dataset_id, storage.total_episodes, total)
+        # sizes checked before a value is read (others: refused by MinariDataset)
+        steps = {"hdf5": declared_steps, "arrow": arrow_steps, "parquet": parquet_steps}
+        data = folder / "data" / MAIN_FILE if data_format == "hdf5" else folder / "data"
+        steps[data_format](data, dataset_id, storage.total_episodes, total)
     except InvalidRequest:
         raise
     except Exception as err:
@@ -367,11 +370,10 @@ def read_minari(
         spaces = (storage.observation_space, storage.action_space)
         how = (storage.total_episodes, spaces, storage.jpeg_encoding, chunk, fields)
         if data_format == "hdf5":
-            read: Iterator[Any] = pieces(folder / "data" / MAIN_FILE, *how)
-        elif data_format == "arrow":
-            read = arrow_pieces(folder / "data", *how)
-        else:  # Minari's Parquet format: row groups of real values, each decoded whole
-            read = ((int(e.id), 0, e) for e in dataset.iterate_episodes())
+            read: Iterator[Any] = pieces(data, *how)
+        else:  # a chunk at a time, as HDF5's; a compressed unit's size bounded
+            files = arrow_pieces if data_format == "arrow" else parquet_pieces
+            read = files(data, *how, max_batch_bytes)
         while True:
             try:
                 piece = next(read, None)

@@ -139,6 +139,48 @@ def import_chunk(chunk: Any, table: str | None = None) -> int:
     return n
 
 
+#: the most bytes one compressed unit of a Minari dataset's file (an Arrow record batch, a
+#: Parquet page: each decompressed whole) may decompress to, unless the import gives another
+MAX_BATCH_BYTES = 32 << 20
+
+
+def import_batch_bytes(value: Any, table: str | None = None) -> int:
+    """``max_batch_bytes`` (an import's bound on a compressed unit of a Minari dataset's
+    file) if it is an integer >= 1: the one check of every door (the clients'
+    ``import_dataset``, ``tdreplay import --max-batch-bytes``).
+
+        >>> import_batch_bytes(1 << 20)
+        1048576
+        >>> import_batch_bytes(0)
+        Traceback (most recent call last):
+        ...
+        tdreplay.codec.errors.InvalidRequest: max_batch_bytes must be an integer >= 1, got 0
+
+    Raises:
+        InvalidRequest: ``value`` is not an integer (a bool neither), or is below 1.
+    """
+    n = _index(value)
+    if n is None or n < 1:
+        raise InvalidRequest(
+            f"{f'table {table!r}: ' if table else ''}max_batch_bytes must be an integer >= 1, "
+            f"got {value!r:.40}",
+            table=table,
+            field="max_batch_bytes",
+            expected=">= 1",
+            got=value,
+        )
+    return n
+
+
+def over_batch_bytes(limit: int) -> str:
+    """The one wording of a compressed unit refused for decompressing past ``limit``.
+
+    >>> over_batch_bytes(1024)
+    'more than max_batch_bytes=1024 (tdreplay import --max-batch-bytes) allows'
+    """
+    return f"more than max_batch_bytes={limit} (tdreplay import --max-batch-bytes) allows"
+
+
 def _index(value: Any) -> int | None:
     if isinstance(value, bool):
         return None

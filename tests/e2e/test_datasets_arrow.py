@@ -12,6 +12,7 @@ fresh process whose peak resident memory is measured.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,9 @@ import pytest
 from datasetkit import make_table
 from test_datasets_declared_sizes import GROWTH_MB, measured
 from test_datasets_hostile import FIELDS, episode, write
+from testkit import run_cli as cli
 
-from tdreplay.client import InvalidRequest, ReplayClient, SchemaError
+from tdreplay.client import AsyncReplayClient, InvalidRequest, ReplayClient, SchemaError
 
 STEPS = 8_000_000  # rows of zeros: ~210 MB decompressed; ~30 KB of zstd
 OBS = gym.spaces.Box(-1, 1, (2,), np.float32)
@@ -87,6 +89,41 @@ def test_a_compressed_batch_is_measured_before_it_is_decompressed(
     assert f"{path}: record batch 0 of {STEPS + 1} rows decompresses to" in got["stderr"], got
     assert got["grown_mb"] < GROWTH_MB, got
     assert client.info(name)["size"] == 0
+
+
+def test_max_batch_bytes_raised_imports_a_batch_refused_at_its_default(
+    server: Any, client: ReplayClient, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The bound on a compressed batch is a setting: ``tdreplay import --max-batch-bytes``
+    (in its ``--help``), ``max_batch_bytes=`` of both clients; the refusal names it."""
+    rows = 1_500_000  # ~36 MB decompressed, past the default 32 MiB
+    bomb(tmp_path, "elsewhere/big-v0", rows=rows + 1, total_steps=rows)
+    name, other = make_table(client, fields=FIELDS), make_table(client, fields=FIELDS)
+    argv = ("import", name, str(tmp_path), "--format", "minari", "--dataset-id", "elsewhere/big-v0")
+    code, _, err = cli(*argv, "--url", server.url, capsys=capsys)
+    assert (
+        code == 1
+        and "more than max_batch_bytes=33554432 (tdreplay import --max-batch-bytes)" in err
+    )
+    assert client.info(name)["size"] == 0
+    code, _, err = cli(*argv, "--max-batch-bytes", "0", "--url", server.url, capsys=capsys)
+    assert code == 2 and "--max-batch-bytes must be an integer >= 1, got 0" in err
+    code, out, err = cli(
+        *argv, "--max-batch-bytes", str(64 << 20), "--url", server.url, capsys=capsys
+    )
+    assert code == 0 and f"imported {rows} rows" in out, err
+    assert client.info(name)["size"] == 100
+
+    async def main() -> int:
+        async with AsyncReplayClient(server.url) as aio:
+            return await aio.import_dataset(
+                other, "elsewhere/big-v0", root=tmp_path, max_batch_bytes=64 << 20
+            )
+
+    assert asyncio.run(main()) == rows and client.info(other)["size"] == 100
+    code, out, _ = cli("import", "--help", capsys=capsys)
+    assert code == 0 and "--max-batch-bytes BYTES" in out
+    assert "(default: 33554432, 32 MiB)" in " ".join(out.split())
 
 
 def test_a_step_wider_than_the_field_is_refused_before_it_is_read(
