@@ -40,7 +40,7 @@ import pyarrow.ipc as ipc
 
 from .episode_rows import widths_fit
 from .episodes import ACTION, OBS
-from .minari_hdf5 import READ_BYTES, STEP_PARTS, _frames, _is_image_space, _refuse
+from .minari_hdf5 import READ_BYTES, STEP_PARTS, _frames, _is_image_space, _refuse, check_total
 from .protocol import MAX_BATCH_BYTES, over_batch_bytes
 
 if TYPE_CHECKING:  # the datasets extra's: imported where a dataset is read (as Minari's own)
@@ -85,29 +85,24 @@ def checked_steps(
     Raises:
         InvalidRequest: an episode's rows (less the padding one) are not its
             ``metadata.json``'s ``total_steps``, or the episodes' steps do not add up to
-            the dataset's (the error names the folder and both numbers).
+            the dataset's (:func:`~tdreplay.codec.minari_hdf5.check_total`).
         OSError, ValueError: a file is not of the format (for the caller's ``unreadable``).
     """
-    steps, largest = 0, (0, 0)
-    for i in range(episodes):
-        rows = sum(rows_of(f) for f in episode_files(data, i))
-        t = max(rows - 1, 0)
-        said = json.loads((data / str(i) / "metadata.json").read_text()).get("total_steps")
-        if said is not None and int(said) != t:
-            _refuse(
-                dataset_id,
-                f"{data / str(i)}: holds {t} steps but its metadata.json's total_steps says "
-                f"{int(said)}",
-            )
-        steps += t
-        largest = max(largest, (t, i))
-    if steps != total_steps:
-        _refuse(
-            dataset_id,
-            f"{data / str(largest[1])}: its {episodes} episodes hold {steps} steps (the "
-            f"longest, episode {largest[1]}: {largest[0]}) but metadata.json's total_steps is "
-            f"{total_steps}",
-        )
+
+    def counted() -> Iterator[tuple[int, str]]:
+        for i in range(episodes):
+            rows = sum(rows_of(f) for f in episode_files(data, i))
+            t = max(rows - 1, 0)
+            said = json.loads((data / str(i) / "metadata.json").read_text()).get("total_steps")
+            if said is not None and int(said) != t:
+                _refuse(
+                    dataset_id,
+                    f"{data / str(i)}: holds {t} steps but its metadata.json's total_steps "
+                    f"says {int(said)}",
+                )
+            yield t, f"episode {i}"
+
+    check_total(dataset_id, str(data), counted(), total_steps)
 
 
 def arrow_pieces(

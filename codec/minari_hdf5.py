@@ -37,7 +37,7 @@ from .errors import InvalidRequest
 if TYPE_CHECKING:  # the datasets extra's: imported where a dataset is read (as Minari's own)
     import gymnasium as gym
 
-__all__ = ["MAIN_FILE", "declared_steps", "pieces", "table_rows", "unreadable"]
+__all__ = ["MAIN_FILE", "check_total", "declared_steps", "pieces", "table_rows", "unreadable"]
 
 #: the file of Minari's HDF5 format
 MAIN_FILE = "main_data.hdf5"
@@ -70,26 +70,45 @@ def declared_steps(path: Path, dataset_id: str, episodes: int, total_steps: int)
         KeyError, TypeError, OSError: the file lacks an episode or its rewards (for the
             caller's :func:`unreadable`).
     """
-    steps, largest = 0, (0, 0)
     with h5py.File(path, "r") as f:
-        for i in range(episodes):
-            group = f[f"episode_{i}"]
-            t = _length(group["rewards"])
-            said = group.attrs.get("total_steps")
-            if said is not None and int(said) != t:
-                _refuse(
-                    dataset_id,
-                    f"{path}: episode_{i} holds {t} rewards but its total_steps attribute "
-                    f"says {int(said)}",
-                )
-            steps += t
-            largest = max(largest, (t, i))
+
+        def counted() -> Iterator[tuple[int, str]]:
+            for i in range(episodes):
+                group = f[f"episode_{i}"]
+                t = _length(group["rewards"])
+                said = group.attrs.get("total_steps")
+                if said is not None and int(said) != t:
+                    _refuse(
+                        dataset_id,
+                        f"{path}: episode_{i} holds {t} rewards but its total_steps attribute "
+                        f"says {int(said)}",
+                    )
+                yield t, f"episode_{i}"
+
+        check_total(dataset_id, str(path), counted(), total_steps)
+
+
+def check_total(
+    dataset_id: str, where: str, counted: Iterable[tuple[int, str]], total_steps: int
+) -> None:
+    """Refuse episodes whose steps do not add up to the dataset's ``total_steps`` (the one
+    check of every Minari format; ``counted``: each episode's steps and name, from shapes,
+    headers or footers, never values).
+
+        >>> check_total("d", "data", [(3, "episode_0"), (2, "episode_1")], 5)
+
+    Raises:
+        InvalidRequest: they do not (the error names ``where``, the longest episode and
+            both numbers).
+    """
+    steps, n, largest = 0, 0, (0, -1, "")
+    for i, (t, name) in enumerate(counted):
+        steps, n, largest = steps + t, n + 1, max(largest, (t, i, name))
     if steps != total_steps:
         _refuse(
             dataset_id,
-            f"{path}: its {episodes} episodes hold {steps} steps (the longest, "
-            f"episode_{largest[1]}: {largest[0]}) but metadata.json's total_steps is "
-            f"{total_steps}",
+            f"{where}: its {n} episodes hold {steps} steps (the longest, {largest[2]}: "
+            f"{largest[0]}) but metadata.json's total_steps is {total_steps}",
         )
 
 

@@ -72,7 +72,7 @@ def test_a_file_holding_more_steps_than_its_metadata_is_refused_before_reading(
     for how in ("client", "cli"):
         got = measured(server, how, name, "elsewhere/bomb-v0", tmp_path)
         assert got["error"] is not None, got
-        assert f"{path.parent}: its 1 episodes hold {STEPS} steps" in got["stderr"], got
+        assert f"{path.parent.parent}: its 1 episodes hold {STEPS} steps" in got["stderr"], got
         assert "metadata.json's total_steps is 3" in got["stderr"]
         assert got["grown_mb"] < GROWTH_MB, got
     assert client.info(name)["size"] == 0
