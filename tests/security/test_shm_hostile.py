@@ -53,13 +53,17 @@ def reply(s: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
 
 def closed(s: socket.socket, within: float = 10.0) -> bool:
-    """Whether the server ends ``s`` within ``within`` seconds (what it sends is read over)."""
+    """Whether the server ends ``s`` within ``within`` seconds (what it sends is read over).
+    A reset is an end too: a byte the client sent as the server closed lies unread there,
+    and a socket closed with unread bytes resets its peer."""
     s.settimeout(within)
     try:
         while s.recv(65536):
             pass
     except TimeoutError:
         return False
+    except ConnectionResetError:
+        return True
     return True
 
 
