@@ -40,7 +40,14 @@ import pyarrow.ipc as ipc
 
 from .episode_rows import widths_fit
 from .episodes import ACTION, OBS
-from .minari_hdf5 import READ_BYTES, STEP_PARTS, _frames, _is_image_space, _refuse, check_total
+from .minari_hdf5 import (
+    STEP_PARTS,
+    _frames,
+    _is_image_space,
+    _refuse,
+    check_total,
+    rows_at_once,
+)
 from .protocol import MAX_BATCH_BYTES, over_batch_bytes
 
 if TYPE_CHECKING:  # the datasets extra's: imported where a dataset is read (as Minari's own)
@@ -137,7 +144,7 @@ def arrow_pieces(
                         f"bytes, {over_batch_bytes(max_batch_bytes)} (pyarrow decompresses a batch whole)"
                     )
                 step = max(step, -(-b.bytes // max(b.rows, 1)))
-        at_once = max(1, min(rows, READ_BYTES // step))
+        at_once = rows_at_once(rows, step)
         read = (r.get_batch(k) for _, _, r in files for k in range(r.num_record_batches))
         yield from episode_pieces(data / str(i), i, read, at_once, spaces, jpeg)
 

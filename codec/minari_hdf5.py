@@ -37,7 +37,15 @@ from .errors import InvalidRequest
 if TYPE_CHECKING:  # the datasets extra's: imported where a dataset is read (as Minari's own)
     import gymnasium as gym
 
-__all__ = ["MAIN_FILE", "check_total", "declared_steps", "pieces", "table_rows", "unreadable"]
+__all__ = [
+    "MAIN_FILE",
+    "check_total",
+    "declared_steps",
+    "pieces",
+    "rows_at_once",
+    "table_rows",
+    "unreadable",
+]
 
 #: the file of Minari's HDF5 format
 MAIN_FILE = "main_data.hdf5"
@@ -46,6 +54,16 @@ MAIN_FILE = "main_data.hdf5"
 STEP_PARTS = {"rewards": REWARD, "terminations": TERMINATED, "truncations": TRUNCATED}
 #: bytes of a file's values read at a time (fewer steps than the chunk for wide ones)
 READ_BYTES = 32 << 20
+
+
+def rows_at_once(rows: int, step: int) -> int:
+    """Steps read at a time: ``rows`` (the chunk), fewer where a step of ``step`` bytes is
+    wide (:data:`READ_BYTES` at a time), at least one.
+
+        >>> rows_at_once(4096, 8), rows_at_once(4096, 1 << 20), rows_at_once(4096, 1 << 30)
+        (4096, 32, 1)
+    """
+    return max(1, min(rows, READ_BYTES // max(step, 1)))
 
 
 def unreadable(root: str | Path, dataset_id: str, err: Exception) -> InvalidRequest:
@@ -161,7 +179,7 @@ def pieces(
             for part in (shapes, info_shapes):  # an info may share a key: both are read
                 widths_fit(i, {k: s for k, (s, _) in part.items()}, fields)
                 step += sum(math.prod(s) * n for s, n in part.values())
-            at_once = max(1, min(rows, READ_BYTES // max(step, 1)))
+            at_once = rows_at_once(rows, step)
             start = 0
             while start < t:
                 end = min(t, start + at_once)

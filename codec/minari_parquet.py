@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .minari_arrow import check_widths, checked_steps, episode_files, episode_pieces
-from .minari_hdf5 import READ_BYTES
+from .minari_hdf5 import READ_BYTES, rows_at_once
 from .protocol import MAX_BATCH_BYTES, over_batch_bytes
 
 if TYPE_CHECKING:  # the datasets extra's: imported where a dataset is read (as Minari's own)
@@ -96,7 +96,7 @@ def parquet_pieces(
             for path, pf in zip(paths, files, strict=True):
                 check_widths(i, pf.schema_arrow, spaces, jpeg, fields)
                 step = max(step, _step_bytes(path, pf, max_batch_bytes))
-            at_once = max(1, min(rows, READ_BYTES // step))
+            at_once = rows_at_once(rows, step)
             batches = (
                 b for pf in files for b in pf.iter_batches(batch_size=at_once, use_threads=False)
             )

@@ -126,17 +126,7 @@ def import_chunk(chunk: Any, table: str | None = None) -> int:
     Raises:
         InvalidRequest: ``chunk`` is not an integer (a bool neither), or is below 1.
     """
-    n = _index(chunk)
-    if n is None or n < 1:
-        raise InvalidRequest(
-            f"{f'table {table!r}: ' if table else ''}chunk must be an integer >= 1, "
-            f"got {chunk!r:.40}",
-            table=table,
-            field="chunk",
-            expected=">= 1",
-            got=chunk,
-        )
-    return n
+    return _at_least_one(chunk, "chunk", table)
 
 
 #: the most bytes one compressed unit of a Minari dataset's file (an Arrow record batch, a
@@ -159,13 +149,19 @@ def import_batch_bytes(value: Any, table: str | None = None) -> int:
     Raises:
         InvalidRequest: ``value`` is not an integer (a bool neither), or is below 1.
     """
+    return _at_least_one(value, "max_batch_bytes", table)
+
+
+def _at_least_one(value: Any, field: str, table: str | None) -> int:
+    """``value`` as an integer >= 1 (a bool is none), else the import setting ``field``'s
+    :class:`InvalidRequest`."""
     n = _index(value)
     if n is None or n < 1:
         raise InvalidRequest(
-            f"{f'table {table!r}: ' if table else ''}max_batch_bytes must be an integer >= 1, "
+            f"{f'table {table!r}: ' if table else ''}{field} must be an integer >= 1, "
             f"got {value!r:.40}",
             table=table,
-            field="max_batch_bytes",
+            field=field,
             expected=">= 1",
             got=value,
         )
