@@ -7,13 +7,17 @@ conftest was loaded last.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import yaml
 from tensordict import TensorDict
@@ -181,6 +185,25 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free port in [{base}, {base + span})")
+
+
+@contextlib.contextmanager
+def small_tmpfs(mnt: Path, megabytes: int) -> Iterator[Path]:
+    """A tmpfs of ``megabytes`` mounted at the new folder ``mnt`` (``mount -t tmpfs``: root or
+    CAP_SYS_ADMIN; the test is skipped with the reason where it is refused), unmounted lazily
+    after (a server stopped at its module's end may still hold files there)."""
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}M", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def rss(pid: int) -> int:

@@ -86,22 +86,28 @@ def measured(server: Any, how: str, table: str, dataset_id: str, root: Path) -> 
     }
 
 
+def refused_before_reading(
+    server: Any, client: ReplayClient, root: Path, dataset_id: str, said: str
+) -> None:
+    """The import of ``dataset_id`` (its metadata's ``total_steps`` 3), through the client
+    and the CLI, is refused saying ``said``, memory growth under ``GROWTH_MB``; nothing lands."""
+    name = make_table(client, fields=FIELDS)
+    for how in ("client", "cli"):
+        got = measured(server, how, name, dataset_id, root)
+        assert got["error"] is not None, got  # the CLI's: SystemExit, its message on stderr
+        assert said in got["stderr"], got
+        assert "metadata.json's total_steps is 3" in got["stderr"]
+        assert got["grown_mb"] < GROWTH_MB, got
+    assert client.info(name)["size"] == 0
+
+
 def test_a_file_declaring_more_steps_than_its_metadata_is_refused_before_reading(
     server: Any, client: ReplayClient, tmp_path: Path
 ) -> None:
     path = bomb(tmp_path, "elsewhere/bomb-v0", steps=STEPS, total_steps=3)
     assert path.stat().st_size < 64 * 1024
-    name = make_table(client, fields=FIELDS)
-    for how in ("client", "cli"):
-        got = measured(server, how, name, "elsewhere/bomb-v0", tmp_path)
-        assert got["error"] is not None, got  # the CLI's: SystemExit, its message on stderr
-        assert (
-            f"{path}: its 1 episodes hold {STEPS} steps (the longest, episode_0: {STEPS})"
-            in (got["stderr"])
-        )
-        assert "metadata.json's total_steps is 3" in got["stderr"]
-        assert got["grown_mb"] < GROWTH_MB, got
-    assert client.info(name)["size"] == 0
+    said = f"{path}: its 1 episodes hold {STEPS} steps (the longest, episode_0: {STEPS})"
+    refused_before_reading(server, client, tmp_path, "elsewhere/bomb-v0", said)
 
 
 def test_a_long_episode_is_read_a_chunk_at_a_time(

@@ -12,7 +12,6 @@ import runs in a fresh process whose peak resident memory is measured.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +22,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datasetkit import make_table
-from test_datasets_declared_sizes import GROWTH_MB, measured
-from test_datasets_hostile import FIELDS, episode, write
+from test_datasets_arrow import OBS, declare_steps, small, zeros
+from test_datasets_declared_sizes import GROWTH_MB, measured, refused_before_reading
+from test_datasets_hostile import FIELDS, write
 
 from tdreplay.client import InvalidRequest, ReplayClient, SchemaError
 
 STEPS = 8_000_000  # rows of zeros: ~210 MB decoded; a few KB of dictionary-encoded zstd
 LONG = 2_000_000  # an honest long episode, imported
-OBS = gym.spaces.Box(-1, 1, (2,), np.float32)
-
-
-def small(steps: int) -> dict[str, Any]:
-    """An honest episode of ``steps`` steps for an ``OBS`` space."""
-    return episode(steps, observations=np.zeros((steps + 1, 2), np.float32))
 
 
 def bomb(
@@ -47,20 +41,9 @@ def bomb(
     write(root, dataset_id, [small(3)], data_format="parquet", observation_space=OBS)
     data = root / dataset_id / "data"
     path = data / "0" / "part-0.parquet"
-    obs = pa.FixedSizeListArray.from_arrays(np.zeros(rows * width, np.float32), width)
-    table = pa.table(
-        {
-            "observations": obs,
-            "actions": np.zeros(rows, np.int64),
-            "rewards": np.zeros(rows),
-            "terminations": np.zeros(rows, bool),
-            "truncations": np.zeros(rows, bool),
-        }
-    )
+    table = pa.table(zeros(rows, width))
     pq.write_table(table, path, **({"compression": "zstd", "row_group_size": rows} | how))
-    for meta, steps in [(data / "0" / "metadata.json", rows - 1), (data / "metadata.json", None)]:
-        said = json.loads(meta.read_text())
-        meta.write_text(json.dumps(said | {"total_steps": total_steps if steps is None else steps}))
+    declare_steps(data, rows - 1, total_steps)
     return path
 
 
@@ -69,14 +52,8 @@ def test_a_file_holding_more_steps_than_its_metadata_is_refused_before_reading(
 ) -> None:
     path = bomb(tmp_path, "elsewhere/bomb-v0", rows=STEPS + 1, total_steps=3)
     assert path.stat().st_size < 256 * 1024
-    name = make_table(client, fields=FIELDS)
-    for how in ("client", "cli"):
-        got = measured(server, how, name, "elsewhere/bomb-v0", tmp_path)
-        assert got["error"] is not None, got
-        assert f"{path.parent.parent}: its 1 episodes hold {STEPS} steps" in got["stderr"], got
-        assert "metadata.json's total_steps is 3" in got["stderr"]
-        assert got["grown_mb"] < GROWTH_MB, got
-    assert client.info(name)["size"] == 0
+    said = f"{path.parent.parent}: its 1 episodes hold {STEPS} steps"
+    refused_before_reading(server, client, tmp_path, "elsewhere/bomb-v0", said)
 
 
 def test_a_long_episode_is_read_a_chunk_at_a_time(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 import torch
 from service_helpers import ARROW
 from tensordict import TensorDict
+from testkit import small_tmpfs
 
 from tdreplay.codec import decode, encode, protocol
 
@@ -27,20 +27,8 @@ FIELDS = {"x": {"shape": [1024], "dtype": "float32"}}  # 4 KiB an item
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={SIZE_MB}M", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", SIZE_MB) as mnt:
         yield mnt
-    finally:
-        # lazy: the server (stopped by live_server at the module's end) may still hold files
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def spec(name: str, capacity: int, backend: str) -> bytes:

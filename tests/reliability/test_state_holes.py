@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from tensordict import TensorDict
+from testkit import small_tmpfs
 
 from tdreplay.storage import Table, TableSpec
 from tdreplay.storage import statefile as SF
@@ -30,19 +31,8 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8M", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", 8) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def spec(sampler: str) -> TableSpec:
@@ -86,49 +76,64 @@ def test_restoring_a_stack_reads_no_slot_past_the_written_ones(
         restored.destroy()
 
 
-SCRIPT = """
+ON_A_FULL_DISK = """
 import errno, os, sys
 import torch
 from tensordict import TensorDict
 from tdreplay.storage import Table, TableSpec
-from tdreplay.storage import statefile as SF
 from tdreplay.storage.errors import InsufficientStorage
 
-mnt = sys.argv[1]
+mnt, sampler = sys.argv[1], sys.argv[2]
 spec = TableSpec.model_validate({
     "name": "t", "capacity": 1_000_000, "fields": {"x": {"shape": [], "dtype": "int64"}},
-    "backend": {"kind": "memmap"}, "sampler": {"kind": "fifo"},
+    "backend": {"kind": "memmap"}, "sampler": {"kind": sampler},
 })
 table = Table.create(spec, os.path.join(mnt, "data"))
 table.extend(TensorDict({"x": torch.arange(10)}, [10]))
-fd = os.open(os.path.join(mnt, "filler"), os.O_CREAT | os.O_WRONLY)
-for chunk in (1 << 16, 1 << 12):  # the tmpfs filled to the brim
-    try:
-        while True:
-            os.write(fd, bytes(chunk))
-    except OSError as err:
-        assert err.errno == errno.ENOSPC, err
-os.close(fd)
-try:
-    table.extend(TensorDict({"x": torch.arange(5000)}, [5000]), timeout=0)
-except InsufficientStorage as err:
-    print("507", err)
-print("size", table.size)
+
+def fill():  # the tmpfs filled to the brim
+    fd = os.open(os.path.join(mnt, "filler"), os.O_CREAT | os.O_WRONLY)
+    for chunk in (1 << 16, 1 << 12):
+        try:
+            while True:
+                os.write(fd, bytes(chunk))
+        except OSError as err:
+            assert err.errno == errno.ENOSPC, err
+    os.close(fd)
 """
+
+
+def on_a_full_disk(mnt: Path, sampler: str, then: str) -> str:
+    """What a process prints that makes a table of ``sampler`` holding 10 items on the
+    tmpfs ``mnt``, and runs ``then`` (``fill()`` fills the tmpfs); it must exit 0 (a SIGBUS
+    is -7)."""
+    done = subprocess.run(
+        [sys.executable, "-c", ON_A_FULL_DISK + textwrap.dedent(then), str(mnt), sampler],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    return done.stdout
 
 
 def test_a_queue_insert_on_a_full_tmpfs_is_a_507_not_a_sigbus(small_disk: Path) -> None:
     """A queue's writer asked whether the slots an insert would take hold unread items
     before the table reserved them: it read the live column there, past the slots
     written, and on a full tmpfs that read killed the process (SIGBUS)."""
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT), str(small_disk)],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    said = on_a_full_disk(
+        small_disk,
+        "fifo",
+        """
+        fill()
+        try:
+            table.extend(TensorDict({"x": torch.arange(5000)}, [5000]), timeout=0)
+        except InsufficientStorage as err:
+            print("507", err)
+        print("size", table.size)
+        """,
     )
-    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    assert "507" in done.stdout and "size 10" in done.stdout, done.stdout
+    assert "507" in said and "size 10" in said, said
 
 
 def test_a_stack_whose_top_is_past_its_written_slots_is_refused(small_disk: Path) -> None:
@@ -267,45 +272,21 @@ def test_reopening_reads_no_slot_past_the_written_ones(small_disk: Path, sampler
         reopened.destroy()
 
 
-REOPEN = """
-import errno, os, sys
-import torch
-from tensordict import TensorDict
-from tdreplay.storage import Table, TableSpec
-
-mnt = sys.argv[1]
-spec = TableSpec.model_validate({
-    "name": "t", "capacity": 1_000_000, "fields": {"x": {"shape": [], "dtype": "int64"}},
-    "backend": {"kind": "memmap"}, "sampler": {"kind": "prioritized"},
-})
-table = Table.create(spec, os.path.join(mnt, "data"))
-table.extend(TensorDict({"x": torch.arange(10)}, [10]))
-table.close()
-fd = os.open(os.path.join(mnt, "filler"), os.O_CREAT | os.O_WRONLY)
-for chunk in (1 << 16, 1 << 12):  # the tmpfs filled to the brim
-    try:
-        while True:
-            os.write(fd, bytes(chunk))
-    except OSError as err:
-        assert err.errno == errno.ENOSPC, err
-os.close(fd)
-table = Table.open(spec, os.path.join(mnt, "data"))
-x = table.sample(20)["x"]
-print("size", table.size, "drawn", 0 <= int(x.min()) and int(x.max()) <= 9)
-"""
-
-
 def test_a_restart_on_a_full_tmpfs_serves_its_items_not_a_sigbus(small_disk: Path) -> None:
     """A table reopened on a full tmpfs read its state files past the written slots (holes
     there): the tmpfs had no page to back them with, and the restart died of SIGBUS."""
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(REOPEN), str(small_disk)],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    said = on_a_full_disk(
+        small_disk,
+        "prioritized",
+        """
+        table.close()
+        fill()
+        table = Table.open(spec, os.path.join(mnt, "data"))
+        x = table.sample(20)["x"]
+        print("size", table.size, "drawn", 0 <= int(x.min()) and int(x.max()) <= 9)
+        """,
     )
-    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    assert "size 10 drawn True" in done.stdout, done.stdout
+    assert "size 10 drawn True" in said, said
 
 
 def test_a_sample_past_the_live_count_under_max_times_sampled_reads_no_unwritten_slot(
