@@ -190,7 +190,7 @@ def write_minari(
         trajectory_key: the field of trajectory ids; default: the table's
             (``sampler.traj_key``, else ``collector.traj_ids``), else the done flags
             cut episodes.
-        data_format: Minari's ``"hdf5"`` or ``"arrow"``.
+        data_format: Minari's ``"hdf5"``, ``"arrow"`` or ``"parquet"`` (another: Minari's ValueError).
         description: the dataset's description.
         progress: a progress bar over the rows (``None``: when stderr is a terminal).
 

@@ -67,8 +67,12 @@ def insufficient(
 ) -> InsufficientStorage:
     """The :class:`InsufficientStorage` for ``what`` (e.g. ``"checkpoint of table 't'"``) failing at ``path``."""
     cause = f": {err}" if err is not None else ""
+    try:
+        free = f"{free_bytes(path)} bytes free"
+    except OSError as why:  # the answer is still a 507: the figure is what is missing
+        free = f"bytes free unknown: {why.strerror or why}"
     return InsufficientStorage(
-        f"{what}: no space left at {path} ({free_bytes(path)} bytes free){cause}; free disk space "
+        f"{what}: no space left at {path} ({free}){cause}; free disk space "
         "(old checkpoints, exports) or use a larger volume",
         table=table,
         field="path",

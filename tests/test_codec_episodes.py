@@ -144,7 +144,7 @@ def test_torchrl_collector_ids_are_the_trajectory_key_by_default() -> None:
     assert EpisodeLayout.of({"fields": FIELDS}, "traj").trajectory == "traj"
 
 
-@pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
+@pytest.mark.parametrize("data_format", ["hdf5", "arrow", "parquet"])
 def test_spaces_come_from_the_schema_and_contain_the_data(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_format: str
 ) -> None:

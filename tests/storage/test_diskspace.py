@@ -64,3 +64,13 @@ def test_a_failing_cleanup_hides_nothing(tmp_path: Path) -> None:
         on_full_disk("export", tmp_path, cleanup=(tmp_path / "gone").unlink),
     ):
         _write_to_a_full_disk()
+
+
+def test_a_full_disk_whose_free_bytes_cannot_be_read_is_still_a_507(tmp_path: Path) -> None:
+    # a name longer than the file system takes: measuring the bytes free there fails
+    # (ENAMETOOLONG), which must not turn the 507 into that error
+    where = tmp_path / ("x" * 300)
+    with pytest.raises(InsufficientStorage) as err, on_full_disk("export", where, table="t"):
+        _write_to_a_full_disk()
+    assert "bytes free unknown: File name too long" in str(err.value)
+    assert "No space left on device" in str(err.value) and err.value.table == "t"
