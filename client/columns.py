@@ -5,7 +5,8 @@ far more than the copy itself (an ``unsqueeze`` per step, a ``cat`` per
 chunk). Here the first step fixes the layout — its leaf keys, shapes and
 dtypes — and every step after it is copied straight into the next row of
 each column (one fused copy of all its leaves), after a check that it has
-the same keys, shapes and dtypes. Chunks are slices of the columns.
+the same keys, shapes and dtypes (made in C where torch has the means,
+:func:`~.leaves.layout_guard`). Chunks are slices of the columns.
 
 Per step, walking a TensorDict's leaves the generic way
 (``items(include_nested=True, leaves_only=True)``) costs about as much as
@@ -30,6 +31,7 @@ lent set comes back (:meth:`ColumnBuffer.reclaim`) once the chunk is sent.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
@@ -37,9 +39,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from .batches import as_batch
-from .leaves import Key, Tree, dotted, gather, gather_dicts, leaves_of, step_tree
+from .leaves import Key, Tree, dotted, gather, gather_dicts, layout_guard, leaves_of, step_tree
 
 _DTYPE, _SHAPE = attrgetter("dtype"), attrgetter("shape")
+#: times a layout's C check (:func:`~.leaves.layout_guard`) is made again for steps it does not
+#: know (another mode, ``requires_grad``) before the Python check alone is used
+_GUARDS = 4
 _InferenceMode, _foreach_copy_ = torch._C._InferenceMode, torch._foreach_copy_
 
 
@@ -86,6 +91,8 @@ class ColumnBuffer:
         self.rows = max(1, rows)
         self.keys: tuple[Key, ...] | None = None  # as the first step's items() yields them
         self._tree: Tree | None = None
+        self._guard: Callable[..., bool] | None = None  # the layout checked in C, once known
+        self._guards = _GUARDS
         self.start = 0
         self.n = 0
         self._shapes: list[torch.Size] = []
@@ -155,8 +162,9 @@ class ColumnBuffer:
     def _same(self, values: Any, *, rows: bool = False) -> bool:
         """Whether ``values`` (in column order) are tensors of the layout's shapes and dtypes.
 
-        Per step this is a third of the Python work: ``map`` with an
-        ``attrgetter`` reads the attributes in C, half the cost of a comprehension.
+        The per-step check where the C one (:func:`~.leaves.layout_guard`) is
+        missing or does not know the step: ``map`` with an ``attrgetter`` reads
+        the attributes in C, half the cost of a comprehension.
         """
         try:
             if list(map(_DTYPE, values)) != self._dtypes:
@@ -241,10 +249,21 @@ class ColumnBuffer:
         if tree is not None and type(data) is TensorDict and not data.batch_size:
             # the per-step fast path: a plain TensorDict shaped like the first step
             values: list[Any] = []
-            if gather_dicts(data._tensordict, tree, values) and self._same(values):
+            if gather_dicts(data._tensordict, tree, values) and (
+                ((guard := self._guard) is not None and guard(*values)) or self._known(values)
+            ):
                 self._put(values)
                 return 1
         return self._append_any(data)
+
+    def _known(self, values: list[Any]) -> bool:
+        """:meth:`_same` for a step the C check does not know; one that passes is what
+        the C check is made for then (a few times, see ``_GUARDS``)."""
+        if not self._same(values):
+            return False
+        self._guard = layout_guard(values) if self._guards else None
+        self._guards = max(0, self._guards - 1)
+        return True
 
     def _append_any(self, data: Any) -> int:
         """:meth:`append` the general way: any step or rows, checked, with errors naming what
@@ -260,6 +279,7 @@ class ColumnBuffer:
     def _unset(self) -> None:
         """Forget the layout (a first step refused): as made."""
         self.keys, self._tree, self._shapes, self._dtypes = None, None, [], []
+        self._guard, self._guards = None, _GUARDS
         self._cols, self._row_views, self._numpy, self._spare = [], [], {}, None
         self.start = self.n = self._capacity = 0
 

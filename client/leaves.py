@@ -1,17 +1,25 @@
-"""A step's leaves, read as fast as Python allows: the per-step half of the writer's
-column buffer (:mod:`.columns`), which copies them into its rows.
+"""A step's leaves, read and checked as fast as Python allows: the per-step half of the
+writer's column buffer (:mod:`.columns`), which copies them into its rows.
 
 Walking a TensorDict's leaves the generic way (``items(include_nested=True,
 leaves_only=True)``) costs about as much as copying them; a step with the key tree
 of the first one is read against that tree instead (:func:`gather`), a plain
-``TensorDict`` straight from its key dicts (:func:`gather_dicts`).
+``TensorDict`` straight from its key dicts (:func:`gather_dicts`), and its leaves
+are checked against the layout in C (:func:`layout_guard`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tensordict import TensorDict, TensorDictBase
+
+_TensorGuards: Any  # torch.compile's tensor check, in C (Any: its stub misstates the sizes)
+try:
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # pragma: no cover - a torch without it: the Python check alone
+    _TensorGuards = None
 
 #: a leaf key as ``TensorDictBase.items(True, True)`` yields it: a name, or a tuple of names
 Key = str | tuple[str, ...]
@@ -99,3 +107,28 @@ def gather_dicts(entries: dict[str, Any], tree: Tree, out: list[Any]) -> bool:
         at = i + 1
     out.extend(values[at:])
     return True
+
+
+def layout_guard(values: list[Any]) -> Callable[..., bool] | None:
+    """A check in C that tensors, passed in order, are like ``values``, or ``None`` (no such check).
+
+    ``check(*leaves)`` is True only if each leaf is a tensor of its value's
+    dtype, shape, device, ``requires_grad`` and dispatch keys, under the
+    dispatch state (inference mode, autocast) the check was made in; strides
+    and offsets are not checked (the copy takes any). For a cartpole step (11
+    leaves) it costs 0.6 us where reading the dtypes and shapes in Python
+    costs 1.4 us. False is no refusal, only "not known alike": a step in
+    another mode, or one that requires grad where these did not, is then
+    checked the Python way.
+    """
+    if _TensorGuards is None:  # pragma: no cover
+        return None
+    try:
+        guard = _TensorGuards(
+            *values,
+            dynamic_dims_sizes=[list(v.shape) for v in values],
+            dynamic_dims_strides=[[None] * v.dim() for v in values],  # not checked
+        )
+    except Exception:  # pragma: no cover - another torch's signature: the Python check alone
+        return None
+    return guard.check if guard.check(*values) else None

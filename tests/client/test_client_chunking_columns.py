@@ -307,3 +307,38 @@ def test_a_step_changed_in_place_after_append_leaves_its_row_as_it_was() -> None
     assert chunk["observation"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert chunk["next", "reward"].flatten().tolist() == [0.0, 1.0, 2.0, 3.0]
     assert all((chunk[i] == e).all() for i, e in enumerate(expected))
+
+
+def test_steps_in_modes_the_c_check_was_not_made_in_still_take_the_fast_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The C check (``leaves.layout_guard``) knows the mode and ``requires_grad`` it was made
+    for: a step it does not know is checked the Python way, and takes the fast path; a
+    collector that switches modes for good gets a C check made again, one that keeps
+    switching the Python check alone, and every row is as appended."""
+    cols = ColumnBuffer(64)
+    cols.append(nested_step(0))
+    general = ColumnBuffer._append_any
+    calls: list[object] = []
+    monkeypatch.setattr(
+        ColumnBuffer, "_append_any", lambda self, d: calls.append(d) or general(self, d)
+    )
+    x = torch.ones(4, requires_grad=True)
+    steps = []
+    for i in range(1, 30):
+        s = nested_step(i)
+        if i % 2:
+            s["observation"] = x * i  # requires grad, unlike the first step
+        steps.append(s)
+        if i < 8 or i % 3:
+            cols.append(s)
+        else:
+            with torch.inference_mode():
+                cols.append(s)
+        if i == 1:
+            assert cols._guard is not None  # the C check, made from the first fast step
+    assert not calls and cols._guard is None  # switched too often: the Python check alone
+    chunk = cols.front(30, copy=False)
+    assert not chunk.requires_grad and not chunk["observation"].requires_grad
+    for i, s in enumerate(steps, 1):
+        assert (chunk[i] == s.detach()).all(), i
