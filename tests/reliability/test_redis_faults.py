@@ -223,3 +223,26 @@ def test_a_tables_info_says_unreachable_as_readyz_does(
     redis_proc.kill()  # down: refused at once
     state_until(server, "unreachable")
     assert ready_until(server, 503)["status"] == "unreachable"
+
+
+def test_a_delete_while_redis_is_down_is_a_503_and_keeps_the_table_and_its_keys(
+    live_server: Callable[..., Any], redis_proc: RedisProcess
+) -> None:
+    """A delete of a redis table whose Redis was down answered 500 ``InternalError`` (a
+    ``ConnectionError`` out of deleting its keys) after the table had been dropped: its keys
+    stayed in Redis for good, with no table left to delete them. Now Redis is asked first:
+    a 503 naming it, the table served on; deleted once Redis answers, keys and all."""
+    redis_proc.client.config_set("appendonly", "yes")  # the keys come back with Redis
+    redis_proc.client.config_set("appendfsync", "always")
+    server = serve(live_server, redis_proc)
+    keys = sorted(redis_proc.client.keys("*"))
+    redis_proc.kill()
+    status, err, _ = error(server, "DELETE", protocol.table_path("rt"))
+    assert (status, err["type"], err.get("table")) == (503, "BackendError", "rt"), err
+    assert "'r'" in err["detail"] and "Connection refused" in err["detail"], err["detail"]
+
+    redis_proc.start("--appendonly", "yes")
+    assert sorted(redis_proc.client.keys("*")) == keys
+    assert state_until(server, "ok")["size"] == 32  # still served, rows and all
+    assert server.request("DELETE", protocol.table_path("rt"))[0] == 204
+    assert redis_proc.client.dbsize() == 0
