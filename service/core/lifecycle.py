@@ -171,7 +171,7 @@ class TableOps(CorePart):
         """Stop serving every table (checkpointing first, when asked, each that needs it; see
         :meth:`Served.needs_checkpoint`) and close them."""
         for handle in self.served.handles():
-            if checkpoint and self.served.needs_checkpoint(handle):
+            if checkpoint and self.served.needs_checkpoint(handle.table.spec):
                 try:
                     await self.checkpoint_to(handle.name)
                 except Exception:

@@ -233,12 +233,18 @@ class Served:
         """Serve nothing (the core closed every table)."""
         self._tables.clear()
 
-    def needs_checkpoint(self, handle: TableHandle) -> bool:
-        """Whether the periodic and shutdown checkpoints include ``handle``'s table: not one
+    def needs_checkpoint(self, spec: TableSpec) -> bool:
+        """Whether the periodic and shutdown checkpoints include a table of ``spec``: not one
         durable on its own files (memmap; a restart reopens it with every acknowledged row)
         unless ``--checkpoint-durable`` says so."""
-        kind = handle.table.spec.backend.kind
+        kind = spec.backend.kind
         return kind not in SELF_DURABLE_BACKENDS or self.settings.checkpoint_durable
+
+    def checkpoints_itself(self, spec: TableSpec) -> bool:
+        """Whether this server writes a table of ``spec`` to its default checkpoint
+        (:meth:`checkpoint_path`) unasked: periodically or on shutdown, and it needs it."""
+        s = self.settings
+        return bool(s.checkpoint_every or s.checkpoint_on_shutdown) and self.needs_checkpoint(spec)
 
 
 class CorePart:
