@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from tdreplay.codec import protocol
 from tdreplay.storage import (
     SELF_DURABLE_BACKENDS,
+    BackendError,
     InsufficientStorage,
     SchemaError,
     Table,
@@ -265,10 +266,17 @@ class CorePart:
         return name if isinstance(name, TableHandle) else self.served.get(name)
 
     async def _swap(self, name: str, table: Table, by: str) -> TableHandle:
-        """Serve ``table`` as ``name``; retire (``by``) and destroy the table it replaces."""
+        """Serve ``table`` as ``name``; retire (``by``) and destroy the table it replaces.
+
+        ``table`` is served once this is called: the old table's data that cannot be deleted
+        (its Redis does not answer) is logged, naming what was left, not raised.
+        """
         old = self.served.find(name)
         handle = self.served.install(table)
         if old is not None:
             await old.retire(by)
-            await run_in_threadpool(old.table.destroy)
+            try:
+                await run_in_threadpool(old.table.destroy)
+            except BackendError as err:
+                log.warning("table %r: the data of the table it replaced was left: %s", name, err)
         return handle
