@@ -118,7 +118,8 @@ class ReplayClient(Persistence, ClientBase):
         return self._run(self._plans.clear(table))
 
     def delete_table(self, table: str) -> None:
-        """Delete a table and its data. Raises TableNotFound."""
+        """Delete a table and its data. Raises TableNotFound; BackendError (503) when a redis
+        table's Redis does not answer (the table is kept: delete it again later)."""
         self._run(self._plans.delete_table(table))
 
     def info(self, table: str) -> dict[str, Any]:

@@ -56,7 +56,9 @@ class Settings(LimitSettings, BaseSettings):
     restore: bool = Field(
         default=False,
         description="On start, restore every checkpoint under <root>/checkpoints/ "
-        "(a checkpoint wins over a schema of the same table).",
+        "(a checkpoint wins over a schema of the same table). Without it, a schema's table "
+        "whose checkpoint this server's own checkpoints (--checkpoint-every, "
+        "--checkpoint-on-shutdown) would replace is not served, its checkpoint kept.",
     )
     backend: BackendKind | None = Field(
         default=None,

@@ -98,8 +98,15 @@ class TableOps(CorePart):
             return self.served.install(table)
 
     async def delete(self, name: str) -> None:
-        """Stop serving ``name``, wait for its running calls, and destroy its data."""
+        """Stop serving ``name``, wait for its running calls, and destroy its data.
+
+        Raises:
+            TableNotFound: no such table.
+            BackendError: the server its rows live in (a Redis) does not answer: the table
+                is served on, unchanged (dropped, its keys would stay there for good).
+        """
         handle = self.table(name)
+        await run_in_threadpool(handle.table.backend.ping)
         await handle.retire()
         self.served.drop(handle)
         await run_in_threadpool(handle.table.destroy)
@@ -164,7 +171,7 @@ class TableOps(CorePart):
         """Stop serving every table (checkpointing first, when asked, each that needs it; see
         :meth:`Served.needs_checkpoint`) and close them."""
         for handle in self.served.handles():
-            if checkpoint and self.served.needs_checkpoint(handle):
+            if checkpoint and self.served.needs_checkpoint(handle.table.spec):
                 try:
                     await self.checkpoint_to(handle.name)
                 except Exception:

@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from tdreplay.codec import protocol
 from tdreplay.storage import (
     SELF_DURABLE_BACKENDS,
+    BackendError,
     InsufficientStorage,
     SchemaError,
     Table,
@@ -233,12 +234,18 @@ class Served:
         """Serve nothing (the core closed every table)."""
         self._tables.clear()
 
-    def needs_checkpoint(self, handle: TableHandle) -> bool:
-        """Whether the periodic and shutdown checkpoints include ``handle``'s table: not one
+    def needs_checkpoint(self, spec: TableSpec) -> bool:
+        """Whether the periodic and shutdown checkpoints include a table of ``spec``: not one
         durable on its own files (memmap; a restart reopens it with every acknowledged row)
         unless ``--checkpoint-durable`` says so."""
-        kind = handle.table.spec.backend.kind
+        kind = spec.backend.kind
         return kind not in SELF_DURABLE_BACKENDS or self.settings.checkpoint_durable
+
+    def checkpoints_itself(self, spec: TableSpec) -> bool:
+        """Whether this server writes a table of ``spec`` to its default checkpoint
+        (:meth:`checkpoint_path`) unasked: periodically or on shutdown, and it needs it."""
+        s = self.settings
+        return bool(s.checkpoint_every or s.checkpoint_on_shutdown) and self.needs_checkpoint(spec)
 
 
 class CorePart:
@@ -259,10 +266,17 @@ class CorePart:
         return name if isinstance(name, TableHandle) else self.served.get(name)
 
     async def _swap(self, name: str, table: Table, by: str) -> TableHandle:
-        """Serve ``table`` as ``name``; retire (``by``) and destroy the table it replaces."""
+        """Serve ``table`` as ``name``; retire (``by``) and destroy the table it replaces.
+
+        ``table`` is served once this is called: the old table's data that cannot be deleted
+        (its Redis does not answer) is logged, naming what was left, not raised.
+        """
         old = self.served.find(name)
         handle = self.served.install(table)
         if old is not None:
             await old.retire(by)
-            await run_in_threadpool(old.table.destroy)
+            try:
+                await run_in_threadpool(old.table.destroy)
+            except BackendError as err:
+                log.warning("table %r: the data of the table it replaced was left: %s", name, err)
         return handle

@@ -3,7 +3,8 @@
 1. Memmap tables left under ``<root>/tables/`` are reopened with every row
    acknowledged before the last process ended (crash included).
 2. With ``restore``, the checkpoints of tables not reopened are restored.
-3. The schemas' tables still missing are created.
+3. The schemas' tables still missing are created (not over a checkpoint left
+   unrestored that the server's own checkpoints would replace).
 
 A table that cannot be brought back is skipped, its data kept, the others
 served (``Served.failed`` says why).
@@ -144,7 +145,7 @@ class PeriodicCheckpoints:
         for handle in self.core.served.handles():
             if self._stop.is_set():
                 return
-            if not self.core.served.needs_checkpoint(handle):
+            if not self.core.served.needs_checkpoint(handle.table.spec):
                 continue
             try:
                 await self.core.checkpoint_to(handle.name)
@@ -168,7 +169,11 @@ async def load_tables(core: Core, settings: Settings) -> None:
        data is kept, never replaced behind the operator's back).
     2. With ``settings.restore``, the checkpoints of tables not reopened are restored.
     3. The schemas' tables still missing are created (dead data an earlier
-       non-durable table of the same name left in its folder is replaced).
+       non-durable table of the same name left in its folder is replaced), except one
+       with a checkpoint left unrestored (no ``settings.restore``) that this server's own
+       checkpoints would replace with the new, empty table: that one is not served, its
+       checkpoint kept (``Served.failed`` says so), until the operator restores it or
+       moves it away.
     """
     specs = load_specs(settings)
     wanted = {spec.name: spec for spec in specs}
@@ -208,9 +213,21 @@ async def load_tables(core: Core, settings: Settings) -> None:
                 continue
             loaded.add(name)
             log.info("table %r restored from %s", name, core.served.checkpoint_path(name))
+    unrestored = set() if settings.restore else set(checkpoints_under(core.root))
     for spec in specs:
         if spec.name in failed:
             continue  # its data (on disk, in its checkpoint) waits for the operator
+        if spec.name in unrestored - loaded and core.served.checkpoints_itself(spec):
+            why = (
+                f"its checkpoint {core.served.checkpoint_path(spec.name)} was not restored "
+                "(--restore is off), and this server's own checkpoints (--checkpoint-every, "
+                "--checkpoint-on-shutdown) would replace it with a new, empty table; it is "
+                "kept: start with --restore to serve it, or move it away to start the table "
+                "empty"
+            )
+            log.error("table %r not created: %s", spec.name, why)
+            failed[spec.name] = why
+            continue
         if spec.name not in loaded:
             await core.create(spec, replace=True)
             log.info(

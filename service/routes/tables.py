@@ -82,10 +82,11 @@ async def info(name: TableName, core: CoreDep) -> dict[str, Any]:
     DELETE_TABLE,
     status_code=204,
     response_class=Response,
-    responses=error_responses(TableNotFound),
+    responses=error_responses(TableNotFound, BackendError),
 )
 async def delete_table(name: TableName, core: CoreDep) -> Response:
-    """Delete a table and its data (calls waiting on it fail with 404)."""
+    """Delete a table and its data (calls waiting on it fail with 404); a redis table's Redis
+    must answer (503 ``BackendError`` otherwise: the table is kept, delete it again later)."""
     await core.delete(name)
     return Response(status_code=204)
 

@@ -78,6 +78,14 @@ class Backend:
         one probe at a time). Rows here: nothing to ask."""
         return self.state
 
+    def ping(self) -> None:
+        """Make sure the server the rows live in answers now, before what cannot be half
+        done (a delete: its keys go only once it answers). Rows here: nothing to ask.
+
+        Raises:
+            BackendError: it does not answer in time, or fails.
+        """
+
     # -- I/O ---------------------------------------------------------------
     def write(self, rows: Rows, data: Mapping[NestedKey, torch.Tensor]) -> None:
         raise NotImplementedError

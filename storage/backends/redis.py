@@ -161,6 +161,14 @@ class RedisBackend(Backend):
         """:meth:`~.redis_identity.RedisIdentity.probe`."""
         return self.identity.probe()
 
+    def ping(self) -> None:
+        """``PING`` the table's Redis (up to the connection's timeout).
+
+        Raises:
+            BackendError: Redis failed or did not answer in time.
+        """
+        self._redis("answering before the table's keys are deleted", self.client.ping)
+
     def _redis(self, doing: str, fn: Callable[[], T]) -> T:
         """``fn()``, Redis failures raised as :class:`BackendError` naming the connection."""
         return ask(self.spec.name, self.connection, doing, fn)
@@ -283,9 +291,19 @@ class RedisBackend(Backend):
             )
 
     def destroy(self) -> None:
+        """Delete the table's keys and close.
+
+        Raises:
+            BackendError: Redis failed or did not answer in time (the keys it still holds,
+                ``<prefix>:{<id>}:*``, are named).
+        """
+        namespace = self.storage._namespace  # type: ignore[attr-defined]
+        td_id = self.storage._td_id  # type: ignore[attr-defined]
         try:
-            td_id = self.storage._td_id  # type: ignore[attr-defined]
-            delete_keys(self.client, self.storage._namespace, td_id)  # type: ignore[attr-defined]
+            self._redis(
+                f"deleting the table's keys ({namespace}:{{{td_id}}}:*)",
+                lambda: delete_keys(self.client, namespace, td_id),
+            )
         finally:
             with contextlib.suppress(Exception):
                 self.storage.close()  # type: ignore[attr-defined]

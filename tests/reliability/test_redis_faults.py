@@ -223,3 +223,55 @@ def test_a_tables_info_says_unreachable_as_readyz_does(
     redis_proc.kill()  # down: refused at once
     state_until(server, "unreachable")
     assert ready_until(server, 503)["status"] == "unreachable"
+
+
+def test_a_delete_while_redis_is_down_is_a_503_and_keeps_the_table_and_its_keys(
+    live_server: Callable[..., Any], redis_proc: RedisProcess
+) -> None:
+    """A delete of a redis table whose Redis was down answered 500 ``InternalError`` (a
+    ``ConnectionError`` out of deleting its keys) after the table had been dropped: its keys
+    stayed in Redis for good, with no table left to delete them. Now Redis is asked first:
+    a 503 naming it, the table served on; deleted once Redis answers, keys and all."""
+    redis_proc.client.config_set("appendonly", "yes")  # the keys come back with Redis
+    redis_proc.client.config_set("appendfsync", "always")
+    server = serve(live_server, redis_proc)
+    keys = sorted(redis_proc.client.keys("*"))
+    redis_proc.kill()
+    status, err, _ = error(server, "DELETE", protocol.table_path("rt"))
+    assert (status, err["type"], err.get("table")) == (503, "BackendError", "rt"), err
+    assert "'r'" in err["detail"] and "Connection refused" in err["detail"], err["detail"]
+
+    redis_proc.start("--appendonly", "yes")
+    assert sorted(redis_proc.client.keys("*")) == keys
+    assert state_until(server, "ok")["size"] == 32  # still served, rows and all
+    assert server.request("DELETE", protocol.table_path("rt"))[0] == 204
+    assert redis_proc.client.dbsize() == 0
+
+
+def test_a_restore_over_a_table_whose_redis_is_down_answers_what_it_did(
+    live_server: Callable[..., Any], redis_proc: RedisProcess
+) -> None:
+    """A restore (here of a checkpoint of the table when it was a memory table) over a redis
+    table whose Redis was down served the restored table, then failed deleting the old
+    one's keys and answered 500: the client was told the restore failed, yet it had
+    happened. It answers 200 now; the keys left in Redis are logged, named."""
+    server = live_server(redis=f"r={redis_proc.url}", redis_timeout=TIMEOUT)
+    create(server, "rt")  # memory
+    extend(server, 0, 8, name="rt")
+    path = json.dumps({"path": "checkpoints/snap/mem"}).encode()
+    headers = {"Content-Type": "application/json"}
+    got = server.request(
+        "POST", protocol.table_path("rt", "checkpoint"), body=path, headers=headers
+    )
+    assert got[0] == 200, got[2]
+    assert server.request("DELETE", protocol.table_path("rt"))[0] == 204
+    create(server, "rt", backend={"kind": "redis", "connection": "r"})
+    extend(server, 0, 32, name="rt")
+    redis_proc.kill()
+    status, _, raw = server.request(
+        "POST", protocol.table_path("rt", "restore"), body=path, headers=headers
+    )
+    assert status == 200, raw[:300]
+    info = json.loads(server.request("GET", protocol.table_path("rt"))[2])
+    assert (info["backend"], info["size"]) == ("memory", 8)
+    assert "tdreplay:rt:{" in server.output() and "replaced was left" in server.output()

@@ -1,4 +1,5 @@
-"""A redis table that Redis refuses to allocate leaves nothing there (a real ``redis-server``)."""
+"""A redis table that Redis refuses to allocate leaves nothing there, and one whose keys it
+does not let go says so (a real ``redis-server``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tdreplay.storage import InsufficientStorage, Table, TableSpec
+from tdreplay.storage import BackendError, InsufficientStorage, Table, TableSpec
+from tdreplay.storage.redis_conn import RedisConnection
 
 MiB = 1 << 20
 
@@ -74,3 +76,32 @@ def test_a_failed_allocation_leaves_no_keys(small_strings: dict, tmp_path: Path)
     finally:
         client.config_set("maxmemory", before)
     assert list(client.scan_iter(match="tdreplay:oom:*")) == []
+
+
+def test_a_destroy_redis_does_not_answer_is_a_backend_error_naming_the_keys_left(
+    redis_server: dict, tmp_path: Path
+) -> None:
+    """Deleting a redis table's keys while its Redis did not answer raised redis-py's own
+    ``TimeoutError`` (an HTTP 500), naming neither the Redis nor the keys left there."""
+    client = redis_server["client"]
+    spec = TableSpec.model_validate(
+        {
+            "name": "gone",
+            "capacity": 8,
+            "backend": {"kind": "redis"},
+            "fields": {"x": {"shape": [], "dtype": "float32"}},
+        }
+    )
+    conn = RedisConnection("default", redis_server["url"], timeout=0.3)
+    table = Table.create(spec, tmp_path, redis={"default": conn})
+    store = table.backend.storage
+    keys = f"{store._namespace}:{{{store._td_id}}}:*"
+    client.client_pause(3000, all=False)  # writes wait: the DEL of the keys times out
+    try:
+        with pytest.raises(BackendError) as err:
+            table.destroy()
+    finally:
+        client.client_unpause()
+    assert "'default'" in str(err.value) and keys in str(err.value), err.value
+    assert list(client.scan_iter(match=keys))  # left there, as it says
+    client.delete(*client.scan_iter(match=keys))
