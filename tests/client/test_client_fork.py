@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -103,3 +104,36 @@ def test_a_forked_child_of_a_sharded_client_does_not_hang(
         assert outcome == "parent: ok; child: ok", f"{outcome} ({time.monotonic() - start:.1f}s)"
         assert samples(client, table, 20, 0) == ""  # the parent's pool still serves it
         client.delete_table(table)
+
+
+def test_a_child_forked_while_a_down_server_was_tried_tries_it_again(live_server: Any) -> None:
+    """A down server is tried in the background, one try at a time; a child forked while a
+    try was out inherited 'a try is out' without the thread making it, and never tried
+    that server again (down for good in the child, though it answered)."""
+    paused, other = live_server(), live_server()
+    urls = [paused.url, other.url]
+    table = table_on(urls)
+    client = ReplayClient(urls, transport="http", timeout=1.0, shard_refresh=0.1)
+    paused.proc.send_signal(signal.SIGSTOP)
+    try:
+        client.sample(table, 8)  # its timeout on the paused server: marked down
+        time.sleep(0.2)
+        client.sample(table, 8)  # starts a try of it, which waits on it in the background
+        assert not client.shard_status()[0]["up"]
+
+        def child() -> str:
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:
+                client.sample(table, 8)
+                if client.shard_status()[0]["up"]:
+                    return ""
+                time.sleep(0.05)
+            return "the server that answers again is still down"
+
+        def parent() -> str:
+            paused.proc.send_signal(signal.SIGCONT)
+            return ""
+
+        assert in_child(child, parent, 15) == "parent: ok; child: ok"
+    finally:
+        paused.proc.send_signal(signal.SIGCONT)
