@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from . import errors, route, shm
+from . import errors, forking, route, shm
 from .aio_transport import AsyncTransport
 from .settings import ClientSettings
 from .steps import Call, Gather, Pause, Probe, Work, probing
@@ -141,6 +141,13 @@ class BlockingDriver(Driver):
         self.transports: list[Transport]
         self._link_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None  # a gather's threads, made by the first
+        forking.forget_in_child(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's gather threads are not there (a pool of them
+        would queue work for them forever), nor its lock holders."""
+        self._link_lock = threading.Lock()
+        self._pool = None
 
     def run(self, plan: Driven[T]) -> T:
         result: Any = None

@@ -1,8 +1,8 @@
 """A prefetching batch iterator for learners, also a torch ``IterableDataset``.
 
-    >>> for batch in client.loader("cartpole", 256, prefetch=4, device="cuda"):  # doctest: +SKIP
-    ...     loss = learner(batch)                  # already on the GPU
-    ...     client.update_priority("cartpole", batch["index"], td_error, key=batch["sample_info", "key"])
+    >>> for batch in client.loader("atari", 256, prefetch=4, device="cuda"):  # doctest: +SKIP
+    ...     td_error = learner(batch)              # already on the GPU; |TD error| per item
+    ...     client.update_priority("atari", batch["index"], td_error, key=batch["sample_info", "key"])
 
 How it keeps the learner from waiting:
 

@@ -13,7 +13,7 @@ split across the servers in proportion to their sizes (a multinomial draw, in
 whole slices for slice samplers: uniform over the union of the servers' items),
 fetched concurrently and concatenated. A server that cannot be reached is
 marked down (:mod:`tdreplay.client.shards`): its share of samples and its turn
-of extends go to the others until it answers again. An extend that may have
+of extends go to the others, in turn, until it answers again. An extend that may have
 reached a server before the connection broke is sent to that same server again
 (same request id) until it answers, within the retry policy's ``deadline``:
 sending it elsewhere could store it twice. The
@@ -219,12 +219,14 @@ class Plans(PersistencePlans):
     def _write(self, command: C.Extend | C.Insert) -> Plan[Any]:
         """Send a write to the next server in turn; on a failure, to the next, or (if it may
         have been stored) to the same one again; its slots encode the server."""
-        first = next(self._cursor) % self.n
-        turn = [(first + k) % self.n for k in range(self.n)]
+        turn = next(self._cursor)
         # servers thought down are tried in the background, and are a last resort here
         yield from self._probes()
-        up = [s for s in turn if self.shards.is_up(s)]
-        order = up + [s for s in turn if s not in up]
+        up = self.shards.up()
+        down = [s for s in range(self.n) if s not in up]
+        # the turn goes round the servers up (a down server's turn given to the next one
+        # in the ring put two of three extends on one server)
+        order = _rotated(up, turn) + _rotated(down, turn)
         for k, shard in enumerate(order):
             try:
                 index = yield Call(shard, command, once=not self.shards.is_up(shard))
@@ -374,3 +376,9 @@ class Plans(PersistencePlans):
             [p["index"] * self.n + s for p, (s, _, _) in zip(parts, split, strict=True)]
         )
         return out[torch.argsort(torch.cat([c for _, _, (c,) in split]))]  # type: ignore[misc]
+
+
+def _rotated(items: list[int], turn: int) -> list[int]:
+    """``items`` starting at the one whose turn it is."""
+    k = turn % len(items) if items else 0
+    return items[k:] + items[:k]

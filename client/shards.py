@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import forking
 from .errors import TransportError
 
 log = logging.getLogger("tdreplay.client")
@@ -49,6 +50,14 @@ class ShardHealth:
         self._shards = [_Shard(u, since=time.monotonic()) for u in urls]
         self._lock = threading.Lock()
         self.retry_every = retry_every
+        forking.forget_in_child(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: no try is out (the parent's threads making them are not
+        there; one marked out would never end, its server never tried again)."""
+        self._lock = threading.Lock()
+        for s in self._shards:
+            s.probing = False
 
     def is_up(self, shard: int) -> bool:
         return self._shards[shard].up

@@ -20,14 +20,13 @@ use, closed with the client.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from typing import Any
 
 from ..codec import operations as ops
 from . import commands as C
-from . import errors
+from . import errors, forking
 from .shm_channel import MAX_SLOTS, Channel, ShmUnavailable, host_id, usable
 
 __all__ = [
@@ -78,11 +77,13 @@ class ShmLink:
         self.timeout = timeout
         self.lease_slots = max(1, lease_slots)
         self.instance = instance
-        self._lock = threading.Lock()
-        self._reset()
-        _LINKS.add(self)
+        self.after_fork()
+        forking.forget_in_child(self)
 
-    def _reset(self) -> None:
+    def after_fork(self) -> None:
+        """Start with no channel (and, in a forked child, none of the parent's: the child's
+        calls open their own connections)."""
+        self._lock = threading.Lock()
         self._local = threading.local()
         # Weak: a thread's channel lives in its thread-local data only, and is closed when
         # the thread ends (the loader starts fetcher threads for every pass).
@@ -134,19 +135,6 @@ def background_thread() -> None:
     waiting on its own call; a background thread polling would take the GIL from the
     threads doing the work (a loader of one-item batches lost 15% to it)."""
     _THREAD.background = True
-
-
-#: every link of this process: a forked child drops its parent's connections
-_LINKS: weakref.WeakSet[ShmLink] = weakref.WeakSet()
-
-
-def _after_fork() -> None:
-    for link in list(_LINKS):
-        link._reset()  # the child's calls open their own connections
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
 
 
 #: the operations this client sends over the same-host socket (the others go over HTTP);

@@ -227,7 +227,7 @@ class ReplayClient(Persistence, ClientBase):
         without it the update lands on whatever item each slot now holds.
 
             >>> client.update_priority(  # doctest: +SKIP
-            ...     "cartpole", batch["index"], td_error, key=batch["sample_info", "key"])
+            ...     "atari", batch["index"], td_error, key=batch["sample_info", "key"])
             256
 
         Returns:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ..codec.params import bounded
-from . import errors, http1
+from . import errors, forking, http1
 from .commands import Request, Response
 from .settings import ClientSettings
 
@@ -114,6 +114,15 @@ class Transport:
         self._idle: deque[http1.Connection] = deque()
         self._lock = threading.Lock()
         self._closed = False
+        forking.forget_in_child(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: close its copies of the idle connections (the parent's stay
+        open) and take a fresh lock (a thread of the parent's may have held it)."""
+        self._lock = threading.Lock()
+        idle, self._idle = list(self._idle), deque()
+        for conn in idle:
+            conn.close()
 
     # ---------------------------------------------------------------- pool
     def _new(self) -> http1.Connection:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 from tensordict import TensorDict
-from testkit import unique
+from testkit import free_port, unique
 
 from tdreplay.client import (
     AsyncReplayClient,
@@ -213,3 +213,16 @@ def test_a_sharded_extend_keeps_the_minus_one_of_a_row_a_max_value_table_dropped
     assert (index >= 0).all() and len(set((index % 2).tolist())) == 1
     got = client.read(name, index.tolist())
     assert got["x"].tolist() == [1000, 1001]
+
+
+def test_a_down_servers_turn_is_shared_by_the_others(servers: list[Any]) -> None:
+    """With one of three servers down, its turn of extends went to the server after it in
+    the ring every time: 2 of 3 extends on one server (700 / 300 rows of 1,000), which then
+    filled and evicted at twice the other's rate. Now the servers that are up take turns."""
+    urls = [servers[0].url, servers[1].url, f"http://127.0.0.1:{free_port()}"]  # none there
+    name = create(ReplayClient(urls[:2]))
+    client = ReplayClient(urls, transport="http", shard_refresh=60.0, connect_timeout=1.0)
+    for k in range(10):
+        client.extend(name, rows(k * 100, 100))
+    assert [ReplayClient(u).info(name)["size"] for u in urls[:2]] == [500, 500]
+    assert client.info(name)["size"] == 1000
