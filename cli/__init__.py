@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tdreplay.codec.protocol import IMPORT_CHUNK, MAX_BATCH_BYTES
+from tdreplay.storage import MAX_TABLE_BYTES
 
 from . import offline, remote
 from .common import new_parser, refuse_token_flag
@@ -239,6 +240,15 @@ def add_remote_commands(sub: Any) -> None:
         help="a data root no server holds: the table's own files, else its checkpoint",
     )
     where.add_argument("--checkpoint", metavar="DIR", help="a checkpoint folder")
+    offline.add_argument(
+        "--max-table-bytes",
+        type=int,
+        default=MAX_TABLE_BYTES,
+        metavar="BYTES",
+        help="the largest table (capacity x (item + per-slot bookkeeping)) opened or restored "
+        "to be exported, as a server's flag; a larger one is refused before anything is "
+        f"allocated (default: {MAX_TABLE_BYTES}, 16 GiB)",
+    )
     _progress(p)
     _connection(p)
 

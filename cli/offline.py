@@ -19,9 +19,12 @@ from tdreplay.codec.exports import ExportedPath, export_format
 from tdreplay.codec.folders import made_for
 from tdreplay.codec.minari_files import dataset_folder, default_root, write_minari
 from tdreplay.storage import (
+    MAX_TABLE_BYTES,
     CheckpointError,
     RootLocked,
     Table,
+    TableSpec,
+    check_table_bytes,
     find_checkpoint,
     lock_root,
     read_checkpoint_metadata,
@@ -42,17 +45,18 @@ def export(args: dict[str, Any]) -> None:
     if args.get("on_server"):
         raise CommandError("--on-server needs a server, not --root/--checkpoint", Exit.USAGE)
     output = Path(args["output"])
+    limit = max_table_bytes(args)
     with flag_values():
         fmt = export_format(output, args.get("format"))
     progress = show_progress(args)
     if args.get("checkpoint"):
         source = Path(args["checkpoint"])
-        name, written = from_checkpoint(source, args.get("table"), output, fmt, progress)
+        name, written = from_checkpoint(source, args.get("table"), output, fmt, progress, limit)
     else:
         if not args.get("table"):
             raise CommandError("which table? tdreplay export TABLE --root DIR", Exit.USAGE)
         name = args["table"]
-        source, written = from_root(Path(args["root"]), name, output, fmt, progress)
+        source, written = from_root(Path(args["root"]), name, output, fmt, progress, limit)
     shown = describe_file(output, fmt)
     print(f"exported table {name!r} from {source} to {output} ({shown}){describe_counts(written)}")
 
@@ -69,6 +73,7 @@ def export_minari(args: dict[str, Any]) -> None:
     if dataset_folder(datasets, dataset_id).exists():  # before the export, not after
         raise CommandError(f"a dataset {dataset_id!r} exists under {str(datasets)!r}")
     progress = show_progress(args)
+    limit = max_table_bytes(args)
     with (
         made_for(datasets),  # gone again, with its parents made here, if the export fails
         tempfile.TemporaryDirectory(dir=datasets, prefix=".tdreplay-export-") as scratch,
@@ -76,12 +81,14 @@ def export_minari(args: dict[str, Any]) -> None:
         rows = Path(scratch) / "rows.parquet"
         if args.get("checkpoint"):
             source = Path(args["checkpoint"])
-            name, written = from_checkpoint(source, args.get("table"), rows, "parquet", progress)
+            name, written = from_checkpoint(
+                source, args.get("table"), rows, "parquet", progress, limit
+            )
         else:
             if not args.get("table"):
                 raise CommandError("which table? tdreplay export TABLE --root DIR", Exit.USAGE)
             name = args["table"]
-            source, written = from_root(Path(args["root"]), name, rows, "parquet", progress)
+            source, written = from_root(Path(args["root"]), name, rows, "parquet", progress, limit)
         folder = write_minari(rows, datasets, dataset_id, env_spec=env_spec, progress=progress)
     # the rows the table's export wrote and left out, the splits of the dataset made of them
     counts = ExportedPath.of(
@@ -93,8 +100,17 @@ def export_minari(args: dict[str, Any]) -> None:
     )
 
 
+def max_table_bytes(args: dict[str, Any]) -> int:
+    """``--max-table-bytes``: the largest table an offline export opens or restores (the
+    spec of a checkpoint is a few bytes of JSON; the table it declares, terabytes)."""
+    limit = args.get("max_table_bytes", MAX_TABLE_BYTES)
+    if limit < 1:
+        raise CommandError(f"--max-table-bytes is {limit}: it takes a size >= 1", Exit.USAGE)
+    return int(limit)
+
+
 def from_root(
-    root: Path, table: str, output: Path, fmt: str, progress: bool
+    root: Path, table: str, output: Path, fmt: str, progress: bool, limit: int
 ) -> tuple[Path, ExportedPath]:
     """Export ``table`` of the data root ``root``; returns what it was read from and what
     the export wrote."""
@@ -113,6 +129,7 @@ def from_root(
         if table in failed:
             raise CommandError(f"table {table!r} under {root}: {failed[table]}")
         if table in specs:
+            check_table_bytes(specs[table], limit)
             opened = Table.open(specs[table], root)
             try:
                 written = opened.export(output, format=fmt, progress=progress)
@@ -127,14 +144,14 @@ def from_root(
                 f"no table {table!r} under {str(root)!r}: neither its files "
                 f"(tables: {sorted(specs) or 'none'}) nor a checkpoint checkpoints/{table}"
             ) from None
-        return checkpoint, from_checkpoint(checkpoint, table, output, fmt, progress)[1]
+        return checkpoint, from_checkpoint(checkpoint, table, output, fmt, progress, limit)[1]
 
 
 def from_checkpoint(
-    path: Path, table: str | None, output: Path, fmt: str, progress: bool
+    path: Path, table: str | None, output: Path, fmt: str, progress: bool, limit: int
 ) -> tuple[str, ExportedPath]:
-    """Export the table the checkpoint at ``path`` holds; returns its name and what the
-    export wrote."""
+    """Export the table the checkpoint at ``path`` holds, no larger than ``limit`` bytes
+    (refused before it is restored); returns its name and what the export wrote."""
     meta = read_checkpoint_metadata(path)
     spec = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
     held = spec.get("name")
@@ -146,9 +163,13 @@ def from_checkpoint(
             f"the checkpoint at {str(path)!r} is of a Redis table: restoring it needs its "
             "Redis; export it through a server (tdreplay export TABLE -o FILE --url URL)"
         )
+    # a spec missing or malformed is the restore's to refuse, naming the checkpoint's file
+    declared = TableSpec.parse(spec, source=f"{path}/metadata.json") if spec else None
+    if declared is not None:
+        check_table_bytes(declared, limit)
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=output.parent, prefix=".tdreplay-export-") as scratch:
-        restored = Table.restore(path, root=scratch)
+        restored = Table.restore(path, root=scratch, expect=declared)
         try:
             written = restored.export(output, format=fmt, progress=progress)
         finally:

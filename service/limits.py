@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, Field
 
 from tdreplay.codec.errors import TIMED_OUT
-from tdreplay.storage import BackendError, InvalidRequest
+from tdreplay.storage import MAX_TABLE_BYTES, BackendError, InvalidRequest
 
 from .errors import PayloadTooLarge
 
@@ -76,7 +76,7 @@ class LimitSettings(BaseModel):
         description="Most fields one table may declare; a schema with more is refused with 422.",
     )
     max_table_bytes: int = Field(
-        default=16 * GiB,
+        default=MAX_TABLE_BYTES,
         ge=1,
         description="Largest table (capacity x (item + per-slot bookkeeping)); a schema "
         "past it is refused with 422.",

@@ -10,7 +10,8 @@ of what the service may use (``tests/test_import_cycles.py`` holds it so):
 * tables and their schema: :class:`Table`, :class:`TableSpec`,
   :class:`FieldSpec`, :data:`NestedKey`, :data:`DTYPES` (the dtype names a
   schema may use: :data:`tdreplay.codec.dtypes.TORCH`), :func:`table_nbytes`
-  (what a table of a spec allocates), :data:`MAX_TABLE_NAME` (characters of a
+  (what a table of a spec allocates), :func:`check_table_bytes` (that against a limit,
+  :data:`MAX_TABLE_BYTES` by default), :data:`MAX_TABLE_NAME` (characters of a
   table's name at most);
 * the data root: :func:`lock_root` / :class:`RootLock` (one process per
   root), :func:`stored_specs` (the tables a process left reopenable);
@@ -64,7 +65,7 @@ from .rate_limiter import RateLimiter
 from .redis_conn import RedisConnection
 from .redis_conn import resolve as resolve_redis_connection
 from .rootlock import RootLock, lock_root
-from .sizing import table_nbytes
+from .sizing import MAX_TABLE_BYTES, check_table_bytes, table_nbytes
 from .spec import SELF_DURABLE_BACKENDS, FieldSpec, NestedKey, TableSpec, json_schema
 from .table import Table
 from .tensordicts import nest as tensordict_from_leaves
@@ -117,5 +118,7 @@ __all__ = [
     "resolve_redis_connection",
     "stored_specs",
     "table_nbytes",
+    "check_table_bytes",
+    "MAX_TABLE_BYTES",
     "tensordict_from_leaves",
 ]

@@ -18,6 +18,11 @@ many tiny items costs mostly that.
 from __future__ import annotations
 
 from . import spec as S
+from .errors import SchemaError
+
+#: the default of ``--max-table-bytes``: the largest table (:func:`table_nbytes`) a server
+#: creates or restores, and an offline export restores a checkpoint into
+MAX_TABLE_BYTES = 16 << 30
 
 #: slots: live + busy (bool), times_sampled + ordinal (int64)
 SLOT_BYTES = 1 + 1 + 8 + 8
@@ -54,3 +59,26 @@ def bookkeeping_nbytes_per_slot(spec: S.TableSpec) -> int:
 def table_nbytes(spec: S.TableSpec) -> int:
     """Bytes a table of ``spec`` allocates: rows (on its backend) plus bookkeeping (in memory)."""
     return spec.capacity * (spec.item_nbytes + bookkeeping_nbytes_per_slot(spec))
+
+
+def check_table_bytes(spec: S.TableSpec, limit: int) -> int:
+    """:func:`table_nbytes` of ``spec``, checked against ``limit`` (``--max-table-bytes``)
+    before anything is allocated: a spec is a few bytes of JSON (a checkpoint's too), the
+    table it declares may be terabytes.
+
+    Raises:
+        SchemaError: the table would take more than ``limit`` bytes (the message gives
+            its capacity, its item bytes and the flag).
+    """
+    nbytes = table_nbytes(spec)
+    if nbytes > limit:
+        raise SchemaError(
+            f"table {spec.name!r}: capacity {spec.capacity} x ({spec.item_nbytes} bytes per "
+            f"item + bookkeeping) = {nbytes} bytes exceeds the limit of {limit} bytes "
+            "(--max-table-bytes)",
+            table=spec.name,
+            field="capacity",
+            expected=f"<= {limit} bytes",
+            got=nbytes,
+        )
+    return nbytes

@@ -236,8 +236,9 @@ class MaxValuePolicy(SlotPolicy):
         return {"values": self.slots.written(self.values)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        values = SF.tensor(state, "values", "writer", like=self.values)
-        self.slots.load_written(self.values, values, "writer.values")
+        self.slots.load_written(
+            self.values, self.slots.loaded(state, "values", "writer", self.values)
+        )
 
     def info(self) -> dict[str, Any]:
         hi = self.slots.hi

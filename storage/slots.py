@@ -124,15 +124,14 @@ class Slots(Scalars):
         return free
 
     def written(self, column: torch.Tensor) -> torch.Tensor:
-        """A copy of the per-slot ``column`` (here, or a sampler's or writer's) that reads
-        only the slots written at least once, ``[0, hi)``: past them it is zeros (see the
-        module docstring), and reading there could end the process. A memmap table's state
-        files are holes past its reserved rows, and a tmpfs backs a hole's page when it is
-        read: on a full one, that read is a SIGBUS (``state_dict``s take their copies here).
+        """A copy of the per-slot ``column`` (here, or a sampler's or writer's) over the slots
+        written at least once, ``[0, hi)``: past them it is zeros (see the module docstring),
+        so a state carries only these and follows the items, not the capacity (a checkpoint
+        of 10 items in a 20M-slot prioritized table wrote a 500 MB state file). Reading past
+        them could also end the process: a memmap table's state files are holes there, and
+        a tmpfs backs a hole's page when it is read; on a full one, that read is a SIGBUS.
         """
-        out = torch.zeros_like(column)
-        out[: self.hi] = column[: self.hi]
-        return out
+        return column[: self.hi].clone()
 
     def at(self, column: torch.Tensor, where: slice | torch.Tensor) -> torch.Tensor:
         """The per-slot ``column`` at slots ``where`` (a slice of step 1 from 0 up, or an
@@ -164,19 +163,37 @@ class Slots(Scalars):
         column is zeros and untouched, see :meth:`load_written`)."""
         return max(self._reached, self.hi)
 
-    def load_written(self, column: torch.Tensor, value: torch.Tensor, name: str) -> None:
-        """Load the per-slot ``value`` of a sampler's or writer's column ``name`` (loaded
-        after these slots), checked first (:meth:`check_unwritten`), into ``column``."""
-        self.check_unwritten(value, name, self.hi)
-        self._copy_written(column, value)
+    def loaded(
+        self, state: Any, key: str, where: str, column: torch.Tensor, *, hi: int | None = None
+    ) -> torch.Tensor:
+        """``state[key]``, the per-slot state of ``column`` (here, or a sampler's or
+        writer's), checked: ``column``'s dtype, and a row for each slot written at least
+        once, ``[0, hi)`` (``hi`` default :attr:`hi`), as :meth:`written` gives; or a row for
+        every slot, zeros past ``hi``, as states were saved before.
 
-    def _copy_written(self, column: torch.Tensor, value: torch.Tensor) -> None:
-        """``value`` into ``column``, the mirror of :meth:`written`: over slots ``[0, reach)``
-        only, so a restored memmap table's state files stay holes past its rows (its disk
-        follows the data, and a full tmpfs is never asked to back a page there: that write
-        is a SIGBUS)."""
+        Raises:
+            StateError: it is missing, not a tensor, of another dtype or shape, or holds
+                state at or past slot ``hi`` (the message names ``where.key``).
+        """
+        hi = self.hi if hi is None else hi
+        value = SF.tensor(state, key, where, dtype=column.dtype, ndim=column.ndim)
+        if value.shape[1:] != column.shape[1:] or len(value) not in (hi, self.capacity):
+            raise SF.StateError(
+                f"{where}.{key}: expected shape {[hi, *column.shape[1:]]} (a row for each of "
+                f"the slots.hi written slots) or {list(column.shape)}, got {list(value.shape)}"
+            )
+        self.check_unwritten(value, f"{where}.{key}", hi)
+        return value
+
+    def load_written(self, column: torch.Tensor, value: torch.Tensor) -> None:
+        """``value`` (checked by :meth:`loaded`) into ``column``, the mirror of :meth:`written`:
+        over slots ``[0, reach)`` only, zeros past ``value``'s rows, so a restored memmap
+        table's state files stay holes past its rows (its disk follows the data, and a full
+        tmpfs is never asked to back a page there: that write is a SIGBUS)."""
         n = self.reach()
-        column[:n].copy_(value[:n])
+        k = min(n, len(value))
+        column[:k].copy_(value[:k])
+        column[k:n].zero_()
 
     @staticmethod
     def check_unwritten(value: torch.Tensor, name: str, hi: int) -> None:
@@ -202,15 +219,14 @@ class Slots(Scalars):
                 at or past ``hi``.
         """
         where = "slots"
-        live = SF.tensor(state, "live", where, like=self.live)
-        ordinal = SF.tensor(state, "ordinal", where, like=self.ordinal)
-        times_sampled = SF.tensor(state, "times_sampled", where, like=self.times_sampled)
         n_live = SF.integer(state, "n_live", where, hi=self.capacity)
         hi = SF.integer(state, "hi", where, hi=self.capacity)
         inserted = SF.integer(state, "inserted", where, hi=MAX_ORDINAL)
+        live = self.loaded(state, "live", where, self.live, hi=hi)
+        ordinal = self.loaded(state, "ordinal", where, self.ordinal, hi=hi)
+        times_sampled = self.loaded(state, "times_sampled", where, self.times_sampled, hi=hi)
         if int(live.sum()) != n_live:
             raise SF.StateError(f"slots.n_live is {n_live} but {int(live.sum())} slots are live")
-        self.check_unwritten(live, "slots.live", hi)
         live_ordinal = ordinal[live]
         if len(live_ordinal):
             # a live item has its own ordinal, in [1, inserted], unique in the table
@@ -224,14 +240,12 @@ class Slots(Scalars):
             raise SF.StateError(f"slots.ordinal: an ordinal is outside [0, {inserted}]")
         if bool((times_sampled < 0).any()):
             raise SF.StateError("slots.times_sampled: a count is negative")
-        self.check_unwritten(ordinal, "slots.ordinal", hi)
-        self.check_unwritten(times_sampled, "slots.times_sampled", hi)
         self._reached = self.reach()
         self.hi = hi
-        self._copy_written(self.live, live)
+        self.load_written(self.live, live)
         self.busy.zero_()
-        self._copy_written(self.ordinal, ordinal)
-        self._copy_written(self.times_sampled, times_sampled)
+        self.load_written(self.ordinal, ordinal)
+        self.load_written(self.times_sampled, times_sampled)
         self.n_live = n_live
         self.inserted = inserted
 

@@ -112,7 +112,8 @@ class ServiceStateMixin:
         """Restore the table from :meth:`state_dict`'s result.
 
         Raises:
-            ValueError: not such a state (or of another table).
+            ValueError: not such a state (or of another table), or an archive in it is
+                not the uint8 tensor :meth:`state_dict` made (named by its index).
         """
         archives = state_dict.get("archives") if isinstance(state_dict, dict) else None
         if not isinstance(archives, list):
@@ -126,7 +127,7 @@ class ServiceStateMixin:
                 f"{self._table!r}: a buffer loads its own table's state"
             )
         self._client.load_archives(
-            self._table, [torch.as_tensor(a, dtype=torch.uint8).numpy().tobytes() for a in archives]
+            self._table, [_archive_bytes(i, a) for i, a in enumerate(archives)]
         )
 
     # ---------------------------------------------------------------- connections
@@ -271,3 +272,18 @@ class ServiceStateMixin:
 
     def __setitem__(self, index: Any, value: Any) -> None:
         raise self._not_here("writing slots by index", "extend() inserts rows")
+
+
+def _archive_bytes(i: int, archive: Any) -> bytes:
+    """The bytes of archive ``i`` of a :meth:`ServiceStateMixin.state_dict`: a uint8 tensor
+    (a float or int64 one was cast, wrapping its values, into bytes no server could read)."""
+    if not isinstance(archive, torch.Tensor) or archive.dtype != torch.uint8 or archive.ndim != 1:
+        got = (
+            f"a {archive.dtype} tensor of shape {list(archive.shape)}"
+            if isinstance(archive, torch.Tensor)
+            else f"a {type(archive).__name__}"
+        )
+        raise ValueError(
+            f"archives[{i}] is {got}: a state_dict() holds each archive as a 1-d uint8 tensor"
+        )
+    return archive.detach().cpu().numpy().tobytes()

@@ -21,7 +21,6 @@ from starlette.concurrency import run_in_threadpool
 from tensordict import TensorDictBase
 
 from tdreplay.codec.ipc import Schema
-from tdreplay.codec.protocol import not_found
 from tdreplay.storage import (
     InvalidRequest,
     NestedKey,
@@ -105,9 +104,10 @@ class TableHandle:
     # -- lifetime -----------------------------------------------------------
     @contextlib.contextmanager
     def use(self) -> Iterator[Table]:
-        """Hold the table for one call; a deleted table raises :class:`TableNotFound`."""
-        if not self.is_open:
-            raise not_found(self.name)
+        """Hold the table for one call; one no longer served raises :meth:`gone`'s error (a
+        door's task may run after a restore retired the table it looked up: not a 404)."""
+        if (gone := self.gone()) is not None:
+            raise gone
         self._active += 1
         self._idle.clear()
         try:
@@ -273,10 +273,10 @@ class TableHandle:
 
         Raises:
             InvalidRequest: ``n`` does not fit the table, or what ``place`` gives does not fit.
-            TableNotFound: the table is no longer served.
+            TableNotFound, TableClosed: the table is no longer served (see :meth:`gone`).
         """
-        if not self.is_open:
-            raise not_found(self.name)
+        if (gone := self.gone()) is not None:  # the draw's task holds it later: checked again
+            raise gone
         shape = self._shapes.get(n)
         if shape is None:
             shape = self._sample_shape(n)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 
-from tdreplay.storage import Table, TableNotFound, TableSpec
+from tdreplay.storage import Table, TableClosed, TableNotFound, TableSpec
 
 from ..errors import hide_root
 from .handle import TableHandle
@@ -144,6 +144,9 @@ class TableOps(CorePart):
                 return await handle.info()
             except TableNotFound:  # deleted meanwhile
                 return None
+            except TableClosed:  # replaced meanwhile (a restore, load or clear): the new one
+                replaced = self.served.find(handle.name)
+                return None if replaced is None else await info(replaced)
 
         infos = await asyncio.gather(*(info(h) for h in self.served.handles()))
         listed = [i for i in infos if i is not None]

@@ -29,6 +29,7 @@ from tdreplay.storage import (
     Table,
     TableExists,
     TableSpec,
+    check_table_bytes,
     resolve_redis_connection,
     table_nbytes,
 )
@@ -138,18 +139,7 @@ class Served:
                 expected=f"<= {s.max_fields} fields",
                 got=len(spec.fields),
             )
-        nbytes = table_nbytes(spec)
-        if nbytes > s.max_table_bytes:
-            raise SchemaError(
-                f"table {spec.name!r}: capacity {spec.capacity} x ({spec.item_nbytes} bytes per "
-                f"item + bookkeeping) = {nbytes} bytes exceeds the server's limit of "
-                f"{s.max_table_bytes} bytes (--max-table-bytes)",
-                table=spec.name,
-                field="capacity",
-                expected=f"<= {s.max_table_bytes} bytes",
-                got=nbytes,
-            )
-        return nbytes
+        return check_table_bytes(spec, s.max_table_bytes)
 
     def total_bytes(self) -> int:
         """Bytes the served tables (and creates under way) allocate, all together."""

@@ -32,7 +32,7 @@ from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException
 
 from tdreplay.codec.operations import STATUS
-from tdreplay.storage import TableNotFound
+from tdreplay.storage import TableClosed, TableNotFound
 
 from ..deps import CoreDep, declare, error_responses
 
@@ -98,7 +98,7 @@ async def status(request: Request, core: CoreDep) -> dict[str, Any]:
     history = request.app.state.history
     tables = []
     for handle in core.served.handles():
-        with contextlib.suppress(TableNotFound), handle.use() as table:
+        with contextlib.suppress(TableNotFound, TableClosed), handle.use() as table:
             stats = await handle.call(partial(table.stats, wait=STATS_WAIT))
             tables.append(
                 {

@@ -9,6 +9,7 @@ renames).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -54,10 +55,15 @@ def find(path: Path) -> Path:
     """The readable checkpoint for ``path``: itself, or the copy set aside by an interrupted swap."""
     if is_checkpoint(path):
         return path
-    asides = sorted(
-        path.parent.glob(f"{path.name}{ASIDE}*"), key=lambda p: p.stat().st_mtime, reverse=True
-    )
-    for aside in asides:
+    # by prefix, not glob: a checkpoint named '[ab]' or '*' found 'a.old-<hex>'; and an aside
+    # a checkpoint deletes meanwhile (its new copy in place) is passed over
+    prefix, asides = f"{path.name}{ASIDE}", []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(path.parent) as it:
+        for entry in it:
+            if entry.name.startswith(prefix):
+                with contextlib.suppress(FileNotFoundError):
+                    asides.append((entry.stat().st_mtime, Path(entry.path)))
+    for _, aside in sorted(asides, reverse=True):
         if is_checkpoint(aside):
             return aside
     raise CheckpointError(f"no checkpoint at {path}")

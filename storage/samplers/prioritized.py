@@ -116,13 +116,13 @@ class PrioritizedSampler(Sampler):
         return {"priorities": self.slots.written(self.priorities), **self.scalars()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        priorities = SF.tensor(state, "priorities", "sampler", like=self.priorities)
+        priorities = self.slots.loaded(state, "priorities", "sampler", self.priorities)
         if not bool(torch.isfinite(priorities).all()) or bool((priorities < 0).any()):
             raise SF.StateError("sampler.priorities: expected finite priorities >= 0")
         max_priority = SF.number(state, "max_priority", "sampler", finite=True)
         if max_priority < 0:  # new items' priority: a negative one makes the tree's total NaN
             raise SF.StateError(f"sampler.max_priority: expected >= 0, got {max_priority}")
-        self.slots.load_written(self.priorities, priorities, "sampler.priorities")
+        self.slots.load_written(self.priorities, priorities)
         self.max_priority = max_priority
         n = self.slots.reach()  # past it: no item, a zero leaf (the columns are not read there)
         written = self._leaf(self.priorities[:n])

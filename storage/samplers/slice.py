@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import statefile as SF
 from ..errors import InvalidRequest
 from .base import Sampler
 from .ranks import CountedMask
@@ -238,8 +237,8 @@ class SliceSampler(Sampler):
         return {"episode": self.slots.written(self.episode)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        episode = SF.tensor(state, "episode", "sampler", like=self.episode)
-        self.slots.load_written(self.episode, episode, "sampler.episode")
+        episode = self.slots.loaded(state, "episode", "sampler", self.episode)
+        self.slots.load_written(self.episode, episode)
         self.valid.zero_()
         self.n_valid = 0
         self.edges.clear()

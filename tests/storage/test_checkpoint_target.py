@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from testkit import make_spec, rows
 
-from tdreplay.storage import PathExists, Table
+from tdreplay.storage import CheckpointError, PathExists, Table
 
 
 @pytest.mark.parametrize("what", ["folder of files", "file", "link"])
@@ -47,3 +47,22 @@ def test_a_checkpoint_replaces_a_checkpoint_or_an_empty_folder(tables, tmp_path:
     restored.close()
     with pytest.raises(PathExists, match="of this table"):
         a.checkpoint(empty, own_only=True)
+
+
+@pytest.mark.parametrize("name", ["[ab]", "*", "?"])
+def test_a_name_is_never_a_pattern_for_the_copy_a_crash_set_aside(
+    tables, tmp_path: Path, name: str
+) -> None:
+    """With no checkpoint at a path, the copy an interrupted swap set aside
+    (``<path>.old-<hex>``) is read; it was looked up by glob, so a checkpoint named ``[ab]``,
+    ``*`` or ``?`` found ``a``'s aside copy and restored it in its place."""
+    table = tables.create(make_spec("t", capacity=8))
+    table.extend(rows(0, 4))
+    folder = tmp_path / "runs"
+    table.checkpoint(folder / "a")
+    (folder / "a").rename(folder / "a.old-12345678")  # a crash between the swap's renames
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        Table.restore(folder / name, tmp_path / "elsewhere")
+    restored = Table.restore(folder / "a", tmp_path / "elsewhere")  # its own aside copy
+    assert len(restored) == 4
+    restored.destroy()

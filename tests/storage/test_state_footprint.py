@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from storage_helpers import assert_same, snapshot
 from tensordict import TensorDict
+from testkit import make_spec
+from testkit import rows as make_rows
 
-from tdreplay.storage import Table, TableSpec
+from tdreplay.storage import InvalidCheckpoint, Table, TableSpec
 from tdreplay.storage import statefile as SF
 from tdreplay.storage.durable import STATE_DIR
 from tdreplay.storage.extents import MIN_EXTENT_BYTES
@@ -214,7 +217,8 @@ def test_a_loaded_state_with_anything_past_its_written_slots_is_refused(tmp_path
         state = table.state_dict()
         for column in ("ordinal", "times_sampled"):
             bad = {**state, "slots": dict(state["slots"])}
-            bad["slots"][column] = state["slots"][column].clone()
+            bad["slots"][column] = torch.zeros(CAPACITY, dtype=torch.int64)  # every slot's
+            bad["slots"][column][:10] = state["slots"][column]
             bad["slots"][column][50] = 3  # slot 50 was never written (hi is 10)
             with pytest.raises(SF.StateError, match=f"slots.{column}: a slot at or past"):
                 table.load_state_dict(bad)
@@ -239,3 +243,63 @@ def test_a_state_with_fewer_written_slots_loaded_over_more_leaves_zeros_past_the
         assert not table.slots.ordinal[4:24].any() and not table.slots.live[4:24].any()
     finally:
         table.close()
+
+
+#: the parts a checkpoint's state holds per slot, by the table that keeps them
+PER_SLOT_PARTS = {
+    "uniform": {},
+    "prioritized": {"sampler": {"kind": "prioritized"}},
+    "slice": {"sampler": {"kind": "slice", "slice_len": 2}},
+    "max_value": {"writer": {"kind": "max_value", "key": "id"}},
+}
+
+
+@pytest.mark.parametrize("kind", list(PER_SLOT_PARTS))
+def test_a_checkpoint_s_state_follows_its_items_not_its_capacity(tmp_path: Path, kind: str) -> None:
+    """Every per-slot column went into ``state.safetensors`` whole, zeros past the written
+    slots: 10 items in a 2M-slot table wrote a 34 MB state (50 MB prioritized; 500 MB and
+    2.5 s for a 20M-slot one), and its restore read all of it back. Now a state holds the
+    written slots, and restores to the same table."""
+    big = 2_000_000
+    table = Table.create(make_spec(capacity=big, **PER_SLOT_PARTS[kind]), tmp_path / "a")
+    try:
+        table.extend(make_rows(0, 10))
+        table.sample(4)
+        path = table.checkpoint(tmp_path / "ck")
+        before = snapshot(table)
+    finally:
+        table.close()
+    assert (path / SF.STATE_FILE).stat().st_size < 64 << 10
+    restored = Table.restore(path, tmp_path / "b")
+    try:
+        after = snapshot(restored)
+        assert_same(before["state"], after["state"], "state")
+        assert_same(before["rows"], after["rows"], "rows")
+    finally:
+        restored.destroy()
+
+
+def test_a_state_saved_with_a_row_for_every_slot_restores_the_same(tmp_path: Path) -> None:
+    """Checkpoints written before kept every slot's row (zeros past the written ones):
+    they restore as they did. A column of any other length is refused, naming it."""
+    table = Table.create(make_spec(capacity=64, sampler={"kind": "prioritized"}), tmp_path / "a")
+    try:
+        table.extend(make_rows(0, 10))
+        path = table.checkpoint(tmp_path / "ck")
+        before = snapshot(table)
+    finally:
+        table.close()
+    state = SF.load_state(path)
+    for part, column in (("slots", "live"), ("slots", "ordinal"), ("sampler", "priorities")):
+        value = state[part][column]
+        state[part][column] = torch.cat([value, value.new_zeros(64 - len(value))])
+    SF.save_state(path, state)
+    restored = Table.restore(path, tmp_path / "b")
+    try:
+        assert_same(before["state"], snapshot(restored)["state"], "state")
+    finally:
+        restored.destroy()
+    state["sampler"]["priorities"] = state["sampler"]["priorities"][:20]
+    SF.save_state(path, state)
+    with pytest.raises(InvalidCheckpoint, match=r"sampler\.priorities: expected shape \[10\]"):
+        Table.restore(path, tmp_path / "c")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -235,3 +236,25 @@ def test_load_state_dict_of_another_table_names_both(server: Any) -> None:
     with pytest.raises(ValueError, match="expected"):
         b.load_state_dict({"table": b.table})
     assert len(b) == 2
+
+
+@pytest.mark.parametrize(
+    "archive, got",
+    [
+        (torch.tensor([1.5, 300.0]), "torch.float32 tensor of shape [2]"),
+        (torch.arange(1000), "torch.int64 tensor of shape [1000]"),
+        (torch.zeros(2, 512, dtype=torch.uint8), "torch.uint8 tensor of shape [2, 512]"),
+        ("abc", "a str"),
+    ],
+)
+def test_load_state_dict_refuses_an_archive_that_is_not_its_bytes(
+    server: Any, archive: Any, got: str
+) -> None:
+    """A float or int64 archive was cast to uint8 (300.0 became 44) and sent: the server
+    answered that the bytes were no tar archive, not what was wrong with the state; a str
+    raised torch's 'new(): invalid data type'. Now it is named before anything is sent."""
+    rb = ours_for(server)
+    rb.extend(rows(0, 2))
+    with pytest.raises(ValueError, match=rf"archives\[0\] is (a )?{re.escape(got)}"):
+        rb.load_state_dict({"table": rb.table, "archives": [archive]})
+    assert len(rb) == 2
