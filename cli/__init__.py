@@ -297,9 +297,10 @@ def add_remote_commands(sub: Any) -> None:
         type=int,
         default=MAX_BATCH_BYTES,
         metavar="BYTES",
-        help="minari: the most bytes one compressed unit of the dataset's files (an Arrow "
-        "record batch, a Parquet page: each decompressed whole) may decompress to; a file "
-        f"holding a larger one is refused (default: {MAX_BATCH_BYTES}, 32 MiB)",
+        help="the most bytes one compressed unit of the files (a Parquet row group's "
+        "largest pages, one per column read; a Minari dataset's Arrow record batch) may "
+        "decompress to (each page and batch is decompressed whole); a file holding a larger "
+        f"one is refused (default: {MAX_BATCH_BYTES}, 32 MiB)",
     )
     _progress(p)
     _connection(p)

@@ -347,6 +347,7 @@ def _import(client: ReplayClient, table: str, chunk: int, args: dict[str, Any]) 
         ignore_extra=args.get("ignore_extra", False),
         chunk=chunk,
         progress=show_progress(args),
+        max_batch_bytes=args.get("max_batch_bytes", MAX_BATCH_BYTES),
     )
     return f"imported {written} rows into table {table!r} from {len(files)} file(s)"
 

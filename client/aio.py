@@ -197,6 +197,7 @@ class AsyncReplayClient(ClientBase):
         ignore_extra: bool = False,
         chunk: int = IMPORT_CHUNK,
         progress: bool | None = None,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
     ) -> int:
         """See :meth:`ReplayClient.import_parquet`: files read in a worker thread, rows
         sent over this client's own transport."""
@@ -208,6 +209,7 @@ class AsyncReplayClient(ClientBase):
             ignore_extra=ignore_extra,
             chunk=chunk,
             progress=progress,
+            max_batch_bytes=max_batch_bytes,
         )
         return await self._run(plan)
 

@@ -221,6 +221,7 @@ def import_parquet(
     ignore_extra: bool = False,
     chunk: int = IMPORT_CHUNK,
     progress: bool | None = None,
+    max_batch_bytes: int = MAX_BATCH_BYTES,
 ) -> Plan[int]:
     """Extend ``table`` with the rows of Parquet files; returns the number of items
     written. See :meth:`~tdreplay.client.ReplayClient.import_parquet`.
@@ -230,9 +231,11 @@ def import_parquet(
     before the first extend is sent.
 
     Raises:
-        InvalidRequest: ``chunk`` is not an integer >= 1 (before anything is sent).
+        InvalidRequest: ``chunk`` or ``max_batch_bytes`` is not an integer >= 1 (before
+            anything is sent).
     """
     import_chunk(chunk, table)
+    import_batch_bytes(max_batch_bytes, table)
     info = yield from plans.info(table)
     fields = {k: (v.get("shape") or [], TORCH[v["dtype"]]) for k, v in info["fields"].items()}
     files = yield Work(parquet_files, table, source)
@@ -240,6 +243,7 @@ def import_parquet(
         read_parquet, table, fields, files, columns, ignore_extra=ignore_extra,
         chunk=import_rows(chunk, info["capacity"], table),
         refused=refused_values(info["fields"], info.get("writer") or {}),
+        max_batch_bytes=max_batch_bytes,
     )  # fmt: skip
     total, batches = yield Work(read)
     return (yield from _extend_all(plans, table, total, batches, progress))

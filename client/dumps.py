@@ -215,6 +215,7 @@ class Persistence:
         ignore_extra: bool = False,
         chunk: int = IMPORT_CHUNK,
         progress: bool | None = None,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
     ) -> int:
         """Extend ``table`` with the rows of a Parquet file, or of a folder of them, ``chunk``
         rows per extend (at most the table's capacity); returns the number of items written.
@@ -243,7 +244,10 @@ class Persistence:
                 holding nulls, lists of another length or a value beyond a narrower
                 float field's range. The error names the column, the field and the file.
             InvalidRequest: no such file, a folder without Parquet files, a file that
-                is not Parquet, ``chunk`` < 1.
+                is not Parquet, ``chunk`` or ``max_batch_bytes`` < 1, a row group whose
+                largest pages, one per column read, decompress past ``max_batch_bytes``
+                (default 32 MiB: pyarrow decompresses a page whole), refused from the
+                pages' headers before any is decompressed.
         """
         return self._run(
             datasets.import_parquet(
@@ -254,6 +258,7 @@ class Persistence:
                 ignore_extra=ignore_extra,
                 chunk=chunk,
                 progress=progress,
+                max_batch_bytes=max_batch_bytes,
             )
         )
 

@@ -33,6 +33,7 @@ import numpy as np
 from .episode_rows import episode_rows, lengths_fit, widths_fit
 from .episodes import ACTION, OBS, REWARD, TERMINATED, TRUNCATED
 from .errors import InvalidRequest
+from .protocol import READ_BYTES
 
 if TYPE_CHECKING:  # the datasets extra's: imported where a dataset is read (as Minari's own)
     import gymnasium as gym
@@ -52,8 +53,6 @@ MAIN_FILE = "main_data.hdf5"
 #: the per-step parts of an episode besides its observations, actions and infos, and the
 #: fields they feed
 STEP_PARTS = {"rewards": REWARD, "terminations": TERMINATED, "truncations": TRUNCATED}
-#: bytes of a file's values read at a time (fewer steps than the chunk for wide ones)
-READ_BYTES = 32 << 20
 
 
 def rows_at_once(rows: int, step: int) -> int:

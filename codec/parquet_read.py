@@ -7,6 +7,10 @@ columns, reads every planned column through once, checking every value (nulls,
 list lengths, floats rounded into a narrower field, values the table refuses),
 and only then yields the rows, ``chunk`` at a time, as TensorDicts of the
 table's nested keys in the fields' dtypes. A door extends its table with them.
+Memory follows the chunk, not the file: a file is read a buffer at a time, and a row
+group whose largest pages (pyarrow decompresses a page whole) decompress past
+``max_batch_bytes`` is refused from its page headers (:mod:`.parquet_pages`: a 10 KB
+file held one page of 40M zeros, 320 MB decompressed).
 A refused file writes nothing: the file's statistics are not taken as proof
 (they are the file's own word: one whose statistics said max 7.0 held 1e39 got
 past a check that trusted them, and its earlier chunks were written).
@@ -42,7 +46,8 @@ from .exports import SUFFIXES as EXPORT_SUFFIXES
 from .format import META_DTYPE, META_SHAPE
 from .parquet_columns import flatten_structs
 from .parquet_import import ColumnPlan, Fields, import_error, plan_columns
-from .protocol import IMPORT_CHUNK, import_chunk
+from .parquet_pages import largest_pages, open_parquet
+from .protocol import IMPORT_CHUNK, MAX_BATCH_BYTES, import_batch_bytes, import_chunk
 from .spaces import outside_categories
 
 __all__ = ["parquet_files", "read_parquet"]
@@ -95,6 +100,7 @@ def read_parquet(
     ignore_extra: bool = False,
     chunk: int = IMPORT_CHUNK,
     refused: Mapping[str, int | None] | None = None,
+    max_batch_bytes: int = MAX_BATCH_BYTES,
 ) -> tuple[int, Iterator[TensorDict]]:
     """Every file checked (its schema, then the values that need it), then its rows.
 
@@ -107,6 +113,8 @@ def read_parquet(
         refused: the values an extend of the table refuses
             (:func:`~.parquet_import.refused_values`), found here before any row is
             written rather than by the extend of the chunk holding one.
+        max_batch_bytes: the bytes a row group's largest pages, one per column read, may
+            decompress to together.
 
     Returns:
         The number of rows, and an iterator of their batches, ``TensorDict`` of batch
@@ -116,9 +124,11 @@ def read_parquet(
         SchemaError: see :func:`~.parquet_import.plan_columns`; nulls, lists of
             another length, a value a rounding would overflow, a value ``refused``
             names. Raised here, before any row is yielded.
-        InvalidRequest: ``chunk`` < 1, or a file is not readable Parquet.
+        InvalidRequest: ``chunk`` or ``max_batch_bytes`` < 1, a file is not readable
+            Parquet, or a row group's largest pages decompress past ``max_batch_bytes``.
     """
     chunk = import_chunk(chunk, table)
+    limit = import_batch_bytes(max_batch_bytes, table)
     plans, total = [], 0
     for f in files:  # one open file at a time: folders can be large
         with _open(table, f) as pf:
@@ -126,6 +136,7 @@ def read_parquet(
                 table, fields, pf.schema_arrow, f, columns, ignore_extra=ignore_extra
             )
             _check_counts(table, f, pf, plan)
+            _check_pages(table, f, pf, plan, limit)
             _prescan(table, f, pf, plan, chunk, refused or {})
             total += pf.metadata.num_rows
         plans.append((f, plan))
@@ -145,7 +156,7 @@ def read_parquet(
 @contextlib.contextmanager
 def _open(table: str, path: str | Path) -> Iterator[pq.ParquetFile]:
     try:
-        pf = pq.ParquetFile(path)
+        pf = open_parquet(path)
     except (pa.ArrowException, OSError) as err:
         raise InvalidRequest(
             f"table {table!r}: {str(path)!r} is not a readable Parquet file: {err}",
@@ -178,6 +189,20 @@ def _check_counts(
                     f"(shape {c.shape})",
                     group.num_rows * per_row, held,
                 )  # fmt: skip
+
+
+def _check_pages(
+    table: str, source: str | Path, pf: pq.ParquetFile, plan: list[ColumnPlan], limit: int
+) -> None:
+    """Refuse a row group whose largest pages of the planned columns decompress past
+    ``limit``, or whose pages hold more values than its rows can, from the page headers."""
+    counts = [(c.leaf, math.prod(c.sizes)) for c in plan]
+    try:
+        largest_pages(source, pf, counts, limit)
+    except ValueError as err:
+        raise InvalidRequest(
+            f"table {table!r}: {err}", table=table, field="path", got=str(source)
+        ) from None
 
 
 def _batches(pf: pq.ParquetFile, plan: list[ColumnPlan], step: int) -> Iterator[pa.Table]:

@@ -129,15 +129,19 @@ def import_chunk(chunk: Any, table: str | None = None) -> int:
     return _at_least_one(chunk, "chunk", table)
 
 
-#: the most bytes one compressed unit of a Minari dataset's file (an Arrow record batch, a
-#: Parquet page: each decompressed whole) may decompress to, unless the import gives another
+#: bytes of a file's values an import reads at a time (fewer rows than the chunk for wide ones)
+READ_BYTES = 32 << 20
+
+#: the most bytes one compressed unit of an imported file (a Parquet row group's largest
+#: pages, one per column read; a Minari dataset's Arrow record batch: each decompressed whole)
+#: may decompress to, unless the import gives another
 MAX_BATCH_BYTES = 32 << 20
 
 
 def import_batch_bytes(value: Any, table: str | None = None) -> int:
-    """``max_batch_bytes`` (an import's bound on a compressed unit of a Minari dataset's
-    file) if it is an integer >= 1: the one check of every door (the clients'
-    ``import_dataset``, ``tdreplay import --max-batch-bytes``).
+    """``max_batch_bytes`` (an import's bound on a compressed unit of a file) if it is an
+    integer >= 1: the one check of every door (``Table.import_parquet``, the clients'
+    ``import_parquet`` and ``import_dataset``, ``tdreplay import --max-batch-bytes``).
 
         >>> import_batch_bytes(1 << 20)
         1048576

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 
 from tdreplay.codec.parquet_import import refused_values
 from tdreplay.codec.parquet_read import parquet_files, read_parquet
-from tdreplay.codec.protocol import IMPORT_CHUNK, import_rows, note_written, rows_written
+from tdreplay.codec.protocol import (
+    IMPORT_CHUNK,
+    MAX_BATCH_BYTES,
+    import_rows,
+    note_written,
+    rows_written,
+)
 
 from .export import progress_bar
 from .spec import join_key
@@ -33,6 +39,7 @@ def import_parquet(
     ignore_extra: bool = False,
     chunk: int = IMPORT_CHUNK,
     progress: bool | None = None,
+    max_batch_bytes: int = MAX_BATCH_BYTES,
 ) -> int:
     """Extend ``table`` with the rows of a Parquet file, or of a folder of Parquet files.
 
@@ -54,6 +61,9 @@ def import_parquet(
         chunk: rows per extend (at most the table's capacity).
         progress: show a progress bar; ``None`` shows one for large imports when
             stderr is a terminal.
+        max_batch_bytes: the most bytes a row group's largest pages, one per column read,
+            may decompress to together (pyarrow decompresses a page whole; default 32 MiB);
+            a file holding a larger row group is refused before any page is decompressed.
 
     Returns:
         The number of items written (fewer than the rows read only with the
@@ -67,7 +77,9 @@ def import_parquet(
             value an extend refuses (outside a field's ``n`` categories, NaN in the
             max-value key); the error names the column, the field and the file.
             Nothing is written (also where the file's statistics hide the value).
-        InvalidRequest: ``chunk`` < 1, or ``path`` holds no readable Parquet file.
+        InvalidRequest: ``chunk`` or ``max_batch_bytes`` < 1, ``path`` holds no readable
+            Parquet file, or a row group's pages decompress past ``max_batch_bytes``
+            (:mod:`tdreplay.codec.parquet_pages`).
         RateLimitTimeout, BackendError: as :meth:`Table.extend` (rows of earlier
             chunks stay written; the note says how many).
     """
@@ -83,6 +95,7 @@ def import_parquet(
             {k: f.model_dump() for k, f in table.spec.fields.items()},
             table.spec.writer.model_dump(),
         ),
+        max_batch_bytes=max_batch_bytes,
     )
     written = 0
     try:

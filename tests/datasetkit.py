@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from tensordict import TensorDict
 from testkit import unique
@@ -91,3 +93,15 @@ def make_table(client: ReplayClient, *, fields: dict | None = None, **extra: Any
 
 def hidden(folder: Path) -> list[str]:
     return [str(p) for p in folder.rglob(".*")]
+
+
+def one_page(path: Path, rows: int) -> Path:
+    """A Parquet file of ``rows`` float64 zeros (column ``x``) in one zstd page of one row
+    group: a few KB on disk, ``8 * rows`` bytes decompressed (pyarrow decompresses a page
+    whole)."""
+    values = pa.table({"x": np.zeros(rows)})
+    pq.write_table(
+        values, path, compression="zstd", use_dictionary=False, write_statistics=False,
+        data_page_size=1 << 40, row_group_size=rows, max_rows_per_page=rows + 1,
+    )  # fmt: skip
+    return path

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from tdreplay.codec.protocol import IMPORT_CHUNK
+from tdreplay.codec.protocol import IMPORT_CHUNK, MAX_BATCH_BYTES
 
 from ..backends import allocate, reopen, sweep
 from ..checkpoint import checkpoint, restore
@@ -342,6 +342,7 @@ class Table(Inserts, Draws, Figures):
         ignore_extra: bool = False,
         chunk: int = IMPORT_CHUNK,
         progress: bool | None = None,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
     ) -> int:
         """Extend the table with the rows of a Parquet dataset (see
         :func:`tdreplay.storage.importer.import_parquet`; the policy of which columns and
@@ -353,4 +354,5 @@ class Table(Inserts, Draws, Figures):
             ignore_extra=ignore_extra,
             chunk=chunk,
             progress=progress,
+            max_batch_bytes=max_batch_bytes,
         )

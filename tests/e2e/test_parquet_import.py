@@ -12,10 +12,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datasetkit import FIELDS, make_table
+from datasetkit import FIELDS, make_table, one_page
 from testkit import run_cli as cli
 
-from tdreplay.client import ReplayClient, SchemaError
+from tdreplay.client import InvalidRequest, ReplayClient, SchemaError
 
 
 def foreign_file(path: Path, n: int = 6) -> Path:
@@ -234,3 +234,26 @@ def test_two_columns_of_one_name_are_refused_as_such(client: ReplayClient, tmp_p
     ):
         client.import_parquet(name, path)
     assert client.info(name)["size"] == 0
+
+
+def test_a_page_past_max_batch_bytes_is_refused_through_the_client_and_the_cli(
+    client: ReplayClient, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A few KB holding one page of 1M float64 zeros (8 MB decompressed: pyarrow decompresses
+    a page whole) is refused from its header where ``max_batch_bytes`` is lower, by both
+    the client and ``tdreplay import --max-batch-bytes``, naming the flag; raised, it imports.
+    The flag was Minari's alone: the Parquet import took any page whole (the
+    memory of the bound: ``tests/storage/test_import_parquet_pages.py``)."""
+    path = one_page(tmp_path / "page.parquet", 1_000_000)
+    name = make_table(client, fields={"x": {"shape": [], "dtype": "float64"}}, capacity=4096)
+    said = "more than max_batch_bytes=4194304 (tdreplay import --max-batch-bytes) allows"
+    with pytest.raises(InvalidRequest, match=r"row group 0's largest pages, one per column"):
+        client.import_parquet(name, path, max_batch_bytes=4 << 20)
+    url = ("--url", client.urls[0])
+    code, _, err = cli(
+        "import", name, str(path), "--max-batch-bytes", "4194304", *url, capsys=capsys
+    )
+    assert code == 1 and said in err and "0 rows were written" in err, err
+    assert client.info(name)["size"] == 0
+    code, out, err = cli("import", name, str(path), *url, capsys=capsys)
+    assert code == 0 and "imported 1000000 rows" in out, err
