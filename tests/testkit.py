@@ -206,6 +206,24 @@ def small_tmpfs(mnt: Path, megabytes: int) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+#: Python a child script starts with to measure its own peak resident memory from a point on:
+#: ``since = reset_peak()``, then ``peak_growth(since)`` (bytes). A child's ``ru_maxrss``
+#: counts the pages of the process it was forked from before its exec (a test worker's
+#: hundreds of MB), so a growth read from it hides under that peak and a bound on it cannot
+#: fail; writing 5 to ``/proc/self/clear_refs`` starts ``VmHWM`` again from the RSS now.
+PEAK = """
+def _status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+def reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status("VmRSS:")
+def peak_growth(since):
+    return _status("VmHWM:") - since
+"""
+
+
 def rss(pid: int) -> int:
     """Resident bytes of process ``pid``, now (its ``VmRSS``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

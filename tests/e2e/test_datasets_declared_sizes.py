@@ -20,6 +20,7 @@ import h5py
 import numpy as np
 from datasetkit import make_table
 from test_datasets_hostile import FIELDS, episode, write
+from testkit import PEAK
 
 from tdreplay.client import ReplayClient
 
@@ -28,14 +29,16 @@ CHUNK = 4096
 #: the import's peak memory above the process's before it; the whole episode is ~200 MB
 GROWTH_MB = 60
 #: a fresh process: the memory it peaks at importing, above what it held before
-MEASURE = """
-import json, resource, sys
+MEASURE = (
+    PEAK
+    + """
+import json, sys
 from tdreplay.client import ReplayClient
 from tdreplay.cli import main
 url, how, table, dataset_id, root = sys.argv[1:6]
 client = ReplayClient(url)
 client.info(table)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = reset_peak()
 try:
     if how == "client":
         print(client.import_dataset(table, dataset_id, root=root, chunk=int(sys.argv[6])))
@@ -44,9 +47,10 @@ try:
     error = None
 except BaseException as err:
     error = f"{type(err).__name__}: {err}"
-grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+grown = peak_growth(before) / (1 << 20)
 print(json.dumps({"grown_mb": grown, "error": error}), file=sys.stderr)
 """
+)
 
 
 def bomb(root: Path, dataset_id: str, *, steps: int, total_steps: int) -> Path:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 from test_shm import spec, wait_until
-from testkit import rows
+from testkit import PEAK, rows
 
 from tdreplay.client import (
     AsyncReplayClient,
@@ -162,23 +162,24 @@ def test_a_restart_empties_the_scratch_folders(live_server: Any) -> None:
 
 #: a client process that dumps a table into a folder and loads it back, and prints how
 #: much its peak resident memory grew over each (after a warm-up dump and load of 1 row)
-_MEASURED = """
-import resource, sys
+_MEASURED = (
+    PEAK
+    + """
+import sys
 from pathlib import Path
 from tdreplay.client import ReplayClient
-
-def peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 url, big, small, out = sys.argv[1:]
 client = ReplayClient(url, transport="http")
 client.load(small, client.dump(small, Path(out) / "warm"))
-base = peak()
+base = reset_peak()
 client.dump(big, Path(out) / "big")
-dumped = peak()
+dumped = peak_growth(base)
+base = reset_peak()
 client.load(big, Path(out) / "big")
-print(dumped - base, peak() - dumped)
+print(dumped, peak_growth(base))
 """
+)
 
 
 def _disk(folder: Path) -> int:

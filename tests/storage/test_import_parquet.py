@@ -16,7 +16,7 @@ import pytest
 import torch
 from storage_helpers import assert_bitwise_equal
 from test_export import filled, full_spec, random_items
-from testkit import make_spec, rows
+from testkit import PEAK, make_spec, rows
 
 from tdreplay.storage import InvalidRequest, SchemaError, Table, TableSpec
 
@@ -318,19 +318,22 @@ def test_an_import_into_a_max_value_table_counts_the_rows_it_kept(tables, tmp_pa
     assert written == table.info()["inserts"] == len(table) == 8  # the 12 smaller dropped
 
 
-BOMB = """
-import resource, sys
+BOMB = (
+    PEAK
+    + """
+import sys
 from tdreplay.storage import SchemaError, Table, TableSpec
 spec = TableSpec.model_validate({"name": "b", "capacity": 8, "backend": {"kind": "memory"},
     "fields": {"obs": {"shape": [2], "dtype": "float32"}}})
 table = Table.create(spec, root=sys.argv[2])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = reset_peak()
 try:
     table.import_parquet(sys.argv[1])
 except SchemaError as err:
     print(err)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, "MiB")
+print(peak_growth(before) >> 20, "MiB")
 """
+)
 
 
 def test_a_row_of_a_huge_list_is_refused_before_it_is_read(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datasetkit import one_page
+from testkit import PEAK
 
 from tdreplay.codec.protocol import MAX_BATCH_BYTES
 from tdreplay.storage import TableSpec
@@ -27,7 +28,9 @@ from tdreplay.storage import TableSpec
 X = {"x": {"shape": [], "dtype": "float64"}}
 #: a fresh process importing argv[1] into a float64 scalar table at argv[2] (argv[3]: the
 #: max_batch_bytes, or "default"); prints what it wrote or its error, and the peak's growth
-MEASURE = """
+MEASURE = (
+    PEAK
+    + """
 import json, sys
 import pyarrow as pa, pyarrow.parquet as pq, numpy as np
 from tdreplay.storage import TDReplayError, Table, TableSpec
@@ -37,21 +40,17 @@ table = Table.create(spec, root=sys.argv[2])
 warm = sys.argv[2] + "-warm.parquet"  # the import's code paths once, before measuring
 pq.write_table(pa.table({"x": np.zeros(100)}), warm)
 table.import_parquet(warm)
-def status(key):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) / 1024 for line in f if line.startswith(key))
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # the peak (VmHWM) starts again from here: not torch's import's
-before = status("VmRSS:")
+before = reset_peak()  # not torch's import's peak, nor the test process's
 try:
     bound = {} if sys.argv[3] == "default" else {"max_batch_bytes": int(sys.argv[3])}
     got = {"written": table.import_parquet(sys.argv[1], **bound)}
 except TDReplayError as err:
     got = {"error": f"{type(err).__name__}: {err}"}
-got["grown_mb"] = status("VmHWM:") - before
+got["grown_mb"] = peak_growth(before) / (1 << 20)
 got["inserts"] = table.info()["inserts"] - 100
 print(json.dumps(got))
 """
+)
 
 
 def imported(path: Path, tmp_path: Path, max_batch_bytes: int | None = None) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDict
+from testkit import PEAK
 
 from tdreplay.storage import Table, TableSpec
 
@@ -64,18 +65,21 @@ def test_a_memory_table_takes_ram_as_rows_come(tmp_path: Path) -> None:
         table.destroy()
 
 
-SHARED_PEAK = """
-import json, resource
+SHARED_PEAK = (
+    PEAK
+    + """
+import json
 from tdreplay.storage import Table, TableSpec
 spec = TableSpec.model_validate({"name": "s", "capacity": 4096, "backend": {"kind": "shared"},
     "fields": {"x": {"shape": [65536], "dtype": "uint8"}}})  # 256 MiB
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+before = reset_peak()
 table = Table.create(spec, ROOT)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+grew = peak_growth(before)
 x = table.backend.tensors[("x",)]
-print(json.dumps({"grew": peak - before, "shared": x.is_shared(), "zero": not bool(x.any())}))
+print(json.dumps({"grew": grew, "shared": x.is_shared(), "zero": not bool(x.any())}))
 table.destroy()
 """
+)
 
 
 def test_a_shared_table_is_not_built_twice_at_create(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from testkit import make_spec, rows
+from testkit import PEAK, make_spec, rows
 
 from tdreplay.storage import InvalidCheckpoint, Table
 from tdreplay.storage import statefile as SF
@@ -73,21 +73,24 @@ def restore_peak(path: Path, root: Path) -> tuple[str, int]:
     """Restore ``path`` in a fresh process: the error it raised, and how much its peak RSS grew (bytes)."""
     script = textwrap.dedent(
         f"""
-        import resource, sys
+        import sys
         from tdreplay.storage import Table
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        before = reset_peak()
         try:
             Table.restore({str(path)!r}, {str(root)!r})
             error = "restored"
         except Exception as err:
             error = f"{{type(err).__name__}}: {{err}}"
-        grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-        print(grew * 1024)
+        print(peak_growth(before))
         print(error)
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", PEAK + script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout.splitlines()
     return out[1], int(out[0])
 
