@@ -27,12 +27,21 @@ limit (flag)                status  when
                                     taking bytes, however slowly, is not cut
 ==========================  ======  =====================================================
 
+So is a request the parser refuses (400, ``field`` ``request``, the detail saying
+why: a malformed chunk size, two Content-Lengths, a NUL in a header), one with two
+``Host`` headers (400: the Host check and the app would read different ones), and
+one with ``Connection: Upgrade`` and a body (400: the server upgrades to nothing,
+and the parser skips the body of such a request, which would then be read as the
+next one). An ``Upgrade`` without a body is served as any request.
+
 A refused request gets the protocol's JSON error body (``{"type", "detail",
 "field"}``; the detail names the limit and its flag) and ``Connection:
 close``. The connection then stops parsing: what the client still sends is
 read and dropped for at most :data:`LINGER` seconds, so that the client reads
 the answer instead of a reset, and the connection is closed. A request the app
-was already serving sees a disconnect, so whatever it buffered is freed.
+was already serving sees a disconnect, so whatever it buffered is freed; one it
+had not begun never runs. Requests pipelined before a refused one are answered
+first, in order.
 
 The cost on the hot path is a counter per body chunk, a flag test per read, and
 a sum per request with a body. The send timeout is the base class's,
@@ -47,19 +56,18 @@ of these hooks.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 from typing import Any, ClassVar
 
 import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from tdreplay.storage import BackendError, InvalidRequest, TDReplayError
+from tdreplay.storage import BackendError, TDReplayError
 
 from .bodies import BodyChunks, body_too_large
 from .errors import status_of
+from .framing import UPGRADE_WITH_BODY, headers_too_large, malformed, refusal
 from .limits import Limits, Receiving, timed_out
 from .sending import SendTimeoutProtocol
 from .settings import Settings
@@ -68,20 +76,6 @@ log = logging.getLogger("tdreplay.service")
 
 #: seconds a refused connection keeps draining what its client sends before it is closed
 LINGER = 1.0
-
-
-def refusal(status: int, error: TDReplayError, default_headers: list[tuple[bytes, bytes]]) -> bytes:
-    """A whole ``Connection: close`` response carrying ``error``'s JSON body."""
-    body = json.dumps(error.to_dict()).encode()
-    head = [STATUS_LINE[status]]
-    for name, value in default_headers:
-        head += [name, b": ", value, b"\r\n"]
-    head += [
-        b"content-type: application/json\r\n",
-        b"content-length: " + str(len(body)).encode() + b"\r\n",
-        b"connection: close\r\n\r\n",
-    ]
-    return b"".join(head) + body
 
 
 class _Refused(Exception):
@@ -107,6 +101,9 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._receiving = 0  # bytes of the body being received counted in ``receiving``
         self._whole = False  # the body's Content-Length was counted whole at its headers
+        #: a refusal waiting for the answers to the requests before it (pipelined)
+        self._deferred: tuple[TDReplayError, int | None] | None = None
+        self._refused_cycle: Any = None  # the request refused in its body, if any
 
     # -- connection ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
@@ -136,21 +133,23 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         self._unset_keepalive_if_required()
         if not self._in_body:
             self._header_bytes += len(data)
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            if self._refused:  # a callback refused the request and stopped the parser
+        while True:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade as upgrade:
+                # This server upgrades to nothing (ws="none"): the request was served as
+                # HTTP/1.1 (one with a body was refused at its headers), and what follows
+                # it is the next request, which the parser stopped short of.
+                data = data[upgrade.args[0] :]
+                if data and not self._refused:
+                    self._header_bytes += len(data)
+                    continue
                 return
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
-            return
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
-            return
+            except httptools.HttpParserError as exc:
+                if not self._refused:  # else a callback refused the request and stopped it
+                    self._refuse(malformed(str(exc)), status=400, in_body=self._in_body)
+                return
+            break
         if self._in_body:
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(
@@ -158,7 +157,9 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
                 )
         elif self._header_pending or self._header_bytes:
             if self._header_bytes > self.limits.max_header_bytes:
-                self._refuse(self._headers_too_large(self._header_bytes), status=431)
+                self._refuse(
+                    headers_too_large(self._header_bytes, self.limits.max_header_bytes), status=431
+                )
             elif self._header_timer is None:
                 self._arm_header_timer()
 
@@ -176,12 +177,26 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         limits = self.limits
         size = len(self.url)
         length = b""
+        hosts = 0
+        chunked = False
         for name, value in self.headers:
             size += len(name) + len(value)
             if name == b"content-length":
                 length = value
+            elif name == b"host":
+                hosts += 1
+            elif name == b"transfer-encoding":
+                chunked = True
         if size > limits.max_header_bytes:
-            self._refuse(self._headers_too_large(size), status=431)
+            self._refuse(headers_too_large(size, limits.max_header_bytes), status=431)
+            raise _Refused
+        if hosts > 1:  # RFC 9112 3.2; the Host check and the app would read different ones
+            self._refuse(malformed(f"{hosts} Host headers, where it takes one", "Host"), status=400)
+            raise _Refused
+        if self.parser.should_upgrade() and (chunked or length.strip(b"0")):
+            # the parser skips the body of a request it expects to upgrade, then would read
+            # that body as the next request (smuggled)
+            self._refuse(UPGRADE_WITH_BODY, status=400)
             raise _Refused
         if length:
             n = int(length)  # the parser checked its digits
@@ -208,6 +223,14 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
             cycle.body = BodyChunks(bytes(cycle.body))  # type: ignore[assignment]
         super().on_body(body)
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._deferred is not None and self.cycle is not None and self.cycle.response_complete:
+            error, status = self._deferred  # the answers due before the refusal are out
+            self._deferred = None
+            self._unset_keepalive_if_required()
+            self._answer_refusal(error, status, in_body=False)
+
     def on_message_complete(self) -> None:
         self._in_body = False
         if self._receiving:
@@ -217,6 +240,15 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
             self._body_timer.cancel()
             self._body_timer = None
         super().on_message_complete()
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        async def unless_refused(scope: Any, receive: Any, send: Any) -> None:
+            # a request refused before its task began runs nothing (its body, in the same
+            # read as its headers, was malformed or too large): its client reads the refusal
+            if cycle is not self._refused_cycle:
+                await app(scope, receive, send)
+
+        super()._start_asgi_task(cycle, unless_refused)
 
     # -- timers -------------------------------------------------------------
     def _arm_header_timer(self) -> None:
@@ -278,23 +310,15 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         self._receiving = 0
 
     # -- refusing -----------------------------------------------------------
-    def _headers_too_large(self, size: int) -> InvalidRequest:
-        cap = self.limits.max_header_bytes
-        return InvalidRequest(
-            f"request line and headers of {size}+ bytes exceed the server's limit of {cap} "
-            "bytes (--max-header-bytes)",
-            field="headers",
-            expected=f"<= {cap} bytes",
-            got=size,
-        )
-
     def _refuse(
         self, error: TDReplayError, status: int | None = None, *, in_body: bool = False
     ) -> None:
         """Answer ``error``, then drain and close the connection.
 
         ``in_body``: refused while reading the body of ``self.cycle``'s request,
-        which the app may have answered already (then nothing more is written).
+        which the app may have answered already (then nothing more is written); if
+        its task has not begun, it never runs. Otherwise the refused request comes
+        after ``self.cycle``'s (pipelined): the answers due before it go out first.
         """
         if self._refused:
             return
@@ -302,6 +326,15 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         self._cancel_timers()
         self._received()
         self._unset_keepalive_if_required()
+        cycle = self.cycle
+        if not in_body and cycle is not None and not cycle.response_complete:
+            # a later request refused while an earlier one's answer is due (pipelined): that
+            # answer, and those of the requests queued behind it, go out first
+            self._deferred = (error, status)
+            return
+        self._answer_refusal(error, status, in_body)
+
+    def _answer_refusal(self, error: TDReplayError, status: int | None, in_body: bool) -> None:
         write = True
         cycle = self.cycle
         if cycle is not None:
@@ -309,6 +342,7 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
                 write = False  # answered already, or an answer under way would be cut into
             if not cycle.response_complete:
                 # the app sees a disconnect: it stops reading and frees what it buffered
+                self._refused_cycle = cycle
                 cycle.disconnected = True
                 cycle.message_event.set()
         transport = self.transport
