@@ -48,9 +48,11 @@ def malformed(reason: str, field: str = "request") -> InvalidRequest:
 
 
 def headers_too_large(size: int, cap: int) -> InvalidRequest:
-    """The error of a request line and headers of ``size`` bytes, past ``--max-header-bytes``."""
+    """The error of a request line and header fields (trailers included) of ``size`` bytes,
+    past ``--max-header-bytes``."""
     return InvalidRequest(
-        f"request line and headers of {size}+ bytes exceed the server's limit of {cap} "
+        f"request line and header fields (a chunked body's trailers too) of {size}+ bytes "
+        f"exceed the server's limit of {cap} "
         "bytes (--max-header-bytes)",
         field="headers",
         expected=f"<= {cap} bytes",

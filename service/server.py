@@ -10,7 +10,8 @@ limit (flag)                status  when
 ==========================  ======  =====================================================
 ``--max-body-bytes``        413     a Content-Length over it (answered before any of the
                                     body is read), or a chunked body once it passes it
-``--max-header-bytes``      431     request line and headers over it, counted as they arrive
+``--max-header-bytes``      431     request line and headers over it (a chunked body's trailer
+                                    fields too), counted as they arrive
 ``--header-timeout``        408     a request's headers not complete this many seconds after
                                     its first byte (or after the connection opened)
 ``--body-timeout``          408     a request's body not complete this many seconds after its
@@ -101,6 +102,7 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._receiving = 0  # bytes of the body being received counted in ``receiving``
         self._whole = False  # the body's Content-Length was counted whole at its headers
+        self._chunk_empty = False  # a chunk header came last, none of its body yet
         #: a refusal waiting for the answers to the requests before it (pipelined)
         self._deferred: tuple[TDReplayError, int | None] | None = None
         self._refused_cycle: Any = None  # the request refused in its body, if any
@@ -133,6 +135,10 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         self._unset_keepalive_if_required()
         if not self._in_body:
             self._header_bytes += len(data)
+        # after a chunk header and no body: the last chunk's, whose trailer fields the parser
+        # keeps as headers - unless body comes now
+        trailing = self._in_body and self._chunk_empty
+        body_before = self._body_bytes
         while True:
             try:
                 self.parser.feed_data(data)
@@ -151,6 +157,12 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
                 return
             break
         if self._in_body:
+            if trailing and self._body_bytes == body_before:
+                self._header_bytes += len(data)
+                if self._header_bytes > self.limits.max_header_bytes:
+                    cap = self.limits.max_header_bytes
+                    self._refuse(headers_too_large(self._header_bytes, cap), 431, in_body=True)
+                    return
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(
                     self.limits.body_timeout, self._body_timed_out
@@ -168,6 +180,10 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         super().on_message_begin()
         self._header_pending = True
         self._body_bytes = 0
+        self._chunk_empty = False
+
+    def on_chunk_header(self) -> None:
+        self._chunk_empty = True  # until its body comes (the last chunk has none)
 
     def on_headers_complete(self) -> None:
         self._header_pending = False
@@ -211,6 +227,7 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
+        self._chunk_empty = False
         if self._body_bytes > self.limits.max_body_bytes:
             self._refuse(
                 body_too_large(self._body_bytes, self.limits.max_body_bytes, "so far"), in_body=True

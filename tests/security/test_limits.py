@@ -167,6 +167,28 @@ def test_oversized_headers_get_431(server: Any) -> None:
     still_serves(server)
 
 
+def test_trailers_count_as_headers(server: Any) -> None:
+    """A chunked body's trailer fields are headers the parser keeps: they were counted in no
+    limit, and 300 MB of them, sent in 0.4 s, took the server's RSS up 300 MB before the
+    body timeout (60 s by default) ended the request."""
+    sock = connect(server)
+    sock.sendall(
+        f"POST {EXTEND} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {protocol.ARROW_STREAM}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n".encode()
+    )
+    line = b"X-Trailer: " + b"a" * 1000 + b"\r\n"
+    try:
+        for _ in range(4 * MAX_HEADERS // len(line)):
+            sock.sendall(line)
+    except ConnectionError:
+        pass  # refused while sending
+    status, body, closed = answer(sock)
+    sock.close()
+    assert status == 431 and closed, body
+    assert body["field"] == "headers" and "--max-header-bytes" in body["detail"]
+    still_serves(server)
+
+
 @pytest.mark.parametrize("sent", [b"", b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: 1\r\n"])
 def test_stalled_headers_get_408(server: Any, sent: bytes) -> None:
     """Half the headers then nothing, or nothing at all: 408 once header_timeout has passed."""
