@@ -22,6 +22,8 @@ limit (flag)                status  when
                                     headers on, a chunked one as it comes) or kept by a call
                                     the rate limiter holds back; 413: one body is larger
 ``--max-connections``       503     a connection beyond this many open ones
+``--max-pipelined``         400     a request sent ahead of this many others not yet answered
+                                    on its connection (answered once they are)
 ``--send-timeout``          --      an answer its client takes none of for this many
                                     seconds (it stopped reading): the connection is closed
                                     and the answer's buffers freed; a client that keeps
@@ -66,9 +68,9 @@ import uvicorn
 
 from tdreplay.storage import BackendError, TDReplayError
 
+from . import framing
 from .bodies import BodyChunks, body_too_large
 from .errors import status_of
-from .framing import UPGRADE_WITH_BODY, headers_too_large, malformed, refusal
 from .limits import Limits, Receiving, timed_out
 from .sending import SendTimeoutProtocol
 from .settings import Settings
@@ -153,7 +155,7 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
                 return
             except httptools.HttpParserError as exc:
                 if not self._refused:  # else a callback refused the request and stopped it
-                    self._refuse(malformed(str(exc)), status=400, in_body=self._in_body)
+                    self._refuse(framing.malformed(str(exc)), status=400, in_body=self._in_body)
                 return
             break
         if self._in_body:
@@ -161,7 +163,9 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
                 self._header_bytes += len(data)
                 if self._header_bytes > self.limits.max_header_bytes:
                     cap = self.limits.max_header_bytes
-                    self._refuse(headers_too_large(self._header_bytes, cap), 431, in_body=True)
+                    self._refuse(
+                        framing.headers_too_large(self._header_bytes, cap), 431, in_body=True
+                    )
                     return
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(
@@ -170,7 +174,8 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         elif self._header_pending or self._header_bytes:
             if self._header_bytes > self.limits.max_header_bytes:
                 self._refuse(
-                    headers_too_large(self._header_bytes, self.limits.max_header_bytes), status=431
+                    framing.headers_too_large(self._header_bytes, self.limits.max_header_bytes),
+                    status=431,
                 )
             elif self._header_timer is None:
                 self._arm_header_timer()
@@ -191,29 +196,13 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
             self._header_timer.cancel()
             self._header_timer = None
         limits = self.limits
-        size = len(self.url)
-        length = b""
-        hosts = 0
-        chunked = False
-        for name, value in self.headers:
-            size += len(name) + len(value)
-            if name == b"content-length":
-                length = value
-            elif name == b"host":
-                hosts += 1
-            elif name == b"transfer-encoding":
-                chunked = True
-        if size > limits.max_header_bytes:
-            self._refuse(headers_too_large(size, limits.max_header_bytes), status=431)
-            raise _Refused
-        if hosts > 1:  # RFC 9112 3.2; the Host check and the app would read different ones
-            self._refuse(malformed(f"{hosts} Host headers, where it takes one", "Host"), status=400)
-            raise _Refused
-        if self.parser.should_upgrade() and (chunked or length.strip(b"0")):
-            # the parser skips the body of a request it expects to upgrade, then would read
-            # that body as the next request (smuggled)
-            self._refuse(UPGRADE_WITH_BODY, status=400)
-            raise _Refused
+        try:
+            length = framing.check_head(
+                self.url, self.headers, self.parser.should_upgrade(), len(self.pipeline), limits
+            )
+        except framing.Refusal as refused:
+            self._refuse(refused.error, refused.status)
+            raise _Refused from None
         if length:
             n = int(length)  # the parser checked its digits
             if n > limits.max_body_bytes:
@@ -368,7 +357,7 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         log.debug("refused a request from %s: %s", self.client, error)
         if write:
             status = status or status_of(error)
-            transport.write(refusal(status, error, self.server_state.default_headers))
+            transport.write(framing.refusal(status, error, self.server_state.default_headers))
         if transport.can_write_eof():
             transport.write_eof()
         if self.flow is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ MAX_HEADERS = 8192
 HEADER_TIMEOUT = 0.5
 BODY_TIMEOUT = 0.5
 MAX_CONNECTIONS = 8
+MAX_PIPELINED = 4
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,7 @@ def server(live_server: Any) -> Any:
         header_timeout=HEADER_TIMEOUT,
         body_timeout=BODY_TIMEOUT,
         max_connections=MAX_CONNECTIONS,
+        max_pipelined=MAX_PIPELINED,
     )
 
 
@@ -246,6 +249,26 @@ def test_connections_beyond_the_cap_get_503(server: Any) -> None:
             s.close()
     assert status == 503 and closed
     assert "--max-connections" in body["detail"] and str(MAX_CONNECTIONS) in body["detail"]
+    still_serves(server)
+
+
+def test_requests_pipelined_past_the_limit_are_refused_after_those_before(server: Any) -> None:
+    """A client that sends requests without reading the answers had each held (~1 KB): one
+    connection sending 256 KiB of ``GET /nope`` took the server's RSS up 11 MB."""
+    sock = connect(server)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 200)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        pass
+    sock.close()
+    statuses = [int(status) for status in re.findall(rb"HTTP/1.1 (\d{3}) ", data)]
+    # the one being answered, MAX_PIPELINED waiting behind it, then the refusal
+    assert statuses == [200] * (1 + MAX_PIPELINED) + [400], statuses
+    error = json.loads(data.rpartition(b"\r\n\r\n")[2])
+    assert "--max-pipelined" in error["detail"] and error["field"] == "connection"
     still_serves(server)
 
 
