@@ -225,13 +225,18 @@ def _offline_docs(app: FastAPI) -> None:
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
+        page = get_swagger_ui_html(
             openapi_url=app.openapi_url or "/openapi.json",
             title=f"{app.title} - API",
             swagger_js_url="/docs/assets/swagger-ui-bundle.js",
             swagger_css_url="/docs/assets/swagger-ui.css",
             swagger_favicon_url="/docs/assets/favicon-32x32.png",
         )
+        # framed by another site, its "Try it out" would send same-origin requests
+        page.headers.update(
+            {"Content-Security-Policy": "frame-ancestors 'none'", **status.PAGE_HEADERS}
+        )
+        return page
 
     @app.get("/docs/assets/{name}", include_in_schema=False)
     async def docs_asset(name: str) -> FileResponse:

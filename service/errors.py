@@ -98,7 +98,12 @@ def _validation_error(request: Request, exc: RequestValidationError) -> TDReplay
     ruled = broken_rule(list(errors))
     if ruled is not None:
         return ruled
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    first: dict[str, Any] = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":  # loc is ("body", <character>), not a field
+        at = first.get("loc", ())[1:]
+        why = str((first.get("ctx") or {}).get("error") or first.get("msg"))
+        position = f" at character {at[0]}" if at else ""
+        return InvalidRequest(f"invalid JSON body: {why}{position}", field="body")
     loc = [str(p) for p in first.get("loc", ())]
     where = loc[0] if loc else ""
     field = ".".join(loc[1:]) or None

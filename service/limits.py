@@ -139,6 +139,13 @@ class LimitSettings(BaseModel):
         ge=1,
         description="Open connections at most; one more is answered 503 and closed.",
     )
+    max_pipelined: int = Field(
+        default=64,
+        ge=1,
+        description="Requests one connection may send ahead of their answers (pipelined; "
+        "each held costs about 1 KB); one more is refused with 400 once those before it are "
+        "answered, and the connection closed.",
+    )
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,7 @@ class Limits:
     header_timeout: float
     body_timeout: float
     max_connections: int
+    max_pipelined: int
     send_timeout: float
     max_receiving_bytes: int
 
@@ -161,6 +169,7 @@ class Limits:
             header_timeout=settings.header_timeout,
             body_timeout=settings.body_timeout,
             max_connections=settings.max_connections,
+            max_pipelined=settings.max_pipelined,
             send_timeout=settings.send_timeout,
             max_receiving_bytes=settings.max_receiving_bytes,
         )

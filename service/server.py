@@ -10,7 +10,8 @@ limit (flag)                status  when
 ==========================  ======  =====================================================
 ``--max-body-bytes``        413     a Content-Length over it (answered before any of the
                                     body is read), or a chunked body once it passes it
-``--max-header-bytes``      431     request line and headers over it, counted as they arrive
+``--max-header-bytes``      431     request line and headers over it (a chunked body's trailer
+                                    fields too), counted as they arrive
 ``--header-timeout``        408     a request's headers not complete this many seconds after
                                     its first byte (or after the connection opened)
 ``--body-timeout``          408     a request's body not complete this many seconds after its
@@ -21,18 +22,29 @@ limit (flag)                status  when
                                     headers on, a chunked one as it comes) or kept by a call
                                     the rate limiter holds back; 413: one body is larger
 ``--max-connections``       503     a connection beyond this many open ones
+``--max-pipelined``         400     a request sent ahead of this many others not yet answered
+                                    on its connection (answered once they are)
 ``--send-timeout``          --      an answer its client takes none of for this many
                                     seconds (it stopped reading): the connection is closed
                                     and the answer's buffers freed; a client that keeps
                                     taking bytes, however slowly, is not cut
 ==========================  ======  =====================================================
 
+So is a request the parser refuses (400, ``field`` ``request``, the detail saying
+why: a malformed chunk size, two Content-Lengths, a NUL in a header), one with two
+``Host`` headers (400: the Host check and the app would read different ones), and
+one with ``Connection: Upgrade`` and a body (400: the server upgrades to nothing,
+and the parser skips the body of such a request, which would then be read as the
+next one). An ``Upgrade`` without a body is served as any request.
+
 A refused request gets the protocol's JSON error body (``{"type", "detail",
 "field"}``; the detail names the limit and its flag) and ``Connection:
 close``. The connection then stops parsing: what the client still sends is
 read and dropped for at most :data:`LINGER` seconds, so that the client reads
 the answer instead of a reset, and the connection is closed. A request the app
-was already serving sees a disconnect, so whatever it buffered is freed.
+was already serving sees a disconnect, so whatever it buffered is freed; one it
+had not begun never runs. Requests pipelined before a refused one are answered
+first, in order.
 
 The cost on the hot path is a counter per body chunk, a flag test per read, and
 a sum per request with a body. The send timeout is the base class's,
@@ -47,17 +59,16 @@ of these hooks.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 from typing import Any, ClassVar
 
 import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from tdreplay.storage import BackendError, InvalidRequest, TDReplayError
+from tdreplay.storage import BackendError, TDReplayError
 
+from . import framing
 from .bodies import BodyChunks, body_too_large
 from .errors import status_of
 from .limits import Limits, Receiving, timed_out
@@ -68,20 +79,6 @@ log = logging.getLogger("tdreplay.service")
 
 #: seconds a refused connection keeps draining what its client sends before it is closed
 LINGER = 1.0
-
-
-def refusal(status: int, error: TDReplayError, default_headers: list[tuple[bytes, bytes]]) -> bytes:
-    """A whole ``Connection: close`` response carrying ``error``'s JSON body."""
-    body = json.dumps(error.to_dict()).encode()
-    head = [STATUS_LINE[status]]
-    for name, value in default_headers:
-        head += [name, b": ", value, b"\r\n"]
-    head += [
-        b"content-type: application/json\r\n",
-        b"content-length: " + str(len(body)).encode() + b"\r\n",
-        b"connection: close\r\n\r\n",
-    ]
-    return b"".join(head) + body
 
 
 class _Refused(Exception):
@@ -107,6 +104,10 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._receiving = 0  # bytes of the body being received counted in ``receiving``
         self._whole = False  # the body's Content-Length was counted whole at its headers
+        self._chunk_empty = False  # a chunk header came last, none of its body yet
+        #: a refusal waiting for the answers to the requests before it (pipelined)
+        self._deferred: tuple[TDReplayError, int | None] | None = None
+        self._refused_cycle: Any = None  # the request refused in its body, if any
 
     # -- connection ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
@@ -136,29 +137,46 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         self._unset_keepalive_if_required()
         if not self._in_body:
             self._header_bytes += len(data)
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            if self._refused:  # a callback refused the request and stopped the parser
+        # after a chunk header and no body: the last chunk's, whose trailer fields the parser
+        # keeps as headers - unless body comes now
+        trailing = self._in_body and self._chunk_empty
+        body_before = self._body_bytes
+        while True:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade as upgrade:
+                # This server upgrades to nothing (ws="none"): the request was served as
+                # HTTP/1.1 (one with a body was refused at its headers), and what follows
+                # it is the next request, which the parser stopped short of.
+                data = data[upgrade.args[0] :]
+                if data and not self._refused:
+                    self._header_bytes += len(data)
+                    continue
                 return
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
-            return
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
-            return
+            except httptools.HttpParserError as exc:
+                if not self._refused:  # else a callback refused the request and stopped it
+                    self._refuse(framing.malformed(str(exc)), status=400, in_body=self._in_body)
+                return
+            break
         if self._in_body:
+            if trailing and self._body_bytes == body_before:
+                self._header_bytes += len(data)
+                if self._header_bytes > self.limits.max_header_bytes:
+                    cap = self.limits.max_header_bytes
+                    self._refuse(
+                        framing.headers_too_large(self._header_bytes, cap), 431, in_body=True
+                    )
+                    return
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(
                     self.limits.body_timeout, self._body_timed_out
                 )
         elif self._header_pending or self._header_bytes:
             if self._header_bytes > self.limits.max_header_bytes:
-                self._refuse(self._headers_too_large(self._header_bytes), status=431)
+                self._refuse(
+                    framing.headers_too_large(self._header_bytes, self.limits.max_header_bytes),
+                    status=431,
+                )
             elif self._header_timer is None:
                 self._arm_header_timer()
 
@@ -167,6 +185,10 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         super().on_message_begin()
         self._header_pending = True
         self._body_bytes = 0
+        self._chunk_empty = False
+
+    def on_chunk_header(self) -> None:
+        self._chunk_empty = True  # until its body comes (the last chunk has none)
 
     def on_headers_complete(self) -> None:
         self._header_pending = False
@@ -174,15 +196,13 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
             self._header_timer.cancel()
             self._header_timer = None
         limits = self.limits
-        size = len(self.url)
-        length = b""
-        for name, value in self.headers:
-            size += len(name) + len(value)
-            if name == b"content-length":
-                length = value
-        if size > limits.max_header_bytes:
-            self._refuse(self._headers_too_large(size), status=431)
-            raise _Refused
+        try:
+            length = framing.check_head(
+                self.url, self.headers, self.parser.should_upgrade(), len(self.pipeline), limits
+            )
+        except framing.Refusal as refused:
+            self._refuse(refused.error, refused.status)
+            raise _Refused from None
         if length:
             n = int(length)  # the parser checked its digits
             if n > limits.max_body_bytes:
@@ -196,6 +216,7 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
+        self._chunk_empty = False
         if self._body_bytes > self.limits.max_body_bytes:
             self._refuse(
                 body_too_large(self._body_bytes, self.limits.max_body_bytes, "so far"), in_body=True
@@ -208,6 +229,14 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
             cycle.body = BodyChunks(bytes(cycle.body))  # type: ignore[assignment]
         super().on_body(body)
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._deferred is not None and self.cycle is not None and self.cycle.response_complete:
+            error, status = self._deferred  # the answers due before the refusal are out
+            self._deferred = None
+            self._unset_keepalive_if_required()
+            self._answer_refusal(error, status, in_body=False)
+
     def on_message_complete(self) -> None:
         self._in_body = False
         if self._receiving:
@@ -217,6 +246,15 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
             self._body_timer.cancel()
             self._body_timer = None
         super().on_message_complete()
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        async def unless_refused(scope: Any, receive: Any, send: Any) -> None:
+            # a request refused before its task began runs nothing (its body, in the same
+            # read as its headers, was malformed or too large): its client reads the refusal
+            if cycle is not self._refused_cycle:
+                await app(scope, receive, send)
+
+        super()._start_asgi_task(cycle, unless_refused)
 
     # -- timers -------------------------------------------------------------
     def _arm_header_timer(self) -> None:
@@ -278,23 +316,15 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         self._receiving = 0
 
     # -- refusing -----------------------------------------------------------
-    def _headers_too_large(self, size: int) -> InvalidRequest:
-        cap = self.limits.max_header_bytes
-        return InvalidRequest(
-            f"request line and headers of {size}+ bytes exceed the server's limit of {cap} "
-            "bytes (--max-header-bytes)",
-            field="headers",
-            expected=f"<= {cap} bytes",
-            got=size,
-        )
-
     def _refuse(
         self, error: TDReplayError, status: int | None = None, *, in_body: bool = False
     ) -> None:
         """Answer ``error``, then drain and close the connection.
 
         ``in_body``: refused while reading the body of ``self.cycle``'s request,
-        which the app may have answered already (then nothing more is written).
+        which the app may have answered already (then nothing more is written); if
+        its task has not begun, it never runs. Otherwise the refused request comes
+        after ``self.cycle``'s (pipelined): the answers due before it go out first.
         """
         if self._refused:
             return
@@ -302,6 +332,15 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         self._cancel_timers()
         self._received()
         self._unset_keepalive_if_required()
+        cycle = self.cycle
+        if not in_body and cycle is not None and not cycle.response_complete:
+            # a later request refused while an earlier one's answer is due (pipelined): that
+            # answer, and those of the requests queued behind it, go out first
+            self._deferred = (error, status)
+            return
+        self._answer_refusal(error, status, in_body)
+
+    def _answer_refusal(self, error: TDReplayError, status: int | None, in_body: bool) -> None:
         write = True
         cycle = self.cycle
         if cycle is not None:
@@ -309,6 +348,7 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
                 write = False  # answered already, or an answer under way would be cut into
             if not cycle.response_complete:
                 # the app sees a disconnect: it stops reading and frees what it buffered
+                self._refused_cycle = cycle
                 cycle.disconnected = True
                 cycle.message_event.set()
         transport = self.transport
@@ -317,7 +357,7 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         log.debug("refused a request from %s: %s", self.client, error)
         if write:
             status = status or status_of(error)
-            transport.write(refusal(status, error, self.server_state.default_headers))
+            transport.write(framing.refusal(status, error, self.server_state.default_headers))
         if transport.can_write_eof():
             transport.write_eof()
         if self.flow is not None:

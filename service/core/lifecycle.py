@@ -126,6 +126,7 @@ class TableOps(CorePart):
             InsufficientStorage, BackendError: the new table could not be allocated (the
                 old one is served on, unchanged).
         """
+        await self.served.settled(name)  # a clear or restore under way: this one follows it
         spec = self.table(name).table.spec
         nbytes = self.served.admit(spec)
         with self.served.reserve(name, nbytes, replace=True):

@@ -324,6 +324,7 @@ class PersistenceOps(CorePart):
                 expected=name,
                 got=held,
             )
+        await self.served.settled(name)  # a clear or restore under way: this one follows it
         nbytes = self.served.admit(spec)
         with self.served.reserve(name, nbytes, replace=True):
             table = await run_in_threadpool(

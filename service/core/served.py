@@ -190,6 +190,12 @@ class Served:
         self._tables[table.name] = handle
         return handle
 
+    async def settled(self, name: str) -> None:
+        """Once no create or replacement of table ``name`` is under way (a :meth:`reserve`
+        of it held): a replacement that follows one (a clear, a restore, a load) waits for it."""
+        while name in self._settled:
+            await self._settled[name].wait()
+
     async def existing(self, spec: TableSpec) -> TableHandle | None:
         """The table of ``spec``'s name if there is one (after a create of it under way
         ended), ``None`` if there is none.
@@ -197,8 +203,7 @@ class Served:
         Raises:
             TableExists: it has another spec.
         """
-        while spec.name in self._settled:
-            await self._settled[spec.name].wait()
+        await self.settled(spec.name)
         handle = self._tables.get(spec.name)
         if handle is None:
             return None

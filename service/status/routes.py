@@ -47,13 +47,19 @@ ASSETS = {
 PUBLIC_PATHS = frozenset({"/status", *(f"/status/assets/{name}" for name in ASSETS)})
 #: seconds a table's lock is waited for by ``/v1/status`` before the last scan is used
 STATS_WAIT = 0.05
+#: headers of every page the server renders (this one, ``/docs``): no other site may frame
+#: it (an overlaid page would click its buttons: the docs' "Try it out" clears a table)
+PAGE_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    **PAGE_HEADERS,
 }
 
 router = APIRouter(tags=["status"])

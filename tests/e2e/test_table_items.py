@@ -35,6 +35,32 @@ def test_clear_empties_the_table_and_keeps_its_schema(live_server: Any, backend:
         client.clear("nope")
 
 
+def test_clears_at_once_each_empty_the_table(live_server: Any) -> None:
+    """Two learners clearing one table at once: each clear waits for the one under way
+    (a second used to be a 409 TableExists, 'table already exists')."""
+    server = live_server()
+    client = ReplayClient(server.url, transport="http")
+    client.create_table(
+        {**spec("m", {"kind": "uniform"}, capacity=4096), "backend": {"kind": "memmap"}}
+    )
+    client.extend("m", rows(0, 20))
+    answers: list[Any] = []
+
+    def clear() -> None:
+        try:
+            answers.append(ReplayClient(server.url, transport="http").clear("m")["size"])
+        except BaseException as err:
+            answers.append(err)
+
+    threads = [threading.Thread(target=clear) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert answers == [0] * 6
+    assert client.info("m")["size"] == 0
+
+
 def test_a_call_waiting_on_a_cleared_table_ends_with_a_clear_answer(live_server: Any) -> None:
     server = live_server()
     client = ReplayClient(server.url, transport="http")

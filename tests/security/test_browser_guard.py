@@ -182,6 +182,18 @@ def test_a_get_without_origin_nor_sec_fetch_changes_nothing(server: Any) -> None
     assert status == 200 and size(server) == 8, body
 
 
+@pytest.mark.parametrize("page", ["/docs", "/status"])
+def test_the_servers_pages_cannot_be_framed_by_another_site(server: Any, page: str) -> None:
+    """A browser without ``Sec-Fetch-Site`` loads ``/docs`` in another site's frame (a GET
+    without ``Origin`` passes); in it, the docs' "Try it out" sends same-origin requests,
+    which pass too: a page overlaid on the frame could click a table's clear."""
+    status, headers, _ = server.request("GET", page, None, OLD_BROWSER)
+    assert status == 200
+    assert "frame-ancestors 'none'" in headers.get("content-security-policy", ""), headers
+    assert headers.get("x-frame-options") == "DENY", headers
+    assert headers.get("x-content-type-options") == "nosniff", headers
+
+
 def test_allow_host_names_what_a_server_without_a_token_also_answers(live_server: Any) -> None:
     """``--allow-host`` (a proxy on this host forwarding its own ``Host``) adds names; ``*``
     turns the check off (not the Origin one); a value that is no host name is refused."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ MAX_HEADERS = 8192
 HEADER_TIMEOUT = 0.5
 BODY_TIMEOUT = 0.5
 MAX_CONNECTIONS = 8
+MAX_PIPELINED = 4
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,7 @@ def server(live_server: Any) -> Any:
         header_timeout=HEADER_TIMEOUT,
         body_timeout=BODY_TIMEOUT,
         max_connections=MAX_CONNECTIONS,
+        max_pipelined=MAX_PIPELINED,
     )
 
 
@@ -167,6 +170,28 @@ def test_oversized_headers_get_431(server: Any) -> None:
     still_serves(server)
 
 
+def test_trailers_count_as_headers(server: Any) -> None:
+    """A chunked body's trailer fields are headers the parser keeps: they were counted in no
+    limit, and 300 MB of them, sent in 0.4 s, took the server's RSS up 300 MB before the
+    body timeout (60 s by default) ended the request."""
+    sock = connect(server)
+    sock.sendall(
+        f"POST {EXTEND} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {protocol.ARROW_STREAM}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n".encode()
+    )
+    line = b"X-Trailer: " + b"a" * 1000 + b"\r\n"
+    try:
+        for _ in range(4 * MAX_HEADERS // len(line)):
+            sock.sendall(line)
+    except ConnectionError:
+        pass  # refused while sending
+    status, body, closed = answer(sock)
+    sock.close()
+    assert status == 431 and closed, body
+    assert body["field"] == "headers" and "--max-header-bytes" in body["detail"]
+    still_serves(server)
+
+
 @pytest.mark.parametrize("sent", [b"", b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: 1\r\n"])
 def test_stalled_headers_get_408(server: Any, sent: bytes) -> None:
     """Half the headers then nothing, or nothing at all: 408 once header_timeout has passed."""
@@ -224,6 +249,26 @@ def test_connections_beyond_the_cap_get_503(server: Any) -> None:
             s.close()
     assert status == 503 and closed
     assert "--max-connections" in body["detail"] and str(MAX_CONNECTIONS) in body["detail"]
+    still_serves(server)
+
+
+def test_requests_pipelined_past_the_limit_are_refused_after_those_before(server: Any) -> None:
+    """A client that sends requests without reading the answers had each held (~1 KB): one
+    connection sending 256 KiB of ``GET /nope`` took the server's RSS up 11 MB."""
+    sock = connect(server)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 200)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        pass
+    sock.close()
+    statuses = [int(status) for status in re.findall(rb"HTTP/1.1 (\d{3}) ", data)]
+    # the one being answered, MAX_PIPELINED waiting behind it, then the refusal
+    assert statuses == [200] * (1 + MAX_PIPELINED) + [400], statuses
+    error = json.loads(data.rpartition(b"\r\n\r\n")[2])
+    assert "--max-pipelined" in error["detail"] and error["field"] == "connection"
     still_serves(server)
 
 

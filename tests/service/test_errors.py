@@ -217,3 +217,23 @@ def test_server_errors_leak_nothing(service, monkeypatch: pytest.MonkeyPatch, ca
     assert r.json() == {"type": "InternalError", "detail": "internal server error", "field": None}
     assert "secret" not in r.text and "Traceback" not in r.text
     assert "secret internals" in caplog.text  # logged server side
+
+
+@pytest.mark.parametrize(
+    ("path", "text", "why"),
+    [
+        (protocol.TABLES, b'{"name": ', "Expecting value at character 9"),
+        (protocol.table_path("t", "update_priority"), b'{"index": [1, 2', "at character 15"),
+        (protocol.table_path("t", "checkpoint"), b"{'path': 1}", "Expecting property name"),
+    ],
+)
+def test_a_json_body_that_does_not_parse_says_where_and_why(
+    service, path: str, text: bytes, why: str
+) -> None:
+    client = service()
+    create(client)
+    r = client.post(path, content=text, headers={"Content-Type": protocol.JSON})
+    assert r.status_code == 400, r.text
+    error = r.json()
+    assert (error["type"], error["field"]) == ("InvalidRequest", "body"), error
+    assert error["detail"].startswith("invalid JSON body: ") and why in error["detail"], error

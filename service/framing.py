@@ -1,0 +1,118 @@
+"""What the HTTP layer (:mod:`tdreplay.service.server`) answers a request it refuses with.
+
+Each refusal is the protocol's JSON error (``{"type", "detail", "field"}``) in a whole
+``Connection: close`` response, written by the protocol itself: the request never
+reaches the app.
+
+    >>> malformed("Invalid character in chunk size").detail
+    'malformed HTTP/1.1 request: Invalid character in chunk size'
+    >>> refusal(400, malformed("x"), []).split(b"\\r\\n")[0]
+    b'HTTP/1.1 400 Bad Request'
+"""
+
+from __future__ import annotations
+
+import json
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+from tdreplay.storage import InvalidRequest, TDReplayError
+
+from .limits import Limits
+
+#: a request with ``Connection: Upgrade`` and a body: the parser skips the body of a request
+#: it expects to upgrade, and would read that body as the next request (smuggled)
+UPGRADE_WITH_BODY = InvalidRequest(
+    "a request with Connection: Upgrade carries a body: this server speaks HTTP/1.1 and "
+    "upgrades to nothing; send it without Upgrade (curl: --http1.1)",
+    field="Upgrade",
+)
+
+
+def refusal(status: int, error: TDReplayError, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A whole ``Connection: close`` response carrying ``error``'s JSON body."""
+    body = json.dumps(error.to_dict()).encode()
+    head = [STATUS_LINE[status]]
+    for name, value in default_headers:
+        head += [name, b": ", value, b"\r\n"]
+    head += [
+        b"content-type: application/json\r\n",
+        b"content-length: " + str(len(body)).encode() + b"\r\n",
+        b"connection: close\r\n\r\n",
+    ]
+    return b"".join(head) + body
+
+
+def malformed(reason: str, field: str = "request") -> InvalidRequest:
+    """The error of a request the HTTP/1.1 parser (or its framing rules) refuses: ``reason``
+    is the parser's (a malformed chunk size, two Content-Lengths, a NUL in a header)."""
+    return InvalidRequest(f"malformed HTTP/1.1 request: {reason}", field=field)
+
+
+def headers_too_large(size: int, cap: int) -> InvalidRequest:
+    """The error of a request line and header fields (trailers included) of ``size`` bytes,
+    past ``--max-header-bytes``."""
+    return InvalidRequest(
+        f"request line and header fields (a chunked body's trailers too) of {size}+ bytes "
+        f"exceed the server's limit of {cap} "
+        "bytes (--max-header-bytes)",
+        field="headers",
+        expected=f"<= {cap} bytes",
+        got=size,
+    )
+
+
+def pipelined_too_deep(n: int, cap: int) -> InvalidRequest:
+    """The error of the ``n``-th request a client sent ahead of the answers to those before
+    it, past ``--max-pipelined``."""
+    return InvalidRequest(
+        f"{n} requests sent on one connection ahead of their answers, past the server's limit "
+        f"of {cap} (--max-pipelined); read the answers before sending more",
+        field="connection",
+        expected=f"<= {cap} requests waiting",
+        got=n,
+    )
+
+
+class Refusal(Exception):
+    """A request refused at its head: ``error``, answered with ``status``."""
+
+    def __init__(self, error: TDReplayError, status: int) -> None:
+        super().__init__(error)
+        self.error = error
+        self.status = status
+
+
+def check_head(
+    url: bytes, headers: list[tuple[bytes, bytes]], upgrade: bool, pipelined: int, limits: Limits
+) -> bytes:
+    """The Content-Length of a request whose head (``url``, ``headers``; ``upgrade``: the parser
+    expects it to upgrade; ``pipelined``: requests before it waiting on its connection) passes
+    the checks of its framing, ``b""`` if it has none.
+
+    Raises:
+        Refusal: 431 past ``--max-header-bytes``; 400 past ``--max-pipelined`` (each waiting
+            request holds ~1 KB), with two ``Host`` headers (RFC 9112 3.2: the Host check and
+            the app would read different ones), or an Upgrade with a body.
+    """
+    size = len(url)
+    length = b""
+    hosts = 0
+    chunked = False
+    for name, value in headers:
+        size += len(name) + len(value)
+        if name == b"content-length":
+            length = value
+        elif name == b"host":
+            hosts += 1
+        elif name == b"transfer-encoding":
+            chunked = True
+    if size > limits.max_header_bytes:
+        raise Refusal(headers_too_large(size, limits.max_header_bytes), 431)
+    if pipelined >= limits.max_pipelined:
+        raise Refusal(pipelined_too_deep(pipelined + 1, limits.max_pipelined), 400)
+    if hosts > 1:
+        raise Refusal(malformed(f"{hosts} Host headers, where it takes one", "Host"), 400)
+    if upgrade and (chunked or length.strip(b"0")):
+        raise Refusal(UPGRADE_WITH_BODY, 400)
+    return length
