@@ -62,10 +62,20 @@ def parquet_files(table: str, source: str | Path) -> list[Path]:
     under a folder named so), in name order.
 
     Raises:
-        InvalidRequest: no such file or folder, or a folder without Parquet files.
+        InvalidRequest: no such file or folder, a folder without Parquet files, or a CSV file.
     """
     path = Path(source)
     if path.is_file():
+        if (
+            EXPORT_SUFFIXES.get(path.suffix.lower()) == "csv"
+        ):  # read as Parquet, it would say "magic bytes"
+            raise InvalidRequest(
+                f"table {table!r}: {str(path)!r} is CSV; an import reads Parquet only (a CSV "
+                "export is for other tools: export the table as Parquet to import it back)",
+                table=table,
+                field="path",
+                got=str(path),
+            )
         return [path]
     if path.is_dir():
         files = sorted(

@@ -48,7 +48,8 @@ exactly.
   ``nan``, ``inf``, ``-inf`` as such. Read as float64 and cast to the field's
   dtype, every value is bit-exact (NaN payloads aside).
 
-Import (:mod:`tdreplay.storage.importer`) reads these files back.
+Import (:mod:`tdreplay.storage.importer`) reads the Parquet files back; a CSV file is
+refused (CSV is for other tools: its text is read back exactly by them, not imported).
 
     >>> import tempfile, torch
     >>> from pathlib import Path

@@ -135,6 +135,11 @@ def test_import_bad_paths(tables, tmp_path: Path) -> None:
         table.import_parquet(tmp_path / "junk.parquet")
     with pytest.raises(InvalidRequest, match="chunk"):
         table.import_parquet(tmp_path / "junk.parquet", chunk=0)
+    table.extend(rows(0, 3))
+    csv = table.export(tmp_path / "t.csv")  # a real CSV export: refused as CSV, not as junk
+    with pytest.raises(InvalidRequest, match=r"'.*t\.csv' is CSV; an import reads Parquet only"):
+        table.import_parquet(csv)
+    assert len(table) == 3
 
 
 def _replace(t: pa.Table, name: str, arr: pa.Array | None) -> pa.Table:
