@@ -1,0 +1,70 @@
+"""Where a TorchRL user would find ``TDReplayBuffer`` differ: the same calls on TorchRL's
+in-process ``TensorDictReplayBuffer`` and on the adapter, over a real server, compared.
+
+Each test is a gap the differential run found: what TorchRL returns (or refuses) is the
+reference, and the adapter either matches it or refuses by name, saying what to use.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from parity_kit import rows
+from torchrl.data import (
+    LazyTensorStorage,
+    SamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
+
+from tdreplay.torchrl import TDReplayBuffer
+
+
+def ours_for(server: Any, capacity: int = 16, **create: Any) -> Any:
+    name = f"fidelity_{uuid.uuid4().hex[:8]}"
+    options = {"capacity": capacity, "backend": "memory", **create}
+    return lambda **kw: TDReplayBuffer(server.url, name, create=options, timeout=5.0, **kw)
+
+
+@pytest.mark.parametrize("include_info", [False, True])
+def test_include_info_as_torchrl(server: Any, include_info: bool) -> None:
+    """TorchRL's ``sample(include_info=...)``: warned of, and ``False`` sets no info in the
+    batch (``return_info`` still returns it); the adapter refused the keyword. (TorchRL's
+    batch holds an ``index`` either way: its storage keeps the column extend wrote.)"""
+    theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(16), batch_size=4)
+    with ours_for(server)(batch_size=4) as ours:
+        for rb in (theirs, ours):
+            rb.extend(rows(0, 8))
+        got = {}
+        for side, rb in (("theirs", theirs), ("ours", ours)):
+            with pytest.warns(UserWarning, match="include_info is going to be deprecated"):
+                batch, info = rb.sample(include_info=include_info, return_info=True)
+            got[side] = (set(batch.exclude("index").keys()), sorted(info))
+            assert info["index"].shape == (4,)
+        added = {"sample_info"} if include_info else set()  # ours: the documented extra
+        assert got["ours"] == (got["theirs"][0] | added, got["theirs"][1])
+        with pytest.warns(UserWarning):
+            assert ("index" in ours.sample(include_info=include_info).keys()) is include_info  # noqa: SIM118
+
+
+def test_iteration_over_a_without_replacement_table_ends_with_the_epoch(server: Any) -> None:
+    """``for batch in rb`` over TorchRL's ``SamplerWithoutReplacement(drop_last=True)`` ends
+    after one epoch of whole batches, none repeating an item; the adapter's never ended."""
+    theirs = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(16),
+        sampler=SamplerWithoutReplacement(drop_last=True),
+        batch_size=3,
+    )
+    with ours_for(server, sampler="without_replacement")(batch_size=3) as ours:
+        for rb in (theirs, ours):
+            rb.extend(rows(0, 8))
+        got = {}
+        for side, rb in (("theirs", theirs), ("ours", ours)):
+            ids = []
+            for batch in rb:
+                ids += batch["id"].tolist()
+                assert len(ids) <= 8, f"{side}: the iteration runs past one epoch"
+            got[side] = ids
+        assert len(got["ours"]) == len(got["theirs"]) == 6
+        assert len(set(got["ours"])) == 6  # no item twice within the epoch
