@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,11 +29,12 @@ from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from tensordict.utils import NestedKey
 from torchrl.data import TensorDictReplayBuffer
 
-from tdreplay.client import ReplayClient, TableExists, TableNotFound
+from tdreplay.client import ReplayClient, TableNotFound
 from tdreplay.codec.params import sample_params
 from tdreplay.codec.priorities import priorities
 
 from . import rows as R
+from .options import refuse_torchrl_options
 from .priorities import PrioritiesMixin
 from .remote import ServiceSampler, ServiceStorage, ServiceWriter
 from .sampling import SamplingMixin
@@ -88,7 +88,9 @@ class TDReplayBuffer(
             (``token``, ``transport``, ``retry``...).
 
     Raises:
-        TypeError: ``url`` is a client and ``client_options`` were given too.
+        TypeError: ``url`` is a client and ``client_options`` were given too; one of
+            TorchRL's constructor arguments the table decides (``sampler``, ``alpha``...;
+            the error says what to use, see :mod:`.options`).
         InvalidRequest: ``batch_size`` is not an integer in ``[1, 2**31]`` (the contract's
             rule of every sample's size).
 
@@ -124,6 +126,7 @@ class TDReplayBuffer(
     ) -> None:
         if table is None:
             raise TypeError("TDReplayBuffer needs the table's name: TDReplayBuffer(url, table)")
+        refuse_torchrl_options(client_options)
         if isinstance(url, ReplayClient):
             if client_options:
                 raise TypeError(
@@ -296,25 +299,9 @@ class TDReplayBuffer(
                 self.info()
             else:
                 if self._create is not None and int(info["size"]):
-                    self._found_rows(int(info["size"]))
+                    R.found_rows(self._table, int(info["size"]), self._existing)
         assert self._keys is not None
         return self._keys
-
-    def _found_rows(self, size: int) -> None:
-        """``create=`` met a table that holds rows already: say so, or refuse (``existing``)."""
-        what = f"table {self._table!r} exists and holds {size} rows"
-        if self._existing == "refuse":
-            raise TableExists(
-                f"{what}; TDReplayBuffer(create=..., existing='refuse') starts on an empty "
-                "table: delete it first (ReplayClient.delete_table), or pass existing='reuse'",
-                table=self._table,
-            )
-        warnings.warn(
-            f"TDReplayBuffer(create=...): {what}; they are reused (another process may have "
-            "written them). Pass existing='refuse' to start empty instead",
-            UserWarning,
-            stacklevel=4,
-        )
 
     def _create_from(self, data: TensorDictBase) -> None:
         assert self._create is not None

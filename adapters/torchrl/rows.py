@@ -30,6 +30,7 @@ import torch
 from tensordict import TensorDictBase, is_tensorclass
 from tensordict.utils import NestedKey
 
+from tdreplay.client import TableExists
 from tdreplay.codec.dtypes import name_of
 
 #: keys a sampled batch (or a loss run on it) carries that are not rows of the table
@@ -203,4 +204,21 @@ def warn_extra(table: str, extra: set[tuple[str, ...]], warned: set[frozenset[An
         "the server refuse them)",
         UserWarning,
         stacklevel=3,
+    )
+
+
+def found_rows(table: str, size: int, existing: str) -> None:
+    """``create=`` met a table that holds rows already: say so, or refuse (``existing``)."""
+    what = f"table {table!r} exists and holds {size} rows"
+    if existing == "refuse":
+        raise TableExists(
+            f"{what}; TDReplayBuffer(create=..., existing='refuse') starts on an empty "
+            "table: delete it first (ReplayClient.delete_table), or pass existing='reuse'",
+            table=table,
+        )
+    warnings.warn(
+        f"TDReplayBuffer(create=...): {what}; they are reused (another process may have "
+        "written them). Pass existing='refuse' to start empty instead",
+        UserWarning,
+        stacklevel=4,
     )

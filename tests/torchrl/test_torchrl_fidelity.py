@@ -11,10 +11,13 @@ import uuid
 from typing import Any
 
 import pytest
+import torch
 from parity_kit import rows
 from torchrl.data import (
     LazyTensorStorage,
+    RandomSampler,
     SamplerWithoutReplacement,
+    TensorDictMaxValueWriter,
     TensorDictReplayBuffer,
 )
 
@@ -68,3 +71,26 @@ def test_iteration_over_a_without_replacement_table_ends_with_the_epoch(server: 
             got[side] = ids
         assert len(got["ours"]) == len(got["theirs"]) == 6
         assert len(set(got["ours"])) == 6  # no item twice within the epoch
+
+
+@pytest.mark.parametrize(
+    ("argument", "alternative"),
+    [
+        ({"sampler": RandomSampler()}, "create={'sampler'"),
+        ({"storage": LazyTensorStorage(8)}, "create={'capacity'"),
+        ({"writer": TensorDictMaxValueWriter(rank_key="r")}, "'max_value'"),
+        ({"alpha": 0.7}, "'alpha': ..."),
+        ({"collate_fn": lambda td: td}, "transform="),
+        ({"generator": torch.Generator()}, "serve --seed"),
+        ({"dim_extend": 1}, "B \\* T rows"),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) else "",
+)
+def test_torchrl_constructor_arguments_are_refused_by_name(
+    server: Any, argument: dict[str, Any], alternative: str
+) -> None:
+    """TorchRL's own constructor arguments reached the client as unknown keywords (``got an
+    unexpected keyword argument``); each is refused naming itself and what to use."""
+    (name,) = argument
+    with pytest.raises(TypeError, match=rf"does not take TorchRL's {name}=: .*{alternative}"):
+        TDReplayBuffer(server.url, "any", **argument)
