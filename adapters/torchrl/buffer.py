@@ -357,11 +357,18 @@ class TDReplayBuffer(
         return shaped
 
     def _insert(self, rows: TensorDictBase) -> torch.Tensor:
-        """Insert ``rows`` (``[N]``); more than the capacity go in pieces, as TorchRL's ring
-        writes them: the newest stay, and every row gets the slot it went to."""
+        """Insert ``rows`` (``[N]``); more than the capacity go as TorchRL's writers take them:
+        a ring in pieces (the newest stay, each row gets the slot it went to); a ``max_value``
+        table keeps the batch's largest, the others dropped (-1) before any is written."""
         capacity = int(self._meta_info().get("capacity") or len(rows))
         if len(rows) <= capacity:
             return self._write(rows)
+        writer = self._part("writer")
+        if writer["kind"] == "max_value":
+            kept = R.largest(rows, writer["key"], capacity, self._table)
+            return torch.full((len(rows),), -1, dtype=torch.int64).index_put_(
+                (kept,), self._write(rows[kept])
+            )
         return torch.cat(
             [self._write(rows[k : k + capacity]) for k in range(0, len(rows), capacity)]
         )

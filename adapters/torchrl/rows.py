@@ -30,7 +30,7 @@ import torch
 from tensordict import TensorDictBase, is_tensorclass
 from tensordict.utils import NestedKey
 
-from tdreplay.client import TableExists
+from tdreplay.client import SchemaError, TableExists
 from tdreplay.codec.dtypes import name_of
 
 #: keys a sampled batch (or a loss run on it) carries that are not rows of the table
@@ -222,3 +222,23 @@ def found_rows(table: str, size: int, existing: str) -> None:
         UserWarning,
         stacklevel=4,
     )
+
+
+def largest(rows: TensorDictBase, key: str, n: int, table: str) -> torch.Tensor:
+    """The positions of the ``n`` rows with the largest ``key`` (a field's dotted name), in
+    batch order; of equal values the earlier row, as the server's ``max_value`` writer ranks
+    a batch. TorchRL's ``TensorDictMaxValueWriter`` likewise keeps a batch's top ``n``.
+
+    Raises:
+        SchemaError: ``rows`` has no ``key`` (nothing was written).
+    """
+    values = rows.get(tuple(key.split(".")), None)
+    if values is None:
+        raise SchemaError(
+            f"table {table!r}: the batch has no {key!r}, which its max_value writer ranks by",
+            table=table,
+            field=key,
+        )
+    values = torch.as_tensor(values).reshape(len(rows), -1)[:, 0]
+    order = torch.argsort(values.to(torch.float64), descending=True, stable=True)
+    return order[:n].sort().values

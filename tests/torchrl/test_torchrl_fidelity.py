@@ -21,6 +21,7 @@ from torchrl.data import (
     TensorDictReplayBuffer,
 )
 
+from tdreplay.client import SchemaError
 from tdreplay.torchrl import TDReplayBuffer
 
 
@@ -94,3 +95,23 @@ def test_torchrl_constructor_arguments_are_refused_by_name(
     (name,) = argument
     with pytest.raises(TypeError, match=rf"does not take TorchRL's {name}=: .*{alternative}"):
         TDReplayBuffer(server.url, "any", **argument)
+
+
+def test_a_max_value_batch_above_the_capacity_keeps_its_largest_as_torchrl(server: Any) -> None:
+    """More rows than a max_value table holds: TorchRL's writer keeps the batch's largest and
+    answers -1 for the others; the adapter wrote it in ring pieces, so rows the next piece
+    displaced were answered slots that now hold other rows."""
+    score = torch.tensor([3.0, 1.0, 4.0, 1.0, 5.0, 9.0])
+    data = rows(0, 6).set("score", score)
+    theirs = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(4), writer=TensorDictMaxValueWriter(rank_key="score")
+    )
+    make = ours_for(server, capacity=4, writer={"kind": "max_value", "key": "score"})
+    with make() as ours:
+        a, b = ours.extend(data.clone()), theirs.extend(data.clone())
+        assert (a == -1).tolist() == (b == -1).tolist() == [False, True, False, True, False, False]
+        kept = a >= 0
+        assert ours[a[kept]]["id"].tolist() == data["id"][kept].tolist()  # each slot its row
+        assert sorted(ours[:]["score"].tolist()) == sorted(theirs[:]["score"].tolist())
+        with pytest.raises(SchemaError, match="score"):  # the key it ranks by, named
+            ours.extend(rows(6, 6))
