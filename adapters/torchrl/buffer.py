@@ -324,8 +324,8 @@ class TDReplayBuffer(
 
         Raises:
             TypeError: not a TensorDict or tensorclass.
-            SchemaError: a key the table declares is missing, or a shape or dtype differs
-                (nothing was written).
+            SchemaError: a key the table declares is missing, or a shape or dtype differs;
+                with ``strict``, non-tensor data (nothing was written).
             InvalidRequest: a ``priority_key`` entry is negative or not finite (nothing
                 was written).
             RateLimitTimeout: the table's rate limiter held the insert past ``timeout``.
@@ -338,6 +338,7 @@ class TDReplayBuffer(
         keys = self._table_keys(data)
         extra: set[tuple[str, ...]] = set()
         if self._strict:
+            R.refuse_non_tensor(data, self._table)
             rows = data.unsqueeze(0) if data.batch_dims == 0 else data.reshape(-1)
         else:
             rows, extra = R.rows_for(data, keys, (*R.SAMPLE_KEYS, self.priority_key))

@@ -8,6 +8,7 @@ reference, and the adapter either matches it or refuses by name, saying what to 
 from __future__ import annotations
 
 import uuid
+import warnings
 from typing import Any
 
 import pytest
@@ -115,3 +116,36 @@ def test_a_max_value_batch_above_the_capacity_keeps_its_largest_as_torchrl(serve
         assert sorted(ours[:]["score"].tolist()) == sorted(theirs[:]["score"].tolist())
         with pytest.raises(SchemaError, match="score"):  # the key it ranks by, named
             ours.extend(rows(6, 6))
+
+
+@pytest.mark.parametrize("create", [True, False], ids=["create", "existing_table"])
+def test_non_tensor_data_is_named_not_dropped_silently(server: Any, create: bool) -> None:
+    """TorchRL's storage keeps non-tensor data (``set_non_tensor``) and samples it; a table
+    holds tensors only. It was left out without a word; now the warning names it."""
+    data = rows(0, 4)
+    data.set_non_tensor("name", "hello")
+    theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(8), batch_size=2)
+    theirs.extend(data.clone())
+    assert "name" in theirs.sample().keys()  # noqa: SIM118
+    with ours_for(server, capacity=8)(batch_size=2) as ours:
+        if not create:
+            ours.extend(rows(0, 4))
+        with pytest.warns(UserWarning, match=r"does not declare \['name'\].*non-tensor"):
+            ours.extend(data.clone())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per set of keys, as for any other key
+            ours.extend(data.clone())
+        assert "name" not in ours.sample().keys()  # noqa: SIM118
+
+
+@pytest.mark.parametrize("transport", ["http", "shm"])
+def test_strict_refuses_non_tensor_data_by_name(server: Any, transport: str) -> None:
+    """``strict=True`` sends every key and lets the server refuse the undeclared ones; the
+    wire carries tensors only, so non-tensor data went missing without a word."""
+    data = rows(0, 4)
+    data.set_non_tensor(("next", "label"), "hello")
+    with ours_for(server, capacity=8)(strict=True, transport=transport) as ours:
+        ours.extend(rows(0, 4))
+        with pytest.raises(SchemaError, match=r"non-tensor data \['next.label'\]"):
+            ours.extend(data)
+        assert (len(ours), ours.write_count) == (4, 4)  # nothing written
