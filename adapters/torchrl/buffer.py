@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,11 +29,12 @@ from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from tensordict.utils import NestedKey
 from torchrl.data import TensorDictReplayBuffer
 
-from tdreplay.client import ReplayClient, TableExists, TableNotFound
+from tdreplay.client import ReplayClient, TableNotFound
 from tdreplay.codec.params import sample_params
 from tdreplay.codec.priorities import priorities
 
 from . import rows as R
+from .options import refuse_torchrl_options
 from .priorities import PrioritiesMixin
 from .remote import ServiceSampler, ServiceStorage, ServiceWriter
 from .sampling import SamplingMixin
@@ -88,7 +88,9 @@ class TDReplayBuffer(
             (``token``, ``transport``, ``retry``...).
 
     Raises:
-        TypeError: ``url`` is a client and ``client_options`` were given too.
+        TypeError: ``url`` is a client and ``client_options`` were given too; one of
+            TorchRL's constructor arguments the table decides (``sampler``, ``alpha``...;
+            the error says what to use, see :mod:`.options`).
         InvalidRequest: ``batch_size`` is not an integer in ``[1, 2**31]`` (the contract's
             rule of every sample's size).
 
@@ -124,6 +126,7 @@ class TDReplayBuffer(
     ) -> None:
         if table is None:
             raise TypeError("TDReplayBuffer needs the table's name: TDReplayBuffer(url, table)")
+        refuse_torchrl_options(client_options)
         if isinstance(url, ReplayClient):
             if client_options:
                 raise TypeError(
@@ -296,25 +299,9 @@ class TDReplayBuffer(
                 self.info()
             else:
                 if self._create is not None and int(info["size"]):
-                    self._found_rows(int(info["size"]))
+                    R.found_rows(self._table, int(info["size"]), self._existing)
         assert self._keys is not None
         return self._keys
-
-    def _found_rows(self, size: int) -> None:
-        """``create=`` met a table that holds rows already: say so, or refuse (``existing``)."""
-        what = f"table {self._table!r} exists and holds {size} rows"
-        if self._existing == "refuse":
-            raise TableExists(
-                f"{what}; TDReplayBuffer(create=..., existing='refuse') starts on an empty "
-                "table: delete it first (ReplayClient.delete_table), or pass existing='reuse'",
-                table=self._table,
-            )
-        warnings.warn(
-            f"TDReplayBuffer(create=...): {what}; they are reused (another process may have "
-            "written them). Pass existing='refuse' to start empty instead",
-            UserWarning,
-            stacklevel=4,
-        )
 
     def _create_from(self, data: TensorDictBase) -> None:
         assert self._create is not None
@@ -337,8 +324,8 @@ class TDReplayBuffer(
 
         Raises:
             TypeError: not a TensorDict or tensorclass.
-            SchemaError: a key the table declares is missing, or a shape or dtype differs
-                (nothing was written).
+            SchemaError: a key the table declares is missing, or a shape or dtype differs;
+                with ``strict``, non-tensor data (nothing was written).
             InvalidRequest: a ``priority_key`` entry is negative or not finite (nothing
                 was written).
             RateLimitTimeout: the table's rate limiter held the insert past ``timeout``.
@@ -351,6 +338,7 @@ class TDReplayBuffer(
         keys = self._table_keys(data)
         extra: set[tuple[str, ...]] = set()
         if self._strict:
+            R.refuse_non_tensor(data, self._table)
             rows = data.unsqueeze(0) if data.batch_dims == 0 else data.reshape(-1)
         else:
             rows, extra = R.rows_for(data, keys, (*R.SAMPLE_KEYS, self.priority_key))
@@ -370,11 +358,18 @@ class TDReplayBuffer(
         return shaped
 
     def _insert(self, rows: TensorDictBase) -> torch.Tensor:
-        """Insert ``rows`` (``[N]``); more than the capacity go in pieces, as TorchRL's ring
-        writes them: the newest stay, and every row gets the slot it went to."""
+        """Insert ``rows`` (``[N]``); more than the capacity go as TorchRL's writers take them:
+        a ring in pieces (the newest stay, each row gets the slot it went to); a ``max_value``
+        table keeps the batch's largest, the others dropped (-1) before any is written."""
         capacity = int(self._meta_info().get("capacity") or len(rows))
         if len(rows) <= capacity:
             return self._write(rows)
+        writer = self._part("writer")
+        if writer["kind"] == "max_value":
+            kept = R.largest(rows, writer["key"], capacity, self._table)
+            return torch.full((len(rows),), -1, dtype=torch.int64).index_put_(
+                (kept,), self._write(rows[kept])
+            )
         return torch.cat(
             [self._write(rows[k : k + capacity]) for k in range(0, len(rows), capacity)]
         )

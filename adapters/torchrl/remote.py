@@ -65,6 +65,12 @@ class ServiceSampler:
         return self.kind == "prioritized"
 
     @property
+    def epochs(self) -> bool:
+        """Whether it draws in epochs, every item once before any repeats (TorchRL's
+        ``SamplerWithoutReplacement``: iteration ends with the epoch)."""
+        return self.kind == "without_replacement"
+
+    @property
     def consuming(self) -> bool:
         """Whether each item is sampled once (iteration ends when the table runs low)."""
         return self.kind in CONSUMING

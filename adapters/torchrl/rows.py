@@ -27,9 +27,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase, is_tensorclass
+from tensordict import TensorDictBase, is_leaf_nontensor, is_tensorclass
 from tensordict.utils import NestedKey
 
+from tdreplay.client import SchemaError, TableExists
 from tdreplay.codec.dtypes import name_of
 
 #: keys a sampled batch (or a loss run on it) carries that are not rows of the table
@@ -77,10 +78,12 @@ def rows_for(
     Returns:
         ``(rows, extra)``: ``rows`` holds the table's keys that ``data`` has (the
         server names any it lacks); ``extra`` the leaf keys of ``data`` the table
-        does not declare, beside ``ignored`` ones.
+        does not declare (non-tensor data included), beside ``ignored`` ones.
     """
     skip = [as_tuple(k) for k in ignored]
-    leaves = {as_tuple(key) for key in data.keys(include_nested=True, leaves_only=True)}
+    # non-tensor data (strings, objects) counts: it is left out like any undeclared key
+    every = data.keys(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor)
+    leaves = {as_tuple(key) for key in every}
     extra = {k for k in leaves - keys if not any(k[: len(s)] == s for s in skip)}
     present = [k for k in keys if k in leaves]  # one walk of data's keys, not one per key
     rows = data.select(*present)
@@ -89,6 +92,25 @@ def rows_for(
     elif rows.batch_dims > 1:
         rows = rows.reshape(-1)
     return rows, extra
+
+
+def refuse_non_tensor(data: TensorDictBase, table: str) -> None:
+    """What ``strict=True`` does with non-tensor data: refuse it by name (the wire carries
+    tensors only, so it would be left out without a word).
+
+    Raises:
+        SchemaError: ``data`` holds non-tensor leaves (nothing was written).
+    """
+    every = data.keys(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor)
+    tensors = {as_tuple(k) for k in data.keys(include_nested=True, leaves_only=True)}
+    opaque = sorted(".".join(k) for k in map(as_tuple, every) if k not in tensors)
+    if opaque:
+        raise SchemaError(
+            f"table {table!r} holds tensors: non-tensor data {opaque} cannot be stored "
+            "(strict=True refuses it; without strict it is left out with a warning)",
+            table=table,
+            field=opaque[0],
+        )
 
 
 def priority_vector(data: TensorDictBase, priority_key: NestedKey) -> torch.Tensor:
@@ -199,8 +221,45 @@ def warn_extra(table: str, extra: set[tuple[str, ...]], warned: set[frozenset[An
     names = sorted(".".join(k) for k in extra)
     warnings.warn(
         f"TDReplayBuffer(table={table!r}): the table does not declare {names}; "
-        "they are not stored (add them to the schema, or pass strict=True to have "
-        "the server refuse them)",
+        "they are not stored (add them to the schema: a table holds tensors, not non-tensor "
+        "data; or pass strict=True to have the server refuse them)",
         UserWarning,
         stacklevel=3,
     )
+
+
+def found_rows(table: str, size: int, existing: str) -> None:
+    """``create=`` met a table that holds rows already: say so, or refuse (``existing``)."""
+    what = f"table {table!r} exists and holds {size} rows"
+    if existing == "refuse":
+        raise TableExists(
+            f"{what}; TDReplayBuffer(create=..., existing='refuse') starts on an empty "
+            "table: delete it first (ReplayClient.delete_table), or pass existing='reuse'",
+            table=table,
+        )
+    warnings.warn(
+        f"TDReplayBuffer(create=...): {what}; they are reused (another process may have "
+        "written them). Pass existing='refuse' to start empty instead",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+def largest(rows: TensorDictBase, key: str, n: int, table: str) -> torch.Tensor:
+    """The positions of the ``n`` rows with the largest ``key`` (a field's dotted name), in
+    batch order; of equal values the earlier row, as the server's ``max_value`` writer ranks
+    a batch. TorchRL's ``TensorDictMaxValueWriter`` likewise keeps a batch's top ``n``.
+
+    Raises:
+        SchemaError: ``rows`` has no ``key`` (nothing was written).
+    """
+    values = rows.get(tuple(key.split(".")), None)
+    if values is None:
+        raise SchemaError(
+            f"table {table!r}: the batch has no {key!r}, which its max_value writer ranks by",
+            table=table,
+            field=key,
+        )
+    values = torch.as_tensor(values).reshape(len(rows), -1)[:, 0]
+    order = torch.argsort(values.to(torch.float64), descending=True, stable=True)
+    return order[:n].sort().values

@@ -55,7 +55,10 @@ class SamplingMixin:
         raise NotImplementedError  # the buffer's
 
     def sample(  # type: ignore[override]
-        self, batch_size: int | None = None, return_info: bool = False
+        self,
+        batch_size: int | None = None,
+        return_info: bool = False,
+        include_info: bool | None = None,
     ) -> Any:
         """Sample ``batch_size`` items (default: the buffer's ``batch_size``).
 
@@ -65,7 +68,10 @@ class SamplingMixin:
             and, from a prioritized table, ``priority_weight``; with
             ``return_info``, ``(batch, {"index": ..., "priority_weight": ...})`` (a
             transform that changed the batch's shape: the info, ``sample_info``
-            with it, only there).
+            with it, only there). ``include_info=False`` (TorchRL's deprecated
+            flag, which warns as TorchRL's does) leaves ``index``, ``sample_info``,
+            ``priority_weight`` and a slice's markers out of the batch: the info is
+            then only what ``return_info`` returns.
             The batch owns its memory (a shared-memory sample is copied out).
 
         A ``batch_size`` here other than the constructor's prevails, with a ``UserWarning``
@@ -78,6 +84,13 @@ class SamplingMixin:
             RateLimitTimeout: the table could not be sampled within ``timeout``;
                 EmptyTableError (a subclass) when it held no item then.
         """
+        if include_info is not None:  # as TorchRL's TensorDictReplayBuffer.sample
+            warnings.warn(
+                "include_info is going to be deprecated soon. The default behavior has "
+                "changed to `include_info=True` to avoid bugs linked to wrongly preassigned "
+                "values in the output tensordict.",
+                stacklevel=2,
+            )
         n = batch_size if batch_size is not None else self._batch_size
         if n is None:
             raise RuntimeError(
@@ -110,6 +123,10 @@ class SamplingMixin:
             marked = batch.select(*SLICE_MARKERS[1:], strict=False)
             mark_slice_ends(marked, int(self._sampler.options.get("slice_len") or 1))
             info.update({key: marked.get(key) for key in SLICE_MARKERS})
+        if include_info is False:  # as TorchRL: the rows (transformed), no info set on them
+            batch = batch.exclude("index", "sample_info")
+            batch = self._transform(batch) if len(self._transform) else batch
+            return (batch, info) if return_info else batch
         if len(self._transform):  # as TorchRL: the rows transformed, then the info set on them
             meta = batch.select("sample_info").update(info)
             batch = self._transform(batch.exclude("sample_info"))
@@ -208,12 +225,19 @@ class SamplingMixin:
             return self._prefetcher
 
     def __iter__(self) -> Iterator[TensorDictBase]:
-        """Batches of ``batch_size``: endless, or until the table runs low for fifo/lifo tables."""
+        """Batches of ``batch_size``: endless; until the table runs low for fifo/lifo tables;
+        one epoch's whole batches (``len(rb) // batch_size``) for a ``without_replacement``
+        table, as TorchRL's ``SamplerWithoutReplacement(drop_last=True)`` ends its iteration
+        (the server's epochs go on across calls: a pass begun mid-epoch runs into the next)."""
         if self._batch_size is None:
             raise RuntimeError(
                 "cannot iterate over a TDReplayBuffer without batch_size: "
                 "pass TDReplayBuffer(..., batch_size=N)"
             )
+        if self._sampler.epochs:
+            for _ in range(len(self) // self._batch_size):
+                yield self.sample()
+            return
         consuming = self._sampler.consuming
         while not consuming or len(self) >= self._batch_size:
             yield self.sample()
