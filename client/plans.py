@@ -11,7 +11,9 @@ Sharding (Reverb's model). With several servers, each ``extend`` goes to the
 next server in turn (round robin), and a ``sample`` of ``n`` items is
 split across the servers in proportion to their sizes (a multinomial draw, in
 whole slices for slice samplers: uniform over the union of the servers' items),
-fetched concurrently and concatenated. A server that cannot be reached is
+fetched concurrently and concatenated; a prioritized table's weights are normalised
+over all servers (:mod:`.weights`: by the largest weight of every server holding
+items, not each by its own). A server that cannot be reached is
 marked down (:mod:`tdreplay.client.shards`): its share of samples and its turn
 of extends go to the others, in turn, until it answers again. An extend that may have
 reached a server before the connection broke is sent to that same server again
@@ -44,6 +46,7 @@ from .settings import ClientSettings
 from .shards import ShardHealth
 from .steps import Call, Gather, Pause, Plan, Probe
 from .tensorclass import to_tensorclass
+from .weights import ServerWeights
 
 T = TypeVar("T")
 
@@ -62,6 +65,8 @@ class Plans(PersistencePlans):
         self._lock = threading.Lock()
         #: per table: when read, the servers' sizes, the slice unit, the servers' capacities
         self._sizes: dict[str, tuple[float, list[int], int, list[int]]] = {}
+        #: per table (prioritized): each server's largest weight, as it last said it
+        self._weights = ServerWeights(self.n)
         self.shards = ShardHealth(list(settings.urls), retry_every=settings.shard_refresh)
 
     def _wait(self, wait: float | None) -> float:
@@ -92,14 +97,17 @@ class Plans(PersistencePlans):
 
     def clear(self, table: str) -> Plan[dict[str, Any]]:
         results = yield self._all(lambda: C.Clear(table))
-        with self._lock:
-            self._sizes.pop(table, None)
+        self._forget(table)
         return merge_infos(results)
 
     def delete_table(self, table: str) -> Plan[None]:
         yield self._all(lambda: C.DeleteTable(table))
+        self._forget(table)
+
+    def _forget(self, table: str) -> None:
         with self._lock:
             self._sizes.pop(table, None)
+        self._weights.forget(table)
 
     def info(self, table: str) -> Plan[dict[str, Any]]:
         """The table's info; sharded, of the servers that answer (``down`` names the rest, as
@@ -150,6 +158,7 @@ class Plans(PersistencePlans):
         caps = [0 if i is None else int(i.get("capacity", 0)) // unit * unit for i in infos]
         with self._lock:
             self._sizes[table] = (time.monotonic(), sizes, unit, caps)
+        self._weights.heard_infos(table, infos)
 
     def _forget_size(self, table: str, shard: int) -> None:
         with self._lock:
@@ -296,7 +305,7 @@ class Plans(PersistencePlans):
             td = yield Call(0, C.Sample(table, batch_size, wait, alloc, lease))
         else:
             sizes, unit, caps = yield from self._shard_sizes(table)
-            parts: list[TensorDict] = []
+            parts: list[tuple[int, TensorDict]] = []  # by server
             missing = batch_size
             while missing:
                 if sum(sizes) <= 0:  # empty (or not answering): wait where servers are up
@@ -316,8 +325,9 @@ class Plans(PersistencePlans):
                         continue
                     missing -= len(part)
                     part.set("index", part.get("index") * self.n + call.shard)
-                    parts.append(part)
-            td = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
+                    parts.append((call.shard, part))
+            done = self._weights.normalised(table, parts, sizes)
+            td = done[0] if len(done) == 1 else torch.cat(done, 0)
         return to_tensorclass(td, as_cls) if as_cls is not None else td
 
     def update_priority(self, table: str, index: Any, priority: Any, key: Any = None) -> Plan[int]:

@@ -191,7 +191,9 @@ class ReplayClient(Persistence, ClientBase):
 
         The batch holds the table's fields, ``index`` (pass it to
         :meth:`update_priority`) and ``sample_info`` (``priority``, ``weight``,
-        ``times_sampled``, ``key``: pass it to :meth:`update_priority` too).
+        ``times_sampled``, ``key``: pass it to :meth:`update_priority` too; a prioritized
+        table's ``max_weight``, what ``weight`` was divided by). Sharded, a prioritized
+        table's weights are normalised over all servers (:mod:`~tdreplay.client.merging`).
 
         Over shared memory (:attr:`transport` ``"shm"``) the batch *views* a slot
         leased to this thread: it stays as it is for the next ``lease_slots - 1``

@@ -49,6 +49,11 @@ Sampled batches carry, beside the table's fields, ``index`` (int64),
 ``sample_info.times_sampled`` (int64) and ``sample_info.key`` (int64: the
 item's ordinal, 1 for the table's first item, unique for the table's life; sent back with the index to
 update_priority, it makes the update skip slots overwritten since the sample).
+A prioritized table's batches carry ``sample_info.max_weight`` (float64) too
+(:data:`MAX_WEIGHT`): the largest weight the table could give when the item was
+drawn, ``(N * P_min)^-beta``, which ``weight`` (``(N * P(i))^-beta``) was divided
+by. A client sharding a table over several servers needs it to normalise every
+server's weights by the largest of all (TorchRL's weights over the union).
 
 With a token configured, every route but ``/healthz`` and ``/readyz`` needs
 ``Authorization: Bearer <token>``. Paths in checkpoint, restore and export
@@ -89,6 +94,10 @@ def table_path(name: str, action: str = "") -> str:
     """``/v1/tables/{name}`` or ``/v1/tables/{name}/{action}``."""
     return f"{TABLES}/{name}" + (f"/{action}" if action else "")
 
+
+#: the sample-info column of a prioritized table's batches: what each item's ``weight``
+#: was divided by, the largest weight the table could give when the item was drawn
+MAX_WEIGHT = ("sample_info", "max_weight")
 
 #: header carrying a client-chosen id that makes an extend idempotent
 REQUEST_ID = "X-Request-Id"

@@ -35,7 +35,7 @@ import sys
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -51,6 +51,7 @@ from tdreplay.storage import SAMPLE_INFO_DTYPES, NestedKey
 __all__ = [
     "EOS",
     "INFO_NBYTES",
+    "info_nbytes",
     "BufferBudget",
     "Lease",
     "Pool",
@@ -61,10 +62,12 @@ __all__ = [
 ]
 
 
-def sample_schema(schema: Schema) -> Schema:
-    """A sample's columns: the table's fields, then the sample-info columns every sample
-    carries (one value per row)."""
-    return {**schema, **{key: ([], dtype) for key, dtype in SAMPLE_INFO_DTYPES.items()}}
+def sample_schema(schema: Schema, info: Mapping[NestedKey, torch.dtype] | None = None) -> Schema:
+    """A sample's columns: the table's fields, then its sample-info columns (one value per
+    row): ``info`` (``Table.info_dtypes``: a prioritized table's add ``max_weight``), by
+    default those every sample carries."""
+    info = SAMPLE_INFO_DTYPES if info is None else info
+    return {**schema, **{key: ([], dtype) for key, dtype in info.items()}}
 
 
 class SampleBuffer:
@@ -258,13 +261,20 @@ class Pool(Generic[K, B]):
         self._on_forget(key)
 
 
-#: bytes of sample info per sampled item (index, priority, weight, times_sampled, key)
-INFO_NBYTES = sum(d.itemsize for d in SAMPLE_INFO_DTYPES.values())
+def info_nbytes(info: Mapping[NestedKey, torch.dtype]) -> int:
+    """Bytes of sample info per sampled item, of the sample-info columns ``info``."""
+    return sum(d.itemsize for d in info.values())
 
 
-def sample_nbytes(item_nbytes: int, n: int) -> int:
-    """The data bytes of a sample of ``n`` items: fields and sample info (metadata aside)."""
-    return n * (item_nbytes + INFO_NBYTES)
+#: bytes of sample info per sampled item of every sample (index, priority, weight,
+#: times_sampled, key)
+INFO_NBYTES = info_nbytes(SAMPLE_INFO_DTYPES)
+
+
+def sample_nbytes(item_nbytes: int, n: int, info: int = INFO_NBYTES) -> int:
+    """The data bytes of a sample of ``n`` items: fields and ``info`` bytes of sample info
+    an item (:func:`info_nbytes`), metadata aside."""
+    return n * (item_nbytes + info)
 
 
 def new_layout(schema: Schema, n: int) -> SampleLayout:
@@ -287,6 +297,8 @@ class SampleBuffers:
 
     Args:
         schema: the table's fields; the bodies carry them and the sample info.
+        info: the sample-info columns (``Table.info_dtypes``; by default those every
+            sample carries): with the fields, :attr:`schema` (:func:`sample_schema`).
         per_size: bodies kept per batch size.
         max_sizes: batch sizes whose layout and bodies are kept (least recently used
             forgotten first).
@@ -296,12 +308,14 @@ class SampleBuffers:
     def __init__(
         self,
         schema: Schema,
-        *,
+        info: Mapping[NestedKey, torch.dtype] | None = None,
         per_size: int = 8,
         max_sizes: int = 16,
         budget: BufferBudget | None = None,
     ) -> None:
-        self.schema = sample_schema(schema)
+        #: a sample's columns
+        self.schema = sample_schema(schema, info)
+        self._info_nbytes = info_nbytes(SAMPLE_INFO_DTYPES if info is None else info)
         #: the layouts kept, by batch size: the pool's keys (forgotten with them)
         self._layouts: dict[int, SampleLayout] = {}
         self.pool: Pool[int, SampleBuffer] = Pool(
@@ -311,6 +325,11 @@ class SampleBuffers:
             budget=budget,
             on_forget=lambda n: self._layouts.pop(n, None),
         )
+
+    def nbytes(self, item_nbytes: int, n: int) -> int:
+        """The data bytes of a sample of ``n`` items of ``item_nbytes`` bytes of fields each,
+        with their sample info (:func:`sample_nbytes`)."""
+        return sample_nbytes(item_nbytes, n, self._info_nbytes)
 
     async def layout(self, n: int) -> SampleLayout:
         """The layout of ``n``-row batches (built in the threadpool the first time)."""

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
+from tdreplay.codec.protocol import MAX_WEIGHT
 from tdreplay.codec.spaces import outside_categories
 
 from .errors import InvalidRequest, SchemaError
@@ -36,6 +37,14 @@ INFO_DTYPES = {
     ("sample_info", "times_sampled"): torch.int64,
     ("sample_info", "key"): torch.int64,
 }
+#: the sample-info columns of a table whose sampler weighs its items (prioritized): those
+#: of every sample, and ``max_weight``, what each ``weight`` was divided by
+WEIGHTED_INFO_DTYPES = {**INFO_DTYPES, MAX_WEIGHT: torch.float64}
+
+
+def info_dtypes(weighted: bool) -> dict[NestedKey, torch.dtype]:
+    """The sample-info columns of a table whose sampler weighs items, or does not."""
+    return WEIGHTED_INFO_DTYPES if weighted else INFO_DTYPES
 
 
 @dataclass(frozen=True)
@@ -50,21 +59,25 @@ class SampleTarget:
         rows: the batch size it is for.
         bufs: its tensors of the table's fields, by key.
         info: its sample-info tensors, by key (those it has).
+        weighted: whether the table's samples carry ``max_weight`` too (:func:`info_dtypes`).
     """
 
     out: Any
     rows: int
     bufs: dict[NestedKey, torch.Tensor]
     info: dict[NestedKey, torch.Tensor]
+    weighted: bool = False
 
     @functools.cached_property
     def words(self) -> Words | None:
         """The sample-info buffers as memoryviews, for a small sample written item by item
         (a torch call costs more than the values); ``None`` when the target lacks one of
         them. Each was checked to be one a sample writes in place (``RowChecker.out_buffers``)."""
-        if not all(k in self.info for k in INFO_KEYS):
+        if not all(k in self.info for k in info_dtypes(self.weighted)):
             return None
-        return Words(*(self.info[k].numpy().data for k in INFO_KEYS))
+        index, priority, weight, times, key = (self.info[k].numpy().data for k in INFO_KEYS)
+        scale = self.info[MAX_WEIGHT].numpy().data if self.weighted else None
+        return Words(index, priority, weight, times, key, scale)
 
     @functools.cached_property
     def row_bytes(self) -> dict[NestedKey, memoryview]:
@@ -83,11 +96,20 @@ class Words:
     weight: memoryview
     times: memoryview
     key: memoryview
+    max_weight: memoryview | None = None  # a weighted table's
 
-    def put_weights(self, priority: torch.Tensor | None, weight: torch.Tensor | None) -> None:
-        """A small sample's priorities and weights, item by item; 1 for each where a
-        sampler has none (``None``)."""
-        for view, values in ((self.priority, priority), (self.weight, weight)):
+    def put_weights(
+        self,
+        priority: torch.Tensor | None,
+        weight: torch.Tensor | None,
+        max_weight: torch.Tensor | None = None,
+    ) -> None:
+        """A small sample's priorities, weights (and a weighted table's ``max_weight``),
+        item by item; 1 for each where a sampler has none (``None``)."""
+        views = [(self.priority, priority), (self.weight, weight)]
+        if self.max_weight is not None:
+            views.append((self.max_weight, max_weight))
+        for view, values in views:
             ones: list[float] = [1.0] * len(view)
             for j, v in enumerate(ones if values is None else values.tolist()):
                 view[j] = v  # type: ignore[call-overload]  # a float view (typeshed: int only)
@@ -102,6 +124,7 @@ class RowChecker:
         capacity: the table's capacity (an extend may not exceed it).
         categories: the integer fields that declare ``n`` categories, ``{key: n}``
             (``TableSpec.categories()``): their values must lie in ``0 .. n-1``.
+        info: the sample-info columns of the table's samples (:func:`info_dtypes`).
     """
 
     def __init__(
@@ -110,8 +133,10 @@ class RowChecker:
         schema: dict[NestedKey, tuple[list[int], torch.dtype]],
         capacity: int,
         categories: Mapping[NestedKey, int] | None = None,
+        info: Mapping[NestedKey, torch.dtype] = INFO_DTYPES,
     ) -> None:
         self.name = name
+        self.info = dict(info)
         self._schema = schema
         self._keys = list(schema)
         self.capacity = capacity
@@ -286,12 +311,12 @@ class RowChecker:
         # as a fitting tensor, read off its dicts. Anything else takes the
         # general path below, which also reports what does not fit.
         got = plain_leaves(out)
-        if got is not None and all(k in got for k in INFO_KEYS):
+        if got is not None and all(k in got for k in self.info):
             fields = self._schema.items()
             if all(_fits(got.get(k), d, (n, *shape)) for k, (shape, d) in fields) and all(
-                _fits(got[k], d, (n,)) for k, d in INFO_DTYPES.items()
+                _fits(got[k], d, (n,)) for k, d in self.info.items()
             ):
-                return {k: got[k] for k in self._schema}, {k: got[k] for k in INFO_KEYS}
+                return {k: got[k] for k in self._schema}, {k: got[k] for k in self.info}
         bufs = {}
         for key, (shape, dtype) in self._schema.items():
             t = out.get(key, None)
@@ -299,11 +324,11 @@ class RowChecker:
                 raise self._unfit(key, t, dtype, (n, *shape))
             bufs[key] = t
         out_info = {}
-        for k in INFO_KEYS:
+        for k, dtype in self.info.items():
             t = out.get(k, None)
             if isinstance(t, torch.Tensor):  # written in place: checked as the fields are
-                if not _fits(t, INFO_DTYPES[k], (n,)):
-                    raise self._unfit(k, t, INFO_DTYPES[k], (n,))
+                if not _fits(t, dtype, (n,)):
+                    raise self._unfit(k, t, dtype, (n,))
                 out_info[k] = t
         return bufs, out_info
 

@@ -64,8 +64,9 @@ class SamplingMixin:
 
         Returns:
             A TensorDict ``[batch_size]`` with the table's fields, ``index``,
-            ``sample_info`` (``priority``, ``weight``, ``times_sampled``, ``key``)
-            and, from a prioritized table, ``priority_weight``; with
+            ``sample_info`` (``priority``, ``weight``, ``times_sampled``, ``key``; a
+            prioritized table's ``max_weight`` too) and, from a prioritized table,
+            ``priority_weight``; with
             ``return_info``, ``(batch, {"index": ..., "priority_weight": ...})`` (a
             transform that changed the batch's shape: the info, ``sample_info``
             with it, only there). ``include_info=False`` (TorchRL's deprecated

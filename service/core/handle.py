@@ -35,7 +35,7 @@ from ..errors import PayloadTooLarge
 from ..idempotency import RecentRequests, RowsFingerprint, request_tag
 from ..limits import Hold
 from ..settings import Settings
-from ..wire import BufferBudget, Lease, SampleBuffers, sample_nbytes, sample_schema
+from ..wire import BufferBudget, Lease, SampleBuffers
 from .calls import Calls
 from .paths import shown_location
 from .shape import Place, Shape
@@ -83,9 +83,9 @@ class TableHandle:
         self.schema: Schema = dict(table.spec.torch_schema())
         #: what tells a retry from other rows sent under its request id
         self.fingerprint = RowsFingerprint(self.schema)
-        #: a sample's columns: the fields and the sample info
-        self.sample_schema: Schema = sample_schema(self.schema)
-        self.samples = SampleBuffers(self.schema, per_size=settings.pooled_buffers, budget=budget)
+        #: pooled sample bodies (``.schema``: the fields, the sample info; prioritized: ``max_weight``)
+        pooled = settings.pooled_buffers
+        self.samples = SampleBuffers(self.schema, table.info_dtypes, pooled, budget=budget)
         #: the shapes of samples into a door's buffers, by batch size (checked once each)
         self._shapes: dict[int, Shape] = {}
         self.max_body = settings.max_body_bytes
@@ -236,7 +236,7 @@ class TableHandle:
         Raises:
             PayloadTooLarge: it would; ``field`` names the parameter that asked for them.
         """
-        if sample_nbytes(self.item_nbytes, n) > self.max_body:
+        if self.samples.nbytes(self.item_nbytes, n) > self.max_body:
             raise PayloadTooLarge(
                 f"table {self.name!r}: {n} items exceed the server's body limit of "
                 f"{self.max_body} bytes (--max-body-bytes); ask for fewer at a time",
@@ -287,9 +287,9 @@ class TableHandle:
 
     def _sample_shape(self, n: int) -> Shape:
         n = self.table.check_batch_size(n)
-        inline = sample_nbytes(self.item_nbytes, n) <= self._inline_sample
+        inline = self.samples.nbytes(self.item_nbytes, n) <= self._inline_sample
         target = functools.partial(self.table.target, batch_size=n)
-        shape = Shape(self, n, self.sample_schema, self.item_nbytes, target, inline)
+        shape = Shape(self, n, self.samples.schema, self.item_nbytes, target, inline)
         if len(self._shapes) >= SHAPES:
             self._shapes.clear()
         self._shapes[n] = shape
@@ -318,7 +318,7 @@ class TableHandle:
         def draw() -> TensorDictBase | None:
             return table.try_sample(n, out=out)
 
-        inline = sample_nbytes(table.spec.item_nbytes, n) <= self._inline_sample
+        inline = self.samples.nbytes(self.item_nbytes, n) <= self._inline_sample
         await self._admitted(draw, "sample", n, timeout, inline=inline, left=left)
 
     @property

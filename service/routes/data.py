@@ -239,7 +239,8 @@ declare(
         **arrow_response(
             "An Arrow IPC stream of one record batch: the table's fields, `index`, "
             "`sample_info.priority`, `sample_info.weight`, `sample_info.times_sampled`, "
-            "`sample_info.key`."
+            "`sample_info.key`; a prioritized table's `sample_info.max_weight` (float64: what "
+            "`weight` was divided by, `(N * P_min)^-beta`)."
         ),
         **error_responses(TableNotFound, RateLimitTimeout, PayloadTooLarge),
     },

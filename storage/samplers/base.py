@@ -24,12 +24,15 @@ class Sampler(Scalars):
         needs_episodes: :meth:`on_insert` wants an episode id per item.
         has_priorities: the sampler keeps a priority per item (:meth:`update_priority`);
             the table refuses priorities to one that does not (:func:`no_priorities`).
+        weighted: its weights are not all 1: each is divided by :meth:`max_weight`,
+            which its samples carry (``sample_info.max_weight``).
     """
 
     kind = ""
     consumes = False
     needs_episodes = False
     has_priorities = False
+    weighted = False
 
     def __init__(self, slots: Slots, generator: torch.Generator | None = None) -> None:
         self.slots = slots
@@ -68,6 +71,11 @@ class Sampler(Scalars):
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``n`` live slots and their importance weights (``None``: all 1)."""
         raise NotImplementedError
+
+    def max_weight(self) -> float:
+        """The largest importance weight it could give now, before normalising: what each
+        weight :meth:`sample` returns now is divided by (1 unless :attr:`weighted`)."""
+        return 1.0
 
     def update_priority(
         self, index: torch.Tensor, priority: torch.Tensor, key: torch.Tensor | None = None

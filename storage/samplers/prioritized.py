@@ -16,7 +16,9 @@ class PrioritizedSampler(Sampler):
 
     New items get ``initial_priority``, or the largest priority seen so far.
     Importance weights are ``(N * P(i))^-beta`` normalized by the largest
-    possible weight, ``(N * P_min)^-beta`` (N: live items), so they lie in (0, 1].
+    possible weight, ``(N * P_min)^-beta`` (N: live items), so they lie in (0, 1];
+    :meth:`max_weight` is that largest weight (samples carry it per item, so that
+    weights drawn from several tables can be normalised over all of them).
     Draws and priority updates cost O(batch * log capacity).
 
     Args:
@@ -29,6 +31,7 @@ class PrioritizedSampler(Sampler):
 
     kind = "prioritized"
     has_priorities = True
+    weighted = True
     #: new items' priority
     SCALARS = {"max_priority": float}
 
@@ -84,9 +87,16 @@ class PrioritizedSampler(Sampler):
             leaf = self.tree.get(idx)
         prob = leaf / total
         n_live = max(self.slots.n_live, 1)
-        min_prob = self.tree.min() / total
-        weight = ((n_live * prob) ** -self.beta) / ((n_live * min_prob) ** -self.beta)
+        weight = ((n_live * prob) ** -self.beta) / self.max_weight()
         return idx, weight.to(torch.float32)
+
+    def max_weight(self) -> float:
+        """``(N * P_min)^-beta``: the weight of the least likely live item, before normalising."""
+        total = self.tree.total()
+        if total <= 0:
+            return 1.0
+        n_live = max(self.slots.n_live, 1)
+        return float((n_live * (self.tree.min() / total)) ** -self.beta)
 
     def update_priority(
         self, index: torch.Tensor, priority: torch.Tensor, key: torch.Tensor | None = None
@@ -137,4 +147,5 @@ class PrioritizedSampler(Sampler):
             "beta": self.beta,
             "max_priority": self.max_priority,
             "total_priority": self.tree.total(),
+            "max_weight": self.max_weight(),
         }

@@ -33,7 +33,7 @@ from ..slots import Slots
 from ..spec import TableSpec, split_key
 from ..statefile import StateError
 from ..tensordicts import key_tree
-from ..validation import INFO_KEYS, RowChecker
+from ..validation import RowChecker, info_dtypes
 from .stats import ScanCache
 
 
@@ -78,8 +78,13 @@ class TableBase(Scalars):
         self._schema = spec.torch_schema()
         self._keys = list(self._schema)
         self._item_nbytes = spec.item_nbytes
-        self._check = RowChecker(spec.name, self._schema, spec.capacity, spec.categories())
-        self._batch_tree = key_tree([*self._keys, *INFO_KEYS])
+        #: the sample-info columns of its samples, by key (a weighted sampler's add
+        #: ``max_weight``)
+        self.info_dtypes = info_dtypes(self.sampler.weighted)
+        self._check = RowChecker(
+            spec.name, self._schema, spec.capacity, spec.categories(), self.info_dtypes
+        )
+        self._batch_tree = key_tree([*self._keys, *self.info_dtypes])
         self._cond = threading.Condition(threading.Lock())
         self._data_lock = RWLock()
         self._listeners: list[Callable[[], None]] = []

@@ -11,6 +11,7 @@ from tensordict import TensorDictBase, is_tensorclass
 from tdreplay.codec.indices import slot_tensor
 from tdreplay.codec.params import check_lengths
 from tdreplay.codec.priorities import priorities
+from tdreplay.codec.protocol import MAX_WEIGHT
 
 from ..backends.tensor import SMALL_BATCH
 from ..errors import InvalidRequest
@@ -37,8 +38,19 @@ class Draws(TableBase):
         with self._cond:
             return self._sample_ready(n)
 
+    def _draw(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``n`` slots, their weights and (a weighted sampler's) what each weight was divided
+        by, ``max_weight``; capped by ``max_times_sampled``. Lock held."""
+        index, weight = self.sampler.sample(n)
+        scale = None
+        if self.sampler.weighted:
+            scale = torch.full((n,), self.sampler.max_weight(), dtype=torch.float64)
+        if self._cap_times:
+            index, weight = self._cap_times_sampled(index, weight, scale)
+        return index, weight, scale
+
     def _cap_times_sampled(
-        self, index: torch.Tensor, weight: torch.Tensor | None
+        self, index: torch.Tensor, weight: torch.Tensor | None, scale: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Redraw the draws that would return an item more than ``max_times_sampled`` times.
 
@@ -46,7 +58,8 @@ class Draws(TableBase):
         reaches ``max_times_sampled``; a batch drawn at once, with replacement,
         must not return it more often. Items that reach the limit are removed
         here so the redraws cannot pick them; :meth:`_samples_left` made sure
-        enough samples remain. Lock held.
+        enough samples remain. A redrawn weight is normalised as the sampler stands
+        after the removal: its ``scale`` (``max_weight``) is updated in place. Lock held.
         """
         s, limit = self.slots, self.max_times_sampled
         while True:
@@ -65,6 +78,8 @@ class Draws(TableBase):
             index[over] = redrawn
             if weight is not None and redrawn_weight is not None:
                 weight[over] = redrawn_weight
+            if scale is not None:
+                scale[over] = self.sampler.max_weight()
 
     def check_batch_size(self, batch_size: Any) -> int:
         """``batch_size`` as an int, if a sample of that many items is possible at all.
@@ -98,7 +113,7 @@ class Draws(TableBase):
         """
         n = self.check_batch_size(batch_size)
         bufs, info = self._check.out_buffers(out, n)
-        return SampleTarget(out, n, bufs, info)
+        return SampleTarget(out, n, bufs, info, self.sampler.weighted)
 
     def try_sample(
         self, batch_size: int, *, out: TensorDictBase | SampleTarget | None = None
@@ -185,9 +200,7 @@ class Draws(TableBase):
                     field="batch_size",
                 )
             self._admit("sample", n, lambda: self._sample_ready(n), timeout, attempt=attempt)
-            index, weight = self.sampler.sample(n)
-            if self._cap_times:
-                index, weight = self._cap_times_sampled(index, weight)
+            index, weight, scale = self._draw(n)
             s = self.slots
             # a few items into a target: counted, and their rows copied, one by one
             small = out if n <= SMALL_BATCH and isinstance(out, SampleTarget) else None
@@ -229,10 +242,12 @@ class Draws(TableBase):
         finally:
             self._data_lock.release_read()
         if words is not None:  # index, times and keys are in place
-            words.put_weights(priority, weight)
+            words.put_weights(priority, weight, scale)
             return dest
         # a sampler without priorities or weights: every item's is 1
         info = {_INDEX: index, _PRIORITY: priority, _WEIGHT: weight, _TIMES: times, _KEY: keys}
+        if scale is not None:
+            info[MAX_WEIGHT] = scale
         if dest is not None:
             target = dest._tensordict if is_tensorclass(dest) else dest
             for key, value in info.items():

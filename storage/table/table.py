@@ -21,6 +21,9 @@ Sample info sits beside the fields of every sampled batch:
   samplers without priorities).
 * ``batch["sample_info", "weight"]`` (float32): the importance weight (1 unless
   prioritized).
+* ``batch["sample_info", "max_weight"]`` (float64, prioritized tables only): the
+  largest weight the table could give when the item was drawn, ``(N * P_min)^-beta``,
+  which ``weight`` was divided by (a sharded client normalises over all servers with it).
 * ``batch["sample_info", "times_sampled"]`` (int64): how often the item has now
   been returned, this sample included.
 * ``batch["sample_info", "key"]`` (int64): the item's key, its ordinal (1 for

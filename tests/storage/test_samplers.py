@@ -95,6 +95,8 @@ def test_prioritized_importance_weights(tables) -> None:
     w = (6 * probs) ** -beta
     expected = (w / w.max())[batch["index"]]
     assert torch.allclose(batch["sample_info", "weight"].double(), expected, rtol=1e-5)
+    # what each weight was divided by comes with it: (N * P_min)^-beta, the largest
+    assert torch.allclose(batch["sample_info", "max_weight"], w.max().expand(64))
     assert torch.allclose(batch["sample_info", "priority"].double(), p[batch["index"]])
     # the lowest priority has the largest weight, 1
     assert batch["sample_info", "weight"].max() <= 1.0
@@ -408,12 +410,21 @@ def test_samplers_report_their_state(tables) -> None:
     [
         {},
         {"sampler": {"kind": "prioritized", "alpha": 0.7, "beta": 0.5}},
+        {"sampler": {"kind": "prioritized", "alpha": 0.7, "beta": 0.5}, "max_times_sampled": 2},
         {"max_times_sampled": 3},
         {"sampler": {"kind": "without_replacement"}},
         {"sampler": {"kind": "fifo"}},
         {"sampler": {"kind": "lifo"}},
     ],
-    ids=["uniform", "prioritized", "max_times_sampled", "without_replacement", "fifo", "lifo"],
+    ids=[
+        "uniform",
+        "prioritized",
+        "prioritized_capped",
+        "max_times_sampled",
+        "without_replacement",
+        "fifo",
+        "lifo",
+    ],
 )
 @pytest.mark.parametrize("kind", ["memory", "memmap"])
 def test_a_small_sample_into_a_target_counts_and_reads_as_any_other(
@@ -442,7 +453,8 @@ def test_a_small_sample_into_a_target_counts_and_reads_as_any_other(
         compared.add(n)
         for key in ("index", ("sample_info", "times_sampled"), ("sample_info", "key")):
             assert torch.equal(got[key], want[key]), (key, got[key], want[key])
-        for key in (("sample_info", "priority"), ("sample_info", "weight")):
+        weighted = [("sample_info", "max_weight")] if "prioritized" in str(extra) else []
+        for key in [("sample_info", "priority"), ("sample_info", "weight"), *weighted]:
             assert torch.allclose(got[key], want[key]), (key, got[key], want[key])
         assert torch.equal(got["id"], want["id"])
     assert compared == {1, 3, 8}  # each size drawn into its target at least once
