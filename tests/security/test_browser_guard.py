@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import testkit
 from browserkit import CHROMIUM, host_only_browser
+from test_http_framing import fill, size
 
 from tdreplay.codec import encode, protocol
 from tdreplay.service import Settings
@@ -45,20 +46,8 @@ def server(live_server: Any) -> Any:
         "POST", protocol.TABLES, json.dumps(SPEC).encode(), {"Content-Type": protocol.JSON}
     )
     assert status == 201, body
-    status, _, body = server.request(
-        "POST",
-        protocol.table_path("t", "extend"),
-        encode(testkit.rows(0, 8)).to_pybytes(),
-        {"Content-Type": protocol.ARROW_STREAM},
-    )
-    assert status == 200, body
+    fill(server)
     return server
-
-
-def size(server: Any) -> int:
-    status, _, body = server.request("GET", protocol.table_path("t"))
-    assert status == 200, body
-    return json.loads(body)["size"]
 
 
 def send(server: Any, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict]:
