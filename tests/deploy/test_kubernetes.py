@@ -98,6 +98,8 @@ def test_the_statefulset_agrees_with_the_cli(
     assert s.shm_socket is not None and str(s.shm_socket.parent.parent) in mounts
     assert str(s.shm_socket.parent) not in mounts
     assert pod["spec"]["securityContext"]["runAsNonRoot"]
+    # no API credentials in a pod that never calls the API (the default mounts them)
+    assert pod["spec"]["automountServiceAccountToken"] is False
     assert container["securityContext"]["readOnlyRootFilesystem"]
 
     if s.backend == "redis":  # each shard its own database on the Redis Service
@@ -112,6 +114,7 @@ def test_the_statefulset_agrees_with_the_cli(
             .describe()
             .endswith("/2")
         )
+        assert redis["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
         (rcontainer,) = redis["spec"]["template"]["spec"]["containers"]
         script = " ".join(rcontainer["args"])
         databases = re.search(r"--databases (\d+)", script)
