@@ -1,4 +1,4 @@
-"""The StatefulSet's pod, run on a real Docker engine with its volumes made as the kubelet makes them.
+"""The StatefulSet's pod on a real Docker engine, its volumes made as the kubelet makes them.
 
 No cluster here: the rendered memmap overlay's container runs as its ``securityContext`` says
 (``runAsUser``/``runAsGroup``, ``fsGroup`` as a supplementary group, read-only root, every
@@ -55,13 +55,16 @@ class Pod:
         return args
 
 
-def kubelet_volume(image: str, name: str, mode: str, group: int, files: dict[str, str]) -> None:
-    """A Docker volume as the kubelet hands the pod's volume over: root's, in ``group``."""
+def kubelet_volume(
+    image: str, name: str, mode: str, group: int, files: dict[str, tuple[str, str]]
+) -> None:
+    """A Docker volume as the kubelet hands the pod's volume over: root's, in ``group``, with
+    ``files`` (name -> text, mode)."""
     docker("volume", "create", name)
     writes = "".join(
         f"printf %s {json.dumps(text)} > /v/{path} && chown 0:{group} /v/{path} && "
         f"chmod {file_mode} /v/{path} && "
-        for path, (text, file_mode) in ((p, t.split("\0")) for p, t in files.items())
+        for path, (text, file_mode) in files.items()
     )
     docker(
         "run", "--rm", "--network", "none", "--user", "0", "--volume", f"{name}:/v",
@@ -85,8 +88,7 @@ def pod(image: str) -> Iterator[Pod]:
             volume = p.volumes[mount["name"]] = f"{PREFIX}-pod-{mount['name']}"
             source = kinds.get(mount["name"], {})
             if "secret" in source:
-                mode = f"{source['secret']['defaultMode']:o}"
-                files = {"token": f"{token}\0{mode}"}
+                files = {"token": (token, f"{source['secret']['defaultMode']:o}")}
                 kubelet_volume(image, volume, "2755", group, files)
             elif "emptyDir" in source:
                 kubelet_volume(image, volume, "2777", group, {})
@@ -109,9 +111,9 @@ def pod(image: str) -> Iterator[Pod]:
 def test_the_pod_starts_and_a_sidecar_gets_shared_memory(pod: Pod, image: str) -> None:
     env = ["--env", f"TDREPLAY_URL=http://127.0.0.1:{pod.env['TDREPLAY_PORT']}"]
     env += ["--env", f"TDREPLAY_TOKEN_FILE={pod.env['TDREPLAY_TOKEN_FILE']}"]
+    mounts = pod.mounts(pod.env["TDREPLAY_ROOT"])  # the run emptyDir and the token, not the PVC
     out = docker(
-        "run", "--rm", "--network", f"container:{pod.name}", *pod.user(), *pod.mounts(pod.env["TDREPLAY_ROOT"]),
-        *env,
+        "run", "--rm", "--network", f"container:{pod.name}", *pod.user(), *mounts, *env,
         "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
         "--entrypoint", "python", image, "-c", SIDECAR,
     )  # fmt: skip
