@@ -9,7 +9,7 @@
 #
 # Run it with its token in a file (a Docker secret, or a mounted file), never on a command line:
 #   docker run -p 127.0.0.1:8000:8000 -v tdreplay-data:/data -v tdreplay-run:/run/tdreplay \
-#     -v "$PWD/secrets/tdreplay_token:/run/secrets/tdreplay_token:ro" tdreplay
+#     -v "$PWD/secrets/tdreplay_token:/run/secrets/tdreplay_token:ro" --stop-timeout 60 tdreplay
 # The server binds 0.0.0.0 in the container, so it refuses to start without a token
 # (--insecure overrides that; see SECURITY.md). It serves every schema in /schemas (the shipped
 # ones by default; mount your own there), with tables, checkpoints and exports in the /data
@@ -100,7 +100,8 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('TDREPLAY_PORT', '8000'), timeout=2)"]
 
 # SIGTERM (docker stop) shuts down gracefully: running requests finish, tables are
-# checkpointed (TDREPLAY_CHECKPOINT_ON_SHUTDOWN) and closed. Give it time: --stop-timeout 60.
+# checkpointed (TDREPLAY_CHECKPOINT_ON_SHUTDOWN) and closed. Give it time: --stop-timeout 60
+# (an image cannot set it; Docker's 10 s were too few for 4.6 GB of memory tables).
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["tdreplay"]
 CMD ["serve"]

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import time
 from pathlib import Path
 from types import TracebackType
@@ -110,12 +111,19 @@ def lock_root(root: str | Path) -> RootLock:
     Raises:
         RootLocked: another process (or another lock of this process) holds
             ``root``; the message names the root and the holder's PID.
+        PermissionError: this process may not write the root; the message says
+            whose it is and this process's user (a volume made by another user,
+            such as a host folder Docker created as root for a container that runs
+            as another).
         OSError: the root or its lock file cannot be created.
     """
     root = Path(root).absolute()
-    root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except PermissionError as err:
+        raise _not_writable(root, err) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -138,6 +146,27 @@ def lock_root(root: str | Path) -> RootLock:
         os.close(fd)
         raise
     return RootLock(root, fd)
+
+
+def _not_writable(root: Path, err: PermissionError) -> PermissionError:
+    """``err`` again, saying whose the root (or its nearest existing parent) is and what to do."""
+    uid, gid = os.geteuid(), os.getegid()
+    folder = next((p for p in (root, *root.parents) if os.path.lexists(p)), root)
+    try:
+        info = os.stat(folder)
+        whose = (
+            f"{folder} is uid {info.st_uid}'s (gid {info.st_gid}, "
+            f"mode {stat.S_IMODE(info.st_mode):o})"
+        )
+    except OSError as why:
+        whose = f"{folder} cannot be looked at ({why.strerror or why})"
+    return PermissionError(
+        err.errno,
+        f"the data root {str(root)!r} is not writable by this process (uid {uid}, gid {gid}): "
+        f"{whose}; give it to this user (chown {uid}:{gid}, or a volume made for it) or run "
+        "as its owner",
+        err.filename,
+    )
 
 
 def _holder(fd: int) -> int | None:

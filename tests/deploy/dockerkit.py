@@ -197,7 +197,12 @@ def wait_ready(base_url: str, container: str | None = None, timeout: float = 180
         if container and docker("inspect", "-f", "{{.State.Running}}", container) != "true":
             break
         time.sleep(1)
-    logs = docker("logs", "--tail", "40", container, check=False) if container else ""
+    logs = ""
+    if container:  # the server logs to stderr
+        done = subprocess.run(
+            [DOCKER, "logs", "--tail", "40", container], capture_output=True, text=True, check=False
+        )
+        logs = done.stdout + done.stderr
     raise AssertionError(f"{base_url}/readyz never answered 200 (last: {last})\n{logs}")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +94,21 @@ def render(folder: Path, *, files: dict[str, bytes] | None = None) -> list[dict[
             assert at, f"{folder}/{patch['path']}: no {key(p)} to patch"
             docs[at[0]] = merge(docs[at[0]], p)
     return docs
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def container_env(container: dict[str, Any], shard: int = 0) -> dict[str, str]:
+    """The container's variables as the pod sees them (``$(VAR)`` expanded; SHARD = ``shard``)."""
+    env: dict[str, str] = {}
+    for item in container["env"]:
+        if "valueFrom" in item:
+            path = item["valueFrom"]["fieldRef"]["fieldPath"]
+            assert path == "metadata.labels['apps.kubernetes.io/pod-index']", path
+            env[item["name"]] = str(shard)
+        else:
+            env[item["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], item["value"])
+    return env

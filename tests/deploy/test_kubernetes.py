@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
 from deploykit import REPO, env_vars, parse_serve, settings_from_env
-from kustomize import merge, render
+from kustomize import container_env, find, merge, render
 
 from tdreplay.service.security import PUBLIC_PATHS
 
@@ -41,24 +40,6 @@ def test_every_rendered_overlay_is_valid(folder: str) -> None:
     assert {d["kind"] for d in docs} >= {"StatefulSet", "Service", "PodDisruptionBudget", "Secret"}
     for doc in docs:
         kubernetes_validate.validate(doc, VERSION, strict=True)
-
-
-def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
-    return doc
-
-
-def container_env(container: dict[str, Any], shard: int = 0) -> dict[str, str]:
-    """The container's variables as the pod sees them (``$(VAR)`` expanded; SHARD = ``shard``)."""
-    env: dict[str, str] = {}
-    for item in container["env"]:
-        if "valueFrom" in item:
-            path = item["valueFrom"]["fieldRef"]["fieldPath"]
-            assert path == "metadata.labels['apps.kubernetes.io/pod-index']", path
-            env[item["name"]] = str(shard)
-        else:
-            env[item["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], item["value"])
-    return env
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
@@ -112,8 +93,13 @@ def test_the_statefulset_agrees_with_the_cli(
     secret_volume = volumes[mounts[str(Path(env["TDREPLAY_TOKEN_FILE"]).parent)]]
     secret = find(docs, "Secret", secret_volume["secret"]["secretName"])
     assert Path(env["TDREPLAY_TOKEN_FILE"]).name in secret["data"]
-    assert s.shm_socket is not None and str(s.shm_socket.parent) in mounts  # writable
+    # the socket's folder is the server's own, made in a writable emptyDir: the emptyDir
+    # itself is root's, mode 2777, where the server refuses to listen (test_kubernetes_pod)
+    assert s.shm_socket is not None and str(s.shm_socket.parent.parent) in mounts
+    assert str(s.shm_socket.parent) not in mounts
     assert pod["spec"]["securityContext"]["runAsNonRoot"]
+    # no API credentials in a pod that never calls the API (the default mounts them)
+    assert pod["spec"]["automountServiceAccountToken"] is False
     assert container["securityContext"]["readOnlyRootFilesystem"]
 
     if s.backend == "redis":  # each shard its own database on the Redis Service
@@ -128,6 +114,7 @@ def test_the_statefulset_agrees_with_the_cli(
             .describe()
             .endswith("/2")
         )
+        assert redis["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
         (rcontainer,) = redis["spec"]["template"]["spec"]["containers"]
         script = " ".join(rcontainer["args"])
         databases = re.search(r"--databases (\d+)", script)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_helpers import check_rows, create, extend, python
+from reliability_helpers import check_rows, create, env, extend, python
 from testkit import free_port
 
 from tdreplay.storage.errors import RootLocked, TDReplayError
@@ -86,3 +88,34 @@ def test_a_second_server_and_the_demo_are_refused(
     check_rows(first, 20, batch=64)
     extend(first, 20, 5)
     check_rows(first, 25, batch=64)
+
+
+def test_a_root_of_another_user_is_refused_saying_whose(tmp_path: Path) -> None:
+    """A volume made by another user (a host folder Docker created as root, mounted into a
+    container that runs as uid 10001): the server names the root, its owner and its own user."""
+    if (
+        os.geteuid() == 0
+    ):  # root may write anywhere: the server runs as nobody, in a folder of root's
+        base = Path(tempfile.mkdtemp(prefix="tdreplay-root-"))  # under /tmp: nobody may enter it
+        base.chmod(0o755)
+        user: dict[str, Any] = {"user": 65534, "group": 65534}
+    else:  # a folder this user may not write
+        base = tmp_path / "base"
+        base.mkdir(mode=0o555)
+        user = {}
+    root = base / "data"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tdreplay.service", "serve", "--root", str(root),
+             "--port", str(free_port()), "--no-shm"],
+            capture_output=True, text=True, timeout=120, env=env(), cwd="/", **user,
+        )  # fmt: skip
+        out = done.stderr
+        assert done.returncode != 0, out
+        who = f"(uid {user.get('user', os.geteuid())}, gid {user.get('group', os.getegid())})"
+        assert f"the data root {str(root)!r} is not writable by this process {who}" in out, out
+        assert f"{base} is uid {base.stat().st_uid}'s" in out and "chown" in out, out
+        assert not root.exists()
+    finally:
+        base.chmod(0o755)
+        shutil.rmtree(base)
