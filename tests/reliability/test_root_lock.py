@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -93,29 +91,31 @@ def test_a_second_server_and_the_demo_are_refused(
 def test_a_root_of_another_user_is_refused_saying_whose(tmp_path: Path) -> None:
     """A volume made by another user (a host folder Docker created as root, mounted into a
     container that runs as uid 10001): the server names the root, its owner and its own user."""
-    if (
-        os.geteuid() == 0
-    ):  # root may write anywhere: the server runs as nobody, in a folder of root's
-        base = Path(tempfile.mkdtemp(prefix="tdreplay-root-"))  # under /tmp: nobody may enter it
+    base = tmp_path / "base"
+    base.mkdir()
+    if os.geteuid() == 0:
+        # root may write anywhere: the server runs as root without the capabilities that let
+        # it (util-linux's setpriv drops them for good), in a folder of another user's. It
+        # stays root, so it still runs an interpreter only root may reach (one under /root)
+        os.chown(base, 65534, 65534)
         base.chmod(0o755)
-        user: dict[str, Any] = {"user": 65534, "group": 65534}
+        caps = "-dac_override,-dac_read_search"
+        wrap = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
     else:  # a folder this user may not write
-        base = tmp_path / "base"
-        base.mkdir(mode=0o555)
-        user = {}
+        base.chmod(0o555)
+        wrap = []
     root = base / "data"
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "tdreplay.service", "serve", "--root", str(root),
+            [*wrap, sys.executable, "-m", "tdreplay.service", "serve", "--root", str(root),
              "--port", str(free_port()), "--no-shm"],
-            capture_output=True, text=True, timeout=120, env=env(), cwd="/", **user,
+            capture_output=True, text=True, timeout=120, env=env(), cwd="/",
         )  # fmt: skip
         out = done.stderr
         assert done.returncode != 0, out
-        who = f"(uid {user.get('user', os.geteuid())}, gid {user.get('group', os.getegid())})"
+        who = f"(uid {os.geteuid()}, gid {os.getegid()})"
         assert f"the data root {str(root)!r} is not writable by this process {who}" in out, out
         assert f"{base} is uid {base.stat().st_uid}'s" in out and "chown" in out, out
         assert not root.exists()
     finally:
         base.chmod(0o755)
-        shutil.rmtree(base)
