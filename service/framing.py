@@ -43,6 +43,19 @@ def refusal(status: int, error: TDReplayError, default_headers: list[tuple[bytes
     return b"".join(head) + body
 
 
+def unknown_coding(coding: bytes) -> InvalidRequest:
+    """The error of a request whose body is sent in a transfer coding this server does not
+    decode (RFC 9112 6.1: 501): it decodes ``chunked`` only, and a ``gzip`` body would reach
+    the routes as it came."""
+    return InvalidRequest(
+        f"Transfer-Encoding {coding.decode('latin-1')!r}: this server decodes 'chunked' only; "
+        "send the body as it is (Content-Length) or chunked",
+        field="Transfer-Encoding",
+        expected="chunked",
+        got=coding.decode("latin-1"),
+    )
+
+
 def malformed(reason: str, field: str = "request") -> InvalidRequest:
     """The error of a request the HTTP/1.1 parser (or its framing rules) refuses: ``reason``
     is the parser's (a malformed chunk size, two Content-Lengths, a NUL in a header)."""
@@ -93,12 +106,13 @@ def check_head(
     Raises:
         Refusal: 431 past ``--max-header-bytes``; 400 past ``--max-pipelined`` (each waiting
             request holds ~1 KB), with two ``Host`` headers (RFC 9112 3.2: the Host check and
-            the app would read different ones), or an Upgrade with a body.
+            the app would read different ones), or an Upgrade with a body; 501 for a transfer
+            coding but ``chunked``.
     """
     size = len(url)
     length = b""
     hosts = 0
-    chunked = False
+    codings: list[bytes] = []
     for name, value in headers:
         size += len(name) + len(value)
         if name == b"content-length":
@@ -106,13 +120,15 @@ def check_head(
         elif name == b"host":
             hosts += 1
         elif name == b"transfer-encoding":
-            chunked = True
+            codings.append(value)
     if size > limits.max_header_bytes:
         raise Refusal(headers_too_large(size, limits.max_header_bytes), 431)
     if pipelined >= limits.max_pipelined:
         raise Refusal(pipelined_too_deep(pipelined + 1, limits.max_pipelined), 400)
     if hosts > 1:
         raise Refusal(malformed(f"{hosts} Host headers, where it takes one", "Host"), 400)
-    if upgrade and (chunked or length.strip(b"0")):
+    if codings and b", ".join(codings).strip().lower() != b"chunked":
+        raise Refusal(unknown_coding(b", ".join(codings)), 501)
+    if upgrade and (codings or length.strip(b"0")):
         raise Refusal(UPGRADE_WITH_BODY, 400)
     return length

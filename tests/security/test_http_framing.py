@@ -140,6 +140,28 @@ def test_what_follows_an_upgrade_without_a_body_is_the_next_request(server: Any)
     assert json.loads(answers[1][1])["status"] == "ready"
 
 
+@pytest.mark.parametrize(
+    "te",
+    [b"Transfer-Encoding: gzip, chunked", b"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked"],
+    ids=["one-header", "two-headers"],
+)
+def test_a_transfer_coding_but_chunked_is_a_501_and_runs_nothing(server: Any, te: bytes) -> None:
+    # a gzip body would reach the routes as it came (the parser decodes chunked only)
+    fill(server)
+    before = size(server)
+    head = b"POST " + CLEAR.encode() + b" HTTP/1.1\r\n" + HOST + te + b"\r\n\r\n"
+    answers = exchange(server, head + b"0\r\n\r\n")
+    assert [status for status, _ in answers] == [501], answers
+    body = json.loads(answers[0][1])
+    assert body["field"] == "Transfer-Encoding" and "decodes 'chunked' only" in body["detail"]
+    assert body["got"] == "gzip, chunked"
+    time.sleep(0.3)  # a clear that ran anyway would have ended by now
+    assert size(server) == before
+    # chunked alone, in any case, is served
+    ok = b"GET /readyz HTTP/1.1\r\n" + HOST + b"Transfer-Encoding: Chunked\r\n\r\n0\r\n\r\n"
+    assert [status for status, _ in exchange(server, ok)] == [200]
+
+
 def test_two_host_headers_are_a_400(server: Any) -> None:
     fill(server)
     before = size(server)
