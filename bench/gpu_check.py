@@ -256,7 +256,11 @@ def start_server(root: Path) -> tuple[subprocess.Popen, str]:
            str(root), "--seed", str(SEED), "--log-level", "warning"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
-    wait_up(f"{url}/healthz", proc, "tdreplay server")
+    try:
+        wait_up(f"{url}/healthz", proc, "tdreplay server")
+    except BaseException:  # ended before the caller's cleanup removes its root: none left behind
+        stop([proc])
+        raise
     return proc, url
 
 
