@@ -23,7 +23,10 @@ same steps into the writer's buffer (``ChunkBuffer``, what ``append`` does
 per step: read the leaves, check them against the first step's, copy them
 into the chunk's rows) and takes the chunk, sending nothing. Its rate over
 the extend's is the most the writer / extend ratio can reach with sends
-that cost the client nothing.
+that cost the client nothing. ``{t} waiting`` is the same writer made with
+``background=False``: each chunk's answer waited for in the append that
+sent it; the default's gain over it is what sending without waiting buys
+(a sender thread over shm, a posted request over HTTP).
 
 One server (``python -m tdreplay.service serve``, one torch thread, memmap)
 holding the shipped cartpole (11 fields, ~70 B) and atari (84x84x4 frame
@@ -81,11 +84,16 @@ def make_cases(cfg: dict[str, Any]) -> dict[str, Case]:
             steps = [batch[i].clone() for i in range(CHUNK)]  # each step its own tensors
             writer = client.writer(t, chunk=CHUNK)  # defaults: max_delay 1 s, as users run it
 
+            waiting = client.writer(t, chunk=CHUNK, background=False)  # each answer waited for
+
             def append(w: Any = writer, steps: list[Any] = steps) -> None:
                 for step in steps:
                     w.append(step)
 
             cases[f"{tr}: {t} writer"] = Case(append, CHUNK, finish=writer.flush)
+            cases[f"{tr}: {t} waiting"] = Case(
+                lambda w=waiting: append(w), CHUNK, finish=waiting.flush
+            )
             cases[f"{tr}: {t} extend b{CHUNK}"] = Case(
                 lambda c=client, t=t, b=batch: c.extend(t, b), CHUNK
             )
@@ -96,7 +104,9 @@ def make_cases(cfg: dict[str, Any]) -> dict[str, Case]:
 def groups(transports: list[str]) -> list[list[str]]:
     """Each table's writer and its batched extend back to back, per transport."""
     return [
-        [f"{tr}: {t} writer", f"{tr}: {t} extend b{CHUNK}"] for t in TABLES for tr in transports
+        [f"{tr}: {t} writer", f"{tr}: {t} waiting", f"{tr}: {t} extend b{CHUNK}"]
+        for t in TABLES
+        for tr in transports
     ] + [[f"{t} buffer only"] for t in TABLES]
 
 
@@ -114,6 +124,18 @@ def entries(runs: dict[str, list[dict[str, float]]], transports: list[str]) -> l
                     f"extend b{CHUNK}, pre-batched ({tr})",
                     median_of(base),
                     ratio=paired_ratio(ours, base),
+                )
+            )
+            waiting = runs[f"{tr}: {t} waiting"]
+            figures.append(
+                entry(
+                    "writer",
+                    f"{t} writer(chunk={CHUNK}, background=False), each answer waited for ({tr})",
+                    median_of(waiting),
+                    "items/s",
+                    f"extend b{CHUNK}, pre-batched ({tr})",
+                    median_of(base),
+                    ratio=paired_ratio(waiting, base),
                 )
             )
             us = statistics.median(r["cpu"] / (r["items_per_s"] * r["wall"]) * 1e6 for r in ours)

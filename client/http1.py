@@ -165,11 +165,19 @@ class Connection:
             Status, headers, body (in ``req.alloc``'s buffer for a 2xx with a
             length) and whether the connection may be used again.
         """
+        self.send(head, req, timeout)
+        return self.answer(req)
+
+    def send(self, head: bytes, req: Request, timeout: float) -> None:
+        """Send ``head`` and ``req.body`` (each read of the answer may take ``timeout``)."""
         self.sock.settimeout(timeout)
         try:
             self._send(head, req)
         except (BrokenPipeError, ConnectionResetError) as err:  # closed while idle
             raise ResetBeforeAnswer(str(err)) from None
+
+    def answer(self, req: Request) -> tuple[int, dict[str, str], memoryview, bool]:
+        """Read the answer to ``req``, sent by :meth:`send` (see :meth:`roundtrip`)."""
         self._n = 0
         answer = self._head()
         if not has_body(answer, req.method):

@@ -198,11 +198,17 @@ class Plans(PersistencePlans):
     def extend(
         self, table: str, data: Any, wait: float | None = None, request_id: str | None = None
     ) -> Plan[torch.Tensor]:
+        return (yield from self._write(self.extend_command(table, data, wait, request_id)))
+
+    def extend_command(
+        self, table: str, data: Any, wait: float | None = None, request_id: str | None = None
+    ) -> C.Extend:
+        """The command of an extend (what :meth:`extend` sends, and a writer posts)."""
         if request_id:  # the caller's own: the contract's rule, before either door
             params.parse(params.ExtendParams, {protocol.REQUEST_ID: request_id})
         command = C.Extend(table, data, wait=self._wait(wait))
         command.request_id = request_id or command.request_id
-        return (yield from self._write(command))
+        return command
 
     def insert(
         self,

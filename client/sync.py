@@ -14,7 +14,7 @@ settings, so a copy in a DataLoader worker or a subprocess opens its own connect
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -178,6 +178,25 @@ class ReplayClient(Persistence, ClientBase):
             return self._run(self._plans.insert(dict(table), data, timeout, request_id))
         return self._run(self._plans.extend(table, data, timeout, request_id))
 
+    def post_extend(
+        self, table: str, data: Any, *, timeout: float | None = None, request_id: str | None = None
+    ) -> Callable[[], torch.Tensor] | None:
+        """Send an extend of ``data`` over HTTP and return before the server answers: the
+        function returned reads the answer (the slots, as :meth:`extend` returns them) or
+        raises its error. Meanwhile the caller works (a writer fills its next chunk) and
+        ``data`` must stay unchanged: a connection lost before the answer raises
+        ``ConnectionFailed(sent=True)``, and the caller sends ``data`` again with
+        :meth:`extend` under the same ``request_id`` (its retries; stored once).
+
+        Returns:
+            ``None`` where this client cannot: several servers, or the same-host transport.
+        """
+        if len(self.urls) != 1 or self._driver.link(0) is not None:
+            return None
+        command = self._plans.extend_command(table, data, timeout, request_id)
+        posted = self._driver.transports[0].post(command.request())
+        return lambda: command.parse(posted.answer())
+
     def sample(
         self,
         table: str,
@@ -293,8 +312,8 @@ class ReplayClient(Persistence, ClientBase):
         max_pending: int = 8,
     ) -> Writer:
         """A buffer for collectors: append steps, chunks are sent when full, late, or closed
-        (:class:`~tdreplay.client.writer.Writer`: the trajectory rule; ``background``, full
-        chunks sent by a sender thread; ``max_pending``, what a failed send may leave)."""
+        (:class:`~tdreplay.client.writer.Writer`: the trajectory rule; ``background``, how a full
+        chunk goes without waiting; ``max_pending``, what a failed send may leave)."""
         return Writer(
             self,
             table,

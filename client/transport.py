@@ -202,42 +202,70 @@ class Transport:
         )
 
     def _roundtrip(self, conn: http1.Connection, req: Request, *, retry: bool) -> Response:
-        url, what = self.endpoint.url, f"{req.method} {req.target}"
         limit = bounded(self.timeout + req.wait)
         try:
             status, headers, body, keep = conn.roundtrip(self.head(req), req, limit)
-        except TimeoutError:
-            conn.close()
-            raise errors.Timeout(
-                f"{what}: no answer from {url} within {limit:g}s", url=url
-            ) from None
-        except http1.SinkFailed as err:
-            conn.close()
-            raise err.err from None
-        except http1.ResetBeforeAnswer as err:
-            conn.close()
-            lost = errors.ConnectionFailed(
-                f"{what}: connection to {url} lost: {err}", url=url, sent=True
-            )
-            if retry:
-                raise _Stale(lost) from None
-            raise lost from None
-        except OSError as err:
-            conn.close()
-            raise errors.ConnectionFailed(
-                f"{what}: connection to {url} lost: {err!r}", url=url, sent=True
-            ) from None
-        except ValueError as err:
-            conn.close()
-            raise errors.ProtocolError(f"{what}: bad answer from {url}: {err}", url=url) from None
-        except BaseException:
-            conn.close()
-            raise
+        except BaseException as err:
+            raise self._failure(conn, req, err, limit, retry=retry) from None
+        return self._answered(conn, status, headers, body, keep)
+
+    def post(self, req: Request) -> Posted:
+        """Send ``req`` and return before its answer, which :meth:`Posted.answer` reads:
+        the caller works meanwhile (a writer fills its next chunk while the server stores
+        this one). The connection is held until then. Only for an idempotent request: one
+        whose connection drops before the answer raises ``ConnectionFailed(sent=True)``,
+        and it is the caller's to send it again (through a plan, with its retries).
+
+        Raises:
+            ConnectionFailed, Timeout: as :meth:`execute`, here or from ``answer()``.
+        """
+        conn, reused = self._take()
+        if reused and conn.dropped():
+            conn.close()  # closed while idle: a fresh one, before the request goes out
+            conn = self._new()
+        limit = bounded(self.timeout + req.wait)
+        try:
+            conn.send(self.head(req), req, limit)
+        except BaseException as err:
+            raise self._failure(conn, req, err, limit, retry=False) from None
+        return Posted(self, conn, req, limit)
+
+    def _answered(
+        self,
+        conn: http1.Connection,
+        status: int,
+        headers: dict[str, str],
+        body: memoryview,
+        keep: bool,
+    ) -> Response:
         if keep:
             self._give(conn)
         else:
             conn.close()
         return Response(status, headers, body)
+
+    def _failure(
+        self, conn: http1.Connection, req: Request, err: BaseException, limit: float, *, retry: bool
+    ) -> BaseException:
+        """What to raise for ``err``, which ended an exchange of ``req`` on ``conn`` (closed)."""
+        conn.close()
+        url, what = self.endpoint.url, f"{req.method} {req.target}"
+        if isinstance(err, TimeoutError):
+            return errors.Timeout(f"{what}: no answer from {url} within {limit:g}s", url=url)
+        if isinstance(err, http1.SinkFailed):
+            return err.err
+        if isinstance(err, http1.ResetBeforeAnswer):
+            lost = errors.ConnectionFailed(
+                f"{what}: connection to {url} lost: {err}", url=url, sent=True
+            )
+            return _Stale(lost) if retry else lost
+        if isinstance(err, OSError):
+            return errors.ConnectionFailed(
+                f"{what}: connection to {url} lost: {err!r}", url=url, sent=True
+            )
+        if isinstance(err, ValueError):
+            return errors.ProtocolError(f"{what}: bad answer from {url}: {err}", url=url)
+        return err
 
     @contextmanager
     def open_stream(self, req: Request) -> Iterator[Iterator[bytes]]:
@@ -271,6 +299,26 @@ class Transport:
             ) from None
         finally:
             conn.close()
+
+
+class Posted:
+    """A request :meth:`Transport.post` sent, whose answer is not read yet."""
+
+    def __init__(self, transport: Transport, conn: http1.Connection, req: Request, limit: float):
+        self._transport, self._conn, self._req, self._limit = transport, conn, req, limit
+
+    def answer(self) -> Response:
+        """Read the answer (once); the connection goes back to the pool.
+
+        Raises:
+            ConnectionFailed, Timeout, ProtocolError: as :meth:`Transport.execute`.
+        """
+        t, conn = self._transport, self._conn
+        try:
+            status, headers, body, keep = conn.answer(self._req)
+        except BaseException as err:
+            raise t._failure(conn, self._req, err, self._limit, retry=False) from None
+        return t._answered(conn, status, headers, body, keep)
 
 
 class _Stale(Exception):

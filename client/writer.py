@@ -9,25 +9,18 @@ buffered step is ``max_delay`` seconds old (the time limit, :mod:`.time_limit`, 
 timer thread), and when the writer closes. Leaving a ``with`` block normally sends what
 is left; leaving it on an exception discards the buffer (nothing half-written is sent).
 
-**Sending in the background.** As Reverb's writers can, :class:`Writer` may send a full
-chunk from a sender thread while the collector appends the next steps into a second set
-of columns: ``append`` then does not wait for the server unless the chunk before is
-still in flight (at most one is, so the memory held stays at two chunks and chunks
-arrive in order). Either way ``flush()`` and ``close()`` return once every step appended
-so far is acknowledged by the server; an error of a background send is raised by the
-next ``append``, ``flush``, ``close`` or ``wait_sent``.
-
-**When a send fails**, what it did not send is sent again first by the next send, under
-its request ids, but a chunk refused for good; past ``max_pending`` chunks kept, ``append``
-sends them first or raises (rules in :mod:`.writer_base`). A failed time limit's send leaves
-the unfinished episode buffered as it was.
-
-By default (``background=None``) a writer sends in the background over the same-host shm
-transport and from the appending thread over HTTP. Measured on a 2-core host with the
-server on it (256-step chunks, steps/s): over shm the overlap paid (atari 27k -> 41k,
-cartpole 53k -> 56k); over HTTP the sender and the appending thread traded the GIL while
-the server wanted the same cores (atari 17.6k -> 17.2k, cartpole 47k -> 39k). Over a
-network (round trips of a millisecond or more) ``background=True`` is likely better.
+**Sending without waiting.** As Reverb's writers can, :class:`Writer` sends a full chunk
+while the collector appends the next steps into a second set of columns: over the
+same-host shm transport from a sender thread; over HTTP to one server from the append
+that fills it, which returns at once, the next send (``flush``, ``close``, ``wait_sent``)
+reading its answer (no thread trades the GIL with the collector). One chunk at most is in
+flight (two chunks held, sent in order); ``flush()`` and ``close()`` return once every step
+is acknowledged; its error is raised by the next call; a posted chunk whose answer was
+lost goes again through the client's retries, under its request id (stored once).
+``background=True`` always uses the thread, ``False`` (and a sharded HTTP client, whose
+chunk's server is chosen as it goes) waits for each answer. Measured on 2 cores with the
+server on them (cartpole over HTTP, 256-step chunks, steps/s): posted 143k, waiting 108k;
+a thread over HTTP lost to waiting (47k -> 39k, trading the GIL), over shm it won.
 
 **The trajectory rule** (on a ``slice`` table a chunk ends at an episode boundary) is
 :mod:`.chunking`'s.
@@ -36,16 +29,19 @@ network (round trips of a millisecond or more) ``background=True`` is likely bet
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from functools import partial
 from typing import Any, Protocol
 
 from ..codec.params import bounded
 from .chunking import ChunkBuffer, episode_keys
 from .columns import Lent
-from .errors import ReplayError
+from .errors import ConnectionFailed, TransportError
 from .shm import background_thread
 from .time_limit import timer_thread, wake
-from .writer_base import Outbox, WriterBase, final_chunks
+from .writer_base import Outbox, WriterBase, final_chunks, send_mode
 
 
 # What the writers need of their client, so that this module imports neither
@@ -58,6 +54,10 @@ class ExtendClient(Protocol):
     def extend(
         self, table: str, data: Any, *, timeout: float | None = None, request_id: str | None = None
     ) -> Any: ...
+
+    def post_extend(
+        self, table: str, data: Any, *, timeout: float | None = None, request_id: str | None = None
+    ) -> Callable[[], Any] | None: ...
 
 
 class Writer(WriterBase):
@@ -75,9 +75,9 @@ class Writer(WriterBase):
         episode_key: per-step trajectory id key (overrides the table's).
         end_key: per-step end flag key (overrides the table's).
         timeout: seconds each extend may wait on the rate limiter.
-        background: send full chunks from a sender thread (at most one in
-            flight) instead of from the ``append`` that fills them; ``None``:
-            only over the same-host shm transport (see the module doc).
+        background: send full chunks from a sender thread (``True``), or from the
+            ``append`` that fills them, waiting for the answer (``False``); ``None``:
+            a thread over shm, posted over HTTP to one server (the module doc).
         max_pending: most chunks' worth of rows held unacknowledged (:mod:`.writer_base`).
 
     Raises:
@@ -120,7 +120,9 @@ class Writer(WriterBase):
         self._sent = threading.Condition()
         self._timer: threading.Thread | None = None
         self._sender: ThreadPoolExecutor | None = None
-        self._in_flight: Future[None] | None = None  # the chunks the sender has
+        #: waits for the chunk in flight (the sender thread's, or posted): keeps its error
+        self._in_flight: Callable[[], object] | None = None
+        self._mode = ""  # how full chunks go: "thread", "post" or "inline" (made by _buf)
         self._lent: Lent | None = None  # the columns they view
 
     def _buf(self) -> ChunkBuffer:
@@ -133,8 +135,8 @@ class Writer(WriterBase):
                 return self._buffer
             ep, end, cap = episode_keys(info, *self._keys)
             buf = self._buffer = ChunkBuffer(self.chunk, episode_key=ep, end_key=end, max_rows=cap)
-            if self.background is None:
-                self.background = _same_host(self.client)
+            self._mode = send_mode(self.client, self.background)
+            self.background = self._mode == "thread"
             if self.max_delay is not None:
                 self._timer = timer_thread(self, self._cond)
         return buf
@@ -147,11 +149,13 @@ class Writer(WriterBase):
                 wake(self._cond)  # the time limit may send again
                 raise err
 
-    def _send(self, items: Outbox) -> None:
-        """Send ``items`` in order; those not acknowledged stay (:meth:`_failed`)."""
+    def _send(self, items: Outbox, read: Callable[[], object] | None = None) -> None:
+        """Send ``items`` in order (the first posted already, when ``read`` reads its answer);
+        those not acknowledged stay (:meth:`_failed`)."""
         for i, (td, request_id) in enumerate(items):
             try:
-                self.client.extend(self.table, td, timeout=self.timeout, request_id=request_id)
+                if i or read is None or not _answered(read):
+                    self.client.extend(self.table, td, timeout=self.timeout, request_id=request_id)
             except BaseException as err:
                 self._failed(items[i:], err)
                 raise
@@ -160,29 +164,46 @@ class Writer(WriterBase):
                 self.sent_chunks += 1
                 self._sent.notify_all()
 
-    def _send_in_background(self, items: Outbox) -> None:
-        """The sender thread's job: its error is kept for the next call to raise."""
+    def _send_in_background(self, items: Outbox, read: Callable[[], object] | None = None) -> None:
+        """The sender thread's job, or a posted chunk's (:meth:`_post`): its error is kept
+        for the next call to raise."""
         try:
-            self._send(items)
+            self._send(items, read)
         except BaseException as err:
             with self._sent:
                 self._keep(err)
                 self._sent.notify_all()
 
+    def _post(self, items: Outbox) -> Callable[[], object] | None:
+        """Send one chunk and return before its answer (``_mode == "post"``): the job that
+        reads it. Several (kept ones first), or one whose post failed, go as :meth:`_send`
+        sends them (a failed post through the plan: its retries, under the same request id)."""
+        read = None
+        if len(items) == 1:
+            td, request_id = items[0]
+            with suppress(TransportError):
+                read = self.client.post_extend(
+                    self.table, td, timeout=self.timeout, request_id=request_id
+                )
+        if read is None:
+            self._send(items)
+            return None
+        return partial(self._send_in_background, items, read)
+
     def _wait_in_flight(self) -> None:
-        """Wait for the chunks the sender has, and take their columns back (``_send_lock`` held)."""
-        if self._in_flight is None:
-            return
-        self._in_flight.result()  # the job keeps its error: this only waits
-        self._in_flight = None
-        assert self._buffer is not None
-        with self._cond:
-            self._buffer.reclaim(self._lent)
-        self._lent = None
+        """Wait for the chunk in flight, and take its columns back (``_send_lock`` held)."""
+        if self._in_flight is not None:
+            in_flight, self._in_flight = self._in_flight, None
+            in_flight()  # the sender's job or the answer's reader keeps its error: this waits
+        if self._lent is not None:
+            assert self._buffer is not None
+            with self._cond:
+                self._buffer.reclaim(self._lent)
+            self._lent = None
 
     def _send_due(self, buf: ChunkBuffer) -> None:
         """Send the full chunks (``_send_lock`` held), unless an error waits to be raised."""
-        if not self.background:
+        if self._mode == "inline":
             if self._errors:
                 return
             with self._cond:
@@ -195,12 +216,16 @@ class Writer(WriterBase):
         with self._cond:
             chunks, self._lent = buf.take_lent()
         items = self._outbox(chunks)
-        if items:
-            if self._sender is None:
-                self._sender = ThreadPoolExecutor(
-                    1, thread_name_prefix="tdreplay-writer-send", initializer=background_thread
-                )
-            self._in_flight = self._sender.submit(self._send_in_background, items)
+        if not items:
+            return
+        if self._mode == "post":
+            self._in_flight = self._post(items)
+            return
+        if self._sender is None:
+            self._sender = ThreadPoolExecutor(
+                1, thread_name_prefix="tdreplay-writer-send", initializer=background_thread
+            )
+        self._in_flight = self._sender.submit(self._send_in_background, items).result
 
     def _send_kept(self) -> None:
         """A full writer's send of what is kept (``_send_lock`` held; :mod:`.writer_base`)."""
@@ -231,6 +256,9 @@ class Writer(WriterBase):
         Raises:
             The error of a chunk sent in the background, if one failed meanwhile.
         """
+        if self._in_flight is not None and self._mode == "post":
+            with self._send_lock:  # a posted chunk's answer is read by a send, or here
+                self._wait_in_flight()
         with self._sent:
             done = self._sent.wait_for(
                 lambda: self.sent_rows >= rows or bool(self._errors),
@@ -357,9 +385,11 @@ class Writer(WriterBase):
         self.close(discard=exc_type is not None)
 
 
-def _same_host(client: Any) -> bool:
-    """Whether ``client`` reaches its server over the same-host shm transport."""
+def _answered(read: Callable[[], object]) -> bool:
+    """Read a posted chunk's answer: whether it came (a lost one is sent again through the
+    plan, with its retries; the server stores it once, by its request id)."""
     try:
-        return getattr(client, "transport", "http") == "shm"
-    except ReplayError:  # shm asked for and unavailable: the sends will say so
+        read()
+    except ConnectionFailed:
         return False
+    return True

@@ -49,7 +49,7 @@ from tensordict import TensorDictBase
 
 from ..codec.params import seconds
 from .chunking import ChunkBuffer, check_chunk, check_max_delay
-from .errors import ServerError, TransportError, may_have_arrived, refused_for_good
+from .errors import ReplayError, ServerError, TransportError, may_have_arrived, refused_for_good
 
 #: chunks to send, in order, each with its request id
 Outbox = list[tuple[TensorDictBase, str]]
@@ -205,3 +205,18 @@ def final_chunks(buf: ChunkBuffer) -> list[TensorDictBase]:
         buf.clear()
         return chunks
     return buf.take(final=True, borrow=True)
+
+
+def send_mode(client: Any, background: bool | None) -> str:
+    """How a blocking writer of ``client`` sends its full chunks (:mod:`.writer`): ``"thread"``
+    (a sender thread), ``"post"`` (from the appending thread, the answer read by the next
+    send) or ``"inline"`` (from the appending thread, waiting for the answer)."""
+    if background is not None:
+        return "thread" if background else "inline"
+    try:
+        same_host = getattr(client, "transport", "http") == "shm"
+    except ReplayError:  # shm asked for and unavailable: the sends will say so
+        same_host = False
+    if same_host:
+        return "thread"
+    return "post" if len(getattr(client, "urls", ())) == 1 else "inline"

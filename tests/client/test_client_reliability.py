@@ -197,6 +197,27 @@ def test_extend_retried_after_a_lost_answer_inserts_once(server: Any, proxy: Pro
     assert sorted(direct.sample(name, 256)["x"].unique().tolist()) == [0, 1, 2, 100, 101, 102, 103]
 
 
+def test_a_posted_writer_chunk_whose_answer_is_lost_is_stored_once(
+    server: Any, proxy: Proxy
+) -> None:
+    """The writer posts a chunk (HTTP, one server); its answer is lost: the chunk goes again
+    through the plan, under its request id, and the server stores it once."""
+    direct = ReplayClient(server.url)
+    name = new_table(direct)
+    policy = CountingPolicy(attempts=4, backoff=0.01)
+    client = ReplayClient(f"http://127.0.0.1:{proxy.port}", retry=policy, transport="http")
+    with client.writer(name, chunk=4, max_delay=None) as w:
+        w.append(rows(0, 2))  # the writer asks the table's info first
+        proxy.drop.set()
+        w.append(rows(2, 2))  # the chunk, posted; the proxy drops its answer
+        w.append(rows(4, 2))
+        w.flush()  # reads the lost answer: sent again
+        assert proxy.dropped.is_set() and w._mode == "post"
+        assert w.sent_rows == 6 and w.kept_rows == 0
+    assert direct.info(name)["size"] == 6  # the posted chunk went in once
+    assert sorted(direct.read(name, torch.arange(6))["x"].tolist()) == list(range(6))
+
+
 def test_async_retry_after_a_lost_answer(server: Any, proxy: Proxy) -> None:
     import asyncio
 

@@ -64,14 +64,13 @@ def test_time_limit_sends(client: ReplayClient) -> None:
     w.close()
 
 
-@pytest.mark.parametrize("background", [False, True])
 def test_the_time_limit_sends_the_steps_after_a_full_chunk(
-    client: ReplayClient, background: bool
+    client: ReplayClient, make_writer: Any
 ) -> None:
     """Once a full chunk has left, the next step gives the sleeping timer a deadline again
     (the one append of a chunk that takes the timer's lock)."""
     name = table(client)
-    w = Writer(client, name, chunk=4, max_delay=0.05, background=background)
+    w = make_writer(client, name, chunk=4, max_delay=0.05)
     for i in range(6):
         w.append(step(i))
     assert w.wait_sent(6, timeout=10)  # 4 as a full chunk, 2 by the timer
@@ -98,10 +97,9 @@ def slice_table(client: ReplayClient, **sampler: Any) -> str:
     )
 
 
-@pytest.mark.parametrize("background", [False, True])
 @pytest.mark.parametrize("by", ["end_key", "traj_key"])
 def test_trajectory_rule_with_interleaved_collectors(
-    client: ReplayClient, by: str, background: bool
+    client: ReplayClient, by: str, make_writer: Any
 ) -> None:
     """Two collectors write episodes at once; every sampled slice stays in one episode."""
     name = slice_table(client, **({"traj_key": "episode"} if by == "traj_key" else {}))
@@ -109,7 +107,7 @@ def test_trajectory_rule_with_interleaved_collectors(
 
     def collect(worker: int) -> None:
         key = {"episode_key": "episode"} if by == "traj_key" else {}
-        with Writer(client, name, chunk=4, max_delay=None, background=background, **key) as w:
+        with make_writer(client, name, chunk=4, max_delay=None, **key) as w:
             for e in range(6):
                 episode = worker * 100 + e
                 length = 5 + (e % 3)
@@ -162,14 +160,13 @@ def test_a_dropped_writer_stops_its_timer(client: ReplayClient) -> None:
     assert not timer.is_alive()
 
 
-@pytest.mark.parametrize("background", [False, True])
 def test_steps_are_copied_into_columns_allocated_once(
-    client: ReplayClient, background: bool
+    client: ReplayClient, make_writer: Any
 ) -> None:
     """A collector may reuse one step object, writing each new step into it in place."""
     name = table(client)
     step0 = step(0, done=True)
-    with Writer(client, name, chunk=4, max_delay=None, background=background) as w:
+    with make_writer(client, name, chunk=4, max_delay=None) as w:
         w.append(step0)
         buf = w._buffer
         assert buf is not None
@@ -181,7 +178,7 @@ def test_steps_are_copied_into_columns_allocated_once(
             columns.add(tuple(t.data_ptr() for t in buf._rows._cols))
         # no allocation per chunk (in the background: the columns being filled and
         # those being sent take turns)
-        assert len(columns) == (2 if background else 1)
+        assert len(columns) == (1 if make_writer.send == "inline" else 2)
     batch = client.sample(name, 256)
     assert sorted(batch["x"].unique().tolist()) == list(range(13))
     assert torch.equal(batch["next", "done"].squeeze(-1), batch["x"] % 5 == 0)
@@ -216,13 +213,12 @@ def test_a_step_unlike_the_first_is_refused_at_append(client: ReplayClient) -> N
     assert sorted(client.sample(name, 64)["x"].unique().tolist()) == [0, 2]
 
 
-@pytest.mark.parametrize("background", [False, True])
 def test_trajectory_rows_move_to_the_front_between_chunks(
-    client: ReplayClient, background: bool
+    client: ReplayClient, make_writer: Any
 ) -> None:
     """Unfinished episodes stay in the buffer across sends; what is sent is whole and in order."""
     name = slice_table(client)
-    with Writer(client, name, chunk=4, max_delay=None, background=background) as w:
+    with make_writer(client, name, chunk=4, max_delay=None) as w:
         x = 0
         for e, length in enumerate([3, 6, 2, 7, 5, 4, 9]):
             for t in range(length):
@@ -241,9 +237,10 @@ def in_slot_order(client: ReplayClient, name: str) -> list[int]:
     return batch["x"][order].unique_consecutive().tolist()
 
 
-def test_background_sends_keep_the_order(client: ReplayClient) -> None:
+@pytest.mark.parametrize("make_writer", ["thread", "post"], indirect=True)
+def test_background_sends_keep_the_order(client: ReplayClient, make_writer: Any) -> None:
     name = table(client)
-    with Writer(client, name, chunk=4, max_delay=None, background=True) as w:
+    with make_writer(client, name, chunk=4, max_delay=None) as w:
         for i in range(50):
             w.append(step(i))
         w.append(torch.stack([step(i) for i in range(50, 61)]))  # several chunks at once
@@ -251,11 +248,12 @@ def test_background_sends_keep_the_order(client: ReplayClient) -> None:
     assert in_slot_order(client, name) == list(range(61))  # row i went to slot i
 
 
+@pytest.mark.parametrize("make_writer", ["thread", "post"], indirect=True)
 def test_flush_returns_once_the_chunk_in_flight_and_the_rest_are_acknowledged(
-    client: ReplayClient,
+    client: ReplayClient, make_writer: Any
 ) -> None:
     name = table(client)
-    w = Writer(client, name, chunk=4, max_delay=None, background=True)
+    w = make_writer(client, name, chunk=4, max_delay=None)
     for i in range(6):
         w.append(step(i))  # 0..3 go to the sender, 4..5 wait
     w.flush()
@@ -270,9 +268,12 @@ def bad_step(x: int) -> TensorDict:
     return step(x).set("extra", torch.zeros(2))  # the writer takes it; the table does not
 
 
-def test_an_error_of_a_background_send_is_raised_by_the_next_append(client: ReplayClient) -> None:
+@pytest.mark.parametrize("make_writer", ["thread", "post"], indirect=True)
+def test_an_error_of_a_background_send_is_raised_by_the_next_append(
+    client: ReplayClient, make_writer: Any
+) -> None:
     name = table(client)
-    w = Writer(client, name, chunk=2, max_delay=None, background=True)
+    w = make_writer(client, name, chunk=2, max_delay=None)
     for i in range(2):
         w.append(bad_step(i))  # chunk 1 goes to the sender
     for i in range(2, 4):
@@ -285,12 +286,13 @@ def test_an_error_of_a_background_send_is_raised_by_the_next_append(client: Repl
     assert client.info(name)["size"] == 0
 
 
+@pytest.mark.parametrize("make_writer", ["thread", "post"], indirect=True)
 @pytest.mark.parametrize("end", ["flush", "close", "wait_sent"])
 def test_an_error_of_a_background_send_is_raised_by_flush_close_and_wait_sent(
-    client: ReplayClient, end: str
+    client: ReplayClient, make_writer: Any, end: str
 ) -> None:
     name = table(client)
-    w = Writer(client, name, chunk=2, max_delay=None, background=True)
+    w = make_writer(client, name, chunk=2, max_delay=None)
     # one chunk, handed to the sender by the last append (a further append could meet
     # its error first, on a busy machine)
     for i in range(2):
@@ -303,11 +305,14 @@ def test_an_error_of_a_background_send_is_raised_by_flush_close_and_wait_sent(
     w.close(discard=True)
 
 
-def test_leaving_with_on_an_exception_discards_what_is_unsent(client: ReplayClient) -> None:
+@pytest.mark.parametrize("make_writer", ["thread", "post"], indirect=True)
+def test_leaving_with_on_an_exception_discards_what_is_unsent(
+    client: ReplayClient, make_writer: Any
+) -> None:
     name = table(client)
     with (
         pytest.raises(RuntimeError, match="collector crashed"),
-        Writer(client, name, chunk=4, max_delay=None, background=True) as w,
+        make_writer(client, name, chunk=4, max_delay=None) as w,
     ):
         for i in range(6):
             w.append(step(i))  # 0..3 were handed to the sender: they are sent
@@ -317,9 +322,14 @@ def test_leaving_with_on_an_exception_discards_what_is_unsent(client: ReplayClie
         w.append(step(0))
 
 
-def test_the_default_sends_in_the_background_over_shm_only(
+def test_the_default_sends_in_the_background_over_shm_and_posts_over_http(
     server: Any, client: ReplayClient
 ) -> None:
+    """Over HTTP the append that fills a chunk sends it and returns without its answer,
+    which the next send (or ``flush``, ``close``, ``wait_sent``) reads; over shm a sender
+    thread sends it."""
+    import time
+
     name = table(client)
     with (
         ReplayClient(server.url, transport="http") as http,
@@ -327,11 +337,42 @@ def test_the_default_sends_in_the_background_over_shm_only(
     ):
         w.append(step(0))
         w.append(step(1))
-        assert client.info(name)["size"] == 2  # acknowledged by the append that filled it
-    assert w.background is False
+        deadline = time.monotonic() + 30
+        while client.info(name)["size"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # stored with no further call of the writer's
+        assert client.info(name)["size"] == 2
+        assert w.sent_rows == 0  # its answer is not read yet
+        w.flush()
+        assert w.sent_rows == 2 and w.sent_chunks == 1
+    assert w.background is False and w._mode == "post"
     with client.writer(name, chunk=2, max_delay=None) as w:
         w.append(step(2))
     assert w.background is (client.transport == "shm")
+    with ReplayClient([server.url, server.url], transport="http") as sharded:
+        with sharded.writer(name, chunk=2, max_delay=None) as w:
+            w.append(step(3))
+        assert w._mode == "inline"  # each chunk's server is chosen when it goes
+
+
+def test_a_posted_chunk_held_by_the_rate_limiter_does_not_hold_the_collector(
+    server: Any, client: ReplayClient
+) -> None:
+    """The server holds a posted chunk (the rate limiter waits for samples): the appends
+    go on meanwhile (they waited up to the timeout before), and the chunk is acknowledged
+    once a sample lets it in."""
+    limited = {"min_size_to_sample": 1, "samples_per_insert": 1.0, "error_buffer": 2.0}
+    name = table(client, rate_limiter=limited)  # 2 rows go in, then inserts wait for samples
+    with ReplayClient(server.url, transport="http") as http:
+        w = http.writer(name, chunk=2, max_delay=None, timeout=60)
+        for i in range(5):  # chunk 1 goes in; chunk 2 is held by the rate limiter; 4 is buffered
+            w.append(step(i))
+        while client.info(name)["waiting"]["insert"] < 1:  # chunk 2 is held now
+            threading.Event().wait(0.01)
+        assert w.sent_rows == 2 and client.info(name)["size"] == 2
+        for _ in range(2):
+            client.sample(name, 1)  # room for chunk 2
+        w.close()
+    assert w.sent_rows == 5 and client.read(name, torch.arange(5))["x"].tolist() == list(range(5))
 
 
 def test_a_dropped_background_writer_stops_its_sender(client: ReplayClient) -> None:
@@ -383,14 +424,13 @@ def test_first_appends_from_two_threads_both_arrive(client: ReplayClient) -> Non
     assert sorted(client.read(name, torch.arange(2))["x"].tolist()) == [0, 1]
 
 
-@pytest.mark.parametrize("background", [False, True])
 def test_an_append_that_meets_close_is_sent_or_refused(
-    client: ReplayClient, background: bool
+    client: ReplayClient, make_writer: Any
 ) -> None:
     """An append that passed its closed check when another thread closed the writer
     either is sent by that close or raises; it never returns with its step kept nowhere."""
     name = table(client)
-    w = Writer(client, name, chunk=2, max_delay=None, background=background)
+    w = make_writer(client, name, chunk=2, max_delay=None)
     w.append(step(0))
     lock = w._send_lock
 
@@ -412,9 +452,8 @@ def test_an_append_that_meets_close_is_sent_or_refused(
     assert not [t for t in threading.enumerate() if t.name.startswith("tdreplay-writer-send")]
 
 
-@pytest.mark.parametrize("background", [False, True])
 def test_wait_sent_raises_the_time_limits_failed_send_at_once(
-    client: ReplayClient, background: bool
+    client: ReplayClient, make_writer: Any
 ) -> None:
     """The timer's send fails (the table was deleted): ``wait_sent`` raises its error then,
     not once its own timeout has passed (with none, it waited for ever)."""
@@ -423,7 +462,7 @@ def test_wait_sent_raises_the_time_limits_failed_send_at_once(
     from tdreplay.client import TableNotFound
 
     name = table(client)
-    w = Writer(client, name, chunk=100, max_delay=0.3, background=background)
+    w = make_writer(client, name, chunk=100, max_delay=0.3)
     w.append(step(0))
     client.delete_table(name)  # before the time limit sends the step
     began = time.monotonic()

@@ -110,15 +110,14 @@ def test_an_async_failed_time_limit_send_keeps_the_unfinished_episode(
 
 
 # ------------------------------------------------------------------ several chunks, one send
-@pytest.mark.parametrize("background", [False, True])
 def test_a_send_of_several_chunks_keeps_those_not_acknowledged(
-    client: ReplayClient, background: bool
+    client: ReplayClient, make_writer: Any
 ) -> None:
     """One append brings 3 chunks; the second is refused. It and the third stay, and the
     error says 2 rows were acknowledged and 4 kept (both were lost, silently)."""
     name = unique("wc")
     client.create_table(spec(name, rate_limiter=LIMITED))
-    w = Writer(client, name, chunk=2, max_delay=None, timeout=0, background=background)
+    w = make_writer(client, name, chunk=2, max_delay=None, timeout=0)
     with pytest.raises(RateLimitTimeout) as got:
         w.append(steps(*range(6)))  # from this thread: raised here
         w.flush()  # in the background: raised by the next call

@@ -93,14 +93,13 @@ def test_the_requests_refused_for_good_are_the_ones_no_server_change_lets_pass()
 
 
 # ------------------------------------------------------------------ a chunk refused for good
-@pytest.mark.parametrize("background", [False, True])
-def test_a_chunk_refused_for_good_leaves_the_writer(client: ReplayClient, background: bool) -> None:
+def test_a_chunk_refused_for_good_leaves_the_writer(client: ReplayClient, make_writer: Any) -> None:
     """One append brings 3 chunks; the second holds a value outside the field's categories.
     It is dropped, the error says so and counts it; the third is kept and goes with the next
     send (before, the refused chunk was sent again first by every send, each refused)."""
     name = unique("wp")
     client.create_table(spec(name))
-    w = Writer(client, name, chunk=2, max_delay=None, background=background)
+    w = make_writer(client, name, chunk=2, max_delay=None)
     with pytest.raises(InvalidRequest, match="outside its 100 categories") as got:
         w.append(steps(0, 1, POISON, 2, 3, 4))  # from this thread: raised here
         w.flush()  # in the background: raised by the next call
@@ -161,7 +160,8 @@ def test_a_chunk_over_the_servers_body_limit_leaves_the_writer(live_server: Any)
         return steps(*xs).set("obs", torch.zeros(len(xs), 64))
 
     with pytest.raises(PayloadTooLarge) as got:
-        w.append(rows(*range(32)))  # 8 KiB
+        w.append(rows(*range(32)))  # 8 KiB, posted: its answer is read by the next send
+        w.flush()
     assert "32 row(s) dropped" in notes(got.value) and w.kept_rows == 0
     w.append(rows(7))
     w.close()
