@@ -232,6 +232,12 @@ def add_remote_commands(sub: Any) -> None:
         metavar="PATH",
         help="write it on the server instead, under its data root (exports/...)",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a file at -o FILE (refused by default; the export is written beside "
+        "it and renamed into place at the end either way)",
+    )
     offline = p.add_argument_group("without a server")
     where = offline.add_mutually_exclusive_group()
     where.add_argument(

@@ -22,7 +22,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tdreplay.codec.errors import InvalidRequest
+from tdreplay.codec.errors import InvalidRequest, PathExists
+from tdreplay.codec.exports import keep_existing
 from tdreplay.codec.minari_files import dataset_folder, env_spec_json
 from tdreplay.service.app import VERSION
 
@@ -122,6 +123,37 @@ def minari_flags(args: dict[str, Any]) -> tuple[str, str | None]:
     with flag_values(dataset_id="--dataset-id", env_spec="--env-spec"):
         dataset_folder(".", dataset_id)  # the id's one rule; where it lies is the caller's
         return dataset_id, env_spec_json(args.get("env_spec"))
+
+
+def replacing(args: dict[str, Any]) -> bool:
+    """``--force``: an export's ``-o FILE`` may replace a file there (refused by default)."""
+    return bool(args.get("force"))
+
+
+@contextlib.contextmanager
+def kept(output: Path, args: dict[str, Any]) -> Iterator[None]:
+    """An export into the local file ``output``: without ``--force``, a file there is
+    refused before anything is read or sent, and one that appears meanwhile at the rename
+    (:func:`tdreplay.codec.exports.into_place`), either way left as it was; the refusal
+    is one line naming the file and ``--force`` (exit 1).
+
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile(suffix=".csv") as there, kept(Path(there.name), {}):
+        ...     pass  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        tdreplay.cli.exits.CommandError: ....csv exists; give --force to replace it (nothing was written)
+    """
+    try:
+        if not replacing(args) and not output.is_dir():  # a folder: the export's to refuse
+            keep_existing(output)
+        yield
+    except PathExists as err:
+        if err.answered:  # the server's own path, not this file
+            raise
+        raise CommandError(
+            f"{output} exists; give --force to replace it (nothing was written)"
+        ) from None
 
 
 def describe_file(path: Path, fmt: str) -> str:

@@ -2,8 +2,12 @@
 error (:class:`CommandError`) and the one mapping of failures to both (:func:`run_command`).
 
 Exit status: 0 done; 1 the operation failed (the message says why: the
-server's or the storage's error); 2 bad usage; 3 no server answered at the
-URL; 4 the server refused the token; 130 interrupted.
+server's or the storage's error, or a check made here); 2 bad usage; 3 no server
+answered at the URL; 4 the server refused the token; 130 interrupted.
+
+An operation's error (:func:`failure`) names its class, and its HTTP status only where a
+server answered with it: a file or an argument refused here, before any request, was not
+a server's answer.
 
     >>> def refused() -> None:
     ...     raise CommandError("the server refused the token", Exit.UNAUTHORIZED)
@@ -53,8 +57,8 @@ def run_command(command: str, call: Callable[[], None]) -> None:
             sys.exit(f"tdreplay {command}: {err}")  # printed to stderr, status 1
         print(f"tdreplay {command}: {err}", file=sys.stderr)
         sys.exit(int(err.code))
-    except TDReplayError as err:
-        sys.exit(f"tdreplay {command}: {err}")
+    except TDReplayError as err:  # a server's answer, or the same check made here
+        sys.exit(f"tdreplay {command}: {failure(err)}")
     except BrokenPipeError:  # `tdreplay info t | head`: the reader left; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(int(Exit.OK))
@@ -64,3 +68,18 @@ def run_command(command: str, call: Callable[[], None]) -> None:
     except KeyboardInterrupt:
         print(f"tdreplay {command}: interrupted", file=sys.stderr)
         sys.exit(int(Exit.INTERRUPTED))
+
+
+def failure(err: TDReplayError) -> str:
+    """An operation's error as a command prints it: its message and class, and the HTTP
+    status only when a server answered with it (:attr:`~tdreplay.storage.TDReplayError.answered`),
+    not when the check was made here and no request went out.
+
+        >>> from tdreplay.codec.errors import InvalidRequest, from_body
+        >>> failure(InvalidRequest("no such file 'x.parquet'"))
+        "no such file 'x.parquet' (InvalidRequest)"
+        >>> failure(from_body(400, {"type": "InvalidRequest", "detail": "bad batch_size"}))
+        'bad batch_size (InvalidRequest, HTTP 400)'
+    """
+    answered = f", HTTP {err.status}" if err.answered else ""
+    return f"{err} ({err.type}{answered})"

@@ -31,7 +31,15 @@ from tdreplay.storage import (
     stored_specs,
 )
 
-from .common import describe_counts, describe_file, flag_values, minari_flags, show_progress
+from .common import (
+    describe_counts,
+    describe_file,
+    flag_values,
+    kept,
+    minari_flags,
+    replacing,
+    show_progress,
+)
 from .exits import CommandError, Exit
 
 
@@ -49,14 +57,19 @@ def export(args: dict[str, Any]) -> None:
     with flag_values():
         fmt = export_format(output, args.get("format"))
     progress = show_progress(args)
-    if args.get("checkpoint"):
-        source = Path(args["checkpoint"])
-        name, written = from_checkpoint(source, args.get("table"), output, fmt, progress, limit)
-    else:
-        if not args.get("table"):
-            raise CommandError("which table? tdreplay export TABLE --root DIR", Exit.USAGE)
-        name = args["table"]
-        source, written = from_root(Path(args["root"]), name, output, fmt, progress, limit)
+    if not args.get("checkpoint") and not args.get("table"):
+        raise CommandError("which table? tdreplay export TABLE --root DIR", Exit.USAGE)
+    with kept(output, args):  # a file at -o FILE: refused before anything is opened
+        if args.get("checkpoint"):
+            source = Path(args["checkpoint"])
+            name, written = from_checkpoint(
+                source, args.get("table"), output, fmt, progress, limit, replacing(args)
+            )
+        else:
+            name = args["table"]
+            source, written = from_root(
+                Path(args["root"]), name, output, fmt, progress, limit, replacing(args)
+            )
     shown = describe_file(output, fmt)
     print(f"exported table {name!r} from {source} to {output} ({shown}){describe_counts(written)}")
 
@@ -110,10 +123,16 @@ def max_table_bytes(args: dict[str, Any]) -> int:
 
 
 def from_root(
-    root: Path, table: str, output: Path, fmt: str, progress: bool, limit: int
+    root: Path,
+    table: str,
+    output: Path,
+    fmt: str,
+    progress: bool,
+    limit: int,
+    replace: bool = True,
 ) -> tuple[Path, ExportedPath]:
-    """Export ``table`` of the data root ``root``; returns what it was read from and what
-    the export wrote."""
+    """Export ``table`` of the data root ``root`` (``replace``: a file at ``output`` may
+    be replaced); returns what it was read from and what the export wrote."""
     if not root.is_dir():
         raise CommandError(f"no data root at {str(root)!r}")
     try:
@@ -132,7 +151,7 @@ def from_root(
             check_table_bytes(specs[table], limit)
             opened = Table.open(specs[table], root)
             try:
-                written = opened.export(output, format=fmt, progress=progress)
+                written = opened.export(output, format=fmt, progress=progress, replace=replace)
             finally:
                 opened.close()
             return root / "tables" / table, written
@@ -144,14 +163,22 @@ def from_root(
                 f"no table {table!r} under {str(root)!r}: neither its files "
                 f"(tables: {sorted(specs) or 'none'}) nor a checkpoint checkpoints/{table}"
             ) from None
-        return checkpoint, from_checkpoint(checkpoint, table, output, fmt, progress, limit)[1]
+        got = from_checkpoint(checkpoint, table, output, fmt, progress, limit, replace)
+        return checkpoint, got[1]
 
 
 def from_checkpoint(
-    path: Path, table: str | None, output: Path, fmt: str, progress: bool, limit: int
+    path: Path,
+    table: str | None,
+    output: Path,
+    fmt: str,
+    progress: bool,
+    limit: int,
+    replace: bool = True,
 ) -> tuple[str, ExportedPath]:
     """Export the table the checkpoint at ``path`` holds, no larger than ``limit`` bytes
-    (refused before it is restored); returns its name and what the export wrote."""
+    (refused before it is restored; ``replace``: a file at ``output`` may be replaced);
+    returns its name and what the export wrote."""
     meta = read_checkpoint_metadata(path)
     spec = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
     held = spec.get("name")
@@ -171,7 +198,7 @@ def from_checkpoint(
     with tempfile.TemporaryDirectory(dir=output.parent, prefix=".tdreplay-export-") as scratch:
         restored = Table.restore(path, root=scratch, expect=declared)
         try:
-            written = restored.export(output, format=fmt, progress=progress)
+            written = restored.export(output, format=fmt, progress=progress, replace=replace)
         finally:
             restored.destroy()
     return str(held), written

@@ -39,11 +39,13 @@ from .common import (
     describe_counts,
     describe_file,
     flag_values,
+    kept,
     minari_flags,
     minari_id,
+    replacing,
     show_progress,
 )
-from .exits import CommandError, Exit
+from .exits import CommandError, Exit, failure
 
 
 def run(command: str, args: dict[str, Any]) -> None:
@@ -65,7 +67,9 @@ def configured_from(args: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
 
 @contextmanager
 def connect(args: dict[str, Any]) -> Iterator[ReplayClient]:
-    """A client of the server(s) of ``args``; its errors become :class:`CommandError`."""
+    """A client of the server(s) of ``args``; its refused token and its lack of an answer
+    become :class:`CommandError` (exit 4, 3: they name the URL); an operation's error goes
+    on to :func:`~.exits.run_command`, the one place that prints it (exit 1)."""
     urls, token = configured_from(args)
     where = ", ".join(shown_url(u) for u in urls)  # a user:password@ in one is never shown
     timeout = args.get("timeout", 600.0)
@@ -81,8 +85,6 @@ def connect(args: dict[str, Any]) -> Iterator[ReplayClient]:
         raise CommandError(
             f"{where} refused: {err}{hint}{_noted(err)}", Exit.UNAUTHORIZED
         ) from None
-    except ServerError as err:
-        raise CommandError(f"{err} ({err.type}, HTTP {err.status}){_noted(err)}") from None
     except TransportError as err:
         raise CommandError(
             f"no answer from {where}: {err}. Is the server running there? "
@@ -257,7 +259,10 @@ def export(client: ReplayClient, args: dict[str, Any]) -> None:
     given = args.get("format")
     with flag_values():
         fmt = given if dest.is_dir() else export_format(dest, given)
-    written = client.export(table, fmt, dest=dest, progress=show_progress(args))
+    with kept(dest, args):
+        written = client.export(
+            table, fmt, dest=dest, progress=show_progress(args), replace=replacing(args)
+        )
     shown = describe_file(dest, str(fmt))
     print(f"exported table {table!r} to {dest} ({shown}){describe_counts(written)}")
 
@@ -311,9 +316,7 @@ def import_(client: ReplayClient, args: dict[str, Any]) -> None:
             if isinstance(err, TableNotFound)
             else ""
         )
-        raise CommandError(
-            f"{err} ({err.type}, HTTP {err.status}){missing}; {_written(err)}"
-        ) from None
+        raise CommandError(f"{failure(err)}{missing}; {_written(err)}") from None
     except (OSError, pa.ArrowException) as err:  # a file that fails to read past its checks
         # (after the client's own errors: a lost connection or a refused token is an
         # OSError too, and is no file's fault)

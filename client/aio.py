@@ -180,12 +180,15 @@ class AsyncReplayClient(ClientBase):
         dataset_id: str | None = None,
         env_spec: Any = None,
         progress: bool | None = None,
+        replace: bool = True,
     ) -> Any:
         """See :meth:`ReplayClient.export`: over this client's own transport (a file
         streamed into place as the body arrives; a Minari dataset converted in a
         worker thread)."""
         return await self._run(
-            datasets.export(self._plans, table, format, path, dest, dataset_id, env_spec, progress)
+            datasets.export(
+                self._plans, table, format, path, dest, dataset_id, env_spec, progress, replace
+            )
         )
 
     async def import_parquet(

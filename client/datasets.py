@@ -37,7 +37,7 @@ from ..codec import minari_files
 from ..codec.dtypes import TORCH
 from ..codec.episodes import trajectory_key_of
 from ..codec.errors import InvalidRequest, PathExists
-from ..codec.exports import ExportedPath, counted, export_format
+from ..codec.exports import ExportedPath, counted, export_format, into_place, keep_existing
 from ..codec.folders import made_for
 from ..codec.parquet_import import refused_values
 from ..codec.parquet_read import parquet_files, read_parquet
@@ -66,6 +66,7 @@ def export(
     dataset_id: str | None = None,
     env_spec: Any = None,
     progress: bool | None = None,
+    replace: bool = True,
 ) -> Plan[Any]:
     """An export, as :meth:`~tdreplay.client.ReplayClient.export` takes it: a Minari
     dataset (:func:`export_minari`), a file here (:func:`download`), or the server's."""
@@ -82,20 +83,30 @@ def export(
             )
         )
     if path is None and dest is not None:
-        return (yield from download(plans, table, format, Path(dest), progress))
+        return (yield from download(plans, table, format, Path(dest), progress, replace=replace))
     return (yield from plans.export(table, format, path))
 
 
 def download(
-    plans: Plans, table: str, format: str | None, dest: Path, progress: bool | None = None
+    plans: Plans,
+    table: str,
+    format: str | None,
+    dest: Path,
+    progress: bool | None = None,
+    *,
+    replace: bool = True,
 ) -> Plan[Path]:
     """Stream ``table``'s export as ``format`` (default: from ``dest``'s suffix) into
-    ``dest``, atomically; returns ``dest``.
+    ``dest``, atomically; returns ``dest``. ``replace=False``: a file at ``dest`` is kept
+    (:func:`~tdreplay.codec.exports.keep_existing` before the transfer,
+    :func:`~tdreplay.codec.exports.into_place` at the end).
 
     Raises:
         InvalidRequest: ``dest`` is a folder, or ``format`` is not one its suffix names
             (:func:`~tdreplay.codec.exports.export_format`), found before the table is
             exported: the rename at the end would fail after the whole transfer.
+        PathExists: ``replace`` is ``False`` and something is at ``dest`` (before the
+            transfer, or put there while it ran).
     """
     if dest.is_dir():
         raise InvalidRequest(
@@ -105,9 +116,11 @@ def download(
             got=str(dest),
         )
     fmt = export_format(dest, format, table)
+    if not replace:
+        keep_existing(dest, table, str(dest))
     with aside(dest, progress=progress, desc=f"export {table}") as sink:
         got = yield from plans.export(table, fmt, sink=sink)
-        os.replace(sink.path, dest)
+        into_place(sink.path, dest, replace=replace, table=table, shown=str(dest))
     return counted(ExportedPath.of(dest), {k: getattr(got, k, None) for k in ("rows", "skipped")})
 
 
@@ -120,6 +133,7 @@ def export_minari(
     dest: str | Path | None = None,
     env_spec: Any = None,
     progress: bool | None = None,
+    replace: bool = True,
 ) -> Plan[Any]:
     """``table`` as the Minari dataset ``dataset_id``: written by the server under its
     ``path`` (a datasets root inside ``exports/``; returns the dataset's path there), else

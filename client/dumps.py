@@ -162,6 +162,7 @@ class Persistence:
         dataset_id: str | None = None,
         env_spec: Any = None,
         progress: bool | None = None,
+        replace: bool = True,
     ) -> Any:
         """Export ``table`` as Parquet, CSV or a Minari dataset.
 
@@ -193,9 +194,13 @@ class Persistence:
             env_spec: Minari: the environment's spec for the metadata (a gymnasium
                 ``EnvSpec``, its JSON, or a registered id such as ``"CartPole-v1"``).
             progress: a progress bar on stderr (``None``: when it is a terminal).
+            replace: Parquet, CSV: replace a file at ``dest``; ``False``: refuse it, before
+                the transfer and again, atomically, at the rename
+                (:func:`tdreplay.codec.exports.into_place`), leaving it as it was.
 
         Raises:
-            PathExists: the server's ``path``, or the Minari dataset, exists already.
+            PathExists: the server's ``path``, or the Minari dataset, exists already; a
+                file at ``dest`` with ``replace=False``.
             SchemaError: Minari: the table lacks a key an episode needs, or no episode
                 boundary is found.
             InvalidRequest: a malformed ``dataset_id`` or ``env_spec``; Parquet, CSV: a
@@ -203,7 +208,9 @@ class Persistence:
                 the transfer).
         """
         return self._run(
-            datasets.export(self._plans, table, format, path, dest, dataset_id, env_spec, progress)
+            datasets.export(
+                self._plans, table, format, path, dest, dataset_id, env_spec, progress, replace
+            )
         )
 
     def import_parquet(

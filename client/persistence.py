@@ -16,7 +16,7 @@ from typing import Any
 from ..codec import operations as ops
 from ..codec import protocol
 from ..codec.archive import Packed
-from ..codec.errors import ReplayError
+from ..codec.errors import InvalidRequest, ReplayError
 from ..codec.exports import ExportedName, ExportedPath, counted
 from .commands import Command, Request, Response, json_body, op_request, op_target
 from .errors import ProtocolError
@@ -284,7 +284,12 @@ class PersistencePlans:
         if path is not None:
             paths = list(self._paths(path))
         if sink is not None and self.n > 1 and path is None:
-            raise ValueError("a streamed export takes one server's file; pass path= when sharded")
+            raise InvalidRequest(  # a ValueError too, as it was
+                f"table {table!r}: a streamed export takes one server's file, and there are "
+                f"{self.n}; write it on the servers with path= (one file each)",
+                table=table,
+                field="dest",
+            )
         calls = [
             Call(i, Export(table, format, p, dataset_id, env_spec, sink))
             for i, p in enumerate(paths)

@@ -77,11 +77,25 @@ class TDReplayError(ReplayError):
         status: the HTTP status it was answered with (default: the class's).
         type: the error's name as the server gave it (default: the class's; differs
             for a ``type`` this client does not know).
-        body: the whole error body it was read from, if it came from a server.
+        body: the whole error body it was read from, if it came from a server (``{}`` for
+            an answer that was not JSON); given, the error is :attr:`answered`.
+
+    Attributes:
+        answered: whether a server answered with it (it was read from an answer); ``False``
+            for one raised on this side (a check the client or the storage made here, no
+            request sent for it), whose ``status`` is only what its class would be
+            answered with.
+
+        >>> InvalidRequest("bad path").answered, from_body(400, {"detail": "bad"}).answered
+        (False, True)
     """
 
     #: the HTTP status the server answers this error with
     status = 500
+    #: seconds after which the same call may pass (a server at a limit of the work it holds
+    #: at once, ``--max-exports``), answered as the ``Retry-After`` header; ``None``: not a
+    #: matter of waiting, or no time said
+    retry_after: int | None = None
 
     def __init__(
         self,
@@ -104,6 +118,7 @@ class TDReplayError(ReplayError):
         if status is not None:
             self.status = status
         self.type = type or self.__class__.__name__
+        self.answered = body is not None
         self.body = body or {}
 
     @property

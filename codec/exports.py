@@ -20,11 +20,12 @@ all decide with :func:`export_format`, so a name gets the same answer everywhere
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from pathlib import PosixPath, PurePath
+from pathlib import Path, PosixPath, PurePath
 from typing import Any
 
-from .errors import InvalidRequest
+from .errors import InvalidRequest, PathExists
 
 #: the formats a table exports to as one file
 FILE_FORMATS = ("parquet", "csv")
@@ -83,6 +84,66 @@ def export_format(path: str | PurePath, format: str | None = None, table: str | 
             got=fmt,
         )
     return fmt
+
+
+def keep_existing(path: str | Path, table: str | None = None, shown: str | None = None) -> None:
+    """Refuse to export into ``path`` if anything is there: the check before the export
+    begins (nothing written yet), which :func:`into_place` makes again, atomically, at the
+    end. The one rule of an export that must not replace a file: ``Table.export(...,
+    replace=False)`` (the server's exports), ``client.export(dest=, replace=False)`` and
+    ``tdreplay export -o FILE`` without ``--force``.
+
+    Args:
+        path: the export's file.
+        table: the table exported, named in the error (if known).
+        shown: how the error names the file (default: its name alone; a server does not
+            say where its data root is).
+
+    Raises:
+        PathExists: something is at ``path`` (a link too, even a dangling one).
+    """
+    if os.path.lexists(path):
+        raise _exists(path, table, shown)
+
+
+def into_place(
+    tmp: Path, path: Path, *, replace: bool, table: str | None, shown: str | None = None
+) -> None:
+    """Move the export written in ``tmp`` (beside ``path``) to ``path``: a rename, or with
+    ``replace`` ``False`` a hard link, which fails if the name exists - so a file that
+    appeared there while the export ran is kept, whatever the timing - and ``tmp`` goes.
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     (Path(d) / "x.csv").write_text("theirs"); (Path(d) / ".x.tmp").write_text("ours")
+        ...     into_place(Path(d) / ".x.tmp", Path(d) / "x.csv", replace=False, table="t")
+        Traceback (most recent call last):
+        ...
+        tdreplay.codec.errors.PathExists: table 't': 'x.csv' exists; this export does not replace a file (choose another path)
+
+    Raises:
+        PathExists: ``replace`` is ``False`` and the name is taken (``tmp`` is left to the
+            caller, who deletes it).
+    """
+    if replace:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise _exists(path, table, shown) from None
+    tmp.unlink()
+
+
+def _exists(path: str | Path, table: str | None, shown: str | None) -> PathExists:
+    name = shown if shown is not None else Path(path).name
+    where = f"table {table!r}: " if table else ""
+    return PathExists(
+        f"{where}{name!r} exists; this export does not replace a file (choose another path)",
+        table=table,
+        field="path",
+        got=name,
+    )
 
 
 class ExportedName(str):

@@ -131,8 +131,10 @@ def install(app: FastAPI, root: Path) -> None:
             # the path is the client's text: escaped, it cannot forge or recolour log lines
             where = printable(request.url.path)
             log.error("%s %s failed: %s", request.method, where, printable(str(exc)))
-        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-        return error_response(exc, root, headers)
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else {}
+        if isinstance(exc, TDReplayError) and exc.retry_after is not None:
+            headers["Retry-After"] = str(exc.retry_after)
+        return error_response(exc, root, headers or None)
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -15,6 +15,7 @@ the app.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
@@ -133,6 +134,13 @@ class LimitSettings(BaseModel):
         "received (a Content-Length counts whole from the headers on), or kept by an extend or "
         "insert the rate limiter holds back; a request past it answers 503 (413 if its body "
         "alone is larger).",
+    )
+    max_exports: int = Field(
+        default=4,
+        ge=1,
+        description="Exports under way at once, all tables together (each writes a table-size "
+        "file; a streamed one keeps its scratch copy until its client has taken it); one more "
+        "answers 503 with Retry-After before it copies anything.",
     )
     max_connections: int = Field(
         default=1000,
@@ -256,3 +264,70 @@ class Hold:
         self._waits -= 1
         if not self._waits:
             self.receiving.give(self.nbytes)
+
+
+#: the ``Retry-After`` of an export refused by ``--max-exports``, in seconds
+EXPORT_RETRY_AFTER = 5
+
+
+class Exports:
+    """Exports under way, all tables of one server together (``--max-exports``): each
+    writes a table-size file, and a streamed one keeps its scratch copy until its answer
+    has been sent, so the count is what bounds those copies. Thread-safe: the answer's
+    cleanup gives its slot back from a worker thread.
+
+        >>> exports = Exports(1)
+        >>> slot = exports.take("t")
+        >>> exports.take("u")
+        Traceback (most recent call last):
+        ...
+        tdreplay.codec.errors.BackendError: table 'u': 1 exports are under way, the server's limit (--max-exports); retry later
+        >>> slot.give(); slot.give()  # once only, however often called
+        >>> exports.running
+        0
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        #: exports counted now (each gives its slot back when its file is done with)
+        self.running = 0
+        self._lock = threading.Lock()
+
+    def take(self, table: str) -> ExportSlot:
+        """Count one more export of ``table``; give the slot back once its file is gone
+        or kept (:meth:`ExportSlot.give`).
+
+        Raises:
+            BackendError: ``--max-exports`` are under way (503 with ``Retry-After``: retry
+                later); nothing was copied.
+        """
+        with self._lock:
+            if self.running >= self.limit:
+                err = BackendError(
+                    f"table {table!r}: {self.running} exports are under way, the server's "
+                    "limit (--max-exports); retry later",
+                    table=table,
+                    field="exports",
+                    expected=f"<= {self.limit} exports at once",
+                )
+                err.retry_after = EXPORT_RETRY_AFTER
+                raise err
+            self.running += 1
+        return ExportSlot(self)
+
+    def _give(self) -> None:
+        with self._lock:
+            self.running -= 1
+
+
+class ExportSlot:
+    """One export counted in :class:`Exports`, given back once (:meth:`give`)."""
+
+    def __init__(self, exports: Exports) -> None:
+        self._exports: Exports | None = exports
+
+    def give(self) -> None:
+        """Give the slot back; a second call does nothing."""
+        exports, self._exports = self._exports, None
+        if exports is not None:
+            exports._give()

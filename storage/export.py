@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -89,10 +88,10 @@ from tqdm import tqdm
 
 from tdreplay.codec import to_record_batch
 from tdreplay.codec.dtypes import ARROW
-from tdreplay.codec.exports import ExportedPath, export_format
+from tdreplay.codec.exports import ExportedPath, export_format, into_place, keep_existing
 
 from .diskspace import on_full_disk
-from .errors import BackendError, InvalidRequest, PathExists
+from .errors import BackendError, InvalidRequest
 from .spec import join_key
 
 if TYPE_CHECKING:
@@ -173,8 +172,8 @@ def export(
             field="path",
             got=str(path),
         )
-    if not replace and os.path.lexists(path):
-        raise _exists(table, path)
+    if not replace:
+        keep_existing(path, table.name)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         with on_full_disk(
@@ -190,14 +189,7 @@ def export(
                 progress, len(items), table.spec.item_nbytes, f"export {table.name}"
             ) as bar:
                 dropped = write(table, tmp, items, bar)
-            if replace:
-                os.replace(tmp, path)
-            else:
-                try:
-                    os.link(tmp, path)  # fails if the name exists: the check and the write are one
-                except FileExistsError:
-                    raise _exists(table, path) from None
-                tmp.unlink()
+            into_place(tmp, path, replace=replace, table=table.name)
     except (OSError, pa.ArrowException) as err:
         raise BackendError(
             f"table {table.name!r}: export to {str(path)!r} failed: {err}", table=table.name
@@ -211,16 +203,6 @@ def export(
             path,
         )
     return ExportedPath.of(path, rows=len(items) - dropped, skipped=dropped)
-
-
-def _exists(table: Table, path: Path) -> PathExists:
-    return PathExists(
-        f"table {table.name!r}: {path.name!r} exists; this export does not replace a file "
-        "(choose another path)",
-        table=table.name,
-        field="path",
-        got=path.name,
-    )
 
 
 def _parquet_schema(table: Table) -> pa.Schema:

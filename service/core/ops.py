@@ -49,7 +49,7 @@ from tdreplay.codec.params import (
 )
 from tdreplay.storage import InvalidRequest, NestedKey
 
-from ..limits import Hold, Receiving
+from ..limits import Exports, Hold, Receiving
 from ..settings import Settings
 from ..wire import Lease
 from .handle import TableHandle
@@ -84,6 +84,8 @@ class Core(TableOps, PersistenceOps):
         #: request bodies held, received or waiting (``--max-receiving-bytes``): the HTTP
         #: server counts those it receives, the rate-limited calls those they keep
         self.receiving = Receiving(settings.max_receiving_bytes)
+        #: exports under way (``--max-exports``): each writes a table-size file
+        self.exports = Exports(settings.max_exports)
         self.served = Served(settings, events)
         self.root = self.served.root
         self.uploads = Uploads(self.root / TRANSFER_SCRATCH, settings)

@@ -40,6 +40,7 @@ from tdreplay.storage import (
     read_checkpoint_metadata,
 )
 
+from ..limits import Exports, ExportSlot
 from .handle import TableHandle
 from .paths import (
     EXPORT_SCRATCH,
@@ -61,6 +62,7 @@ class PersistenceOps(CorePart):
     :class:`~.ops.Core`."""
 
     uploads: Uploads
+    exports: Exports
 
     async def checkpoint(self, name: str, body: PathBody) -> str:
         """Checkpoint a table; returns the folder relative to the data root.
@@ -90,23 +92,31 @@ class PersistenceOps(CorePart):
         handle = await self.restore_from(name, source)
         return await handle.info()
 
-    async def export(self, name: str, body: ExportBody) -> tuple[ExportedPath, bool]:
-        """Export the live items, oldest first, as Parquet or CSV.
+    async def export(self, name: str, body: ExportBody) -> tuple[ExportedPath, ExportSlot | None]:
+        """Export the live items, oldest first, as Parquet or CSV. Each export counts
+        against ``--max-exports`` (:class:`~tdreplay.service.limits.Exports`) from before
+        it copies anything until its file is kept or, streamed, sent and deleted.
 
         Returns:
-            The file (with its ``rows`` and ``skipped``; Minari: ``splits`` too), and
-            whether it is scratch: written for the caller to send and then delete (no
-            ``path`` given), or a file under ``exports/``.
+            The file (with its ``rows`` and ``skipped``; Minari: ``splits`` too), and for
+            a scratch file (no ``path`` given: written for the caller to send and then
+            delete) the export's slot, which the caller gives back once the file is gone;
+            ``None`` for a file under ``exports/``.
 
         Raises:
             InvalidRequest, PathExists: see :func:`.paths.export_target`; InvalidRequest
                 too for a format the path's suffix does not name
                 (:func:`tdreplay.codec.exports.export_format`).
+            BackendError: ``--max-exports`` exports are under way (503, ``Retry-After``).
             InsufficientStorage: the disk is full (nothing is left behind).
         """
         handle = self.table(name)
         if body.format == "minari":
-            return await self._export_minari(handle, name, body), False
+            slot = self.exports.take(name)
+            try:
+                return await self._export_minari(handle, name, body), None
+            finally:
+                slot.give()
         if body.path is not None:
             target, scratch = export_target(self.root, name, body.path), False
         else:  # named for its format, which the route sends it as
@@ -114,11 +124,19 @@ class PersistenceOps(CorePart):
             target = self.root / EXPORT_SCRATCH / f"{name}-{uuid.uuid4().hex}.{suffix}"
             scratch = True
         fmt = export_format(target, body.format, name)
+        slot = self.exports.take(name)  # before anything is copied
         began = time.monotonic()
-        with handle.use() as table:
-            # export_target refused an existing file; replace=False refuses one that
-            # appeared since (another export racing for the name), at the final step
-            written = await handle.call(lambda: table.export(target, format=fmt, replace=False))
+        try:
+            with handle.use() as table:
+                # export_target refused an existing file; replace=False refuses one that
+                # appeared since (another export racing for the name), at the final step
+                written = await handle.call(lambda: table.export(target, format=fmt, replace=False))
+            nbytes = written.stat().st_size
+        except BaseException:  # nothing to send: the slot is free again
+            slot.give()
+            raise
+        if not scratch:
+            slot.give()
         log.info(
             "table %r exported as %s to %s: %d rows (%d skipped), %d bytes in %.2f s",
             name,
@@ -126,10 +144,10 @@ class PersistenceOps(CorePart):
             "the client" if scratch else relative(self.root, written),
             written.rows,
             written.skipped,
-            written.stat().st_size,
+            nbytes,
             time.monotonic() - began,
         )
-        return written, scratch
+        return written, slot if scratch else None
 
     async def _export_minari(
         self, handle: TableHandle, name: str, body: ExportBody

@@ -19,6 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from tdreplay.codec import protocol
 from tdreplay.codec.archive import CHUNK as ARCHIVE_CHUNK
@@ -123,24 +124,38 @@ async def export(
     """Export the live items, oldest first, as Parquet or CSV: written under the data root, or sent back;
     or as a Minari dataset (format minari, dataset_id), written under the datasets root path."""
     body = body or ExportBody()
-    path, scratch = await core.export(name, body)
+    path, slot = await core.export(name, body)
     counts = {"rows": path.rows, "skipped": path.skipped}
-    if not scratch:
+    if slot is None:
         splits = {} if path.splits is None else {"splits": path.splits}
         return JSONResponse({"path": core.relative(path), **counts, **splits})
 
-    def cleanup() -> None:
+    def cleanup() -> None:  # the scratch copy, and with it the export's --max-exports slot
         with contextlib.suppress(OSError):
             path.unlink()
+        slot.give()
 
     fmt = export_format(path)  # the core named the scratch file for its format
-    return FileResponse(
+    return ScratchFileResponse(
         path,
         media_type=protocol.EXPORT_MEDIA[fmt],
         filename=f"{name}.{fmt}",
         headers={protocol.EXPORT_ROWS: str(path.rows), protocol.EXPORT_SKIPPED: str(path.skipped)},
         background=BackgroundTask(cleanup),
     )
+
+
+class ScratchFileResponse(FileResponse):
+    """A scratch file sent and then deleted (its background task), also when the answer
+    ends early: Starlette's runs the task only after an answer it finished."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task, self.background = self.background, None  # run here, once, whatever happens
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if task is not None:
+                await task()
 
 
 @declare(
