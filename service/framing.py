@@ -13,6 +13,7 @@ reaches the app.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
@@ -56,6 +57,28 @@ def unknown_coding(coding: bytes) -> InvalidRequest:
     )
 
 
+def unmet_expectation(expect: bytes) -> InvalidRequest:
+    """The error of a request whose ``Expect`` asks for what this server does not do (RFC 9110
+    10.1.1: 417): ``100-continue`` is the only expectation HTTP/1.1 defines.
+
+        >>> unmet_expectation(b"200-ok").field
+        'Expect'
+    """
+    got = expect.decode("latin-1")
+    return InvalidRequest(
+        f"Expect {got!r}: this server meets '100-continue' only; send the request without "
+        "that Expect",
+        field="Expect",
+        expected="100-continue",
+        got=got,
+    )
+
+
+#: an HTTP/1.1 request without ``Host`` (RFC 9112 3.2: a client MUST send it, the server
+#: MUST answer 400); HTTP/1.0 may lack it
+NO_HOST = "an HTTP/1.1 request without a Host header (RFC 9112 3.2); send Host: host[:port]"
+
+
 def malformed(reason: str, field: str = "request") -> InvalidRequest:
     """The error of a request the HTTP/1.1 parser (or its framing rules) refuses: ``reason``
     is the parser's (a malformed chunk size, two Content-Lengths, a NUL in a header)."""
@@ -97,22 +120,30 @@ class Refusal(Exception):
 
 
 def check_head(
-    url: bytes, headers: list[tuple[bytes, bytes]], upgrade: bool, pipelined: int, limits: Limits
+    url: bytes,
+    headers: list[tuple[bytes, bytes]],
+    upgrade: bool,
+    pipelined: int,
+    limits: Limits,
+    http_version: Callable[[], str],
 ) -> bytes:
     """The Content-Length of a request whose head (``url``, ``headers``; ``upgrade``: the parser
-    expects it to upgrade; ``pipelined``: requests before it waiting on its connection) passes
+    expects it to upgrade; ``pipelined``: requests before it waiting on its connection;
+    ``http_version``: its version, ``"1.1"``, asked only of a request without ``Host``) passes
     the checks of its framing, ``b""`` if it has none.
 
     Raises:
         Refusal: 431 past ``--max-header-bytes``; 400 past ``--max-pipelined`` (each waiting
             request holds ~1 KB), with two ``Host`` headers (RFC 9112 3.2: the Host check and
-            the app would read different ones), or an Upgrade with a body; 501 for a transfer
-            coding but ``chunked``.
+            the app would read different ones), with none in HTTP/1.1 (RFC 9112 3.2), or an
+            Upgrade with a body; 501 for a transfer coding but ``chunked``; 417 for an
+            ``Expect`` but ``100-continue`` (RFC 9110 10.1.1).
     """
     size = len(url)
     length = b""
     hosts = 0
     codings: list[bytes] = []
+    expect = b""
     for name, value in headers:
         size += len(name) + len(value)
         if name == b"content-length":
@@ -121,14 +152,21 @@ def check_head(
             hosts += 1
         elif name == b"transfer-encoding":
             codings.append(value)
+        elif name == b"expect" and value and value.lower() != b"100-continue":
+            expect = value  # uvicorn meets 100-continue (any case); an empty one asks nothing
     if size > limits.max_header_bytes:
         raise Refusal(headers_too_large(size, limits.max_header_bytes), 431)
     if pipelined >= limits.max_pipelined:
         raise Refusal(pipelined_too_deep(pipelined + 1, limits.max_pipelined), 400)
-    if hosts > 1:
-        raise Refusal(malformed(f"{hosts} Host headers, where it takes one", "Host"), 400)
+    if hosts != 1:
+        if hosts:
+            raise Refusal(malformed(f"{hosts} Host headers, where it takes one", "Host"), 400)
+        if http_version() not in ("1.0", "0.9"):
+            raise Refusal(malformed(NO_HOST, "Host"), 400)
     if codings and b", ".join(codings).strip().lower() != b"chunked":
         raise Refusal(unknown_coding(b", ".join(codings)), 501)
     if upgrade and (codings or length.strip(b"0")):
         raise Refusal(UPGRADE_WITH_BODY, 400)
+    if expect:
+        raise Refusal(unmet_expectation(expect), 417)
     return length

@@ -114,6 +114,12 @@ class LimitSettings(BaseModel):
         description="Seconds a request's headers may take from its first byte (or from the "
         "connection's opening) (408, connection closed).",
     )
+    keep_alive_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds a kept-alive connection may idle between an answer and the next "
+        "request's first byte; the server then closes it.",
+    )
     body_timeout: float = Field(
         default=60.0,
         gt=0,

@@ -2,7 +2,7 @@
 
 :func:`run` loads the schemas (a bad one stops it before anything listens),
 tunes the process, builds the app (:func:`~.app.create_app`) and serves it
-with uvicorn and the limits of :mod:`.server`. It raises what stops the server
+with uvicorn (:func:`config`) and the limits of :mod:`.server`. It raises what stops the server
 and prints nothing: how a failure is reported (one line, an exit status) is
 the command line's (``tdreplay serve``, :mod:`tdreplay.cli`), as is how logs
 are written. What stops the app while it starts (its lifespan: a data root
@@ -18,6 +18,7 @@ uvicorn as a traceback or a line of its own with its exit status 3.
 from __future__ import annotations
 
 import logging
+import math
 import resource
 from typing import Any
 
@@ -29,7 +30,8 @@ from tdreplay import schemas
 from . import tuning
 from .app import create_app
 from .core import load_specs
-from .server import config
+from .limits import Limits, Receiving
+from .server import LimitedHttpProtocol
 from .settings import Settings
 
 log = logging.getLogger("tdreplay.service")
@@ -114,6 +116,30 @@ def serve_app(app: FastAPI, settings: Settings) -> None:
         raise
     finally:
         uvicorn_log.removeFilter(unbound)
+
+
+def protocol_class(limits: Limits, receiving: Receiving) -> type[LimitedHttpProtocol]:
+    """A :class:`LimitedHttpProtocol` bound to ``limits`` and ``receiving`` (one per connection)."""
+    members = {"limits": limits, "receiving": receiving}
+    return type("LimitedHttpProtocol", (LimitedHttpProtocol,), members)
+
+
+def config(app: Any, settings: Settings, receiving: Receiving) -> uvicorn.Config:
+    """The uvicorn configuration that serves ``app`` with ``settings``' address and limits
+    (``receiving``: the app core's count of request bodies held)."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        http=protocol_class(Limits.from_settings(settings), receiving),
+        ws="none",  # no WebSocket routes: no upgrade path around the limits
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        server_header=False,
+        # typed int, but uvicorn only hands it to loop.call_later: a float works
+        timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout),
+    )
 
 
 class _Unbound(logging.Filter):

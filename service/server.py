@@ -24,6 +24,8 @@ limit (flag)                status  when
 ``--max-connections``       503     a connection beyond this many open ones
 ``--max-pipelined``         400     a request sent ahead of this many others not yet answered
                                     on its connection (answered once they are)
+``--keep-alive-timeout``    --      a kept-alive connection idle this many seconds between
+                                    an answer and the next request: closed
 ``--send-timeout``          --      an answer its client takes none of for this many
                                     seconds (it stopped reading): the connection is closed
                                     and the answer's buffers freed; a client that keeps
@@ -32,10 +34,11 @@ limit (flag)                status  when
 
 So is a request the parser refuses (400, ``field`` ``request``, the detail saying
 why: a malformed chunk size, two Content-Lengths, a NUL in a header), one with two
-``Host`` headers (400: the Host check and the app would read different ones), and
-one with ``Connection: Upgrade`` and a body (400: the server upgrades to nothing,
-and the parser skips the body of such a request, which would then be read as the
-next one). An ``Upgrade`` without a body is served as any request.
+``Host`` headers (400: the Host check and the app would read different ones), an
+HTTP/1.1 one with none (400, RFC 9112 3.2), one with ``Connection: Upgrade`` and a
+body (400: the server upgrades to nothing, and the parser skips the body of such a
+request, which would then be read as the next one), and one whose ``Expect`` is not
+``100-continue`` (417). An ``Upgrade`` without a body is served as any request.
 
 A refused request gets the protocol's JSON error body (``{"type", "detail",
 "field"}``; the detail names the limit and its flag) and ``Connection:
@@ -44,7 +47,10 @@ read and dropped for at most :data:`LINGER` seconds, so that the client reads
 the answer instead of a reset, and the connection is closed. A request the app
 was already serving sees a disconnect, so whatever it buffered is freed; one it
 had not begun never runs. Requests pipelined before a refused one are answered
-first, in order.
+first, in order. A client that ends its side (``shutdown(SHUT_WR)``) gets the
+answers to the requests it sent whole, then the connection is closed; a wait on
+the rate limiter takes that end as its caller leaving, as it takes a close (both
+send the same FIN: :func:`~.streaming.client_gone`).
 
 The cost on the hot path is a counter per body chunk, a flag test per read, and
 a sum per request with a body. The send timeout is the base class's,
@@ -60,20 +66,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from typing import Any, ClassVar
 
 import httptools
-import uvicorn
 
 from tdreplay.storage import BackendError, TDReplayError
 
 from . import framing
 from .bodies import BodyChunks, body_too_large
 from .errors import status_of
-from .limits import Limits, Receiving, timed_out
+from .limits import Receiving, timed_out
 from .sending import SendTimeoutProtocol
-from .settings import Settings
+from .streaming import CLIENT_ENDED
 
 log = logging.getLogger("tdreplay.service")
 
@@ -88,7 +92,7 @@ class _Refused(Exception):
 class LimitedHttpProtocol(SendTimeoutProtocol):
     """uvicorn's httptools protocol with :class:`~.limits.Limits` (see the module docstring).
 
-    A subclass made by :func:`protocol_class` sets :attr:`limits` and :attr:`receiving`.
+    A subclass made by :func:`~.runner.protocol_class` sets :attr:`limits` and :attr:`receiving`.
     """
 
     receiving: ClassVar[Receiving]
@@ -108,6 +112,7 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         #: a refusal waiting for the answers to the requests before it (pipelined)
         self._deferred: tuple[TDReplayError, int | None] | None = None
         self._refused_cycle: Any = None  # the request refused in its body, if any
+        self._running: Any = None  # the request whose app was started last
 
     # -- connection ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
@@ -128,6 +133,24 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         self._cancel_timers()
         self._received()
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool:  # type: ignore[override]  # asyncio: keep the transport open
+        # The client ended its sending side (a FIN: shutdown(SHUT_WR), or a close) and may still
+        # read: the requests it sent whole are answered (a refusal after them too), then the
+        # connection is closed, as nginx does; uvicorn closed it at once, their answers lost.
+        # A wait on the rate limiter takes the FIN as its caller leaving (client_gone). A
+        # request cut short by the FIN never completes: it is dropped, as before.
+        cycle = self.cycle
+        if self._deferred is None and (
+            self._refused or self._in_body or cycle is None or cycle.response_complete
+        ):
+            return False  # nothing left to answer (or the refusal is out): close
+        for ended in (self._running, *(queued for queued, _ in self.pipeline)):
+            ended.scope[CLIENT_ENDED] = True
+        self._running.message_event.set()  # wakes a wait watching its client
+        if self._deferred is None:
+            cycle.keep_alive = False  # the last request sent whole: its answer closes
+        return True
 
     def data_received(self, data: bytes) -> None:
         # uvicorn's, plus the header count and the timers. A request that arrives
@@ -198,7 +221,12 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         limits = self.limits
         try:
             length = framing.check_head(
-                self.url, self.headers, self.parser.should_upgrade(), len(self.pipeline), limits
+                self.url,
+                self.headers,
+                self.parser.should_upgrade(),
+                len(self.pipeline),
+                limits,
+                self.parser.get_http_version,
             )
         except framing.Refusal as refused:
             self._refuse(refused.error, refused.status)
@@ -248,6 +276,8 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         super().on_message_complete()
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._running = cycle
+
         async def unless_refused(scope: Any, receive: Any, send: Any) -> None:
             # a request refused before its task began runs nothing (its body, in the same
             # read as its headers, was malformed or too large): its client reads the refusal
@@ -363,25 +393,3 @@ class LimitedHttpProtocol(SendTimeoutProtocol):
         if self.flow is not None:
             self.flow.resume_reading()  # drain instead of leaving the client blocked
         self.loop.call_later(LINGER, transport.close)
-
-
-def protocol_class(limits: Limits, receiving: Receiving) -> type[LimitedHttpProtocol]:
-    """A :class:`LimitedHttpProtocol` bound to ``limits`` and ``receiving`` (one per connection)."""
-    members = {"limits": limits, "receiving": receiving}
-    return type("LimitedHttpProtocol", (LimitedHttpProtocol,), members)
-
-
-def config(app: Any, settings: Settings, receiving: Receiving) -> uvicorn.Config:
-    """The uvicorn configuration that serves ``app`` with ``settings``' address and limits
-    (``receiving``: the app core's count of request bodies held)."""
-    return uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        http=protocol_class(Limits.from_settings(settings), receiving),
-        ws="none",  # no WebSocket routes: no upgrade path around the limits
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        server_header=False,
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout),
-    )

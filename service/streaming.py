@@ -14,7 +14,7 @@ asking its body for chunks once it came, then closes the body (``aclose``: its
 ``finally`` blocks run, nothing is cancelled). A body blocked when its client
 goes ends on its own: a send waiting for room returns once the connection is
 gone, and a sample waiting for the rate limiter watches the disconnect itself
-(the ``left`` of :func:`~tdreplay.service.core.waiting.admitted`).
+(the ``left`` of :func:`~tdreplay.service.core.waiting.admitted`, :func:`client_gone`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,20 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["ClosingStream"]
+__all__ = ["CLIENT_ENDED", "ClosingStream", "client_gone"]
+
+#: the key of a request's scope that the HTTP layer (:mod:`.server`) sets once the client
+#: ended its sending side (its FIN) after the request: the request is still answered
+CLIENT_ENDED = "tdreplay.client_ended"
+
+
+async def client_gone(scope: Scope, receive: Receive) -> None:
+    """Return once the client of ``scope`` is gone or has ended its sending side (what it
+    still sends is dropped). A ``close()`` and a ``shutdown(SHUT_WR)`` send the same FIN,
+    so a wait on the rate limiter takes either as its caller leaving: a learner that hung
+    up takes no item (its half-closing twin is answered 429)."""
+    while not scope.get(CLIENT_ENDED) and (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class ClosingStream(StreamingResponse):

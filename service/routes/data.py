@@ -63,7 +63,7 @@ from ..deps import (
     require_media_type,
 )
 from ..errors import PayloadTooLarge, UnsupportedMediaType
-from ..streaming import ClosingStream
+from ..streaming import ClosingStream, client_gone
 from ..wire import EOS
 
 log = logging.getLogger("tdreplay.service")
@@ -210,9 +210,8 @@ async def sample(
 
 
 async def _hung_up(request: Request) -> None:
-    """Return once the client's connection is gone (what it still sends is dropped)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    """Return once the client's connection is gone, or its sending side ended."""
+    await client_gone(request.scope, request.receive)
 
 
 async def _sample(request: Request) -> Response:

@@ -8,7 +8,10 @@ while its client read ``400 Invalid HTTP request received.`` (text). A request w
 body skipped by the parser and then parsed as the next request (request smuggling);
 a server that upgrades to nothing now refuses one with a body and parses what
 follows one without. Two ``Host`` headers, which the Host check and the app read
-differently (the last, the first), are a 400 (RFC 9112 3.2).
+differently (the last, the first), are a 400 (RFC 9112 3.2), and so is an HTTP/1.1
+request with none (it was served); an ``Expect`` but ``100-continue`` is a 417 (RFC 9110
+10.1.1; it was ignored and the request ran). A request sent whole before its client ends
+its side (``shutdown(SHUT_WR)``) is answered, then the connection closed: it ran unanswered.
 """
 
 from __future__ import annotations
@@ -60,9 +63,12 @@ def size(server: Any) -> int:
     return json.loads(body)["size"]
 
 
-def exchange(server: Any, *pieces: bytes, wait: float = 1.0) -> list[tuple[int, bytes]]:
-    """Send ``pieces`` (a pause between them) on one connection; the ``(status, body)`` of
-    each response read until the server closes or ``wait`` seconds pass without a byte."""
+def exchange(
+    server: Any, *pieces: bytes, wait: float = 1.0, half_close: bool = False
+) -> list[tuple[int, bytes]]:
+    """Send ``pieces`` (a pause between them) on one connection (then end its sending side,
+    with ``half_close``); the ``(status, body)`` of each response read until the server
+    closes or ``wait`` seconds pass without a byte (with ``half_close``: until it closes)."""
     sock = socket.create_connection((server.host, server.port), timeout=wait)
     data = b""
     try:
@@ -70,13 +76,15 @@ def exchange(server: Any, *pieces: bytes, wait: float = 1.0) -> list[tuple[int, 
             if i:
                 time.sleep(0.2)
             sock.sendall(piece)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
         while True:
             chunk = sock.recv(65536)
             if not chunk:
                 break
             data += chunk
     except (TimeoutError, ConnectionResetError):
-        pass
+        assert not half_close, f"the server kept a half-closed connection open: {data!r}"
     finally:
         sock.close()
     answers = []
@@ -192,3 +200,68 @@ def test_a_refused_pipelined_request_is_answered_after_those_before_it(
     assert json.loads(answers[0][1])["size"] == 0 == size(server)
     assert json.loads(answers[1][1])["status"] == "ready"
     assert "--max-body-bytes" in answers[2][1].decode() or "malformed" in answers[2][1].decode()
+
+
+def test_an_http11_request_without_host_is_a_400_and_runs_nothing(server: Any) -> None:
+    fill(server)
+    before = size(server)
+    answers = exchange(server, b"POST " + CLEAR.encode() + b" HTTP/1.1\r\n\r\n")
+    assert [status for status, _ in answers] == [400], answers
+    body = json.loads(answers[0][1])
+    assert body["field"] == "Host" and "without a Host header" in body["detail"]
+    time.sleep(0.3)  # a clear that ran anyway would have ended by now
+    assert size(server) == before
+    # HTTP/1.0 may lack it; an empty Host is a Host (RFC 9112 3.2: a target with no authority)
+    for ok in (b"GET /readyz HTTP/1.0\r\n\r\n", b"GET /readyz HTTP/1.1\r\nHost:\r\n\r\n"):
+        assert [status for status, _ in exchange(server, ok)] == [200], ok
+
+
+@pytest.mark.parametrize("expect", [b"200-ok", b"100-continue, x-more"])
+def test_an_expectation_but_100_continue_is_a_417_and_runs_nothing(
+    server: Any, expect: bytes
+) -> None:
+    fill(server)
+    before = size(server)
+    head = b"POST " + CLEAR.encode() + b" HTTP/1.1\r\n" + HOST + b"Expect: " + expect
+    answers = exchange(server, head + b"\r\n\r\n")
+    assert [status for status, _ in answers] == [417], answers
+    body = json.loads(answers[0][1])
+    assert body["field"] == "Expect" and body["got"] == expect.decode()
+    assert body["expected"] == "100-continue"
+    time.sleep(0.3)  # a clear that ran anyway would have ended by now
+    assert size(server) == before
+    # 100-continue, in any case, is served
+    ok = b"GET /readyz HTTP/1.1\r\n" + HOST + b"Expect: 100-Continue\r\n\r\n"
+    assert [status for status, _ in exchange(server, ok)] == [200]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"],
+    ids=["no-body", "body"],
+)
+def test_a_request_sent_whole_before_the_clients_fin_is_run_and_answered(
+    server: Any, body: bytes
+) -> None:
+    # shutdown(SHUT_WR) right after the request: it ran, its answer was dropped with the
+    # connection; now it is answered, then the connection is closed (exchange checks that)
+    fill(server)
+    request = b"POST " + CLEAR.encode() + b" HTTP/1.1\r\n" + HOST + (body or b"\r\n")
+    answers = exchange(server, request, wait=10, half_close=True)
+    assert [status for status, _ in answers] == [200], answers
+    assert json.loads(answers[0][1])["size"] == 0 == size(server)
+    # requests pipelined before the end are all answered, in order; a head cut short by the
+    # end is dropped
+    ready = b"GET /readyz HTTP/1.1\r\n" + HOST + b"\r\n"
+    answers = exchange(server, ready * 3 + b"GET /readyz HT", wait=10, half_close=True)
+    assert [status for status, _ in answers] == [200] * 3, answers
+    # and so is a refusal due after them (past --max-pipelined: 64 waiting behind the first)
+    answers = exchange(server, ready * 70, wait=10, half_close=True)
+    assert [status for status, _ in answers] == [200] * 65 + [400], answers
+    # a sample the rate limiter holds back (the table is empty) takes the end as its caller
+    # leaving, as it takes a close (the two send the same FIN): 429 at once, not after 30 s
+    sample = protocol.table_path("t", "sample") + "?batch_size=1&timeout=30"
+    request = b"POST " + sample.encode() + b" HTTP/1.1\r\n" + HOST + b"\r\n"
+    answers = exchange(server, request, wait=10, half_close=True)
+    assert [status for status, _ in answers] == [429], answers
+    assert b"left while the rate limiter held it back" in answers[0][1]

@@ -18,6 +18,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from tdreplay.cli import main as cli_main
 from tdreplay.codec import decode, encode, protocol
 from tdreplay.storage import TableSpec
 
@@ -225,7 +226,7 @@ def test_stalled_body_gets_408(server: Any) -> None:
 
 
 def test_idle_keep_alive_is_not_a_header_timeout(server: Any) -> None:
-    """Between two requests on one connection only the keep-alive timeout (5 s) runs."""
+    """Between two requests on one connection only --keep-alive-timeout (5 s) runs."""
     conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
     for _ in range(2):
         conn.request("POST", EXTEND, body=rows(4), headers=ARROW)
@@ -234,6 +235,29 @@ def test_idle_keep_alive_is_not_a_header_timeout(server: Any) -> None:
         resp.read()
         time.sleep(HEADER_TIMEOUT + 0.3)
     conn.close()
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_keep_alive_timeout(
+    live_server: Any,
+) -> None:
+    """``--keep-alive-timeout`` (fixed at 5 s before): an answered connection idle this long
+    is closed; a value that is no positive number stops the start, naming the flag's field."""
+    keep_alive = 0.5
+    server = live_server(keep_alive_timeout=keep_alive)
+    sock = connect(server)
+    start = time.monotonic()
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    data = b""
+    while chunk := sock.recv(65536):  # until the server closes (5 s: recv times out)
+        data += chunk
+    elapsed = time.monotonic() - start
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 200") and data.count(b"HTTP/1.1") == 1, data
+    assert keep_alive * 0.8 < elapsed < keep_alive + 2
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(SystemExit) as exc:
+            cli_main(["serve", "--keep-alive-timeout", bad])
+        assert "invalid settings: keep_alive_timeout" in str(exc.value.code), exc.value.code
 
 
 def test_connections_beyond_the_cap_get_503(server: Any) -> None:
