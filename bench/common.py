@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import itertools
 import json
 import os
 import platform
@@ -177,27 +176,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 # ------------------------------------------------------------------ processes
-#: where this process starts in the benchmarks' slice of ports (two runs at once walk it from
-#: different ports)
-_PORT_TURN = itertools.count(os.getpid() * 7919)
-
-
 def free_port() -> int:
-    """A free loopback port for a benchmark's server, in ``[5000, 7000)``: below the kernel's
-    ephemeral range (32768+), where ``bind(("", 0))`` picks and where other processes' servers
-    (a Ray worker's gRPC) and client connections take ports meanwhile, so a port picked there
-    was taken before the server bound it and the readiness poll reached that other server;
-    apart from the test suite's slices (12000+) and Ray's worker ports (10002-19999)."""
-    base, span = 5000, 2000
-    for _ in range(span):
-        port = base + next(_PORT_TURN) % span
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in [{base}, {base + span})")
+    """A free loopback port for a benchmark's server, in the benchmarks' slice below the
+    kernel's ephemeral range, apart from the test suite's and Ray's worker ports
+    (:mod:`tdreplay.system.ports`)."""
+    from tdreplay.system import ports  # not at import time: the Reverb peer has no tdreplay
+
+    return ports.free_port(ports.BENCH_PORTS)
 
 
 def wait_up(url: str, proc: subprocess.Popen, what: str, timeout: float = 120.0) -> None:

@@ -134,8 +134,10 @@ class Channel:
         except (OSError, ShmProtocolError) as err:
             said = self._said() if isinstance(err, OSError) else None
             self.close()
-            if said is not None and said.field == IDLE_ENDED:
-                raise _idle_ended(said) from None
+            if said is not None:  # the server timed the connection out and ran nothing
+                if said.field == IDLE_ENDED:  # before this request's first byte
+                    raise _idle_ended(said) from None
+                raise said from None  # part of it came (--body-timeout): its answer, 408
             raise errors.ConnectionFailed(f"shared-memory socket: {err}", sent=True) from None
         fd = fds[0] if fds else -1
         for extra in fds[1:]:
@@ -160,7 +162,8 @@ class Channel:
 
     def _said(self) -> errors.ServerError | None:
         """The time limit's error the server ended the connection with, if it lies unread (a
-        call's request could not be sent: the server had closed the connection)."""
+        call's request could not be sent, or not all of it: the server had closed the
+        connection). Such an error (408) says the server ran nothing of the request."""
         try:
             data = self._now.recv(FIRST_READ)
             n = frame_length(data[: HEADER.size]) if len(data) >= HEADER.size else -1

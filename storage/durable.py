@@ -302,20 +302,20 @@ class DurableState:
         return int(written[-1]) + 1 if len(written) else 0
 
     def _load(self, mapped: dict[str, torch.Tensor]) -> None:
-        """Restore the scalars from the record, re-derive from the columns what they pin
-        down, and bind the parts to the columns.
+        """Bind the parts to the columns, restore the scalars from the record and re-derive
+        from the columns what they pin down.
 
-        The columns are read over the written slots only (:meth:`_written`), into copies
-        that the table loads (checked) into its own tensors; the files then replace them,
-        unwritten: a restart writes nothing into them (no page dirtied, no hole backed).
+        The columns are read over the written slots only (:meth:`_written`), in place: the
+        state the table loads (checked) views the files (:meth:`Slots.viewed
+        <tdreplay.storage.slots.Slots.viewed>`), so they are neither copied into memory nor
+        written: a restart dirties no page and backs no hole.
         """
         t = self.table
-        own = self._columns(t)
         self._bind(mapped)
         s = t.slots
         s.hi = self._written(mapped)
-        state = t.state_dict()  # the files' state: copies read over [0, hi), zeros past it
-        self._bind(own)
+        with s.viewed():
+            state = t.state_dict()  # the files' state over [0, hi): views, zeros past it
         rec = self._read_record() or dict.fromkeys(self._layout.fields, 0)
         for (part, name), value in rec.items():  # the record's scalars, as the parts declared them
             (state if part == "table" else state[part])[name] = value
@@ -344,9 +344,8 @@ class DurableState:
             state["sampler"]["max_priority"] = max(float(state["sampler"]["max_priority"]), 1e-12)
         state["rate_limiter"]["inserts"] += max(0, inserted - recorded_inserted)  # inserts missed
         state.pop("generator", None)  # a reopened table draws from a fresh seed
-        s.hi = 0  # the own tensors: nothing written yet
+        s.hi = 0  # loaded from nothing: the load reaches [0, hi) only, never past it
         t.load_state_dict(state)
-        self._bind(mapped)  # equal to the own tensors over [0, hi), never read past it
 
     # ------------------------------------------------------------ disk
     def flush(self) -> None:

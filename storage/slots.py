@@ -23,6 +23,8 @@ start as holes and take disk only as slots are written (see
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,6 +60,8 @@ class Slots(Scalars):
         self._reached = 0
         #: items inserted in the table's life (the newest item's ordinal)
         self.inserted = 0
+        #: :meth:`written` gives views, not copies (see :meth:`viewed`)
+        self._viewed = False
 
     def columns(self) -> dict[str, torch.Tensor]:
         """The per-slot tensors that hold durable state (see :mod:`tdreplay.storage.durable`)."""
@@ -130,8 +134,22 @@ class Slots(Scalars):
         of 10 items in a 20M-slot prioritized table wrote a 500 MB state file). Reading past
         them could also end the process: a memmap table's state files are holes there, and
         a tmpfs backs a hole's page when it is read; on a full one, that read is a SIGBUS.
+        Within :meth:`viewed`, a view of the column over those slots instead.
         """
-        return column[: self.hi].clone()
+        return column[: self.hi] if self._viewed else column[: self.hi].clone()
+
+    @contextlib.contextmanager
+    def viewed(self) -> Iterator[None]:
+        """Within it, a state the parts give (:meth:`written`) views their columns instead of
+        copying them: the state of a reopened table, read from its files to be loaded back
+        into the very same files (:mod:`tdreplay.storage.durable`), then costs no copy, and
+        loading it writes nothing (:meth:`load_written`). Such a state is only good while the
+        columns do not change."""
+        self._viewed = True
+        try:
+            yield
+        finally:
+            self._viewed = False
 
     def at(self, column: torch.Tensor, where: slice | torch.Tensor) -> torch.Tensor:
         """The per-slot ``column`` at slots ``where`` (a slice of step 1 from 0 up, or an
@@ -189,10 +207,12 @@ class Slots(Scalars):
         """``value`` (checked by :meth:`loaded`) into ``column``, the mirror of :meth:`written`:
         over slots ``[0, reach)`` only, zeros past ``value``'s rows, so a restored memmap
         table's state files stay holes past its rows (its disk follows the data, and a full
-        tmpfs is never asked to back a page there: that write is a SIGBUS)."""
+        tmpfs is never asked to back a page there: that write is a SIGBUS). A ``value`` that
+        is the column itself (a state :meth:`viewed`) is not copied: nothing is written."""
         n = self.reach()
         k = min(n, len(value))
-        column[:k].copy_(value[:k])
+        if not _same_memory(column[:k], value[:k]):
+            column[:k].copy_(value[:k])
         column[k:n].zero_()
 
     @staticmethod
@@ -248,6 +268,16 @@ class Slots(Scalars):
         self.load_written(self.times_sampled, times_sampled)
         self.n_live = n_live
         self.inserted = inserted
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same elements of the same memory."""
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+    )
 
 
 def _distinct(values: torch.Tensor) -> bool:

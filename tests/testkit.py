@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from tensordict import TensorDict
 
 from tdreplay.cli import main as cli_main
 from tdreplay.storage import TableSpec
+from tdreplay.system import ports
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -157,34 +157,14 @@ def make_rows(fields: dict[str, Any], n: int, *, seed: int = 0) -> Any:
     return td
 
 
-#: where this process starts in its slice: two test runs at once (two checkouts, or a
-#: benchmark beside the suite) then walk their slices from different ports, not both from the
-#: first one (seen: a server of one run answering the other's health check)
-_PORT_TURN = itertools.count(os.getpid() * 7919)
-
-
 def free_port() -> int:
-    """A free loopback port for a test server, below the kernel's ephemeral range.
-
-    The ephemeral range (32768+ here) is where ``bind(("", 0))`` picks from and where
-    client connections take their own ports: a port picked there can be taken by
-    another process before the server binds it, and a health check then reaches
-    *that* server. Below it, each pytest-xdist worker has a slice of its own, so
-    two test processes never pick the same port.
-    """
+    """A free loopback port for a test server, below the kernel's ephemeral range: in this
+    pytest-xdist worker's part of the suite's slice, so two test processes never pick the
+    same port (:mod:`tdreplay.system.ports`)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker[2:]) if worker[2:].isdigit() else 0
-    span = 2000
-    base = 12000 + (index % 10) * span
-    for _ in range(span):
-        port = base + next(_PORT_TURN) % span
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in [{base}, {base + span})")
+    first = (index % 10) * ports.TEST_SPAN
+    return ports.free_port(ports.TEST_PORTS[first : first + ports.TEST_SPAN])
 
 
 @contextlib.contextmanager

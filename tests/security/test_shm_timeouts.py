@@ -18,7 +18,7 @@ from testkit import rows
 
 from tdreplay.client import ConnectionFailed, InvalidRequest, ReplayClient
 from tdreplay.client.shm import Channel
-from tdreplay.codec.shm import HEADER, IDLE_ENDED, release_frame
+from tdreplay.codec.shm import HEADER, IDLE_ENDED, release_frame, sample_frame
 from tdreplay.service import Settings
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create")
@@ -61,6 +61,29 @@ def test_a_client_waiting_on_a_frame_cut_by_the_body_timeout_raises_its_error(
             chan.call(HEADER.pack(100) + b'{"op": ', wait=0)  # sent, never completed
         assert err.value.status == 408
         assert chan.sock.fileno() < 0  # the server ended it: the next call connects anew
+    finally:
+        chan.close()
+
+
+def test_a_client_cut_off_part_way_through_sending_a_frame_raises_the_servers_error(
+    live_server: Any,
+) -> None:
+    """A client stalled part-way through sending a frame (its first bytes out, the rest
+    after --body-timeout) finds the connection closed when it sends the rest: it raises
+    what the server answered, that it did not run the request (408 InvalidRequest naming
+    the flag), not a connection lost with the request maybe done (``sent``)."""
+    server = live_server(body_timeout=0.5)
+    chan = Channel(sock_path(server), None, timeout=10.0, lease_slots=1)
+    try:
+        message = sample_frame("t", slot=0, batch_size=1, timeout=0)
+        chan.sock.sendall(message[:5])  # the first bytes, then the client stalls
+        hung_up = select.poll()  # the server answered and closed its end (nothing read here)
+        hung_up.register(chan.sock, select.POLLRDHUP)
+        assert hung_up.poll(10_000)
+        with pytest.raises(InvalidRequest, match="--body-timeout") as err:
+            chan.call(message[5:], wait=0)  # the rest: the send fails, the answer lies unread
+        assert err.value.status == 408 and err.value.field == "body"
+        assert chan.sock.fileno() < 0  # the next call connects anew
     finally:
         chan.close()
 
