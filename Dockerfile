@@ -15,7 +15,8 @@
 # ones by default; mount your own there), with tables, checkpoints and exports in the /data
 # volume: memmap tables reopen from their own files, the others are checkpointed every 5 minutes
 # and on stop and restored on start, so a restarted container keeps its tables. The root
-# filesystem may be read-only (`--read-only`): the server writes only to /data and /run/tdreplay.
+# filesystem may be read-only (`--read-only`): the server writes only to /data and /run/tdreplay,
+# and to /tmp if one is mounted (`--tmpfs /tmp`), else its temporary files go to /data/.tmp.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 # ---- build: a venv from the host's wheels; only the venv goes on ------------------------------

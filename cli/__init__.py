@@ -45,6 +45,13 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from tdreplay.system.tempdir import NoTempDir, settle
+
+try:  # before torch, which asks for a temporary directory as it is imported
+    settle()
+except NoTempDir as err:
+    raise SystemExit(f"tdreplay: {err}") from None
+
 from tdreplay.codec.protocol import IMPORT_CHUNK, MAX_BATCH_BYTES
 from tdreplay.storage import MAX_TABLE_BYTES
 

@@ -13,7 +13,11 @@ The routes, media types and error statuses are those of
 :mod:`tdreplay.codec.protocol`.
 """
 
-from .app import create_app
-from .settings import Settings
+from tdreplay.system.tempdir import settle
+
+settle()  # before torch, which asks for a temporary directory as it is imported
+
+from .app import create_app  # noqa: E402
+from .settings import Settings  # noqa: E402
 
 __all__ = ["Settings", "create_app"]

@@ -19,7 +19,8 @@ of what the service may use (``tests/test_import_cycles.py`` holds it so):
   :func:`checkpoint_holds_other` (what a checkpoint of a table must not replace), :func:`is_checkpoint`, :func:`is_complete_checkpoint`,
   :func:`is_checkpoint_debris`, :func:`is_reserved_checkpoint_name` and :func:`clean_checkpoints` (what
   interrupted checkpoints leave);
-* Redis: :class:`RedisConnection`, :func:`resolve_redis_connection`;
+* Redis: :class:`RedisConnection`, :func:`resolve_redis_connection`,
+  :func:`sweep_redis_keys` (the keys of redis tables a killed process left);
 * disk space: :func:`free_bytes`, :func:`is_disk_full`, :func:`insufficient_storage` (the
   507 quoting the bytes free);
 * sampled batches: :data:`SAMPLE_INFO_DTYPES` (the columns every sample
@@ -31,6 +32,7 @@ of what the service may use (``tests/test_import_cycles.py`` holds it so):
 from tdreplay.codec.dtypes import TORCH as DTYPES
 
 from .backends import stored_specs
+from .backends import sweep_keys as sweep_redis_keys
 from .checkpoint import find as find_checkpoint
 from .checkpoint import held_table as checkpoint_table
 from .checkpoint import holds_other as checkpoint_holds_other
@@ -117,6 +119,7 @@ __all__ = [
     "checkpoint_holds_other",
     "resolve_redis_connection",
     "stored_specs",
+    "sweep_redis_keys",
     "table_nbytes",
     "check_table_bytes",
     "MAX_TABLE_BYTES",

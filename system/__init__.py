@@ -1,7 +1,8 @@
 """What tdreplay asks of the operating system, in one place: shared memory (``memfd``
 files, mappings that keep no descriptor), the host's identity, polling a socket
-(:mod:`.polling`), and glibc's malloc; and free loopback ports for the servers the test
-suite and the benchmarks start (:mod:`.ports`).
+(:mod:`.polling`), glibc's malloc, and a writable temporary directory before torch is
+imported (:mod:`.tempdir`); and free loopback ports for the servers the test suite and the
+benchmarks start (:mod:`.ports`).
 
 Everything here is Linux (glibc for the malloc calls); each call says what it
 does where that is missing, and the same-host transport is offered only where

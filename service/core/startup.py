@@ -1,5 +1,7 @@
 """What a server does on start: reopen, restore and create its tables; and checkpoint periodically.
 
+0. The keys of redis tables a killed process left in Redis (recorded under the root)
+   are deleted: nothing reattaches them.
 1. Memmap tables left under ``<root>/tables/`` are reopened with every row
    acknowledged before the last process ended (crash included).
 2. With ``restore``, the checkpoints of tables not reopened are restored.
@@ -29,6 +31,7 @@ from tdreplay.storage import (
     is_checkpoint_debris,
     is_complete_checkpoint,
     stored_specs,
+    sweep_redis_keys,
 )
 
 from ..settings import Settings
@@ -163,6 +166,9 @@ class PeriodicCheckpoints:
 async def load_tables(core: Core, settings: Settings) -> None:
     """Bring the tables back, newest data first, then create the schemas' new ones.
 
+    0. The keys of redis tables the last process on this root did not delete (it was
+       killed, or its Redis did not answer) are deleted; a Redis that does not answer
+       now keeps them recorded, for the next sweep.
     1. Memmap tables left under ``<root>/tables/`` are reopened with every row
        acknowledged before the last process ended (crash included); a schema of
        the same name must describe the same table (else the start fails: the
@@ -176,6 +182,7 @@ async def load_tables(core: Core, settings: Settings) -> None:
        moves it away.
     """
     specs = load_specs(settings)
+    await run_in_threadpool(sweep_redis_keys, core.root, core.served.redis)
     wanted = {spec.name: spec for spec in specs}
     loaded = set()
     failed = core.served.failed  # name -> why: not served, data kept (shown by /readyz)

@@ -14,6 +14,8 @@ needs on top and keeps each backend's I/O apart, one module each:
   ``TensorDictStore``, checked against a lost or flushed Redis.
 * :mod:`.redis_keys`: a redis table's keys, laid out with no row (Redis memory
   grows with the rows), read, checked against the Redis's limits, deleted.
+* :mod:`.redis_records`: a redis table's keys recorded under the data root until
+  they are deleted; :func:`sweep_keys` deletes what a killed process left.
 * :mod:`.locations`: where file backends keep their data (the table's own,
   marked folder) and the :class:`LocationClaim` an open backend holds on it;
   :func:`sweep` deletes dead data.
@@ -30,6 +32,7 @@ from .base import Backend, Rows
 from .h5 import H5Backend
 from .locations import MARKER, LocationClaim, primary_location, sweep
 from .redis import RedisBackend
+from .redis_records import sweep_keys
 from .reopen import reopen, stored_specs
 from .tensor import TensorBackend
 
@@ -46,4 +49,5 @@ __all__ = [
     "reopen",
     "stored_specs",
     "sweep",
+    "sweep_keys",
 ]

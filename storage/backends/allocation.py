@@ -37,6 +37,7 @@ from .locations import (
     unheld_data,
 )
 from .redis import RedisBackend
+from .redis_records import sweep_keys
 from .shared import SHARED_MEMORY, shared_fields
 from .tensor import TensorBackend
 
@@ -78,7 +79,9 @@ def allocate(
     ``<root>/tables/<name>/``, which carries a marker naming the table; a
     folder without it is never used, written into or deleted. A location an
     open backend of this process holds is never deleted or reused either: the
-    data goes to a fresh sibling instead (see :mod:`~.locations`).
+    data goes to a fresh sibling instead (see :mod:`~.locations`). A redis table
+    records its keys there while they exist; keys recorded by a process that did not
+    delete them (killed) are deleted first (see :mod:`~.redis_records`).
 
     Args:
         spec: the table (validated: it names no path, only a Redis connection name).
@@ -151,7 +154,11 @@ def allocate(
             if isinstance(b, RedisBackendSpec):
                 conn = resolve(spec.name, b.connection, redis or {})
                 prefix = b.prefix or f"tdreplay:{spec.name}"
-                return RedisBackend.allocate(spec, conn, prefix=prefix, preallocate=whole)
+                sweep_keys(root, redis or {}, spec.name)  # what a killed process left of it
+                folder = own_table_dir(spec, root)  # where its keys are recorded
+                return RedisBackend.allocate(
+                    spec, conn, prefix=prefix, folder=folder, preallocate=whole
+                )
             assert claim is not None
             path = claim.path
             if os.path.lexists(path):  # dead data (``replace``): a held location is never claimed

@@ -6,7 +6,9 @@ as int16 with the same bits and viewed back on read. Every allocation gets
 keys of its own (a fresh ``TensorDictStore`` id under the prefix), on a
 connection the operator configured by name (:mod:`tdreplay.storage.redis_conn`),
 laid out with no row: Redis memory grows as rows are written
-(:mod:`~tdreplay.storage.backends.redis_keys`).
+(:mod:`~tdreplay.storage.backends.redis_keys`), and recorded under the data root until
+they are deleted (:mod:`~tdreplay.storage.backends.redis_records`), so that a process
+killed before it deleted them does not leave them in Redis for good.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -35,6 +38,7 @@ from .redis_keys import (
     redis_client,
     retry_policy,
 )
+from .redis_records import KeysRecord
 
 #: nested keys are joined with this in Redis (``next:reward``)
 REDIS_SEP = ":"
@@ -78,9 +82,17 @@ class RedisBackend(Backend):
     kind = "redis"
 
     def __init__(
-        self, spec: TableSpec, storage: TensorDictBase, conn: RedisConnection, *, held: int = 0
+        self,
+        spec: TableSpec,
+        storage: TensorDictBase,
+        conn: RedisConnection,
+        *,
+        held: int = 0,
+        record: KeysRecord | None = None,
     ) -> None:
         super().__init__(spec, storage)
+        #: where the table's keys are recorded until they are deleted
+        self.record = record
         self.connection: RedisConnection = conn
         self.url = conn.describe()
         self.flat = {k: REDIS_SEP.join(k) for k in self.keys}
@@ -99,11 +111,18 @@ class RedisBackend(Backend):
 
     @classmethod
     def allocate(
-        cls, spec: TableSpec, conn: RedisConnection, *, prefix: str, preallocate: bool = False
+        cls,
+        spec: TableSpec,
+        conn: RedisConnection,
+        *,
+        prefix: str,
+        folder: Path,
+        preallocate: bool = False,
     ) -> RedisBackend:
         """A fresh ``TensorDictStore`` for ``spec`` under ``prefix``, marked as this table's:
         its fields laid out as ``from_schema`` does, with no row (see :mod:`.redis_keys`),
-        or, with ``preallocate``, each field's string sized to the capacity now.
+        or, with ``preallocate``, each field's string sized to the capacity now; its keys
+        recorded in the table's own folder ``folder`` first (:mod:`.redis_records`).
 
         Raises:
             InsufficientStorage: a field is longer than the Redis's longest string, or the
@@ -117,6 +136,7 @@ class RedisBackend(Backend):
         flat = {REDIS_SEP.join(k): (s, carrier(d)) for k, (s, d) in schema.items()}
         check_string_sizes(spec, flat, conn)
         td_id = str(uuid.uuid4())  # ours, so that what a failed allocation wrote can be found
+        record = KeysRecord.write(folder, spec.name, conn.name, prefix, td_id)
         td = None
         try:
             td = TensorDictStore(
@@ -136,13 +156,15 @@ class RedisBackend(Backend):
                     delete_keys(client, prefix, td_id)
                 finally:
                     client.close()
+                record.remove()
+            record.release()  # kept if the keys were not deleted: the next sweep does
             if td is not None:
                 with contextlib.suppress(Exception):
                     td.close()
             if isinstance(err, redis.RedisError):
                 raise failure(spec.name, conn, "allocating the table's keys", err) from err
             raise
-        backend = cls(spec, td, conn, held=spec.capacity if preallocate else 0)
+        backend = cls(spec, td, conn, held=spec.capacity if preallocate else 0, record=record)
         try:
             backend.identity.mark()
         except BaseException:
@@ -278,8 +300,9 @@ class RedisBackend(Backend):
     def close(self) -> None:
         """:meth:`destroy`: nothing ever reattaches a redis table's keys (a process
         allocates its tables afresh, and serves a checkpoint's rows), so keys left behind
-        would be the table's capacity of Redis memory lost for good, at every restart.
-        A Redis that fails meanwhile is logged, not raised (the process is stopping)."""
+        would be Redis memory lost for good. A Redis that fails meanwhile is logged, not
+        raised (the process is stopping); the keys stay recorded, and the next start on
+        this data root deletes them (:mod:`.redis_records`)."""
         try:
             self.destroy()
         except Exception as err:
@@ -291,11 +314,12 @@ class RedisBackend(Backend):
             )
 
     def destroy(self) -> None:
-        """Delete the table's keys and close.
+        """Delete the table's keys (and their record) and close.
 
         Raises:
             BackendError: Redis failed or did not answer in time (the keys it still holds,
-                ``<prefix>:{<id>}:*``, are named).
+                ``<prefix>:{<id>}:*``, are named; they stay recorded, and the next sweep
+                deletes them: :mod:`.redis_records`).
         """
         namespace = self.storage._namespace  # type: ignore[attr-defined]
         td_id = self.storage._td_id  # type: ignore[attr-defined]
@@ -304,7 +328,11 @@ class RedisBackend(Backend):
                 f"deleting the table's keys ({namespace}:{{{td_id}}}:*)",
                 lambda: delete_keys(self.client, namespace, td_id),
             )
+            if self.record is not None:
+                self.record.remove()
         finally:
+            if self.record is not None:
+                self.record.release()
             with contextlib.suppress(Exception):
                 self.storage.close()  # type: ignore[attr-defined]
             with contextlib.suppress(Exception):

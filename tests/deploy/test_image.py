@@ -115,6 +115,24 @@ def test_it_refuses_to_start_without_a_token(image: str) -> None:
     assert "/run/secrets/tdreplay_token" in out and "cannot be read" in out, out[-2000:]
 
 
+def test_a_read_only_root_needs_no_tmpfs(image: str, secrets_dir: Path) -> None:
+    """``--read-only`` without ``--tmpfs /tmp`` ended at start in torch's traceback (torch
+    asks for a writable temporary directory as it is imported); the server's temporary
+    folder is ``/data/.tmp`` then (its volumes here: anonymous ones, removed with it)."""
+    name, port, token = f"{PREFIX}-no-tmpfs", free_port(), secrets.token_hex(16)
+    path = token_file(secrets_dir, "no_tmpfs_token", token)
+    try:
+        docker(
+            "run", "--detach", "--name", name, "--publish", f"127.0.0.1:{port}:8000",
+            "--volume", f"{path}:/run/secrets/tdreplay_token:ro", "--read-only", image,
+        )  # fmt: skip
+        wait_ready(f"http://127.0.0.1:{port}", name)
+        assert get(f"http://127.0.0.1:{port}/v1/tables", token)[0] == 200
+        docker("exec", name, "test", "-d", "/data/.tmp")
+    finally:
+        cleanup("container", [name])
+
+
 def test_readyz_and_the_token_from_the_secret_file(server: Server) -> None:
     assert get(f"{server.url}/readyz")[0] == 200
     assert get(f"{server.url}/v1/tables")[0] == 401  # the port is guarded
