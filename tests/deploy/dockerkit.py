@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,9 @@ from typing import Any
 
 import pytest
 from deploykit import REPO
+from testkit import (
+    free_port as free_port,  # re-exported: the suite's slice, below the ephemeral range
+)
 
 #: the Debian base the tests build on (``make base-image``); override to test another base
 BASE_IMAGE = os.environ.get("TDREPLAY_TEST_BASE_IMAGE", "tdreplay-base:bookworm")
@@ -162,13 +164,6 @@ def build_image(tag: str) -> None:
 def remove_images(*tags: str) -> None:
     for tag in tags:
         docker("rmi", "--force", tag, check=False)
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the published ports are on loopback only)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, token: str | None = None, timeout: float = 5) -> tuple[int, bytes]:
