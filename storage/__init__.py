@@ -31,10 +31,10 @@ of what the service may use (``tests/test_import_cycles.py`` holds it so):
 from tdreplay.codec.dtypes import TORCH as DTYPES
 
 from .backends import stored_specs
+from .checkpoint import CheckpointPath, is_checkpoint
 from .checkpoint import find as find_checkpoint
 from .checkpoint import held_table as checkpoint_table
 from .checkpoint import holds_other as checkpoint_holds_other
-from .checkpoint import is_checkpoint
 from .checkpoint import read_metadata as read_checkpoint_metadata
 from .debris import clean_checkpoints
 from .debris import is_complete as is_complete_checkpoint
@@ -101,6 +101,7 @@ __all__ = [
     "TableNotFound",
     "TableSpec",
     "clean_checkpoints",
+    "CheckpointPath",
     "find_checkpoint",
     "free_bytes",
     "insufficient_storage",

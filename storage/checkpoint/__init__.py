@@ -35,10 +35,11 @@ from .folder import (
     read_metadata,
 )
 from .restore import restore
-from .write import checkpoint
+from .write import CheckpointPath, checkpoint
 
 __all__ = [
     "FORMAT_VERSION",
+    "CheckpointPath",
     "READABLE_FORMATS",
     "checkpoint",
     "find",

@@ -70,6 +70,7 @@ class Snapshot:
         hi: rows ever written then (the rows :meth:`copy` gives).
         size: live items then.
         taken_at: when (``time.time()``).
+        changes: the table's change count then (see ``TableBase.changes``).
     """
 
     table: TableBase
@@ -78,6 +79,7 @@ class Snapshot:
     size: int
     #: the table's locks are held for the snapshot's life (:meth:`Table.snapshot`'s ``hold``)
     held: bool = False
+    changes: int = 0
     taken_at: float = field(default_factory=time.time)
     #: rows ``[0, done)`` are copied: the hook leaves them alone
     done: int = 0
