@@ -57,7 +57,9 @@ class Checkpointable(Named, Protocol):
     changes: int
     last_checkpoint: Written | None
 
-    def snapshot(self, *, hold: bool = False) -> AbstractContextManager[Snapshot]: ...
+    def snapshot(
+        self, *, hold: bool = False, live_only: bool = False
+    ) -> AbstractContextManager[Snapshot]: ...
 
 
 class Restorable(Protocol):

@@ -277,6 +277,7 @@ def _meta(table: Table, snap: Snapshot, ted2flat: bool) -> dict[str, Any]:
         "hi": snap.hi,
         "size": snap.size,
         "ted2flat": bool(ted2flat),
+        "live_only": snap.live_only,
     }
 
 
@@ -298,9 +299,11 @@ def _write_snapshot(
     """Write the rows of one snapshot of ``table`` to ``tmp/storage`` (copied while the
     table serves; with ``hold``, under its locks, as before snapshots: for comparisons);
     its state, metadata and change count."""
-    with table.snapshot(hold=hold) as snap:
+    # TED2Flat's layout is TorchRL's, a ring of rows [0, hi): in the plain one, only the
+    # slots live at the snapshot (no sampler, writer or restore reads a dead slot's row)
+    with table.snapshot(hold=hold, live_only=not ted2flat) as snap:
         state, meta, hi = snap.state, _meta(table, snap, ted2flat), snap.hi
-        if not hi:
+        if not snap.rows:
             return state, meta, snap.changes
         schema = table.spec.torch_schema()
         copy = snap.copy if hold else lambda sink: _in_background(lambda: snap.copy(sink))
@@ -320,7 +323,7 @@ def _write_snapshot(
                     files.put(key, 0, row_bytes(tensor))
                 files.finish()
         else:
-            with RowFiles(tmp / "storage", schema, hi) as files:
+            with RowFiles(tmp / "storage", schema, snap.rows) as files:
                 copy(files)
     return state, meta, snap.changes
 

@@ -223,7 +223,7 @@ class Table(Inserts, Draws, Figures):
 
     # ------------------------------------------------------------ reading it whole
     @contextlib.contextmanager
-    def snapshot(self, *, hold: bool = False) -> Iterator[Snapshot]:
+    def snapshot(self, *, hold: bool = False, live_only: bool = False) -> Iterator[Snapshot]:
         """The table at this instant, read while it keeps serving (see :mod:`.snapshot`):
         its state and ``hi`` now, and rows ``[0, hi)`` as they are now for
         :meth:`Snapshot.copy <.snapshot.Snapshot.copy>` to give, inside the block.
@@ -232,6 +232,8 @@ class Table(Inserts, Draws, Figures):
             hold: keep the table's locks for the whole block: nothing changes meanwhile,
                 and extends and samples wait (how checkpoints were made before snapshots,
                 kept to compare against).
+            live_only: give the rows of the slots live at this instant only (see
+                :attr:`Snapshot.rows <.snapshot.Snapshot.rows>`).
 
         Raises:
             TableClosed: the table is closed.
@@ -253,7 +255,13 @@ class Table(Inserts, Draws, Figures):
             self._check_open()
             s = self.slots
             snap = Snapshot(
-                self, self.state_dict(), s.hi, s.n_live, held=hold, changes=self.changes
+                self,
+                self.state_dict(),
+                s.hi,
+                s.n_live,
+                held=hold,
+                changes=self.changes,
+                live_only=live_only,
             )
             if not hold and snap.hi:
                 self._before_write.append(snap.before_write)
