@@ -33,10 +33,10 @@ from tdreplay.codec.dtypes import TORCH as DTYPES
 
 from .backends import stored_specs
 from .backends import sweep_keys as sweep_redis_keys
+from .checkpoint import CheckpointPath, is_checkpoint
 from .checkpoint import find as find_checkpoint
 from .checkpoint import held_table as checkpoint_table
 from .checkpoint import holds_other as checkpoint_holds_other
-from .checkpoint import is_checkpoint
 from .checkpoint import read_metadata as read_checkpoint_metadata
 from .debris import clean_checkpoints
 from .debris import is_complete as is_complete_checkpoint
@@ -103,6 +103,7 @@ __all__ = [
     "TableNotFound",
     "TableSpec",
     "clean_checkpoints",
+    "CheckpointPath",
     "find_checkpoint",
     "free_bytes",
     "insufficient_storage",

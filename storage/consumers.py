@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from .backends import Backend
+from .last_checkpoint import Written
 from .slot_policy import SlotPolicy
 from .spec import TableSpec
 
@@ -49,7 +50,16 @@ class Checkpointable(Named, Protocol):
     @property
     def writer(self) -> SlotPolicy: ...
 
-    def snapshot(self, *, hold: bool = False) -> AbstractContextManager[Snapshot]: ...
+    @property
+    def closed(self) -> bool: ...
+
+    #: its change count, and the checkpoint it last wrote (see ``TableBase.changes``)
+    changes: int
+    last_checkpoint: Written | None
+
+    def snapshot(
+        self, *, hold: bool = False, live_only: bool = False
+    ) -> AbstractContextManager[Snapshot]: ...
 
 
 class Restorable(Protocol):

@@ -30,6 +30,7 @@ from tdreplay.codec.params import (
 )
 from tdreplay.storage import (
     CheckpointError,
+    CheckpointPath,
     InvalidCheckpoint,
     InvalidRequest,
     PathExists,
@@ -296,8 +297,11 @@ class PersistenceOps(CorePart):
             began = time.monotonic()
             written, rows, nbytes = await handle.call(lambda: _checkpoint(table, target))
         log.info(
-            "table %r checkpointed to %s: %d rows, %d bytes in %.2f s",
+            "table %r %s %s: %d rows, %d bytes in %.2f s",
             name,
+            "unchanged since its checkpoint (skipped, kept):"
+            if written.skipped
+            else "checkpointed to",
             written,
             rows,
             nbytes,
@@ -363,7 +367,7 @@ class PersistenceOps(CorePart):
         return relative(self.root, path)
 
 
-def _checkpoint(table: Table, target: Path) -> tuple[Path, int, int]:
+def _checkpoint(table: Table, target: Path) -> tuple[CheckpointPath, int, int]:
     """Checkpoint ``table``; the folder written, its rows and its bytes (for the log)."""
     # checkpoint_target refused another's path; own_only refuses one another table took
     # since (a checkpoint racing for the name), at the swap

@@ -1,13 +1,18 @@
 """Checkpoints: a table's data and state in one folder, written atomically.
 
-Layout of a checkpoint folder (format 2)::
+Layout of a checkpoint folder (format 3)::
 
     <path>/
-      metadata.json        format version, the table's spec, counts, TED flag
+      metadata.json        format version, the table's spec, counts, TED and live_only flags
       state.safetensors    slot, sampler, writer and rate-limiter state, RNG state
                            (JSON + raw tensors, see :mod:`~tdreplay.storage.statefile`)
-      storage/             the written rows [0, hi) as a memmapped TensorDict
-                           (or TorchRL's flat TED layout when ted2flat is on)
+      storage/             live_only: the rows of the slots live then (slots.live in the
+                           state), in slot order, as a memmapped TensorDict; else every
+                           written row [0, hi) (TorchRL's flat TED layout when ted2flat is
+                           on: its ring of rows; format 1 and 2 always)
+
+A dead slot's row is not kept: no sampler, writer or export reads it, and a slot is written
+again before it is live again. A restored table holds zeros there.
 
 One module per concern:
 
@@ -35,10 +40,11 @@ from .folder import (
     read_metadata,
 )
 from .restore import restore
-from .write import checkpoint
+from .write import CheckpointPath, checkpoint
 
 __all__ = [
     "FORMAT_VERSION",
+    "CheckpointPath",
     "READABLE_FORMATS",
     "checkpoint",
     "find",

@@ -19,10 +19,11 @@ from ..errors import CheckpointError, InvalidCheckpoint
 from .reader import read_json
 
 #: the format :func:`~tdreplay.storage.checkpoint.checkpoint` writes
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: formats :func:`~tdreplay.storage.checkpoint.restore` reads (1: state in ``state.pt``,
-#: read with ``weights_only=True``)
-READABLE_FORMATS = (1, 2)
+#: read with ``weights_only=True``; 1 and 2: every written row, dead ones too; 3: with
+#: ``live_only``, the live ones only)
+READABLE_FORMATS = (1, 2, 3)
 #: the state file of a format 1 checkpoint (written with ``torch.save``)
 V1_STATE = "state.pt"
 #: the file whose presence makes a checkpoint folder complete (written last)

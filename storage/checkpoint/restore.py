@@ -90,18 +90,19 @@ def restore(
     # A checkpoint written to ``path`` meanwhile would give this read the metadata and
     # rows of one checkpoint and the state of the next: the two are serialized.
     with path_lock(path.absolute()):
-        src, spec, root, hi, rows, state = _read(path.absolute(), root, expect)
+        src, spec, root, hi, rows, slots, state = _read(path.absolute(), root, expect)
     # Nothing that exists is deleted or overwritten until the table is whole: a
     # table being served may live at the default location (see backends.locations).
     table = cls(spec, allocate(spec, root, exists="beside", redis=redis), root=root, seed=seed)
     try:
         if rows is not None:
-            table.backend.write(slice(0, hi), {k: v.contiguous() for k, v in rows.items()})
+            where = slice(0, hi) if slots is None else slots
+            table.backend.write(where, {k: v.contiguous() for k, v in rows.items()})
         _check_table_state(table, state, hi)
         table.load_state_dict(state)
         if rows is not None:
-            _check_ranks(spec, state, rows, hi)
-            _check_episodes(spec, state, rows, hi)
+            _check_ranks(spec, state, _Columns(rows, slots, hi))
+            _check_episodes(spec, state, _Columns(rows, slots, hi))
     except Exception as err:
         table.destroy()
         if isinstance(err, TDReplayError):
@@ -113,11 +114,20 @@ def restore(
 
 def _read(
     path: Path, root: str | Path | None, expect: TableSpec | None
-) -> tuple[Path, TableSpec, Path, int, dict[NestedKey, torch.Tensor] | None, dict[str, Any]]:
+) -> tuple[
+    Path,
+    TableSpec,
+    Path,
+    int,
+    dict[NestedKey, torch.Tensor] | None,
+    torch.Tensor | None,
+    dict[str, Any],
+]:
     """The checkpoint at ``path``, read and checked: where it was found (:func:`find`), its
     spec, the data root of the table
     (``root``, default the checkpoint's parent), ``hi``, its rows (``None``: none) mapped
-    copy-on-write, and its state (see :func:`restore`)."""
+    copy-on-write, the slots they are (``None``: ``[0, hi)``; ``live_only``: the live ones),
+    and its state (see :func:`restore`)."""
     src = find(path)
     meta = read_metadata(src)
     version = meta.get("format_version")
@@ -143,6 +153,11 @@ def _read(
         )
     if not isinstance(ted2flat, bool):
         raise InvalidCheckpoint(f"{src / METADATA}: 'ted2flat' is {ted2flat!r:.40}, not a bool")
+    live_only = meta.get("live_only", False)
+    if not isinstance(live_only, bool) or (live_only and ted2flat):
+        raise InvalidCheckpoint(
+            f"{src / METADATA}: 'live_only' is {live_only!r:.40}, not a bool (false with ted2flat)"
+        )
     root = Path(root) if root is not None else src.parent
     location = primary_location(spec, root)
     if location is not None and overlaps(location, src):
@@ -154,8 +169,13 @@ def _read(
         )
     # Everything is read and checked before a table is allocated.
     try:
-        rows = None
-        if hi and ted2flat:
+        rows = slots = None
+        state = _read_state(src, version, spec.capacity)
+        if hi and live_only:
+            slots = _live_slots(state, hi, spec.capacity)
+            if slots is not None and len(slots):
+                rows = R.read_rows(src, spec, len(slots))
+        elif hi and ted2flat:
             schema = spec.torch_schema()
             empty = {k: torch.empty([hi, *shape], dtype=d) for k, (shape, d) in schema.items()}
             got = leaves(R.load_flat(src, spec, hi, nest(empty, hi)))
@@ -163,8 +183,7 @@ def _read(
         elif hi:
             rows = R.read_rows(src, spec, hi)
         if rows is not None:
-            _check_categories(spec, rows)
-        state = _read_state(src, version, spec.capacity)
+            _check_categories(spec, rows, slots)
     except InvalidCheckpoint as err:
         raise InvalidCheckpoint(
             f"cannot restore {src}: {err}",
@@ -177,15 +196,49 @@ def _read(
         raise
     except Exception as err:
         raise _invalid(src, err, spec.name) from err
-    return src, spec, root, hi, rows, state
+    return src, spec, root, hi, rows, slots, state
 
 
-def _check_categories(spec: TableSpec, rows: dict[NestedKey, torch.Tensor]) -> None:
+def _live_slots(state: dict[str, Any], hi: int, capacity: int) -> torch.Tensor | None:
+    """The slots whose rows a ``live_only`` checkpoint holds: those live in its state.
+    ``None`` where its ``slots.live`` has neither ``hi`` nor ``capacity`` rows: the state's
+    load refuses it then, with the rest of the state's checks, naming it."""
+    slots = state.get("slots")
+    if not isinstance(slots, dict):
+        raise SF.StateError(f"slots: expected a dict, got {type(slots).__name__}")
+    live = SF.tensor(slots, "live", "slots", dtype=torch.bool, ndim=1)
+    if len(live) not in (hi, capacity):
+        return None
+    return live[:hi].nonzero().squeeze(1)
+
+
+class _Columns:
+    """A field of the restored rows by slot over ``[0, hi)``: rows given for ``slots`` only
+    (``live_only``) read as zeros elsewhere (the checks read live slots only)."""
+
+    def __init__(
+        self, rows: dict[NestedKey, torch.Tensor], slots: torch.Tensor | None, hi: int
+    ) -> None:
+        self.rows, self.slots, self.hi = rows, slots, hi
+
+    def __getitem__(self, key: NestedKey) -> torch.Tensor:
+        value = self.rows[key].reshape(len(self.rows[key]))
+        if self.slots is None:
+            return value
+        out = torch.zeros(self.hi, dtype=value.dtype)
+        out[self.slots] = value
+        return out
+
+
+def _check_categories(
+    spec: TableSpec, rows: dict[NestedKey, torch.Tensor], slots: torch.Tensor | None
+) -> None:
     """The checkpoint's rows hold no value an extend refuses for a field's categories."""
     for key, n in spec.categories().items():
         found = outside_categories(rows[key].numpy(), n)
         if found is not None:
             slot, value = found
+            slot = slot if slots is None else int(slots[slot])
             raise InvalidCheckpoint(
                 f"field {join_key(key)!r} holds {value} in slot {slot}, outside its {n} "
                 f"categories 0 .. {n - 1}",
@@ -258,16 +311,15 @@ def _check_table_state(table: Restorable, state: dict[str, Any], hi: int) -> Non
         SF.tensor(state, "generator", "<state>", like=table.generator.get_state())
 
 
-def _check_ranks(
-    spec: TableSpec, state: dict[str, Any], rows: dict[NestedKey, torch.Tensor], hi: int
-) -> None:
+def _check_ranks(spec: TableSpec, state: dict[str, Any], rows: _Columns) -> None:
     """A max-value table ranks each live item by its key, as the extend that wrote it did
     (``writer.values``: the key as float64): a NaN there would outrank every value and
     never leave, another value would keep the wrong items. (``state`` was loaded: its
     tensors have the table's shapes.)"""
     if not isinstance(spec.writer, MaxValueWriterSpec):
         return
-    key = rows[split_key(spec.writer.key)].reshape(hi).to(torch.float64)
+    hi = rows.hi
+    key = rows[split_key(spec.writer.key)].to(torch.float64)
     values, live = state["writer"]["values"][:hi], state["slots"]["live"][:hi]
     wrong = (live & ~(values == key)).nonzero()
     if len(wrong):
@@ -278,29 +330,28 @@ def _check_ranks(
         )
 
 
-def _check_episodes(
-    spec: TableSpec, state: dict[str, Any], rows: dict[NestedKey, torch.Tensor], hi: int
-) -> None:
+def _check_episodes(spec: TableSpec, state: dict[str, Any], rows: _Columns) -> None:
     """A slice table's episode ids are what its extends made of the rows: the
     ``traj_key`` itself, or (``end_key``) the id of the item before, plus one where that
     item ended an episode. Other ids would join steps of two episodes into one slice (or
     the next insert to an ended episode). (``state`` was loaded: shapes are the table's.)"""
     if not isinstance(spec.sampler, SliceSamplerSpec):
         return
+    hi = rows.hi
     episode, slots = state["sampler"]["episode"][:hi], state["slots"]
     live, ordinal = slots["live"][:hi], slots["ordinal"][:hi]
     if spec.sampler.traj_key is not None:
         key = spec.sampler.traj_key
-        wrong = (live & (episode != rows[split_key(key)].reshape(hi).to(torch.int64))).nonzero()
+        wrong = (live & (episode != rows[split_key(key)].to(torch.int64))).nonzero()
         if len(wrong):
             slot = int(wrong[0])
             raise SF.StateError(
                 f"sampler.episode: slot {slot} is in episode {int(episode[slot])}, but its "
-                f"{key!r} is {rows[split_key(key)].reshape(hi)[slot].item()}"
+                f"{key!r} is {rows[split_key(key)][slot].item()}"
             )
         return
     key = spec.sampler.end_key or ""
-    ends = rows[split_key(key)].reshape(hi).to(torch.int64)
+    ends = rows[split_key(key)].to(torch.int64)
     after = torch.arange(1, hi + 1) % hi  # the ring's next slot (a full ring wraps to 0)
     linked = live & live[after] & (ordinal[after] == ordinal + 1)
     wrong = (linked & (episode[after] != episode + ends)).nonzero()

@@ -32,7 +32,7 @@ import shutil
 import threading
 import uuid
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PosixPath
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,6 +43,7 @@ from .. import statefile as SF
 from ..backends import primary_location
 from ..diskspace import fsync_path, on_full_disk
 from ..errors import CheckpointError, InvalidCheckpoint, PathExists, TDReplayError
+from ..last_checkpoint import Written
 from ..slot_policy import RoundRobinPolicy
 from ..spec import NestedKey
 from ..tensordicts import leaves, nest, row_bytes
@@ -53,8 +54,10 @@ from .folder import (
     TMP,
     holds_data,
     holds_other,
+    is_checkpoint,
     overlaps,
     path_lock,
+    read_metadata,
 )
 from .reader import flat_layout_fits, load_flat
 from .sinks import RowFiles, RowsInMemory
@@ -82,10 +85,51 @@ def _fsync_tree(path: Path) -> None:
         fsync_path(Path(folder))
 
 
+class CheckpointPath(PosixPath):
+    """The path of a checkpoint, a :class:`~pathlib.Path` that also says whether it was
+    written (``skipped``: the table was unchanged since it wrote the checkpoint there)."""
+
+    skipped: bool = False
+
+    @classmethod
+    def of(cls, path: Path, *, skipped: bool) -> CheckpointPath:
+        out = cls(path)
+        out.skipped = skipped
+        return out
+
+
+def up_to_date(table: Table, path: Path, ted2flat: bool) -> bool:
+    """Whether the checkpoint ``table`` last wrote (``table.last_checkpoint``) is at ``path``,
+    in that layout, nothing changed since: the table's change count is the one at its
+    snapshot, and the folder a restore of ``path`` reads is the one written (its metadata's
+    id, every file, each file's size)."""
+    last = table.last_checkpoint
+    if last is None or last.path != path or last.ted2flat != ted2flat:
+        return False
+    if table.changes != last.changes or table.closed:
+        return False
+    if not is_checkpoint(path):  # an aside copy is not the checkpoint
+        return False
+    try:
+        same = read_metadata(path).get("checkpoint_id") == last.id
+    except CheckpointError:
+        return False
+    return same and files_of(path) == last.files
+
+
+def files_of(path: Path) -> dict[str, int]:
+    """The files under ``path``, by relative path, with their sizes."""
+    return {str(f.relative_to(path)): f.stat().st_size for f in path.rglob("*") if f.is_file()}
+
+
 def checkpoint(
     table: Table, path: Path, *, ted2flat: bool | None = None, own_only: bool = False
-) -> Path:
+) -> CheckpointPath:
     """Write ``table`` to ``path`` (see the module docstring). Returns ``path``.
+
+    A table unchanged since it wrote the checkpoint at ``path`` (:func:`up_to_date`: its rows
+    and state, the RNG and the rate limiter's counters included, and that checkpoint still
+    the one there, whole) is not written again: ``path`` is returned with ``skipped`` set.
 
     Checkpoints to one path are serialized within the process; once one is in
     place, the debris of earlier interrupted ones (``<path>.tmp-*``,
@@ -108,11 +152,20 @@ def checkpoint(
                 field="path",
                 got=path.name,
             )
+        if ted2flat is None:
+            ted2flat = table.spec.checkpoint.ted2flat
+        if up_to_date(table, path, ted2flat):
+            log.info(
+                "table %r: unchanged since its checkpoint at %s; not written again",
+                table.name,
+                path,
+            )
+            return CheckpointPath.of(path, skipped=True)
         write(table, path, ted2flat=ted2flat)
         for stale in path.parent.iterdir():
             if stale.name.startswith((f"{path.name}{TMP}", f"{path.name}{ASIDE}")):
                 shutil.rmtree(stale, ignore_errors=True)
-    return path
+    return CheckpointPath.of(path, skipped=False)
 
 
 def write(table: Table, path: Path, *, ted2flat: bool | None, _stall: bool = False) -> Path:
@@ -161,7 +214,7 @@ def write(table: Table, path: Path, *, ted2flat: bool | None, _stall: bool = Fal
         ):
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp.mkdir()
-            state, meta = _write_snapshot(table, tmp, ted2flat, hold=_stall)
+            state, meta, changes = _write_snapshot(table, tmp, ted2flat, hold=_stall)
             SF.save_state(tmp, state)
             (tmp / METADATA).write_text(json.dumps(meta, indent=2))
             if _stall:
@@ -176,6 +229,9 @@ def write(table: Table, path: Path, *, ted2flat: bool | None, _stall: bool = Fal
             fsync_path(path.parent)
             if aside is not None:
                 shutil.rmtree(aside, ignore_errors=True)
+            table.last_checkpoint = Written(
+                path, meta["checkpoint_id"], changes, ted2flat, files_of(path)
+            )
             return path
     except TDReplayError:
         raise
@@ -215,11 +271,13 @@ def _meta(table: Table, snap: Snapshot, ted2flat: bool) -> dict[str, Any]:
     """The checkpoint's metadata, of the snapshot it writes."""
     return {
         "format_version": FORMAT_VERSION,
+        "checkpoint_id": uuid.uuid4().hex,
         "created_at": snap.taken_at,
         "spec": table.spec.model_dump(mode="json"),
         "hi": snap.hi,
         "size": snap.size,
         "ted2flat": bool(ted2flat),
+        "live_only": snap.live_only,
     }
 
 
@@ -237,20 +295,23 @@ def _save_rows(table: Table, data: TensorDict, folder: Path, state: dict[str, An
 
 def _write_snapshot(
     table: Table, tmp: Path, ted2flat: bool, hold: bool
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, Any], dict[str, Any], int]:
     """Write the rows of one snapshot of ``table`` to ``tmp/storage`` (copied while the
-    table serves; with ``hold``, under its locks, as before snapshots: for comparisons)."""
-    with table.snapshot(hold=hold) as snap:
+    table serves; with ``hold``, under its locks, as before snapshots: for comparisons);
+    its state, metadata and change count."""
+    # TED2Flat's layout is TorchRL's, a ring of rows [0, hi): in the plain one, only the
+    # slots live at the snapshot (no sampler, writer or restore reads a dead slot's row)
+    with table.snapshot(hold=hold, live_only=not ted2flat) as snap:
         state, meta, hi = snap.state, _meta(table, snap, ted2flat), snap.hi
-        if not hi:
-            return state, meta
+        if not snap.rows:
+            return state, meta, snap.changes
         schema = table.spec.torch_schema()
         copy = snap.copy if hold else lambda sink: _in_background(lambda: snap.copy(sink))
         if ted2flat:  # TED2Flat takes the rows whole
             rows = RowsInMemory({k: torch.empty([hi, *s], dtype=d) for k, (s, d) in schema.items()})
             copy(rows)
             if _save_flat_lossless(table, rows.tensors, tmp, state, hi):
-                return state, meta
+                return state, meta, snap.changes
             log.warning(
                 "table %r: its rows are not one TED stream TED2Flat keeps bit for bit "
                 "(interleaved trajectories, or not a TED schema); checkpointed in the plain layout",
@@ -262,9 +323,9 @@ def _write_snapshot(
                     files.put(key, 0, row_bytes(tensor))
                 files.finish()
         else:
-            with RowFiles(tmp / "storage", schema, hi) as files:
+            with RowFiles(tmp / "storage", schema, snap.rows) as files:
                 copy(files)
-    return state, meta
+    return state, meta, snap.changes
 
 
 def _save_flat_lossless(

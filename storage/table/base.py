@@ -24,6 +24,7 @@ from .. import spec as S
 from ..backends import Backend
 from ..durable import STATE_DIR, DurableState
 from ..errors import InvalidRequest, RateLimitTimeout, TableClosed
+from ..last_checkpoint import Written
 from ..rate_limiter import Op, RateLimiter
 from ..rwlock import RWLock
 from ..samplers import Sampler, make_sampler
@@ -92,6 +93,11 @@ class TableBase(Scalars):
         self._before_write: list[Callable[[slice | torch.Tensor], None]] = []
         #: episodes begun so far (the next episode's id); the durable record saves it
         self.episode_base = 0
+        #: changes of its rows or state so far (under ``_cond``): a checkpoint that finds the
+        #: count where the last one it wrote left it has nothing new to write
+        self.changes = 0
+        #: the checkpoint it last wrote (see :func:`~tdreplay.storage.checkpoint.write.up_to_date`)
+        self.last_checkpoint: Written | None = None
         self._traj_key = self._end_key = None
         if isinstance(spec.sampler, S.SliceSamplerSpec):
             if spec.sampler.traj_key:
@@ -122,6 +128,7 @@ class TableBase(Scalars):
         self.checkpoints: dict[str, Any] = {
             "ok": 0,
             "failed": 0,
+            "skipped": 0,
             "last_ok_at": None,
             "seconds": None,
             "bytes": None,
@@ -199,7 +206,7 @@ class TableBase(Scalars):
             return
         if attempt:
             raise _HeldBack
-        began = self.rate_limiter.begin_wait(op)
+        began = self._begin_wait(op)
         ok = False
         try:
             if timeout is None or timeout > 0:
@@ -236,7 +243,12 @@ class TableBase(Scalars):
     def begin_wait(self, op: Op) -> float:
         """Count a call held back that its caller waits for (see ``RateLimiter.begin_wait``)."""
         with self._cond:
-            return self.rate_limiter.begin_wait(op)
+            return self._begin_wait(op)
+
+    def _begin_wait(self, op: Op) -> float:
+        """Count a wait (lock held): the limiter's wait counters are state a checkpoint saves."""
+        self.changes += 1
+        return self.rate_limiter.begin_wait(op)
 
     def end_wait(self, op: Op, began: float, *, timed_out: bool) -> float:
         """The end of a wait begun with :meth:`begin_wait`; returns its seconds."""
@@ -244,6 +256,10 @@ class TableBase(Scalars):
             return self.rate_limiter.end_wait(op, began, timed_out=timed_out)
 
     def _notify(self) -> None:
+        """The table changed (lock held): count it (:attr:`changes`), wake the waiting calls
+        and tell the listeners. Every change of rows or state ends here (but a wait's count:
+        :meth:`_begin_wait`)."""
+        self.changes += 1
         self._cond.notify_all()
         for fn in self._listeners:
             fn()

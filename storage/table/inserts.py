@@ -162,7 +162,8 @@ class Inserts(TableBase):
             claim = self.writer.claim(n, values)
             index = claim.index
             k = len(index)
-            if k == 0:
+            if k == 0:  # nothing inserted; episode ids may be used up all the same
+                self._notify()
                 return _per_row(index, claim.rows, n)
             # A slice target (a contiguous run) makes the slot updates views, not gathers.
             target = claim.target

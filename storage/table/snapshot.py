@@ -14,7 +14,9 @@ buffer, whose rows replace the copied ones at the end: the side buffer is
 bounded by the rows overwritten while the copy runs, and by ``hi`` rows at
 worst. Sampling, priority updates and evictions change state, never rows, so
 they never wait on a snapshot beyond its capture. The hook works through
-``Backend.read``, so it serves every backend. Should it fail to save rows (a
+``Backend.read``, so it serves every backend. With ``live_only`` a snapshot gives the
+slots live at the instant only, in slot order (a drained queue gives none): a dead
+row is neither read nor saved. Should it fail to save rows (a
 Redis error), the extend still goes on and the copy fails; so does closing
 the table meanwhile. An insert in flight at the snapshot (slots claimed, rows
 not written) is not in it, as it was not live.
@@ -70,6 +72,7 @@ class Snapshot:
         hi: rows ever written then (the rows :meth:`copy` gives).
         size: live items then.
         taken_at: when (``time.time()``).
+        changes: the table's change count then (see ``TableBase.changes``).
     """
 
     table: TableBase
@@ -78,15 +81,30 @@ class Snapshot:
     size: int
     #: the table's locks are held for the snapshot's life (:meth:`Table.snapshot`'s ``hold``)
     held: bool = False
+    changes: int = 0
     taken_at: float = field(default_factory=time.time)
     #: rows ``[0, done)`` are copied: the hook leaves them alone
     done: int = 0
     #: the side buffer: (rows, their contents at the snapshot)
     pieces: list[tuple[torch.Tensor, dict[NestedKey, torch.Tensor]]] = field(default_factory=list)
     error: Exception | None = None
+    #: give only the slots live at the instant, in slot order (:attr:`rows` of them)
+    live_only: bool = False
 
     def __post_init__(self) -> None:
         self.saved = torch.zeros(self.hi, dtype=torch.bool)
+        #: the slots :meth:`copy` gives (``None``: all of ``[0, hi)``), and where each slot's
+        #: row goes in what it gives (the kept slots before it)
+        self.keep: torch.Tensor | None = None
+        self.pos = torch.arange(self.hi, dtype=torch.int64)
+        if self.live_only:
+            self.keep = self.state["slots"]["live"][: self.hi].to(torch.bool)
+            self.pos = torch.cumsum(self.keep, 0) - self.keep.to(torch.int64)
+
+    @property
+    def rows(self) -> int:
+        """The rows :meth:`copy` gives: the slots live then (``live_only``), else ``hi``."""
+        return self.hi if self.keep is None else int(self.keep.sum())
 
     def before_write(self, rows: Rows) -> None:
         """The copy-on-write hook: an extend calls it (data write lock held) before it
@@ -102,6 +120,8 @@ class Snapshot:
             else:
                 index = rows[(rows >= self.done) & (rows < self.hi)]
             index = index[~self.saved[index]]
+            if self.keep is not None:  # a dead row is not given: nothing of it to save
+                index = index[self.keep[index]]
             if len(index):
                 self.pieces.append((index, self.table.backend.read(index)))
                 self.saved[index] = True
@@ -127,22 +147,32 @@ class Snapshot:
             whole = {k: row_bytes(t) for k, t in backend.view_range(0, self.hi).items()}
         for start in range(0, self.hi, step):
             stop = min(self.hi, start + step)
+            at, kept = int(self.pos[start]), self._kept(start, stop)
             with contextlib.nullcontext() if self.held else table._data_lock.read():
                 self._check()
-                if whole is not None:
+                got = None
+                if kept is not None and not kept.any():
+                    pass  # no row of the chunk is given: none is read
+                elif whole is not None:
                     for key, rows in whole.items():
-                        sink.put(key, start, rows[start:stop])
-                    got = None
+                        sink.put(key, at, _pick(rows[start:stop], kept))
                 else:
                     got = backend.read_range(start, stop)
                 self.done = stop
             if got is not None:
                 for key, src in got.items():
-                    sink.put(key, start, row_bytes(src))
+                    sink.put(key, at, _pick(row_bytes(src), kept))
         for index, saved in self.pieces:
             for key, src in saved.items():
-                sink.overlay(key, index, row_bytes(src))
+                sink.overlay(key, self.pos[index], row_bytes(src))
         sink.finish()
+
+    def _kept(self, start: int, stop: int) -> np.ndarray | None:
+        """Which slots of ``[start, stop)`` are given (``None``: all)."""
+        if self.keep is None:
+            return None
+        kept = self.keep[start:stop].numpy()
+        return None if kept.all() else kept
 
     def _check(self) -> None:
         if self.table.closed:
@@ -156,6 +186,11 @@ class Snapshot:
                 f"could not be saved: {self.error}",
                 table=self.table.name,
             ) from self.error
+
+
+def _pick(rows: np.ndarray, kept: np.ndarray | None) -> np.ndarray:
+    """``rows`` (``[n, row bytes]``) where ``kept`` (all of them: ``None``, no copy)."""
+    return rows if kept is None else rows[kept]
 
 
 @dataclass(eq=False)

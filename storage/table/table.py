@@ -42,7 +42,7 @@ from pathlib import Path
 from tdreplay.codec.protocol import IMPORT_CHUNK, MAX_BATCH_BYTES
 
 from ..backends import allocate, reopen, sweep
-from ..checkpoint import checkpoint, restore
+from ..checkpoint import CheckpointPath, checkpoint, restore
 from ..export import export
 from ..importer import import_parquet
 from ..redis_conn import RedisConnection, connections
@@ -223,7 +223,7 @@ class Table(Inserts, Draws, Figures):
 
     # ------------------------------------------------------------ reading it whole
     @contextlib.contextmanager
-    def snapshot(self, *, hold: bool = False) -> Iterator[Snapshot]:
+    def snapshot(self, *, hold: bool = False, live_only: bool = False) -> Iterator[Snapshot]:
         """The table at this instant, read while it keeps serving (see :mod:`.snapshot`):
         its state and ``hi`` now, and rows ``[0, hi)`` as they are now for
         :meth:`Snapshot.copy <.snapshot.Snapshot.copy>` to give, inside the block.
@@ -232,6 +232,8 @@ class Table(Inserts, Draws, Figures):
             hold: keep the table's locks for the whole block: nothing changes meanwhile,
                 and extends and samples wait (how checkpoints were made before snapshots,
                 kept to compare against).
+            live_only: give the rows of the slots live at this instant only (see
+                :attr:`Snapshot.rows <.snapshot.Snapshot.rows>`).
 
         Raises:
             TableClosed: the table is closed.
@@ -251,7 +253,16 @@ class Table(Inserts, Draws, Figures):
         self._data_lock.acquire_read()
         try:
             self._check_open()
-            snap = Snapshot(self, self.state_dict(), self.slots.hi, self.slots.n_live, held=hold)
+            s = self.slots
+            snap = Snapshot(
+                self,
+                self.state_dict(),
+                s.hi,
+                s.n_live,
+                held=hold,
+                changes=self.changes,
+                live_only=live_only,
+            )
             if not hold and snap.hi:
                 self._before_write.append(snap.before_write)
         except BaseException:
@@ -290,11 +301,14 @@ class Table(Inserts, Draws, Figures):
     # ------------------------------------------------------------ persistence
     def checkpoint(
         self, path: str | Path, *, ted2flat: bool | None = None, own_only: bool = False
-    ) -> Path:
+    ) -> CheckpointPath:
         """Write data and state to ``path`` atomically (aside, then renamed into place).
 
         The checkpoint is one :meth:`snapshot`: extends and samples go on while its rows
         are copied. An interrupted checkpoint leaves the previous one at ``path`` intact.
+        A table unchanged since it wrote the checkpoint at ``path`` (rows and state: a
+        sample changes the state), which is still there whole, is not written again: the
+        path returned says ``skipped``.
 
         Args:
             path: the checkpoint folder (a checkpoint there is replaced; anything else but
@@ -303,7 +317,7 @@ class Table(Inserts, Draws, Figures):
             own_only: replace only a checkpoint of this table (anything else: ``PathExists``).
 
         Returns:
-            The checkpoint folder.
+            The checkpoint folder (``skipped``: nothing written, it was up to date).
 
         Raises:
             CheckpointError: it could not be written (the previous one is kept).
@@ -319,6 +333,7 @@ class Table(Inserts, Draws, Figures):
         nbytes = sum(f.stat().st_size for f in written.rglob("*") if f.is_file())
         self.checkpoints.update(
             ok=self.checkpoints["ok"] + 1,
+            skipped=self.checkpoints["skipped"] + written.skipped,
             last_ok_at=time.time(),
             seconds=time.monotonic() - began,
             bytes=nbytes,

@@ -57,13 +57,15 @@ def staged(server: Any) -> list[Path]:
 
 
 def files(dump: Path) -> dict[str, Any]:
-    """A dump's contents: each file's bytes, the metadata as JSON less its timestamp."""
+    """A dump's contents: each file's bytes, the metadata as JSON less its timestamp and
+    its checkpoint's id (each checkpoint's own)."""
     out: dict[str, Any] = {}
     for path in sorted(p for p in dump.rglob("*") if p.is_file()):
         name = str(path.relative_to(dump))
         out[name] = path.read_bytes()
         if name == "metadata.json":
-            out[name] = {k: v for k, v in json.loads(out[name]).items() if k != "created_at"}
+            meta = json.loads(out[name]).items()
+            out[name] = {k: v for k, v in meta if k not in ("created_at", "checkpoint_id")}
     return out
 
 
