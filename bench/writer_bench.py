@@ -92,7 +92,7 @@ def make_cases(cfg: dict[str, Any]) -> dict[str, Case]:
 
             cases[f"{tr}: {t} writer"] = Case(append, CHUNK, finish=writer.flush)
             cases[f"{tr}: {t} waiting"] = Case(
-                lambda w=waiting: append(w), CHUNK, finish=waiting.flush
+                lambda w=waiting, a=append: a(w), CHUNK, finish=waiting.flush
             )
             cases[f"{tr}: {t} extend b{CHUNK}"] = Case(
                 lambda c=client, t=t, b=batch: c.extend(t, b), CHUNK
