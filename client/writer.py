@@ -19,7 +19,7 @@ is acknowledged; its error is raised by the next call; a posted chunk whose answ
 lost goes again through the client's retries, under its request id (stored once).
 ``background=True`` always uses the thread, ``False`` (and a sharded HTTP client, whose
 chunk's server is chosen as it goes) waits for each answer. Measured on 2 cores with the
-server on them (cartpole over HTTP, 256-step chunks, steps/s): posted 143k, waiting 108k;
+server on them (cartpole over HTTP, 256-step chunks, steps/s): posted 147k, waiting 109k;
 a thread over HTTP lost to waiting (47k -> 39k, trading the GIL), over shm it won.
 
 **The trajectory rule** (on a ``slice`` table a chunk ends at an episode boundary) is
