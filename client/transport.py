@@ -140,11 +140,17 @@ class Transport:
                 f"cannot connect to {e.url}: {err}", url=e.url, sent=False
             ) from None
 
-    def _take(self) -> tuple[http1.Connection, bool]:
+    def _take(self, *, checked: bool = False) -> tuple[http1.Connection, bool]:
+        """An idle connection (and ``True``) or a new one; ``checked``: one the server closed
+        while idle is replaced before a request goes out (for a request not sent twice)."""
         with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-        return self._new(), False
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            return self._new(), False
+        if checked and conn.dropped():
+            conn.close()  # closed while idle: a fresh one, before the request goes out
+            return self._new(), False
+        return conn, True
 
     def _give(self, conn: http1.Connection) -> None:
         with self._lock:
@@ -176,10 +182,7 @@ class Transport:
             Timeout: a connect or a read took longer than allowed.
             ProtocolError: the answer is not valid HTTP.
         """
-        conn, reused = self._take()
-        if reused and not req.idempotent and conn.dropped():
-            conn.close()  # closed while idle: a fresh one, before the request goes out
-            conn, reused = self._new(), False
+        conn, reused = self._take(checked=not req.idempotent)
         if not reused or not req.idempotent:
             # a call that must not be repeated goes once: should the connection end before
             # the answer, the server may have done it (``sent``), and it is not sent again
@@ -219,10 +222,7 @@ class Transport:
         Raises:
             ConnectionFailed, Timeout: as :meth:`execute`, here or from ``answer()``.
         """
-        conn, reused = self._take()
-        if reused and conn.dropped():
-            conn.close()  # closed while idle: a fresh one, before the request goes out
-            conn = self._new()
+        conn, _ = self._take(checked=True)
         limit = bounded(self.timeout + req.wait)
         try:
             conn.send(self.head(req), req, limit)

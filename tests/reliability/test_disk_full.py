@@ -220,6 +220,8 @@ def test_a_checkpoint_or_export_on_a_full_disk_answers_507_and_keeps_the_previou
     checkpoints = server.root / protocol.CHECKPOINTS
     before = tree(checkpoints / "t")
 
+    status, _, _ = server.request("POST", protocol.table_path("t", "sample") + "?batch_size=8")
+    assert status == 200  # a change (its counters): the next checkpoint is written, not skipped
     filler = fill(small_disk, leave=256 * 1024)  # a quarter of what a checkpoint needs
     status, err = post(server, protocol.table_path("t", "checkpoint"), {})
     assert (status, err.get("type")) == (507, "InsufficientStorage"), err
