@@ -20,6 +20,7 @@ all decide with :func:`export_format`, so a name gets the same answer everywhere
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from pathlib import Path, PosixPath, PurePath
@@ -132,7 +133,27 @@ def into_place(
         os.link(tmp, path)
     except FileExistsError:
         raise _exists(path, table, shown) from None
+    except OSError as err:
+        if err.errno not in _NO_LINKS:
+            raise
+        _claim_then_replace(tmp, path, table, shown)  # vfat, exFAT, some SMB and FUSE mounts
+        return
     tmp.unlink()
+
+
+#: what ``link`` raises on a filesystem without hard links
+_NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
+def _claim_then_replace(tmp: Path, path: Path, table: str | None, shown: str | None) -> None:
+    """:func:`into_place` where hard links are not to be had: the name is claimed with an
+    exclusive create (failing if it is taken, as the link would), then the export replaces
+    that empty file of its own."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        raise _exists(path, table, shown) from None
+    os.replace(tmp, path)
 
 
 def _exists(path: str | Path, table: str | None, shown: str | None) -> PathExists:
