@@ -258,9 +258,10 @@ def add_remote_commands(sub: Any) -> None:
         type=int,
         default=MAX_TABLE_BYTES,
         metavar="BYTES",
-        help="the largest table (capacity x (item + per-slot bookkeeping)) opened or restored "
-        "to be exported, as a server's flag; a larger one is refused before anything is "
-        f"allocated (default: {MAX_TABLE_BYTES}, 16 GiB)",
+        help="the most an export loads: of a checkpoint, its rows held x item + its slots "
+        "written x per-slot bookkeeping; of a table's own files, capacity x (item + "
+        "bookkeeping), as a server's flag; more is refused before a row is read "
+        f"(default: {MAX_TABLE_BYTES}, 16 GiB)",
     )
     _progress(p)
     _connection(p)

@@ -4,9 +4,10 @@ From a data root, the table's own files are read when it has them (a memmap
 table, with every row a server acknowledged), else its checkpoint
 ``<root>/checkpoints/<table>``. The root is locked meanwhile, as a server locks
 it, so this never reads a root a running server holds: export through that
-server instead. A checkpoint folder is restored into a scratch folder beside
-the output file (bit for bit, with nothing read able to run code; see
-:meth:`tdreplay.storage.Table.restore`), exported, and deleted.
+server instead. A checkpoint folder is exported straight from its files
+(:func:`tdreplay.storage.export_checkpoint`: read as a restore reads it, with
+nothing read able to run code, into the very file the table's own export writes):
+what it loads follows the rows the checkpoint holds, not the capacity it declares.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tdreplay.storage import (
     Table,
     TableSpec,
     check_table_bytes,
+    export_checkpoint,
     find_checkpoint,
     lock_root,
     read_checkpoint_metadata,
@@ -114,8 +116,8 @@ def export_minari(args: dict[str, Any]) -> None:
 
 
 def max_table_bytes(args: dict[str, Any]) -> int:
-    """``--max-table-bytes``: the largest table an offline export opens or restores (the
-    spec of a checkpoint is a few bytes of JSON; the table it declares, terabytes)."""
+    """``--max-table-bytes``: the largest table an offline export opens, and the most of a
+    checkpoint it loads (its rows and written slots: what it holds, not what it declares)."""
     limit = args.get("max_table_bytes", MAX_TABLE_BYTES)
     if limit < 1:
         raise CommandError(f"--max-table-bytes is {limit}: it takes a size >= 1", Exit.USAGE)
@@ -176,29 +178,21 @@ def from_checkpoint(
     limit: int,
     replace: bool = True,
 ) -> tuple[str, ExportedPath]:
-    """Export the table the checkpoint at ``path`` holds, no larger than ``limit`` bytes
-    (refused before it is restored; ``replace``: a file at ``output`` may be replaced);
-    returns its name and what the export wrote."""
+    """Export the table the checkpoint at ``path`` holds, straight from its files (no
+    table is built: :func:`tdreplay.storage.export_checkpoint`), loading no more than
+    ``limit`` bytes of it (its rows and the state of its written slots, refused before a
+    row is read; ``replace``: a file at ``output`` may be replaced); returns its name and
+    what the export wrote."""
     meta = read_checkpoint_metadata(path)
     spec = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
     held = spec.get("name")
     if table and held != table:
         raise CommandError(f"the checkpoint at {str(path)!r} holds table {held!r}, not {table!r}")
-    backend = spec.get("backend")
-    if isinstance(backend, dict) and backend.get("kind") == "redis":
-        raise CommandError(
-            f"the checkpoint at {str(path)!r} is of a Redis table: restoring it needs its "
-            "Redis; export it through a server (tdreplay export TABLE -o FILE --url URL)"
-        )
-    # a spec missing or malformed is the restore's to refuse, naming the checkpoint's file
+    # a Redis table's checkpoint holds its rows: no Redis is needed to export it
+    # a spec missing or malformed is the read's to refuse, naming the checkpoint's file
     declared = TableSpec.parse(spec, source=f"{path}/metadata.json") if spec else None
-    if declared is not None:
-        check_table_bytes(declared, limit)
     output.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=output.parent, prefix=".tdreplay-export-") as scratch:
-        restored = Table.restore(path, root=scratch, expect=declared)
-        try:
-            written = restored.export(output, format=fmt, progress=progress, replace=replace)
-        finally:
-            restored.destroy()
+    written = export_checkpoint(
+        path, output, format=fmt, progress=progress, replace=replace, expect=declared, limit=limit
+    )
     return str(held), written

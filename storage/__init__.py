@@ -16,7 +16,8 @@ of what the service may use (``tests/test_import_cycles.py`` holds it so):
 * the data root: :func:`lock_root` / :class:`RootLock` (one process per
   root), :func:`stored_specs` (the tables a process left reopenable);
 * checkpoints: :func:`find_checkpoint`, :func:`read_checkpoint_metadata`, :func:`checkpoint_table`,
-  :func:`checkpoint_holds_other` (what a checkpoint of a table must not replace), :func:`is_checkpoint`, :func:`is_complete_checkpoint`,
+  :func:`checkpoint_holds_other` (what a checkpoint of a table must not replace), :func:`export_checkpoint`
+  (a checkpoint's items exported without a table), :func:`is_checkpoint`, :func:`is_complete_checkpoint`,
   :func:`is_checkpoint_debris`, :func:`is_reserved_checkpoint_name` and :func:`clean_checkpoints` (what
   interrupted checkpoints leave);
 * Redis: :class:`RedisConnection`, :func:`resolve_redis_connection`,
@@ -33,7 +34,7 @@ from tdreplay.codec.dtypes import TORCH as DTYPES
 
 from .backends import stored_specs
 from .backends import sweep_keys as sweep_redis_keys
-from .checkpoint import CheckpointPath, is_checkpoint
+from .checkpoint import CheckpointPath, export_checkpoint, is_checkpoint
 from .checkpoint import find as find_checkpoint
 from .checkpoint import held_table as checkpoint_table
 from .checkpoint import holds_other as checkpoint_holds_other
@@ -104,6 +105,7 @@ __all__ = [
     "TableSpec",
     "clean_checkpoints",
     "CheckpointPath",
+    "export_checkpoint",
     "find_checkpoint",
     "free_bytes",
     "insufficient_storage",

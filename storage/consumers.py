@@ -10,6 +10,7 @@ protocols, not the class: the dependency goes one way, table to consumers
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,10 +20,10 @@ import torch
 from .backends import Backend
 from .last_checkpoint import Written
 from .slot_policy import SlotPolicy
-from .spec import TableSpec
+from .spec import NestedKey, TableSpec
 
 if TYPE_CHECKING:  # the table package imports its consumers, which import this module
-    from .table.snapshot import Items, Snapshot
+    from .table.snapshot import Snapshot
 
 
 class Named(Protocol):
@@ -76,13 +77,23 @@ class Restorable(Protocol):
     def destroy(self) -> None: ...
 
 
+class ItemChunks(Protocol):
+    """Live items to export, oldest first, a chunk at a time (a table's
+    :class:`~tdreplay.storage.table.snapshot.Items`, or a checkpoint's)."""
+
+    def __len__(self) -> int: ...
+
+    def chunks(self, rows: int) -> Iterator[tuple[dict[NestedKey, torch.Tensor], int]]:
+        """``(items, slots read)``, about ``rows`` at a time: items of the spec's fields,
+        ``[n, *shape]`` each; the slots read add up to ``len()``."""
+        ...
+
+
 class Exportable(Named, Protocol):
-    """What an export reads: the live items, and the row layout of the backend."""
+    """What an export reads: the live items, oldest first (a table, or a checkpoint read
+    offline: :class:`~tdreplay.storage.checkpoint.items.CheckpointTable`)."""
 
-    @property
-    def backend(self) -> Backend: ...
-
-    def items(self) -> Items: ...
+    def items(self) -> ItemChunks: ...
 
 
 class Importable(Named, Protocol):

@@ -8,7 +8,9 @@ written next to its destination under a temporary name and renamed into place:
 a failed export leaves no file behind (and an existing one untouched). With
 ``replace=False`` the last step is a hard link, which fails if the name exists: a
 file that appears there while the export runs (another export racing for the
-name) is never replaced, whatever the timing.
+name) is never replaced, whatever the timing. A checkpoint exported without a table
+(:func:`~tdreplay.storage.checkpoint.items.export_checkpoint`) goes through these
+writers too, its live items in the same order: the same file, byte for byte.
 
 **Parquet** files use the wire schema of :mod:`tdreplay.codec`: one column
 per field, nested keys joined with ``"."`` (``next.reward``); a scalar field
@@ -96,7 +98,7 @@ from .spec import join_key
 
 if TYPE_CHECKING:
     from .consumers import Exportable as Table
-    from .table.snapshot import Items
+    from .consumers import ItemChunks as Items
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +210,8 @@ def export(
 def _parquet_schema(table: Table) -> pa.Schema:
     """The codec's schema for the table, with its name and spec (less the backend: the
     file describes the data, not where a server kept it) in the schema metadata."""
-    empty = to_record_batch(table.backend.empty(0)).schema
+    fields = table.spec.torch_schema().items()
+    empty = to_record_batch({k: torch.empty([0, *s], dtype=d) for k, (s, d) in fields}).schema
     spec = table.spec.model_dump_json(exclude={"backend"})
     return empty.with_metadata({"tdreplay.table": table.name, "tdreplay.spec": spec})
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -194,14 +195,15 @@ class Slots(Scalars):
                 state at or past slot ``hi`` (the message names ``where.key``).
         """
         hi = self.hi if hi is None else hi
-        value = SF.tensor(state, key, where, dtype=column.dtype, ndim=column.ndim)
-        if value.shape[1:] != column.shape[1:] or len(value) not in (hi, self.capacity):
-            raise SF.StateError(
-                f"{where}.{key}: expected shape {[hi, *column.shape[1:]]} (a row for each of "
-                f"the slots.hi written slots) or {list(column.shape)}, got {list(value.shape)}"
-            )
-        self.check_unwritten(value, f"{where}.{key}", hi)
-        return value
+        return per_slot(
+            state,
+            key,
+            where,
+            column.dtype,
+            hi=hi,
+            capacity=self.capacity,
+            trailing=column.shape[1:],
+        )
 
     def load_written(self, column: torch.Tensor, value: torch.Tensor) -> None:
         """``value`` (checked by :meth:`loaded`) into ``column``, the mirror of :meth:`written`:
@@ -238,13 +240,80 @@ class Slots(Scalars):
                 ``n_live`` is not the number of live slots, or a live slot lies
                 at or past ``hi``.
         """
+        checked = SlotState.checked(state, self.capacity)
+        hi, live, ordinal = checked.hi, checked.live, checked.ordinal
+        self._reached = self.reach()
+        self.hi = hi
+        self.load_written(self.live, live)
+        self.busy.zero_()
+        self.load_written(self.ordinal, ordinal)
+        self.load_written(self.times_sampled, checked.times_sampled)
+        self.n_live = checked.n_live
+        self.inserted = checked.inserted
+
+
+def per_slot(
+    state: Any,
+    key: str,
+    where: str,
+    dtype: torch.dtype,
+    *,
+    hi: int,
+    capacity: int,
+    trailing: tuple[int, ...] | torch.Size = (),
+) -> torch.Tensor:
+    """``state[key]``, a per-slot column of a table of ``capacity`` slots with ``hi`` written
+    (see :meth:`Slots.loaded`), checked: ``dtype``, rows of shape ``trailing``, and a row for
+    each written slot or for every slot, zeros past ``hi``.
+
+    Raises:
+        StateError: it is missing, not a tensor, of another dtype or shape, or holds
+            state at or past slot ``hi`` (the message names ``where.key``).
+    """
+    value = SF.tensor(state, key, where, dtype=dtype, ndim=1 + len(trailing))
+    if value.shape[1:] != tuple(trailing) or len(value) not in (hi, capacity):
+        raise SF.StateError(
+            f"{where}.{key}: expected shape {[hi, *trailing]} (a row for each of "
+            f"the slots.hi written slots) or {[capacity, *trailing]}, got {list(value.shape)}"
+        )
+    Slots.check_unwritten(value, f"{where}.{key}", hi)
+    return value
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """A table's slot state (what :meth:`Slots.state_dict` gives), checked, not loaded: what
+    :meth:`Slots.load_state_dict` loads, and what an export of a checkpoint orders its
+    items by (nothing of ``capacity`` size is allocated)."""
+
+    n_live: int
+    hi: int
+    inserted: int
+    live: torch.Tensor
+    ordinal: torch.Tensor
+    times_sampled: torch.Tensor
+
+    @classmethod
+    def checked(cls, state: Any, capacity: int) -> SlotState:
+        """``state`` checked for a table of ``capacity`` slots (see :meth:`Slots.load_state_dict`).
+
+        Raises:
+            StateError: a part is missing or of the wrong kind, shape or dtype, ``n_live``
+                is not the number of live slots, a live slot lies at or past ``hi``, or an
+                ordinal is out of range or held twice.
+        """
         where = "slots"
-        n_live = SF.integer(state, "n_live", where, hi=self.capacity)
-        hi = SF.integer(state, "hi", where, hi=self.capacity)
+        n_live = SF.integer(state, "n_live", where, hi=capacity)
+        hi = SF.integer(state, "hi", where, hi=capacity)
         inserted = SF.integer(state, "inserted", where, hi=MAX_ORDINAL)
-        live = self.loaded(state, "live", where, self.live, hi=hi)
-        ordinal = self.loaded(state, "ordinal", where, self.ordinal, hi=hi)
-        times_sampled = self.loaded(state, "times_sampled", where, self.times_sampled, hi=hi)
+        live, ordinal, times_sampled = (
+            per_slot(state, key, where, dtype, hi=hi, capacity=capacity)
+            for key, dtype in (
+                ("live", torch.bool),
+                ("ordinal", torch.int64),
+                ("times_sampled", torch.int64),
+            )
+        )
         if int(live.sum()) != n_live:
             raise SF.StateError(f"slots.n_live is {n_live} but {int(live.sum())} slots are live")
         live_ordinal = ordinal[live]
@@ -260,14 +329,15 @@ class Slots(Scalars):
             raise SF.StateError(f"slots.ordinal: an ordinal is outside [0, {inserted}]")
         if bool((times_sampled < 0).any()):
             raise SF.StateError("slots.times_sampled: a count is negative")
-        self._reached = self.reach()
-        self.hi = hi
-        self.load_written(self.live, live)
-        self.busy.zero_()
-        self.load_written(self.ordinal, ordinal)
-        self.load_written(self.times_sampled, times_sampled)
-        self.n_live = n_live
-        self.inserted = inserted
+        return cls(n_live, hi, inserted, live, ordinal, times_sampled)
+
+
+def oldest_first(held: torch.Tensor, ordinal: torch.Tensor) -> torch.Tensor:
+    """The slots ``held`` marks (a mask over slots ``[0, len(held))``), oldest item first:
+    by ``ordinal`` (a slot's item's place in insertion order, unique among live items).
+    The order of an export, of a table or of a checkpoint."""
+    slots = held.nonzero().squeeze(1)
+    return slots[torch.argsort(ordinal[slots])]
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

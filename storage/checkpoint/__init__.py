@@ -21,6 +21,9 @@ One module per concern:
 * :mod:`.snapshot`: the rows of one instant, copied while the table keeps
   serving (a copy-on-write hook saves the rows an insert overwrites).
 * :mod:`.restore`: :func:`restore`; nothing read from a checkpoint can run code.
+* :mod:`.load`: the steps of reading a checkpoint a restore and an offline export share.
+* :mod:`.items`: :func:`export_checkpoint`, a checkpoint's live items exported without
+  a table (what it loads follows what the checkpoint holds, not the declared capacity).
 * :mod:`.reader`: reading a checkpoint's files safely (no pickle, every file
   inside the folder, sizes and dtypes as the spec says).
 * :mod:`.folder`: the names in a checkpoint folder, :func:`find` (the
@@ -39,14 +42,17 @@ from .folder import (
     is_checkpoint,
     read_metadata,
 )
+from .items import CheckpointTable, export_checkpoint
 from .restore import restore
 from .write import CheckpointPath, checkpoint
 
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointPath",
+    "CheckpointTable",
     "READABLE_FORMATS",
     "checkpoint",
+    "export_checkpoint",
     "find",
     "held_table",
     "holds_other",

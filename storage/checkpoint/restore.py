@@ -25,38 +25,25 @@ whose message names the file and the problem; nothing of it was loaded.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from tdreplay.codec.spaces import outside_categories
-
 from .. import statefile as SF
 from ..backends import allocate, primary_location, sweep
-from ..errors import CheckpointError, InvalidCheckpoint, TDReplayError
+from ..errors import CheckpointError, TDReplayError
 from ..redis_conn import Connections
 from ..spec import (
     MaxValueWriterSpec,
     NestedKey,
     SliceSamplerSpec,
     TableSpec,
-    join_key,
     split_key,
 )
-from ..tensordicts import leaves, nest
-from . import reader as R
-from .folder import (
-    METADATA,
-    READABLE_FORMATS,
-    V1_STATE,
-    find,
-    overlaps,
-    path_lock,
-    read_metadata,
-)
+from .folder import overlaps, path_lock
+from .load import check_state_parts, invalid, read_head, read_rows, read_state, reading
 
 if TYPE_CHECKING:
     from ..consumers import Restorable
@@ -107,7 +94,7 @@ def restore(
         table.destroy()
         if isinstance(err, TDReplayError):
             raise
-        raise _invalid(src, err, spec.name) from err
+        raise invalid(src, err, spec.name) from err
     sweep(spec, root)
     return table
 
@@ -128,36 +115,8 @@ def _read(
     (``root``, default the checkpoint's parent), ``hi``, its rows (``None``: none) mapped
     copy-on-write, the slots they are (``None``: ``[0, hi)``; ``live_only``: the live ones),
     and its state (see :func:`restore`)."""
-    src = find(path)
-    meta = read_metadata(src)
-    version = meta.get("format_version")
-    if not R.is_int(version) or version not in READABLE_FORMATS:
-        raise InvalidCheckpoint(
-            f"{src}: checkpoint format {version!r:.40} not supported (this tdreplay reads "
-            f"formats {', '.join(map(str, READABLE_FORMATS))}); restore it with the tdreplay "
-            "that wrote it and checkpoint it again"
-        )
-    if not isinstance(meta.get("spec"), dict):
-        raise InvalidCheckpoint(f"{src / METADATA}: 'spec' is missing or not an object")
-    spec = TableSpec.parse(meta["spec"], source=str(src / METADATA))
-    if expect is not None and spec != expect:
-        # The caller checked ``expect`` (name, backend, limits); this is the read that counts.
-        raise InvalidCheckpoint(
-            f"{src / METADATA} changed while it was being restored; nothing was restored",
-            table=expect.name,
-        )
-    hi, ted2flat = meta.get("hi"), meta.get("ted2flat", False)
-    if not isinstance(hi, int) or isinstance(hi, bool) or not 0 <= hi <= spec.capacity:
-        raise InvalidCheckpoint(
-            f"{src / METADATA}: 'hi' is {hi!r:.40}, not an integer in [0, {spec.capacity}]"
-        )
-    if not isinstance(ted2flat, bool):
-        raise InvalidCheckpoint(f"{src / METADATA}: 'ted2flat' is {ted2flat!r:.40}, not a bool")
-    live_only = meta.get("live_only", False)
-    if not isinstance(live_only, bool) or (live_only and ted2flat):
-        raise InvalidCheckpoint(
-            f"{src / METADATA}: 'live_only' is {live_only!r:.40}, not a bool (false with ted2flat)"
-        )
+    head = read_head(path, expect)
+    src, spec = head.src, head.spec
     root = Path(root) if root is not None else src.parent
     location = primary_location(spec, root)
     if location is not None and overlaps(location, src):
@@ -168,48 +127,10 @@ def _read(
             table=spec.name,
         )
     # Everything is read and checked before a table is allocated.
-    try:
-        rows = slots = None
-        state = _read_state(src, version, spec.capacity)
-        if hi and live_only:
-            slots = _live_slots(state, hi, spec.capacity)
-            if slots is not None and len(slots):
-                rows = R.read_rows(src, spec, len(slots))
-        elif hi and ted2flat:
-            schema = spec.torch_schema()
-            empty = {k: torch.empty([hi, *shape], dtype=d) for k, (shape, d) in schema.items()}
-            got = leaves(R.load_flat(src, spec, hi, nest(empty, hi)))
-            rows = {k: torch.as_tensor(got[k]) for k in schema}
-        elif hi:
-            rows = R.read_rows(src, spec, hi)
-        if rows is not None:
-            _check_categories(spec, rows, slots)
-    except InvalidCheckpoint as err:
-        raise InvalidCheckpoint(
-            f"cannot restore {src}: {err}",
-            table=spec.name,
-            field=err.field,
-            expected=err.expected,
-            got=err.got,
-        ) from None
-    except TDReplayError:
-        raise
-    except Exception as err:
-        raise _invalid(src, err, spec.name) from err
-    return src, spec, root, hi, rows, slots, state
-
-
-def _live_slots(state: dict[str, Any], hi: int, capacity: int) -> torch.Tensor | None:
-    """The slots whose rows a ``live_only`` checkpoint holds: those live in its state.
-    ``None`` where its ``slots.live`` has neither ``hi`` nor ``capacity`` rows: the state's
-    load refuses it then, with the rest of the state's checks, naming it."""
-    slots = state.get("slots")
-    if not isinstance(slots, dict):
-        raise SF.StateError(f"slots: expected a dict, got {type(slots).__name__}")
-    live = SF.tensor(slots, "live", "slots", dtype=torch.bool, ndim=1)
-    if len(live) not in (hi, capacity):
-        return None
-    return live[:hi].nonzero().squeeze(1)
+    with reading(head):
+        state = read_state(head)
+        rows, slots = read_rows(head, state)
+    return src, spec, root, head.hi, rows, slots, state
 
 
 class _Columns:
@@ -230,83 +151,9 @@ class _Columns:
         return out
 
 
-def _check_categories(
-    spec: TableSpec, rows: dict[NestedKey, torch.Tensor], slots: torch.Tensor | None
-) -> None:
-    """The checkpoint's rows hold no value an extend refuses for a field's categories."""
-    for key, n in spec.categories().items():
-        found = outside_categories(rows[key].numpy(), n)
-        if found is not None:
-            slot, value = found
-            slot = slot if slots is None else int(slots[slot])
-            raise InvalidCheckpoint(
-                f"field {join_key(key)!r} holds {value} in slot {slot}, outside its {n} "
-                f"categories 0 .. {n - 1}",
-                field=join_key(key),
-                expected=f"0 .. {n - 1}",
-                got=value,
-            )
-
-
-def _invalid(src: Path, err: Exception, table: str) -> CheckpointError:
-    """``err`` raised while reading ``src``, as the error restore reports."""
-    if isinstance(err, OSError) and not isinstance(err, FileNotFoundError):
-        # the disk failed, not the checkpoint
-        return CheckpointError(f"cannot restore {src}: {err}", table=table)
-    return InvalidCheckpoint(f"cannot restore {src}: {err}", table=table)
-
-
-def _read_state(src: Path, version: int, capacity: int) -> dict[str, Any]:
-    """The table state of a checkpoint: JSON + raw tensors (format 2), or ``weights_only``
-    (1), no larger than a table of ``capacity`` keeps (checked before it is read)."""
-    if version >= 2:
-        if os.path.lexists(src / V1_STATE):
-            # Never written beside a format 2 state: planted, or two checkpoints mixed up.
-            raise InvalidCheckpoint(
-                f"it holds {V1_STATE}, which a format {version} checkpoint never has "
-                "(a planted or mixed-up file); refused"
-            )
-        os.close(R.open_inside(src, src / SF.STATE_FILE))  # a regular file inside the checkpoint
-        return SF.load_state(src, capacity=capacity)
-    path = src / V1_STATE
-    os.close(R.open_inside(src, path))
-    # torch.save stores tensors' bytes uncompressed: the file's size bounds what it loads
-    limit = 8 * SF.max_state_elements(capacity)[1] + (1 << 20)  # + the pickled structure
-    if path.stat().st_size > limit:
-        raise InvalidCheckpoint(
-            f"{path.name} (format 1) holds {path.stat().st_size} bytes; the state of a table "
-            f"of capacity {capacity} takes at most {limit}"
-        )
-    try:
-        # weights_only: tensors and plain containers only; anything else is refused unrun.
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise InvalidCheckpoint(
-            f"{path.name} (format 1) cannot be read safely: "
-            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
-        ) from None
-    structure, tensors = SF.encode(state)  # the same checks as a format 2 state
-    return SF.decode(structure, tensors)
-
-
 def _check_table_state(table: Restorable, state: dict[str, Any], hi: int) -> None:
     """Check the table-level parts of ``state`` (the components check their own)."""
-    for part in ("slots", "sampler", "writer", "rate_limiter"):
-        if not isinstance(state.get(part), dict):
-            raise SF.StateError(f"{part}: expected a dict, got {type(state.get(part)).__name__}")
-    inserts, inserted = state["rate_limiter"].get("inserts"), state["slots"].get("inserted")
-    if R.is_int(inserts) and R.is_int(inserted) and inserts > inserted:
-        # an item counts as inserted once written, after it took its ordinal
-        raise SF.StateError(
-            f"rate_limiter.inserts is {inserts}, but only {inserted} items were inserted "
-            "(slots.inserted)"
-        )
-    if state["slots"].get("hi") != hi:
-        raise SF.StateError(
-            f"slots.hi is {state['slots'].get('hi')!r:.40}, metadata.json says {hi}"
-        )
-    if "episode_base" in state:
-        SF.integer(state, "episode_base", "<state>")
+    check_state_parts(state, hi)
     if "generator" in state:
         SF.tensor(state, "generator", "<state>", like=table.generator.get_state())
 

@@ -42,6 +42,7 @@ import torch
 
 from ..backends import Rows, TensorBackend
 from ..errors import CheckpointError
+from ..slots import oldest_first
 from ..spec import NestedKey
 from ..tensordicts import row_bytes
 
@@ -299,8 +300,7 @@ class Items:
         """The slots of the items of the instant still live, sorted by ordinal."""
         with self.table._cond:
             # none of the instant at or past hi (nor read there: see Slots.written)
-            slots = self._of_instant(slice(0, self.hi)).nonzero().squeeze(1)
-            return slots[torch.argsort(self.table.slots.ordinal[slots])]
+            return oldest_first(self._of_instant(slice(0, self.hi)), self.table.slots.ordinal)
 
     def _read(self, idx: torch.Tensor) -> dict[NestedKey, torch.Tensor]:
         """The rows of slots ``idx`` whose items are of the instant, read now.

@@ -1,10 +1,13 @@
-"""``tdreplay export --checkpoint`` / ``--root`` restore a checkpoint to export it: the table
-its ``metadata.json`` declares is bounded by ``--max-table-bytes``, as a server bounds it.
+"""``tdreplay export --checkpoint`` / ``--root``: what an offline export loads follows what the
+checkpoint holds, not the capacity its spec declares, and ``--max-table-bytes`` bounds it.
 
-A checkpoint's spec is a few bytes of JSON and is untrusted; the table it declares is
-allocated whole (its per-slot bookkeeping in memory) before a row is read. Before, an offline
-export allocated whatever was declared: 1.26 GB of memory for a 28 KB checkpoint of 2 rows
-declaring 33M slots, growing with the declared capacity up to what the kernel refuses.
+A checkpoint's spec is a few bytes of JSON and is untrusted. An offline export once allocated
+whatever it declared (1.26 GB for a 28 KB checkpoint of 2 rows declaring 33M slots), then
+refused a declared table past ``--max-table-bytes`` but still restored the checkpoint into a
+whole table below it: per-slot bookkeeping (sampler sum trees, slot columns) and rows of the
+declared capacity, ~550 MB over the interpreter's ~400 MB for 10 rows in a prioritized table
+declaring 8M slots. It now exports straight from the checkpoint's files (its state, its row
+files mapped), and the limit counts the rows it holds and the slots ever written.
 """
 
 from __future__ import annotations
@@ -12,22 +15,26 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
-from testkit import make_spec, rows
+from testkit import PEAK, make_spec, rows
 from testkit import run_cli as tdreplay_cli
 
 from tdreplay.service import Settings
-from tdreplay.storage import Table
+from tdreplay.storage import MAX_TABLE_BYTES, Table, table_nbytes
 
 GIB = 1 << 30
+MB = 1 << 20
 
 
-def declaring(root: Path, capacity: int) -> Path:
-    """A real checkpoint of 2 rows at ``<root>/checkpoints/t`` whose spec declares ``capacity``."""
-    table = Table.create(make_spec("t", capacity=4), root / "made")
-    table.extend(rows(0, 2))
+def declaring(root: Path, capacity: int, n: int = 2, **extra: object) -> Path:
+    """A real checkpoint of ``n`` rows at ``<root>/checkpoints/t`` whose spec declares
+    ``capacity`` (its state covers the ``n`` slots written, as a table of that capacity's)."""
+    table = Table.create(make_spec("t", capacity=max(n, 4), **extra), root / "made")
+    table.extend(rows(0, n))
     path = table.checkpoint(root / "checkpoints" / "t")
     table.destroy()
     meta = json.loads((path / "metadata.json").read_text())
@@ -36,62 +43,90 @@ def declaring(root: Path, capacity: int) -> Path:
     return path
 
 
-#: runs ``tdreplay`` and, at its exit, writes its own peak RSS (``VmHWM``, of the process
-#: image the CLI ran in) last on stderr: the child's ``ru_maxrss`` would count the pages of the
-#: test process it was forked from before its exec
-_MEASURED = (
-    "import atexit, runpy, sys\n"
-    "def peak():\n"
-    "    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
-    "    print('\\nPEAK', int(hwm.split()[1]) >> 10, file=sys.stderr)\n"
-    "atexit.register(peak)\n"
-    "sys.argv = ['tdreplay', *sys.argv[1:]]\n"
-    "runpy.run_module('tdreplay.cli', run_name='__main__')\n"
-)
-
-
 def export(*argv: str) -> tuple[int, str, int]:
-    """``tdreplay export *argv`` in a process of its own: exit status, stderr, peak RSS (MB)."""
-    child = subprocess.run(
-        [sys.executable, "-c", _MEASURED, "export", *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        check=False,
+    """``tdreplay export *argv`` in a fresh process: its exit status, its stderr, and how far
+    its peak resident memory grew from just before the command ran (bytes: the interpreter,
+    torch and tensordict, ~400 MB, are loaded before; :data:`testkit.PEAK`)."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from tdreplay.cli import main
+        before = reset_peak()
+        try:
+            main(["export", *{list(argv)!r}])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+        print(peak_growth(before), code)
+        """
     )
-    err, _, peak = child.stderr.decode().rpartition("\nPEAK ")
-    return child.returncode, err, int(peak)
+    child = subprocess.run(
+        [sys.executable, "-c", PEAK + script], capture_output=True, text=True, timeout=300
+    )
+    assert child.returncode == 0, child.stderr
+    growth, code = child.stdout.splitlines()[-1].split()
+    return int(code), child.stderr, int(growth)
 
 
-def test_a_checkpoint_declaring_a_table_past_the_limit_is_refused_before_it_is_allocated(
+def test_an_offline_export_s_memory_follows_the_rows_not_the_declared_capacity(
     tmp_path: Path,
 ) -> None:
-    path = declaring(tmp_path, 1 << 26)  # 64M slots: gigabytes of bookkeeping
+    """10 rows of a prioritized table declaring 8M slots cost what they cost in a table
+    of 16 slots (an export's own buffers, and pyarrow's: ~18 MB for Parquet, ~48 MB for
+    CSV); restored into a whole table first, they cost ~550 MB more."""
+    small = declaring(tmp_path / "small", 16, n=10, sampler={"kind": "prioritized"})
+    large = declaring(tmp_path / "large", 1 << 23, n=10, sampler={"kind": "prioritized"})
+    out = tmp_path / "out"
+    for fmt in ("parquet", "csv"):
+        grew = {}
+        for name, path in (("small", small), ("large", large)):
+            code, err, grew[name] = export(
+                "--checkpoint", str(path), "-o", str(out / f"{name}.{fmt}")
+            )
+            assert code == 0, err
+        assert grew["large"] - grew["small"] < 8 * MB, f"{fmt}: {grew}"
+    assert pq.read_table(out / "large.parquet").column("id").to_pylist() == list(range(10))
+    assert (out / "large.csv").read_bytes() == (out / "small.csv").read_bytes()  # 10 rows
+    assert (out / "large.csv").read_text().count("\n") == 11
+    assert len(list(out.iterdir())) == 4  # and no scratch beside them
+
+
+def test_a_checkpoint_holding_more_than_the_limit_is_refused_before_its_rows_are_read(
+    tmp_path: Path,
+) -> None:
+    path = declaring(tmp_path, 1 << 26, n=200)
     out = tmp_path / "out" / "t.parquet"
-    code, err, peak = export(
-        "--checkpoint", str(path), "-o", str(out), "--max-table-bytes", str(GIB)
+    held = table_nbytes(make_spec(), held=(200, 200))  # the rows and their slots' bookkeeping
+    limit = held - 1
+    code, err, _ = export(
+        "--checkpoint", str(path), "-o", str(out), "--max-table-bytes", str(limit)
     )
     assert code == 1, err
-    assert "capacity 67108864" in err and f"limit of {GIB} bytes (--max-table-bytes)" in err, err
-    assert peak < 700, f"{peak} MB"  # the interpreter, torch and tensordict: ~400 MB
+    assert "200 rows x" in err and "200 written slots" in err and "capacity 67108864" in err, err
+    assert f"limit of {limit} bytes (--max-table-bytes)" in err, err
     assert not out.parent.exists() or not any(out.parent.iterdir())  # no file, no scratch
     # the same table under a data root, found as its checkpoint
     code, err, _ = export(
-        "t", "--root", str(tmp_path), "-o", str(out), "--max-table-bytes", str(GIB)
+        "t", "--root", str(tmp_path), "-o", str(out), "--max-table-bytes", str(limit)
     )
     assert code == 1 and "(--max-table-bytes)" in err, err
+    # what it holds, exactly: exported
+    code, err, _ = export("--checkpoint", str(path), "-o", str(out), "--max-table-bytes", str(held))
+    assert code == 0 and pq.read_table(out).num_rows == 200, err
 
 
 def test_the_default_limit_is_the_server_s(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = declaring(tmp_path, 1 << 40)  # the most a spec may declare
+    assert Settings().max_table_bytes == MAX_TABLE_BYTES
+    path = declaring(tmp_path, 1 << 40)  # the most a spec may declare: 2 rows held
     out = tmp_path / "t.parquet"
-    code, _, err = tdreplay_cli(
+    code, stdout, err = tdreplay_cli(
         "export", "--checkpoint", str(path), "-o", str(out), capsys=capsys, monkeypatch=monkeypatch
     )
-    limit = Settings().max_table_bytes
-    assert code == 1 and f"limit of {limit} bytes (--max-table-bytes)" in err, err
-    assert not out.exists()
+    assert code == 0 and "2 rows" in stdout, err
     code, _, err = tdreplay_cli(
         "export", "--checkpoint", str(path), "-o", str(out), "--max-table-bytes", "0",
         capsys=capsys, monkeypatch=monkeypatch,
