@@ -22,6 +22,11 @@ chunk's server is chosen as it goes) waits for each answer. Measured on 2 cores 
 server on them (cartpole over HTTP, 256-step chunks, steps/s): posted 147k, waiting 109k;
 a thread over HTTP lost to waiting (47k -> 39k, trading the GIL), over shm it won.
 
+**When a send fails**, what it did not send is sent again first by the next send, under
+its request ids, but a chunk refused for good; past ``max_pending`` chunks kept, ``append``
+sends them first or raises (rules in :mod:`.writer_base`). A failed time limit's send leaves
+the unfinished episode buffered as it was.
+
 **The trajectory rule** (on a ``slice`` table a chunk ends at an episode boundary) is
 :mod:`.chunking`'s.
 """
@@ -154,7 +159,7 @@ class Writer(WriterBase):
         those not acknowledged stay (:meth:`_failed`)."""
         for i, (td, request_id) in enumerate(items):
             try:
-                if i or read is None or not _answered(read):
+                if i or read is None or not _answer_came(read):
                     self.client.extend(self.table, td, timeout=self.timeout, request_id=request_id)
             except BaseException as err:
                 self._failed(items[i:], err)
@@ -385,7 +390,7 @@ class Writer(WriterBase):
         self.close(discard=exc_type is not None)
 
 
-def _answered(read: Callable[[], object]) -> bool:
+def _answer_came(read: Callable[[], object]) -> bool:
     """Read a posted chunk's answer: whether it came (a lost one is sent again through the
     plan, with its retries; the server stores it once, by its request id)."""
     try:
